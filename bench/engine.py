@@ -1,0 +1,97 @@
+"""Engine benchmark (issue 2): 10M rows, 1M units, 10k Zipf-like partitions, C_u = 4.
+
+Times, in one run on the same Parquet file (best of REPEATS, this machine is shared and noisy):
+  (a) plain DuckDB GROUP BY part: count and sum;
+  (b) DuckDB bounding SQL without noise, written the straightforward way (per-unit partial,
+      row_number() over random() to keep C_u = 4 partitions per unit, clamp, group);
+  (c) dprelease: DP COUNT + SUM, C_u = 4, private partitions, epsilon 1, delta 1e-6;
+and prints c/b, c/a, peak memory, partitions released (with the expected number under each
+selection strategy), and the secure sampler's samples per second. Targets: c/b <= 1.3,
+peak memory <= 4 GB, >= 1M samples/s.  Run: `make bench` (or python bench/engine.py --rows N).
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+import workload  # noqa: E402
+
+import dp_core as dp  # noqa: E402
+from dp_core import noise  # noqa: E402
+from dp_core.partition_selection import discrete_laplace_threshold, truncated_geometric_keep_probability  # noqa: E402
+
+REPEATS = 3
+CU, ROW_BOUND, SUM_BOUND, EPSILON, DELTA = 4, 10, 1000, 1.0, 1e-6
+
+
+def best_time(fn, repeats=REPEATS):
+    best, out = float("inf"), None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - start)
+    return best, out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=workload.ROWS)
+    ap.add_argument("--units", type=int, default=workload.UNITS)
+    ap.add_argument("--partitions", type=int, default=workload.PARTITIONS)
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    path = workload.make_workload(args.rows, args.units, args.partitions)
+    print(f"workload: {path} ({args.rows:,} rows, {args.units:,} units, {args.partitions:,} partitions; "
+          f"ready in {time.perf_counter() - t0:.1f} s)")
+
+    con = duckdb.connect()
+    con.execute(f"CREATE VIEW src AS SELECT * FROM read_parquet('{path}')")
+    plain_sql = "SELECT part, count(*), sum(val) FROM src GROUP BY part"
+    bounding_sql = f"""
+        WITH p AS (SELECT uid, part, count(*) AS c, sum(val) AS s, random() AS r FROM src GROUP BY uid, part),
+             b AS (SELECT *, row_number() OVER (PARTITION BY uid ORDER BY r) AS rn FROM p)
+        SELECT part, count(*) AS units, sum(least(c, {ROW_BOUND})) AS c, sum(least(greatest(s, 0), {SUM_BOUND})) AS s
+        FROM b WHERE rn <= {CU} GROUP BY part"""
+    t_a, _ = best_time(lambda: con.execute(plain_sql).fetchall())
+    t_b, bounded = best_time(lambda: con.execute(bounding_sql).fetchall())
+    con.close()
+
+    query = dp.Query([dp.count(upper=ROW_BOUND), dp.sum_("val", 0, SUM_BOUND)], privacy_unit="uid",
+                     group_by=("part",), epsilon=EPSILON, delta=DELTA, max_partitions_contributed=CU)
+    t_c, result = best_time(lambda: dp.execute(query, path))
+    peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
+
+    n_units = np.array([row[1] for row in bounded], dtype=np.float64)
+    sel_eps = EPSILON / 3  # the default split: selection, COUNT, SUM get a third each
+    expect_tg = truncated_geometric_keep_probability(n_units, sel_eps, DELTA, CU).sum()
+    threshold = discrete_laplace_threshold(sel_eps, DELTA, CU)
+    q = np.exp(-sel_eps / CU)
+    gap = threshold - n_units  # P(n + K >= T) for the discrete Laplace K
+    p_lap = np.where(gap <= 0, 1 - q ** (1 - gap) / (1 + q), q ** np.maximum(gap, 0) / (1 + q))
+    expect_lap = p_lap.sum()
+
+    n = 10_000_000
+    t_s, _ = best_time(lambda: noise.discrete_laplace(12.0, n))
+
+    c = result.controller_only
+    print(f"(a) plain DuckDB GROUP BY count+sum      {t_a:7.3f} s")
+    print(f"(b) DuckDB bounding SQL, no noise        {t_b:7.3f} s")
+    print(f"(c) dprelease DP COUNT+SUM, C_u=4        {t_c:7.3f} s")
+    print(f"ratio c/b = {t_c / t_b:.2f} (target <= 1.3)   ratio c/a = {t_c / t_a:.1f}")
+    print(f"peak memory (whole process) = {peak_gb:.2f} GB (target <= 4)")
+    print(f"partitions released = {len(result.table):,} of {c.partitions_nonempty:,} non-empty "
+          f"({result.partition_selection.split(':')[0]}); expected: truncated geometric {expect_tg:,.0f}, "
+          f"Laplace threshold {expect_lap:,.0f} (T = {threshold})")
+    print(f"secure sampler: {n / t_s / 1e6:.1f} M discrete Laplace samples/s (target >= 1)")
+
+
+if __name__ == "__main__":
+    main()

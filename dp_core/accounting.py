@@ -1,0 +1,130 @@
+"""Budget accounting: how a query's (epsilon, delta) is split, and the zCDP conversion.
+
+Basic composition (dp-engine.md "Budget"): the shares of all parts add up to at most the query's
+(epsilon, delta). Gaussian aggregates are accounted together in zero-concentrated DP: their pooled
+(epsilon, delta) share is converted once to rho, and rho is split between them (zCDP composes by
+adding rho; Bun and Steinke, TCC 2016).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .errors import InvalidQueryError
+
+
+@dataclass(frozen=True)
+class Share:
+    """One part's slice of the query budget (epsilon, delta; rho for Gaussian parts)."""
+
+    part: str
+    epsilon: float
+    delta: float = 0.0
+    rho: float | None = None
+
+
+def rho_from_eps_delta(epsilon: float, delta: float) -> float:
+    """Largest rho whose zCDP guarantee implies (epsilon, delta)-DP via
+    eps = rho + 2 sqrt(rho ln(1/delta)) (Bun-Steinke 2016, Prop. 1.3):
+    rho = (sqrt(ln(1/delta) + eps) - sqrt(ln(1/delta)))^2."""
+    if not (epsilon > 0 and 0 < delta < 1):
+        raise InvalidQueryError(
+            f"a Gaussian mechanism needs epsilon > 0 and 0 < delta < 1, got ({epsilon}, {delta})"
+        )
+    log_term = math.log(1.0 / delta)
+    return (math.sqrt(log_term + epsilon) - math.sqrt(log_term)) ** 2
+
+
+def eps_from_rho(rho: float, delta: float) -> float:
+    """The (epsilon, delta)-DP implied by rho-zCDP: eps = rho + 2 sqrt(rho ln(1/delta))."""
+    return rho + 2.0 * math.sqrt(rho * math.log(1.0 / delta))
+
+
+def split_weights(total: float, weights: dict[str, float]) -> dict[str, float]:
+    """Split `total` in proportion to positive weights (equal weights: equal shares)."""
+    if not weights:
+        return {}
+    bad = {k: w for k, w in weights.items() if not (w > 0 and math.isfinite(w))}
+    if bad:
+        raise InvalidQueryError(f"budget weights must be positive finite numbers, got {bad}")
+    norm = sum(weights.values())
+    return {k: total * w / norm for k, w in weights.items()}
+
+
+@dataclass(frozen=True)
+class BudgetPlan:
+    """A query's budget split: the selection's share, each aggregate's, each component's."""
+
+    selection: str | None  # strategy name; None with public partitions or no GROUP BY
+    selection_share: Share | None
+    aggregate_shares: dict[int, Share]  # index -> share; absent when reusing the selection count
+    component_shares: dict[tuple[int, str], Share]
+    reused: frozenset[int]  # COUNT(DISTINCT unit) aggregates released from the selection's count
+
+    @property
+    def shares(self) -> tuple[Share, ...]:
+        top = [self.selection_share] if self.selection_share else []
+        return tuple(top + [self.aggregate_shares[i] for i in sorted(self.aggregate_shares)])
+
+    @property
+    def epsilon(self) -> float:
+        return sum(s.epsilon for s in self.shares)
+
+    @property
+    def delta(self) -> float:
+        return sum(s.delta for s in self.shares)
+
+
+COMPONENTS = {"count": ("count",), "count_units": ("count",), "sum": ("sum",), "avg": ("N", "S"),
+              "var": ("N", "S", "Q"), "stddev": ("N", "S", "Q"), "quantile": ("quantile",)}
+
+
+def plan_budget(query) -> BudgetPlan:
+    """Split (epsilon, delta) between partition selection and the aggregates (dp-engine.md, "Budget").
+
+    Epsilon: in proportion to weights (selection_weight, each aggregate's weight; equal by default,
+    which is PipelineDP's split). Delta: between the parts that need it (selection, Gaussian
+    aggregates), in proportion to the same weights. Inside an aggregate the share is split equally
+    between its components (AVG: N, S; VAR/STDDEV: N, S, Q). Gaussian aggregates pool their
+    (epsilon, delta), convert once to rho, and split rho.
+    """
+    aggs = query.aggregates
+    selection = None
+    if query.private_partitions:
+        selection = query.selection
+        if selection == "auto":
+            only_units = all(a.kind == "count_units" for a in aggs)
+            selection = "laplace-threshold" if only_units else "truncated-geometric"
+    reused = frozenset(
+        i for i, a in enumerate(aggs) if a.kind == "count_units" and selection == "laplace-threshold"
+    )
+    weights = {f"agg{i}": a.weight for i, a in enumerate(aggs) if i not in reused}
+    if selection:
+        weights["selection"] = query.selection_weight
+    eps = split_weights(query.epsilon, weights)
+    gaussian = {f"agg{i}" for i, a in enumerate(aggs) if query.noise == "gaussian" and a.kind != "quantile"} & set(weights)
+    needs_delta = gaussian | ({"selection"} if selection else set())
+    dlt = split_weights(query.delta, {k: weights[k] for k in needs_delta})
+    rho_pool = None
+    if gaussian:
+        rho_pool = rho_from_eps_delta(sum(eps[k] for k in gaussian), sum(dlt[k] for k in gaussian))
+        gauss_w = sum(weights[k] for k in gaussian)
+
+    sel_share = Share("partition selection", eps["selection"], dlt["selection"]) if selection else None
+    agg_shares: dict[int, Share] = {}
+    comp_shares: dict[tuple[int, str], Share] = {}
+    for i, a in enumerate(aggs):
+        if i in reused:
+            continue
+        key = f"agg{i}"
+        rho = rho_pool * weights[key] / gauss_w if key in gaussian else None
+        share = Share(a.label, eps[key], dlt.get(key, 0.0), rho)
+        agg_shares[i] = share
+        parts = COMPONENTS[a.kind]
+        for c in parts:
+            comp_shares[(i, c)] = Share(
+                f"{a.label}.{c}", share.epsilon / len(parts), share.delta / len(parts),
+                rho / len(parts) if rho is not None else None,
+            )
+    return BudgetPlan(selection, sel_share, agg_shares, comp_shares, reused)

@@ -1,0 +1,194 @@
+"""Per aggregate: its per-unit partial (SQL), its noisy components with their sensitivities,
+and how the released value and its confidence interval are built from them.
+
+dp-engine.md, table "aggregate / per-unit partial / per-partition sensitivity":
+  COUNT(*, U), COUNT(col, U)  rows of the unit, clamped to [0, U]           D = U
+  COUNT(DISTINCT unit)        1                                             D = 1
+  SUM(col, L, U)              sum of the unit's values, clamped to [L, U]   D = max(|L|, |U|)
+  AVG/VAR/STDDEV(col, L, U)   mean of the unit's values, clamped; centred at mid = (L+U)/2:
+                              N (D = 1), S = sum(v - mid) (D = half), Q = sum((v-mid)^2) (D = half^2)
+  QUANTILE(col, q, L, U)      one of the unit's values, chosen at random    exponential mechanism
+The VAR form is centred (Li et al., "Differential Privacy: From Theory to Practice", Alg. 2.4);
+the seed's Table 4.2 instead averages col^2 over [0, max(L^2, U^2)], which has a larger sensitivity.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .intervals import sum_halfwidth
+from .query import Aggregate
+from .sql_text import ident, literal
+
+
+#: per-unit values of real components are quantised to 2^(floor(log2 M) - QUANTUM_BITS), M the
+#: largest |value|: a per-unit value is at most 2^33 quanta, so sums of up to 2^29 units fit BIGINT.
+QUANTUM_BITS = 32
+
+
+@dataclass(frozen=True)
+class Component:
+    """One noisy sum an aggregate needs, computed in SQL as an exact integer number of quanta.
+
+    Summing integers makes the sum independent of the engine's summation order (float sums are
+    not: their sensitivity can exceed the bound; Casacuberta et al., CCS 2022). sensitivity_quanta
+    is the largest |quantised per-unit value|, hence one unit's largest effect on the sum.
+    """
+
+    key: str
+    column: str
+    quantum: float  # 1 for integer statistics; a power of two for real ones
+    sensitivity_quanta: int
+
+    @property
+    def sensitivity(self) -> float:
+        return self.sensitivity_quanta * self.quantum
+
+
+def _quantum(lo: float, hi: float) -> float:
+    m = max(abs(lo), abs(hi))
+    return math.ldexp(1.0, math.floor(math.log2(m)) - QUANTUM_BITS) if m > 0 else 1.0
+
+
+def _quantise_py(x: float, quantum: float) -> int:
+    """Python twin of the SQL quantisation floor(x / quantum + 1/2) (same IEEE operations)."""
+    return int(math.floor(x * (1.0 / quantum) + 0.5))
+
+
+def _real_component(key: str, column: str, expr: str, lo: float, hi: float) -> tuple[Component, str]:
+    """A real-valued per-unit value in [lo, hi] (computed by `expr`), summed as integer quanta."""
+    quantum = _quantum(lo, hi)
+    sens = max(abs(_quantise_py(lo, quantum)), abs(_quantise_py(hi, quantum)))
+    sql = f"CAST(coalesce(sum(CAST(floor(CAST({expr} AS DOUBLE) * {literal(1.0 / quantum)} + 0.5) AS BIGINT)), 0) AS BIGINT)"
+    return Component(key, column, quantum, sens), sql
+
+
+def _integer_sum(expr: str) -> str:
+    return f"CAST(coalesce(sum({expr}), 0) AS BIGINT)"
+
+
+@dataclass(frozen=True)
+class AggregatePlan:
+    """SQL pieces for one aggregate (partial over a unit's rows, per-partition sums, clamping loss)."""
+
+    agg: Aggregate
+    partials: dict[str, str]  # alias -> SQL over the unit's raw rows in the partition
+    finals: dict[str, str]  # alias -> SQL aggregate over bounded per-unit rows
+    components: tuple[Component, ...]
+    clamp_columns: tuple[str, str] | None  # (clamped count alias, clamped total alias)
+
+
+def _is_integer_bound(x: float | None) -> bool:
+    return x is not None and float(x).is_integer()
+
+
+def _clamp_sql(expr: str, lower: float, upper: float) -> str:
+    return f"least(greatest({expr}, {literal(lower)}), {literal(upper)})"
+
+
+def _clamp_loss(prefix: str, expr: str, lower: float | None, upper: float) -> dict[str, str]:
+    """How many per-unit values fell outside the bounds, and by how much in total."""
+    lo_cond = f"{expr} < {literal(lower)} OR " if lower is not None else ""
+    lo_excess = f"greatest({literal(lower)} - {expr}, 0) + " if lower is not None else ""
+    return {
+        f"{prefix}_nclamped": f"count(*) FILTER (WHERE {lo_cond}{expr} > {literal(upper)})",
+        f"{prefix}_clamped": f"coalesce(sum({lo_excess}greatest({expr} - {literal(upper)}, 0)), 0)",
+    }
+
+
+def plan_aggregate(index: int, agg: Aggregate, integer_columns: set[str], seed_sql: str, bins: int) -> AggregatePlan:
+    """Build the SQL pieces for aggregate number `index` (aliases are `_a{index}_...`)."""
+    p = f"_a{index}"
+    kind = agg.kind
+    if kind == "count_units":
+        return AggregatePlan(agg, {}, {f"{p}_n": "count(*)"}, (Component("count", f"{p}_n", 1.0, 1),), None)
+    if kind == "count":
+        src = f"count({ident(agg.column)})" if agg.column else "count(*)"
+        v = ident(f"{p}_raw")
+        finals = {f"{p}_sum": _integer_sum(f"least({v}, {literal(agg.upper)})")}
+        finals.update(_clamp_loss(p, v, None, agg.upper))
+        comp = Component("count", f"{p}_sum", 1.0, int(agg.upper))
+        return AggregatePlan(agg, {f"{p}_raw": src}, finals, (comp,), (f"{p}_nclamped", f"{p}_clamped"))
+    col = ident(agg.column)
+    v = ident(f"{p}_raw")
+    lo, hi = float(agg.lower), float(agg.upper)
+    if kind == "sum":
+        clamped = _clamp_sql(v, agg.lower, agg.upper)
+        if agg.column in integer_columns and _is_integer_bound(agg.lower) and _is_integer_bound(agg.upper):
+            comp, total = Component("sum", f"{p}_sum", 1.0, int(max(abs(lo), abs(hi)))), _integer_sum(clamped)
+        else:
+            comp, total = _real_component("sum", f"{p}_sum", clamped, lo, hi)
+        finals = {f"{p}_sum": total}
+        finals.update(_clamp_loss(p, v, agg.lower, agg.upper))
+        return AggregatePlan(agg, {f"{p}_raw": f"sum({col})"}, finals, (comp,), (f"{p}_nclamped", f"{p}_clamped"))
+    if kind in ("avg", "var", "stddev"):
+        mid = (lo + hi) / 2.0
+        centred = f"({_clamp_sql(v, lo, hi)} - {literal(mid)})"
+        c_lo, c_hi = lo - mid, hi - mid  # the same IEEE operations as the SQL: exact extremes
+        s_comp, s_sql = _real_component("S", f"{p}_S", centred, c_lo, c_hi)
+        finals = {f"{p}_N": f"count({v})", f"{p}_S": s_sql}
+        comps = [Component("N", f"{p}_N", 1.0, 1), s_comp]
+        if kind != "avg":
+            q_comp, q_sql = _real_component("Q", f"{p}_Q", f"{centred} * {centred}", 0.0, max(c_lo * c_lo, c_hi * c_hi))
+            finals[f"{p}_Q"] = q_sql
+            comps.append(q_comp)
+        finals.update(_clamp_loss(p, v, lo, hi))
+        partial = {f"{p}_raw": f"avg({col})"}
+        return AggregatePlan(agg, partial, finals, tuple(comps), (f"{p}_nclamped", f"{p}_clamped"))
+    if kind == "quantile":
+        partial = {f"{p}_raw": f"arg_min({col}, hash({col}, {seed_sql})) FILTER (WHERE {col} IS NOT NULL)"}
+        scaled = f"({_clamp_sql(v, lo, hi)} - {literal(lo)}) * {literal(bins / (hi - lo))}"
+        bin_sql = f"least(CAST(floor({scaled}) AS INTEGER), {bins - 1})"
+        finals = {f"{p}_hist": f"histogram({bin_sql}) FILTER (WHERE {v} IS NOT NULL)"}
+        finals.update(_clamp_loss(p, v, lo, hi))
+        return AggregatePlan(agg, partial, finals, (), (f"{p}_nclamped", f"{p}_clamped"))
+    raise AssertionError(kind)
+
+
+def finish(agg: Aggregate, noisy: dict, noise: str, alpha: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Released value and confidence interval (low, high) per partition from the noisy components.
+
+    noisy: component key -> NoisyStatistic. Intervals are intersected with what the true value
+    can be (counts >= 0; a mean, variance or standard deviation within its bounds).
+    """
+    if agg.kind in ("count", "count_units", "sum"):
+        s = noisy["count" if agg.kind != "sum" else "sum"]
+        value, h = s.values, s.halfwidth
+        lo, hi = value - h, value + h
+        floor = 0.0 if agg.kind != "sum" or agg.lower >= 0 else None
+        ceil = 0.0 if agg.kind == "sum" and agg.upper <= 0 else None
+        lo_cap = -np.inf if floor is None else floor
+        hi_cap = np.inf if ceil is None else ceil
+        return np.clip(value, lo_cap, hi_cap), np.clip(lo, lo_cap, hi_cap), np.clip(hi, lo_cap, hi_cap)
+    lower, upper = float(agg.lower), float(agg.upper)
+    mid, half = (lower + upper) / 2.0, (upper - lower) / 2.0
+    n_stat, s_stat = noisy["N"], noisy["S"]
+    n = np.maximum(n_stat.values, 1.0)
+    s = s_stat.values
+    mean_c = s / n  # centred mean
+    too_few = n_stat.values - n_stat.halfwidth < 1.0  # linearisation meaningless: no information
+    if agg.kind == "avg":
+        raw = mean_c + mid
+        weights = np.stack([np.full_like(n, s_stat.scale) / n, np.abs(s) * n_stat.scale / n**2], axis=1)
+        h = sum_halfwidth(noise, weights, alpha)
+        lo = np.where(too_few, lower, np.clip(raw - h, lower, upper))
+        hi = np.where(too_few, upper, np.clip(raw + h, lower, upper))
+        return np.clip(raw, lower, upper), lo, hi
+    q_stat = noisy["Q"]
+    q = q_stat.values
+    raw = q / n - mean_c**2
+    variance = np.clip(raw, 0.0, half * half)
+    d_q = 1.0 / n
+    d_s = 2.0 * np.abs(s) / n**2
+    d_n = np.abs(-q / n**2 + 2.0 * s**2 / n**3)
+    weights = np.stack([d_q * q_stat.scale, d_s * s_stat.scale, d_n * n_stat.scale], axis=1)
+    h = sum_halfwidth(noise, weights, alpha)
+    lo = np.where(too_few, 0.0, np.clip(raw - h, 0.0, half * half))
+    hi = np.where(too_few, half * half, np.clip(raw + h, 0.0, half * half))
+    if agg.kind == "stddev":
+        return np.sqrt(variance), np.sqrt(lo), np.sqrt(hi)
+    return variance, lo, hi
+

@@ -1,0 +1,149 @@
+"""The contribution-bounding SQL plan (dp-engine.md, "The two-stage rewrite", steps 2-5).
+
+One SQL statement, run inside the data engine, turns raw rows into per-partition exact sums:
+
+  partial  GROUP BY (unit, keys): each unit's partial per aggregate, and a keyed hash of
+           (unit, keys, secret seed) that orders a unit's partitions at random;
+  cut      for units in more than C_u partitions: the C_u-th smallest hash (the cutoff);
+  bounded  the partial rows whose hash is at most their unit's cutoff: at most C_u per unit;
+  final    GROUP BY keys over bounded rows: distinct units, clamped sums, clamping loss.
+
+Why a keyed hash and a cutoff: the random key must be drawn once per (unit, partition) row on
+every engine and every reference (random() in a CTE may be re-drawn), and the per-unit cutoff
+(one aggregate and a join) was faster here than a row_number() window (bench/engine.py). The
+choice is data-independent per unit, so it is unbiased; its privacy does not rest on the seed.
+With public partitions, rows outside the listed keys are dropped first (they must not use up a
+unit's C_u) and every listed key is returned, empty or not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sqlglot
+
+from .aggregates import AggregatePlan, plan_aggregate
+from .errors import UnsupportedError
+from .query import Query
+from .sql_text import ident, literal
+
+INPUT_NAME = "dp_input"
+SEED_SQL_TYPE = "BIGINT"
+
+
+@dataclass(frozen=True)
+class BoundingPlan:
+    """The SQL of one query's bounding stage and the aggregate pieces it computes."""
+
+    with_clause: str  # the CTEs, ending with `_bounded` (per-unit rows after bounding) and `_final`
+    body: str
+    aggregates: tuple[AggregatePlan, ...]
+    keys: tuple[str, ...]
+
+    @property
+    def sql(self) -> str:
+        return f"{self.with_clause}\n{self.body}"
+
+
+def _public_keys_sql(query: Query) -> str:
+    rows = ", ".join("(" + ", ".join(literal(v) for v in key) + ")" for key in query.public_partitions)
+    cols = ", ".join(ident(k) for k in query.group_by)
+    return f"(VALUES {rows}) AS _pk({cols})"
+
+
+def _same_key(left: str, right: str, keys: tuple[str, ...]) -> str:
+    return " AND ".join(f"{left}.{ident(k)} IS NOT DISTINCT FROM {right}.{ident(k)}" for k in keys)
+
+
+#: the two engine-specific pieces of the plan: a keyed 64-bit hash, and the k-th smallest value
+#: of a group (DuckDB: the list of the k smallest; Spark: sort the collected list, with
+#: try_element_at because Spark evaluates the index before HAVING drops the short lists)
+DIALECT_PIECES = {
+    "duckdb": {"hash": "hash", "kth": "list_extract(min({col}, {k}), {k})"},
+    "spark": {"hash": "xxhash64", "kth": "try_element_at(array_sort(collect_list({col})), {k})"},
+}
+
+
+def build_plan(
+    query: Query, integer_columns: set[str], seed: int, source: str = INPUT_NAME, dialect: str = "duckdb"
+) -> BoundingPlan:
+    """The SQL for `query` over the relation `source` with the per-release hash `seed`.
+
+    Written in DuckDB's dialect with the engine-specific pieces of `dialect`, then transpiled by
+    sqlglot (`BoundingPlan.sql` is in `dialect`). DuckDB runs here; the Spark text is produced and
+    parsed in the tests but not yet executed on Spark.
+    """
+    if dialect not in DIALECT_PIECES:
+        raise UnsupportedError(f"no SQL dialect {dialect!r}: choose one of {sorted(DIALECT_PIECES)}")
+    pieces = DIALECT_PIECES[dialect]
+    if dialect != "duckdb" and any(a.kind == "quantile" for a in query.aggregates):
+        raise UnsupportedError(f"quantiles need DuckDB's histogram() aggregate: not available for {dialect}")
+    unit = ident(query.privacy_unit)
+    keys = query.group_by
+    key_cols = [ident(k) for k in keys]
+    cu = query.effective_max_partitions
+    seed_sql = f"CAST({int(seed)} AS {SEED_SQL_TYPE})"
+    plans = tuple(
+        plan_aggregate(i, agg, integer_columns, seed_sql, query.quantile_bins) for i, agg in enumerate(query.aggregates)
+    )
+
+    src = f"SELECT * FROM {source}"
+    if query.public_partitions is not None:
+        src += f" AS _s WHERE EXISTS (SELECT 1 FROM {_public_keys_sql(query)} WHERE {_same_key('_pk', '_s', keys)})"
+
+    partial_cols = [unit, *key_cols]
+    for plan in plans:
+        partial_cols += [f"{sql} AS {ident(alias)}" for alias, sql in plan.partials.items()]
+    group_cols = ", ".join([unit, *key_cols])
+    needs_bounding = bool(keys)
+    if needs_bounding:
+        partial_cols.append(f"{pieces['hash']}({group_cols}, {seed_sql}) AS _rk")
+    ctes = [f"_src AS ({src})", f"_partial AS (SELECT {', '.join(partial_cols)} FROM _src GROUP BY {group_cols})"]
+    if needs_bounding:
+        ctes.append(
+            f"_cut AS (SELECT {unit}, {pieces['kth'].format(col='_rk', k=cu)} AS _cutoff, count(*) - {cu} AS _over "
+            f"FROM _partial GROUP BY {unit} HAVING count(*) > {cu})"
+        )
+        ctes.append(
+            "_bounded AS (SELECT _partial.* FROM _partial LEFT JOIN _cut USING "
+            f"({unit}) WHERE _cut._cutoff IS NULL OR _partial._rk <= _cut._cutoff)"
+        )
+        dropped = "(SELECT coalesce(sum(_over), 0) FROM _cut)"
+    else:
+        ctes.append("_bounded AS (SELECT * FROM _partial)")
+        dropped = "0"
+
+    finals = ["count(*) AS _n_units"]
+    for plan in plans:
+        finals += [f"{sql} AS {ident(alias)}" for alias, sql in plan.finals.items()]
+    select_keys = ", ".join(key_cols)
+    final = f"SELECT {select_keys + ', ' if keys else ''}{', '.join(finals)} FROM _bounded"
+    if keys:
+        final += f" GROUP BY {select_keys}"
+    ctes.append(f"_final AS ({final})")
+
+    if query.public_partitions is not None:
+        out_cols = [f"_pk.{c}" for c in key_cols]
+        for alias, default in _final_defaults(plans):
+            out_cols.append(f"coalesce(_final.{ident(alias)}, {default}) AS {ident(alias)}" if default else f"_final.{ident(alias)}")
+        body = f"SELECT {', '.join(out_cols)}, {dropped} AS _dropped_pairs FROM {_public_keys_sql(query)} LEFT JOIN _final ON {_same_key('_pk', '_final', keys)}"
+    else:
+        body = f"SELECT *, {dropped} AS _dropped_pairs FROM _final"
+    with_clause = "WITH " + ",\n".join(ctes)
+    if dialect != "duckdb":
+        with_clause, body = (render(part, dialect) for part in (with_clause + " SELECT 1", body))
+        with_clause = with_clause[: -len(" SELECT 1")]
+    return BoundingPlan(with_clause, body, plans, keys)
+
+
+def _final_defaults(plans: tuple[AggregatePlan, ...]):
+    """Each final column with its value for an empty public partition (0; NULL for histograms)."""
+    yield "_n_units", "0"
+    for plan in plans:
+        for alias in plan.finals:
+            yield alias, None if alias.endswith("_hist") else "0"
+
+
+def render(sql: str, dialect: str) -> str:
+    """SQL text in another engine's dialect (sqlglot transpiles from DuckDB's)."""
+    return sqlglot.transpile(sql, read="duckdb", write=dialect)[0]

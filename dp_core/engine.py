@@ -1,0 +1,207 @@
+"""Execute a typed query: check, bound in SQL, select partitions, add noise, seal the result.
+
+The path (architecture.md): query -> checks -> budget split -> bounding SQL in the backend ->
+per-partition exact sums -> selection -> noise -> result. Only per-partition aggregates come back
+from the data engine; raw rows never do. Any error is raised before noise is drawn.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+import numpy as np
+import pandas as pd
+
+from .accounting import BudgetPlan, plan_budget
+from .aggregates import finish
+from .backend import INTEGER_TYPES, NUMERIC_TYPES, DuckDBBackend
+from .bounding import INPUT_NAME, BoundingPlan, build_plan
+from .errors import InvalidDataError
+from .partition_selection import STRATEGIES, Selection
+from .quantiles import dense_histograms, exponential_quantile
+from .query import Query
+from .release import add_noise
+from .result import CI_NOTE, ClampingLoss, ControllerOnly, DPResult
+from .sql_text import ident
+
+NUMERIC_KINDS = ("sum", "avg", "var", "stddev", "quantile")
+
+
+def execute(query: Query, data, *, threads: int | None = None, bounding_seed: int | None = None) -> DPResult:
+    """Run `query` on `data` (DataFrame, Arrow table, CSV/Parquet path or DuckDB relation).
+
+    bounding_seed: the key of the hash that picks each unit's C_u partitions; fresh from the
+    CSPRNG by default. Fixing it is for tests (neighbouring datasets bounded alike); privacy does not
+    rest on it, and it never seeds the noise.
+    """
+    query.validate()
+    backend = DuckDBBackend.for_input(data, threads=threads)
+    try:
+        schema = backend.schema()
+        integer_columns = check_columns(query, schema)
+        check_values(query, backend, schema)
+        budget = plan_budget(query)
+        seed = secrets.randbits(63) if bounding_seed is None else bounding_seed
+        plan = build_plan(query, integer_columns, seed=seed)
+        rows = backend.run(plan.sql)
+    finally:
+        backend.close()
+    return release(query, plan, budget, rows)
+
+
+def check_columns(query: Query, schema: dict[str, str]) -> set[str]:
+    """Every named column exists and numeric aggregates read numeric columns.
+
+    Returns the integer-typed columns (their sums are exact integers, noised on the integer grid).
+    """
+    available = ", ".join(schema)
+    needed = [("privacy unit", query.privacy_unit)] + [("group-by key", k) for k in query.group_by]
+    needed += [(f"aggregate {a.label!r}", a.column) for a in query.aggregates if a.column]
+    for role, col in needed:
+        if col not in schema:
+            raise InvalidDataError(f"{role} column {col!r} is not in the input (columns: {available})")
+    for a in query.aggregates:
+        if a.kind in NUMERIC_KINDS and not schema[a.column].upper().startswith(NUMERIC_TYPES + ("DECIMAL",)):
+            raise InvalidDataError(
+                f"aggregate {a.label!r} needs a numeric column, but {a.column!r} has type {schema[a.column]}"
+            )
+    return {c for c, t in schema.items() if t.upper() in INTEGER_TYPES}
+
+
+def check_values(query: Query, backend: DuckDBBackend, schema: dict[str, str]) -> None:
+    """One scan: the input is not empty, no unit id is null, no numeric input is NaN or infinite."""
+    unit = ident(query.privacy_unit)
+    floats = sorted({a.column for a in query.aggregates if a.kind in NUMERIC_KINDS
+                     and schema[a.column].upper() in ("FLOAT", "DOUBLE", "REAL")})
+    checks = ["count(*) AS n", f"count(*) - count({unit}) AS null_units"]
+    checks += [f"count(*) FILTER (WHERE NOT isfinite({ident(c)})) AS bad{i}" for i, c in enumerate(floats)]
+    row = backend.run(f"SELECT {', '.join(checks)} FROM {INPUT_NAME}").iloc[0]
+    if row["n"] == 0:
+        raise InvalidDataError("the input has no rows: nothing can be released")
+    if row["null_units"]:
+        raise InvalidDataError(
+            f"{int(row['null_units'])} row(s) have no privacy unit id (column {query.privacy_unit!r} is "
+            "null): every row must belong to a unit; fix or drop those rows"
+        )
+    for i, c in enumerate(floats):
+        bad = int(row[f"bad{i}"]) + backend.count_nan(c)
+        if bad:
+            raise InvalidDataError(
+                f"column {c!r} has {bad} NaN or infinite value(s): clean them (drop the rows, or "
+                "make them explicit missing values) before a DP aggregate reads it"
+            )
+
+
+def release(query: Query, plan: BoundingPlan, budget: BudgetPlan, rows: pd.DataFrame) -> DPResult:
+    """Select partitions and add noise to the exact per-partition sums; seal everything in a result."""
+    cu = query.effective_max_partitions
+    alpha = 1.0 - query.confidence
+    n_units = rows["_n_units"].to_numpy(dtype=np.int64)
+    selection: Selection | None = None
+    if budget.selection:
+        selection = STRATEGIES[budget.selection](n_units, budget.selection_share, cu, query.confidence)
+        keep = selection.keep
+    else:
+        keep = np.ones(len(rows), dtype=bool)
+    kept = rows.loc[keep].reset_index(drop=True)
+
+    table = kept[list(query.group_by)].copy()
+    records = [selection.noisy_units.record] if selection and selection.noisy_units else []
+    for i, (agg, aplan) in enumerate(zip(query.aggregates, plan.aggregates)):
+        label = agg.label
+        if agg.kind == "quantile":
+            hist = dense_histograms(list(kept[f"_a{i}_hist"]), query.quantile_bins)
+            value, record = exponential_quantile(
+                hist, agg.q, float(agg.lower), float(agg.upper),
+                target=label, share=budget.component_shares[(i, "quantile")], max_partitions=cu,
+            )
+            lo = hi = np.full(len(kept), np.nan)
+            records.append(record)
+        else:
+            if i in budget.reused:
+                noisy = {"count": _subset(selection.noisy_units, keep)}
+            else:
+                noisy = {
+                    c.key: add_noise(
+                        kept[c.column].to_numpy(dtype=np.int64), target=f"{label}.{c.key}", quantum=c.quantum,
+                        sensitivity_quanta=c.sensitivity_quanta, max_partitions=cu,
+                        share=budget.component_shares[(i, c.key)], noise=query.noise, confidence=query.confidence,
+                    )
+                    for c in aplan.components
+                }
+                records += [s.record for s in noisy.values()]
+            value, lo, hi = finish(agg, noisy, query.noise, alpha)
+        table[label] = value
+        table[f"{label}_ci_low"] = lo
+        table[f"{label}_ci_high"] = hi
+    if query.group_by:
+        table = table.sort_values(list(query.group_by), na_position="last", kind="stable").reset_index(drop=True)
+
+    return DPResult(
+        table=table,
+        query=query,
+        epsilon_spent=budget.epsilon,
+        delta_spent=budget.delta,
+        budget=budget.shares,
+        mechanisms=tuple(records),
+        partition_selection=_describe_selection(query, selection),
+        notes=_notes(query, budget),
+        controller_only=_controller_view(query, plan, rows, keep),
+    )
+
+
+def _subset(stat, keep):
+    """The selection's noisy counts restricted to the kept partitions (same record, same scale)."""
+    return type(stat)(stat.values[keep], stat.halfwidth, stat.scale, stat.record)
+
+
+def _describe_selection(query: Query, selection: Selection | None) -> str:
+    if selection is not None:
+        return f"{selection.strategy}: {selection.description}"
+    if query.public_partitions is not None:
+        return f"public partitions ({len(query.public_partitions)} keys given by the controller; no selection)"
+    return "none (no GROUP BY: one partition, always released)"
+
+
+def _notes(query: Query, budget: BudgetPlan) -> tuple[str, ...]:
+    notes = [CI_NOTE]
+    if budget.reused:
+        notes.append("COUNT(DISTINCT unit) is the partition selection's noisy count, released as is (no extra budget).")
+    if query.noise == "gaussian":
+        notes.append("Gaussian aggregates are accounted in zCDP: their pooled (epsilon, delta) share is converted to rho once.")
+    if any(a.kind in ("avg", "var", "stddev") for a in query.aggregates):
+        notes.append("AVG/VAR/STDDEV intervals are first-order (delta method on the noisy sums); [L, U] when the noisy count is too small.")
+    return tuple(notes)
+
+
+def _controller_view(query: Query, plan: BoundingPlan, rows: pd.DataFrame, keep: np.ndarray) -> ControllerOnly:
+    """Partition, clamping and bounding loss, and the exact values: raw-data numbers, not DP."""
+    pairs = int(rows["_n_units"].sum())
+    clamping = {}
+    exact = rows[list(query.group_by) + ["_n_units"]].rename(columns={"_n_units": "units"})
+    for i, (agg, aplan) in enumerate(zip(query.aggregates, plan.aggregates)):
+        if aplan.clamp_columns:
+            n_col, t_col = aplan.clamp_columns
+            clamping[agg.label] = ClampingLoss(pairs, int(rows[n_col].sum()), float(rows[t_col].sum()))
+        exact[agg.label] = _exact_value(agg, aplan, rows)
+    exact["released"] = keep
+    nonempty = int((rows["_n_units"] > 0).sum())
+    released = int((keep & (rows["_n_units"].to_numpy() > 0)).sum())
+    dropped_pairs = int(rows["_dropped_pairs"].iloc[0]) if len(rows) else 0
+    return ControllerOnly(nonempty, released, clamping, pairs + dropped_pairs, dropped_pairs, exact)
+
+
+def _exact_value(agg, aplan, rows: pd.DataFrame) -> np.ndarray:
+    """The non-private value of the bounded statistic (what the noise protects)."""
+    if agg.kind == "quantile":
+        return np.full(len(rows), np.nan)
+    c = {comp.key: rows[comp.column].to_numpy(dtype=np.float64) * comp.quantum for comp in aplan.components}
+    if agg.kind in ("count", "count_units", "sum"):
+        return c["count" if agg.kind != "sum" else "sum"]
+    mid = (float(agg.lower) + float(agg.upper)) / 2.0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean_c = c["S"] / c["N"]
+        if agg.kind == "avg":
+            return mean_c + mid
+        variance = c["Q"] / c["N"] - mean_c**2
+        return np.sqrt(variance) if agg.kind == "stddev" else variance

@@ -1,0 +1,244 @@
+"""The typed query: what to compute, with which bounds and budget. Data-independent.
+
+The SQL front end compiles both SQL syntaxes to this object; the engine executes it. Every check
+here looks at the query only, so a malformed query is refused before any data is read.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+from .errors import InvalidQueryError
+
+AggregateKind = Literal["count", "count_units", "sum", "avg", "var", "stddev", "quantile"]
+NoiseKind = Literal["laplace", "gaussian"]
+SelectionKind = Literal["auto", "laplace-threshold", "truncated-geometric"]
+
+NOISE_KINDS = ("laplace", "gaussian")
+SELECTION_KINDS = ("auto", "laplace-threshold", "truncated-geometric")
+
+
+def _finite(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """One DP aggregate with its contribution bounds.
+
+    kind: `count` (rows, or non-null `column`, per unit clamped to [0, upper]); `count_units`
+    (distinct privacy units); `sum`, `avg`, `var`, `stddev` (per-unit value clamped to
+    [lower, upper]); `quantile` (the `q`-quantile of per-unit values in [lower, upper]).
+    `weight` is this aggregate's relative share of the budget.
+    """
+
+    kind: AggregateKind
+    column: str | None = None
+    lower: float | None = None
+    upper: float | None = None
+    q: float | None = None
+    name: str | None = None
+    weight: float = 1.0
+
+    @property
+    def label(self) -> str:
+        """The output column name: the given name, else one derived from kind and column."""
+        if self.name:
+            return self.name
+        if self.kind == "count_units":
+            return "count_units"
+        if self.kind == "quantile":
+            tag = {0.0: "min", 0.5: "median", 1.0: "max"}.get(float(self.q), f"q{self.q:g}")
+            return f"{tag}_{self.column}"
+        return f"{self.kind}_{self.column}" if self.column else self.kind
+
+    def validate(self) -> None:
+        """Refuse impossible bounds, a missing column, q outside [0, 1], a bad weight."""
+        where = f"aggregate {self.label!r}"
+        if self.kind not in ("count", "count_units", "sum", "avg", "var", "stddev", "quantile"):
+            raise InvalidQueryError(f"{where}: unknown aggregate kind {self.kind!r}")
+        if not (_finite(self.weight) and self.weight > 0):
+            raise InvalidQueryError(f"{where}: weight must be a positive number, got {self.weight!r}")
+        if self.kind == "count_units":
+            return
+        if self.kind != "count" and not self.column:
+            raise InvalidQueryError(f"{where}: needs a column")
+        if self.kind == "count":
+            if self.upper is None:
+                raise InvalidQueryError(
+                    f"{where}: needs the most rows one unit may add to a partition (upper bound); "
+                    "automatic bounds are not available for COUNT here"
+                )
+            if not (_finite(self.upper) and self.upper >= 1 and float(self.upper).is_integer()):
+                raise InvalidQueryError(
+                    f"{where}: the per-unit row bound must be a whole number >= 1, got {self.upper!r}"
+                )
+            return
+        if self.lower is None or self.upper is None:
+            raise InvalidQueryError(
+                f"{where}: needs both bounds L and U (automatic bounds: give none and use "
+                "APPROX_BOUNDS from the SQL front end)"
+            )
+        if not (_finite(self.lower) and _finite(self.upper)):
+            raise InvalidQueryError(
+                f"{where}: bounds must be finite numbers, got L={self.lower!r}, U={self.upper!r}"
+            )
+        if self.lower > self.upper:
+            raise InvalidQueryError(f"{where}: lower bound L={self.lower} exceeds upper bound U={self.upper}")
+        if self.kind in ("avg", "var", "stddev", "quantile") and self.lower == self.upper:
+            raise InvalidQueryError(f"{where}: bounds must differ (L = U = {self.lower} leaves nothing to learn)")
+        if self.kind == "quantile":
+            if not (_finite(self.q) and 0.0 <= self.q <= 1.0):
+                raise InvalidQueryError(f"{where}: quantile q must be in [0, 1], got {self.q!r}")
+
+
+def count(upper: int = 1, column: str | None = None, name: str | None = None, weight: float = 1.0) -> Aggregate:
+    """COUNT(*) (or COUNT(column)): rows per unit and partition clamped to [0, upper]."""
+    return Aggregate("count", column=column, upper=upper, name=name, weight=weight)
+
+
+def count_units(name: str | None = None, weight: float = 1.0) -> Aggregate:
+    """COUNT(DISTINCT privacy unit): each unit counts once per partition."""
+    return Aggregate("count_units", name=name, weight=weight)
+
+
+def sum_(column: str, lower: float, upper: float, name: str | None = None, weight: float = 1.0) -> Aggregate:
+    """SUM(column) with each unit's per-partition sum clamped to [lower, upper]."""
+    return Aggregate("sum", column=column, lower=lower, upper=upper, name=name, weight=weight)
+
+
+def avg(column: str, lower: float, upper: float, name: str | None = None, weight: float = 1.0) -> Aggregate:
+    """AVG over units of each unit's mean, clamped to [lower, upper]."""
+    return Aggregate("avg", column=column, lower=lower, upper=upper, name=name, weight=weight)
+
+
+def var(column: str, lower: float, upper: float, name: str | None = None, weight: float = 1.0) -> Aggregate:
+    """Population variance over units of each unit's mean, clamped to [lower, upper]."""
+    return Aggregate("var", column=column, lower=lower, upper=upper, name=name, weight=weight)
+
+
+def stddev(column: str, lower: float, upper: float, name: str | None = None, weight: float = 1.0) -> Aggregate:
+    """Square root of `var`."""
+    return Aggregate("stddev", column=column, lower=lower, upper=upper, name=name, weight=weight)
+
+
+def quantile(column: str, q: float, lower: float, upper: float, name: str | None = None, weight: float = 1.0) -> Aggregate:
+    """The q-quantile of one randomly chosen value per unit and partition, searched in [lower, upper]."""
+    return Aggregate("quantile", column=column, lower=lower, upper=upper, q=q, name=name, weight=weight)
+
+
+def median(column: str, lower: float, upper: float, name: str | None = None, weight: float = 1.0) -> Aggregate:
+    return quantile(column, 0.5, lower, upper, name=name, weight=weight)
+
+
+def min_(column: str, lower: float, upper: float, name: str | None = None, weight: float = 1.0) -> Aggregate:
+    return quantile(column, 0.0, lower, upper, name=name, weight=weight)
+
+
+def max_(column: str, lower: float, upper: float, name: str | None = None, weight: float = 1.0) -> Aggregate:
+    return quantile(column, 1.0, lower, upper, name=name, weight=weight)
+
+
+@dataclass(frozen=True)
+class Query:
+    """A user-level DP aggregation: GROUP BY `group_by`, the `aggregates`, one budget.
+
+    max_partitions_contributed (C_u): partitions one unit may touch; the rest of its rows are
+    dropped at random. public_partitions: keys given by the controller (tuples when several
+    group-by columns); then no partition selection and no delta is spent on it. selection: how
+    private partitions are chosen (`auto`: Laplace threshold when the only aggregates are counts of
+    units, whose noisy count it reuses; truncated geometric otherwise). selection_weight: the
+    selection's budget share relative to an aggregate's weight.
+    """
+
+    aggregates: tuple[Aggregate, ...]
+    privacy_unit: str
+    epsilon: float
+    delta: float = 1e-6
+    group_by: tuple[str, ...] = ()
+    max_partitions_contributed: int = 1
+    noise: NoiseKind = "laplace"
+    public_partitions: tuple | None = None
+    selection: SelectionKind = "auto"
+    selection_weight: float = 1.0
+    confidence: float = 0.95
+    quantile_bins: int = 1024
+    options: dict = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        # accept lists for convenience; store tuples so the query is hashable and comparable
+        object.__setattr__(self, "aggregates", tuple(self.aggregates))
+        if isinstance(self.group_by, str):
+            object.__setattr__(self, "group_by", (self.group_by,))
+        object.__setattr__(self, "group_by", tuple(self.group_by))
+        if self.public_partitions is not None:
+            keys = tuple(k if isinstance(k, tuple) else (k,) for k in self.public_partitions)
+            object.__setattr__(self, "public_partitions", keys)
+
+    @property
+    def private_partitions(self) -> bool:
+        """True when partitions come from the data and must be selected privately."""
+        return bool(self.group_by) and self.public_partitions is None
+
+    @property
+    def effective_max_partitions(self) -> int:
+        """C_u as the mechanisms use it: 1 for an ungrouped query (one partition only)."""
+        return self.max_partitions_contributed if self.group_by else 1
+
+    def validate(self) -> None:
+        """Refuse a malformed query, naming the field and the fix. Reads no data."""
+        if not self.aggregates:
+            raise InvalidQueryError("the query has no aggregates: add at least one (e.g. count())")
+        if not isinstance(self.privacy_unit, str) or not self.privacy_unit:
+            raise InvalidQueryError("privacy_unit must name the column that identifies each person/unit")
+        if not (_finite(self.epsilon) and self.epsilon > 0):
+            raise InvalidQueryError(f"epsilon must be a finite number > 0, got {self.epsilon!r}")
+        if not (_finite(self.delta) and 0.0 <= self.delta < 1.0):
+            raise InvalidQueryError(f"delta must be in [0, 1), got {self.delta!r}")
+        if self.private_partitions and self.delta == 0.0:
+            raise InvalidQueryError(
+                "delta = 0 is impossible with private partitions (selecting which groups exist "
+                "needs delta > 0): set delta (e.g. 1e-6) or give public_partitions"
+            )
+        if self.noise not in NOISE_KINDS:
+            raise InvalidQueryError(f"noise must be one of {NOISE_KINDS}, got {self.noise!r}")
+        if self.noise == "gaussian" and self.delta == 0.0:
+            raise InvalidQueryError("Gaussian noise needs delta > 0: set delta or use noise='laplace'")
+        if self.selection not in SELECTION_KINDS:
+            raise InvalidQueryError(f"selection must be one of {SELECTION_KINDS}, got {self.selection!r}")
+        cu = self.max_partitions_contributed
+        if isinstance(cu, bool) or not isinstance(cu, int) or cu < 1:
+            raise InvalidQueryError(
+                f"max_partitions_contributed (C_u) must be a whole number >= 1, got {cu!r}"
+            )
+        if not (_finite(self.confidence) and 0.0 < self.confidence < 1.0):
+            raise InvalidQueryError(f"confidence must be in (0, 1), got {self.confidence!r}")
+        if not (_finite(self.selection_weight) and self.selection_weight > 0):
+            raise InvalidQueryError(f"selection_weight must be > 0, got {self.selection_weight!r}")
+        if not (isinstance(self.quantile_bins, int) and 2 <= self.quantile_bins <= 1 << 16):
+            raise InvalidQueryError(f"quantile_bins must be an integer in [2, 65536], got {self.quantile_bins!r}")
+        if len(set(self.group_by)) != len(self.group_by):
+            raise InvalidQueryError(f"group_by repeats a column: {list(self.group_by)}")
+        if self.privacy_unit in self.group_by:
+            raise InvalidQueryError(
+                f"grouping by the privacy unit {self.privacy_unit!r} would publish one row per unit"
+            )
+        if self.public_partitions is not None:
+            if not self.group_by:
+                raise InvalidQueryError("public_partitions given but the query has no group_by")
+            bad = [k for k in self.public_partitions if len(k) != len(self.group_by)]
+            if bad:
+                raise InvalidQueryError(
+                    f"public partition keys must have {len(self.group_by)} value(s) "
+                    f"(one per group_by column), got {bad[0]!r}"
+                )
+            if len(set(self.public_partitions)) != len(self.public_partitions):
+                raise InvalidQueryError("public_partitions lists a key twice")
+        labels = [a.label for a in self.aggregates]
+        clash = {x for x in labels if labels.count(x) > 1} | (set(labels) & set(self.group_by))
+        if clash:
+            raise InvalidQueryError(f"output names must be unique; repeated: {sorted(clash)} (give name=...)")
+        for agg in self.aggregates:
+            agg.validate()

@@ -1,0 +1,115 @@
+"""The one place where noise is added to released numbers, and the record of how.
+
+Every noisy statistic (and the selection count) goes through `add_noise`, which returns the noisy
+values, their confidence half-widths and a `MechanismRecord` stating the mechanism, the
+sensitivity, the scale and the budget share: the release's explanation is built while computing.
+Derivations: dp-engine.md ("Sensitivities and noise scales"), docs/noise.md.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from .accounting import Share
+from .noise import (
+    discrete_gaussian,
+    discrete_gaussian_halfwidth,
+    discrete_laplace,
+    discrete_laplace_halfwidth,
+    real_grid,
+)
+from .errors import DPError
+
+
+@dataclass(frozen=True)
+class MechanismRecord:
+    """How one released statistic was protected (public: derived from public parameters only)."""
+
+    target: str
+    mechanism: str
+    sensitivity_per_partition: float
+    max_partitions: int
+    sensitivity: float  # L1 (Laplace, selection, EM) or L2 (Gaussian) over all partitions
+    epsilon: float
+    delta: float
+    rho: float | None
+    scale: float | None  # Laplace b or Gaussian sigma in the statistic's units
+    grid: float | None
+    note: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class NoisyStatistic:
+    """Noisy values per partition, the confidence half-widths and the mechanism record."""
+
+    values: np.ndarray
+    halfwidth: float
+    scale: float
+    record: MechanismRecord
+
+
+def add_noise(
+    exact_quanta: np.ndarray,
+    *,
+    target: str,
+    quantum: float,
+    sensitivity_quanta: int,
+    max_partitions: int,
+    share: Share,
+    noise: str,
+    confidence: float,
+) -> NoisyStatistic:
+    """Release one exact value per partition, given as integers in units of `quantum`.
+
+    sensitivity_quanta: D in quanta, how much one unit can change one partition's value; a unit
+    touches at most `max_partitions` (C_u) partitions. Laplace: L1 sensitivity C_u D, scale
+    C_u D / eps. Gaussian: L2 sensitivity sqrt(C_u) D, sigma = sqrt(C_u) D / sqrt(2 rho) (rho-zCDP).
+    Integer statistics (quantum 1) are noised on the integer grid; real ones on a power-of-two grid
+    g = 2^(ceil(log2 scale) - 20) (never finer than the quantum). The exact value is rounded to the
+    grid in integer arithmetic (floor(x / g + 1/2)), which turns D into ceil(D / g) grid steps.
+    """
+    exact_quanta = np.asarray(exact_quanta, dtype=np.int64)
+    sensitivity = sensitivity_quanta * quantum
+    alpha = 1.0 - confidence
+    if noise == "gaussian":
+        nominal = math.sqrt(max_partitions) * sensitivity / math.sqrt(2.0 * share.rho)
+    else:
+        nominal = max_partitions * sensitivity / share.epsilon
+    grid = quantum if quantum == 1.0 else max(real_grid(nominal), quantum)
+    shift = round(math.log2(grid / quantum))
+    steps = -(-sensitivity_quanta >> shift)  # ceil(D / 2^shift)
+    units = exact_quanta if shift == 0 else (exact_quanta + (1 << (shift - 1))) >> shift
+    if units.size and np.abs(units).max() >= 2**52:
+        raise DPError(f"{target}: the exact value is too large for its noise grid (over 2^52 steps)")
+    if noise == "gaussian":
+        sigma = math.sqrt(max_partitions) * steps / math.sqrt(2.0 * share.rho)
+        draws = discrete_gaussian(sigma, units.size)
+        half_steps = discrete_gaussian_halfwidth(sigma, alpha)
+        scale = sigma * grid
+        mechanism, l_sens = "discrete Gaussian", math.sqrt(max_partitions) * sensitivity
+    else:
+        t = max_partitions * steps / share.epsilon
+        draws = discrete_laplace(t, units.size)
+        half_steps = discrete_laplace_halfwidth(t, alpha)
+        scale = t * grid
+        mechanism, l_sens = "discrete Laplace", max_partitions * sensitivity
+    values = (units.astype(np.float64) + draws) * grid
+    record = MechanismRecord(
+        target=target,
+        mechanism=mechanism,
+        sensitivity_per_partition=float(sensitivity),
+        max_partitions=max_partitions,
+        sensitivity=float(l_sens),
+        epsilon=share.epsilon,
+        delta=share.delta,
+        rho=share.rho,
+        scale=scale,
+        grid=grid,
+    )
+    return NoisyStatistic(values, half_steps * grid, scale, record)

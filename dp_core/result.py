@@ -1,0 +1,135 @@
+"""The result of a DP query: a public view for analysts, and a controller-only field.
+
+`DPResult.table`, `mechanisms`, `budget` and everything `to_dict()` returns are differentially
+private or derived from public parameters. `controller_only` holds numbers computed from raw data
+(partition loss, clamping loss, bounding loss, exact values): not DP, for the trusted controller
+only. `repr`, `to_dict`, `to_json` and `str` never include it (usability.md, "Measures of accuracy").
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+
+import pandas as pd
+
+from .accounting import Share
+from .query import Query
+from .release import MechanismRecord
+
+CI_NOTE = (
+    "Confidence intervals cover the noise only: not the bias from clamping to the bounds, nor "
+    "partitions dropped by selection. Quantiles have no interval."
+)
+
+
+@dataclass(frozen=True)
+class ClampingLoss:
+    """Per aggregate: per-unit values clamped to the bounds and the total distance moved."""
+
+    values: int
+    clamped: int
+    total_shift: float
+
+
+@dataclass(frozen=True)
+class ControllerOnly:
+    """Numbers computed from raw data, NOT differentially private: never show them to analysts."""
+
+    partitions_nonempty: int
+    partitions_released: int
+    clamping: dict[str, ClampingLoss]
+    unit_partition_pairs: int
+    pairs_dropped_by_bounding: int
+    exact: pd.DataFrame = field(repr=False)
+
+    @property
+    def partitions_dropped(self) -> int:
+        return self.partitions_nonempty - self.partitions_released
+
+    @property
+    def partition_loss(self) -> float:
+        """Share of non-empty partitions that selection dropped (0 when there were none)."""
+        return self.partitions_dropped / self.partitions_nonempty if self.partitions_nonempty else 0.0
+
+    def summary(self) -> dict:
+        return {
+            "partitions_nonempty": self.partitions_nonempty,
+            "partitions_released": self.partitions_released,
+            "partitions_dropped": self.partitions_dropped,
+            "partition_loss": self.partition_loss,
+            "unit_partition_pairs": self.unit_partition_pairs,
+            "pairs_dropped_by_bounding": self.pairs_dropped_by_bounding,
+            "clamping": {k: asdict(v) for k, v in self.clamping.items()},
+        }
+
+
+@dataclass(frozen=True)
+class DPResult:
+    """Released partitions with values and confidence intervals, and how they were protected."""
+
+    table: pd.DataFrame
+    query: Query
+    epsilon_spent: float
+    delta_spent: float
+    budget: tuple[Share, ...]
+    mechanisms: tuple[MechanismRecord, ...]
+    partition_selection: str
+    notes: tuple[str, ...]
+    controller_only: ControllerOnly = field(repr=False, compare=False)
+
+    def __str__(self) -> str:
+        head = (
+            f"DP release: epsilon={self.epsilon_spent:.6g}, delta={self.delta_spent:.3g}, "
+            f"{len(self.table)} partition(s), {self.query.confidence:.0%} confidence intervals"
+        )
+        return f"{head}\n{self.table.to_string(index=False)}\n{CI_NOTE}"
+
+    def to_dict(self) -> dict:
+        """The public view as plain data (what an analyst may receive)."""
+        q = self.query
+        return {
+            "epsilon": self.epsilon_spent,
+            "delta": self.delta_spent,
+            "privacy_unit": q.privacy_unit,
+            "group_by": list(q.group_by),
+            "max_partitions_contributed": q.max_partitions_contributed,
+            "confidence": q.confidence,
+            "partition_selection": self.partition_selection,
+            "budget": [asdict(s) for s in self.budget],
+            "mechanisms": [m.to_dict() for m in self.mechanisms],
+            "aggregates": [
+                {"name": a.label, "kind": a.kind, "column": a.column, "lower": a.lower, "upper": a.upper, "q": a.q}
+                for a in q.aggregates
+            ],
+            "notes": list(self.notes),
+            "rows": json.loads(self.table.to_json(orient="records", date_format="iso")),
+        }
+
+    def to_json(self, **kwargs) -> str:
+        return json.dumps(self.to_dict(), default=_jsonable, **kwargs)
+
+    def explain(self) -> str:
+        """Plain text: the budget split and each mechanism with its sensitivity and scale."""
+        lines = [f"Total: epsilon {self.epsilon_spent:.6g}, delta {self.delta_spent:.3g} (basic composition)"]
+        lines += [f"  share {s.part}: epsilon {s.epsilon:.6g}, delta {s.delta:.3g}"
+                  + (f", rho {s.rho:.6g}" if s.rho else "") for s in self.budget]
+        lines.append(f"Partition selection: {self.partition_selection}")
+        for m in self.mechanisms:
+            scale = f", scale {m.scale:.6g}" if m.scale is not None else ""
+            lines.append(
+                f"  {m.target}: {m.mechanism}, sensitivity {m.sensitivity_per_partition:g} per partition "
+                f"x C_u={m.max_partitions} -> {m.sensitivity:g}{scale}, epsilon {m.epsilon:.6g}"
+                + (f", rho {m.rho:.6g}" if m.rho else "") + (f" ({m.note})" if m.note else "")
+            )
+        lines += list(self.notes)
+        return "\n".join(lines)
+
+
+def _jsonable(x):
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if hasattr(x, "item"):
+        return x.item()
+    return str(x)

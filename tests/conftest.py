@@ -1,0 +1,17 @@
+"""Shared fixtures: the shipped Adult extract (not ../shared: the project must run without it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+ADULT = Path(__file__).resolve().parents[1] / "examples" / "data" / "adult.csv.gz"
+
+
+@pytest.fixture(scope="session")
+def adult() -> pd.DataFrame:
+    df = pd.read_csv(ADULT)
+    df.insert(0, "person_id", range(len(df)))
+    return df

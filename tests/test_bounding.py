@@ -1,0 +1,148 @@
+"""Contribution bounding in SQL: one unit's influence is limited to C_u partitions and the stated
+per-partition sensitivity; the C_u partitions a unit keeps are chosen at random, not first-come."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import dp_core as dp
+from dp_core.backend import DuckDBBackend
+from dp_core.bounding import build_plan
+
+CU = 4
+SEED = 987654321
+
+
+def base_data(rng: np.random.Generator, units: int = 3000, partitions: int = 1000) -> pd.DataFrame:
+    rows = []
+    for u in range(units):
+        parts = rng.choice(partitions, size=rng.integers(1, 9), replace=False)
+        for p in parts:
+            for _ in range(rng.integers(1, 4)):
+                rows.append((u, f"p{p}", int(rng.integers(0, 51))))
+    return pd.DataFrame(rows, columns=["uid", "part", "x"])
+
+
+QUERY = dp.Query(
+    [dp.count(upper=3), dp.sum_("x", 0, 40), dp.avg("x", 0, 40), dp.count_units(), dp.var("x", 0, 40)],
+    privacy_unit="uid", group_by=("part",), epsilon=1.0, max_partitions_contributed=CU,
+    public_partitions=[f"p{i}" for i in range(1000)],
+)
+# final column -> per-partition sensitivity D from dp-engine.md (aggregates in QUERY order; half = 20)
+SENSITIVITY = {"_n_units": 1, "_a0_sum": 3, "_a1_sum": 40, "_a2_N": 1, "_a2_S": 20, "_a3_n": 1,
+               "_a4_N": 1, "_a4_S": 20, "_a4_Q": 400}
+
+
+def exact_sums(df: pd.DataFrame, query=QUERY, seed=SEED) -> pd.DataFrame:
+    """The plan's per-partition exact sums, in value units (real components come in quanta)."""
+    backend = DuckDBBackend.for_input(df)
+    plan = build_plan(query, {"uid", "x"}, seed)
+    out = backend.run(plan.sql).set_index("part").sort_index()
+    for aplan in plan.aggregates:
+        for comp in aplan.components:
+            assert comp.sensitivity == SENSITIVITY.get(comp.column, comp.sensitivity)  # plan states the spec's D
+            out[comp.column] = out[comp.column] * comp.quantum
+    return out
+
+
+def test_one_unit_with_10000_rows_moves_at_most_cu_partitions_by_at_most_d():
+    rng = np.random.default_rng(1)
+    base = base_data(rng)
+    heavy = pd.DataFrame({"uid": 10**6, "part": [f"p{i % 1000}" for i in range(10_000)], "x": 1000})
+    before = exact_sums(base)
+    after = exact_sums(pd.concat([base, heavy], ignore_index=True))
+    diff = (after[list(SENSITIVITY)] - before[list(SENSITIVITY)]).abs()
+    changed = (diff > 0).any(axis=1)
+    assert 1 <= changed.sum() <= CU  # the heavy unit is in 1,000 partitions; at most C_u are touched
+    for col, d in SENSITIVITY.items():
+        assert diff[col].max() <= d + 1e-9, col
+        assert diff[col].sum() <= CU * d + 1e-9, col  # in total over all partitions
+
+
+def _per_unit_rows(df: pd.DataFrame, query, seed) -> pd.Series:
+    backend = DuckDBBackend.for_input(df)
+    plan = build_plan(query, set(), seed)
+    sql = plan.with_clause + "\nSELECT uid, count(*) AS kept FROM _bounded GROUP BY uid"
+    return backend.run(sql).set_index("uid")["kept"]
+
+
+def test_after_bounding_every_unit_keeps_min_of_cu_and_its_partitions():
+    df = base_data(np.random.default_rng(2), units=2000, partitions=50)
+    kept = _per_unit_rows(df, QUERY.__class__(**{**QUERY.__dict__, "public_partitions": None}), SEED)
+    have = df.groupby("uid")["part"].nunique()
+    assert kept.max() <= CU
+    assert (kept.sort_index() == np.minimum(have, CU).sort_index()).all()
+
+
+def test_the_kept_partitions_are_a_uniform_random_subset():
+    """20,000 units each in p0..p7, C_u = 4: every partition is kept by about half of the units.
+    Keeping the 'first' four would give 20,000 / 0. Tolerance 6 sd (false failure < 1e-8)."""
+    units = 20_000
+    df = pd.DataFrame({"uid": np.repeat(np.arange(units), 8), "part": np.tile([f"p{i}" for i in range(8)], units), "x": 1})
+    query = dp.Query([dp.count_units()], privacy_unit="uid", group_by=("part",), epsilon=1.0,
+                     max_partitions_contributed=CU, public_partitions=[f"p{i}" for i in range(8)])
+    counts = exact_sums(df, query)["_n_units"]
+    assert counts.sum() == units * CU
+    assert (counts - units / 2).abs().max() < 6 * np.sqrt(units * 0.25)
+    other = exact_sums(df, query, seed=SEED + 1)["_n_units"]
+    assert not counts.equals(other)  # a new seed, a new choice
+
+
+def test_public_partitions_filter_before_bounding_and_list_every_key():
+    df = pd.DataFrame({"uid": [1, 1, 1, 2], "part": ["a", "z", "y", "a"], "x": [1, 2, 3, 4]})
+    query = dp.Query([dp.count_units()], privacy_unit="uid", group_by=("part",), epsilon=1.0,
+                     max_partitions_contributed=1, public_partitions=["a", "b"])
+    sums = exact_sums(df, query)
+    # unit 1's rows in z and y are not public: they must not use up its single partition
+    assert sums.loc["a", "_n_units"] == 2 and sums.loc["b", "_n_units"] == 0
+    r = dp.execute(query, df)
+    assert list(r.table["part"]) == ["a", "b"]  # the empty public key is released too (with noise)
+    assert r.delta_spent == 0.0
+
+
+@pytest.mark.parametrize("source", ["frame", "arrow", "csv", "parquet", "relation"])
+def test_every_input_kind_gives_the_same_exact_sums(tmp_path, source):
+    import duckdb
+    import pyarrow as pa
+
+    df = base_data(np.random.default_rng(3), units=300, partitions=20)
+    query = dp.Query([dp.sum_("x", 0, 40), dp.count(upper=2)], privacy_unit="uid", group_by=("part",),
+                     epsilon=1.0, max_partitions_contributed=2)
+    reference = dp.execute(query, df, bounding_seed=SEED).controller_only.exact
+    data = {"frame": lambda: df, "arrow": lambda: pa.Table.from_pandas(df)}.get(source)
+    if source == "csv":
+        df.to_csv(tmp_path / "d.csv", index=False)
+        data = tmp_path / "d.csv"
+    elif source == "parquet":
+        df.to_parquet(tmp_path / "d.parquet")
+        data = str(tmp_path / "d.parquet")
+    elif source == "relation":
+        con = duckdb.connect()
+        con.register("t", df)
+        data = con.sql("SELECT * FROM t")
+    else:
+        data = data()
+    got = dp.execute(query, data, bounding_seed=SEED).controller_only.exact
+    cols = ["part", "units", "sum_x", "count"]
+    pd.testing.assert_frame_equal(
+        got[cols].sort_values("part").reset_index(drop=True),
+        reference[cols].sort_values("part").reset_index(drop=True), check_dtype=False,
+    )
+
+
+def test_the_plan_renders_for_spark_with_its_own_hash_and_cutoff():
+    import sqlglot
+
+    from dp_core.errors import UnsupportedError
+
+    plan = build_plan(QUERY, {"x"}, SEED, dialect="spark")
+    sql = plan.sql
+    sqlglot.parse_one(sql, read="spark")  # valid Spark SQL
+    assert "XXHASH64(" in sql and "TRY_ELEMENT_AT(ARRAY_SORT(COLLECT_LIST(_rk)), 4)" in sql
+    assert "hash(" not in sql.replace("XXHASH64(", "")
+    with pytest.raises(UnsupportedError, match="quantiles"):
+        build_plan(dp.Query([dp.median("x", 0, 1)], privacy_unit="uid", epsilon=1.0), set(), 1, dialect="spark")
+    with pytest.raises(UnsupportedError, match="no SQL dialect"):
+        build_plan(QUERY, set(), 1, dialect="oracle")

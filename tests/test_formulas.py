@@ -1,0 +1,145 @@
+"""Formulas against their derivations (dp-engine.md): thresholds, keep probabilities, zCDP,
+and the sensitivity and scale of every aggregate for C_u = 1 and C_u > 1."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import dp_core as dp
+from dp_core import partition_selection as ps
+from dp_core.accounting import eps_from_rho, plan_budget, rho_from_eps_delta
+from dp_core.intervals import laplace_mixture_tail, laplace_sum_halfwidth
+
+
+@pytest.mark.parametrize("eps,delta,cu", [(1.0, 1e-6, 1), (1 / 3, 1e-6, 4), (0.1, 1e-9, 10), (2.0, 1e-3, 3)])
+def test_laplace_tau_matches_its_derivation(eps, delta, cu):
+    tau = ps.laplace_tau(eps, delta, cu)
+    b = cu / eps
+    per_partition = math.exp(-(tau - 1) / b) / 2  # P[1 + Lap(b) >= tau]
+    assert 1 - (1 - per_partition) ** cu == pytest.approx(delta, rel=1e-9)
+
+
+@pytest.mark.parametrize("eps,delta,cu", [(1.0, 1e-6, 1), (1 / 3, 1e-6, 4), (0.1, 1e-9, 10), (5.0, 1e-2, 2)])
+def test_discrete_threshold_is_the_smallest_safe_integer(eps, delta, cu):
+    T = ps.discrete_laplace_threshold(eps, delta, cu)
+    q = math.exp(-eps / cu)
+    p_keep_single = lambda t: q ** (t - 1) / (1 + q) if t > 1 else 1.0  # noqa: E731  P[1 + K >= t]
+    assert 1 - (1 - p_keep_single(T)) ** cu <= delta * (1 + 1e-12)
+    assert 1 - (1 - p_keep_single(T - 1)) ** cu > delta
+    assert abs(T - ps.laplace_tau(eps, delta, cu)) < 1 + 1 / (1 - q)  # close to the continuous tau
+
+
+def test_per_partition_delta_keeps_its_digits():
+    d = ps.per_partition_delta(1e-12, 7)
+    assert 1 - (1 - d) ** 7 == pytest.approx(1e-12, rel=1e-3)
+    assert d == pytest.approx(1e-12 / 7, rel=1e-9)
+
+
+@pytest.mark.parametrize("eps,delta,cu", [(1.0, 1e-6, 1), (1 / 3, 1e-6, 4), (0.05, 1e-8, 2), (3.0, 1e-5, 1)])
+def test_truncated_geometric_meets_the_dp_constraints(eps, delta, cu):
+    n = np.arange(0, 5000)
+    p = ps.truncated_geometric_keep_probability(n, eps, delta, cu)
+    e, d = eps / cu, ps.per_partition_delta(delta, cu)
+    assert p[0] == 0 and p[1] == pytest.approx(d, rel=1e-9)
+    assert np.all(np.diff(p) >= -1e-15) and p.max() <= 1
+    # (e, d)-DP for neighbouring counts n, n+1, both directions (Desfontaines et al. 2022, eq. 1-2)
+    tol = 1e-12
+    assert np.all(p[1:] <= math.exp(e) * p[:-1] + d + tol)
+    assert np.all(1 - p[:-1] <= math.exp(e) * (1 - p[1:]) + d + tol)
+    assert p[-1] == 1.0  # large partitions are always kept
+
+
+def test_truncated_geometric_is_tight_where_it_grows_fastest():
+    """Optimality: below n1 the first constraint holds with equality (p(n+1) = e^e p(n) + d)."""
+    e, d = 0.25, 1e-6
+    p = ps.truncated_geometric_keep_probability(np.arange(0, 20), e, d, 1)
+    assert np.allclose(p[1:8], math.exp(e) * p[0:7] + d, rtol=1e-9)
+
+
+def test_zcdp_conversion_round_trips():
+    for eps, delta in [(1.0, 1e-6), (0.1, 1e-9), (5.0, 1e-3)]:
+        rho = rho_from_eps_delta(eps, delta)
+        assert eps_from_rho(rho, delta) == pytest.approx(eps, rel=1e-12)
+
+
+def test_laplace_sum_tail_formula_matches_monte_carlo_free_integration():
+    """P(|X1 + X2| > x) from partial fractions equals numerical convolution of the densities."""
+    from scipy import integrate
+
+    b1, b2, x = 1.0, 2.5, 3.0
+    f = lambda y, b: math.exp(-abs(y) / b) / (2 * b)  # noqa: E731
+    tail = lambda t: integrate.quad(lambda y: f(y, b1) * (math.exp(-(t - y) / b2) / 2 if t - y >= 0 else 1 - math.exp((t - y) / b2) / 2), -60, 60, limit=400)[0]  # noqa: E731
+    two_sided = 2 * tail(x)
+    assert laplace_mixture_tail(np.array([x]), np.array([[b1, b2]]))[0] == pytest.approx(two_sided, rel=1e-6)
+    # one component: the plain Laplace quantile b ln(1/alpha)
+    assert laplace_sum_halfwidth(np.array([[2.0, 0.0]]), 0.05)[0] == pytest.approx(2 * math.log(20), rel=1e-6)
+
+
+def _records(result):
+    return {m.target: m for m in result.mechanisms}
+
+
+@pytest.mark.parametrize("cu", [1, 3])
+def test_every_aggregate_states_its_sensitivity_and_scale(cu):
+    df = pd.DataFrame({"u": [1, 1, 2, 3], "g": ["a", "b", "a", "b"], "x": [1.0, 2.0, 3.0, 4.0], "i": [1, 2, 3, 4]})
+    aggs = [
+        dp.count(upper=5, name="c"), dp.count(upper=2, column="x", name="cx"), dp.count_units(name="cu"),
+        dp.sum_("i", -10, 4, name="s"), dp.avg("x", 0, 8, name="a"), dp.var("x", 2, 6, name="v"),
+        dp.stddev("x", -1, 1, name="sd"), dp.median("x", 0, 10, name="m"),
+    ]
+    q = dp.Query(aggs, privacy_unit="u", group_by=("g",), epsilon=2.0, delta=1e-5,
+                 max_partitions_contributed=cu, public_partitions=["a", "b"])
+    r = dp.execute(q, df)
+    rec = _records(r)
+    eps_each = 2.0 / len(aggs)  # public partitions: no selection share
+    expected = {  # target -> (per-partition D, epsilon of the component)
+        "c.count": (5, eps_each), "cx.count": (2, eps_each), "cu.count": (1, eps_each), "s.sum": (10, eps_each),
+        "a.N": (1, eps_each / 2), "a.S": (4, eps_each / 2),
+        "v.N": (1, eps_each / 3), "v.S": (2, eps_each / 3), "v.Q": (4, eps_each / 3),
+        "sd.N": (1, eps_each / 3), "sd.S": (1, eps_each / 3), "sd.Q": (1, eps_each / 3),
+    }
+    for target, (d, eps) in expected.items():
+        m = rec[target]
+        assert m.sensitivity_per_partition == d and m.max_partitions == cu and m.sensitivity == cu * d
+        assert m.epsilon == pytest.approx(eps)
+        # Laplace scale C_u * ceil(D / g) * g / eps, which is C_u D / eps whenever g divides D
+        assert m.scale == pytest.approx(cu * math.ceil(d / m.grid) * m.grid / eps, rel=1e-12)
+        assert m.scale >= cu * d / eps
+    med = rec["m"]
+    assert med.mechanism.startswith("exponential") and med.sensitivity_per_partition == 0.5
+    assert med.epsilon == pytest.approx(eps_each)
+    assert sum(s.epsilon for s in r.budget) == pytest.approx(2.0) and r.delta_spent == 0.0
+
+
+def test_gaussian_scale_follows_zcdp():
+    df = pd.DataFrame({"u": range(100), "g": ["a", "b"] * 50, "x": np.linspace(0, 1, 100)})
+    q = dp.Query([dp.sum_("x", 0, 3, name="s"), dp.count(name="c")], privacy_unit="u", group_by=("g",),
+                 epsilon=1.0, delta=1e-6, max_partitions_contributed=4, noise="gaussian", public_partitions=["a", "b"])
+    r = dp.execute(q, df)
+    rho = rho_from_eps_delta(1.0, 1e-6)  # both aggregates pool the whole budget
+    rec = _records(r)
+    s = rec["s.sum"]
+    assert s.mechanism == "discrete Gaussian" and s.rho == pytest.approx(rho / 2)
+    assert s.sensitivity == pytest.approx(2 * 3)  # L2: sqrt(C_u) * D
+    assert s.scale == pytest.approx(math.sqrt(4) * math.ceil(3 / s.grid) * s.grid / math.sqrt(2 * rho / 2))
+    c = rec["c.count"]
+    assert c.grid == 1 and c.scale == pytest.approx(2 * 1 / math.sqrt(rho))
+
+
+def test_budget_split_sums_to_the_query_budget():
+    q = dp.Query([dp.count(), dp.sum_("x", 0, 1, weight=2.0), dp.avg("x", 0, 1)], privacy_unit="u",
+                 group_by=("g",), epsilon=1.2, delta=1e-6, noise="gaussian")
+    plan = plan_budget(q)
+    assert plan.selection == "truncated-geometric"
+    assert plan.epsilon == pytest.approx(1.2) and plan.delta == pytest.approx(1e-6)
+    weights = {"partition selection": 1, "count": 1, "sum_x": 2, "avg_x": 1}
+    for s in plan.shares:
+        assert s.epsilon == pytest.approx(1.2 * weights[s.part] / 5)
+    # only the count of units, private partitions: the threshold's count is the release (no double spend)
+    only = plan_budget(dp.Query([dp.count_units()], privacy_unit="u", group_by=("g",), epsilon=1.0))
+    assert only.selection == "laplace-threshold" and only.reused == {0}
+    assert [s.part for s in only.shares] == ["partition selection"] and only.epsilon == 1.0
