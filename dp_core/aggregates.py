@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .intervals import sum_halfwidth
+from .intervals import sum_halfwidth, sum_sd
 from .query import Aggregate
 from .sql_text import ident, literal
 
@@ -148,8 +148,9 @@ def plan_aggregate(index: int, agg: Aggregate, integer_columns: set[str], seed_s
     raise AssertionError(kind)
 
 
-def finish(agg: Aggregate, noisy: dict, noise: str, alpha: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Released value and confidence interval (low, high) per partition from the noisy components.
+def finish(agg: Aggregate, noisy: dict, noise: str, alpha: float) -> tuple[np.ndarray, ...]:
+    """Released value, confidence interval (low, high) and noise sd per partition, from the noisy
+    components (ratios: first-order sd, like their intervals).
 
     noisy: component key -> NoisyStatistic. Intervals are intersected with what the true value
     can be (counts >= 0; a mean, variance or standard deviation within its bounds).
@@ -162,7 +163,8 @@ def finish(agg: Aggregate, noisy: dict, noise: str, alpha: float) -> tuple[np.nd
         ceil = 0.0 if agg.kind == "sum" and agg.upper <= 0 else None
         lo_cap = -np.inf if floor is None else floor
         hi_cap = np.inf if ceil is None else ceil
-        return np.clip(value, lo_cap, hi_cap), np.clip(lo, lo_cap, hi_cap), np.clip(hi, lo_cap, hi_cap)
+        sd = np.full(value.shape, s.sd)
+        return np.clip(value, lo_cap, hi_cap), np.clip(lo, lo_cap, hi_cap), np.clip(hi, lo_cap, hi_cap), sd
     lower, upper = float(agg.lower), float(agg.upper)
     mid, half = (lower + upper) / 2.0, (upper - lower) / 2.0
     n_stat, s_stat = noisy["N"], noisy["S"]
@@ -176,7 +178,7 @@ def finish(agg: Aggregate, noisy: dict, noise: str, alpha: float) -> tuple[np.nd
         h = sum_halfwidth(noise, weights, alpha)
         lo = np.where(too_few, lower, np.clip(raw - h, lower, upper))
         hi = np.where(too_few, upper, np.clip(raw + h, lower, upper))
-        return np.clip(raw, lower, upper), lo, hi
+        return np.clip(raw, lower, upper), lo, hi, sum_sd(noise, weights)
     q_stat = noisy["Q"]
     q = q_stat.values
     raw = q / n - mean_c**2
@@ -188,7 +190,10 @@ def finish(agg: Aggregate, noisy: dict, noise: str, alpha: float) -> tuple[np.nd
     h = sum_halfwidth(noise, weights, alpha)
     lo = np.where(too_few, 0.0, np.clip(raw - h, 0.0, half * half))
     hi = np.where(too_few, half * half, np.clip(raw + h, 0.0, half * half))
+    sd = sum_sd(noise, weights)
     if agg.kind == "stddev":
-        return np.sqrt(variance), np.sqrt(lo), np.sqrt(hi)
-    return variance, lo, hi
+        with np.errstate(divide="ignore", invalid="ignore"):  # d sqrt(v) = dv / (2 sqrt(v))
+            sd_std = np.where(variance > 0, sd / (2.0 * np.sqrt(variance)), np.nan)
+        return np.sqrt(variance), np.sqrt(lo), np.sqrt(hi), sd_std
+    return variance, lo, hi, sd
 

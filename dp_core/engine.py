@@ -115,7 +115,7 @@ def release(query: Query, plan: BoundingPlan, budget: BudgetPlan, rows: pd.DataF
                 hist, agg.q, float(agg.lower), float(agg.upper),
                 target=label, share=budget.component_shares[(i, "quantile")], max_partitions=cu,
             )
-            lo = hi = np.full(len(kept), np.nan)
+            lo = hi = sd = np.full(len(kept), np.nan)
             records.append(record)
         else:
             if i in budget.reused:
@@ -130,10 +130,11 @@ def release(query: Query, plan: BoundingPlan, budget: BudgetPlan, rows: pd.DataF
                     for c in aplan.components
                 }
                 records += [s.record for s in noisy.values()]
-            value, lo, hi = finish(agg, noisy, query.noise, alpha)
+            value, lo, hi, sd = finish(agg, noisy, query.noise, alpha)
         table[label] = value
         table[f"{label}_ci_low"] = lo
         table[f"{label}_ci_high"] = hi
+        table[f"{label}_noise_sd"] = sd
     if query.group_by:
         table = table.sort_values(list(query.group_by), na_position="last", kind="stable").reset_index(drop=True)
 
@@ -152,7 +153,7 @@ def release(query: Query, plan: BoundingPlan, budget: BudgetPlan, rows: pd.DataF
 
 def _subset(stat, keep):
     """The selection's noisy counts restricted to the kept partitions (same record, same scale)."""
-    return type(stat)(stat.values[keep], stat.halfwidth, stat.scale, stat.record)
+    return type(stat)(stat.values[keep], stat.halfwidth, stat.scale, stat.sd, stat.record)
 
 
 def _describe_selection(query: Query, selection: Selection | None) -> str:

@@ -85,3 +85,11 @@ def sum_halfwidth(noise: str, scales: np.ndarray, alpha: float) -> np.ndarray:
     if noise == "gaussian":
         return gaussian_sum_halfwidth(scales, alpha)
     return laplace_sum_halfwidth(scales, alpha)
+
+
+def sum_sd(noise: str, scales: np.ndarray) -> np.ndarray:
+    """Standard deviation of a sum of independent noises with these (weighted) scales:
+    a Laplace of scale b has variance 2 b^2, a Gaussian of sigma s has s^2."""
+    scales = np.atleast_2d(np.asarray(scales, dtype=np.float64))
+    factor = 1.0 if noise == "gaussian" else 2.0
+    return np.sqrt(factor * (scales**2).sum(axis=1))

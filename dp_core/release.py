@@ -51,6 +51,7 @@ class NoisyStatistic:
     values: np.ndarray
     halfwidth: float
     scale: float
+    sd: float  # standard deviation of the noise, in the statistic's units
     record: MechanismRecord
 
 
@@ -92,12 +93,15 @@ def add_noise(
         draws = discrete_gaussian(sigma, units.size)
         half_steps = discrete_gaussian_halfwidth(sigma, alpha)
         scale = sigma * grid
+        sd = scale  # the discrete Gaussian's variance is at most sigma^2 (CKS 2020)
         mechanism, l_sens = "discrete Gaussian", math.sqrt(max_partitions) * sensitivity
     else:
         t = max_partitions * steps / share.epsilon
         draws = discrete_laplace(t, units.size)
         half_steps = discrete_laplace_halfwidth(t, alpha)
         scale = t * grid
+        q = math.exp(-1.0 / t)
+        sd = math.sqrt(2.0 * q) / (1.0 - q) * grid  # Var K = 2q / (1 - q)^2
         mechanism, l_sens = "discrete Laplace", max_partitions * sensitivity
     values = (units.astype(np.float64) + draws) * grid
     record = MechanismRecord(
@@ -112,4 +116,4 @@ def add_noise(
         scale=scale,
         grid=grid,
     )
-    return NoisyStatistic(values, half_steps * grid, scale, record)
+    return NoisyStatistic(values, half_steps * grid, scale, sd, record)

@@ -82,9 +82,20 @@ class DPResult:
     def __str__(self) -> str:
         head = (
             f"DP release: epsilon={self.epsilon_spent:.6g}, delta={self.delta_spent:.3g}, "
-            f"{len(self.table)} partition(s), {self.query.confidence:.0%} confidence intervals"
+            f"{len(self.table)} partition(s); each value with its {self.query.confidence * 100:g}% confidence interval"
         )
-        return f"{head}\n{self.table.to_string(index=False)}\n{CI_NOTE}"
+        return f"{head}\n{self.readable_table().to_string(index=False)}\n{CI_NOTE}"
+
+    def readable_table(self) -> pd.DataFrame:
+        """The released table with one text column per aggregate: `value [low, high]`."""
+        out = self.table[list(self.query.group_by)].copy()
+        for agg in self.query.aggregates:
+            name = agg.label
+            cells = []
+            for v, lo, hi in zip(self.table[name], self.table[f"{name}_ci_low"], self.table[f"{name}_ci_high"]):
+                cells.append(_fmt(v) if math.isnan(lo) else f"{_fmt(v)} [{_fmt(lo)}, {_fmt(hi)}]")
+            out[name] = cells
+        return out
 
     def to_dict(self) -> dict:
         """The public view as plain data (what an analyst may receive)."""
@@ -125,6 +136,15 @@ class DPResult:
             )
         lines += list(self.notes)
         return "\n".join(lines)
+
+
+def _fmt(x: float) -> str:
+    """Short, readable numbers: thousands separators for large ones, 3 significant digits for small."""
+    if abs(x) >= 100 or x == 0:
+        return f"{x:,.0f}"
+    if abs(x) >= 1:
+        return f"{x:.2f}"
+    return f"{x:.3g}"
 
 
 def _jsonable(x):
