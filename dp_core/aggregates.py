@@ -86,7 +86,9 @@ def _is_integer_bound(x: float | None) -> bool:
 
 
 def _clamp_sql(expr: str, lower: float, upper: float) -> str:
-    return f"least(greatest({expr}, {literal(lower)}), {literal(upper)})"
+    """Clamp to [lower, upper], keeping NULL (DuckDB's least/greatest skip NULL arguments, so a
+    unit with no value would otherwise count as `lower`)."""
+    return f"CASE WHEN {expr} IS NULL THEN NULL ELSE least(greatest({expr}, {literal(lower)}), {literal(upper)}) END"
 
 
 def _clamp_loss(prefix: str, expr: str, lower: float | None, upper: float) -> dict[str, str]:
@@ -139,7 +141,9 @@ def plan_aggregate(index: int, agg: Aggregate, integer_columns: set[str], seed_s
         partial = {f"{p}_raw": f"avg({col})"}
         return AggregatePlan(agg, partial, finals, tuple(comps), (f"{p}_nclamped", f"{p}_clamped"))
     if kind == "quantile":
-        partial = {f"{p}_raw": f"arg_min({col}, hash({col}, {seed_sql})) FILTER (WHERE {col} IS NOT NULL)"}
+        # one of the unit's non-null values, each row equally likely (a per-row random key; which
+        # value a unit contributes depends on its own rows only, so privacy does not rest on it)
+        partial = {f"{p}_raw": f"arg_min({col}, random()) FILTER (WHERE {col} IS NOT NULL)"}
         scaled = f"({_clamp_sql(v, lo, hi)} - {literal(lo)}) * {literal(bins / (hi - lo))}"
         bin_sql = f"least(CAST(floor({scaled}) AS INTEGER), {bins - 1})"
         finals = {f"{p}_hist": f"histogram({bin_sql}) FILTER (WHERE {v} IS NOT NULL)"}

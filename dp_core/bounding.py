@@ -25,10 +25,11 @@ import sqlglot
 from .aggregates import AggregatePlan, plan_aggregate
 from .errors import UnsupportedError
 from .query import Query
+from .row_filter import compile_filter
 from .sql_text import ident, literal
 
 INPUT_NAME = "dp_input"
-SEED_SQL_TYPE = "BIGINT"
+SEED_SQL_TYPE = {"duckdb": "UBIGINT", "spark": "BIGINT"}
 
 
 @dataclass(frozen=True)
@@ -45,8 +46,15 @@ class BoundingPlan:
         return f"{self.with_clause}\n{self.body}"
 
 
-def _public_keys_sql(query: Query) -> str:
-    rows = ", ".join("(" + ", ".join(literal(v) for v in key) + ")" for key in query.public_partitions)
+def public_keys_sql(query: Query, key_types: dict[str, str] | None = None) -> str:
+    """The public partition keys as a VALUES table, each value cast to its column's type (so that
+    1 and '1' cannot stand for the same partition twice)."""
+    types = [(key_types or {}).get(k) for k in query.group_by]
+
+    def value(v, t):
+        return f"CAST({literal(v)} AS {t})" if t and v is not None else literal(v)
+
+    rows = ", ".join("(" + ", ".join(value(v, t) for v, t in zip(key, types)) + ")" for key in query.public_partitions)
     cols = ", ".join(ident(k) for k in query.group_by)
     return f"(VALUES {rows}) AS _pk({cols})"
 
@@ -55,17 +63,21 @@ def _same_key(left: str, right: str, keys: tuple[str, ...]) -> str:
     return " AND ".join(f"{left}.{ident(k)} IS NOT DISTINCT FROM {right}.{ident(k)}" for k in keys)
 
 
-#: the two engine-specific pieces of the plan: a keyed 64-bit hash, and the k-th smallest value
-#: of a group (DuckDB: the list of the k smallest; Spark: sort the collected list, with
-#: try_element_at because Spark evaluates the index before HAVING drops the short lists)
+#: the engine-specific pieces of the plan: a keyed 64-bit hash (the hash of (unit, keys), xor the
+#: seed, hashed again: DuckDB's hash(unit, keys, seed) alone orders a unit's keys far from
+#: uniformly across seeds), the sorted list of a group's smallest values (DuckDB: min(x, n);
+#: Spark: sort the collected list) and its i-th element (Spark: try_element_at, because Spark
+#: evaluates the index before HAVING drops the short lists)
 DIALECT_PIECES = {
-    "duckdb": {"hash": "hash", "kth": "list_extract(min({col}, {k}), {k})"},
-    "spark": {"hash": "xxhash64", "kth": "try_element_at(array_sort(collect_list({col})), {k})"},
+    "duckdb": {"hash": "hash(xor(hash({cols}), {seed}))", "smallest": "min({col}, {n})", "at": "list_extract({arr}, {i})"},
+    "spark": {"hash": "xxhash64(xor(xxhash64({cols}), {seed}))", "smallest": "array_sort(collect_list({col}))",
+              "at": "try_element_at({arr}, {i})"},
 }
 
 
 def build_plan(
-    query: Query, integer_columns: set[str], seed: int, source: str = INPUT_NAME, dialect: str = "duckdb"
+    query: Query, integer_columns: set[str], seed: int, source: str = INPUT_NAME, dialect: str = "duckdb",
+    key_types: dict[str, str] | None = None,
 ) -> BoundingPlan:
     """The SQL for `query` over the relation `source` with the per-release hash `seed`.
 
@@ -82,14 +94,17 @@ def build_plan(
     keys = query.group_by
     key_cols = [ident(k) for k in keys]
     cu = query.effective_max_partitions
-    seed_sql = f"CAST({int(seed)} AS {SEED_SQL_TYPE})"
+    seed_sql = f"CAST({int(seed)} AS {SEED_SQL_TYPE[dialect]})"
     plans = tuple(
         plan_aggregate(i, agg, integer_columns, seed_sql, query.quantile_bins) for i, agg in enumerate(query.aggregates)
     )
 
-    src = f"SELECT * FROM {source}"
+    conditions = []
+    if query.where is not None:
+        conditions.append(f"({compile_filter(query.where)[0]})")
     if query.public_partitions is not None:
-        src += f" AS _s WHERE EXISTS (SELECT 1 FROM {_public_keys_sql(query)} WHERE {_same_key('_pk', '_s', keys)})"
+        conditions.append(f"EXISTS (SELECT 1 FROM {public_keys_sql(query, key_types)} WHERE {_same_key('_pk', '_s', keys)})")
+    src = f"SELECT * FROM {source} AS _s" + (f" WHERE {' AND '.join(conditions)}" if conditions else "")
 
     partial_cols = [unit, *key_cols]
     for plan in plans:
@@ -97,16 +112,22 @@ def build_plan(
     group_cols = ", ".join([unit, *key_cols])
     needs_bounding = bool(keys)
     if needs_bounding:
-        partial_cols.append(f"{pieces['hash']}({group_cols}, {seed_sql}) AS _rk")
+        partial_cols.append(f"{pieces['hash'].format(cols=group_cols, seed=seed_sql)} AS _rk")
     ctes = [f"_src AS ({src})", f"_partial AS (SELECT {', '.join(partial_cols)} FROM _src GROUP BY {group_cols})"]
     if needs_bounding:
+        # keep the rows below the C_u-th smallest hash, and rows equal to it unless the
+        # (C_u+1)-th is equal too: a hash tie at the cutoff (a 64-bit collision) then drops the
+        # tied rows, so a unit never keeps more than C_u partitions
+        at = pieces["at"]
+        cutoff, after = at.format(arr="_cut._m", i=cu), at.format(arr="_cut._m", i=cu + 1)
         ctes.append(
-            f"_cut AS (SELECT {unit}, {pieces['kth'].format(col='_rk', k=cu)} AS _cutoff, count(*) - {cu} AS _over "
+            f"_cut AS (SELECT {unit}, {pieces['smallest'].format(col='_rk', n=cu + 1)} AS _m, count(*) - {cu} AS _over "
             f"FROM _partial GROUP BY {unit} HAVING count(*) > {cu})"
         )
         ctes.append(
             "_bounded AS (SELECT _partial.* FROM _partial LEFT JOIN _cut USING "
-            f"({unit}) WHERE _cut._cutoff IS NULL OR _partial._rk <= _cut._cutoff)"
+            f"({unit}) WHERE _cut._m IS NULL OR _partial._rk < {cutoff} "
+            f"OR (_partial._rk = {cutoff} AND {after} <> {cutoff}))"
         )
         dropped = "(SELECT coalesce(sum(_over), 0) FROM _cut)"
     else:
@@ -126,7 +147,7 @@ def build_plan(
         out_cols = [f"_pk.{c}" for c in key_cols]
         for alias, default in _final_defaults(plans):
             out_cols.append(f"coalesce(_final.{ident(alias)}, {default}) AS {ident(alias)}" if default else f"_final.{ident(alias)}")
-        body = f"SELECT {', '.join(out_cols)}, {dropped} AS _dropped_pairs FROM {_public_keys_sql(query)} LEFT JOIN _final ON {_same_key('_pk', '_final', keys)}"
+        body = f"SELECT {', '.join(out_cols)}, {dropped} AS _dropped_pairs FROM {public_keys_sql(query, key_types)} LEFT JOIN _final ON {_same_key('_pk', '_final', keys)}"
     else:
         body = f"SELECT *, {dropped} AS _dropped_pairs FROM _final"
     with_clause = "WITH " + ",\n".join(ctes)

@@ -15,12 +15,13 @@ import pandas as pd
 from .accounting import BudgetPlan, plan_budget
 from .aggregates import finish
 from .backend import INTEGER_TYPES, NUMERIC_TYPES, DuckDBBackend
-from .bounding import INPUT_NAME, BoundingPlan, build_plan
-from .errors import InvalidDataError
+from .bounding import INPUT_NAME, BoundingPlan, build_plan, public_keys_sql
+from .errors import InvalidDataError, InvalidQueryError
 from .partition_selection import STRATEGIES, Selection
 from .quantiles import dense_histograms, exponential_quantile
 from .query import Query
 from .release import add_noise
+from .row_filter import compile_filter
 from .result import CI_NOTE, ClampingLoss, ControllerOnly, DPResult
 from .sql_text import ident
 
@@ -41,8 +42,10 @@ def execute(query: Query, data, *, threads: int | None = None, bounding_seed: in
         integer_columns = check_columns(query, schema)
         check_values(query, backend, schema)
         budget = plan_budget(query)
+        if query.public_partitions is not None:
+            check_public_keys(query, backend, schema)
         seed = secrets.randbits(63) if bounding_seed is None else bounding_seed
-        plan = build_plan(query, integer_columns, seed=seed)
+        plan = build_plan(query, integer_columns, seed=seed, key_types=schema)
         rows = backend.run(plan.sql)
     finally:
         backend.close()
@@ -57,6 +60,8 @@ def check_columns(query: Query, schema: dict[str, str]) -> set[str]:
     available = ", ".join(schema)
     needed = [("privacy unit", query.privacy_unit)] + [("group-by key", k) for k in query.group_by]
     needed += [(f"aggregate {a.label!r}", a.column) for a in query.aggregates if a.column]
+    if query.where is not None:
+        needed += [("row filter", c) for c in sorted(compile_filter(query.where)[1])]
     for role, col in needed:
         if col not in schema:
             raise InvalidDataError(f"{role} column {col!r} is not in the input (columns: {available})")
@@ -66,6 +71,21 @@ def check_columns(query: Query, schema: dict[str, str]) -> set[str]:
                 f"aggregate {a.label!r} needs a numeric column, but {a.column!r} has type {schema[a.column]}"
             )
     return {c for c, t in schema.items() if t.upper() in INTEGER_TYPES}
+
+
+def check_public_keys(query: Query, backend: DuckDBBackend, schema: dict[str, str]) -> None:
+    """Each public key converts to its column's type and no two keys become the same partition."""
+    keys = public_keys_sql(query, schema)
+    cols = ", ".join(ident(k) for k in query.group_by)
+    try:
+        row = backend.run(f"SELECT count(*) AS n, count(DISTINCT ({cols},)) AS d FROM {keys}").iloc[0]
+    except InvalidDataError as err:
+        raise InvalidQueryError(f"public partition keys do not fit the group-by columns' types: {err}") from None
+    if row["n"] != row["d"]:
+        raise InvalidQueryError(
+            f"public_partitions lists {int(row['n'] - row['d'])} key(s) twice once converted to the "
+            f"columns' types ({', '.join(schema[k] for k in query.group_by)}): each partition must appear once"
+        )
 
 
 def check_values(query: Query, backend: DuckDBBackend, schema: dict[str, str]) -> None:
@@ -167,9 +187,19 @@ def _describe_selection(query: Query, selection: Selection | None) -> str:
 def _notes(query: Query, budget: BudgetPlan) -> tuple[str, ...]:
     notes = [CI_NOTE]
     if budget.reused:
-        notes.append("COUNT(DISTINCT unit) is the partition selection's noisy count, released as is (no extra budget).")
-    if query.noise == "gaussian":
-        notes.append("Gaussian aggregates are accounted in zCDP: their pooled (epsilon, delta) share is converted to rho once.")
+        notes.append(
+            "COUNT(DISTINCT unit) is the partition selection's noisy count, released as is (no extra budget); "
+            "only counts above the threshold are released, so near the threshold they lean high."
+        )
+    gaussian = [s for s in budget.shares if s.rho is not None]
+    if gaussian:
+        eps_g, delta_g = sum(s.epsilon for s in gaussian), sum(s.delta for s in gaussian)
+        rho_g = sum(s.rho for s in gaussian)
+        notes.append(
+            f"Gaussian aggregates are accounted together in zCDP: their pooled ({eps_g:.6g}, {delta_g:.3g}) "
+            f"is rho = {rho_g:.6g}, split between them; an aggregate's listed epsilon and delta are its slice "
+            "of the pool, not a guarantee of its own."
+        )
     if any(a.kind in ("avg", "var", "stddev") for a in query.aggregates):
         notes.append("AVG/VAR/STDDEV intervals are first-order (delta method on the noisy sums); [L, U] when the noisy count is too small.")
     return tuple(notes)

@@ -7,9 +7,9 @@ Why not `numpy.random` floats: textbook Laplace on floats leaks through floating
 Ghosh-Roughgarden-Sundararajan 2009; discrete Gaussian, Canonne-Kamath-Steinke 2020), so the output
 lies on the grid `g * Z` and carries no trace of `x`'s low bits.
 
-Geometric variables are drawn by inversion from 53-bit CSPRNG uniforms; the law is exact up to the
-2^-53 resolution of the uniforms (tail mass beyond ~36.7 scales, below 1e-16, is cut off).
-See `../docs/noise.md` for the derivations.
+Geometric variables are drawn by inversion from CSPRNG uniforms with 53 significant bits down to
+2^-106 (so the tail is resolved to about 73 scales; the mass beyond is below 1e-31). The inversion
+runs in float64: see docs/noise.md for what that rounding does to the law, and the derivations.
 """
 
 from __future__ import annotations
@@ -22,16 +22,31 @@ import numpy as np
 from .errors import DPError
 
 _TWO_POW_53 = float(2**53)
-#: grid steps per noise scale for real-valued statistics: noise resolution is 2^-20 of its scale.
-GRID_STEPS_PER_SCALE_LOG2 = 20
+_SMALL = float(2**32)  # below 2^-21, a uniform gets 53 more bits
+#: grid steps per noise scale (log2): noise is resolved to 2^-12 of its scale, and a draw stays
+#: far below 2^53 steps, where float64 integers stop being exact.
+GRID_STEPS_PER_SCALE_LOG2 = 12
+
+
+def uniform_from_words(high: np.ndarray, low: np.ndarray) -> np.ndarray:
+    """Uniforms on (0, 1] from two 53-bit integers each: (high + 1) / 2^53, and where high < 2^32
+    (u < 2^-21) the finer (high * 2^53 + low + 1) / 2^106, which keeps 53 significant bits."""
+    hi = high.astype(np.float64)
+    coarse = (hi + 1.0) / _TWO_POW_53
+    fine = (hi * _TWO_POW_53 + low.astype(np.float64) + 1.0) / (_TWO_POW_53 * _TWO_POW_53)
+    return np.where(hi < _SMALL, fine, coarse)
 
 
 def secure_uniform(n: int) -> np.ndarray:
-    """`n` floats uniform on (0, 1], each from 53 bits of the OS CSPRNG."""
+    """`n` floats uniform on (0, 1], from the OS CSPRNG (53 significant bits down to 2^-106)."""
     if n <= 0:
         return np.empty(0, dtype=np.float64)
-    words = np.frombuffer(os.urandom(8 * n), dtype=np.uint64)
-    return ((words >> np.uint64(11)).astype(np.float64) + 1.0) / _TWO_POW_53
+    words = np.frombuffer(os.urandom(8 * n), dtype=np.uint64) >> np.uint64(11)
+    small = np.flatnonzero(words < np.uint64(2**32))
+    low = np.zeros(n, dtype=np.uint64)
+    if small.size:
+        low[small] = np.frombuffer(os.urandom(8 * small.size), dtype=np.uint64) >> np.uint64(11)
+    return uniform_from_words(words, low)
 
 
 def _geometric(scale: float, n: int) -> np.ndarray:
@@ -74,9 +89,9 @@ def discrete_gaussian(sigma: float, n: int) -> np.ndarray:
 
 
 def real_grid(scale: float) -> float:
-    """The power-of-two grid step for a real-valued statistic whose noise has this scale.
+    """The power-of-two grid step for a statistic whose noise has this scale.
 
-    Depends on the (public) noise scale only, never on the data: 2^(ceil(log2 scale) - 20).
+    Depends on the (public) noise scale only, never on the data: 2^(ceil(log2 scale) - 12).
     """
     return math.ldexp(1.0, math.ceil(math.log2(scale)) - GRID_STEPS_PER_SCALE_LOG2)
 

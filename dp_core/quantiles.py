@@ -1,9 +1,11 @@
 """DP quantiles (MIN, MAX, MEDIAN, NTILE) by the exponential mechanism over a fine histogram.
 
 Each unit contributes one value per partition (chosen at random in SQL), clamped to [L, U] and
-snapped to the left edge of one of B equal bins. For an output in bin j the rank error is
-u_j = -|C_j - q n|, C_j = values in bins <= j, n = all values. Removing one unit changes
-C_j - q n by -(1 - q) or +q, so the utility's sensitivity is max(q, 1 - q). The exponential
+placed in one of B equal bins. Bin j holds the ranks [C_(j-1), C_j] (C_j = values in bins <= j,
+n = all values); its utility is minus the distance from the target rank q n to that range,
+u_j = -max(C_(j-1) - q n, q n - C_j, 0), so a bin holding the quantile (even as a repeated value)
+scores 0. Removing one unit's value moves C_(j-1), C_j by 0 or 1 and q n by q; each of the three
+terms then moves by at most max(q, 1 - q), the utility's sensitivity. The exponential
 mechanism (McSherry-Talwar 2007; Smith 2011 for quantiles) picks bin j with probability
 proportional to exp(eps_p u_j / (2 max(q, 1-q))) (equal widths), then a uniform point in it.
 A unit is in at most C_u partitions, so each partition uses eps_p = eps / C_u. No confidence
@@ -44,10 +46,12 @@ def exponential_quantile(
     """One DP q-quantile per row of `counts` (shape (P, B) histogram over [lower, upper])."""
     parts, bins = counts.shape
     cum = np.cumsum(counts, axis=1)
-    n = cum[:, -1:]
+    before = cum - counts
+    rank = q * cum[:, -1:]
     sens = max(q, 1.0 - q)
     eps_p = share.epsilon / max_partitions
-    log_w = -eps_p * np.abs(cum - q * n) / (2.0 * sens)
+    distance = np.maximum(np.maximum(before - rank, rank - cum), 0.0)
+    log_w = -eps_p * distance / (2.0 * sens)
     log_w -= log_w.max(axis=1, keepdims=True)
     w = np.exp(log_w)
     cdf = np.cumsum(w, axis=1)

@@ -7,7 +7,7 @@ here looks at the query only, so a malformed query is refused before any data is
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 from .errors import InvalidQueryError
@@ -165,7 +165,7 @@ class Query:
     selection_weight: float = 1.0
     confidence: float = 0.95
     quantile_bins: int = 1024
-    options: dict = field(default_factory=dict, compare=False)
+    where: str | None = None
 
     def __post_init__(self) -> None:
         # accept lists for convenience; store tuples so the query is hashable and comparable
@@ -236,6 +236,10 @@ class Query:
                 )
             if len(set(self.public_partitions)) != len(self.public_partitions):
                 raise InvalidQueryError("public_partitions lists a key twice")
+        if self.where is not None:
+            from .row_filter import compile_filter
+
+            compile_filter(self.where)
         labels = [a.label for a in self.aggregates]
         clash = {x for x in labels if labels.count(x) > 1} | (set(labels) & set(self.group_by))
         if clash:

@@ -24,6 +24,12 @@ from .noise import (
 from .errors import DPError
 
 
+#: the largest noise scale per unit of sensitivity: with at most 2^12 grid steps per unit of
+#: sensitivity, the scale stays below 2^32 steps, where the float64 inversion of the samplers is
+#: precise (docs/noise.md). Beyond it the output would be pure noise anyway.
+MAX_SCALE_PER_SENSITIVITY = float(2**20)
+
+
 @dataclass(frozen=True)
 class MechanismRecord:
     """How one released statistic was protected (public: derived from public parameters only)."""
@@ -71,9 +77,11 @@ def add_noise(
     sensitivity_quanta: D in quanta, how much one unit can change one partition's value; a unit
     touches at most `max_partitions` (C_u) partitions. Laplace: L1 sensitivity C_u D, scale
     C_u D / eps. Gaussian: L2 sensitivity sqrt(C_u) D, sigma = sqrt(C_u) D / sqrt(2 rho) (rho-zCDP).
-    Integer statistics (quantum 1) are noised on the integer grid; real ones on a power-of-two grid
-    g = 2^(ceil(log2 scale) - 20) (never finer than the quantum). The exact value is rounded to the
-    grid in integer arithmetic (floor(x / g + 1/2)), which turns D into ceil(D / g) grid steps.
+    The grid is a power of two, g = 2^(ceil(log2 min(scale, D)) - 12) and never finer than the
+    quantum (so integer statistics stay on integers): it depends on public parameters only, and is
+    fine against both the noise and the sensitivity (a coarse grid would round D up to one whole
+    step). The exact value is rounded to the grid in integer arithmetic (floor(x / g + 1/2)),
+    which turns D into ceil(D / g) grid steps.
     """
     exact_quanta = np.asarray(exact_quanta, dtype=np.int64)
     sensitivity = sensitivity_quanta * quantum
@@ -82,12 +90,17 @@ def add_noise(
         nominal = math.sqrt(max_partitions) * sensitivity / math.sqrt(2.0 * share.rho)
     else:
         nominal = max_partitions * sensitivity / share.epsilon
-    grid = quantum if quantum == 1.0 else max(real_grid(nominal), quantum)
+    grid = max(real_grid(min(nominal, sensitivity)), quantum)
     shift = round(math.log2(grid / quantum))
     steps = -(-sensitivity_quanta >> shift)  # ceil(D / 2^shift)
     units = exact_quanta if shift == 0 else (exact_quanta + (1 << (shift - 1))) >> shift
-    if units.size and np.abs(units).max() >= 2**52:
+    if units.size and np.abs(units).max() >= 2**52:  # draws stay below 80 t < 2^19 steps
         raise DPError(f"{target}: the exact value is too large for its noise grid (over 2^52 steps)")
+    if nominal > MAX_SCALE_PER_SENSITIVITY * sensitivity:
+        raise DPError(
+            f"{target}: epsilon is too small for its sensitivity (noise {nominal:.3g} is over 2^20 times "
+            "the sensitivity): the result would be pure noise; raise epsilon or lower max_partitions_contributed"
+        )
     if noise == "gaussian":
         sigma = math.sqrt(max_partitions) * steps / math.sqrt(2.0 * share.rho)
         draws = discrete_gaussian(sigma, units.size)

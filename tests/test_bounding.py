@@ -140,9 +140,25 @@ def test_the_plan_renders_for_spark_with_its_own_hash_and_cutoff():
     plan = build_plan(QUERY, {"x"}, SEED, dialect="spark")
     sql = plan.sql
     sqlglot.parse_one(sql, read="spark")  # valid Spark SQL
-    assert "XXHASH64(" in sql and "TRY_ELEMENT_AT(ARRAY_SORT(COLLECT_LIST(_rk)), 4)" in sql
+    assert "XXHASH64(XXHASH64(`uid`, `part`) ^ CAST(987654321 AS BIGINT))" in sql
+    assert "ARRAY_SORT(COLLECT_LIST(_rk)) AS _m" in sql and "TRY_ELEMENT_AT(_cut._m, 5)" in sql
     assert "hash(" not in sql.replace("XXHASH64(", "")
     with pytest.raises(UnsupportedError, match="quantiles"):
         build_plan(dp.Query([dp.median("x", 0, 1)], privacy_unit="uid", epsilon=1.0), set(), 1, dialect="spark")
     with pytest.raises(UnsupportedError, match="no SQL dialect"):
         build_plan(QUERY, set(), 1, dialect="oracle")
+
+
+def test_hash_ties_at_the_cutoff_never_keep_more_than_cu(monkeypatch):
+    """Force every hash to collide (a constant hash): units in more than C_u partitions then keep
+    none of the tied rows, units in at most C_u keep all; nobody keeps more than C_u."""
+    from dp_core import bounding
+
+    pieces = dict(bounding.DIALECT_PIECES["duckdb"], hash="CAST(7 AS UBIGINT)")
+    monkeypatch.setitem(bounding.DIALECT_PIECES, "duckdb", pieces)
+    df = base_data(np.random.default_rng(4), units=500, partitions=30)
+    query = dp.Query([dp.count_units()], privacy_unit="uid", group_by=("part",), epsilon=1.0, max_partitions_contributed=CU)
+    kept = _per_unit_rows(df, query, SEED)
+    have = df.groupby("uid")["part"].nunique()
+    assert kept.max() <= CU
+    assert (kept.reindex(have.index, fill_value=0) == np.where(have <= CU, have, 0)).all()

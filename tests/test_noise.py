@@ -31,6 +31,31 @@ def test_uniforms_are_in_half_open_unit_interval_and_fresh():
     assert not np.array_equal(noise.secure_uniform(16), noise.secure_uniform(16))
 
 
+def test_small_uniforms_keep_their_precision():
+    high = np.array([0, 5, 2**32 - 1, 2**32, 2**53 - 1], dtype=np.uint64)
+    low = np.array([0, 7, 2**53 - 1, 123, 0], dtype=np.uint64)
+    u = noise.uniform_from_words(high, low)
+    assert u[0] == 2.0**-106  # the smallest value: the tail reaches 73 scales, not 37
+    assert u[1] == (5 * 2**53 + 8) / 2**106
+    assert u[3] == (2**32 + 1) / 2**53 and u[4] == 1.0
+    assert np.all(np.diff(u) > 0)
+
+
+def test_grid_is_fine_against_noise_and_sensitivity_and_absurd_epsilon_is_refused():
+    def noisy(eps, sens, quantum=1.0):
+        return add_noise(np.array([3, 10**9 + 1]), target="t", quantum=quantum, sensitivity_quanta=sens,
+                         max_partitions=1, share=Share("x", epsilon=eps), noise="laplace", confidence=0.95)
+
+    counts = noisy(1e-4, 1)  # scale 1e4: still integers, and exactly scale 1e4
+    assert counts.record.grid == 1 and counts.scale == 1e4
+    big = noisy(0.5, 10**12)  # sensitivity 1e12: a coarse grid, but at most 2^-12 of D
+    g = big.record.grid
+    assert g > 1 and g <= 1e12 / 2**11 and np.all(big.values / g == np.round(big.values / g))
+    assert big.scale == pytest.approx(2e12, rel=2**-11)  # rounding D up to whole steps costs < 0.05%
+    with pytest.raises(noise.DPError, match="epsilon is too small"):
+        noisy(1e-9, 1)
+
+
 def discrete_laplace_jittered_cdf(scale: float):
     """CDF of K + V, K discrete Laplace, V uniform on [-1/2, 1/2): continuous, so KS applies."""
     q = math.exp(-1.0 / scale)
@@ -93,7 +118,7 @@ def test_released_values_lie_on_the_power_of_two_grid():
     s = add_noise(np.array([123, 2**40 + 7, -42 * 2**30]), target="t", quantum=2.0**-30, sensitivity_quanta=int(3.5 * 2**30), max_partitions=2, share=share, noise="laplace",
                   confidence=0.95)
     g = s.record.grid
-    assert g == 2.0 ** (math.ceil(math.log2(2 * 3.5 / 0.7)) - 20)
+    assert g == 2.0 ** (math.ceil(math.log2(min(2 * 3.5 / 0.7, 3.5))) - noise.GRID_STEPS_PER_SCALE_LOG2)
     assert np.all(s.values / g == np.round(s.values / g))
     ints = add_noise(np.array([10, 20]), target="c", quantum=1.0, sensitivity_quanta=1, max_partitions=1, share=share,
                      noise="laplace", confidence=0.95)
