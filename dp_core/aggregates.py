@@ -79,6 +79,7 @@ class AggregatePlan:
     finals: dict[str, str]  # alias -> SQL aggregate over bounded per-unit rows
     components: tuple[Component, ...]
     clamp_columns: tuple[str, str] | None  # (clamped count alias, clamped total alias)
+    unit_value: str | None = None  # SQL of one unit's bounded value in a partition (for PRIs)
 
 
 def _is_integer_bound(x: float | None) -> bool:
@@ -106,14 +107,15 @@ def plan_aggregate(index: int, agg: Aggregate, integer_columns: set[str], seed_s
     p = f"_a{index}"
     kind = agg.kind
     if kind == "count_units":
-        return AggregatePlan(agg, {}, {f"{p}_n": "count(*)"}, (Component("count", f"{p}_n", 1.0, 1),), None)
+        return AggregatePlan(agg, {}, {f"{p}_n": "count(*)"}, (Component("count", f"{p}_n", 1.0, 1),), None, "1")
     if kind == "count":
         src = f"count({ident(agg.column)})" if agg.column else "count(*)"
         v = ident(f"{p}_raw")
         finals = {f"{p}_sum": _integer_sum(f"least({v}, {literal(agg.upper)})")}
         finals.update(_clamp_loss(p, v, None, agg.upper))
         comp = Component("count", f"{p}_sum", 1.0, int(agg.upper))
-        return AggregatePlan(agg, {f"{p}_raw": src}, finals, (comp,), (f"{p}_nclamped", f"{p}_clamped"))
+        return AggregatePlan(agg, {f"{p}_raw": src}, finals, (comp,), (f"{p}_nclamped", f"{p}_clamped"),
+                             f"least({v}, {literal(agg.upper)})")
     col = ident(agg.column)
     v = ident(f"{p}_raw")
     lo, hi = float(agg.lower), float(agg.upper)
@@ -125,7 +127,8 @@ def plan_aggregate(index: int, agg: Aggregate, integer_columns: set[str], seed_s
             comp, total = _real_component("sum", f"{p}_sum", clamped, lo, hi)
         finals = {f"{p}_sum": total}
         finals.update(_clamp_loss(p, v, agg.lower, agg.upper))
-        return AggregatePlan(agg, {f"{p}_raw": f"sum({col})"}, finals, (comp,), (f"{p}_nclamped", f"{p}_clamped"))
+        return AggregatePlan(agg, {f"{p}_raw": f"sum({col})"}, finals, (comp,), (f"{p}_nclamped", f"{p}_clamped"),
+                             clamped)
     if kind in ("avg", "var", "stddev"):
         mid = (lo + hi) / 2.0
         centred = f"({_clamp_sql(v, lo, hi)} - {literal(mid)})"
@@ -139,7 +142,8 @@ def plan_aggregate(index: int, agg: Aggregate, integer_columns: set[str], seed_s
             comps.append(q_comp)
         finals.update(_clamp_loss(p, v, lo, hi))
         partial = {f"{p}_raw": f"avg({col})"}
-        return AggregatePlan(agg, partial, finals, tuple(comps), (f"{p}_nclamped", f"{p}_clamped"))
+        return AggregatePlan(agg, partial, finals, tuple(comps), (f"{p}_nclamped", f"{p}_clamped"),
+                             _clamp_sql(v, lo, hi))
     if kind == "quantile":
         # one of the unit's non-null values, each row equally likely (a per-row random key; which
         # value a unit contributes depends on its own rows only, so privacy does not rest on it)

@@ -168,3 +168,11 @@ def _final_defaults(plans: tuple[AggregatePlan, ...]):
 def render(sql: str, dialect: str) -> str:
     """SQL text in another engine's dialect (sqlglot transpiles from DuckDB's)."""
     return sqlglot.transpile(sql, read="duckdb", write=dialect)[0]
+
+
+def unit_rows_sql(plan: BoundingPlan, query: Query) -> str:
+    """Each unit's bounded value per partition and aggregate (NULL when it has none), after
+    bounding: the contributions from which PRIs are computed. Controller-only."""
+    cols = [ident(query.privacy_unit), *[ident(k) for k in query.group_by]]
+    cols += [f"CAST({a.unit_value} AS DOUBLE) AS _u{i}" for i, a in enumerate(plan.aggregates) if a.unit_value]
+    return f"{plan.with_clause}\nSELECT {', '.join(cols)} FROM _bounded"

@@ -8,6 +8,7 @@ from the data engine; raw rows never do. Any error is raised before noise is dra
 from __future__ import annotations
 
 import secrets
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -15,7 +16,7 @@ import pandas as pd
 from .accounting import BudgetPlan, plan_budget
 from .aggregates import finish
 from .backend import INTEGER_TYPES, NUMERIC_TYPES, DuckDBBackend
-from .bounding import INPUT_NAME, BoundingPlan, build_plan, public_keys_sql
+from .bounding import INPUT_NAME, BoundingPlan, build_plan, public_keys_sql, unit_rows_sql
 from .errors import InvalidDataError, InvalidQueryError
 from .partition_selection import STRATEGIES, Selection
 from .quantiles import dense_histograms, exponential_quantile
@@ -36,20 +37,43 @@ def execute(query: Query, data, *, threads: int | None = None, bounding_seed: in
     rest on it, and it never seeds the noise.
     """
     query.validate()
+    budget = plan_budget(query)
+    stats = exact_statistics(query, data, threads=threads, bounding_seed=bounding_seed)
+    return release(query, stats.plan, budget, stats.rows)
+
+
+@dataclass(frozen=True)
+class ExactStatistics:
+    """What the data engine returns for a query: per-partition exact sums and, on request, each
+    unit's bounded contributions. Not DP: input to the noise step and to controller-only PRIs."""
+
+    plan: BoundingPlan
+    rows: pd.DataFrame
+    units: pd.DataFrame | None = None  # unit, keys, _u{i}: bounded value per aggregate
+    total_units: int | None = None  # distinct units in the whole input (before the row filter)
+
+
+def exact_statistics(query: Query, data, *, threads: int | None = None, bounding_seed: int | None = None,
+                     with_units: bool = False) -> ExactStatistics:
+    """Check the input against the query and run the bounding plan (one SQL statement)."""
+    query.validate()
     backend = DuckDBBackend.for_input(data, threads=threads)
     try:
         schema = backend.schema()
         integer_columns = check_columns(query, schema)
         check_values(query, backend, schema)
-        budget = plan_budget(query)
         if query.public_partitions is not None:
             check_public_keys(query, backend, schema)
         seed = secrets.randbits(63) if bounding_seed is None else bounding_seed
         plan = build_plan(query, integer_columns, seed=seed, key_types=schema)
         rows = backend.run(plan.sql)
+        if not with_units:
+            return ExactStatistics(plan, rows)
+        units = backend.run(unit_rows_sql(plan, query))
+        total = int(backend.run(f"SELECT count(DISTINCT {ident(query.privacy_unit)}) AS n FROM {INPUT_NAME}")["n"].iloc[0])
+        return ExactStatistics(plan, rows, units, total)
     finally:
         backend.close()
-    return release(query, plan, budget, rows)
 
 
 def check_columns(query: Query, schema: dict[str, str]) -> set[str]:

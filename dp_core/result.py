@@ -43,6 +43,7 @@ class ControllerOnly:
     unit_partition_pairs: int
     pairs_dropped_by_bounding: int
     exact: pd.DataFrame = field(repr=False)
+    pri_ranges: tuple = ()  # when epsilon was chosen from the PRI: pri.PRIRange per candidate
 
     @property
     def partitions_dropped(self) -> int:
@@ -62,6 +63,7 @@ class ControllerOnly:
             "unit_partition_pairs": self.unit_partition_pairs,
             "pairs_dropped_by_bounding": self.pairs_dropped_by_bounding,
             "clamping": {k: asdict(v) for k, v in self.clamping.items()},
+            "pri_ranges": [asdict(r) for r in self.pri_ranges],
         }
 
 
@@ -78,6 +80,7 @@ class DPResult:
     partition_selection: str
     notes: tuple[str, ...]
     controller_only: ControllerOnly = field(repr=False, compare=False)
+    epsilon_choice: object | None = None  # pri.EpsilonChoice (public part) when the platform chose epsilon
 
     def __str__(self) -> str:
         head = (
@@ -115,6 +118,7 @@ class DPResult:
                 for a in q.aggregates
             ],
             "notes": list(self.notes),
+            "epsilon_choice": self.epsilon_choice.public_summary() if self.epsilon_choice is not None else None,
             "rows": json.loads(self.table.to_json(orient="records", date_format="iso")),
         }
 
@@ -135,6 +139,9 @@ class DPResult:
                 + (f", rho {m.rho:.6g}" if m.rho else "") + (f" ({m.note})" if m.note else "")
             )
         lines += list(self.notes)
+        if self.epsilon_choice is not None:
+            c = self.epsilon_choice
+            lines.append(f"Epsilon chosen from the privacy risk indicator ({c.mode} mode, p = {c.p:g}): {c.guarantee}.")
         return "\n".join(lines)
 
 

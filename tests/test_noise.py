@@ -15,6 +15,7 @@ from scipy import stats
 from dp_core import noise
 from dp_core.accounting import Share
 from dp_core.release import add_noise
+from stats_helpers import discrete_laplace_jittered_cdf
 
 N = 200_000
 SIGNIFICANCE = 1e-7
@@ -54,21 +55,6 @@ def test_grid_is_fine_against_noise_and_sensitivity_and_absurd_epsilon_is_refuse
     assert big.scale == pytest.approx(2e12, rel=2**-11)  # rounding D up to whole steps costs < 0.05%
     with pytest.raises(noise.DPError, match="epsilon is too small"):
         noisy(1e-9, 1)
-
-
-def discrete_laplace_jittered_cdf(scale: float):
-    """CDF of K + V, K discrete Laplace, V uniform on [-1/2, 1/2): continuous, so KS applies."""
-    q = math.exp(-1.0 / scale)
-
-    def cdf(y):
-        k = np.floor(np.asarray(y) + 0.5)
-        frac = np.asarray(y) + 0.5 - k
-        pmf = (1 - q) / (1 + q) * q ** np.abs(k)
-        # P(K <= k - 1): q^(|k|+1)/(1+q) for k <= 0, 1 - q^k/(1+q) for k >= 1
-        below = np.where(k <= 0, q ** (np.abs(k) + 1) / (1 + q), 1 - q ** np.maximum(k, 0) / (1 + q))
-        return below + frac * pmf
-
-    return cdf
 
 
 @pytest.mark.parametrize("scale", [1000.0, 37.5])

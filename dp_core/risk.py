@@ -1,0 +1,187 @@
+"""Choosing epsilon from trust, sensitivity and tolerable risk (risk.md; the seed's decision-support
+tool for lay data owners). Plain functions of public parameters: no data is read here.
+
+Attacker: knows every record but the target's; the target's sensitive attribute takes one of `n`
+values (uniform prior). After `m` outputs the target can change, an epsilon-DP release bounds the
+attacker's posterior guessing probability by
+
+    q = 1 / (1 + (n - 1) exp(-m eps dv / df)),
+
+`df` the query's sensitivity and `dv` the largest output difference the attacker considers
+possible (dv/df = 1 for categorical data; a histogram has m = 2). Risk = s (1 - t) q, with `s`
+the data's sensitivity and `t` the trust in the recipient, all in [0, 1].
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .errors import InvalidQueryError
+
+#: the one place where qualitative levels map to numbers (risk.md); a number maps back to the
+#: level of its band of width 0.2
+LEVELS = {"very low": 0.1, "low": 0.3, "medium": 0.5, "high": 0.7, "very high": 0.9}
+#: the largest epsilon offered when the risk never exceeds the tolerance (the PRI grid's largest)
+EPSILON_CAP = 10.0
+
+
+def level_value(level: str | float) -> float:
+    """A level name ('high') or a number in [0, 1] as a number."""
+    if isinstance(level, str):
+        key = level.strip().lower().replace("_", " ")
+        if key not in LEVELS:
+            raise InvalidQueryError(f"unknown level {level!r}: use one of {list(LEVELS)} or a number in [0, 1]")
+        return LEVELS[key]
+    if not (isinstance(level, (int, float)) and 0.0 <= level <= 1.0):
+        raise InvalidQueryError(f"a level must be in [0, 1], got {level!r}")
+    return float(level)
+
+
+def level_name(x: float) -> str:
+    """The level of a number: very low [0, 0.2), low [0.2, 0.4), ..., very high [0.8, 1]."""
+    names = list(LEVELS)
+    return names[min(int(x / 0.2 + 1e-12), len(names) - 1)] if x >= 0 else names[0]
+
+
+def guessing_bound(eps: float, n: int, m: int = 1, dv_over_df: float = 1.0) -> float:
+    """Posterior guessing probability bound q after m outputs (uniform prior over n values)."""
+    if n < 2:
+        raise InvalidQueryError(f"the sensitive attribute needs at least 2 possible values, got n = {n}")
+    return 1.0 / (1.0 + (n - 1) * math.exp(-m * eps * dv_over_df))
+
+
+def guessing_advantage(q: float, n: int) -> float:
+    """Normalised advantage (q - 1/n) / (1 - 1/n): 0 nothing learned, 1 full disclosure."""
+    return (q - 1.0 / n) / (1.0 - 1.0 / n)
+
+
+def risk(sensitivity: float, trust: float, q: float) -> float:
+    """Data-sharing risk s (1 - t) q."""
+    return sensitivity * (1.0 - trust) * q
+
+
+def laplace_error(eps: float, df: float, p: float) -> float:
+    """With probability p, |Laplace noise| <= A = df ln(1 / (1 - p)) / eps."""
+    return df * math.log(1.0 / (1.0 - p)) / eps
+
+
+def laplace_epsilon(error: float, df: float, p: float) -> float:
+    """The smallest eps whose Laplace noise stays within `error` with probability p."""
+    if error <= 0:
+        raise InvalidQueryError(f"the tolerable noise must be > 0, got {error!r}")
+    return df * math.log(1.0 / (1.0 - p)) / error
+
+
+def relative_noise(error: float, outputs: list[float]) -> float:
+    """A' = ||(A, ..., A)||_2 / ||y||_2 over all k outputs (the vector definition; the seed's
+    shortcut A = A' ||y|| drops a sqrt(k)). Needs the true outputs: controller side only."""
+    norm = math.sqrt(sum(y * y for y in outputs))
+    return error * math.sqrt(len(outputs)) / norm if norm > 0 else math.inf
+
+
+def truncated_laplace_bound(eps: float, df: float, delta: float) -> float:
+    """Truncated Laplace (Geng et al. 2018), (eps, delta)-DP, 0 < delta < 1/2: the noise never
+    exceeds A = (df / eps) ln(1 + (exp(eps) - 1) / (2 delta))."""
+    if not 0.0 < delta < 0.5:
+        raise InvalidQueryError(f"bounded noise needs 0 < delta < 1/2, got {delta!r}")
+    return df / eps * math.log1p(math.expm1(eps) / (2.0 * delta))
+
+
+def truncated_laplace_epsilon(bound: float, df: float, delta: float) -> float:
+    """The eps whose truncated-Laplace bound is `bound` (no closed form: bisection on log eps).
+
+    A(eps) decreases from df / (2 delta) (eps -> 0) towards df (eps -> inf), so a bound <= df has
+    no solution, and one >= df / (2 delta) allows any eps: both are refused with the reason."""
+    if bound <= df:
+        raise InvalidQueryError(
+            f"a noise bound of {bound:g} is at most the sensitivity {df:g}: no epsilon achieves it with bounded noise"
+        )
+    if bound >= df / (2.0 * delta):
+        raise InvalidQueryError(f"a noise bound of {bound:g} is above df / (2 delta): any epsilon meets it")
+    lo, hi = -40.0, 10.0  # log eps
+    for _ in range(200):
+        mid = (lo + hi) / 2.0
+        if truncated_laplace_bound(math.exp(mid), df, delta) > bound:
+            lo = mid
+        else:
+            hi = mid
+    return math.exp(hi)
+
+
+def per_output_delta(delta: float, m: int) -> float:
+    """delta' = 1 - (1 - delta)^(1/m): each of m outputs, so that all m hold with 1 - delta."""
+    return -math.expm1(math.log1p(-delta) / m)
+
+
+def epsilon_for_risk(max_risk: float, sensitivity: float, trust: float, n: int, m: int = 1,
+                     dv_over_df: float = 1.0, cap: float = EPSILON_CAP) -> float | None:
+    """The largest eps whose risk stays within max_risk (closed form); None when no eps can
+    (max_risk <= s (1 - t) / n: the floor without any release), `cap` when every eps can."""
+    exposure = sensitivity * (1.0 - trust)
+    if max_risk <= exposure / n:
+        return None
+    if max_risk >= exposure:
+        return cap
+    q_star = max_risk / exposure
+    return min(math.log((n - 1) * q_star / (1.0 - q_star)) / (m * dv_over_df), cap)
+
+
+@dataclass(frozen=True)
+class RiskChoice:
+    """The chosen epsilon with the numbers that explain it (all public parameters)."""
+
+    epsilon: float
+    epsilon_noise: float
+    epsilon_risk: float | None
+    risk: float
+    risk_level: str
+    guessing_probability: float
+    guessing_advantage: float
+    noise_bound: float
+    confidence: float
+    prefer: str
+    summary: str
+
+
+def choose_epsilon(*, trust, sensitivity, max_risk, max_noise: float, n: int, df: float = 1.0, m: int = 1,
+                   p: float = 0.9, dv_over_df: float = 1.0, prefer: str = "privacy", example_value: float = 100.0,
+                   bounded_delta: float | None = None) -> RiskChoice:
+    """Epsilon from trust, sensitivity, tolerable risk and tolerable (absolute) noise.
+
+    Default (the seed's): the most private epsilon that meets the accuracy, eps_noise, checked
+    against the risk (eps_noise <= eps_risk). prefer='accuracy' takes eps_risk instead. When the two
+    cannot both hold, it refuses and says which tolerance to relax. bounded_delta: use truncated
+    Laplace noise (its bound holds always, not with probability p)."""
+    t, s, r = level_value(trust), level_value(sensitivity), level_value(max_risk)
+    if prefer not in ("privacy", "accuracy"):
+        raise InvalidQueryError(f"prefer must be 'privacy' or 'accuracy', got {prefer!r}")
+    if not 0.0 < p < 1.0:
+        raise InvalidQueryError(f"the confidence p must be in (0, 1), got {p!r}")
+    if bounded_delta is not None:
+        eps_noise = truncated_laplace_epsilon(max_noise, df, per_output_delta(bounded_delta, m))
+    else:
+        eps_noise = laplace_epsilon(max_noise, df, p)
+    eps_risk = epsilon_for_risk(r, s, t, n, m, dv_over_df)
+    if eps_risk is None:
+        raise InvalidQueryError(
+            f"no epsilon keeps the risk within {r:g}: even without any release the risk is "
+            f"s (1 - t) / n = {s * (1 - t) / n:.3g}. Raise the tolerable risk, or share with a more trusted recipient"
+        )
+    if eps_noise > eps_risk:
+        raise InvalidQueryError(
+            f"the tolerable noise ({max_noise:g}) needs epsilon >= {eps_noise:.3g}, but the tolerable risk "
+            f"({r:g}) allows at most {eps_risk:.3g}: accept more noise or more risk; nothing is released"
+        )
+    eps = eps_noise if prefer == "privacy" else eps_risk
+    q = guessing_bound(eps, n, m, dv_over_df)
+    rk = risk(s, t, q)
+    bound = truncated_laplace_bound(eps, df, per_output_delta(bounded_delta, m)) if bounded_delta else laplace_error(eps, df, p)
+    summary = (
+        f"With epsilon = {eps:.3g}, an attacker who knows everyone else's data guesses a person's "
+        f"value (one of {n}) with probability at most {q:.0%}; the risk of sharing is {rk:.2f} "
+        f"({level_name(rk)}). For a count of {example_value:g}, the shared value would be between "
+        f"{example_value - bound:.3g} and {example_value + bound:.3g}"
+        + (" always." if bounded_delta else f" with {p:.0%} probability.")
+    )
+    return RiskChoice(eps, eps_noise, eps_risk, rk, level_name(rk), q, guessing_advantage(q, n), bound, p, prefer, summary)

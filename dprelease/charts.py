@@ -1,0 +1,97 @@
+"""Charts for the controller, as self-contained SVG text (matplotlib, no network resources).
+
+- `pri_ranges_svg`: per candidate epsilon, the range of PRIs (min..max box, median tick) of one
+  probe, as in the seed's user study (range plots led to more consistent choices than histograms).
+  Computed from raw data: controller only.
+- `noise_risk_svg`: the decision-support chart of risk.md: % noise against risk, the
+  tolerable-risk line, the chosen point. Public parameters only.
+- `risk_surface_svg`: the optional 3-D surface of risk over trust x sensitivity at the chosen noise.
+"""
+
+from __future__ import annotations
+
+import io
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from dp_core import risk as risk_model  # noqa: E402
+
+plt.rcParams["svg.fonttype"] = "none"  # text stays text (smaller, selectable)
+
+
+def _svg(fig) -> str:
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Creator": None, "Date": None, "Format": None, "Type": None})
+    plt.close(fig)
+    text = buf.getvalue()
+    return text[text.index("<svg"):]  # drop the XML prolog: the SVG is inlined in HTML
+
+
+def pri_ranges_svg(ranges, p: float, chosen: float | None = None) -> str:
+    """Top: boxes from the smallest to the largest PRI at each candidate epsilon, median ticked.
+    Bottom: min / max against the test's threshold 1 - p/100 (green: the candidate passes)."""
+    eps = np.array([r.epsilon for r in ranges])
+    lo = np.array([r.minimum for r in ranges])
+    hi = np.array([r.maximum for r in ranges])
+    med = np.array([r.median for r in ranges])
+    colours = np.where([r.passed for r in ranges], "#4c9a6a", "#b0b7c3")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(hi > 0, lo / hi, 1.0)
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7.5, 5.2), sharex=True, height_ratios=[3, 2])
+    floor = max(hi.max(initial=1.0) * 1e-6, 1e-12)
+    top.vlines(eps, np.maximum(lo, floor), np.maximum(hi, floor), colors=colours, linewidth=6)
+    top.scatter(eps, np.maximum(med, floor), marker="_", s=80, color="#111", zorder=3, label="median PRI")
+    top.set_yscale("log")
+    top.set_ylabel("PRI (L1 distance)")
+    top.set_title("PRI range of one probe per candidate epsilon (controller only)")
+    bottom.scatter(eps, ratio, c=colours, edgecolors="#333", linewidths=0.4, zorder=3)
+    bottom.axhline(1 - p / 100, color="#c0392b", linestyle="--", linewidth=1, label=f"threshold 1 - p/100 = {1 - p / 100:g}")
+    bottom.set_ylim(-0.02, 1.02)
+    bottom.set_ylabel("min PRI / max PRI")
+    bottom.set_xlabel("candidate epsilon")
+    bottom.set_xscale("log")
+    for ax in (top, bottom):
+        if chosen is not None:
+            ax.axvline(chosen, color="#2d6cdf", linestyle=":", linewidth=1.2, label=f"chosen epsilon {chosen:g}")
+        ax.legend(loc="lower left", fontsize=8)
+    return _svg(fig)
+
+
+def noise_risk_svg(*, trust, sensitivity, max_risk, n: int, m: int = 1, df: float = 1.0, p: float = 0.9,
+                   example_value: float = 100.0, chosen_eps: float | None = None) -> str:
+    """Risk against % noise (Laplace noise at confidence p, relative to a count of example_value)."""
+    t, s, r = (risk_model.level_value(x) for x in (trust, sensitivity, max_risk))
+    pct = np.linspace(0.5, 60, 240)  # the seed treats ~50% noise as a practical limit
+    eps = np.array([risk_model.laplace_epsilon(x / 100 * example_value, df, p) for x in pct])
+    rk = np.array([risk_model.risk(s, t, risk_model.guessing_bound(e, n, m)) for e in eps])
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    ax.plot(pct, rk, color="#2d6cdf", label="risk")
+    ax.axhline(r, color="#c0392b", linestyle="--", linewidth=1, label=f"tolerable risk {r:g}")
+    if chosen_eps is not None:
+        x = 100 * risk_model.laplace_error(chosen_eps, df, p) / example_value
+        y = risk_model.risk(s, t, risk_model.guessing_bound(chosen_eps, n, m))
+        ax.scatter([x], [y], color="#111", zorder=3, label=f"chosen: epsilon {chosen_eps:.3g}, {x:.0f}% noise")
+    ax.set_xlabel(f"% noise (for a count of {example_value:g}, with {p:.0%} probability)")
+    ax.set_ylabel("risk = s (1 - t) q")
+    ax.set_ylim(0, max(s * (1 - t), r) * 1.05 + 1e-9)
+    ax.legend(fontsize=8)
+    ax.set_title(f"Noise against risk (trust {t:g}, sensitivity {s:g}, {n} possible values)")
+    return _svg(fig)
+
+
+def risk_surface_svg(*, eps: float, n: int, m: int = 1) -> str:
+    """Risk over trust x sensitivity at one epsilon (translucent surface)."""
+    q = risk_model.guessing_bound(eps, n, m)
+    t, s = np.meshgrid(np.linspace(0, 1, 21), np.linspace(0, 1, 21))
+    fig = plt.figure(figsize=(5.5, 4.2))
+    ax = fig.add_subplot(projection="3d")
+    ax.plot_surface(t, s, s * (1 - t) * q, alpha=0.6, cmap="viridis")
+    ax.set_xlabel("trust")
+    ax.set_ylabel("sensitivity")
+    ax.set_zlabel("risk")
+    ax.set_title(f"Risk at epsilon {eps:.3g} (q = {q:.2f})")
+    return _svg(fig)
