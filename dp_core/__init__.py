@@ -7,6 +7,7 @@
     result.controller_only   # partition and clamping loss: controller only, not DP
 """
 
+from .bounds import BoundsError
 from .engine import execute
 from .errors import DPError, InvalidDataError, InvalidQueryError, UnsupportedError
 from .query import (
@@ -26,7 +27,7 @@ from .query import (
 from .result import ControllerOnly, DPResult
 
 __all__ = [
-    "Aggregate", "ControllerOnly", "DPError", "DPResult", "InvalidDataError", "InvalidQueryError",
+    "Aggregate", "BoundsError", "ControllerOnly", "DPError", "DPResult", "InvalidDataError", "InvalidQueryError",
     "Query", "UnsupportedError", "avg", "count", "count_units", "execute", "max_", "median", "min_",
     "quantile", "stddev", "sum_", "var",
 ]

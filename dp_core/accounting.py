@@ -9,7 +9,7 @@ adding rho; Bun and Steinke, TCC 2016).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .errors import InvalidQueryError
 
@@ -61,11 +61,13 @@ class BudgetPlan:
     aggregate_shares: dict[int, Share]  # index -> share; absent when reusing the selection count
     component_shares: dict[tuple[int, str], Share]
     reused: frozenset[int]  # COUNT(DISTINCT unit) aggregates released from the selection's count
+    bounds_shares: dict[int, Share] = field(default_factory=dict)  # APPROX_BOUNDS, per aggregate
 
     @property
     def shares(self) -> tuple[Share, ...]:
         top = [self.selection_share] if self.selection_share else []
-        return tuple(top + [self.aggregate_shares[i] for i in sorted(self.aggregate_shares)])
+        bounds = [self.bounds_shares[i] for i in sorted(self.bounds_shares)]
+        return tuple(top + bounds + [self.aggregate_shares[i] for i in sorted(self.aggregate_shares)])
 
     @property
     def epsilon(self) -> float:
@@ -87,7 +89,8 @@ def plan_budget(query) -> BudgetPlan:
     which is PipelineDP's split). Delta: between the parts that need it (selection, Gaussian
     aggregates), in proportion to the same weights. Inside an aggregate the share is split equally
     between its components (AVG: N, S; VAR/STDDEV: N, S, Q). Gaussian aggregates pool their
-    (epsilon, delta), convert once to rho, and split rho.
+    (epsilon, delta), convert once to rho, and split rho. An aggregate whose bounds are inferred
+    gives `bounds_fraction` (default half) of its epsilon to APPROX_BOUNDS.
     """
     aggs = query.aggregates
     selection = None
@@ -103,6 +106,11 @@ def plan_budget(query) -> BudgetPlan:
     if selection:
         weights["selection"] = query.selection_weight
     eps = split_weights(query.epsilon, weights)
+    bounds_eps = {}
+    for i, a in enumerate(aggs):
+        if i not in reused and a.needs_bounds:
+            bounds_eps[i] = eps[f"agg{i}"] * query.bounds_fraction
+            eps[f"agg{i}"] -= bounds_eps[i]
     gaussian = {f"agg{i}" for i, a in enumerate(aggs) if query.noise == "gaussian" and a.kind != "quantile"} & set(weights)
     needs_delta = gaussian | ({"selection"} if selection else set())
     dlt = split_weights(query.delta, {k: weights[k] for k in needs_delta})
@@ -127,4 +135,5 @@ def plan_budget(query) -> BudgetPlan:
                 f"{a.label}.{c}", share.epsilon / len(parts), share.delta / len(parts),
                 rho / len(parts) if rho is not None else None,
             )
-    return BudgetPlan(selection, sel_share, agg_shares, comp_shares, reused)
+    bounds = {i: Share(f"bounds of {aggs[i].label}", e) for i, e in bounds_eps.items()}
+    return BudgetPlan(selection, sel_share, agg_shares, comp_shares, reused, bounds)

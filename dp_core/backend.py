@@ -16,7 +16,7 @@ import pandas as pd
 
 from .bounding import INPUT_NAME
 from .errors import InvalidDataError
-from .sql_text import literal
+from .sql_text import ident, literal
 
 NUMERIC_TYPES = ("TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT",
                  "UINTEGER", "UBIGINT", "UHUGEINT", "FLOAT", "DOUBLE", "REAL")
@@ -30,48 +30,49 @@ class DuckDBBackend:
     connection: duckdb.DuckDBPyConnection | None
     relation: duckdb.DuckDBPyRelation | None = None
     frame: pd.DataFrame | None = None  # a pandas input: DuckDB reads its NaN as NULL
+    frames: dict | None = None  # pandas tables of a SQL query, by name
     dialect: str = "duckdb"
 
     @classmethod
     def for_input(cls, data, threads: int | None = None) -> "DuckDBBackend":
-        """Make `data` queryable as `dp_input` without copying it."""
+        """Make `data` queryable as `dp_input` without copying it (a prepared backend is used as is)."""
+        if isinstance(data, DuckDBBackend):
+            return data
         if isinstance(data, duckdb.DuckDBPyRelation):
             return cls(None, relation=data)
         con = duckdb.connect(":memory:")
         if threads:
             con.execute(f"SET threads = {int(threads)}")
-        if isinstance(data, (str, Path)):
-            path = Path(data)
-            if not path.exists():
-                raise InvalidDataError(f"input file not found: {path}")
-            name = path.name.lower()
-            if name.endswith(".parquet"):
-                reader, kind = f"read_parquet({literal(str(path))})", "Parquet"
-            elif name.endswith((".csv", ".csv.gz", ".tsv", ".tsv.gz")):
-                # an explicit dialect: DuckDB's sniffer would otherwise read a malformed file as
-                # one text column or accept an unterminated quote without a word
-                delim = "\t" if ".tsv" in name else ","
-                reader = (f"read_csv({literal(str(path))}, header = true, delim = {literal(delim)}, "
-                          "quote = '\"', escape = '\"', strict_mode = true)")
-                kind = "CSV with a header row"
-            else:
-                raise InvalidDataError(f"cannot read {path}: give a .csv, .csv.gz, .tsv or .parquet file")
-            try:
-                con.execute(f"CREATE VIEW {INPUT_NAME} AS SELECT * FROM {reader}")
-                con.execute(f"SELECT count(*) FROM {INPUT_NAME}").fetchall()
-            except duckdb.Error as err:
-                first = str(err).splitlines()[0]
-                raise InvalidDataError(f"cannot read {path} as {kind}: {first}") from None
-        elif isinstance(data, pd.DataFrame) or type(data).__module__.startswith("pyarrow"):
-            con.register(INPUT_NAME, data)
+        _register(con, INPUT_NAME, data)
+        return cls(con, frame=data if isinstance(data, pd.DataFrame) else None)
+
+    @classmethod
+    def for_tables(cls, tables: dict, threads: int | None = None) -> "DuckDBBackend":
+        """Several named inputs (for SQL queries); `define_input` then sets `dp_input`."""
+        con = duckdb.connect(":memory:")
+        if threads:
+            con.execute(f"SET threads = {int(threads)}")
+        frames = {}
+        for name, data in tables.items():
+            if isinstance(data, duckdb.DuckDBPyRelation):
+                raise InvalidDataError(f"table {name!r}: give a DataFrame, Arrow table or file for SQL queries")
+            _register(con, name, data)
             if isinstance(data, pd.DataFrame):
-                return cls(con, frame=data)
-        else:
-            raise InvalidDataError(
-                f"unsupported input type {type(data).__name__}: give a pandas DataFrame, a pyarrow "
-                "Table, a CSV/Parquet path or a DuckDB relation"
-            )
-        return cls(con)
+                frames[name] = data
+        return cls(con, frames=frames)
+
+    def define_input(self, sql: str) -> None:
+        """`dp_input` becomes the view `sql` over the registered tables (the checked source)."""
+        try:
+            self.connection.execute(f"CREATE OR REPLACE VIEW {INPUT_NAME} AS {sql}")
+        except duckdb.Error as err:
+            raise InvalidDataError(f"the data engine could not prepare the query: {str(err).splitlines()[0]}") from None
+
+    def columns(self, name: str) -> list[str]:
+        described = self.run(f"DESCRIBE SELECT * FROM {ident(name)}")
+        return list(described["column_name"])
+
+
 
     def run(self, sql: str) -> pd.DataFrame:
         """Execute SQL over `dp_input` and return the (small) result as a DataFrame."""
@@ -88,14 +89,52 @@ class DuckDBBackend:
         return dict(zip(described["column_name"], described["column_type"]))
 
     def count_nan(self, column: str) -> int:
-        """NaN values of a pandas float column (DuckDB's scan turns them into NULL, hiding them)."""
-        if self.frame is None or column not in self.frame:
-            return 0
-        values = self.frame[column]
-        if not isinstance(values.dtype, np.dtype) or values.dtype.kind != "f":
-            return 0  # nullable dtypes keep NA (missing) apart from NaN, which SQL then sees
-        return int(np.isnan(values.to_numpy()).sum())
+        """NaN values of a pandas float column (DuckDB's scan turns them into NULL, hiding them).
+        For SQL queries over several tables: every pandas table's column of that name."""
+        frames = [self.frame] if self.frame is not None else list((self.frames or {}).values())
+        total = 0
+        for frame in frames:
+            if column not in frame:
+                continue
+            values = frame[column]
+            if isinstance(values.dtype, np.dtype) and values.dtype.kind == "f":
+                # nullable dtypes keep NA (missing) apart from NaN, which SQL then sees
+                total += int(np.isnan(values.to_numpy()).sum())
+        return total
 
     def close(self) -> None:
         if self.connection is not None:
             self.connection.close()
+
+
+def _register(con, name: str, data) -> None:
+    """Register one input under `name`: a DataFrame or Arrow table in place, a file as a view."""
+    if isinstance(data, (str, Path)):
+        path = Path(data)
+        if not path.exists():
+            raise InvalidDataError(f"input file not found: {path}")
+        suffix = path.name.lower()
+        if suffix.endswith(".parquet"):
+            reader, kind = f"read_parquet({literal(str(path))})", "Parquet"
+        elif suffix.endswith((".csv", ".csv.gz", ".tsv", ".tsv.gz")):
+            # an explicit dialect: DuckDB's sniffer would otherwise read a malformed file as
+            # one text column or accept an unterminated quote without a word
+            delim = "\t" if ".tsv" in suffix else ","
+            reader = (f"read_csv({literal(str(path))}, header = true, delim = {literal(delim)}, "
+                      "quote = '\"', escape = '\"', strict_mode = true)")
+            kind = "CSV with a header row"
+        else:
+            raise InvalidDataError(f"cannot read {path}: give a .csv, .csv.gz, .tsv or .parquet file")
+        try:
+            con.execute(f"CREATE VIEW {ident(name)} AS SELECT * FROM {reader}")
+            con.execute(f"SELECT count(*) FROM {ident(name)}").fetchall()
+        except duckdb.Error as err:
+            first = str(err).splitlines()[0]
+            raise InvalidDataError(f"cannot read {path} as {kind}: {first}") from None
+    elif isinstance(data, pd.DataFrame) or type(data).__module__.startswith("pyarrow"):
+        con.register(name, data)
+    else:
+        raise InvalidDataError(
+            f"unsupported input type {type(data).__name__}: give a pandas DataFrame, a pyarrow "
+            "Table, a CSV/Parquet path or a DuckDB relation"
+        )

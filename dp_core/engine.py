@@ -8,7 +8,7 @@ from the data engine; raw rows never do. Any error is raised before noise is dra
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -16,6 +16,7 @@ import pandas as pd
 from .accounting import BudgetPlan, plan_budget
 from .aggregates import finish
 from .backend import INTEGER_TYPES, NUMERIC_TYPES, DuckDBBackend
+from .bounds import BoundsError, InferredBounds, histogram_sql, infer_bounds
 from .bounding import INPUT_NAME, BoundingPlan, build_plan, public_keys_sql, unit_rows_sql
 from .errors import InvalidDataError, InvalidQueryError
 from .partition_selection import STRATEGIES, Selection
@@ -38,8 +39,8 @@ def execute(query: Query, data, *, threads: int | None = None, bounding_seed: in
     """
     query.validate()
     budget = plan_budget(query)
-    stats = exact_statistics(query, data, threads=threads, bounding_seed=bounding_seed)
-    return release(query, stats.plan, budget, stats.rows)
+    stats = exact_statistics(query, data, threads=threads, bounding_seed=bounding_seed, budget=budget)
+    return release(stats.query, stats.plan, budget, stats.rows, stats.bounds)
 
 
 @dataclass(frozen=True)
@@ -47,15 +48,18 @@ class ExactStatistics:
     """What the data engine returns for a query: per-partition exact sums and, on request, each
     unit's bounded contributions. Not DP: input to the noise step and to controller-only PRIs."""
 
+    query: Query  # with every bound set (inferred ones filled in)
     plan: BoundingPlan
     rows: pd.DataFrame
+    bounds: tuple[InferredBounds, ...] = ()  # DP: the bounds that were inferred, and their histograms
     units: pd.DataFrame | None = None  # unit, keys, _u{i}: bounded value per aggregate
     total_units: int | None = None  # distinct units in the whole input (before the row filter)
 
 
 def exact_statistics(query: Query, data, *, threads: int | None = None, bounding_seed: int | None = None,
-                     with_units: bool = False) -> ExactStatistics:
-    """Check the input against the query and run the bounding plan (one SQL statement)."""
+                     with_units: bool = False, budget: BudgetPlan | None = None) -> ExactStatistics:
+    """Check the input against the query, infer missing bounds (APPROX_BOUNDS, with the budget's
+    bounds shares), and run the bounding plan (one SQL statement)."""
     query.validate()
     backend = DuckDBBackend.for_input(data, threads=threads)
     try:
@@ -65,15 +69,59 @@ def exact_statistics(query: Query, data, *, threads: int | None = None, bounding
         if query.public_partitions is not None:
             check_public_keys(query, backend, schema)
         seed = secrets.randbits(63) if bounding_seed is None else bounding_seed
+        bounds: tuple[InferredBounds, ...] = ()
+        if any(a.needs_bounds for a in query.aggregates):
+            budget = budget or plan_budget(query)
+            query, bounds = infer_missing_bounds(query, backend, schema, integer_columns, seed, budget)
         plan = build_plan(query, integer_columns, seed=seed, key_types=schema)
         rows = backend.run(plan.sql)
         if not with_units:
-            return ExactStatistics(plan, rows)
+            return ExactStatistics(query, plan, rows, bounds)
         units = backend.run(unit_rows_sql(plan, query))
         total = int(backend.run(f"SELECT count(DISTINCT {ident(query.privacy_unit)}) AS n FROM {INPUT_NAME}")["n"].iloc[0])
-        return ExactStatistics(plan, rows, units, total)
+        return ExactStatistics(query, plan, rows, bounds, units, total)
     finally:
         backend.close()
+
+
+def infer_missing_bounds(query: Query, backend: DuckDBBackend, schema: dict[str, str], integer_columns: set[str],
+                         seed: int, budget: BudgetPlan) -> tuple[Query, tuple[InferredBounds, ...]]:
+    """APPROX_BOUNDS for every aggregate with a missing bound, over the same bounded per-unit
+    values the release will use (same bounding seed). Returns the query with the bounds set."""
+    placeholder = replace(query, aggregates=tuple(
+        replace(a, lower=0 if a.lower is None and a.kind != "count" else a.lower,
+                upper=1 if a.upper is None else a.upper) if a.needs_bounds else a
+        for a in query.aggregates))
+    plan = build_plan(placeholder, integer_columns, seed=seed, key_types=schema)
+    found, aggregates = [], list(query.aggregates)
+    for i, agg in enumerate(query.aggregates):
+        if not agg.needs_bounds:
+            continue
+        column_type = schema.get(agg.column, "").upper() if agg.column else "BIGINT"
+        integer = agg.kind == "count" or (agg.kind in ("sum", "quantile") and column_type in INTEGER_TYPES)
+        signed = agg.kind != "count" and not column_type.startswith("U")
+        counts = backend.run(histogram_sql(plan.with_clause, f"_a{i}_raw", integer))
+        hist = {(bool(r.neg), int(r.e)): int(r.n) for r in counts.itertuples()}
+        inferred = infer_bounds(
+            hist, label=agg.label, integer=integer, signed=signed, share=budget.bounds_shares[i],
+            max_partitions=query.effective_max_partitions, failure=query.bounds_failure,
+            need_lower=agg.kind != "count" and agg.lower is None, need_upper=agg.upper is None,
+        )
+        lower = agg.lower if inferred.lower is None else _whole(inferred.lower)
+        upper = agg.upper if inferred.upper is None else _whole(inferred.upper)
+        if agg.kind == "count":
+            upper = max(int(upper), 1)
+        elif lower is not None and upper is not None and lower >= upper:
+            raise BoundsError(
+                f"automatic bounds for {agg.label!r} came out empty ([{lower}, {upper}]): set the bounds by hand"
+            )
+        aggregates[i] = replace(agg, lower=lower, upper=upper)
+        found.append(inferred)
+    return replace(query, aggregates=tuple(aggregates)), tuple(found)
+
+
+def _whole(x: float) -> float | int:
+    return int(x) if float(x).is_integer() and abs(x) < 2**62 else x
 
 
 def check_columns(query: Query, schema: dict[str, str]) -> set[str]:
@@ -136,7 +184,8 @@ def check_values(query: Query, backend: DuckDBBackend, schema: dict[str, str]) -
             )
 
 
-def release(query: Query, plan: BoundingPlan, budget: BudgetPlan, rows: pd.DataFrame) -> DPResult:
+def release(query: Query, plan: BoundingPlan, budget: BudgetPlan, rows: pd.DataFrame,
+            bounds: tuple[InferredBounds, ...] = ()) -> DPResult:
     """Select partitions and add noise to the exact per-partition sums; seal everything in a result."""
     cu = query.effective_max_partitions
     alpha = 1.0 - query.confidence
@@ -150,7 +199,8 @@ def release(query: Query, plan: BoundingPlan, budget: BudgetPlan, rows: pd.DataF
     kept = rows.loc[keep].reset_index(drop=True)
 
     table = kept[list(query.group_by)].copy()
-    records = [selection.noisy_units.record] if selection and selection.noisy_units else []
+    records = [b.record for b in bounds]
+    records += [selection.noisy_units.record] if selection and selection.noisy_units else []
     for i, (agg, aplan) in enumerate(zip(query.aggregates, plan.aggregates)):
         label = agg.label
         if agg.kind == "quantile":
@@ -192,6 +242,7 @@ def release(query: Query, plan: BoundingPlan, budget: BudgetPlan, rows: pd.DataF
         partition_selection=_describe_selection(query, selection),
         notes=_notes(query, budget),
         controller_only=_controller_view(query, plan, rows, keep),
+        inferred_bounds=bounds,
     )
 
 

@@ -161,6 +161,8 @@ def _check_supported(query: Query) -> None:
         )
     if query.noise != "laplace":
         raise InvalidQueryError("Find-epsilon-from-PRI assumes Laplace noise (as the seed does): use noise='laplace'")
+    if any(a.needs_bounds for a in query.aggregates):
+        raise InvalidQueryError("Find-epsilon-from-PRI needs the bounds set: PRIs are defined for fixed sensitivities")
 
 
 def contributions(query: Query, data, **kwargs) -> Contributions:
@@ -192,12 +194,18 @@ def leave_one_out(c: Contributions, i: int) -> tuple[np.ndarray, np.ndarray]:
     uniq, inverse = np.unique(pairs, axis=0, return_inverse=True)
     part, val = uniq[:, 0].astype(np.int64), uniq[:, 1]
     comp = _components(c.stats, i)
+    quanta = {k.key: k.quantum for k in c.stats.plan.aggregates[i].components}
+
+    def quantised(x, key):  # the unit's term exactly as the SQL summed it (aggregates._real_component)
+        return np.floor(x * (1.0 / quanta[key]) + 0.5) * quanta[key]
+
     if agg.kind in ("count", "count_units", "sum"):
-        loo = c.exact[i][part] - val
+        loo = c.exact[i][part] - (val if agg.kind != "sum" or quanta["sum"] == 1.0 else quantised(val, "sum"))
     else:
         mid = (float(agg.lower) + float(agg.upper)) / 2.0
-        n, s = comp["N"][part] - 1.0, comp["S"][part] - (val - mid)
-        q = comp["Q"][part] - (val - mid) ** 2 if "Q" in comp else None
+        centred = val - mid
+        n, s = comp["N"][part] - 1.0, comp["S"][part] - quantised(centred, "S")
+        q = comp["Q"][part] - quantised(centred * centred, "Q") if "Q" in comp else None
         loo = _ratio(agg, n, s, q)
     return loo[inverse.reshape(-1)], mask
 

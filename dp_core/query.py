@@ -31,7 +31,8 @@ class Aggregate:
     kind: `count` (rows, or non-null `column`, per unit clamped to [0, upper]); `count_units`
     (distinct privacy units); `sum`, `avg`, `var`, `stddev` (per-unit value clamped to
     [lower, upper]); `quantile` (the `q`-quantile of per-unit values in [lower, upper]).
-    `weight` is this aggregate's relative share of the budget.
+    A bound left as None is inferred privately (APPROX_BOUNDS). `weight` is this aggregate's
+    relative share of the budget.
     """
 
     kind: AggregateKind
@@ -66,32 +67,33 @@ class Aggregate:
         if self.kind != "count" and not self.column:
             raise InvalidQueryError(f"{where}: needs a column")
         if self.kind == "count":
-            if self.upper is None:
-                raise InvalidQueryError(
-                    f"{where}: needs the most rows one unit may add to a partition (upper bound); "
-                    "automatic bounds are not available for COUNT here"
-                )
-            if not (_finite(self.upper) and self.upper >= 1 and float(self.upper).is_integer()):
+            if self.upper is not None and not (_finite(self.upper) and self.upper >= 1 and float(self.upper).is_integer()):
                 raise InvalidQueryError(
                     f"{where}: the per-unit row bound must be a whole number >= 1, got {self.upper!r}"
                 )
             return
-        if self.lower is None or self.upper is None:
-            raise InvalidQueryError(
-                f"{where}: needs both bounds L and U (automatic bounds: give none and use "
-                "APPROX_BOUNDS from the SQL front end)"
-            )
-        if not (_finite(self.lower) and _finite(self.upper)):
-            raise InvalidQueryError(
-                f"{where}: bounds must be finite numbers, got L={self.lower!r}, U={self.upper!r}"
-            )
-        if self.lower > self.upper:
-            raise InvalidQueryError(f"{where}: lower bound L={self.lower} exceeds upper bound U={self.upper}")
-        if self.kind in ("avg", "var", "stddev", "quantile") and self.lower == self.upper:
-            raise InvalidQueryError(f"{where}: bounds must differ (L = U = {self.lower} leaves nothing to learn)")
+        for side, value in (("lower", self.lower), ("upper", self.upper)):
+            if value is not None and not _finite(value):
+                raise InvalidQueryError(f"{where}: the {side} bound must be a finite number, got {value!r}")
+        if self.lower is not None and self.upper is not None:
+            if self.lower > self.upper:
+                raise InvalidQueryError(f"{where}: lower bound L={self.lower} exceeds upper bound U={self.upper}")
+            if self.kind in ("avg", "var", "stddev", "quantile") and self.lower == self.upper:
+                raise InvalidQueryError(f"{where}: bounds must differ (L = U = {self.lower} leaves nothing to learn)")
+            if self.kind == "sum" and self.lower == self.upper == 0:
+                raise InvalidQueryError(f"{where}: bounds [0, 0] make every sum 0")
         if self.kind == "quantile":
             if not (_finite(self.q) and 0.0 <= self.q <= 1.0):
                 raise InvalidQueryError(f"{where}: quantile q must be in [0, 1], got {self.q!r}")
+
+    @property
+    def needs_bounds(self) -> bool:
+        """True when a bound is left out: the engine infers it with APPROX_BOUNDS."""
+        if self.kind == "count_units":
+            return False
+        if self.kind == "count":
+            return self.upper is None
+        return self.lower is None or self.upper is None
 
 
 def count(upper: int = 1, column: str | None = None, name: str | None = None, weight: float = 1.0) -> Aggregate:
@@ -166,6 +168,8 @@ class Query:
     confidence: float = 0.95
     quantile_bins: int = 1024
     where: str | None = None
+    bounds_fraction: float = 0.5
+    bounds_failure: float = 1e-9
 
     def __post_init__(self) -> None:
         # accept lists for convenience; store tuples so the query is hashable and comparable
@@ -217,6 +221,10 @@ class Query:
             raise InvalidQueryError(f"confidence must be in (0, 1), got {self.confidence!r}")
         if not (_finite(self.selection_weight) and self.selection_weight > 0):
             raise InvalidQueryError(f"selection_weight must be > 0, got {self.selection_weight!r}")
+        if not (_finite(self.bounds_fraction) and 0 < self.bounds_fraction < 1):
+            raise InvalidQueryError(f"bounds_fraction must be in (0, 1), got {self.bounds_fraction!r}")
+        if not (_finite(self.bounds_failure) and 0 < self.bounds_failure < 0.5):
+            raise InvalidQueryError(f"bounds_failure must be in (0, 0.5), got {self.bounds_failure!r}")
         if not (isinstance(self.quantile_bins, int) and 2 <= self.quantile_bins <= 1 << 16):
             raise InvalidQueryError(f"quantile_bins must be an integer in [2, 65536], got {self.quantile_bins!r}")
         if len(set(self.group_by)) != len(self.group_by):

@@ -81,6 +81,7 @@ class DPResult:
     notes: tuple[str, ...]
     controller_only: ControllerOnly = field(repr=False, compare=False)
     epsilon_choice: object | None = None  # pri.EpsilonChoice (public part) when the platform chose epsilon
+    inferred_bounds: tuple = ()  # bounds.InferredBounds: bounds chosen by APPROX_BOUNDS, with their DP histograms
 
     def __str__(self) -> str:
         head = (
@@ -117,6 +118,7 @@ class DPResult:
                 {"name": a.label, "kind": a.kind, "column": a.column, "lower": a.lower, "upper": a.upper, "q": a.q}
                 for a in q.aggregates
             ],
+            "inferred_bounds": [b.to_dict() for b in self.inferred_bounds],
             "notes": list(self.notes),
             "epsilon_choice": self.epsilon_choice.public_summary() if self.epsilon_choice is not None else None,
             "rows": json.loads(self.table.to_json(orient="records", date_format="iso")),
@@ -138,6 +140,11 @@ class DPResult:
                 f"x C_u={m.max_partitions} -> {m.sensitivity:g}{scale}, epsilon {m.epsilon:.6g}"
                 + (f", rho {m.rho:.6g}" if m.rho else "") + (f" ({m.note})" if m.note else "")
             )
+        for b in self.inferred_bounds:
+            lo = "0" if b.lower is None else f"{b.lower:g}"
+            hi = "given" if b.upper is None else f"{b.upper:g}"
+            lines.append(f"  bounds of {b.aggregate} inferred (APPROX_BOUNDS): [{lo}, {hi}], "
+                         f"estimated share of values outside: {b.outside_share:.1%}")
         lines += list(self.notes)
         if self.epsilon_choice is not None:
             c = self.epsilon_choice

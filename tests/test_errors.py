@@ -40,7 +40,7 @@ def run(data=DF, **kw):
         ({"aggregates": [dp.quantile("x", -0.1, 0, 10)]}, InvalidQueryError, "q must be in [0, 1]"),
         ({"aggregates": []}, InvalidQueryError, "no aggregates"),
         ({"aggregates": [dp.count(upper=0)]}, InvalidQueryError, "row bound"),
-        ({"aggregates": [dp.Aggregate("sum", column="x")]}, InvalidQueryError, "needs both bounds"),
+        ({"aggregates": [dp.Aggregate("sum", column="x")]}, dp.BoundsError, "set the bounds by hand"),  # 3 rows
         ({"aggregates": [dp.count(), dp.count()]}, InvalidQueryError, "unique"),
         ({"noise": "uniform"}, InvalidQueryError, "noise"),
         ({"confidence": 1.0}, InvalidQueryError, "confidence"),

@@ -1,0 +1,80 @@
+"""APPROX_BOUNDS (usability.md): bounds inferred from a noisy log histogram."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import dp_core as dp
+from dp_core import bounds
+
+
+@pytest.mark.parametrize("eps,cu,bins,failure", [(0.5, 1, 64, 1e-9), (1.0, 4, 192, 1e-9), (0.1, 2, 128, 1e-6)])
+def test_threshold_matches_its_derivation(eps, cu, bins, failure):
+    k = bounds.continuous_threshold(eps, cu, bins, failure)
+    e = eps / cu
+    p_empty_passes = math.exp(-k * e) / 2  # P[Lap(C_u / eps) > K]
+    assert (1 - p_empty_passes) ** (bins - 1) == pytest.approx(1 - failure, abs=1e-12)
+    kd = bounds.discrete_threshold(eps, cu, bins, failure)
+    q = math.exp(-e)
+    passes = lambda t: q ** (t + 1) / (1 + q)  # noqa: E731  P[discrete noise > t]
+    assert (1 - passes(kd)) ** (bins - 1) >= 1 - failure
+    assert kd == 0 or (1 - passes(kd - 1)) ** (bins - 1) < 1 - failure
+    assert abs(kd - k) <= 1 + 1 / e
+
+
+def test_bin_layout_covers_64_bit_integers_and_small_reals():
+    ints = bounds.bin_layout(integer=True, signed=False)
+    assert len(ints) == 64 and ints[0][2:] == (0.0, 2.0) and ints[1][2:] == (2.0, 4.0) and ints[-1][3] == 2.0**64
+    reals = bounds.bin_layout(integer=False, signed=True)
+    assert len(reals) == 2 * (64 + 32)
+    edges = [(lo, hi) for _, _, lo, hi in reals]
+    assert all(a[1] == b[0] for a, b in zip(edges, edges[1:]))  # contiguous, ascending
+    assert (0.0, 2.0**-31) in edges and (-(2.0**-31), -0.0) in edges
+
+
+@pytest.mark.parametrize("column", ["capital_gain", "hours_per_week"])
+def test_inferred_bounds_cover_95_percent_of_adult(adult, column):
+    q = dp.Query([dp.Aggregate("sum", column=column, name="s")], privacy_unit="person_id", epsilon=1.0)
+    for _ in range(5):
+        r = dp.execute(q, adult)
+        (b,) = r.inferred_bounds
+        values = adult[column]
+        assert ((values >= b.lower) & (values <= b.upper)).mean() >= 0.95
+        assert b.outside_share < 0.05
+        # the split: half of the aggregate's epsilon to the bounds, stated in the result
+        shares = {s.part: s.epsilon for s in r.budget}
+        assert shares["bounds of s"] == pytest.approx(0.5) and shares["s"] == pytest.approx(0.5)
+        d = r.to_dict()
+        assert d["inferred_bounds"][0]["upper"] == b.upper and len(d["inferred_bounds"][0]["bins"]) == 128
+
+
+def test_tiny_data_gives_the_clear_error_and_releases_nothing():
+    df = pd.DataFrame({"uid": range(20), "x": np.arange(20.0)})
+    with pytest.raises(dp.BoundsError, match="more epsilon, use more data, or set the bounds by hand"):
+        dp.execute(dp.Query([dp.Aggregate("avg", column="x")], privacy_unit="uid", epsilon=1.0), df)
+
+
+def test_signed_and_fractional_values_get_sensible_bounds():
+    x = np.linspace(-0.3, 0.7, 20_000)
+    df = pd.DataFrame({"uid": np.arange(x.size), "x": x})
+    r = dp.execute(dp.Query([dp.Aggregate("avg", column="x", name="a")], privacy_unit="uid", epsilon=2.0), df)
+    (b,) = r.inferred_bounds
+    assert -0.5 <= b.lower <= -0.25 and 0.5 <= b.upper <= 1.0  # powers of two around the data
+    assert abs(r.table["a"].iloc[0] - 0.2) < 0.05
+    ints = pd.DataFrame({"uid": np.arange(10_000), "x": np.arange(10_000) % 100 - 50})
+    r = dp.execute(dp.Query([dp.Aggregate("sum", column="x", name="s")], privacy_unit="uid", epsilon=1.0), ints)
+    (b,) = r.inferred_bounds
+    assert b.lower == -63 and b.upper == 63  # integer bins (-64, -32] and [32, 64), inclusive integer edges
+
+
+def test_only_the_missing_bound_is_inferred_and_counts_start_at_zero():
+    df = pd.DataFrame({"uid": np.repeat(np.arange(3000), 3), "x": 5.0})
+    r = dp.execute(dp.Query([dp.Aggregate("sum", column="x", lower=0, name="s"), dp.Aggregate("count", name="n")],
+                            privacy_unit="uid", epsilon=2.0), df)
+    by_name = {b.aggregate: b for b in r.inferred_bounds}
+    assert by_name["s"].lower is None and by_name["s"].upper >= 15  # per-unit sums are 15
+    assert by_name["n"].upper == 3 and r.query.aggregates[1].upper == 3  # [2, 4) holds 3 rows

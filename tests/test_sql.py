@@ -1,0 +1,194 @@
+"""The DP SQL front end: both syntaxes, row ownership (seed Table 4.3), compilation, fuzzing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import dp_core as dp
+from dp_core.sql import Table, compile_for, run_sql
+
+
+@pytest.fixture(scope="module")
+def company():
+    rng = np.random.default_rng(11)  # test data only
+    n = 400
+    employee = pd.DataFrame({"uid": np.arange(n), "dept": rng.choice(["Sales", "HR", "IT"], n, p=[0.6, 0.395, 0.005]),
+                             "age": rng.integers(20, 65, n)})
+    order = pd.DataFrame({"uid": rng.integers(0, n, 3000), "val": rng.uniform(0, 150, 3000), "k": rng.integers(0, 3, 3000)})
+    t1 = pd.DataFrame({"uid": np.arange(n), "partition_key": np.arange(n) % 4})
+    t2 = pd.DataFrame({"uid": np.arange(2 * n) % n, "val": rng.uniform(0, 1, 2 * n)})
+    other = pd.DataFrame({"person": np.arange(n), "dept": "x"})
+    return {"Employee": Table(employee, "uid"), "Order": Table(order, "uid"), "Table1": Table(t1, "uid"),
+            "Table2": Table(t2, "uid"), "Other": Table(other, "person")}
+
+
+def test_listing_4_5_runs_end_to_end(company):
+    sql = """SELECT WITH ANONYMIZATION
+               T1.partition_key,
+               ANON_SUM(T2.val, 0, 1)
+             FROM Table1 T1 JOIN Table2 T2 USING(uid)
+             GROUP BY T1.partition_key"""
+    r = run_sql(sql, company, epsilon=1.0)
+    assert list(r.table.columns) == ["partition_key", "sum_val", "sum_val_ci_low", "sum_val_ci_high", "sum_val_noise_sd"]
+    assert sorted(r.table["partition_key"]) == [0, 1, 2, 3]
+    assert (r.table["sum_val_ci_low"] <= r.table["sum_val"]).all() and (r.table["sum_val"] <= r.table["sum_val_ci_high"]).all()
+
+
+def test_listing_4_8_drops_the_tiny_department(company):
+    sql = 'SELECT WITH ANONYMIZATION dept, ANON_COUNT(*, 5) AS c FROM Employee E JOIN "Order" O USING(uid) GROUP BY dept'
+    r = run_sql(sql, company, epsilon=1.0)
+    assert set(r.table["dept"]) == {"Sales", "HR"}  # IT has ~2 employees: dropped, as in Figure 4.9
+    assert {"c", "c_ci_low", "c_ci_high"} <= set(r.table.columns)
+    assert r.controller_only.partitions_nonempty == 3
+
+
+PAIRS = [
+    ("ANON_COUNT(*, 5) AS c", "COUNT(*, contribution_bounds_per_group => (0, 5)) AS c"),
+    ("ANON_COUNT(val, 3) AS c", "COUNT(val, contribution_bounds_per_group => (0, 3)) AS c"),
+    ("ANON_COUNT(DISTINCT uid) AS n", "COUNT(DISTINCT uid) AS n"),
+    ("ANON_SUM(val, 0, 100) AS s", "SUM(val, contribution_bounds_per_group => (0, 100)) AS s"),
+    ("ANON_AVG(val, -1, 100)", "AVG(val, contribution_bounds_per_group => (-1, 100))"),
+    ("ANON_VAR(val, 0, 100) AS v", "VAR_POP(val, contribution_bounds_per_group => (0, 100)) AS v"),
+    ("ANON_STDDEV(val, 0, 100) AS sd", "STDDEV_POP(val, contribution_bounds_per_group => (0, 100)) AS sd"),
+    ("ANON_MEDIAN(val, 0, 100) AS m", "PERCENTILE_CONT(val, 0.5, contribution_bounds_per_group => (0, 100)) AS m"),
+    ("ANON_NTILE(val, 0.9, 0, 100) AS p90", "PERCENTILE_CONT(val, 0.9, contribution_bounds_per_group => (0, 100)) AS p90"),
+    ("ANON_SUM(val) AS s", "SUM(val) AS s"),  # automatic bounds in both
+]
+
+
+@pytest.mark.parametrize("seed,bigquery", PAIRS)
+def test_both_syntaxes_compile_to_the_same_typed_query(company, seed, bigquery):
+    a = compile_for(f'SELECT WITH ANONYMIZATION dept, {seed} FROM Employee E JOIN "Order" O USING (uid) GROUP BY dept',
+                    company, epsilon=1.0, delta=1e-6, max_partitions_contributed=2)
+    b = compile_for(
+        "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1, delta = 1e-6, max_groups_contributed = 2, "
+        f'privacy_unit_column = uid) dept, {bigquery} FROM Employee E JOIN "Order" O USING (uid) GROUP BY dept',
+        company)
+    assert a.query == b.query
+    assert a.source_sql() == b.source_sql()
+    assert a.source_sql("spark")  # the same source renders for another engine
+
+
+def test_unit_is_carried_through_projections_and_subqueries_run(company):
+    sql = """SELECT WITH ANONYMIZATION d, ANON_AVG(total, 0, 2000) AS avg_total
+             FROM (SELECT E.dept AS d, sum(O.val) AS total FROM Employee E JOIN "Order" O ON E.uid = O.uid
+                   WHERE O.k <> 2 GROUP BY E.uid, E.dept) AS per_person
+             GROUP BY d"""
+    c = compile_for(sql, company, epsilon=1.0)
+    assert '"uid"' in c.source_sql()  # added automatically: the analyst did not select it
+    r = run_sql(sql, company, epsilon=1.0)
+    assert set(r.table["d"]) <= {"Sales", "HR", "IT"}
+    cte = """WITH big AS (SELECT uid, val FROM "Order" WHERE val > 10)
+             SELECT WITH ANONYMIZATION ANON_COUNT(*, 10) AS n FROM big"""
+    assert run_sql(cte, company, epsilon=1.0).table["n"].iloc[0] > 0
+
+
+def test_order_by_and_limit_are_post_processing(company):
+    sql = ('SELECT WITH ANONYMIZATION dept, ANON_COUNT(*, 5) AS c FROM Employee E JOIN "Order" O USING (uid) '
+           "GROUP BY dept ORDER BY c DESC LIMIT 1")
+    r = run_sql(sql, company, epsilon=2.0)
+    assert len(r.table) == 1
+
+
+FORBIDDEN = [
+    ('SELECT WITH ANONYMIZATION dept, ANON_COUNT(*, 5) FROM Employee E JOIN "Order" O ON E.age = O.k GROUP BY dept',
+     "does not join on the unit"),
+    ('SELECT WITH ANONYMIZATION dept, ANON_COUNT(*, 5) FROM Employee E CROSS JOIN "Order" O GROUP BY dept',
+     "cross or comma join"),
+    ('SELECT WITH ANONYMIZATION dept, ANON_COUNT(*, 5) FROM Employee E, "Order" O GROUP BY dept', "cross or comma join"),
+    ("SELECT WITH ANONYMIZATION ANON_SUM(t, 0, 9) FROM (SELECT dept, count(*) AS t FROM Employee GROUP BY dept)",
+     "must group by the unit"),
+    ("SELECT WITH ANONYMIZATION ANON_SUM(t, 0, 9) FROM (SELECT count(*) AS t FROM Employee)", "must group by the unit"),
+    ("SELECT WITH ANONYMIZATION ANON_SUM(r, 0, 9) FROM (SELECT uid, rank() OVER (ORDER BY age) AS r FROM Employee)",
+     "window function"),
+    ("SELECT WITH ANONYMIZATION ANON_COUNT(*, 1) FROM (SELECT * FROM Employee LIMIT 10)", "LIMIT inside a subquery"),
+    ("SELECT WITH ANONYMIZATION ANON_COUNT(*, 1) FROM (SELECT * FROM Employee ORDER BY age)", "ORDER inside a subquery"),
+    ("SELECT WITH ANONYMIZATION dept, age, ANON_COUNT(*, 1) FROM Employee GROUP BY dept",
+     "neither a GROUP BY key nor a DP aggregate"),
+    ("SELECT WITH ANONYMIZATION dept, ANON_COUNT(*, 1) FROM Employee WHERE ANON_COUNT(*, 1) > 3 GROUP BY dept",
+     "is an aggregate, which is not allowed here"),
+    ("SELECT WITH ANONYMIZATION ANON_SUM(ANON_COUNT(*, 1), 0, 1) FROM Employee", "nested inside a DP aggregate"),
+    ("SELECT WITH ANONYMIZATION ANON_SUM(max(age), 0, 1) FROM Employee", "nested inside a DP aggregate"),
+    ("SELECT WITH ANONYMIZATION ANON_COUNT(*, 1) FROM (SELECT uid FROM Employee UNION SELECT uid FROM \"Order\")",
+     "set operation"),
+    ("SELECT WITH ANONYMIZATION ANON_COUNT(*, 1) FROM Employee UNION SELECT 1", "must be a single SELECT"),
+    ("SELECT WITH ANONYMIZATION ANON_FOO(age, 0, 1) FROM Employee", "unknown DP function ANON_FOO"),
+    ("SELECT WITH ANONYMIZATION dept, my_udf(age) FROM Employee GROUP BY dept", "unknown function"),
+    ("SELECT WITH ANONYMIZATION ANON_COUNT(*, 1) FROM Nowhere", "unknown table 'Nowhere'"),
+    ("SELECT WITH ANONYMIZATION ANON_SUM(salary, 0, 1) FROM Employee", "unknown column 'salary'"),
+    ("SELECT WITH ANONYMIZATION ANON_COUNT(*, 1) FROM Employee E JOIN Other X USING (uid)", "USING must include the unit"),
+    ("SELECT WITH ANONYMIZATION ANON_COUNT(*, 1) FROM Employee E JOIN Other X ON E.uid = X.person AND E.dept = X.dept",
+     None),  # allowed: the units are equal, another term may follow
+    ("SELECT WITH ANONYMIZATION ANON_COUNT(*, 1) FROM (SELECT WITH ANONYMIZATION ANON_COUNT(*, 1) FROM Employee)",
+     "two anonymization clauses"),
+    ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 0) COUNT(*, contribution_bounds_per_group => (0, 1)) FROM Employee",
+     "epsilon must be a finite number > 0"),
+    ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1, max_groups_contributed = 0) COUNT(*) FROM Employee",
+     "max_groups_contributed must be a whole number >= 1"),
+    ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1, budget = 3) COUNT(*) FROM Employee", "unknown OPTIONS entry"),
+    ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1, privacy_unit_column = dept) COUNT(*) FROM Employee",
+     "does not match the registered privacy unit"),
+    ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1, delta = 2) COUNT(*) FROM Employee", "delta must be in [0, 1)"),
+    ("SELECT WITH ANONYMIZATION ANON_COUNT(DISTINCT dept) FROM Employee", "cannot be bounded"),
+    ("SELECT WITH ANONYMIZATION uid, ANON_COUNT(*, 1) FROM Employee GROUP BY uid", "one row per unit"),
+    ("SELECT WITH ANONYMIZATION ANON_SUM(age, 9, 1) FROM Employee", "exceeds upper bound"),
+    ("SELECT WITH ANONYMIZATION dept, ANON_COUNT(*, 1) FROM Employee GROUP BY dept HAVING ANON_COUNT(*, 1) > 2",
+     "HAVING"),
+    ("SELECT WITH ANONYMIZATION ANON_COUNT(*, 1) FROM Employee WHERE age IN (SELECT age FROM Employee)", "subquery"),
+    ('SELECT WITH ANONYMIZATION ANON_COUNT(*, 1) FROM Employee E RIGHT JOIN "Order" O USING (uid)', "inner and left joins"),
+    ("SELECT age FROM Employee", "not a DP query"),
+    ("SELECT WITH ANONYMIZATION ANON_COUNT(*, 1.5) FROM Employee", "whole number"),
+]
+
+
+@pytest.mark.parametrize("sql,message", FORBIDDEN)
+def test_forbidden_queries_are_refused_with_their_reason(company, sql, message):
+    if message is None:
+        compile_for(sql, company, epsilon=1.0)
+        return
+    with pytest.raises(dp.DPError) as info:
+        compile_for(sql, company, epsilon=1.0)
+    assert message in str(info.value), str(info.value)
+
+
+def test_at_least_twenty_distinct_refusals():
+    assert len({m for _, m in FORBIDDEN if m}) >= 20
+
+
+# ------------------------------------------------------------------------- fuzzing
+
+FRAGMENTS = ["SELECT", "WITH", "ANONYMIZATION", "DIFFERENTIAL_PRIVACY", "OPTIONS", "(", ")", ",", "*", "FROM",
+             "Employee", '"Order"', "E", "O", "JOIN", "USING", "ON", "uid", "dept", "age", "val", "=", "AND", "GROUP",
+             "BY", "WHERE", "ANON_COUNT", "ANON_SUM", "ANON_AVG", "COUNT", "SUM", "0", "1", "5", "-", "epsilon",
+             "DISTINCT", "UNION", "LIMIT", "ORDER", "OVER", "HAVING", "'x'", "E.uid", "O.uid", ";", "=>",
+             "contribution_bounds_per_group", "SELECT WITH ANONYMIZATION"]
+VALID = [s for s, m in FORBIDDEN if m is None] + [
+    'SELECT WITH ANONYMIZATION dept, ANON_COUNT(*, 5) AS c FROM Employee E JOIN "Order" O USING (uid) GROUP BY dept',
+    "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1) dept, SUM(age, contribution_bounds_per_group => (0, 9)) "
+    "FROM Employee GROUP BY dept",
+]
+
+
+def _compile_or_refuse(company, sql):
+    try:
+        compile_for(sql, company, epsilon=1.0)
+    except dp.DPError:
+        pass
+
+
+@settings(max_examples=int(__import__("os").environ.get("FUZZ_EXAMPLES", 150)), deadline=2000, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.sampled_from(FRAGMENTS), min_size=1, max_size=25))
+def test_fuzz_generated_sql_compiles_or_raises_our_error(company, words):
+    _compile_or_refuse(company, " ".join(words))
+
+
+@settings(max_examples=int(__import__("os").environ.get("FUZZ_EXAMPLES", 150)), deadline=2000, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(base=st.sampled_from(VALID + [s for s, _ in FORBIDDEN]), cut=st.integers(0, 400), insert=st.sampled_from(FRAGMENTS),
+       drop=st.integers(0, 12))
+def test_fuzz_mutated_sql_compiles_or_raises_our_error(company, base, cut, insert, drop):
+    cut = min(cut, len(base))
+    _compile_or_refuse(company, base[:cut] + " " + insert + " " + base[cut + drop:])
