@@ -1,0 +1,54 @@
+"""Setting up the platform: `init` (directories, keys, store) and dataset registration (escrow)."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+from . import checks, escrow, signing
+from .settings import Settings
+from .store import Store
+
+
+def init(settings: Settings) -> list[str]:
+    """Create the home, the escrow key, the signing key pair and the store; keep what exists."""
+    settings.ensure_dirs()
+    done = []
+    if settings.escrow_key is None and not settings.escrow_key_file.exists():
+        escrow.load_or_create_key(settings, create=True)
+        done.append(f"escrow key created: {settings.escrow_key_file}")
+    if not settings.signing_key_file.exists():
+        signing.generate_keypair(settings.signing_key_file, settings.public_key_file)
+        done.append(f"signing key pair created: {settings.signing_key_file} (public: {settings.public_key_file})")
+    Store(settings.store_url).create_all()
+    done.append(f"store ready: {settings.store_url}")
+    return done
+
+
+def register_dataset(settings: Settings, name: str, path: Path, privacy_unit: str, epsilon_cap: float,
+                     delta_cap: float = 1e-5, expectations: list[dict] | None = None, add_row_id: bool = False):
+    """Encrypt the file into the escrow, record its fingerprint, schema, caps and checks.
+
+    add_row_id: the file has one row per person and no id; the unit column is added as the row
+    number, in memory, and the result (Parquet) is what gets sealed."""
+    key = escrow.load_or_create_key(settings, create=False)
+    if add_row_id:
+        frame = escrow.parse_bytes(Path(path).read_bytes(), escrow.file_format_of(Path(path)))
+        if privacy_unit in frame.columns:
+            raise escrow.EscrowError(f"{path} already has a column {privacy_unit!r}: drop --add-row-id")
+        frame.insert(0, privacy_unit, range(len(frame)))
+        buffer = io.BytesIO()
+        frame.to_parquet(buffer, index=False)
+        blob, fingerprint, file_format = escrow.seal_bytes(buffer.getvalue(), "parquet", settings, key)
+    else:
+        blob, fingerprint, file_format = escrow.seal_file(Path(path), settings, key)
+    frame = escrow.load_frame(blob, key, fingerprint, file_format)
+    if privacy_unit not in frame.columns:
+        blob.unlink()
+        raise escrow.EscrowError(f"the privacy unit column {privacy_unit!r} is not in {path} (columns: {list(frame.columns)})")
+    schema = {c: str(t) for c, t in frame.dtypes.items()}
+    suite = expectations if expectations is not None else checks.default_expectations(frame, privacy_unit)
+    store = Store(settings.store_url)
+    return store.add_dataset(name, privacy_unit=privacy_unit, blob_path=blob, fingerprint=fingerprint,
+                             file_format=file_format, schema=schema, epsilon_cap=epsilon_cap, delta_cap=delta_cap,
+                             expectations=suite)

@@ -1,0 +1,300 @@
+"""The `dprelease` command line (typer). Settings come from the environment once (`Settings`).
+
+    dprelease init
+    dprelease dataset register adult adult.csv --unit person_id --epsilon-cap 10
+    dprelease release request.yaml            # runs the release flow; asks for approval here
+    dprelease pending | approve ID --reviewer alice | reject ID --reviewer alice
+    dprelease budget | verify DIR | server | demo
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.markdown import Markdown
+from rich.table import Table as RichTable
+
+from .settings import Settings
+
+app = typer.Typer(help="Differentially private releases: register data, request, approve, publish, verify.",
+                  no_args_is_help=True, pretty_exceptions_enable=False)
+dataset_app = typer.Typer(help="Register and list datasets (encrypted in the escrow).", no_args_is_help=True)
+app.add_typer(dataset_app, name="dataset")
+policy_app = typer.Typer(help="Standing policies: what a request may ask, and what is approved automatically.",
+                         no_args_is_help=True)
+app.add_typer(policy_app, name="policy")
+console = Console()
+
+
+def _settings() -> Settings:
+    return Settings.from_env()
+
+
+def _fail(message: str) -> None:
+    console.print(f"[red]error:[/red] {message}")
+    raise typer.Exit(2)
+
+
+@app.command()
+def init() -> None:
+    """Create the home directory, the escrow and signing keys, and the store.
+
+    Example: DPRELEASE_HOME=/srv/dprelease dprelease init"""
+    from . import admin
+
+    for line in admin.init(_settings()):
+        console.print(line)
+
+
+@dataset_app.command("register")
+def dataset_register(
+    name: str = typer.Argument(..., help="a name for the dataset"),
+    path: Path = typer.Argument(..., help="a .csv, .csv.gz or .parquet file"),
+    unit: str = typer.Option(..., "--unit", help="the privacy-unit column (one person, device, ...)"),
+    epsilon_cap: float = typer.Option(..., help="total epsilon this dataset may ever spend"),
+    delta_cap: float = typer.Option(1e-5, help="total delta this dataset may ever spend"),
+    add_row_id: bool = typer.Option(False, help="add the unit column as a row number (one row per person)"),
+) -> None:
+    """Encrypt a file into the escrow and record its fingerprint, unit, caps and data checks.
+
+    Example: dprelease dataset register adult adult.csv.gz --unit person_id --add-row-id --epsilon-cap 10"""
+    from . import admin
+
+    try:
+        ds = admin.register_dataset(_settings(), name, path, unit, epsilon_cap, delta_cap, add_row_id=add_row_id)
+    except Exception as err:  # noqa: BLE001 - every registration problem is reported the same way
+        _fail(str(err))
+    console.print(f"registered {ds.name!r}: fingerprint {ds.fingerprint[:16]}..., unit {ds.privacy_unit!r}, "
+                  f"epsilon cap {ds.epsilon_cap:g}, delta cap {ds.delta_cap:g}")
+
+
+@dataset_app.command("list")
+def dataset_list() -> None:
+    """The registered datasets."""
+    from .store import Store
+
+    table = RichTable("name", "unit", "format", "fingerprint", "epsilon cap", "delta cap")
+    for ds in Store(_settings().store_url).list_datasets():
+        table.add_row(ds.name, ds.privacy_unit, ds.file_format, ds.fingerprint[:16], f"{ds.epsilon_cap:g}", f"{ds.delta_cap:g}")
+    console.print(table)
+
+
+@policy_app.command("add")
+def policy_add(
+    name: str,
+    dataset: str = typer.Option(..., help="the dataset it covers"),
+    max_epsilon: float = typer.Option(..., help="the largest epsilon one release may spend"),
+    approval: str = typer.Option("manual", help="manual (the controller decides) or auto (approved when within)"),
+    analyst: str = typer.Option(None, help="the analyst it covers (default: any)"),
+) -> None:
+    """Add a standing policy. Example: dprelease policy add monthly --dataset adult --max-epsilon 0.1 --approval auto"""
+    from .store import Store, StoreError
+
+    try:
+        Store(_settings().store_url).add_policy(name, dataset, max_epsilon_per_release=max_epsilon,
+                                                analyst=analyst, approval=approval)
+    except (StoreError, ValueError) as err:
+        _fail(str(err))
+    console.print(f"policy {name!r}: dataset {dataset!r}, at most epsilon {max_epsilon:g} per release, {approval} approval")
+
+
+@policy_app.command("list")
+def policy_list(dataset: str) -> None:
+    """The policies of a dataset."""
+    from .store import Store
+
+    table = RichTable("name", "analyst", "max epsilon", "approval")
+    for p in Store(_settings().store_url).policies_for(dataset):
+        table.add_row(p.name, p.analyst or "any", f"{p.max_epsilon_per_release:g}", p.approval)
+    console.print(table)
+
+
+@app.command()
+def budget(dataset: str = typer.Argument(None, help="one dataset (default: all)")) -> None:
+    """Budget per dataset: cap, committed, reserved, remaining."""
+    from .store import Store
+
+    store = Store(_settings().store_url)
+    names = [dataset] if dataset else [d.name for d in store.list_datasets()]
+    table = RichTable("dataset", "epsilon cap", "committed", "reserved", "remaining", "delta remaining")
+    for name in names:
+        b = store.budget(name)
+        table.add_row(name, f"{b['epsilon_cap']:g}", f"{b['epsilon_committed']:g}", f"{b['epsilon_reserved']:g}",
+                      f"{b['epsilon_remaining']:g}", f"{b['delta_remaining']:.3g}")
+    console.print(table)
+
+
+@app.command()
+def verify(directory: Path, key: Path = typer.Option(None, help="the trusted public key (PEM)")) -> None:
+    """Check a published release: signature, every file's digest, nothing added or removed.
+
+    Example: dprelease verify ~/.dprelease/published/<release id> --key signing_ed25519.pub.pem"""
+    from . import signing
+
+    try:
+        report = signing.verify_directory(directory, key)
+    except signing.SigningError as err:
+        _fail(str(err))
+    if report.ok:
+        console.print(f"[green]OK[/green] {directory}: signature valid, every file intact")
+        return
+    console.print(f"[red]FAILED[/red] {directory}")
+    for problem in report.problems:
+        console.print(f"  - {problem}")
+    raise typer.Exit(1)
+
+
+@app.command()
+def pending() -> None:
+    """Releases waiting for a controller's decision."""
+    from .store import Store
+
+    table = RichTable("release id", "dataset", "created", "flow run")
+    for rel in Store(_settings().store_url).list_releases(status="awaiting_approval"):
+        table.add_row(rel.id, rel.dataset, str(rel.created_at)[:19], rel.flow_run_id or "")
+    console.print(table)
+
+
+def _resume(release_id: str, decision: str, reviewer: str, comment: str) -> None:
+    from prefect.flow_runs import resume_flow_run
+
+    from .store import Store
+
+    rel = Store(_settings().store_url).get_release(release_id)
+    if rel.status != "awaiting_approval" or not rel.flow_run_id:
+        _fail(f"release {release_id} is {rel.status}, not awaiting approval")
+    if not reviewer.strip():
+        _fail("name the reviewer: --reviewer NAME")
+    resume_flow_run(rel.flow_run_id, run_input={"decision": decision, "reviewer": reviewer, "comment": comment})
+    console.print(f"{decision}d release {release_id} (the flow run continues on the Prefect server)")
+
+
+@app.command()
+def approve(release_id: str, reviewer: str = typer.Option(..., help="who decides"), comment: str = "") -> None:
+    """Approve a pending release (its flow run, on the Prefect server of PREFECT_API_URL, publishes it)."""
+    _resume(release_id, "approve", reviewer, comment)
+
+
+@app.command()
+def reject(release_id: str, reviewer: str = typer.Option(..., help="who decides"), comment: str = "") -> None:
+    """Reject a pending release: nothing is published and the budget is refunded."""
+    _resume(release_id, "reject", reviewer, comment)
+
+
+@app.command()
+def release(
+    spec: Path = typer.Argument(..., help="a release request (.yaml or .json)"),
+    approve_as: str = typer.Option(None, help="approve right away as this reviewer (no prompt)"),
+    timeout: int = typer.Option(3600, help="seconds to wait for the decision"),
+) -> None:
+    """Run the release flow for a request and decide here (a prompt), or from the Prefect UI.
+
+    Example: dprelease release examples/request.yaml"""
+    from .requests import load_request
+
+    from dp_core import DPError
+
+    try:
+        request = load_request(spec)
+        result = run_release_interactively(_settings(), request, approve_as=approve_as, timeout=timeout)
+    except DPError as err:
+        _fail(str(err))
+    console.print(result)
+
+
+def run_release_interactively(settings: Settings, request, *, approve_as: str | None, timeout: int,
+                              no_terminal_reviewer: str | None = None) -> dict:
+    """Start the flow in this process, show the controller summary, and take the decision here:
+    from `approve_as`, a terminal prompt, or (no terminal) `no_terminal_reviewer`."""
+    from prefect.flow_runs import resume_flow_run
+
+    from flows.release import release_flow
+
+    from .store import Store
+
+    out: dict = {}
+
+    def run() -> None:
+        try:
+            out["result"] = release_flow(
+                dataset=request.dataset, sql=request.sql, query=request.query, title=request.title,
+                epsilon=request.epsilon, pri_p=request.pri.get("p") if request.epsilon_mode == "pri" else None,
+                risk=request.risk or None, delta=request.delta,
+                max_partitions_contributed=request.max_partitions_contributed, requested_by=request.requested_by,
+                approval_timeout=timeout, poll_interval=1,
+            )
+        except BaseException as err:  # noqa: BLE001 - reported to the caller below
+            out["error"] = err
+
+    store = Store(settings.store_url)
+    before = {r.id for r in store.list_releases()}
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    waiting = None
+    while worker.is_alive() and waiting is None:
+        waiting = next((r for r in store.list_releases(status="awaiting_approval") if r.id not in before), None)
+        time.sleep(0.3)
+    if waiting is not None:
+        summary_file = settings.archive_dir / waiting.id / "controller" / "controller.html"
+        console.print(Markdown(_summary_markdown(settings, waiting.id)))
+        console.print(f"[dim]controller report (signed, archive only): {summary_file}[/dim]")
+        decision, reviewer, comment = _ask(approve_as, no_terminal_reviewer)
+        resume_flow_run(waiting.flow_run_id, run_input={"decision": decision, "reviewer": reviewer, "comment": comment})
+    worker.join()
+    if "error" in out:
+        raise out["error"]
+    return out["result"]
+
+
+def _summary_markdown(settings: Settings, release_id: str) -> str:
+    path = settings.archive_dir / release_id / "summary.md"
+    return path.read_text() if path.exists() else f"Release {release_id} awaits approval."
+
+
+def _ask(approve_as: str | None, no_terminal_reviewer: str | None) -> tuple[str, str, str]:
+    if approve_as:
+        return "approve", approve_as, "approved on the command line"
+    if not sys.stdin.isatty():
+        if no_terminal_reviewer:
+            console.print(f"[yellow]no terminal: approved automatically as {no_terminal_reviewer!r}[/yellow]")
+            return "approve", no_terminal_reviewer, "no terminal: approved automatically"
+        return "reject", "cli", "no terminal to ask and no --approve-as: rejected"
+    answer = typer.prompt("Approve this release? [approve/reject]", default="approve").strip().lower()
+    reviewer = typer.prompt("Your name (reviewer)", default=os.environ.get("USER", "controller"))
+    comment = typer.prompt("Comment", default="")
+    return ("approve" if answer.startswith("a") else "reject"), reviewer, comment
+
+
+@app.command()
+def server(port: int = 4200) -> None:
+    """Start a local Prefect server (analytics off); the UI is the controllers' console."""
+    env = dict(os.environ, PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    os.execvpe(sys.executable, [sys.executable, "-m", "prefect", "server", "start", "--port", str(port)], env)
+
+
+@app.command()
+def demo() -> None:
+    """The whole path on Adult: a temporary Prefect server, the encrypted dataset, one release
+    with epsilon chosen by the platform, the approval, the signed report verified."""
+    from dp_core import DPError
+
+    from .demo import run_demo
+
+    try:
+        run_demo(console)
+    except DPError as err:
+        _fail(str(err))
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,343 @@
+"""The steps of a release (platform.md, "The release flow"), as plain functions. Prefect tasks
+call these; nothing here imports Prefect, so every step can be tested and reused on its own.
+
+Raw data never leaves memory: each step that needs it decrypts the escrow blob itself (no
+DataFrame is passed between tasks, so no orchestration layer can persist it). The DP result is
+sealed (pickled, encrypted with the escrow key) in the controller's archive under the release id:
+a retried or resumed run finds it and never draws noise twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import pickle
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pandas as pd
+from cryptography.fernet import Fernet, InvalidToken
+
+import dp_core as dp
+from dp_core import pri, risk
+from dp_core.sql import Table, compile_for, postprocess, run_sql
+
+from . import checks, escrow, reports, signing
+from .requests import ReleaseRequest, query_from_spec
+from .settings import Settings
+from .store import BudgetExceeded, Store, StoreError
+
+
+class ReleaseError(dp.DPError):
+    """A release step refused to go on; the message says why. Nothing was published."""
+
+
+@dataclass(frozen=True)
+class Platform:
+    """Settings and the store, opened once per flow run and passed to every step."""
+
+    settings: Settings
+    store: Store
+
+    @classmethod
+    def open(cls, settings: Settings) -> "Platform":
+        store = Store(settings.store_url)
+        store.create_all()
+        return cls(settings, store)
+
+    def escrow_key(self) -> bytes:
+        return escrow.load_or_create_key(self.settings, create=False)
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+# -- 1-2: load and check -----------------------------------------------------------------------
+
+def load_frame(platform: Platform, dataset_name: str) -> tuple[object, pd.DataFrame]:
+    """The dataset's record and its rows, decrypted into memory only."""
+    ds = platform.store.get_dataset(dataset_name)
+    frame = escrow.load_frame(Path(ds.blob_path), platform.escrow_key(), ds.fingerprint, ds.file_format)
+    return ds, frame
+
+
+def check_data(platform: Platform, dataset_name: str) -> checks.CheckReport:
+    ds, frame = load_frame(platform, dataset_name)
+    return checks.validate(frame, json.loads(ds.expectations_json))
+
+
+# -- 3: plan -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Plan:
+    """The request checked against the dataset: the typed query (epsilon still a placeholder)."""
+
+    request: ReleaseRequest
+    query: dp.Query
+    sql: str | None  # the compiled source when the request is SQL
+
+
+def plan(platform: Platform, request: ReleaseRequest) -> Plan:
+    """Parse the SQL or spec, check row ownership, and the analyst's policy (when one exists)."""
+    ds = platform.store.get_dataset(request.dataset)
+    placeholder = request.epsilon or 1.0
+    columns = list(json.loads(ds.schema_json))
+    empty = pd.DataFrame({c: pd.Series(dtype=t) for c, t in _pandas_types(ds).items()})[columns]
+    if request.sql:
+        compiled = compile_for(request.sql, {ds.name: Table(empty, ds.privacy_unit)}, epsilon=placeholder,
+                               delta=request.delta, max_partitions_contributed=request.max_partitions_contributed)
+        query = compiled.query
+        sql = request.sql
+    else:
+        query = query_from_spec(request.query, ds.privacy_unit, placeholder, delta=request.delta,
+                                max_partitions_contributed=request.max_partitions_contributed)
+        sql = None
+    return Plan(request, query, sql)
+
+
+def _pandas_types(ds) -> dict[str, str]:
+    """The registered schema as pandas dtypes (enough for the SQL compiler to know the columns)."""
+    out = {}
+    for col, kind in json.loads(ds.schema_json).items():
+        out[col] = "float64" if kind.startswith("float") else "int64" if kind.startswith("int") else "object"
+    return out
+
+
+# -- 5: choose epsilon ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class EpsilonDecision:
+    epsilon: float
+    mode: str  # fixed | pri | risk
+    explanation: str
+    pri_choice: object | None = None  # dp_core.pri.EpsilonChoice (public part; ranges are controller-only)
+    risk_choice: object | None = None  # dp_core.risk.RiskChoice
+
+
+def choose_epsilon(platform: Platform, planned: Plan) -> EpsilonDecision:
+    """Fixed, from the PRI (public mode by default: data-free), or from the risk model."""
+    req = planned.request
+    budget = platform.store.budget(req.dataset)
+    if req.epsilon_mode == "fixed":
+        if req.epsilon is None:
+            raise ReleaseError("the request fixes no epsilon: give epsilon, or choose it with {pri: ...} or {risk: ...}")
+        return EpsilonDecision(req.epsilon, "fixed", f"epsilon {req.epsilon:g} was fixed by the request")
+    if req.epsilon_mode == "pri":
+        p, mode = float(req.pri.get("p", 50)), req.pri.get("mode", "public")
+        spent, cap = budget["epsilon_committed"] + budget["epsilon_reserved"], budget["epsilon_cap"]
+        if mode == "public":
+            choice = pri.choose_epsilon_public(planned.query, p, beta=float(req.pri.get("beta", 0.5)),
+                                               spent=spent, cap=cap)
+        else:
+            _, frame = load_frame(platform, req.dataset)
+            choice = pri.choose_epsilon_data(_data_query(platform, planned, frame), frame, p, spent=spent, cap=cap)
+        return EpsilonDecision(choice.epsilon, "pri", f"chosen from the privacy risk indicator (p = {p:g}, "
+                               f"{mode} mode): {choice.guarantee}", pri_choice=choice)
+    r = req.risk
+    choice = risk.choose_epsilon(trust=r["trust"], sensitivity=r["sensitivity"], max_risk=r["max_risk"],
+                                 max_noise=float(r["max_noise"]), n=int(r["n"]), m=int(r.get("m", 1)),
+                                 p=float(r.get("p", 0.9)), prefer=r.get("prefer", "privacy"))
+    return EpsilonDecision(choice.epsilon, "risk", choice.summary, risk_choice=choice)
+
+
+def _data_query(platform: Platform, planned: Plan, frame: pd.DataFrame) -> dp.Query:
+    if planned.sql:
+        raise ReleaseError("PRI data mode needs a query spec, not SQL; use public mode or a `query:` spec")
+    return planned.query
+
+
+# -- 7: compute and seal -------------------------------------------------------------------------
+
+def request_digest(planned: Plan, epsilon: float) -> str:
+    return hashlib.sha256((planned.request.to_json() + f"|{epsilon!r}").encode()).hexdigest()
+
+
+def sealed_path(platform: Platform, release_id: str) -> Path:
+    return platform.settings.archive_dir / release_id / "sealed-result.fernet"
+
+
+def compute_sealed(platform: Platform, release_id: str, planned: Plan, decision: EpsilonDecision) -> dp.DPResult:
+    """The DP result of the release, computed once: a sealed result for this release id is reused
+    (and must belong to the same request and epsilon)."""
+    path = sealed_path(platform, release_id)
+    digest = request_digest(planned, decision.epsilon)
+    fernet = Fernet(platform.escrow_key())
+    if path.exists():
+        try:
+            stored_digest, result = pickle.loads(fernet.decrypt(path.read_bytes()))
+        except (InvalidToken, pickle.UnpicklingError) as err:
+            raise ReleaseError(f"the sealed result of release {release_id} cannot be opened: {err!r}") from None
+        if stored_digest != digest:
+            raise ReleaseError(f"release {release_id} was sealed for another request: refusing to recompute")
+        return result
+    _, frame = load_frame(platform, planned.request.dataset)
+    query = replace(planned.query, epsilon=decision.epsilon)
+    if planned.sql:
+        result = run_sql(planned.sql, {planned.request.dataset: Table(frame, query.privacy_unit)},
+                         epsilon=decision.epsilon, delta=query.delta,
+                         max_partitions_contributed=query.max_partitions_contributed)
+    else:
+        result = dp.execute(query, frame)
+    if decision.pri_choice is not None:
+        result = replace(result, epsilon_choice=replace(decision.pri_choice, controller_only=()))
+        if not planned.sql:  # the controller's view: PRI ranges of the real data per candidate
+            contrib = pri.contributions(query, frame)
+            cache: dict = {}
+            p = decision.pri_choice.p
+            ranges = tuple(pri.pri_range(contrib, e, p, cache) for e in decision.pri_choice.candidates)
+            result = replace(result, controller_only=replace(result.controller_only, pri_ranges=ranges))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(fernet.encrypt(pickle.dumps((digest, result))))
+    tmp.replace(path)
+    return result
+
+
+# -- 8: the controller's summary -------------------------------------------------------------------
+
+def controller_summary(release_id: str, planned: Plan, decision: EpsilonDecision, result: dp.DPResult) -> str:
+    """Markdown for the approval form (Prefect artifact): what would be released, and the
+    controller-only numbers next to it."""
+    c = result.controller_only
+    lines = [
+        f"## Release {release_id}: {planned.request.title or planned.request.dataset}",
+        f"**Dataset** `{planned.request.dataset}`; **epsilon** {result.epsilon_spent:.4g}, "
+        f"**delta** {result.delta_spent:.3g} ({decision.mode}: {decision.explanation})",
+        "", "**Request**", "```", planned.request.text, "```",
+        "", "**Would be released** (values with confidence intervals)", "",
+        _markdown_table(result.readable_table()),
+        "", "**Controller only (not DP)**",
+        f"- partitions dropped by selection: {c.partitions_dropped} of {c.partitions_nonempty} ({c.partition_loss:.1%})",
+        f"- (unit, partition) pairs dropped by bounding: {c.pairs_dropped_by_bounding} of {c.unit_partition_pairs}",
+    ]
+    lines += [f"- {name}: {loss.clamped} of {loss.values} per-unit values clamped (total shift {loss.total_shift:.4g})"
+              for name, loss in c.clamping.items()]
+    if decision.risk_choice is not None:
+        lines.append(f"- risk model: {decision.risk_choice.summary}")
+    lines += ["", "Approve to publish the analyst report (signed); reject to refund the budget."]
+    return "\n".join(lines)
+
+
+def save_summary(platform: Platform, release_id: str, markdown: str) -> Path:
+    """The summary beside the controller report (the CLI shows it at the approval prompt)."""
+    path = platform.settings.archive_dir / release_id / "summary.md"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(markdown)
+    return path
+
+
+def _markdown_table(df: pd.DataFrame) -> str:
+    head = "| " + " | ".join(map(str, df.columns)) + " |"
+    sep = "|" + "---|" * len(df.columns)
+    rows = ["| " + " | ".join(str(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join([head, sep, *rows])
+
+
+def write_controller_report(platform: Platform, release_id: str, planned: Plan, decision: EpsilonDecision,
+                            result: dp.DPResult) -> Path:
+    """The controller report, signed, in the archive (never in the publication directory)."""
+    directory = platform.settings.archive_dir / release_id / "controller"
+    directory.mkdir(parents=True, exist_ok=True)
+    for stale in directory.iterdir():
+        stale.unlink()
+    ctx = report_context(release_id, planned, decision, approved_by=None, decided_at=None)
+    ctx.charts.update(_controller_charts(planned, decision))
+    (directory / "controller.html").write_text(reports.render_controller_report(result, ctx))
+    signing.sign_directory(directory, {"release_id": release_id, "kind": "controller-report"},
+                           signing.load_private_key(platform.settings.signing_key_file))
+    return directory
+
+
+def _controller_charts(planned: Plan, decision: EpsilonDecision) -> dict[str, str]:
+    """The noise-against-risk chart when epsilon came from the risk model."""
+    from . import charts
+
+    if decision.risk_choice is None:
+        return {}
+    r = planned.request.risk
+    return {"noise against risk": charts.noise_risk_svg(
+        trust=r["trust"], sensitivity=r["sensitivity"], max_risk=r["max_risk"], n=int(r["n"]), m=int(r.get("m", 1)),
+        p=float(r.get("p", 0.9)), chosen_eps=decision.epsilon)}
+
+
+def report_context(release_id: str, planned: Plan, decision: EpsilonDecision, approved_by: str | None,
+                   decided_at: str | None) -> reports.ReleaseContext:
+    req = planned.request
+    return reports.ReleaseContext(
+        release_id=release_id, dataset=req.dataset, dataset_fingerprint="", privacy_unit=planned.query.privacy_unit,
+        request_text=req.text, requested_by=req.requested_by, approved_by=approved_by, decided_at=decided_at,
+        created_at=now(), epsilon_mode=decision.mode, epsilon_explanation=decision.explanation,
+        risk_summary=decision.risk_choice.summary if decision.risk_choice is not None else None, charts={},
+        verify_hint=f"dprelease verify <this directory>",
+    )
+
+
+# -- 9-10: decide, then publish or refund ------------------------------------------------------------
+
+def covering_policy(platform: Platform, request: ReleaseRequest, epsilon: float):
+    """A standing policy with automatic approval that allows this epsilon, if any."""
+    for policy in platform.store.policies_for(request.dataset, request.requested_by):
+        if policy.approval == "auto" and epsilon <= policy.max_epsilon_per_release + 1e-12:
+            return policy
+    return None
+
+
+def reserve(platform: Platform, release_id: str, dataset: str, epsilon: float, delta: float) -> None:
+    try:
+        platform.store.reserve(dataset, release_id, epsilon, delta)
+    except BudgetExceeded as err:
+        raise ReleaseError(f"budget: {err}") from None
+
+
+def publish(platform: Platform, release_id: str, planned: Plan, decision: EpsilonDecision, result: dp.DPResult,
+            approved_by: str, comment: str = "") -> Path:
+    """Commit the budget, then write the analyst report and data files, sign them, update the index."""
+    platform.store.commit(release_id)
+    ds = platform.store.get_dataset(planned.request.dataset)
+    directory = platform.settings.publication_dir / release_id
+    directory.mkdir(parents=True, exist_ok=True)
+    ctx = report_context(release_id, planned, decision, approved_by=approved_by, decided_at=now())
+    ctx = replace(ctx, dataset_fingerprint=ds.fingerprint, verify_hint=f"dprelease verify {directory}")
+    (directory / "index.html").write_text(reports.render_analyst_report(result, ctx))
+    reports.write_data_files(result, directory)
+    facts = {
+        "release_id": release_id, "dataset": ds.name, "dataset_fingerprint": ds.fingerprint,
+        "title": planned.request.title, "epsilon": result.epsilon_spent, "delta": result.delta_spent,
+        "epsilon_mode": decision.mode, "approved_by": approved_by, "published_at": ctx.decided_at,
+    }
+    manifest = signing.sign_directory(directory, facts, signing.load_private_key(platform.settings.signing_key_file))
+    platform.store.update_release(release_id, status="published", decision_by=approved_by, decision_comment=comment,
+                                  decided_at=datetime.now(timezone.utc),
+                                  artifacts_json=json.dumps({k: v["sha256"] for k, v in manifest["files"].items()}))
+    write_index(platform)
+    return directory
+
+
+def write_index(platform: Platform) -> Path:
+    """The publication index: every published release, newest first."""
+    entries = []
+    for rel in platform.store.list_releases(status="published"):
+        manifest = platform.settings.publication_dir / rel.id / signing.MANIFEST
+        if not manifest.exists():
+            continue
+        facts = json.loads(manifest.read_text())["facts"]
+        entries.append({"release_id": rel.id, "dataset": facts["dataset"], "title": facts.get("title") or facts["dataset"],
+                        "epsilon": facts["epsilon"], "delta": facts["delta"], "published_at": facts["published_at"],
+                        "path": f"{rel.id}/index.html"})
+    entries.sort(key=lambda e: e["published_at"], reverse=True)
+    path = platform.settings.publication_dir / "index.html"
+    path.write_text(reports.render_index(entries))
+    return path
+
+
+def refund(platform: Platform, release_id: str, status: str, by: str | None, comment: str = "") -> None:
+    """Reject or expiry: give the reservation back, record the decision, publish nothing."""
+    try:
+        platform.store.refund(release_id)
+    except StoreError as err:  # no reservation yet: nothing to give back
+        if "no budget reservation" not in str(err):
+            raise
+    platform.store.update_release(release_id, status=status, decision_by=by, decision_comment=comment,
+                                  decided_at=datetime.now(timezone.utc))

@@ -1,0 +1,457 @@
+"""Release reports: self-contained HTML (jinja2 templates in `templates/`, inline CSS and SVG).
+
+Three audiences (platform.md, "People and what each may see"):
+
+- `render_analyst_report`: the public view of one release. Built only from what is differentially
+  private or derived from public parameters (`DPResult.table`, `budget`, `mechanisms`, the query,
+  `inferred_bounds`, `epsilon_choice.public_summary()`). It never reads `result.controller_only`
+  (invariant 4): the analyst template is rendered from `_public_context`, which does not touch it.
+- `render_controller_report`: the same page plus a section computed from raw data (partition loss,
+  clamping loss, bounding loss, exact against released values, PRI ranges): NOT differentially
+  private, for the trusted controller only.
+- `render_index`: the publication index (one row per published release).
+
+`write_data_files` writes the public data files of a release (`results.csv`, `results.json`).
+Reports load nothing from the network: CSS is inline, charts are inline SVG made with matplotlib.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import numpy as np
+import pandas as pd
+from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
+from markupsafe import Markup
+from matplotlib.figure import Figure
+
+from dp_core import risk as risk_model
+
+from . import charts
+
+matplotlib.rcParams["svg.fonttype"] = "none"  # text stays text: smaller, selectable
+
+TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
+
+#: the yes/no attribute of the plain-words explanation (n = 2 possible values, one output)
+EXPLAIN_N = 2
+
+#: ctx.epsilon_mode in plain words (public: how the number was arrived at, not any data about it)
+EPSILON_MODES = {
+    "fixed": "fixed in the request",
+    "pri": "chosen by the platform with the privacy risk indicator test (a fresh draw at the chosen epsilon)",
+    "risk": "chosen from the data owner's trust in the recipient, the data's sensitivity and the tolerable risk",
+}
+
+MISSING_GROUPS_NOTE = (
+    "Some groups may be missing from this table: groups are released only when enough people are "
+    "in them, and that choice is itself made with noise (partition selection). A missing group may "
+    "be small or may not exist; its absence says nothing reliable about any one person."
+)
+
+_METADATA = {"Creator": None, "Date": None, "Format": None, "Type": None}
+_PALETTE = {"blue": "#2d6cdf", "grey": "#b0b7c3", "red": "#c0392b", "green": "#4c9a6a", "dark": "#333333"}
+
+
+@dataclass
+class ReleaseContext:
+    """Facts about a release that are not in the DPResult: who asked, who approved, when, how."""
+
+    release_id: str
+    dataset: str
+    dataset_fingerprint: str
+    privacy_unit: str
+    request_text: str  # the SQL or the release spec, as submitted
+    requested_by: str | None
+    approved_by: str | None
+    decided_at: str | None
+    created_at: str
+    epsilon_mode: str  # "fixed" | "pri" | "risk"
+    epsilon_explanation: str  # plain words: how epsilon was chosen
+    risk_summary: str | None = None  # one sentence (risk mode), public parameters only
+    charts: dict[str, str] = field(default_factory=dict)  # name -> SVG text (controller report)
+    verify_hint: str = "dprelease verify <release directory>"
+
+
+# --------------------------------------------------------------------------------------------
+# jinja2 environment and formatting
+
+
+@lru_cache(maxsize=1)
+def environment() -> Environment:
+    """The templates' environment: autoescape on for HTML, undefined variables are errors."""
+    env = Environment(
+        loader=FileSystemLoader(str(TEMPLATES)),
+        autoescape=select_autoescape(["html"]),
+        undefined=StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["num"] = fmt_number
+    env.filters["pct"] = fmt_percent
+    return env
+
+
+def fmt_number(x) -> str:
+    """A number for a table cell: integers in full, others with up to 4 decimals; '—' for none."""
+    if x is None:
+        return "—"
+    if isinstance(x, (bool, np.bool_)):
+        return "yes" if x else "no"
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return str(x)
+    if math.isnan(v):
+        return "—"
+    if math.isinf(v):
+        return "∞" if v > 0 else "−∞"
+    if v.is_integer() and abs(v) < 1e15:
+        return f"{v:.0f}"
+    if abs(v) >= 1e15 or abs(v) < 1e-4:
+        return f"{v:.6g}"
+    return f"{v:.4f}".rstrip("0").rstrip(".")
+
+
+def fmt_percent(x, digits: int = 1) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "—"
+    return f"{100 * float(x):.{digits}f}%"
+
+
+def _cell(x) -> str:
+    """A group key or text cell."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "—"
+    if isinstance(x, (float, np.floating, int, np.integer)) and not isinstance(x, (bool, np.bool_)):
+        return fmt_number(x)
+    return str(x)
+
+
+# --------------------------------------------------------------------------------------------
+# SVG charts (matplotlib, inline)
+
+
+def svg_text(fig: Figure) -> str:
+    """The figure as inline SVG text: no XML prolog, no metadata; the figure is closed."""
+    buf = io.StringIO()
+    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "dprelease"}):
+        fig.savefig(buf, format="svg", bbox_inches="tight", metadata=dict(_METADATA))
+    fig.clear()  # made with Figure(), not pyplot: nothing is registered globally, this frees it
+    text = buf.getvalue()
+    start = text.find("<svg")
+    return text[start:] if start >= 0 else text
+
+
+def _edge_label(x: float) -> str:
+    if x == 0:
+        return "0"
+    k = math.log2(abs(x))
+    if k.is_integer() and abs(x) >= 1024:
+        return f"{'-' if x < 0 else ''}2^{int(k)}"
+    return f"{x:g}"
+
+
+def bounds_histogram_svg(b) -> str:
+    """The DP log-histogram behind inferred bounds: noisy count per bin, the threshold, the bounds.
+
+    Public: the noisy counts are DP. Shows the bins around those above the threshold (the others
+    hold noise only)."""
+    counts = np.asarray(b.noisy_counts, dtype=float)
+    edges = list(b.bin_edges)
+    idx = np.flatnonzero(counts >= b.threshold)
+    inside = [i for i, (lo, hi) in enumerate(edges) if hi > b.lower and lo < b.upper]
+    marks = list(idx) + inside[:1] + inside[-1:]
+    if not marks:
+        marks = [int(np.argmax(counts))]
+    first = max(min(marks) - 3, 0)
+    last = min(max(marks) + 3, len(edges) - 1)
+    sel = range(first, last + 1)
+    y = counts[first:last + 1]
+    colours = [_PALETTE["blue"] if counts[i] >= b.threshold else _PALETTE["grey"] for i in sel]
+    fig = Figure(figsize=(7.5, 3.4))
+    ax = fig.subplots()
+    x = np.arange(len(y))
+    ax.bar(x, y, color=colours, edgecolor=_PALETTE["dark"], linewidth=0.3)
+    ax.axhline(b.threshold, color=_PALETTE["red"], linestyle="--", linewidth=1, label=f"threshold {b.threshold:g}")
+    ax.set_yscale("symlog", linthresh=10)
+    ax.set_xticks(x)
+    ax.set_xticklabels([f"[{_edge_label(edges[i][0])}, {_edge_label(edges[i][1])})" for i in sel],
+                       rotation=55, ha="right", fontsize=7)
+    ax.set_ylabel("noisy count of people")
+    ax.set_title(f"Noisy histogram of {b.aggregate} per person (bins double in width); "
+                 f"bounds chosen: [{b.lower:g}, {b.upper:g}]", fontsize=9)
+    ax.legend(fontsize=8, loc="upper right")
+    return svg_text(fig)
+
+
+def exact_vs_released_svg(name: str, groups: list[str], exact: list[float], released: list[float],
+                          low: list[float], high: list[float]) -> str:
+    """Controller only: per group, the exact value beside the released one (with its interval)."""
+    n = len(groups)
+    fig = Figure(figsize=(max(6.0, min(0.45 * n + 2, 14.0)), 3.8))
+    ax = fig.subplots()
+    x = np.arange(n)
+    w = 0.4
+    rel = np.asarray(released, dtype=float)
+    lo = np.asarray(low, dtype=float)
+    hi = np.asarray(high, dtype=float)
+    ax.bar(x - w / 2, exact, w, color=_PALETTE["grey"], edgecolor=_PALETTE["dark"], linewidth=0.3,
+           label="exact (raw data, not DP)")
+    has_ci = np.isfinite(lo) & np.isfinite(hi)
+    yerr = np.vstack([np.where(has_ci, np.maximum(rel - lo, 0), 0), np.where(has_ci, np.maximum(hi - rel, 0), 0)])
+    ax.bar(x + w / 2, rel, w, color=_PALETTE["blue"], edgecolor=_PALETTE["dark"], linewidth=0.3,
+           yerr=yerr, ecolor=_PALETTE["dark"], capsize=2, label="released (DP) with interval")
+    ax.set_xticks(x)
+    ax.set_xticklabels(groups, rotation=45, ha="right", fontsize=8)
+    ax.set_ylabel(name)
+    ax.set_title(f"{name}: exact against released value per group", fontsize=10)
+    ax.legend(fontsize=8)
+    return svg_text(fig)
+
+
+# --------------------------------------------------------------------------------------------
+# view models
+
+
+def guessing_percent(epsilon: float, n: int = EXPLAIN_N) -> float:
+    """The posterior guessing bound q = 1 / (1 + (n - 1) exp(-eps)), in percent."""
+    return 100.0 * risk_model.guessing_bound(epsilon, n)
+
+
+_ACRONYM = re.compile(r"\bPRI(s?)\b")
+
+
+def _spell_out(text: str) -> str:
+    """Public text with the acronym written out: the analyst page names no controller-side measure."""
+    return _ACRONYM.sub(lambda m: "privacy risk indicator" + m.group(1), text)
+
+
+def _group_label(row, keys) -> str:
+    return ", ".join(_cell(row[k]) for k in keys) if keys else "all"
+
+
+def _bounds_rows(result) -> list[dict]:
+    inferred = {b.aggregate: b for b in result.inferred_bounds}
+    rows = []
+    for a in result.query.aggregates:
+        b = inferred.get(a.label)
+        lower, upper = a.lower, a.upper
+        source = "given"
+        if b is not None:
+            lower = b.lower if a.lower is None else a.lower
+            upper = b.upper if a.upper is None else a.upper
+            source = ("inferred privately (APPROX_BOUNDS); estimated share of values outside: "
+                      f"{fmt_percent(b.outside_share)}")
+        if a.kind == "count":
+            meaning = "rows per person and group counted at most"
+            lower = 0 if lower is None else lower
+        elif a.kind == "count_units":
+            meaning = "each person counts once per group"
+            lower, upper = None, None
+            source = "none needed"
+        elif a.kind == "quantile":
+            meaning = f"{a.q:g}-quantile searched within"
+        else:
+            meaning = "each person's value limited to"
+        rows.append({"name": a.label, "kind": a.kind, "column": a.column or "—", "lower": lower,
+                     "upper": upper, "meaning": meaning, "source": source})
+    return rows
+
+
+def _results(result) -> tuple[list[str], list[list[str]], list[str], list[list[str]]]:
+    """The readable table (value [low, high]) and the numeric one (value, low, high, noise sd)."""
+    keys = list(result.query.group_by)
+    readable = result.readable_table()
+    r_head = list(readable.columns)
+    r_rows = [[_cell(v) for v in row] for row in readable.itertuples(index=False, name=None)]
+    table = result.table
+    n_head = list(keys)
+    cols = list(keys)
+    for a in result.query.aggregates:
+        name = a.label
+        for suffix, title in (("", name), ("_ci_low", f"{name} low"), ("_ci_high", f"{name} high"),
+                              ("_noise_sd", f"{name} noise sd")):
+            if f"{name}{suffix}" in table.columns:
+                cols.append(f"{name}{suffix}")
+                n_head.append(title)
+    n_rows = [[_cell(v) if c in keys else fmt_number(v) for c, v in zip(cols, row)]
+              for row in table[cols].itertuples(index=False, name=None)]
+    return r_head, r_rows, n_head, n_rows
+
+
+def _public_context(result, ctx: ReleaseContext) -> dict:
+    """Everything the analyst report shows. Reads no field of `result.controller_only`."""
+    eps = float(result.epsilon_spent)
+    q_pct = guessing_percent(eps)
+    r_head, r_rows, n_head, n_rows = _results(result)
+    choice = result.epsilon_choice.public_summary() if result.epsilon_choice is not None else None
+    if choice is not None:
+        choice = {"epsilon": choice.get("epsilon"), "mode": choice.get("mode"), "p": choice.get("p"),
+                  "rule": choice.get("rule"), "guarantee": _spell_out(choice.get("guarantee") or ""),
+                  "candidates": ", ".join(f"{c:g}" for c in choice.get("candidates", [])),
+                  "beta": choice.get("beta")}
+    histograms = [{"aggregate": b.aggregate, "lower": b.lower, "upper": b.upper, "threshold": b.threshold,
+                   "outside_share": b.outside_share, "svg": Markup(bounds_histogram_svg(b))}
+                  for b in result.inferred_bounds]
+    return {
+        "ctx": ctx,
+        "title": f"Release {ctx.release_id}",
+        "epsilon": eps,
+        "delta": float(result.delta_spent),
+        "confidence": result.query.confidence,
+        "group_by": list(result.query.group_by),
+        "max_partitions": result.query.max_partitions_contributed,
+        "noise": result.query.noise,
+        "partition_selection": result.partition_selection,
+        "missing_groups_note": MISSING_GROUPS_NOTE if result.query.private_partitions else None,
+        "budget": [{"part": s.part, "epsilon": s.epsilon, "delta": s.delta, "rho": s.rho} for s in result.budget],
+        "mechanisms": [m.to_dict() for m in result.mechanisms],
+        "bounds": _bounds_rows(result),
+        "histograms": histograms,
+        "readable_head": r_head,
+        "readable_rows": r_rows,
+        "numeric_head": n_head,
+        "numeric_rows": n_rows,
+        "n_groups": len(result.table),
+        "notes": list(result.notes),
+        "choice": choice,
+        "epsilon_mode": EPSILON_MODES.get(ctx.epsilon_mode, ctx.epsilon_mode),
+        "guess": {"n": EXPLAIN_N, "prior": 100.0 / EXPLAIN_N, "posterior": q_pct,
+                  "advantage": 100.0 * risk_model.guessing_advantage(q_pct / 100.0, EXPLAIN_N),
+                  "odds": math.exp(eps)},
+        "controller": None,
+    }
+
+
+def _controller_context(result, ctx: ReleaseContext) -> dict:
+    """The controller-only numbers (raw data, NOT differentially private)."""
+    co = result.controller_only
+    keys = list(result.query.group_by)
+    labels = [a.label for a in result.query.aggregates]
+    clamping = []
+    for name, c in co.clamping.items():
+        clamping.append({"name": name, "n_values": c.values, "clamped": c.clamped,
+                         "share": (c.clamped / c.values) if c.values else 0.0, "total_shift": c.total_shift})
+
+    exact = co.exact
+    if "released" in exact.columns:
+        exact = exact[exact["released"].astype(bool)]
+    table = result.table
+    if keys:
+        joined = table.merge(exact, on=keys, how="left", suffixes=("", "__exact"))
+    else:
+        joined = pd.concat([table.reset_index(drop=True), exact.reset_index(drop=True).add_suffix("__exact")], axis=1)
+    unit_col = next((c for c in ("units__exact", "units") if c in joined.columns), None)
+    head = list(keys) + (["units (exact)"] if unit_col is not None else [])
+    for name in labels:
+        head += [f"{name} exact", f"{name} released", "difference"]
+    rows = []
+    for _, row in joined.iterrows():
+        cells = [_cell(row[k]) for k in keys]
+        if unit_col is not None:
+            cells.append(fmt_number(row[unit_col]))
+        for name in labels:
+            ex = row.get(f"{name}__exact", np.nan)
+            rel = row.get(name, np.nan)
+            diff = float(rel) - float(ex) if ex is not None and rel is not None else np.nan
+            cells += [fmt_number(ex), fmt_number(rel), fmt_number(diff)]
+        rows.append(cells)
+
+    # the raw-vs-private chart: the aggregate with the most clamped values, else the first with exact values
+    chart = None
+    candidates = sorted(labels, key=lambda n: -(co.clamping[n].clamped if n in co.clamping else 0))
+    for name in candidates:
+        col = f"{name}__exact"
+        if col not in joined.columns or not np.isfinite(pd.to_numeric(joined[col], errors="coerce")).any():
+            continue
+        part = joined[np.isfinite(pd.to_numeric(joined[col], errors="coerce"))]
+        limit = 40
+        part = part.reindex(part[col].abs().sort_values(ascending=False).index)[:limit]
+        groups = [_group_label(r, keys) for _, r in part.iterrows()]
+        svg = exact_vs_released_svg(
+            name, groups, part[col].astype(float).tolist(), part[name].astype(float).tolist(),
+            part.get(f"{name}_ci_low", pd.Series(np.nan, index=part.index)).astype(float).tolist(),
+            part.get(f"{name}_ci_high", pd.Series(np.nan, index=part.index)).astype(float).tolist(),
+        )
+        clamped = co.clamping[name].clamped if name in co.clamping else 0
+        chart = {"name": name, "svg": Markup(svg), "clamped": clamped, "shown": len(part), "total": len(joined)}
+        break
+
+    pri_svg = None
+    pri_rows = [{"epsilon": r.epsilon, "minimum": r.minimum, "median": r.median, "maximum": r.maximum,
+                 "passed": r.passed} for r in co.pri_ranges]
+    if co.pri_ranges and result.epsilon_choice is not None:
+        pri_svg = Markup(charts.pri_ranges_svg(co.pri_ranges, result.epsilon_choice.p, result.epsilon_choice.epsilon))
+    return {
+        "partitions_nonempty": co.partitions_nonempty,
+        "partitions_released": co.partitions_released,
+        "partitions_dropped": co.partitions_dropped,
+        "partition_loss": co.partition_loss,
+        "unit_partition_pairs": co.unit_partition_pairs,
+        "pairs_dropped_by_bounding": co.pairs_dropped_by_bounding,
+        "bounding_share": (co.pairs_dropped_by_bounding / co.unit_partition_pairs) if co.unit_partition_pairs else 0.0,
+        "clamping": clamping,
+        "exact_head": head,
+        "exact_rows": rows,
+        "chart": chart,
+        "pri_rows": pri_rows,
+        "pri_svg": pri_svg,
+        "extra_charts": [{"name": k, "svg": Markup(v)} for k, v in ctx.charts.items()],
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# public API
+
+
+def render_analyst_report(result, ctx: ReleaseContext) -> str:
+    """The analyst report: public numbers only (DP or from public parameters)."""
+    return environment().get_template("analyst.html").render(**_public_context(result, ctx))
+
+
+def render_controller_report(result, ctx: ReleaseContext) -> str:
+    """The controller report: the analyst report plus raw-data numbers (NOT DP, controller only)."""
+    data = _public_context(result, ctx)
+    data["controller"] = _controller_context(result, ctx)
+    data["title"] = f"Release {ctx.release_id} — controller report"
+    return environment().get_template("controller.html").render(**data)
+
+
+_SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:")
+
+
+def render_index(entries: list[dict]) -> str:
+    """The publication index: one row per published release, in the order given.
+
+    Each entry: release_id, dataset, title, epsilon, delta, published_at, path (a relative link to
+    the release's analyst report; absolute paths and URLs are refused: the directory must stay
+    self-contained)."""
+    rows = []
+    for e in entries:
+        path = str(e["path"])
+        if _SCHEME.match(path) or path.startswith(("/", "\\")):
+            raise ValueError(f"index entry {e.get('release_id')!r}: path must be relative, got {path!r}")
+        rows.append({"release_id": str(e["release_id"]), "dataset": str(e["dataset"]), "title": str(e["title"]),
+                     "epsilon": e["epsilon"], "delta": e["delta"], "published_at": str(e["published_at"]),
+                     "path": path})
+    return environment().get_template("index.html").render(title="Published releases", entries=rows)
+
+
+def write_data_files(result, directory: Path) -> list[Path]:
+    """`results.csv` (the released table) and `results.json` (the public view): public data only."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    csv_path = directory / "results.csv"
+    json_path = directory / "results.json"
+    result.table.to_csv(csv_path, index=False, lineterminator="\n")
+    json_path.write_text(result.to_json(indent=2) + "\n", encoding="utf-8")
+    return [csv_path, json_path]

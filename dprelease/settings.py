@@ -1,0 +1,62 @@
+"""The one settings object: where the platform keeps its state. Read from the environment once,
+then passed down; no other module reads the environment.
+
+    DPRELEASE_HOME        home directory (default ~/.dprelease): store, escrow blobs, archive
+    DPRELEASE_STORE_URL   SQLAlchemy URL of the store (default: SQLite file in the home)
+    DPRELEASE_ESCROW_KEY  Fernet key (urlsafe base64) for the escrow; else the key file
+    DPRELEASE_KEY_DIR     where key files live (default <home>/keys; keep it off the data disk)
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Settings:
+    home: Path
+    store_url: str
+    key_dir: Path
+    escrow_key: str | None = None  # from the environment; takes precedence over the key file
+
+    @property
+    def escrow_dir(self) -> Path:
+        """Encrypted dataset blobs (never plaintext)."""
+        return self.home / "escrow"
+
+    @property
+    def archive_dir(self) -> Path:
+        """The controller's archive: controller reports and sealed results. Never published."""
+        return self.home / "archive"
+
+    @property
+    def publication_dir(self) -> Path:
+        """What the public and analysts receive: approved, signed releases and the index."""
+        return self.home / "published"
+
+    @property
+    def escrow_key_file(self) -> Path:
+        return self.key_dir / "escrow.key"
+
+    @property
+    def signing_key_file(self) -> Path:
+        return self.key_dir / "signing_ed25519.pem"
+
+    @property
+    def public_key_file(self) -> Path:
+        return self.key_dir / "signing_ed25519.pub.pem"
+
+    @classmethod
+    def from_env(cls, environ: dict | None = None) -> "Settings":
+        env = os.environ if environ is None else environ
+        home = Path(env.get("DPRELEASE_HOME", Path.home() / ".dprelease")).expanduser().resolve()
+        store = env.get("DPRELEASE_STORE_URL") or f"sqlite:///{home / 'store.db'}"
+        key_dir = Path(env.get("DPRELEASE_KEY_DIR", home / "keys")).expanduser().resolve()
+        return cls(home, store, key_dir, env.get("DPRELEASE_ESCROW_KEY") or None)
+
+    def ensure_dirs(self) -> None:
+        for d in (self.home, self.escrow_dir, self.archive_dir, self.publication_dir, self.key_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.key_dir, 0o700)

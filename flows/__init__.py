@@ -1,0 +1,1 @@
+"""Prefect flows: the release recipe and the scheduled publication."""

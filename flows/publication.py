@@ -1,0 +1,26 @@
+"""Periodic publication: the release flow on a schedule, approved by a standing policy.
+
+Each run is its own release with its own budget entry; without a covering policy (automatic
+approval, epsilon within its limit) the run refuses and refunds. The publication directory keeps
+the index of every release."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import flow
+
+from dprelease.requests import load_request
+from flows.release import release_flow
+
+
+@flow(name="dp-scheduled-publication", log_prints=True)
+def publication_flow(request_file: str) -> dict:
+    """Release the statistics of a request file under its dataset's standing policy."""
+    request = load_request(Path(request_file))
+    return release_flow(
+        dataset=request.dataset, sql=request.sql, query=request.query, title=request.title,
+        epsilon=request.epsilon, pri_p=request.pri.get("p") if request.epsilon_mode == "pri" else None,
+        risk=request.risk or None, delta=request.delta, max_partitions_contributed=request.max_partitions_contributed,
+        requested_by=request.requested_by or "schedule", auto_approve_policy=True, require_policy=True,
+    )

@@ -1,0 +1,126 @@
+"""The release flow: the recipe of platform.md, read top-down.
+
+1 load (inside each step, in memory) -> 2 check -> 3 plan -> 4 bounds (inside the engine, when
+missing) -> 5 choose epsilon -> 6 reserve -> 7 compute and seal -> 8 summarise -> 9 decide ->
+10 publish, or refund. Any failure after the reservation refunds it; nothing is published.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Literal
+
+from prefect import flow, get_run_logger
+from prefect.exceptions import FlowPauseTimeout
+from prefect.flow_runs import pause_flow_run
+from prefect.input import RunInput
+from prefect.runtime import flow_run
+
+from dprelease import pipeline
+from dprelease.requests import parse_request
+from dprelease.settings import Settings
+from tasks import release_steps as steps
+
+
+class ReleaseDecision(RunInput):
+    """The controller's answer: the form shown in the Prefect UI's Resume dialog."""
+
+    decision: Literal["approve", "reject"]
+    reviewer: str
+    comment: str = ""
+
+
+@flow(name="dp-release", log_prints=True)
+def release_flow(
+    dataset: str,
+    sql: str | None = None,
+    query: dict | None = None,
+    title: str = "",
+    epsilon: float | None = None,
+    pri_p: float | None = None,
+    risk: dict | None = None,
+    delta: float = 1e-6,
+    max_partitions_contributed: int = 1,
+    requested_by: str | None = None,
+    auto_approve_policy: bool = True,
+    require_policy: bool = False,
+    approval_timeout: int = 3600,
+    poll_interval: int = 10,
+) -> dict:
+    """Release DP statistics of a registered dataset after the controller approves.
+
+    epsilon: a fixed value; or pri_p (choose it from the privacy risk indicator, public mode); or
+    risk (trust, sensitivity, max_risk, max_noise, n: choose it from the risk model).
+    require_policy: refuse (and refund) unless a standing policy approves it: for schedules."""
+    settings = Settings.from_env()
+    request = parse_request(_request_fields(dataset, sql, query, title, epsilon, pri_p, risk, delta,
+                                            max_partitions_contributed, requested_by))
+    release_id = str(flow_run.id or uuid.uuid4())
+    platform = pipeline.Platform.open(settings)
+    _record(platform, release_id, request)
+    try:
+        steps.check_data(settings, dataset)
+        planned = steps.plan(settings, request)
+        decision = steps.choose_epsilon(settings, planned)
+        steps.reserve_budget(settings, release_id, planned, decision.epsilon)
+        steps.compute(settings, release_id, planned, decision)
+        summary = steps.summarise(settings, release_id, planned, decision)
+        verdict = _decide(platform, release_id, planned, decision, summary, auto_approve_policy,
+                          require_policy, approval_timeout, poll_interval)
+    except FlowPauseTimeout:
+        steps.refund(settings, release_id, "expired", None, "nobody answered in time")
+        raise
+    except Exception as err:
+        steps.refund(settings, release_id, "failed", None, str(err)[:500])
+        raise
+    if verdict.decision == "approve":
+        where = steps.publish(settings, release_id, planned, decision, verdict.reviewer, verdict.comment)
+        return {"release_id": release_id, "status": "published", "directory": where}
+    steps.refund(settings, release_id, "rejected", verdict.reviewer, verdict.comment)
+    return {"release_id": release_id, "status": "rejected"}
+
+
+def _request_fields(dataset, sql, query, title, epsilon, pri_p, risk, delta, cu, requested_by) -> dict:
+    fields = {"dataset": dataset, "title": title, "delta": delta, "max_partitions_contributed": cu,
+              "requested_by": requested_by}
+    fields.update({"sql": sql} if sql else {"query": query})
+    chosen = [x for x in (epsilon, pri_p, risk) if x is not None]
+    if len(chosen) > 1:
+        raise pipeline.ReleaseError("give one of epsilon, pri_p or risk")
+    if pri_p is not None:
+        fields["epsilon"] = {"pri": {"p": pri_p}}
+    elif risk is not None:
+        fields["epsilon"] = {"risk": risk}
+    elif epsilon is not None:
+        fields["epsilon"] = epsilon
+    return fields
+
+
+def _record(platform: pipeline.Platform, release_id: str, request) -> None:
+    """The release's row in the store (kept as it is when a run is retried or resumed)."""
+    try:
+        platform.store.get_release(release_id)
+    except Exception:
+        platform.store.add_release(request.dataset, request.to_json(), release_id=release_id,
+                                   flow_run_id=str(flow_run.id) if flow_run.id else None)
+
+
+def _decide(platform, release_id, planned, decision, summary, auto_approve_policy, require_policy, timeout,
+            poll_interval) -> ReleaseDecision:
+    """A standing policy that covers the release approves it; otherwise the controller does."""
+    policy = pipeline.covering_policy(platform, planned.request, decision.epsilon) if auto_approve_policy else None
+    if policy is not None:
+        get_run_logger().info("auto-approved by policy %s", policy.name)
+        return ReleaseDecision(decision="approve", reviewer=f"policy:{policy.name}", comment="standing policy")
+    if require_policy:
+        raise pipeline.ReleaseError(
+            f"no standing policy with automatic approval covers epsilon {decision.epsilon:g} on dataset "
+            f"{planned.request.dataset!r}: a scheduled release needs one (dprelease policy add ...)"
+        )
+    platform.store.update_release(release_id, status="awaiting_approval")
+    form = ReleaseDecision.with_initial_data(description=summary, decision="approve", reviewer="")
+    answer = pause_flow_run(wait_for_input=form, timeout=timeout, poll_interval=poll_interval,
+                            key=f"approval-{release_id}")
+    if not answer.reviewer.strip():  # the UI may drop field constraints: validate here
+        raise pipeline.ReleaseError("the decision must name the reviewer")
+    return answer

@@ -1,0 +1,1 @@
+"""Prefect tasks: one release step each, thin wrappers over `dprelease.pipeline`."""

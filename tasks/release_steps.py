@@ -1,0 +1,91 @@
+"""The release steps as Prefect tasks (platform.md steps 1-10). Each opens the platform from the
+settings it is given and calls one function of `dprelease.pipeline`; no task returns raw data, so
+nothing Prefect persists can hold it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prefect import task
+from prefect.artifacts import create_markdown_artifact
+
+from dprelease import pipeline
+from dprelease.requests import ReleaseRequest
+from dprelease.settings import Settings
+
+
+@dataclass(frozen=True)
+class SealedRef:
+    """What the compute task returns (and Prefect may persist): where the sealed result is."""
+
+    release_id: str
+    path: str
+
+
+def _platform(settings: Settings) -> pipeline.Platform:
+    return pipeline.Platform.open(settings)
+
+
+@task(name="check-data", retries=1)
+def check_data(settings: Settings, dataset: str) -> str:
+    """Great-expectations checks on the decrypted data; fails the run with the summary."""
+    report = pipeline.check_data(_platform(settings), dataset)
+    if not report.success:
+        raise pipeline.ReleaseError(report.summary())
+    return report.summary()
+
+
+@task(name="plan")
+def plan(settings: Settings, request: ReleaseRequest) -> pipeline.Plan:
+    return pipeline.plan(_platform(settings), request)
+
+
+@task(name="choose-epsilon")
+def choose_epsilon(settings: Settings, planned: pipeline.Plan) -> pipeline.EpsilonDecision:
+    return pipeline.choose_epsilon(_platform(settings), planned)
+
+
+@task(name="reserve-budget")
+def reserve_budget(settings: Settings, release_id: str, planned: pipeline.Plan, epsilon: float) -> None:
+    pipeline.reserve(_platform(settings), release_id, planned.request.dataset, epsilon, planned.query.delta)
+
+
+def _release_key(context, parameters) -> str:
+    return f"dprelease-result-{parameters['release_id']}"
+
+
+@task(name="compute-dp-result", cache_key_fn=_release_key, persist_result=True, retries=1)
+def compute(settings: Settings, release_id: str, planned: pipeline.Plan, decision: pipeline.EpsilonDecision) -> SealedRef:
+    """Draw the noise once: the result is sealed in the archive under the release id; a retry or
+    a resumed run gets the same sealed numbers (and Prefect's cache returns the same reference)."""
+    platform = _platform(settings)
+    pipeline.compute_sealed(platform, release_id, planned, decision)
+    return SealedRef(release_id, str(pipeline.sealed_path(platform, release_id)))
+
+
+@task(name="controller-summary")
+def summarise(settings: Settings, release_id: str, planned: pipeline.Plan, decision: pipeline.EpsilonDecision) -> str:
+    """The controller's summary: a markdown artifact in the Prefect UI and the signed controller report."""
+    platform = _platform(settings)
+    result = pipeline.compute_sealed(platform, release_id, planned, decision)
+    markdown = pipeline.controller_summary(release_id, planned, decision, result)
+    create_markdown_artifact(markdown, key=f"release-{release_id[:12].lower()}", description="controller summary")
+    pipeline.save_summary(platform, release_id, markdown)
+    pipeline.write_controller_report(platform, release_id, planned, decision, result)
+    return markdown
+
+
+@task(name="publish")
+def publish(settings: Settings, release_id: str, planned: pipeline.Plan, decision: pipeline.EpsilonDecision,
+            approved_by: str, comment: str) -> str:
+    platform = _platform(settings)
+    result = pipeline.compute_sealed(platform, release_id, planned, decision)
+    directory = pipeline.publish(platform, release_id, planned, decision, result, approved_by, comment)
+    create_markdown_artifact(f"Published release `{release_id}` to `{directory}` (signed).",
+                             key=f"published-{release_id[:12].lower()}")
+    return str(directory)
+
+
+@task(name="refund")
+def refund(settings: Settings, release_id: str, status: str, by: str | None, comment: str) -> None:
+    pipeline.refund(_platform(settings), release_id, status, by, comment)

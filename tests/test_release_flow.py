@@ -1,0 +1,305 @@
+"""The release flow on a real Prefect API (prefect_test_harness), real SQLite store, real escrow:
+the platform invariants (platform.md) each with a test that fails if it breaks."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+SQL = ("SELECT WITH ANONYMIZATION education, ANON_COUNT(*, 1) AS people, ANON_AVG(age, 17, 90) AS avg_age "
+       "FROM adult GROUP BY education")
+RAW_FRAGMENT = b"State-gov,77516,Bachelors"  # the first row of Adult as it sits in the CSV
+
+
+@pytest.fixture(scope="module")
+def platform_env(tmp_path_factory):
+    """A fresh home with Adult registered (cap 10) and a temporary Prefect API for the module."""
+    home = tmp_path_factory.mktemp("home")
+    os.environ["DPRELEASE_TEST_STARTED"] = str(time.time())
+    saved = {k: os.environ.get(k) for k in ("DPRELEASE_HOME", "PREFECT_SERVER_ANALYTICS_ENABLED")}
+    os.environ["DPRELEASE_HOME"] = str(home)
+    os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+    from prefect.testing.utilities import prefect_test_harness
+
+    from dprelease import admin
+    from dprelease.settings import Settings
+
+    settings = Settings.from_env()
+    admin.init(settings)
+    data = Path(__file__).resolve().parents[1] / "examples" / "data" / "adult.csv.gz"
+    admin.register_dataset(settings, "adult", data, "person_id", epsilon_cap=10, add_row_id=True)
+    admin.register_dataset(settings, "strict", data, "person_id", epsilon_cap=10, add_row_id=True,
+                           expectations=[{"type": "expect_column_values_to_be_in_set",
+                                          "kwargs": {"column": "sex", "value_set": ["Male"]}}])
+    with prefect_test_harness(server_startup_timeout=120):
+        yield settings
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def start_release(**params):
+    """Run the flow in a thread (as a worker would); returns (thread, box with result or error)."""
+    from flows.release import release_flow
+
+    box: dict = {}
+
+    def run():
+        try:
+            box["result"] = release_flow(**{"dataset": "adult", "sql": SQL, "epsilon": 1.0, "poll_interval": 1,
+                                            "approval_timeout": 60, **params})
+        except BaseException as err:  # noqa: BLE001
+            box["error"] = err
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, box
+
+
+def wait_for_approval(store, known: set, timeout=120):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for rel in store.list_releases(status="awaiting_approval"):
+            if rel.id not in known:
+                return rel
+        time.sleep(0.3)
+    raise AssertionError("no release reached the approval step")
+
+
+def decide(platform_env, decision, **params):
+    from prefect.flow_runs import resume_flow_run
+
+    from dprelease.pipeline import Platform
+
+    platform = Platform.open(platform_env)
+    known = {r.id for r in platform.store.list_releases()}
+    thread, box = start_release(**params)
+    rel = wait_for_approval(platform.store, known)
+    if decision is not None:
+        resume_flow_run(rel.flow_run_id, run_input={"decision": decision, "reviewer": "alice", "comment": "checked"})
+    thread.join(180)
+    return platform, rel, box
+
+
+def test_approve_publishes_a_verifiable_report_and_commits_once(platform_env):
+    from dprelease import pipeline, signing
+
+    before = pipeline.Platform.open(platform_env).store.budget("adult")
+    platform, rel, box = decide(platform_env, "approve")
+    assert box["result"]["status"] == "published", box
+    directory = Path(box["result"]["directory"])
+    assert directory.parent == platform_env.publication_dir
+    report = signing.verify_directory(directory, platform_env.public_key_file)
+    assert report.ok, report
+    assert report.facts["approved_by"] == "alice" and report.facts["epsilon"] == pytest.approx(1.0)
+    after = platform.store.budget("adult")
+    assert after["epsilon_committed"] == pytest.approx(before["epsilon_committed"] + 1.0)
+    assert after["epsilon_reserved"] == pytest.approx(before["epsilon_reserved"])
+    assert platform.store.get_release(rel.id).status == "published"
+    assert rel.id in (platform_env.publication_dir / "index.html").read_text()
+    # the controller report is signed too, and kept in the archive, never in the publication directory
+    controller = platform_env.archive_dir / rel.id / "controller"
+    assert signing.verify_directory(controller, platform_env.public_key_file).ok
+    assert not list(platform_env.publication_dir.rglob("controller*"))
+
+
+def test_analyst_outputs_hold_no_controller_only_numbers(platform_env):
+    platform, rel, box = decide(platform_env, "approve")
+    directory = Path(box["result"]["directory"])
+    planned_result = _sealed_result(platform, rel.id)
+    exact = planned_result.controller_only.exact
+    published = b"".join(p.read_bytes() for p in directory.rglob("*") if p.is_file())
+    text = published.decode()
+    for word in ("partition loss", "clamping loss", "controller_only", "pairs_dropped", "PRI range"):
+        assert word not in text, word
+    for value in exact["avg_age"]:  # exact means have many digits: none may appear
+        assert f"{value:.6f}" not in text
+
+
+def _sealed_result(platform, release_id):
+    import pickle
+
+    from cryptography.fernet import Fernet
+
+    from dprelease import pipeline
+
+    blob = pipeline.sealed_path(platform, release_id).read_bytes()
+    return pickle.loads(Fernet(platform.escrow_key()).decrypt(blob))[1]
+
+
+def test_reject_publishes_nothing_and_refunds(platform_env):
+    from dprelease import pipeline
+
+    before = pipeline.Platform.open(platform_env).store.budget("adult")
+    platform, rel, box = decide(platform_env, "reject")
+    assert box["result"]["status"] == "rejected"
+    assert not (platform_env.publication_dir / rel.id).exists()
+    after = platform.store.budget("adult")
+    assert after["epsilon_committed"] == before["epsilon_committed"] and after["epsilon_reserved"] == before["epsilon_reserved"]
+    assert platform.store.ledger_entry(rel.id).status == "refunded"
+    assert platform.store.get_release(rel.id).status == "rejected"
+
+
+def test_timeout_expires_refunds_and_fails(platform_env):
+    platform, rel, box = decide(platform_env, None, approval_timeout=3)
+    assert "error" in box  # the run ends Failed when nobody answers
+    assert platform.store.get_release(rel.id).status == "expired"
+    assert platform.store.ledger_entry(rel.id).status == "refunded"
+    assert not (platform_env.publication_dir / rel.id).exists()
+
+
+def test_failing_data_checks_spend_and_publish_nothing(platform_env):
+    from dprelease import pipeline
+
+    platform = pipeline.Platform.open(platform_env)
+    before = platform.store.budget("strict")
+    thread, box = start_release(dataset="strict", sql=SQL.replace("FROM adult", "FROM strict"))
+    thread.join(180)
+    assert "error" in box and "Data checks FAILED" in str(box["error"])
+    assert "expect_column_values_to_be_in_set [sex]" in str(box["error"])
+    assert platform.store.budget("strict") == before
+    failed = [r for r in platform.store.list_releases(status="failed") if r.dataset == "strict"]
+    assert failed and not (platform_env.publication_dir / failed[-1].id).exists()
+
+
+def test_noise_is_drawn_once_per_release(platform_env):
+    """A retried or resumed compute step returns the sealed numbers, byte for byte."""
+    from dprelease import pipeline
+    from dprelease.requests import parse_request
+
+    platform = pipeline.Platform.open(platform_env)
+    request = parse_request({"dataset": "adult", "sql": SQL, "epsilon": 1.0})
+    planned = pipeline.plan(platform, request)
+    decision = pipeline.choose_epsilon(platform, planned)
+    first = pipeline.compute_sealed(platform, "replay-test", planned, decision)
+    sealed = pipeline.sealed_path(platform, "replay-test").read_bytes()
+    again = pipeline.compute_sealed(platform, "replay-test", planned, decision)
+    assert first.table.to_csv() == again.table.to_csv()
+    assert pipeline.sealed_path(platform, "replay-test").read_bytes() == sealed
+    fresh = pipeline.compute_sealed(platform, "another-release", planned, decision)
+    assert fresh.table.to_csv() != first.table.to_csv()  # a new release draws new noise
+    other = pipeline.plan(platform, parse_request({"dataset": "adult", "sql": SQL, "epsilon": 2.0}))
+    with pytest.raises(pipeline.ReleaseError, match="sealed for another request"):
+        pipeline.compute_sealed(platform, "replay-test", other, pipeline.choose_epsilon(platform, other))
+
+
+def test_prefect_caches_the_compute_task_by_release_id(platform_env):
+    from prefect import flow
+
+    from dprelease import pipeline
+    from dprelease.requests import parse_request
+    from tasks import release_steps as steps
+
+    platform = pipeline.Platform.open(platform_env)
+    planned = pipeline.plan(platform, parse_request({"dataset": "adult", "sql": SQL, "epsilon": 1.0}))
+    decision = pipeline.choose_epsilon(platform, planned)
+
+    @flow
+    def twice():
+        a = steps.compute(platform_env, "cache-test", planned, decision, return_state=True)
+        b = steps.compute(platform_env, "cache-test", planned, decision, return_state=True)
+        return a, b
+
+    a, b = twice()
+    assert b.name == "Cached" and b.result() == a.result()
+
+
+def test_twenty_concurrent_releases_never_commit_more_than_the_cap(platform_env):
+    """20 releases of epsilon 0.5 at once on a fresh dataset whose cap (5) allows 10."""
+    from dprelease import admin, pipeline
+    from dprelease.requests import parse_request
+
+    data = Path(__file__).resolve().parents[1] / "examples" / "data" / "adult.csv.gz"
+    admin.register_dataset(platform_env, "race", data, "person_id", epsilon_cap=5.0, add_row_id=True)
+    request = parse_request({"dataset": "race", "sql": SQL.replace("FROM adult", "FROM race"), "epsilon": 0.5})
+    barrier = threading.Barrier(20)
+    outcomes: list[str] = []
+
+    def one(i):
+        platform = pipeline.Platform.open(platform_env)
+        planned = pipeline.plan(platform, request)
+        decision = pipeline.choose_epsilon(platform, planned)
+        barrier.wait()
+        try:
+            pipeline.reserve(platform, f"race-{i}", "race", decision.epsilon, planned.query.delta)
+        except pipeline.ReleaseError:
+            outcomes.append("refused")
+            return
+        result = pipeline.compute_sealed(platform, f"race-{i}", planned, decision)
+        platform.store.add_release("race", request.to_json(), release_id=f"race-{i}")
+        pipeline.publish(platform, f"race-{i}", planned, decision, result, "alice")
+        outcomes.append("published")
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    budget = pipeline.Platform.open(platform_env).store.budget("race")
+    assert outcomes.count("published") == 10 and outcomes.count("refused") == 10
+    assert budget["epsilon_committed"] == pytest.approx(5.0) and budget["epsilon_reserved"] == 0
+
+
+def test_no_plaintext_copy_of_the_dataset_on_disk(platform_env):
+    """Invariant 6: after all the runs above, no file under the home or the Prefect home, nor any
+    file written to the temporary directory since the module started, holds a row of the raw data."""
+    started = float(os.environ["DPRELEASE_TEST_STARTED"])
+    prefect_home = os.environ.get("PREFECT_HOME")
+    roots = [(platform_env.home, 0.0), (Path(prefect_home) if prefect_home else Path.home() / ".prefect", 0.0),
+             (Path(tempfile.gettempdir()), started)]
+    for root, since in roots:
+        for path in root.rglob("*"):
+            try:
+                if not path.is_file() or path.stat().st_size > 50_000_000 or path.stat().st_mtime < since:
+                    continue
+                data = path.read_bytes()
+            except OSError:
+                continue
+            assert RAW_FRAGMENT not in data, path  # a CSV copy
+            assert not (data.startswith(b"PAR1") and b"Bachelors" in data), path  # a Parquet copy
+    blobs = list(platform_env.escrow_dir.iterdir())
+    assert blobs and all(b.suffix == ".fernet" for b in blobs)
+
+
+def test_scheduled_publication_needs_a_standing_policy(platform_env, tmp_path):
+    from dprelease import pipeline, signing
+    from flows.publication import publication_flow
+
+    platform = pipeline.Platform.open(platform_env)
+    spec = tmp_path / "monthly.yaml"
+    spec.write_text("dataset: adult\ntitle: monthly\nsql: |\n  SELECT WITH ANONYMIZATION sex, ANON_COUNT(*, 1) AS n "
+                    "FROM adult GROUP BY sex\nepsilon: 0.1\n")
+    before = platform.store.budget("adult")
+    with pytest.raises(Exception, match="no standing policy"):
+        publication_flow(str(spec))
+    assert platform.store.budget("adult") == before  # refused and refunded
+    platform.store.add_policy("monthly", "adult", max_epsilon_per_release=0.1, approval="auto")
+    out = publication_flow(str(spec))
+    assert out["status"] == "published"
+    report = signing.verify_directory(Path(out["directory"]), platform_env.public_key_file)
+    assert report.ok and report.facts["approved_by"] == "policy:monthly"
+
+
+def test_deployments_in_prefect_yaml_point_at_flows_with_typed_forms():
+    import importlib
+
+    import yaml
+
+    spec = yaml.safe_load((Path(__file__).resolve().parents[1] / "prefect.yaml").read_text())
+    names = {d["name"]: d for d in spec["deployments"]}
+    assert set(names) == {"dp-release", "dp-monthly-publication"}
+    assert names["dp-monthly-publication"]["schedules"][0]["cron"] == "0 6 1 * *"
+    for d in spec["deployments"]:
+        module, func = d["entrypoint"].split(":")
+        flow_obj = getattr(importlib.import_module(module.replace("/", ".").removesuffix(".py")), func)
+        props = flow_obj.parameters.model_dump()["properties"]
+        assert set(d["parameters"]) <= set(props)
+    release_props = names["dp-release"]
+    assert release_props["work_pool"]["name"] == "dprelease-pool"

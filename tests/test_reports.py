@@ -1,0 +1,320 @@
+"""HTML reports: what the analyst sees (public only), what the controller sees, self-containment,
+escaping, data files, and a real browser rendering the analyst page (platform.md, "Reports";
+invariants 1 and 4; usability.md, "Measures of accuracy", "Explaining privacy")."""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+import io
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import dp_core as dp
+from dp_core import pri
+from dp_core import risk as risk_model
+from dprelease import charts, reports
+
+SCRIPT = "<script>alert(1)</script>"
+NAMESPACES = {"http://www.w3.org/2000/svg", "http://www.w3.org/1999/xlink"}
+URL = re.compile(r"https?://[^\s\"'<>)]*", re.IGNORECASE)
+#: words that label controller-only numbers; none may appear on the analyst's page
+FORBIDDEN = ("partition loss", "clamping loss", "clamped", "controller", "bounding loss", "exact", "raw data")
+
+
+@pytest.fixture(scope="module")
+def data(adult) -> pd.DataFrame:
+    df = adult.copy()
+    # a column whose exact per-group sums have many distinctive digits (e.g. 2663191.2020561695):
+    # the released sums sit on a coarse grid, so finding one of these strings means a leak
+    df["score"] = np.random.default_rng(20261122).uniform(0, 1000, len(df)).round(6)
+    return df
+
+
+@pytest.fixture(scope="module")
+def result(data):
+    q = dp.Query(
+        [dp.count(upper=1, name="people"), dp.avg("age", 17, 90, name="avg_age"),
+         dp.median("age", 17, 90, name="median_age"), dp.sum_("score", 0, 1000, name="score_total"),
+         dp.Aggregate("sum", column="capital_gain", name="capital_gain")],  # bounds inferred: clamping > 0
+        privacy_unit="person_id", group_by=("education",), epsilon=1.0,
+    )
+    return dp.execute(q, data)
+
+
+def make_ctx(**kw) -> reports.ReleaseContext:
+    base = {
+        "release_id": "rel-0007", "dataset": "adult", "dataset_fingerprint": "sha256:" + "3f" * 32,
+        "privacy_unit": "person_id",
+        "request_text": f"SELECT education, COUNT(*) FROM adult GROUP BY education -- {SCRIPT}",
+        "requested_by": "ana@example.org", "approved_by": "Dana Approver", "decided_at": "2026-11-02T10:15:00Z",
+        "created_at": "2026-11-01T09:00:00Z", "epsilon_mode": "fixed",
+        "epsilon_explanation": "Epsilon 1 was fixed in the release request.", "risk_summary": None, "charts": {},
+        "verify_hint": "dprelease verify releases/rel-0007",
+    }
+    base.update(kw)
+    return reports.ReleaseContext(**base)
+
+
+@pytest.fixture(scope="module")
+def analyst_html(result) -> str:
+    return reports.render_analyst_report(result, make_ctx())
+
+
+@pytest.fixture(scope="module")
+def controller_html(result) -> str:
+    return reports.render_controller_report(result, make_ctx())
+
+
+def exact_strings(result) -> list[str]:
+    """Several spellings of each released group's exact score_total (raw data)."""
+    ex = result.controller_only.exact
+    ex = ex[ex["released"].astype(bool)]
+    out = []
+    for v in ex["score_total"].astype(float):
+        assert not float(v).is_integer()
+        out += [reports.fmt_number(v), f"{v:.2f}", f"{v:.3f}", repr(float(v))]
+    assert out
+    return out
+
+
+def external_urls(text: str) -> set[str]:
+    return {u for u in URL.findall(text) if u not in NAMESPACES}
+
+
+# --------------------------------------------------------------------------------------------
+# analyst report: the public view
+
+
+def test_analyst_report_has_the_public_facts(result, analyst_html):
+    page = analyst_html
+    assert f"<b>{reports.fmt_number(result.epsilon_spent)}</b>" in page  # epsilon in the header
+    assert reports.fmt_number(result.delta_spent) in page
+    assert "sha256:" + "3f" * 32 in page and "Dana Approver" in page and "2026-11-02T10:15:00Z" in page
+    assert "dprelease verify releases/rel-0007" in page
+    # every released group and its value with the confidence interval
+    readable = result.readable_table()
+    for row in readable.itertuples(index=False):
+        for cell in row:
+            assert f">{html.escape(str(cell))}<" in page, cell
+    # CI columns of the numeric table and the caveats
+    for name in ("people", "avg_age", "score_total", "capital_gain"):
+        assert f"{name} low" in page and f"{name} high" in page and f"{name} noise sd" in page
+    for note in result.notes:
+        assert html.escape(note) in page
+    # mechanisms with sensitivity and scale; budget split
+    for m in result.mechanisms:
+        assert html.escape(m.target) in page
+        if m.scale is not None:
+            assert f">{reports.fmt_number(m.scale)}<" in page
+        assert f">{reports.fmt_number(m.sensitivity)}<" in page
+    for s in result.budget:
+        assert f"<td>{html.escape(s.part)}</td>" in page
+    # bounds, inferred bounds with their DP histogram (inline SVG)
+    inferred = result.inferred_bounds[0]
+    assert "APPROX_BOUNDS" in page and f"bounds chosen: [{inferred.lower:g}, {inferred.upper:g}]" in page
+    assert page.count("<svg") == len(result.inferred_bounds) >= 1
+    # plain words: posterior guessing bound for a yes/no attribute at this epsilon
+    q = 100 * risk_model.guessing_bound(result.epsilon_spent, 2)
+    assert f"cannot be more than {q:.1f}% sure" in page and "73.1%" in page
+    assert "knows the data of everyone except one person" in page and "a coin toss (50%)" in page
+    # missing groups: said, not counted
+    assert reports.MISSING_GROUPS_NOTE in page
+    assert "Epsilon 1 was fixed in the release request." in page
+
+
+def test_analyst_report_contains_nothing_controller_only(result, analyst_html):
+    page = analyst_html
+    lower = page.lower()
+    for word in FORBIDDEN:
+        assert word not in lower, word
+    assert not re.search(r"\bPRIs?\b", page)
+    assert "controller_only" not in page
+    for s in exact_strings(result):
+        assert s not in page, f"exact (raw) value {s} on the analyst page"
+    co = result.controller_only
+    assert co.partitions_dropped >= 0 and co.clamping["capital_gain"].clamped > 0
+    assert reports.fmt_number(co.clamping["capital_gain"].total_shift) not in page
+
+
+def test_analyst_report_never_reads_the_controller_field(result):
+    """Structural check of invariant 4: rendering does not touch `controller_only` at all."""
+
+    class Tripwire:
+        def __getattr__(self, name):
+            raise AssertionError(f"the analyst report read controller_only.{name}")
+
+    sealed = dataclasses.replace(result, controller_only=Tripwire())
+    assert "<h2>Results</h2>" in reports.render_analyst_report(sealed, make_ctx())
+
+
+def test_epsilon_from_pri_is_public_on_the_analyst_page(data):
+    q = dp.Query([dp.count(upper=1, name="people")], privacy_unit="person_id", epsilon=1.0)
+    res = pri.release_with_pri(q, data.head(2000), p=50)  # public mode: a count, no grouping
+    assert res.controller_only.pri_ranges and res.epsilon_choice is not None
+    ctx = make_ctx(epsilon_mode="pri", epsilon_explanation="Chosen by the platform from p = 50.",
+                   charts={"Noise against risk": charts.noise_risk_svg(
+                       trust="high", sensitivity="high", max_risk=0.2, n=2, chosen_eps=res.epsilon_spent)})
+    page = reports.render_analyst_report(res, ctx)
+    assert "privacy risk indicator test" in page and "Chosen by the platform from p = 50." in page
+    assert not re.search(r"\bPRIs?\b", page) and "controller" not in page.lower()
+    assert "Noise against risk" not in page  # ctx.charts go to the controller only
+    assert reports.MISSING_GROUPS_NOTE not in page  # no grouping: nothing can be missing
+    ctl = reports.render_controller_report(res, ctx)
+    assert "PRI ranges per candidate epsilon" in ctl and "Noise against risk" in ctl
+    assert ctl.count("<svg") >= 2  # PRI ranges chart and the noise-vs-risk chart
+    top = res.controller_only.pri_ranges[0]
+    assert f">{reports.fmt_number(top.maximum)}<" in ctl
+
+
+# --------------------------------------------------------------------------------------------
+# controller report
+
+
+def test_controller_report_has_the_loss_numbers(result, analyst_html, controller_html):
+    page = controller_html
+    co = result.controller_only
+    assert "CONTROLLER ONLY" in page and "Controller only — not differentially private" in page
+    row = (f'<td class="n">{co.partitions_nonempty}</td><td class="n">{co.partitions_released}</td>\n'
+           f'<td class="n">{co.partitions_dropped}</td><td class="n">{co.partition_loss * 100:.2f}%</td>')
+    assert row in page
+    for name, c in co.clamping.items():
+        assert (f'<tr><td>{name}</td><td class="n">{c.values}</td><td class="n">{c.clamped}</td>'
+                f'<td class="n">{(c.clamped / c.values if c.values else 0) * 100:.2f}%</td>'
+                f'<td class="n">{reports.fmt_number(c.total_shift)}</td></tr>') in page
+    assert f"<b>{co.pairs_dropped_by_bounding}</b>" in page
+    for s in exact_strings(result)[::4]:  # fmt_number spelling: the exact values are shown here
+        assert s in page
+    assert "Raw against private: capital_gain" in page  # the clamped column's chart
+    assert page.count("<svg") == analyst_html.count("<svg") + 1
+    # everything the analyst sees is there too
+    for section in ('id="privacy"', 'id="results"', 'id="mechanisms"', 'id="bounds"', 'id="verify"'):
+        assert section in page
+
+
+# --------------------------------------------------------------------------------------------
+# escaping and self-containment
+
+
+def test_autoescape(result, analyst_html, controller_html):
+    for page in (analyst_html, controller_html):
+        assert SCRIPT not in page
+        assert html.escape(SCRIPT) in page
+    idx = reports.render_index([{"release_id": "r1", "dataset": "a<b>", "title": SCRIPT, "epsilon": 1.0, "delta": 1e-6,
+                                     "published_at": "2026-11-02", "path": "r1/report.html"}])
+    assert SCRIPT not in idx and html.escape(SCRIPT) in idx and "a&lt;b&gt;" in idx
+
+
+def test_reports_are_self_contained(result, analyst_html, controller_html):
+    idx = reports.render_index([{"release_id": "rel-0007", "dataset": "adult", "title": "Education", "epsilon": 1.0,
+                                 "delta": 1e-6, "published_at": "2026-11-02", "path": "rel-0007/analyst.html"}])
+    for page in (analyst_html, controller_html, idx):
+        assert page.startswith("<!DOCTYPE html>")
+        assert external_urls(page) == set()
+        low = page.lower()
+        assert "<script" not in low.replace(html.escape(SCRIPT).lower(), "")
+        assert "<link" not in low and "@import" not in low and "<iframe" not in low
+        assert not re.search(r"""(src|href)\s*=\s*["']?\s*(//|[a-z][a-z0-9+.-]*:)""", low)
+        assert "<?xml" not in page  # SVG prologs are stripped when inlined
+        assert "<style>" in page
+    assert 'href="rel-0007/analyst.html"' in idx and "Education" in idx
+    with pytest.raises(ValueError):
+        reports.render_index([{"release_id": "x", "dataset": "d", "title": "t", "epsilon": 1, "delta": 0,
+                                   "published_at": "now", "path": "https://example.org/x.html"}])
+
+
+def test_index_lists_every_release():
+    entries = [{"release_id": f"rel-{i}", "dataset": "adult", "title": f"Release number {i}", "epsilon": 0.5 * i,
+                "delta": 1e-6, "published_at": f"2026-11-0{i}", "path": f"rel-{i}/analyst.html"} for i in range(1, 4)]
+    page = reports.render_index(entries)
+    for e in entries:
+        assert f'href="{e["path"]}"' in page and e["title"] in page and e["published_at"] in page
+    assert page.count("<tr>") == 1 + len(entries)
+    assert "Nothing has been published yet." in reports.render_index([])
+
+
+# --------------------------------------------------------------------------------------------
+# data files
+
+
+def test_data_files_are_public_only(result, tmp_path):
+    paths = reports.write_data_files(result, tmp_path / "out")
+    assert [p.name for p in paths] == ["results.csv", "results.json"]
+    table = pd.read_csv(paths[0])
+    assert list(table.columns) == list(result.table.columns)
+    assert len(table) == len(result.table)
+    assert np.allclose(table["people"], result.table["people"])
+    doc = json.loads(paths[1].read_text())
+    assert doc == json.loads(result.to_json())
+    assert len(doc["rows"]) == len(result.table)
+    text = paths[0].read_text() + paths[1].read_text()
+    assert set(doc["rows"][0]) == set(result.table.columns)
+    for word in ("controller", "partition_loss", "clamping", "clamped", "pri_ranges", "exact",
+                 "partitions_nonempty", "pairs_dropped"):
+        assert word not in text.lower().replace("not the bias from clamping", ""), word
+    for s in exact_strings(result):
+        assert s not in text
+
+
+# --------------------------------------------------------------------------------------------
+# a real browser
+
+
+CHROMIUM = next((p for p in (shutil.which("chromium"), "/usr/bin/chromium") if p and os.path.exists(p)), None)
+#: chromium 156 with --enable-logging=stderr logs every console message (log, warning, error,
+#: uncaught exception) as `[pid:tid:time:INFO:CONSOLE:<line>] "<text>", source: <url> (<line>)`;
+#: older builds wrote `INFO:CONSOLE(<line>)` or `ERROR:CONSOLE`. The reports have no scripts, so
+#: any console line at all is a failure.
+CONSOLE_LINE = re.compile(r":CONSOLE[:(\]]|Uncaught")
+
+
+def run_chromium(page: Path, png: Path, profile: Path) -> subprocess.CompletedProcess:
+    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+           f"--user-data-dir={profile}", f"--screenshot={png}", "--window-size=1200,1600",
+           "--enable-logging=stderr", "--v=0", page.resolve().as_uri()]
+    return subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=90)
+
+
+def console_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if CONSOLE_LINE.search(line)]
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium); CI installs it")
+def test_chromium_renders_the_analyst_report(analyst_html, tmp_path):
+    import matplotlib.image as mpimg
+
+    # the detector must see a console error on a page that throws, else the check below is vacuous
+    canary = tmp_path / "canary.html"
+    canary.write_text("<!DOCTYPE html><html><body><p>x</p><script>notDefinedAnywhere();</script></body></html>")
+    seen = run_chromium(canary, tmp_path / "canary.png", tmp_path / "profile-canary")
+    assert any("notDefinedAnywhere" in line for line in console_lines(seen.stderr)), (
+        "chromium's console log format changed: update CONSOLE_LINE\n" + seen.stderr[-3000:])
+
+    page = tmp_path / "analyst.html"
+    page.write_text(analyst_html, encoding="utf-8")
+    png = tmp_path / "analyst.png"
+    run = run_chromium(page, png, tmp_path / "profile")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert console_lines(run.stderr) == [], console_lines(run.stderr)
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len(data) > 10_000
+    img = mpimg.imread(io.BytesIO(data), format="png")
+    assert img.shape[:2] == (1600, 1200)
+    rgb = img[..., :3].reshape(-1, 3)
+    assert float(np.ptp(rgb, axis=0).max()) > 0.5  # dark text on a light page, not one colour
+    colours = np.unique((rgb[::97] * 255).round().astype(np.uint8), axis=0)
+    assert len(colours) > 10
+    dark = float((rgb.mean(axis=1) < 0.35).mean())
+    assert 0.001 < dark < 0.5, dark  # some text, not a black page
+    assert math.isfinite(dark)

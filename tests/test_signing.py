@@ -1,0 +1,365 @@
+"""Signed release directories: a signed release verifies, and any changed, added or removed byte
+or file makes verification fail with a problem naming the file."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from dprelease.signing import (
+    FORMAT,
+    MANIFEST,
+    PUBLIC_KEY,
+    SIGNATURE,
+    SigningError,
+    VerifyReport,
+    generate_keypair,
+    load_private_key,
+    load_public_key,
+    public_key_pem,
+    sign_directory,
+    verify_directory,
+)
+
+FACTS = {"release": "adult-2024", "epsilon": 1.5, "statistics": ["count", "mean"], "note": "Zürich — ok"}
+CONTENT = {
+    "data.csv": b"age,count\n30,120\n40,95\n",
+    "report.html": "<html><body>Bericht für Zürich</body></html>".encode(),
+    "sub/table.csv": b"a,b\n1,2\n3,4\n",
+    "sub/deeper/notes.txt": b"released under DP\n",
+    "sub/manifest.json": b'{"not": "the release manifest"}',  # reserved names only matter at the top
+}
+SIGNED_FILES = sorted([*CONTENT, MANIFEST, SIGNATURE, PUBLIC_KEY])
+
+
+# --- helpers and fixtures ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def keys(tmp_path: Path) -> tuple[Path, Path]:
+    """A fresh key pair on disk: (private, public)."""
+    private, public = tmp_path / "keys" / "release.key", tmp_path / "keys" / "release.pub.pem"
+    generate_keypair(private, public)
+    return private, public
+
+
+def make_release(root: Path, private: Path, name: str = "release") -> Path:
+    """A signed release directory with the files of CONTENT."""
+    directory = root / name
+    for rel, data in CONTENT.items():
+        (directory / rel).parent.mkdir(parents=True, exist_ok=True)
+        (directory / rel).write_bytes(data)
+    sign_directory(directory, FACTS, load_private_key(private))
+    return directory
+
+
+@pytest.fixture
+def release(tmp_path: Path, keys: tuple[Path, Path]) -> Path:
+    return make_release(tmp_path, keys[0])
+
+
+def flip_byte(path: Path, index: int | None = None) -> None:
+    """Change one byte of a file (xor 0x01), by default the middle one."""
+    data = bytearray(path.read_bytes())
+    index = len(data) // 2 if index is None else index
+    data[index] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def problems_naming(report: VerifyReport, rel: str) -> list[str]:
+    return [problem for problem in report.problems if rel in problem]
+
+
+def all_files(directory: Path) -> list[str]:
+    return sorted(p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file())
+
+
+# --- signing and verifying ---------------------------------------------------------------------
+
+
+def test_signed_release_verifies_and_facts_round_trip(release: Path, keys: tuple[Path, Path]) -> None:
+    for trusted in (None, keys[1], keys[1].read_bytes(), load_public_key(keys[1])):
+        report = verify_directory(release, trusted)
+        assert report.ok, str(report)
+        assert report.problems == []
+        assert report.facts == FACTS
+        assert str(report).startswith("verified")
+
+
+def test_manifest_lists_every_file_with_digest_and_size(release: Path) -> None:
+    manifest = json.loads((release / MANIFEST).read_bytes())
+    assert manifest["format"] == FORMAT
+    assert manifest["facts"] == FACTS
+    assert list(manifest["files"]) == sorted(CONTENT)
+    for rel, data in CONTENT.items():
+        assert manifest["files"][rel] == {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+
+
+def test_manifest_is_canonical_json_and_returned(tmp_path: Path, keys: tuple[Path, Path]) -> None:
+    directory = tmp_path / "r"
+    directory.mkdir()
+    (directory / "a.txt").write_text("x")
+    returned = sign_directory(directory, FACTS, load_private_key(keys[0]))
+    data = (directory / MANIFEST).read_bytes()
+    canonical = json.dumps(returned, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    assert data == canonical
+    assert "Zürich".encode() in data  # ensure_ascii=False
+
+
+def test_signature_is_base64_ed25519_of_manifest_bytes(release: Path, keys: tuple[Path, Path]) -> None:
+    signature = base64.b64decode((release / SIGNATURE).read_bytes().strip(), validate=True)
+    assert len(signature) == 64
+    load_public_key(keys[1]).verify(signature, (release / MANIFEST).read_bytes())  # raises if invalid
+    assert (release / PUBLIC_KEY).read_bytes() == keys[1].read_bytes()
+
+
+def test_resigning_replaces_the_signature_files(release: Path, keys: tuple[Path, Path]) -> None:
+    (release / "extra.txt").write_text("late addition")
+    sign_directory(release, {"version": 2}, load_private_key(keys[0]))
+    report = verify_directory(release, keys[1])
+    assert report.ok, str(report)
+    assert report.facts == {"version": 2}
+
+
+def test_empty_file_signs_and_a_new_byte_fails(tmp_path: Path, keys: tuple[Path, Path]) -> None:
+    directory = tmp_path / "r"
+    directory.mkdir()
+    (directory / "empty.txt").write_bytes(b"")
+    sign_directory(directory, {}, load_private_key(keys[0]))
+    assert verify_directory(directory).ok
+    (directory / "empty.txt").write_bytes(b"\0")
+    assert problems_naming(verify_directory(directory), "empty.txt")
+
+
+# --- tampering ---------------------------------------------------------------------------------
+
+
+def test_tamper_list_covers_every_file(release: Path) -> None:
+    assert all_files(release) == SIGNED_FILES
+
+
+@pytest.mark.parametrize("rel", SIGNED_FILES)
+def test_flipping_a_byte_of_any_file_fails_and_names_it(tmp_path: Path, keys: tuple[Path, Path], rel: str) -> None:
+    release = make_release(tmp_path, keys[0])
+    flip_byte(release / rel)
+    for trusted in (None, keys[1]):
+        report = verify_directory(release, trusted)
+        assert not report.ok
+        assert problems_naming(report, rel), str(report)
+        assert report.facts is None or rel not in (MANIFEST, SIGNATURE)
+    if rel == MANIFEST:
+        assert any("signature does not match manifest.json" in p for p in report.problems)
+    if rel == PUBLIC_KEY:  # the trusted key still validates the signature; the embedded key is wrong
+        assert problems_naming(report, PUBLIC_KEY)
+        assert any("not the trusted key" in p or "not a valid" in p or "exact form" in p for p in report.problems)
+
+
+@pytest.mark.parametrize("rel", [MANIFEST, SIGNATURE, PUBLIC_KEY])
+def test_every_single_byte_of_the_signature_files_matters(release: Path, keys: tuple[Path, Path], rel: str) -> None:
+    path = release / rel
+    original = path.read_bytes()
+    for index in range(len(original)):
+        flip_byte(path, index)
+        for trusted in (None, keys[1]):
+            report = verify_directory(release, trusted)
+            assert not report.ok, f"byte {index} of {rel} changed unnoticed"
+            assert problems_naming(report, rel), str(report)
+            if rel == MANIFEST:
+                assert any("signature does not match manifest.json" in p for p in report.problems)
+        path.write_bytes(original)
+    assert verify_directory(release, keys[1]).ok
+
+
+def test_added_file_is_reported(release: Path) -> None:
+    (release / "sub" / "new.txt").write_text("sneaked in")
+    report = verify_directory(release)
+    assert report.problems == ["sub/new.txt: not in the manifest (added after signing)"]
+
+
+def test_deleted_file_is_reported(release: Path) -> None:
+    (release / "sub" / "table.csv").unlink()
+    report = verify_directory(release)
+    assert not report.ok
+    assert report.problems == ["sub/table.csv: missing (deleted after signing)"]
+
+
+def test_truncated_file_is_reported(release: Path) -> None:
+    path = release / "data.csv"
+    path.write_bytes(path.read_bytes()[:5])
+    report = verify_directory(release)
+    assert not report.ok
+    assert report.problems == [f"data.csv: size changed ({len(CONTENT['data.csv'])} bytes signed, 5 now)"]
+
+
+def test_same_size_change_reports_digest(release: Path) -> None:
+    flip_byte(release / "sub" / "deeper" / "notes.txt")
+    report = verify_directory(release)
+    assert report.problems == ["sub/deeper/notes.txt: SHA-256 differs (changed after signing)"]
+
+
+def test_every_problem_is_reported_not_just_the_first(release: Path) -> None:
+    (release / "added.txt").write_text("new")
+    (release / "report.html").unlink()
+    flip_byte(release / "data.csv")
+    (release / SIGNATURE).unlink()
+    report = verify_directory(release)
+    assert not report.ok
+    assert report.facts is None  # no valid signature: facts are not trustworthy
+    for rel in ("added.txt", "report.html", "data.csv", SIGNATURE):
+        assert problems_naming(report, rel), str(report)
+    assert f"{len(report.problems)} problems" in str(report)
+
+
+def test_missing_signature_files_are_reported(release: Path) -> None:
+    for name in (MANIFEST, SIGNATURE, PUBLIC_KEY):
+        (release / name).unlink()
+    report = verify_directory(release)
+    assert [p.split(":")[0] for p in report.problems] == [MANIFEST, PUBLIC_KEY, SIGNATURE]
+    assert all("missing" in p for p in report.problems)
+
+
+def test_missing_public_key_is_reported_even_with_a_trusted_key(release: Path, keys: tuple[Path, Path]) -> None:
+    (release / PUBLIC_KEY).unlink()
+    report = verify_directory(release, keys[1])
+    assert len(report.problems) == 1 and report.problems[0].startswith(f"{PUBLIC_KEY}: missing")
+
+
+def test_manifest_not_json_or_wrong_format(release: Path) -> None:
+    (release / MANIFEST).write_bytes(b"{not json")
+    report = verify_directory(release)
+    assert any(p.startswith(f"{MANIFEST}: not valid") for p in report.problems)
+    assert any("signature does not match manifest.json" in p for p in report.problems)
+    (release / MANIFEST).write_bytes(json.dumps({"format": "other/9", "files": {}, "facts": {}}).encode())
+    assert any("wrong format 'other/9'" in p for p in verify_directory(release).problems)
+
+
+def test_signature_not_base64(release: Path) -> None:
+    (release / SIGNATURE).write_bytes(b"!!! not base64 !!!\n")
+    assert f"{SIGNATURE}: not valid base64" in verify_directory(release).problems
+
+
+# --- keys --------------------------------------------------------------------------------------
+
+
+def test_other_trusted_key_fails(release: Path, tmp_path: Path) -> None:
+    other_private, other_public = tmp_path / "other" / "k", tmp_path / "other" / "k.pub"
+    generate_keypair(other_private, other_public)
+    report = verify_directory(release, other_public)
+    assert not report.ok
+    assert "public_key.pem is not the trusted key" in report.problems
+    assert any("signature does not match manifest.json" in p for p in report.problems)
+
+
+def test_resigned_by_an_attacker_fails_against_the_trusted_key(release: Path, keys: tuple[Path, Path]) -> None:
+    (release / "data.csv").write_text("age,count\n30,999\n")
+    sign_directory(release, FACTS, Ed25519PrivateKey.generate())
+    assert verify_directory(release).ok  # self-consistent, but signed by someone else
+    report = verify_directory(release, keys[1])
+    assert not report.ok
+    assert "public_key.pem is not the trusted key" in report.problems
+
+
+def test_replaced_embedded_key_is_not_the_trusted_key(release: Path, keys: tuple[Path, Path]) -> None:
+    (release / PUBLIC_KEY).write_bytes(public_key_pem(Ed25519PrivateKey.generate().public_key()))
+    report = verify_directory(release, keys[1])
+    assert report.problems == ["public_key.pem is not the trusted key"]
+    assert any("signature does not match" in p for p in verify_directory(release).problems)
+
+
+def test_generate_keypair_refuses_overwrite_and_sets_mode(keys: tuple[Path, Path]) -> None:
+    private, public = keys
+    assert stat.S_IMODE(private.stat().st_mode) == 0o600
+    before = private.read_bytes()
+    with pytest.raises(SigningError, match="refusing to overwrite"):
+        generate_keypair(private, public.with_name("new.pub.pem"))
+    assert private.read_bytes() == before
+    assert not public.with_name("new.pub.pem").exists()
+    assert _same_public(load_private_key(private), load_public_key(public))
+
+
+def _same_public(private: Ed25519PrivateKey, public) -> bool:
+    return public_key_pem(private.public_key()) == public_key_pem(public)
+
+
+def test_generate_keypair_ignores_a_permissive_umask(tmp_path: Path) -> None:
+    old = os.umask(0)
+    try:
+        generate_keypair(tmp_path / "k", tmp_path / "k.pub")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "k").stat().st_mode) == 0o600
+
+
+def test_key_loading_errors_name_the_problem(tmp_path: Path, keys: tuple[Path, Path]) -> None:
+    with pytest.raises(SigningError, match="does not exist"):
+        load_private_key(tmp_path / "nope.key")
+    with pytest.raises(SigningError, match="does not exist"):
+        load_public_key(tmp_path / "nope.pem")
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n")
+    with pytest.raises(SigningError, match=r"garbage\.pem: not a readable"):
+        load_private_key(garbage)
+    with pytest.raises(SigningError, match="not a valid PEM public key"):
+        load_public_key(b"hello")
+    with pytest.raises(SigningError, match="not a valid PEM public key"):
+        load_public_key(keys[0])  # a private key is not a public key
+    with pytest.raises(SigningError, match="cannot use a int"):
+        load_public_key(42)  # type: ignore[arg-type]
+
+
+def test_verify_with_a_malformed_trusted_key_is_a_usage_error(release: Path) -> None:
+    with pytest.raises(SigningError, match="public key PEM"):
+        verify_directory(release, b"not a key")
+
+
+# --- what cannot be signed ---------------------------------------------------------------------
+
+
+def test_symlinked_file_is_refused_at_signing(tmp_path: Path, keys: tuple[Path, Path]) -> None:
+    directory = tmp_path / "r"
+    directory.mkdir()
+    (tmp_path / "outside.txt").write_text("not part of the release")
+    (directory / "link.txt").symlink_to(tmp_path / "outside.txt")
+    with pytest.raises(SigningError, match=r"link\.txt: a symbolic link"):
+        sign_directory(directory, FACTS, load_private_key(keys[0]))
+    assert not (directory / MANIFEST).exists()
+
+
+def test_symlinked_directory_and_reserved_name_symlink_are_refused(tmp_path: Path, keys: tuple[Path, Path]) -> None:
+    directory = tmp_path / "r"
+    (directory / "sub").mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    (directory / "sub" / "dir").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    (directory / MANIFEST).symlink_to(tmp_path / "elsewhere" / "m.json")
+    with pytest.raises(SigningError) as info:
+        sign_directory(directory, FACTS, load_private_key(keys[0]))
+    assert "sub/dir: a symbolic link" in str(info.value)
+    assert f"{MANIFEST}: a symbolic link" in str(info.value)
+    assert not (tmp_path / "elsewhere" / "m.json").exists()
+
+
+def test_symlink_added_after_signing_is_reported(release: Path) -> None:
+    (release / "sub" / "link").symlink_to(release / "data.csv")
+    report = verify_directory(release)
+    assert not report.ok
+    assert problems_naming(report, "sub/link")
+
+
+def test_signing_usage_errors(tmp_path: Path, keys: tuple[Path, Path]) -> None:
+    key = load_private_key(keys[0])
+    with pytest.raises(SigningError, match="does not exist or is not a directory"):
+        sign_directory(tmp_path / "missing", FACTS, key)
+    (tmp_path / "r").mkdir()
+    with pytest.raises(SigningError, match="canonical JSON"):
+        sign_directory(tmp_path / "r", {"epsilon": float("nan")}, key)
+    with pytest.raises(SigningError, match="expected an Ed25519PrivateKey"):
+        sign_directory(tmp_path / "r", FACTS, keys[0])  # type: ignore[arg-type]
+    with pytest.raises(SigningError, match="does not exist or is not a directory"):
+        verify_directory(tmp_path / "missing")

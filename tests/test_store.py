@@ -1,0 +1,323 @@
+"""The store: ledger lifecycle and its rules, budget numbers, named errors, and invariant 3 (committed
+plus reserved never exceed the cap) under 20 concurrent reservations, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+from datetime import UTC
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+from dprelease import store as store_module
+from dprelease.store import BudgetExceeded, Store, StoreError
+
+PG_ENV = "DPRELEASE_TEST_PG_URL"
+
+
+def _register(store: Store, name: str = "adult", epsilon_cap: float = 10.0, delta_cap: float = 1e-5) -> None:
+    """Register a dataset with the given caps (blob and fingerprint are placeholders)."""
+    store.add_dataset(
+        name,
+        privacy_unit="person_id",
+        blob_path=f"/escrow/{name}.fernet",
+        fingerprint="0" * 64,
+        file_format="csv",
+        schema={"person_id": "int", "age": "int"},
+        epsilon_cap=epsilon_cap,
+        delta_cap=delta_cap,
+    )
+
+
+@pytest.fixture
+def sqlite_store(tmp_path):
+    store = Store(f"sqlite:///{tmp_path / 'store.db'}")
+    store.create_all()
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def pg_store():
+    """A store in a fresh PostgreSQL schema (dropped afterwards); skipped without DPRELEASE_TEST_PG_URL."""
+    url = os.environ.get(PG_ENV)
+    if not url:
+        pytest.skip(f"PostgreSQL tests need {PG_ENV}, e.g. postgresql+psycopg://user:pw@127.0.0.1:5432/db")
+    schema = f"dprelease_test_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(url)
+    with admin.begin() as conn:
+        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    scoped = make_url(url).update_query_dict({"options": f"-csearch_path={schema}"})
+    store = Store(scoped.render_as_string(hide_password=False))
+    store.create_all()
+    try:
+        yield store
+    finally:
+        store.close()
+        with admin.begin() as conn:
+            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def any_store(request):
+    return request.getfixturevalue(f"{'sqlite' if request.param == 'sqlite' else 'pg'}_store")
+
+
+# --- datasets -------------------------------------------------------------------------------------
+
+
+def test_dataset_roundtrip_and_unknown_named(sqlite_store):
+    _register(sqlite_store)
+    ds = sqlite_store.get_dataset("adult")
+    assert ds.privacy_unit == "person_id" and ds.epsilon_cap == 10.0
+    assert ds.expectations_json == "[]"
+    assert ds.created_at.tzinfo is UTC
+    assert [d.name for d in sqlite_store.list_datasets()] == ["adult"]
+    with pytest.raises(StoreError, match="'census'"):
+        sqlite_store.get_dataset("census")
+    with pytest.raises(StoreError, match="already registered"):
+        _register(sqlite_store)
+
+
+@pytest.mark.parametrize(
+    "field, value, match",
+    [("epsilon_cap", 0.0, "epsilon_cap"), ("delta_cap", 1.0, "delta_cap"), ("file_format", "xlsx", "file_format")],
+)
+def test_dataset_validation_names_the_field(sqlite_store, field, value, match):
+    kwargs = {
+        "privacy_unit": "pid", "blob_path": "b", "fingerprint": "f", "file_format": "csv", "schema": {},
+        "epsilon_cap": 1.0, "delta_cap": 0.0,
+    }
+    kwargs[field] = value
+    with pytest.raises(ValueError, match=match):
+        sqlite_store.add_dataset("x", **kwargs)
+
+
+def test_unsupported_url_and_missing_directory_are_named(tmp_path):
+    with pytest.raises(StoreError, match="unsupported store URL"):
+        Store("mysql://u@h/db")
+    with pytest.raises(StoreError, match="dprelease init"):
+        Store(f"sqlite:///{tmp_path / 'nowhere' / 'store.db'}")
+
+
+# --- the ledger -----------------------------------------------------------------------------------
+
+
+def test_ledger_lifecycle_and_budget_numbers(any_store):
+    _register(any_store, epsilon_cap=10.0, delta_cap=1e-5)
+    any_store.reserve("adult", "r1", 2.0, 1e-6)
+    any_store.reserve("adult", "r2", 3.0, 2e-6)
+    any_store.reserve("adult", "r3", 1.0, 0.0)
+    b = any_store.budget("adult")
+    assert (b["epsilon_cap"], b["epsilon_committed"], b["epsilon_reserved"], b["epsilon_remaining"]) == (10, 0, 6, 4)
+    assert b["delta_reserved"] == pytest.approx(3e-6)
+
+    assert any_store.commit("r1").status == "committed"
+    assert any_store.refund("r2").status == "refunded"
+    b = any_store.budget("adult")
+    assert (b["epsilon_committed"], b["epsilon_reserved"], b["epsilon_remaining"]) == (2, 1, 7)
+    assert b["delta_committed"] == pytest.approx(1e-6)
+    assert b["delta_remaining"] == pytest.approx(9e-6)
+    assert any_store.ledger_entry("r3").status == "reserved"
+
+
+def test_commit_and_refund_rules(any_store):
+    _register(any_store)
+    any_store.reserve("adult", "c", 1.0, 0.0)
+    any_store.reserve("adult", "r", 1.0, 0.0)
+    any_store.commit("c")
+    assert any_store.commit("c").status == "committed"  # idempotent
+    with pytest.raises(StoreError, match="never returned"):
+        any_store.refund("c")
+    any_store.refund("r")
+    assert any_store.refund("r").status == "refunded"  # idempotent
+    with pytest.raises(StoreError, match="already refunded"):
+        any_store.commit("r")
+    with pytest.raises(StoreError, match="'ghost'"):
+        any_store.commit("ghost")
+    assert any_store.budget("adult")["epsilon_committed"] == 1.0
+
+
+def test_budget_exceeded_message_gives_the_numbers(any_store):
+    _register(any_store, epsilon_cap=5.0)
+    any_store.reserve("adult", "a", 2.0, 0.0)
+    any_store.commit("a")
+    any_store.reserve("adult", "b", 2.5, 0.0)
+    with pytest.raises(BudgetExceeded) as err:
+        any_store.reserve("adult", "c", 1.0, 0.0)
+    message = str(err.value)
+    for part in ("'adult'", "epsilon cap 5", "committed 2", "reserved 2.5", "requested 1"):
+        assert part in message
+    # nothing was recorded for the refused request, and an exact fit is still allowed
+    with pytest.raises(StoreError, match="no budget reservation"):
+        any_store.ledger_entry("c")
+    any_store.reserve("adult", "d", 0.5, 0.0)
+    assert any_store.budget("adult")["epsilon_remaining"] == 0.0
+
+
+def test_delta_cap_is_enforced(sqlite_store):
+    _register(sqlite_store, delta_cap=1e-6)
+    sqlite_store.reserve("adult", "a", 0.1, 6e-7)
+    with pytest.raises(BudgetExceeded, match="delta cap"):
+        sqlite_store.reserve("adult", "b", 0.1, 6e-7)
+
+
+def test_float_rounding_does_not_refuse_an_exact_fit(sqlite_store):
+    _register(sqlite_store, epsilon_cap=0.3)
+    for i in range(3):
+        sqlite_store.reserve("adult", f"r{i}", 0.1, 0.0)  # 0.1 + 0.1 + 0.1 > 0.3 in floats
+    with pytest.raises(BudgetExceeded):
+        sqlite_store.reserve("adult", "r3", 1e-6, 0.0)
+
+
+def test_refund_frees_budget_for_new_releases(sqlite_store):
+    _register(sqlite_store, epsilon_cap=1.0)
+    sqlite_store.reserve("adult", "a", 1.0, 0.0)
+    with pytest.raises(BudgetExceeded):
+        sqlite_store.reserve("adult", "b", 1.0, 0.0)
+    sqlite_store.refund("a")
+    sqlite_store.reserve("adult", "b", 1.0, 0.0)
+
+
+@pytest.mark.parametrize(
+    "epsilon, delta, match",
+    [(0.0, 0.0, "epsilon"), (-1.0, 0.0, "epsilon"), (float("inf"), 0.0, "epsilon"), (float("nan"), 0.0, "epsilon"),
+     (1.0, 1.0, "delta"), (1.0, -1e-9, "delta"), (1.0, float("nan"), "delta")],
+)
+def test_reserve_validates_epsilon_and_delta(sqlite_store, epsilon, delta, match):
+    _register(sqlite_store)
+    with pytest.raises(ValueError, match=match):
+        sqlite_store.reserve("adult", "r", epsilon, delta)
+
+
+def test_second_reservation_for_a_release_is_refused(any_store):
+    _register(any_store)
+    any_store.reserve("adult", "same", 1.0, 0.0)
+    with pytest.raises(StoreError, match="already has a budget reservation") as err:
+        any_store.reserve("adult", "same", 1.0, 0.0)
+    assert not isinstance(err.value, BudgetExceeded)
+    with pytest.raises(StoreError, match="unknown dataset 'nope'"):
+        any_store.reserve("nope", "other", 1.0, 0.0)
+    assert any_store.budget("adult")["epsilon_reserved"] == 1.0
+
+
+# --- invariant 3 under concurrency -----------------------------------------------------------------
+
+
+def _slow_totals(monkeypatch) -> None:
+    """Sleep between reading the ledger and inserting, so unlocked reservations would overlap."""
+    original = store_module._totals
+
+    def slow(session, dataset):
+        totals = original(session, dataset)
+        time.sleep(0.02)
+        return totals
+
+    monkeypatch.setattr(store_module, "_totals", slow)
+
+
+def _race(store: Store, threads: int = 20) -> tuple[list[str], list[str], list[BaseException], list[float]]:
+    """Start `threads` reservations of epsilon 1 together; winners commit or stay reserved alternately.
+    A watcher samples committed + reserved all along."""
+    barrier = threading.Barrier(threads)
+    ok: list[str] = []
+    refused: list[str] = []
+    other: list[BaseException] = []
+    samples: list[float] = []
+    done = threading.Event()
+
+    def reserve(i: int) -> None:
+        release_id = f"release-{i}"
+        barrier.wait()
+        try:
+            store.reserve("adult", release_id, 1.0, 0.0)
+        except BudgetExceeded:
+            refused.append(release_id)
+            return
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            other.append(exc)
+            return
+        ok.append(release_id)
+        if i % 2 == 0:
+            store.commit(release_id)
+
+    def watch() -> None:
+        while not done.is_set():
+            b = store.budget("adult")
+            samples.append(b["epsilon_committed"] + b["epsilon_reserved"])
+            time.sleep(0.005)
+
+    watcher = threading.Thread(target=watch)
+    workers = [threading.Thread(target=reserve, args=(i,)) for i in range(threads)]
+    watcher.start()
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join(timeout=120)
+    done.set()
+    watcher.join(timeout=30)
+    return ok, refused, other, samples
+
+
+def test_concurrent_reservations_never_exceed_the_cap(any_store, monkeypatch):
+    _register(any_store, epsilon_cap=10.0)
+    _slow_totals(monkeypatch)
+    ok, refused, other, samples = _race(any_store)
+    assert other == []
+    assert len(ok) == 10 and len(refused) == 10
+    assert samples and max(samples) <= 10.0
+    b = any_store.budget("adult")
+    assert b["epsilon_committed"] + b["epsilon_reserved"] == 10.0
+    assert b["epsilon_remaining"] == 0.0
+
+
+# --- releases and policies ------------------------------------------------------------------------
+
+
+def test_release_crud(any_store):
+    _register(any_store)
+    r = any_store.add_release("adult", {"sql": "SELECT COUNT(*) FROM adult"})
+    assert len(r.id) == 32 and r.status == "pending" and r.artifacts_json == "{}"
+    fixed = any_store.add_release("adult", "{}", release_id="fixed-id", status="awaiting_approval")
+    with pytest.raises(StoreError, match="'fixed-id' already exists"):
+        any_store.add_release("adult", "{}", release_id="fixed-id")
+    with pytest.raises(StoreError, match="unknown dataset"):
+        any_store.add_release("census", "{}")
+
+    updated = any_store.update_release(
+        fixed.id, status="approved", decision_by="alice", decision_comment="ok", artifacts_json={"a.html": "ab" * 32}
+    )
+    assert updated.decided_at is not None and updated.decided_at.tzinfo is UTC
+    again = any_store.get_release(fixed.id)
+    assert again.decision_by == "alice" and '"a.html"' in again.artifacts_json
+    assert [x.id for x in any_store.list_releases(status="approved")] == [fixed.id]
+    assert {x.id for x in any_store.list_releases()} == {r.id, fixed.id}
+
+    with pytest.raises(StoreError, match="nonsense"):
+        any_store.update_release(fixed.id, nonsense=1)
+    with pytest.raises(ValueError, match="status"):
+        any_store.update_release(fixed.id, status="done")
+    with pytest.raises(StoreError, match="'missing'"):
+        any_store.get_release("missing")
+
+
+def test_policies(any_store):
+    _register(any_store)
+    any_store.add_policy("anyone", "adult", max_epsilon_per_release=1.0)
+    any_store.add_policy("bob-only", "adult", analyst="bob", max_epsilon_per_release=0.5, approval="auto",
+                         evaluators=["mean_age"])
+    assert [p.name for p in any_store.policies_for("adult", "bob")] == ["anyone", "bob-only"]
+    assert [p.name for p in any_store.policies_for("adult", "carol")] == ["anyone"]
+    assert [p.name for p in any_store.policies_for("adult")] == ["anyone"]
+    assert any_store.policies_for("adult", "bob")[1].evaluators_json == '["mean_age"]'
+    with pytest.raises(StoreError, match="'anyone' already exists"):
+        any_store.add_policy("anyone", "adult", max_epsilon_per_release=1.0)
+    with pytest.raises(ValueError, match="approval"):
+        any_store.add_policy("p", "adult", max_epsilon_per_release=1.0, approval="sometimes")
+    with pytest.raises(ValueError, match="max_epsilon_per_release"):
+        any_store.add_policy("p", "adult", max_epsilon_per_release=0.0)
