@@ -162,8 +162,7 @@ def pending() -> None:
 
 
 def _resume(release_id: str, decision: str, reviewer: str, comment: str) -> None:
-    from prefect.flow_runs import resume_flow_run
-
+    from .approvals import answer
     from .store import Store
 
     rel = Store(_settings().store_url).get_release(release_id)
@@ -171,7 +170,7 @@ def _resume(release_id: str, decision: str, reviewer: str, comment: str) -> None
         _fail(f"release {release_id} is {rel.status}, not awaiting approval")
     if not reviewer.strip():
         _fail("name the reviewer: --reviewer NAME")
-    resume_flow_run(rel.flow_run_id, run_input={"decision": decision, "reviewer": reviewer, "comment": comment})
+    answer(rel.flow_run_id, decision, reviewer, comment)
     console.print(f"{decision}d release {release_id} (the flow run continues on the Prefect server)")
 
 
@@ -212,10 +211,9 @@ def run_release_interactively(settings: Settings, request, *, approve_as: str | 
                               no_terminal_reviewer: str | None = None) -> dict:
     """Start the flow in this process, show the controller summary, and take the decision here:
     from `approve_as`, a terminal prompt, or (no terminal) `no_terminal_reviewer`."""
-    from prefect.flow_runs import resume_flow_run
-
     from flows.release import release_flow
 
+    from .approvals import answer
     from .store import Store
 
     out: dict = {}
@@ -245,7 +243,7 @@ def run_release_interactively(settings: Settings, request, *, approve_as: str | 
         console.print(Markdown(_summary_markdown(settings, waiting.id)))
         console.print(f"[dim]controller report (signed, archive only): {summary_file}[/dim]")
         decision, reviewer, comment = _ask(approve_as, no_terminal_reviewer)
-        resume_flow_run(waiting.flow_run_id, run_input={"decision": decision, "reviewer": reviewer, "comment": comment})
+        answer(waiting.flow_run_id, decision, reviewer, comment)
     worker.join()
     if "error" in out:
         raise out["error"]

@@ -74,8 +74,7 @@ def wait_for_approval(store, known: set, timeout=120):
 
 
 def decide(platform_env, decision, **params):
-    from prefect.flow_runs import resume_flow_run
-
+    from dprelease.approvals import answer, wait_until_paused
     from dprelease.pipeline import Platform
 
     platform = Platform.open(platform_env)
@@ -83,7 +82,9 @@ def decide(platform_env, decision, **params):
     thread, box = start_release(**params)
     rel = wait_for_approval(platform.store, known)
     if decision is not None:
-        resume_flow_run(rel.flow_run_id, run_input={"decision": decision, "reviewer": "alice", "comment": "checked"})
+        answer(rel.flow_run_id, decision, "alice", "checked")
+    else:
+        wait_until_paused(rel.flow_run_id)
     thread.join(180)
     return platform, rel, box
 

@@ -1,0 +1,31 @@
+"""Answering a paused release flow: wait until Prefect has it paused, then resume it with the
+controller's decision (the same form the UI's Resume dialog fills)."""
+
+from __future__ import annotations
+
+import time
+
+
+def wait_until_paused(flow_run_id: str, timeout: float = 60.0) -> None:
+    """The store says "awaiting approval" just before the flow pauses: wait for the pause itself."""
+    from prefect import get_client
+
+    deadline = time.monotonic() + timeout
+    with get_client(sync_client=True) as client:
+        while True:
+            state = client.read_flow_run(flow_run_id).state
+            if state is not None and state.is_paused():
+                return
+            if state is not None and state.is_final():
+                raise RuntimeError(f"flow run {flow_run_id} ended ({state.name}) before it asked for approval")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"flow run {flow_run_id} did not pause within {timeout:g} s")
+            time.sleep(0.2)
+
+
+def answer(flow_run_id: str, decision: str, reviewer: str, comment: str = "", timeout: float = 60.0) -> None:
+    """Resume the paused flow run with a decision ("approve" or "reject")."""
+    from prefect.flow_runs import resume_flow_run
+
+    wait_until_paused(flow_run_id, timeout)
+    resume_flow_run(flow_run_id, run_input={"decision": decision, "reviewer": reviewer, "comment": comment})
