@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) examples/adult_release.py
+	.venv/bin/dprelease demo
 
 test: $(STAMP)
 	$(PY) -m pytest -n 2 -q
