@@ -92,13 +92,20 @@ def policy_add(
     max_epsilon: float = typer.Option(..., help="the largest epsilon one release may spend"),
     approval: str = typer.Option("manual", help="manual (the controller decides) or auto (approved when within)"),
     analyst: str = typer.Option(None, help="the analyst it covers (default: any)"),
+    evaluator: list[str] = typer.Option([], help="an evaluation function the analyst may use (repeatable)"),
 ) -> None:
-    """Add a standing policy. Example: dprelease policy add monthly --dataset adult --max-epsilon 0.1 --approval auto"""
+    """Add a standing policy. Example: dprelease policy add monthly --dataset adult --max-epsilon 0.1 --approval auto
+
+    Example: dprelease policy add ana --dataset adult --analyst ana --max-epsilon 1 --evaluator spearman_rank"""
+    from .evaluators import catalogue
     from .store import Store, StoreError
 
+    unknown = set(evaluator) - set(catalogue())
+    if unknown:
+        _fail(f"unknown evaluator(s) {sorted(unknown)}; the catalogue: {sorted(catalogue())}")
     try:
         Store(_settings().store_url).add_policy(name, dataset, max_epsilon_per_release=max_epsilon,
-                                                analyst=analyst, approval=approval)
+                                                analyst=analyst, approval=approval, evaluators=list(evaluator))
     except (StoreError, ValueError) as err:
         _fail(str(err))
     console.print(f"policy {name!r}: dataset {dataset!r}, at most epsilon {max_epsilon:g} per release, {approval} approval")
@@ -109,9 +116,12 @@ def policy_list(dataset: str) -> None:
     """The policies of a dataset."""
     from .store import Store
 
-    table = RichTable("name", "analyst", "max epsilon", "approval")
-    for p in Store(_settings().store_url).policies_for(dataset):
-        table.add_row(p.name, p.analyst or "any", f"{p.max_epsilon_per_release:g}", p.approval)
+    import json
+
+    table = RichTable("name", "analyst", "max epsilon", "approval", "evaluators")
+    for p in Store(_settings().store_url).all_policies(dataset):
+        table.add_row(p.name, p.analyst or "any", f"{p.max_epsilon_per_release:g}", p.approval,
+                      ", ".join(json.loads(p.evaluators_json or "[]")))
     console.print(table)
 
 
@@ -207,6 +217,28 @@ def release(
     console.print(result)
 
 
+def _in_background(fn) -> tuple[threading.Thread, dict]:
+    """Run a flow call in a thread (as a worker would); its result or error lands in the dict."""
+    out: dict = {}
+
+    def run() -> None:
+        try:
+            out["result"] = fn()
+        except BaseException as err:  # noqa: BLE001 - re-raised by _collect
+            out["error"] = err
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    return worker, out
+
+
+def _collect(worker: threading.Thread, out: dict) -> dict:
+    worker.join()
+    if "error" in out:
+        raise out["error"]
+    return out["result"]
+
+
 def run_release_interactively(settings: Settings, request, *, approve_as: str | None, timeout: int,
                               no_terminal_reviewer: str | None = None) -> dict:
     """Start the flow in this process, show the controller summary, and take the decision here:
@@ -216,24 +248,14 @@ def run_release_interactively(settings: Settings, request, *, approve_as: str | 
     from .approvals import answer
     from .store import Store
 
-    out: dict = {}
-
-    def run() -> None:
-        try:
-            out["result"] = release_flow(
-                dataset=request.dataset, sql=request.sql, query=request.query, title=request.title,
-                epsilon=request.epsilon, pri_p=request.pri.get("p") if request.epsilon_mode == "pri" else None,
-                risk=request.risk or None, delta=request.delta,
-                max_partitions_contributed=request.max_partitions_contributed, requested_by=request.requested_by,
-                approval_timeout=timeout, poll_interval=1,
-            )
-        except BaseException as err:  # noqa: BLE001 - reported to the caller below
-            out["error"] = err
-
     store = Store(settings.store_url)
     before = {r.id for r in store.list_releases()}
-    worker = threading.Thread(target=run, daemon=True)
-    worker.start()
+    worker, out = _in_background(lambda: release_flow(
+        dataset=request.dataset, sql=request.sql, query=request.query, title=request.title,
+        epsilon=request.epsilon, pri_p=request.pri.get("p") if request.epsilon_mode == "pri" else None,
+        risk=request.risk or None, delta=request.delta,
+        max_partitions_contributed=request.max_partitions_contributed, requested_by=request.requested_by,
+        approval_timeout=timeout, poll_interval=1))
     waiting = None
     while worker.is_alive() and waiting is None:
         waiting = next((r for r in store.list_releases(status="awaiting_approval") if r.id not in before), None)
@@ -244,10 +266,7 @@ def run_release_interactively(settings: Settings, request, *, approve_as: str | 
         console.print(f"[dim]controller report (signed, archive only): {summary_file}[/dim]")
         decision, reviewer, comment = _ask(approve_as, no_terminal_reviewer)
         answer(waiting.flow_run_id, decision, reviewer, comment)
-    worker.join()
-    if "error" in out:
-        raise out["error"]
-    return out["result"]
+    return _collect(worker, out)
 
 
 def _summary_markdown(settings: Settings, release_id: str) -> str:
@@ -267,6 +286,90 @@ def _ask(approve_as: str | None, no_terminal_reviewer: str | None) -> tuple[str,
     reviewer = typer.prompt("Your name (reviewer)", default=os.environ.get("USER", "controller"))
     comment = typer.prompt("Comment", default="")
     return ("approve" if answer.startswith("a") else "reject"), reviewer, comment
+
+
+@app.command()
+def evaluators() -> None:
+    """The catalogue of evaluation functions for utility signaling, with what each reveals."""
+    from .evaluators import catalogue
+
+    table = RichTable("name", "parameters", "what its value on raw data can reveal")
+    for name, ev in sorted(catalogue().items()):
+        table.add_row(name, ", ".join(ev.params), ev.reveals)
+    console.print(table)
+
+
+@app.command()
+def utility(
+    spec: Path = typer.Argument(..., help="a release request (.yaml or .json) with a fixed epsilon"),
+    evaluator: str = typer.Option(..., help="an evaluator the policy enables (see `dprelease evaluators`)"),
+    params: str = typer.Option("{}", help="the evaluator's parameters as JSON"),
+    timeout: int = typer.Option(3600, help="seconds to wait for each decision"),
+) -> None:
+    """Utility signaling: a DP release, then f(DP output) and f(raw output) with three approvals.
+    Each decision is asked here (or answered from the Prefect UI / `dprelease approve`).
+
+    Example: dprelease utility request.yaml --evaluator spearman_rank --params '{"column": "people", "other": "hours"}'"""
+    import json
+
+    from dp_core import DPError
+
+    from .requests import load_request
+
+    try:
+        request = load_request(spec)
+        result = run_utility_interactively(_settings(), request, evaluator, json.loads(params), timeout=timeout)
+    except (DPError, json.JSONDecodeError) as err:
+        _fail(str(err))
+    console.print(result)
+
+
+def run_utility_interactively(settings: Settings, request, evaluator: str, params: dict, *, timeout: int,
+                              no_terminal_reviewer: str | None = None) -> dict:
+    """The utility flow in this process; every pause is answered at a prompt (or automatically
+    as `no_terminal_reviewer` without a terminal)."""
+    from flows.utility import utility_flow
+
+    from .approvals import answer, wait_until_paused
+    from .store import Store
+
+    store = Store(settings.store_url)
+    before = {r.id for r in store.list_releases()}
+    worker, out = _in_background(lambda: utility_flow(
+        dataset=request.dataset, evaluator=evaluator, evaluator_params=params, sql=request.sql,
+        query=request.query, title=request.title, epsilon=request.epsilon, delta=request.delta,
+        max_partitions_contributed=request.max_partitions_contributed, requested_by=request.requested_by,
+        approval_timeout=timeout, poll_interval=1))
+    while worker.is_alive():
+        waiting = next((r for r in store.list_releases(status="awaiting_approval") if r.id not in before), None)
+        if waiting is None:
+            time.sleep(0.3)
+            continue
+        try:
+            wait_until_paused(waiting.flow_run_id, timeout)
+        except RuntimeError:
+            break
+        console.print(Markdown(_pause_description(waiting.flow_run_id)))
+        decision, reviewer, comment = _ask(None, no_terminal_reviewer)
+        answer(waiting.flow_run_id, decision, reviewer, comment)
+    return _collect(worker, out)
+
+
+def _pause_description(flow_run_id: str) -> str:
+    """The markdown shown above the pause form (the summary the controller decides on)."""
+    from prefect import get_client
+
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(flow_run_id)
+        keyset = run.state.state_details.run_input_keyset or {}
+        key = keyset.get("description")
+        if key:
+            try:
+                value = client.read_flow_run_input(flow_run_id, key)
+                return str(value).strip('"').encode().decode("unicode_escape")
+            except Exception:  # noqa: BLE001 - the description is a convenience
+                pass
+    return "A decision is needed."
 
 
 @app.command()

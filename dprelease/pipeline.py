@@ -276,6 +276,30 @@ def report_context(release_id: str, planned: Plan, decision: EpsilonDecision, ap
 
 # -- 9-10: decide, then publish or refund ------------------------------------------------------------
 
+def check_policy(platform: Platform, request: ReleaseRequest, epsilon: float | None,
+                 evaluator: str | None = None) -> None:
+    """A dataset with policies accepts only the requests one of them allows (analyst, epsilon per
+    release, evaluator); refused before any computation, with the reason."""
+    every = platform.store.all_policies(request.dataset)
+    if not every:
+        if evaluator is not None:
+            raise ReleaseError(f"evaluator {evaluator!r} is not enabled: dataset {request.dataset!r} has no policy")
+        return
+    mine = [p for p in every if p.analyst in (None, request.requested_by)]
+    if not mine:
+        raise ReleaseError(f"no policy lets {request.requested_by or 'an anonymous analyst'} query dataset "
+                           f"{request.dataset!r}: nothing was computed")
+    if epsilon is not None and all(epsilon > p.max_epsilon_per_release + 1e-12 for p in mine):
+        limit = max(p.max_epsilon_per_release for p in mine)
+        raise ReleaseError(f"epsilon {epsilon:g} is above the policy limit {limit:g} per release on dataset "
+                           f"{request.dataset!r}: nothing was computed and no budget was spent")
+    if evaluator is not None:
+        enabled = {name for p in mine for name in json.loads(p.evaluators_json or "[]")}
+        if evaluator not in enabled:
+            raise ReleaseError(f"evaluator {evaluator!r} is not enabled for this analyst on {request.dataset!r} "
+                               f"(enabled: {sorted(enabled) or 'none'}): nothing was computed")
+
+
 def covering_policy(platform: Platform, request: ReleaseRequest, epsilon: float):
     """A standing policy with automatic approval that allows this epsilon, if any."""
     for policy in platform.store.policies_for(request.dataset, request.requested_by):
@@ -341,3 +365,72 @@ def refund(platform: Platform, release_id: str, status: str, by: str | None, com
             raise
     platform.store.update_release(release_id, status=status, decision_by=by, decision_comment=comment,
                                   decided_at=datetime.now(timezone.utc))
+
+
+# -- utility signaling (pri.md, "Utility signaling protocol") -----------------------------------
+
+def enabled_evaluators(platform: Platform, request: ReleaseRequest) -> list[str]:
+    """The evaluator names the dataset's policies enable for this analyst."""
+    names = set()
+    for p in platform.store.all_policies(request.dataset):
+        if p.analyst in (None, request.requested_by):
+            names.update(json.loads(p.evaluators_json or "[]"))
+    return sorted(names)
+
+
+def utility_tables(result: dp.DPResult) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The released table and the same groups without noise (controller only), same columns."""
+    keys = list(result.query.group_by)
+    labels = [a.label for a in result.query.aggregates]
+    released = result.table[keys + labels].reset_index(drop=True)
+    exact = result.controller_only.exact
+    exact = exact[exact["released"]][keys + labels]
+    if keys:
+        raw = released[keys].merge(exact, on=keys, how="left")
+    else:
+        raw = exact.reset_index(drop=True)
+    return released, raw[keys + labels]
+
+
+def evaluate_utility(platform: Platform, release_id: str, result: dp.DPResult, name: str, params: dict,
+                     enabled: list[str]) -> dict:
+    """f(DP output) and f(output without noise), withheld in the archive (controller only)."""
+    from . import evaluators
+
+    evaluator = evaluators.enabled_evaluator(name, enabled)
+    released, raw = utility_tables(result)
+    utility = {"name": name, "description": evaluator.description, "reveals": evaluator.reveals,
+               "params": json.dumps(params, sort_keys=True), "f_dp": evaluator(released, params),
+               "f_raw": evaluator(raw, params)}
+    path = platform.settings.archive_dir / release_id / "utility.json"
+    path.write_text(json.dumps(utility, indent=2))
+    return utility
+
+
+def utility_summary(utility: dict) -> str:
+    return "\n".join([
+        f"## Utility signal: `{utility['name']}`", f"{utility['description']}; parameters `{utility['params']}`",
+        "", f"- on the DP output: **{utility['f_dp']:.6g}**",
+        f"- on the output without noise (not DP): **{utility['f_raw']:.6g}**",
+        "", f"What the second number can reveal: {utility['reveals']}.",
+        "", "Approve to release both numbers to the analyst; reject to keep them withheld.",
+    ])
+
+
+def publish_utility(platform: Platform, release_id: str, planned: Plan, decision: EpsilonDecision,
+                    result: dp.DPResult, utility: dict, approved_by: str) -> Path:
+    """The last approval: the analyst report gains its utility-signal section; the release is
+    signed again (its manifest now lists utility.json)."""
+    ds = platform.store.get_dataset(planned.request.dataset)
+    directory = platform.settings.publication_dir / release_id
+    release = platform.store.get_release(release_id)
+    ctx = report_context(release_id, planned, decision, approved_by=release.decision_by, decided_at=now())
+    shown = {k: utility[k] for k in ("name", "description", "params")}
+    shown.update(f_dp=f"{utility['f_dp']:.6g}", f_raw=f"{utility['f_raw']:.6g}", status=f"approved by {approved_by}")
+    ctx = replace(ctx, dataset_fingerprint=ds.fingerprint, verify_hint=f"dprelease verify {directory}", utility=shown)
+    (directory / "index.html").write_text(reports.render_analyst_report(result, ctx))
+    (directory / "utility.json").write_text(json.dumps({**shown, "reveals": utility["reveals"]}, indent=2))
+    facts = json.loads((directory / signing.MANIFEST).read_text())["facts"]
+    facts["utility_signal"] = {"evaluator": utility["name"], "approved_by": approved_by}
+    signing.sign_directory(directory, facts, signing.load_private_key(platform.settings.signing_key_file))
+    return directory

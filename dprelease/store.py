@@ -524,6 +524,11 @@ class Store:
         with self._transaction() as session:
             return list(session.exec(query.order_by(Policy.name)).all())
 
+    def all_policies(self, dataset: str) -> list[Policy]:
+        """Every policy of a dataset, whoever it covers (a dataset with none is open to requests)."""
+        with self._transaction() as session:
+            return list(session.exec(select(Policy).where(Policy.dataset == dataset).order_by(Policy.name)).all())
+
 
 # --- budget arithmetic (module level so tests can slow it down to widen race windows) -------------
 

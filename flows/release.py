@@ -1,8 +1,9 @@
 """The release flow: the recipe of platform.md, read top-down.
 
-1 load (inside each step, in memory) -> 2 check -> 3 plan -> 4 bounds (inside the engine, when
-missing) -> 5 choose epsilon -> 6 reserve -> 7 compute and seal -> 8 summarise -> 9 decide ->
-10 publish, or refund. Any failure after the reservation refunds it; nothing is published.
+1 load (inside each step, in memory) -> 2 check -> 3 plan and policy -> 4 bounds (inside the
+engine, when missing) -> 5 choose epsilon -> 6 reserve -> 7 compute and seal -> 8 summarise ->
+9 decide -> 10 publish, or refund. Any failure after the reservation refunds it; nothing is
+published.
 """
 
 from __future__ import annotations
@@ -53,26 +54,14 @@ def release_flow(
     risk (trust, sensitivity, max_risk, max_noise, n: choose it from the risk model).
     require_policy: refuse (and refund) unless a standing policy approves it: for schedules."""
     settings = Settings.from_env()
-    request = parse_request(_request_fields(dataset, sql, query, title, epsilon, pri_p, risk, delta,
-                                            max_partitions_contributed, requested_by))
+    request = parse_request(request_fields(dataset, sql, query, title, epsilon, pri_p, risk, delta,
+                                           max_partitions_contributed, requested_by))
     release_id = str(flow_run.id or uuid.uuid4())
     platform = pipeline.Platform.open(settings)
-    _record(platform, release_id, request)
-    try:
-        steps.check_data(settings, dataset)
-        planned = steps.plan(settings, request)
-        decision = steps.choose_epsilon(settings, planned)
-        steps.reserve_budget(settings, release_id, planned, decision.epsilon)
-        steps.compute(settings, release_id, planned, decision)
-        summary = steps.summarise(settings, release_id, planned, decision)
-        verdict = _decide(platform, release_id, planned, decision, summary, auto_approve_policy,
-                          require_policy, approval_timeout, poll_interval)
-    except FlowPauseTimeout:
-        steps.refund(settings, release_id, "expired", None, "nobody answered in time")
-        raise
-    except Exception as err:
-        steps.refund(settings, release_id, "failed", None, str(err)[:500])
-        raise
+    record(platform, release_id, request)
+    steps.check_policy(settings, request)
+    planned, decision, verdict = prepare_and_decide(
+        settings, platform, release_id, request, auto_approve_policy, require_policy, approval_timeout, poll_interval)
     if verdict.decision == "approve":
         where = steps.publish(settings, release_id, planned, decision, verdict.reviewer, verdict.comment)
         return {"release_id": release_id, "status": "published", "directory": where}
@@ -80,7 +69,50 @@ def release_flow(
     return {"release_id": release_id, "status": "rejected"}
 
 
-def _request_fields(dataset, sql, query, title, epsilon, pri_p, risk, delta, cu, requested_by) -> dict:
+def prepare_and_decide(settings, platform, release_id, request, auto_approve_policy, require_policy, timeout,
+                       poll_interval):
+    """Steps 2-9: everything up to the controller's decision; refunds on any failure."""
+    try:
+        steps.check_data(settings, request.dataset)
+        planned = steps.plan(settings, request)
+        decision = steps.choose_epsilon(settings, planned)
+        steps.reserve_budget(settings, release_id, planned, decision.epsilon)
+        steps.compute(settings, release_id, planned, decision)
+        summary = steps.summarise(settings, release_id, planned, decision)
+        policy = pipeline.covering_policy(platform, request, decision.epsilon) if auto_approve_policy else None
+        if policy is not None:
+            get_run_logger().info("auto-approved by policy %s", policy.name)
+            verdict = ReleaseDecision(decision="approve", reviewer=f"policy:{policy.name}", comment="standing policy")
+        elif require_policy:
+            raise pipeline.ReleaseError(
+                f"no standing policy with automatic approval covers epsilon {decision.epsilon:g} on dataset "
+                f"{request.dataset!r}: a scheduled release needs one (dprelease policy add ...)"
+            )
+        else:
+            verdict = ask_controller(platform, release_id, summary, f"approval-{release_id}", timeout, poll_interval)
+    except FlowPauseTimeout:
+        steps.refund(settings, release_id, "expired", None, "nobody answered in time")
+        raise
+    except Exception as err:
+        steps.refund(settings, release_id, "failed", None, str(err)[:500])
+        raise
+    return planned, decision, verdict
+
+
+def ask_controller(platform, release_id: str, description: str, key: str, timeout: int, poll_interval: int,
+                   answered: str = "pending") -> ReleaseDecision:
+    """Pause for the controller's typed decision (the UI's Resume form, or `dprelease approve`);
+    the release's status is `awaiting_approval` during the pause and `answered` after it."""
+    platform.store.update_release(release_id, status="awaiting_approval")
+    form = ReleaseDecision.with_initial_data(description=description, decision="approve", reviewer="")
+    answer = pause_flow_run(wait_for_input=form, timeout=timeout, poll_interval=poll_interval, key=key)
+    platform.store.update_release(release_id, status=answered)
+    if not answer.reviewer.strip():  # the UI may drop field constraints: validate here
+        raise pipeline.ReleaseError("the decision must name the reviewer")
+    return answer
+
+
+def request_fields(dataset, sql, query, title, epsilon, pri_p, risk, delta, cu, requested_by) -> dict:
     fields = {"dataset": dataset, "title": title, "delta": delta, "max_partitions_contributed": cu,
               "requested_by": requested_by}
     fields.update({"sql": sql} if sql else {"query": query})
@@ -96,31 +128,10 @@ def _request_fields(dataset, sql, query, title, epsilon, pri_p, risk, delta, cu,
     return fields
 
 
-def _record(platform: pipeline.Platform, release_id: str, request) -> None:
+def record(platform: pipeline.Platform, release_id: str, request) -> None:
     """The release's row in the store (kept as it is when a run is retried or resumed)."""
     try:
         platform.store.get_release(release_id)
     except Exception:
         platform.store.add_release(request.dataset, request.to_json(), release_id=release_id,
                                    flow_run_id=str(flow_run.id) if flow_run.id else None)
-
-
-def _decide(platform, release_id, planned, decision, summary, auto_approve_policy, require_policy, timeout,
-            poll_interval) -> ReleaseDecision:
-    """A standing policy that covers the release approves it; otherwise the controller does."""
-    policy = pipeline.covering_policy(platform, planned.request, decision.epsilon) if auto_approve_policy else None
-    if policy is not None:
-        get_run_logger().info("auto-approved by policy %s", policy.name)
-        return ReleaseDecision(decision="approve", reviewer=f"policy:{policy.name}", comment="standing policy")
-    if require_policy:
-        raise pipeline.ReleaseError(
-            f"no standing policy with automatic approval covers epsilon {decision.epsilon:g} on dataset "
-            f"{planned.request.dataset!r}: a scheduled release needs one (dprelease policy add ...)"
-        )
-    platform.store.update_release(release_id, status="awaiting_approval")
-    form = ReleaseDecision.with_initial_data(description=summary, decision="approve", reviewer="")
-    answer = pause_flow_run(wait_for_input=form, timeout=timeout, poll_interval=poll_interval,
-                            key=f"approval-{release_id}")
-    if not answer.reviewer.strip():  # the UI may drop field constraints: validate here
-        raise pipeline.ReleaseError("the decision must name the reviewer")
-    return answer

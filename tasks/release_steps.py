@@ -35,6 +35,12 @@ def check_data(settings: Settings, dataset: str) -> str:
     return report.summary()
 
 
+@task(name="check-policy")
+def check_policy(settings: Settings, request: ReleaseRequest, evaluator: str | None = None) -> None:
+    """The analyst's policy, before anything is computed (epsilon checked when fixed)."""
+    pipeline.check_policy(_platform(settings), request, request.epsilon, evaluator)
+
+
 @task(name="plan")
 def plan(settings: Settings, request: ReleaseRequest) -> pipeline.Plan:
     return pipeline.plan(_platform(settings), request)
@@ -42,7 +48,11 @@ def plan(settings: Settings, request: ReleaseRequest) -> pipeline.Plan:
 
 @task(name="choose-epsilon")
 def choose_epsilon(settings: Settings, planned: pipeline.Plan) -> pipeline.EpsilonDecision:
-    return pipeline.choose_epsilon(_platform(settings), planned)
+    """Epsilon, then the policy's limit on it (before any budget is reserved)."""
+    platform = _platform(settings)
+    decision = pipeline.choose_epsilon(platform, planned)
+    pipeline.check_policy(platform, planned.request, decision.epsilon)
+    return decision
 
 
 @task(name="reserve-budget")
@@ -89,3 +99,27 @@ def publish(settings: Settings, release_id: str, planned: pipeline.Plan, decisio
 @task(name="refund")
 def refund(settings: Settings, release_id: str, status: str, by: str | None, comment: str) -> None:
     pipeline.refund(_platform(settings), release_id, status, by, comment)
+
+
+@task(name="evaluate-utility")
+def evaluate_utility(settings: Settings, release_id: str, planned: pipeline.Plan, decision: pipeline.EpsilonDecision,
+                     evaluator: str, params: dict) -> str:
+    """f(DP output) and f(raw output), withheld in the archive; the summary for the last approval."""
+    platform = _platform(settings)
+    result = pipeline.compute_sealed(platform, release_id, planned, decision)
+    utility = pipeline.evaluate_utility(platform, release_id, result, evaluator, params,
+                                        pipeline.enabled_evaluators(platform, planned.request))
+    markdown = pipeline.utility_summary(utility)
+    create_markdown_artifact(markdown, key=f"utility-{release_id[:12].lower()}", description="utility signal (withheld)")
+    return markdown
+
+
+@task(name="publish-utility")
+def publish_utility(settings: Settings, release_id: str, planned: pipeline.Plan, decision: pipeline.EpsilonDecision,
+                    approved_by: str) -> str:
+    import json
+
+    platform = _platform(settings)
+    result = pipeline.compute_sealed(platform, release_id, planned, decision)
+    utility = json.loads((platform.settings.archive_dir / release_id / "utility.json").read_text())
+    return str(pipeline.publish_utility(platform, release_id, planned, decision, result, utility, approved_by))

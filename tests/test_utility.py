@@ -1,0 +1,190 @@
+"""Utility signaling and analyst policies (issue 6), on a real Prefect API and store."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from dprelease import evaluators
+
+SQL = ("SELECT WITH ANONYMIZATION education, sex, ANON_COUNT(*, 1) AS people, ANON_AVG(hours_per_week, 1, 99) AS hours "
+       "FROM adult GROUP BY education, sex")
+RANK = {"column": "people", "other": "hours"}
+DATA = Path(__file__).resolve().parents[1] / "examples" / "data" / "adult.csv.gz"
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    home = tmp_path_factory.mktemp("utility-home")
+    saved = os.environ.get("DPRELEASE_HOME")
+    os.environ["DPRELEASE_HOME"] = str(home)
+    os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+    from prefect.testing.utilities import prefect_test_harness
+
+    from dprelease import admin
+    from dprelease.settings import Settings
+    from dprelease.store import Store
+
+    settings = Settings.from_env()
+    admin.init(settings)
+    admin.register_dataset(settings, "adult", DATA, "person_id", epsilon_cap=20, add_row_id=True)
+    Store(settings.store_url).add_policy("analysts", "adult", max_epsilon_per_release=2.0, analyst="ana",
+                                        evaluators=["spearman_rank", "top_k_groups"])
+    with prefect_test_harness(server_startup_timeout=120):
+        yield settings
+    if saved is None:
+        os.environ.pop("DPRELEASE_HOME", None)
+    else:
+        os.environ["DPRELEASE_HOME"] = saved
+
+
+def run_utility(env, answers, **params):
+    """Start the utility flow and give the answers in order (approve/reject), one per pause."""
+    from dprelease.approvals import answer, wait_until_paused
+    from dprelease.pipeline import Platform
+    from flows.utility import utility_flow
+
+    platform = Platform.open(env)
+    known = {r.id for r in platform.store.list_releases()}
+    box: dict = {}
+    kwargs = {"dataset": "adult", "sql": SQL, "epsilon": 1.0, "evaluator": "spearman_rank", "evaluator_params": RANK,
+              "requested_by": "ana", "poll_interval": 1, "approval_timeout": 120, **params}
+
+    def target():
+        try:
+            box["result"] = utility_flow(**kwargs)
+        except BaseException as err:  # noqa: BLE001
+            box["error"] = err
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    snapshots = []
+    for decision in answers:
+        rel = _wait_awaiting(platform, known, thread)
+        if rel is None:
+            break
+        wait_until_paused(rel.flow_run_id)  # this pause (resuming sets the run Running at once)
+        snapshots.append(_analyst_text(env, rel.id))
+        answer(rel.flow_run_id, decision, "carla", f"step {len(snapshots)}")
+    thread.join(180)
+    return box, snapshots
+
+
+def _wait_awaiting(platform, known, thread, timeout=120):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and thread.is_alive():
+        for rel in platform.store.list_releases(status="awaiting_approval"):
+            if rel.id not in known:
+                return rel
+        time.sleep(0.2)
+    return None
+
+
+def _analyst_text(env, release_id) -> str:
+    directory = env.publication_dir / release_id
+    if not directory.exists():
+        return ""
+    return "".join(p.read_text(errors="ignore") for p in directory.rglob("*") if p.is_file())
+
+
+def _raw_value(env, release_id) -> str:
+    return f"{json.loads((env.archive_dir / release_id / 'utility.json').read_text())['f_raw']:.6g}"
+
+
+def test_all_three_approvals_release_the_utility_signal(env):
+    from dprelease import signing
+
+    box, snapshots = run_utility(env, ["approve", "approve", "approve"])
+    result = box["result"]
+    assert result["utility"] == "released", box
+    rid = result["release_id"]
+    raw = _raw_value(env, rid)
+    # before the last approval, f(raw) was in no analyst output; after it, it is
+    assert all(raw not in s for s in snapshots)
+    text = _analyst_text(env, rid)
+    assert "Utility signal" in text and raw in text and "spearman_rank" in text
+    report = signing.verify_directory(Path(result["directory"]), env.public_key_file)
+    assert report.ok and report.facts["utility_signal"]["evaluator"] == "spearman_rank"
+    assert (Path(result["directory"]) / "utility.json").exists()
+
+
+@pytest.mark.parametrize("stop", [1, 2, 3])
+def test_a_rejection_at_each_approval_stops_the_flow_there(env, stop):
+    answers = ["approve"] * (stop - 1) + ["reject"]
+    box, _ = run_utility(env, answers)
+    result = box["result"]
+    rid = result["release_id"]
+    assert result["stopped_at"] == stop
+    published = env.publication_dir / rid
+    if stop == 1:
+        assert result["status"] == "rejected" and not published.exists()
+        from dprelease.pipeline import Platform
+
+        assert Platform.open(env).store.ledger_entry(rid).status == "refunded"
+        return
+    assert published.exists() and not (published / "utility.json").exists()
+    text = _analyst_text(env, rid)
+    assert "Utility signal" not in text
+    utility_file = env.archive_dir / rid / "utility.json"
+    if stop == 2:
+        assert not utility_file.exists()  # never computed
+    else:
+        assert _raw_value(env, rid) not in text  # computed, withheld for good
+
+
+def test_an_evaluator_that_is_not_enabled_is_refused_before_anything_is_computed(env):
+    from dprelease.pipeline import Platform
+
+    platform = Platform.open(env)
+    before = platform.store.budget("adult")
+    box, _ = run_utility(env, [], evaluator="l2_distance", evaluator_params={"column": "people", "reference": [1]})
+    assert "error" in box and "not enabled" in str(box["error"])
+    assert platform.store.budget("adult") == before
+    box, _ = run_utility(env, [], evaluator="spearman_rank", evaluator_params={"column": "people", "colour": "x"})
+    assert "error" in box and "unknown parameter" in str(box["error"])
+
+
+def test_policy_violations_are_refused_with_nothing_computed(env):
+    from dprelease.pipeline import Platform
+
+    platform = Platform.open(env)
+    before = platform.store.budget("adult")
+    sealed_before = set(env.archive_dir.glob("*/sealed-result.fernet"))
+    box, _ = run_utility(env, [], epsilon=5.0)  # above the policy's 2.0 per release
+    assert "error" in box and "above the policy limit 2" in str(box["error"])
+    box, _ = run_utility(env, [], requested_by="mallory")  # no policy for this analyst
+    assert "error" in box and "no policy lets mallory" in str(box["error"])
+    assert platform.store.budget("adult") == before
+    assert set(env.archive_dir.glob("*/sealed-result.fernet")) == sealed_before
+
+
+def test_the_catalogue_documents_what_raw_values_reveal_and_loads_entry_points(monkeypatch):
+    for ev in evaluators.BUILTIN.values():
+        assert ev.reveals.startswith("on raw data") and ev.description
+    table = pd.DataFrame({"g": ["a", "b", "c", "d"], "n": [10.0, 20.0, 30.0, 40.0], "m": [1.0, 2.0, 3.0, 5.0]})
+    assert evaluators.BUILTIN["spearman_rank"](table, {"column": "n", "other": "m"}) == pytest.approx(1.0)
+    assert evaluators.BUILTIN["top_k_groups"](table, {"column": "n", "k": 2, "key": "g", "expected": ["d", "a"]}) == 0.5
+    assert evaluators.BUILTIN["threshold_share"](table, {"column": "n", "threshold": 25}) == 0.5
+    assert evaluators.BUILTIN["l1_distance"](table, {"column": "n", "reference": [10, 20, 30, 30]}) == 10
+    votes = pd.DataFrame({"sex": ["F", "F", "M", "M"], "income": ["hi", "lo", "hi", "lo"], "n": [5.0, 9.0, 8.0, 3.0]})
+    test = [{"sex": "F", "income": "lo"}, {"sex": "M", "income": "lo"}]
+    assert evaluators.BUILTIN["majority_classifier_accuracy"](
+        votes, {"label": "income", "count": "n", "features": ["sex"], "test": test}) == 0.5
+
+    class FakeEntryPoint:
+        name = "custom_gap"
+
+        def load(self):
+            return evaluators.Evaluator("custom_gap", lambda t, column: float(t[column].max() - t[column].min()),
+                                        {"column": (str, True)}, "on raw data: the true range", "range of a column")
+
+    monkeypatch.setattr(evaluators, "entry_points", lambda group: [FakeEntryPoint()] if group == evaluators.GROUP else [])
+    assert evaluators.enabled_evaluator("custom_gap", ["custom_gap"])(table, {"column": "n"}) == 30
+    with pytest.raises(Exception, match="not enabled"):
+        evaluators.enabled_evaluator("custom_gap", ["spearman_rank"])
