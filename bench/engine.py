@@ -22,11 +22,11 @@ import duckdb
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-import workload  # noqa: E402
+import workload
 
-import dp_core as dp  # noqa: E402
-from dp_core import noise  # noqa: E402
-from dp_core.partition_selection import discrete_laplace_threshold, truncated_geometric_keep_probability  # noqa: E402
+import dp_core as dp
+from dp_core import noise
+from dp_core.partition_selection import discrete_laplace_threshold, truncated_geometric_keep_probability
 
 REPEATS = 3
 CU, ROW_BOUND, SUM_BOUND, EPSILON, DELTA = 4, 10, 1000, 1.0, 1e-6

@@ -23,8 +23,8 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import dp_core as dp  # noqa: E402
-from dp_core import pri  # noqa: E402
+import dp_core as dp
+from dp_core import pri
 
 COPIES = 31
 P = 50.0

@@ -23,7 +23,6 @@ from .intervals import sum_halfwidth, sum_sd
 from .query import Aggregate
 from .sql_text import ident, literal
 
-
 #: per-unit values of real components are quantised to 2^(floor(log2 M) - QUANTUM_BITS), M the
 #: largest |value|: a per-unit value is at most 2^33 quanta, so sums of up to 2^29 units fit BIGINT.
 QUANTUM_BITS = 32

@@ -34,7 +34,7 @@ class DuckDBBackend:
     dialect: str = "duckdb"
 
     @classmethod
-    def for_input(cls, data, threads: int | None = None) -> "DuckDBBackend":
+    def for_input(cls, data, threads: int | None = None) -> DuckDBBackend:
         """Make `data` queryable as `dp_input` without copying it (a prepared backend is used as is)."""
         if isinstance(data, DuckDBBackend):
             return data
@@ -47,7 +47,7 @@ class DuckDBBackend:
         return cls(con, frame=data if isinstance(data, pd.DataFrame) else None)
 
     @classmethod
-    def for_tables(cls, tables: dict, threads: int | None = None) -> "DuckDBBackend":
+    def for_tables(cls, tables: dict, threads: int | None = None) -> DuckDBBackend:
         """Several named inputs (for SQL queries); `define_input` then sets `dp_input`."""
         con = duckdb.connect(":memory:")
         if threads:

@@ -16,15 +16,15 @@ import pandas as pd
 from .accounting import BudgetPlan, plan_budget
 from .aggregates import finish
 from .backend import INTEGER_TYPES, NUMERIC_TYPES, DuckDBBackend
-from .bounds import BoundsError, InferredBounds, histogram_sql, infer_bounds
 from .bounding import INPUT_NAME, BoundingPlan, build_plan, public_keys_sql, unit_rows_sql
+from .bounds import BoundsError, InferredBounds, histogram_sql, infer_bounds
 from .errors import InvalidDataError, InvalidQueryError
 from .partition_selection import STRATEGIES, Selection
 from .quantiles import dense_histograms, exponential_quantile
 from .query import Query
 from .release import add_noise
-from .row_filter import compile_filter
 from .result import CI_NOTE, ClampingLoss, ControllerOnly, DPResult
+from .row_filter import compile_filter
 from .sql_text import ident
 
 NUMERIC_KINDS = ("sum", "avg", "var", "stddev", "quantile")

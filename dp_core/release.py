@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from .accounting import Share
+from .errors import DPError
 from .noise import (
     discrete_gaussian,
     discrete_gaussian_halfwidth,
@@ -21,8 +22,6 @@ from .noise import (
     discrete_laplace_halfwidth,
     real_grid,
 )
-from .errors import DPError
-
 
 #: the largest noise scale per unit of sensitivity: with at most 2^12 grid steps per unit of
 #: sensitivity, the scale stays below 2^32 steps, where the float64 inversion of the samplers is

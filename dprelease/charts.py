@@ -15,10 +15,10 @@ import io
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
 
-from dp_core import risk as risk_model  # noqa: E402
+from dp_core import risk as risk_model
 
 plt.rcParams["svg.fonttype"] = "none"  # text stays text (smaller, selectable)
 

@@ -114,9 +114,9 @@ def policy_add(
 @policy_app.command("list")
 def policy_list(dataset: str) -> None:
     """The policies of a dataset."""
-    from .store import Store
-
     import json
+
+    from .store import Store
 
     table = RichTable("name", "analyst", "max epsilon", "approval", "evaluators")
     for p in Store(_settings().store_url).all_policies(dataset):
@@ -205,9 +205,9 @@ def release(
     """Run the release flow for a request and decide here (a prompt), or from the Prefect UI.
 
     Example: dprelease release examples/request.yaml"""
-    from .requests import load_request
-
     from dp_core import DPError
+
+    from .requests import load_request
 
     try:
         request = load_request(spec)

@@ -35,7 +35,7 @@ def prepare_environment() -> Path:
 
 
 def run_demo(console) -> dict:
-    home = prepare_environment()
+    prepare_environment()
     from . import admin, signing
     from .cli import run_release_interactively
     from .requests import parse_request

@@ -13,7 +13,7 @@ import hashlib
 import json
 import pickle
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pandas as pd
@@ -21,7 +21,7 @@ from cryptography.fernet import Fernet, InvalidToken
 
 import dp_core as dp
 from dp_core import pri, risk
-from dp_core.sql import Table, compile_for, postprocess, run_sql
+from dp_core.sql import Table, compile_for, run_sql
 
 from . import checks, escrow, reports, signing
 from .requests import ReleaseRequest, query_from_spec
@@ -41,7 +41,7 @@ class Platform:
     store: Store
 
     @classmethod
-    def open(cls, settings: Settings) -> "Platform":
+    def open(cls, settings: Settings) -> Platform:
         store = Store(settings.store_url)
         store.create_all()
         return cls(settings, store)
@@ -51,7 +51,7 @@ class Platform:
 
 
 def now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 # -- 1-2: load and check -----------------------------------------------------------------------
@@ -131,8 +131,10 @@ def choose_epsilon(platform: Platform, planned: Plan) -> EpsilonDecision:
             choice = pri.choose_epsilon_public(planned.query, p, beta=float(req.pri.get("beta", 0.5)),
                                                spent=spent, cap=cap)
         else:
+            if planned.sql:
+                raise ReleaseError("PRI data mode needs a query spec, not SQL; use public mode or a `query:` spec")
             _, frame = load_frame(platform, req.dataset)
-            choice = pri.choose_epsilon_data(_data_query(platform, planned, frame), frame, p, spent=spent, cap=cap)
+            choice = pri.choose_epsilon_data(planned.query, frame, p, spent=spent, cap=cap)
         return EpsilonDecision(choice.epsilon, "pri", f"chosen from the privacy risk indicator (p = {p:g}, "
                                f"{mode} mode): {choice.guarantee}", pri_choice=choice)
     r = req.risk
@@ -140,12 +142,6 @@ def choose_epsilon(platform: Platform, planned: Plan) -> EpsilonDecision:
                                  max_noise=float(r["max_noise"]), n=int(r["n"]), m=int(r.get("m", 1)),
                                  p=float(r.get("p", 0.9)), prefer=r.get("prefer", "privacy"))
     return EpsilonDecision(choice.epsilon, "risk", choice.summary, risk_choice=choice)
-
-
-def _data_query(platform: Platform, planned: Plan, frame: pd.DataFrame) -> dp.Query:
-    if planned.sql:
-        raise ReleaseError("PRI data mode needs a query spec, not SQL; use public mode or a `query:` spec")
-    return planned.query
 
 
 # -- 7: compute and seal -------------------------------------------------------------------------
@@ -270,7 +266,7 @@ def report_context(release_id: str, planned: Plan, decision: EpsilonDecision, ap
         request_text=req.text, requested_by=req.requested_by, approved_by=approved_by, decided_at=decided_at,
         created_at=now(), epsilon_mode=decision.mode, epsilon_explanation=decision.explanation,
         risk_summary=decision.risk_choice.summary if decision.risk_choice is not None else None, charts={},
-        verify_hint=f"dprelease verify <this directory>",
+        verify_hint="dprelease verify <this directory>",
     )
 
 
@@ -333,7 +329,7 @@ def publish(platform: Platform, release_id: str, planned: Plan, decision: Epsilo
     }
     manifest = signing.sign_directory(directory, facts, signing.load_private_key(platform.settings.signing_key_file))
     platform.store.update_release(release_id, status="published", decision_by=approved_by, decision_comment=comment,
-                                  decided_at=datetime.now(timezone.utc),
+                                  decided_at=datetime.now(UTC),
                                   artifacts_json=json.dumps({k: v["sha256"] for k, v in manifest["files"].items()}))
     write_index(platform)
     return directory
@@ -364,7 +360,7 @@ def refund(platform: Platform, release_id: str, status: str, by: str | None, com
         if "no budget reservation" not in str(err):
             raise
     platform.store.update_release(release_id, status=status, decision_by=by, decision_comment=comment,
-                                  decided_at=datetime.now(timezone.utc))
+                                  decided_at=datetime.now(UTC))
 
 
 # -- utility signaling (pri.md, "Utility signaling protocol") -----------------------------------

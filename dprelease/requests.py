@@ -49,7 +49,7 @@ class ReleaseRequest:
         return json.dumps(asdict(self), sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> "ReleaseRequest":
+    def from_json(cls, text: str) -> ReleaseRequest:
         return cls(**json.loads(text))
 
     @property

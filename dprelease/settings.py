@@ -49,7 +49,7 @@ class Settings:
         return self.key_dir / "signing_ed25519.pub.pem"
 
     @classmethod
-    def from_env(cls, environ: dict | None = None) -> "Settings":
+    def from_env(cls, environ: dict | None = None) -> Settings:
         env = os.environ if environ is None else environ
         home = Path(env.get("DPRELEASE_HOME", Path.home() / ".dprelease")).expanduser().resolve()
         store = env.get("DPRELEASE_STORE_URL") or f"sqlite:///{home / 'store.db'}"

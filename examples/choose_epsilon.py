@@ -12,9 +12,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import dp_core as dp  # noqa: E402
-from adult_release import load_adult  # noqa: E402
-from dp_core import pri, risk  # noqa: E402
+from adult_release import load_adult
+
+import dp_core as dp
+from dp_core import pri, risk
 
 
 def main() -> None:

@@ -20,6 +20,7 @@ from prefect.runtime import flow_run
 from dprelease import pipeline
 from dprelease.requests import parse_request
 from dprelease.settings import Settings
+from dprelease.store import StoreError
 from tasks import release_steps as steps
 
 
@@ -132,6 +133,6 @@ def record(platform: pipeline.Platform, release_id: str, request) -> None:
     """The release's row in the store (kept as it is when a run is retried or resumed)."""
     try:
         platform.store.get_release(release_id)
-    except Exception:
+    except StoreError:  # a first run: record it
         platform.store.add_release(request.dataset, request.to_json(), release_id=release_id,
                                    flow_run_id=str(flow_run.id) if flow_run.id else None)

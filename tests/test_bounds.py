@@ -20,7 +20,7 @@ def test_threshold_matches_its_derivation(eps, cu, bins, failure):
     assert (1 - p_empty_passes) ** (bins - 1) == pytest.approx(1 - failure, abs=1e-12)
     kd = bounds.discrete_threshold(eps, cu, bins, failure)
     q = math.exp(-e)
-    passes = lambda t: q ** (t + 1) / (1 + q)  # noqa: E731  P[discrete noise > t]
+    passes = lambda t: q ** (t + 1) / (1 + q)
     assert (1 - passes(kd)) ** (bins - 1) >= 1 - failure
     assert kd == 0 or (1 - passes(kd - 1)) ** (bins - 1) < 1 - failure
     assert abs(kd - k) <= 1 + 1 / e

@@ -27,7 +27,7 @@ def test_laplace_tau_matches_its_derivation(eps, delta, cu):
 def test_discrete_threshold_is_the_smallest_safe_integer(eps, delta, cu):
     T = ps.discrete_laplace_threshold(eps, delta, cu)
     q = math.exp(-eps / cu)
-    p_keep_single = lambda t: q ** (t - 1) / (1 + q) if t > 1 else 1.0  # noqa: E731  P[1 + K >= t]
+    p_keep_single = lambda t: q ** (t - 1) / (1 + q) if t > 1 else 1.0
     assert 1 - (1 - p_keep_single(T)) ** cu <= delta * (1 + 1e-12)
     assert 1 - (1 - p_keep_single(T - 1)) ** cu > delta
     assert abs(T - ps.laplace_tau(eps, delta, cu)) < 1 + 1 / (1 - q)  # close to the continuous tau
@@ -71,8 +71,8 @@ def test_laplace_sum_tail_formula_matches_monte_carlo_free_integration():
     from scipy import integrate
 
     b1, b2, x = 1.0, 2.5, 3.0
-    f = lambda y, b: math.exp(-abs(y) / b) / (2 * b)  # noqa: E731
-    tail = lambda t: integrate.quad(lambda y: f(y, b1) * (math.exp(-(t - y) / b2) / 2 if t - y >= 0 else 1 - math.exp((t - y) / b2) / 2), -60, 60, limit=400)[0]  # noqa: E731
+    f = lambda y, b: math.exp(-abs(y) / b) / (2 * b)
+    tail = lambda t: integrate.quad(lambda y: f(y, b1) * (math.exp(-(t - y) / b2) / 2 if t - y >= 0 else 1 - math.exp((t - y) / b2) / 2), -60, 60, limit=400)[0]
     two_sided = 2 * tail(x)
     assert laplace_mixture_tail(np.array([x]), np.array([[b1, b2]]))[0] == pytest.approx(two_sided, rel=1e-6)
     # one component: the plain Laplace quantile b ln(1/alpha)

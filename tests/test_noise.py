@@ -11,11 +11,11 @@ import math
 import numpy as np
 import pytest
 from scipy import stats
+from stats_helpers import discrete_laplace_jittered_cdf
 
 from dp_core import noise
 from dp_core.accounting import Share
 from dp_core.release import add_noise
-from stats_helpers import discrete_laplace_jittered_cdf
 
 N = 200_000
 SIGNIFICANCE = 1e-7
@@ -100,7 +100,6 @@ def test_discrete_gaussian_follows_its_law(sigma):
 
 def test_released_values_lie_on_the_power_of_two_grid():
     share = Share("x", epsilon=0.7)
-    exact = np.array([0.123456789, 1e6 + 0.3, -42.0])
     s = add_noise(np.array([123, 2**40 + 7, -42 * 2**30]), target="t", quantum=2.0**-30, sensitivity_quanta=int(3.5 * 2**30), max_partitions=2, share=share, noise="laplace",
                   confidence=0.95)
     g = s.record.grid
@@ -115,14 +114,14 @@ def test_halfwidths_are_the_smallest_with_miss_probability_at_most_alpha():
     for scale in (0.3, 1.0, 7.0, 120.0):
         q = math.exp(-1 / scale)
         m = noise.discrete_laplace_halfwidth(scale, 0.05)
-        miss = lambda mm: 2 * q ** (mm + 1) / (1 + q)  # noqa: E731
+        miss = lambda mm: 2 * q ** (mm + 1) / (1 + q)
         assert miss(m) <= 0.05 and (m == 0 or miss(m - 1) > 0.05)
     for sigma in (0.8, 5.0, 60.0):
         m = noise.discrete_gaussian_halfwidth(sigma, 0.05)
         k = np.arange(-2000, 2001)
         pmf = np.exp(-(k**2) / (2 * sigma**2))
         pmf /= pmf.sum()
-        miss = lambda mm: pmf[np.abs(k) > mm].sum()  # noqa: E731
+        miss = lambda mm: pmf[np.abs(k) > mm].sum()
         assert miss(m) <= 0.05 + 1e-12 and (m == 0 or miss(m - 1) > 0.05)
 
 

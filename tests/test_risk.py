@@ -7,8 +7,7 @@ import math
 
 import pytest
 
-from dp_core import InvalidQueryError
-from dp_core import risk
+from dp_core import InvalidQueryError, risk
 
 N, M = 4, 2
 
