@@ -40,18 +40,14 @@ class DuckDBBackend:
             return data
         if isinstance(data, duckdb.DuckDBPyRelation):
             return cls(None, relation=data)
-        con = duckdb.connect(":memory:")
-        if threads:
-            con.execute(f"SET threads = {int(threads)}")
+        con = _connect(threads)
         _register(con, INPUT_NAME, data)
         return cls(con, frame=data if isinstance(data, pd.DataFrame) else None)
 
     @classmethod
     def for_tables(cls, tables: dict, threads: int | None = None) -> DuckDBBackend:
         """Several named inputs (for SQL queries); `define_input` then sets `dp_input`."""
-        con = duckdb.connect(":memory:")
-        if threads:
-            con.execute(f"SET threads = {int(threads)}")
+        con = _connect(threads)
         frames = {}
         for name, data in tables.items():
             if isinstance(data, duckdb.DuckDBPyRelation):
@@ -105,6 +101,15 @@ class DuckDBBackend:
     def close(self) -> None:
         if self.connection is not None:
             self.connection.close()
+
+
+def _connect(threads: int | None) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB that never spills to disk (its temporary files would hold plaintext
+    rows): a query larger than memory fails instead of writing data out."""
+    con = duckdb.connect(":memory:", config={"temp_directory": ""})
+    if threads:
+        con.execute(f"SET threads = {int(threads)}")
+    return con
 
 
 def _register(con, name: str, data) -> None:

@@ -147,12 +147,22 @@ def verify(directory: Path, key: Path = typer.Option(None, help="the trusted pub
     Example: dprelease verify ~/.dprelease/published/<release id> --key signing_ed25519.pub.pem"""
     from . import signing
 
+    trusted = key
+    if trusted is None:
+        for candidate in (directory.parent / signing.PUBLIC_KEY, _settings().public_key_file):
+            if candidate.exists():
+                trusted = candidate
+                break
     try:
-        report = signing.verify_directory(directory, key)
+        report = signing.verify_directory(directory, trusted)
     except signing.SigningError as err:
         _fail(str(err))
+    if report.ok and trusted is None:
+        console.print(f"[yellow]INTACT, SIGNER UNKNOWN[/yellow] {directory}: the files match a signature made with the "
+                      "key inside the directory; give --key with the publisher's public key to check who signed")
+        raise typer.Exit(1)
     if report.ok:
-        console.print(f"[green]OK[/green] {directory}: signature valid, every file intact")
+        console.print(f"[green]OK[/green] {directory}: signed by the trusted key {trusted}, every file intact")
         return
     console.print(f"[red]FAILED[/red] {directory}")
     for problem in report.problems:

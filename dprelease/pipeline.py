@@ -10,8 +10,10 @@ a retried or resumed run finds it and never draws noise twice.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import pickle
+import shutil
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -191,6 +193,15 @@ def compute_sealed(platform: Platform, release_id: str, planned: Plan, decision:
     return result
 
 
+def open_sealed(platform: Platform, release_id: str, planned: Plan, decision: EpsilonDecision) -> dp.DPResult:
+    """The sealed result of a release for the steps after computing it: a missing seal is an
+    error (recomputing would draw new noise that nobody approved)."""
+    if not sealed_path(platform, release_id).exists():
+        raise ReleaseError(f"release {release_id} has no sealed result in {platform.settings.archive_dir}: "
+                           "refusing to compute new numbers after the compute step")
+    return compute_sealed(platform, release_id, planned, decision)
+
+
 # -- 8: the controller's summary -------------------------------------------------------------------
 
 def controller_summary(release_id: str, planned: Plan, decision: EpsilonDecision, result: dp.DPResult) -> str:
@@ -258,13 +269,19 @@ def _controller_charts(planned: Plan, decision: EpsilonDecision) -> dict[str, st
         p=float(r.get("p", 0.9)), chosen_eps=decision.epsilon)}
 
 
+def public_fingerprint(platform: Platform, fingerprint: str) -> str:
+    """What analysts see of the dataset's identity: an HMAC of its SHA-256 under the escrow key
+    (a bare hash of the plaintext would let someone who knows most rows confirm guesses offline)."""
+    return hmac.new(platform.escrow_key(), fingerprint.encode(), hashlib.sha256).hexdigest()
+
+
 def report_context(release_id: str, planned: Plan, decision: EpsilonDecision, approved_by: str | None,
-                   decided_at: str | None) -> reports.ReleaseContext:
+                   decided_at: str | None, created_at: str | None = None) -> reports.ReleaseContext:
     req = planned.request
     return reports.ReleaseContext(
         release_id=release_id, dataset=req.dataset, dataset_fingerprint="", privacy_unit=planned.query.privacy_unit,
         request_text=req.text, requested_by=req.requested_by, approved_by=approved_by, decided_at=decided_at,
-        created_at=now(), epsilon_mode=decision.mode, epsilon_explanation=decision.explanation,
+        created_at=created_at or now(), epsilon_mode=decision.mode, epsilon_explanation=decision.explanation,
         risk_summary=decision.risk_choice.summary if decision.risk_choice is not None else None, charts={},
         verify_hint="dprelease verify <this directory>",
     )
@@ -317,22 +334,50 @@ def publish(platform: Platform, release_id: str, planned: Plan, decision: Epsilo
     platform.store.commit(release_id)
     ds = platform.store.get_dataset(planned.request.dataset)
     directory = platform.settings.publication_dir / release_id
-    directory.mkdir(parents=True, exist_ok=True)
-    ctx = report_context(release_id, planned, decision, approved_by=approved_by, decided_at=now())
-    ctx = replace(ctx, dataset_fingerprint=ds.fingerprint, verify_hint=f"dprelease verify {directory}")
-    (directory / "index.html").write_text(reports.render_analyst_report(result, ctx))
-    reports.write_data_files(result, directory)
+    staging = _staging(platform, release_id)
+    ctx = _published_context(platform, release_id, planned, decision, approved_by, ds, directory)
+    (staging / "index.html").write_text(reports.render_analyst_report(result, ctx))
+    reports.write_data_files(result, staging)
     facts = {
-        "release_id": release_id, "dataset": ds.name, "dataset_fingerprint": ds.fingerprint,
+        "release_id": release_id, "dataset": ds.name, "dataset_fingerprint": ctx.dataset_fingerprint,
         "title": planned.request.title, "epsilon": result.epsilon_spent, "delta": result.delta_spent,
         "epsilon_mode": decision.mode, "approved_by": approved_by, "published_at": ctx.decided_at,
     }
-    manifest = signing.sign_directory(directory, facts, signing.load_private_key(platform.settings.signing_key_file))
+    manifest = signing.sign_directory(staging, facts, signing.load_private_key(platform.settings.signing_key_file))
+    _swap_in(staging, directory)
     platform.store.update_release(release_id, status="published", decision_by=approved_by, decision_comment=comment,
                                   decided_at=datetime.now(UTC),
                                   artifacts_json=json.dumps({k: v["sha256"] for k, v in manifest["files"].items()}))
     write_index(platform)
     return directory
+
+
+def _staging(platform: Platform, release_id: str) -> Path:
+    """An empty folder beside the publication, where a release is written and signed before it
+    appears (a failure leaves nothing half-written in the public directory)."""
+    staging = platform.settings.publication_dir / f".staging-{release_id}"
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir(parents=True)
+    return staging
+
+
+def _swap_in(staging: Path, directory: Path) -> None:
+    """Put the signed staging folder in place of the release directory (renames on one disk)."""
+    old = directory.with_name(f".old-{directory.name}")
+    if directory.exists():
+        directory.rename(old)
+    staging.rename(directory)
+    if old.exists():
+        shutil.rmtree(old)
+
+
+def _published_context(platform, release_id, planned, decision, approved_by, ds, directory) -> reports.ReleaseContext:
+    release = platform.store.get_release(release_id)
+    ctx = report_context(release_id, planned, decision, approved_by=approved_by, decided_at=now(),
+                         created_at=release.created_at.isoformat(timespec="seconds"))
+    hint = f"dprelease verify {directory} --key <the publisher's public key, {signing.PUBLIC_KEY} at the publication root>"
+    return replace(ctx, dataset_fingerprint=public_fingerprint(platform, ds.fingerprint), verify_hint=hint)
 
 
 def write_index(platform: Platform) -> Path:
@@ -349,6 +394,8 @@ def write_index(platform: Platform) -> Path:
     entries.sort(key=lambda e: e["published_at"], reverse=True)
     path = platform.settings.publication_dir / "index.html"
     path.write_text(reports.render_index(entries))
+    key = platform.settings.publication_dir / signing.PUBLIC_KEY  # the trusted key, published once
+    key.write_bytes(platform.settings.public_key_file.read_bytes())
     return path
 
 
@@ -420,13 +467,18 @@ def publish_utility(platform: Platform, release_id: str, planned: Plan, decision
     ds = platform.store.get_dataset(planned.request.dataset)
     directory = platform.settings.publication_dir / release_id
     release = platform.store.get_release(release_id)
-    ctx = report_context(release_id, planned, decision, approved_by=release.decision_by, decided_at=now())
+    staging = _staging(platform, release_id)
+    for name in ("results.csv", "results.json"):
+        shutil.copy2(directory / name, staging / name)
     shown = {k: utility[k] for k in ("name", "description", "params")}
     shown.update(f_dp=f"{utility['f_dp']:.6g}", f_raw=f"{utility['f_raw']:.6g}", status=f"approved by {approved_by}")
-    ctx = replace(ctx, dataset_fingerprint=ds.fingerprint, verify_hint=f"dprelease verify {directory}", utility=shown)
-    (directory / "index.html").write_text(reports.render_analyst_report(result, ctx))
-    (directory / "utility.json").write_text(json.dumps({**shown, "reveals": utility["reveals"]}, indent=2))
+    ctx = replace(_published_context(platform, release_id, planned, decision, release.decision_by, ds, directory),
+                  utility=shown)
+    (staging / "index.html").write_text(reports.render_analyst_report(result, ctx))
+    (staging / "utility.json").write_text(json.dumps({**shown, "reveals": utility["reveals"]}, indent=2))
     facts = json.loads((directory / signing.MANIFEST).read_text())["facts"]
     facts["utility_signal"] = {"evaluator": utility["name"], "approved_by": approved_by}
-    signing.sign_directory(directory, facts, signing.load_private_key(platform.settings.signing_key_file))
+    manifest = signing.sign_directory(staging, facts, signing.load_private_key(platform.settings.signing_key_file))
+    _swap_in(staging, directory)
+    platform.store.update_release(release_id, artifacts_json=json.dumps({k: v["sha256"] for k, v in manifest["files"].items()}))
     return directory

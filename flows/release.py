@@ -44,7 +44,7 @@ def release_flow(
     delta: float = 1e-6,
     max_partitions_contributed: int = 1,
     requested_by: str | None = None,
-    auto_approve_policy: bool = True,
+    auto_approve_policy: bool = False,
     require_policy: bool = False,
     approval_timeout: int = 3600,
     poll_interval: int = 10,
@@ -53,7 +53,8 @@ def release_flow(
 
     epsilon: a fixed value; or pri_p (choose it from the privacy risk indicator, public mode); or
     risk (trust, sensitivity, max_risk, max_noise, n: choose it from the risk model).
-    require_policy: refuse (and refund) unless a standing policy approves it: for schedules."""
+    auto_approve_policy / require_policy: let a standing policy with automatic approval decide
+    (and refuse without one): for schedules only; otherwise the controller always decides."""
     settings = Settings.from_env()
     request = parse_request(request_fields(dataset, sql, query, title, epsilon, pri_p, risk, delta,
                                            max_partitions_contributed, requested_by))
@@ -94,8 +95,8 @@ def prepare_and_decide(settings, platform, release_id, request, auto_approve_pol
     except FlowPauseTimeout:
         steps.refund(settings, release_id, "expired", None, "nobody answered in time")
         raise
-    except Exception as err:
-        steps.refund(settings, release_id, "failed", None, str(err)[:500])
+    except BaseException as err:  # cancellation and termination too: never leave budget reserved
+        pipeline.refund(platform, release_id, "failed", None, str(err)[:500] or type(err).__name__)
         raise
     return planned, decision, verdict
 
@@ -106,8 +107,10 @@ def ask_controller(platform, release_id: str, description: str, key: str, timeou
     the release's status is `awaiting_approval` during the pause and `answered` after it."""
     platform.store.update_release(release_id, status="awaiting_approval")
     form = ReleaseDecision.with_initial_data(description=description, decision="approve", reviewer="")
-    answer = pause_flow_run(wait_for_input=form, timeout=timeout, poll_interval=poll_interval, key=key)
-    platform.store.update_release(release_id, status=answered)
+    try:
+        answer = pause_flow_run(wait_for_input=form, timeout=timeout, poll_interval=poll_interval, key=key)
+    finally:  # answered, timed out or cancelled: the release no longer awaits anything
+        platform.store.update_release(release_id, status=answered)
     if not answer.reviewer.strip():  # the UI may drop field constraints: validate here
         raise pipeline.ReleaseError("the decision must name the reviewer")
     return answer

@@ -77,7 +77,7 @@ def compute(settings: Settings, release_id: str, planned: pipeline.Plan, decisio
 def summarise(settings: Settings, release_id: str, planned: pipeline.Plan, decision: pipeline.EpsilonDecision) -> str:
     """The controller's summary: a markdown artifact in the Prefect UI and the signed controller report."""
     platform = _platform(settings)
-    result = pipeline.compute_sealed(platform, release_id, planned, decision)
+    result = pipeline.open_sealed(platform, release_id, planned, decision)
     markdown = pipeline.controller_summary(release_id, planned, decision, result)
     create_markdown_artifact(markdown, key=f"release-{release_id[:12].lower()}", description="controller summary")
     pipeline.save_summary(platform, release_id, markdown)
@@ -89,7 +89,7 @@ def summarise(settings: Settings, release_id: str, planned: pipeline.Plan, decis
 def publish(settings: Settings, release_id: str, planned: pipeline.Plan, decision: pipeline.EpsilonDecision,
             approved_by: str, comment: str) -> str:
     platform = _platform(settings)
-    result = pipeline.compute_sealed(platform, release_id, planned, decision)
+    result = pipeline.open_sealed(platform, release_id, planned, decision)
     directory = pipeline.publish(platform, release_id, planned, decision, result, approved_by, comment)
     create_markdown_artifact(f"Published release `{release_id}` to `{directory}` (signed).",
                              key=f"published-{release_id[:12].lower()}")
@@ -106,7 +106,7 @@ def evaluate_utility(settings: Settings, release_id: str, planned: pipeline.Plan
                      evaluator: str, params: dict) -> str:
     """f(DP output) and f(raw output), withheld in the archive; the summary for the last approval."""
     platform = _platform(settings)
-    result = pipeline.compute_sealed(platform, release_id, planned, decision)
+    result = pipeline.open_sealed(platform, release_id, planned, decision)
     utility = pipeline.evaluate_utility(platform, release_id, result, evaluator, params,
                                         pipeline.enabled_evaluators(platform, planned.request))
     markdown = pipeline.utility_summary(utility)
@@ -120,6 +120,6 @@ def publish_utility(settings: Settings, release_id: str, planned: pipeline.Plan,
     import json
 
     platform = _platform(settings)
-    result = pipeline.compute_sealed(platform, release_id, planned, decision)
+    result = pipeline.open_sealed(platform, release_id, planned, decision)
     utility = json.loads((platform.settings.archive_dir / release_id / "utility.json").read_text())
     return str(pipeline.publish_utility(platform, release_id, planned, decision, result, utility, approved_by))

@@ -66,3 +66,30 @@ def test_help_has_examples():
     assert code == 0 and "release" in out and "verify" in out
     code, out = run("verify", "--help")
     assert "Example" in out
+
+
+def test_verify_without_a_trusted_key_does_not_claim_who_signed(env, tmp_path, monkeypatch):
+    from dprelease import signing
+
+    monkeypatch.setenv("DPRELEASE_HOME", str(tmp_path / "empty-home"))  # no keys anywhere
+    release = tmp_path / "pub" / "r1"
+    release.mkdir(parents=True)
+    (release / "index.html").write_text("<html>report</html>")
+    signing.generate_keypair(tmp_path / "k.pem", tmp_path / "k.pub.pem")
+    signing.sign_directory(release, {"release_id": "r1"}, signing.load_private_key(tmp_path / "k.pem"))
+    code, out = run("verify", str(release))
+    assert code == 1 and "SIGNER UNKNOWN" in out
+    # with the publisher's key at the publication root, a release re-signed by someone else fails
+    signing.generate_keypair(tmp_path / "pub_key.pem", tmp_path / "pub_key.pub.pem")
+    (tmp_path / "pub" / "public_key.pem").write_bytes((tmp_path / "pub_key.pub.pem").read_bytes())
+    code, out = run("verify", str(release))
+    assert code == 1 and "FAILED" in out
+
+
+def test_the_data_engine_never_spills_to_disk():
+    import pandas as pd
+
+    from dp_core.backend import DuckDBBackend
+
+    backend = DuckDBBackend.for_input(pd.DataFrame({"a": [1]}))
+    assert backend.run("SELECT current_setting('temp_directory') AS t")["t"].iloc[0] == ""

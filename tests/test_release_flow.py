@@ -304,3 +304,29 @@ def test_deployments_in_prefect_yaml_point_at_flows_with_typed_forms():
         assert set(d["parameters"]) <= set(props)
     release_props = names["dp-release"]
     assert release_props["work_pool"]["name"] == "dprelease-pool"
+
+
+def test_release_flow_never_auto_approves_and_later_steps_never_recompute(platform_env):
+    """A standing auto policy approves schedules only: an on-demand release still waits for the
+    controller. And after the compute step, a missing seal is an error, not a new draw."""
+    from dprelease import pipeline
+    from dprelease.requests import parse_request
+
+    platform = pipeline.Platform.open(platform_env)
+    platform.store.add_policy("auto-any", "adult", max_epsilon_per_release=5.0, approval="auto")
+    platform, rel, box = decide(platform_env, "reject")
+    assert box["result"]["status"] == "rejected"  # it paused and the controller decided
+    planned = pipeline.plan(platform, parse_request({"dataset": "adult", "sql": SQL, "epsilon": 1.0}))
+    decision = pipeline.choose_epsilon(platform, planned)
+    with pytest.raises(pipeline.ReleaseError, match="no sealed result"):
+        pipeline.open_sealed(platform, "never-computed", planned, decision)
+
+
+def test_publication_is_staged_and_shows_only_a_keyed_fingerprint(platform_env):
+    platform, rel, box = decide(platform_env, "approve")
+    directory = Path(box["result"]["directory"])
+    assert not list(platform_env.publication_dir.glob(".staging-*")) and not list(platform_env.publication_dir.glob(".old-*"))
+    raw_fingerprint = platform.store.get_dataset("adult").fingerprint
+    text = "".join(p.read_text(errors="ignore") for p in directory.rglob("*") if p.is_file())
+    assert raw_fingerprint not in text
+    assert (platform_env.publication_dir / "public_key.pem").read_bytes() == platform_env.public_key_file.read_bytes()
