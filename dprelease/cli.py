@@ -263,6 +263,7 @@ def run_release_interactively(settings: Settings, request, *, approve_as: str | 
     worker, out = _in_background(lambda: release_flow(
         dataset=request.dataset, sql=request.sql, query=request.query, title=request.title,
         epsilon=request.epsilon, pri_p=request.pri.get("p") if request.epsilon_mode == "pri" else None,
+        pri_mode=request.pri.get("mode", "public"), pri_beta=float(request.pri.get("beta", 0.5)),
         risk=request.risk or None, delta=request.delta,
         max_partitions_contributed=request.max_partitions_contributed, requested_by=request.requested_by,
         approval_timeout=timeout, poll_interval=1))

@@ -21,6 +21,7 @@ def publication_flow(request_file: str) -> dict:
     return release_flow(
         dataset=request.dataset, sql=request.sql, query=request.query, title=request.title,
         epsilon=request.epsilon, pri_p=request.pri.get("p") if request.epsilon_mode == "pri" else None,
+        pri_mode=request.pri.get("mode", "public"), pri_beta=float(request.pri.get("beta", 0.5)),
         risk=request.risk or None, delta=request.delta, max_partitions_contributed=request.max_partitions_contributed,
         requested_by=request.requested_by or "schedule", auto_approve_policy=True, require_policy=True,
     )

@@ -40,6 +40,8 @@ def release_flow(
     title: str = "",
     epsilon: float | None = None,
     pri_p: float | None = None,
+    pri_mode: Literal["public", "data"] = "public",
+    pri_beta: float = 0.5,
     risk: dict | None = None,
     delta: float = 1e-6,
     max_partitions_contributed: int = 1,
@@ -51,17 +53,23 @@ def release_flow(
 ) -> dict:
     """Release DP statistics of a registered dataset after the controller approves.
 
-    epsilon: a fixed value; or pri_p (choose it from the privacy risk indicator, public mode); or
-    risk (trust, sensitivity, max_risk, max_noise, n: choose it from the risk model).
+    epsilon: a fixed value; or pri_p (choose it from the privacy risk indicator; pri_mode public,
+    the default, is data-free; pri_beta its quantile); or risk (trust, sensitivity, max_risk,
+    max_noise, n: choose it from the risk model).
     auto_approve_policy / require_policy: let a standing policy with automatic approval decide
     (and refuse without one): for schedules only; otherwise the controller always decides."""
     settings = Settings.from_env()
-    request = parse_request(request_fields(dataset, sql, query, title, epsilon, pri_p, risk, delta,
+    pri = {"p": pri_p, "mode": pri_mode, "beta": pri_beta} if pri_p is not None else None
+    request = parse_request(request_fields(dataset, sql, query, title, epsilon, pri, risk, delta,
                                            max_partitions_contributed, requested_by))
     release_id = str(flow_run.id or uuid.uuid4())
     platform = pipeline.Platform.open(settings)
     record(platform, release_id, request)
-    steps.check_policy(settings, request)
+    try:
+        steps.check_policy(settings, request)
+    except Exception as err:  # refused before anything was computed: recorded as such
+        platform.store.update_release(release_id, status="failed", decision_comment=str(err)[:500])
+        raise
     planned, decision, verdict = prepare_and_decide(
         settings, platform, release_id, request, auto_approve_policy, require_policy, approval_timeout, poll_interval)
     if verdict.decision == "approve":
@@ -106,7 +114,7 @@ def ask_controller(platform, release_id: str, description: str, key: str, timeou
     """Pause for the controller's typed decision (the UI's Resume form, or `dprelease approve`);
     the release's status is `awaiting_approval` during the pause and `answered` after it."""
     platform.store.update_release(release_id, status="awaiting_approval")
-    form = ReleaseDecision.with_initial_data(description=description, decision="approve", reviewer="")
+    form = ReleaseDecision.with_initial_data(description=description, reviewer="")  # no decision preselected
     try:
         answer = pause_flow_run(wait_for_input=form, timeout=timeout, poll_interval=poll_interval, key=key)
     finally:  # answered, timed out or cancelled: the release no longer awaits anything
@@ -116,15 +124,15 @@ def ask_controller(platform, release_id: str, description: str, key: str, timeou
     return answer
 
 
-def request_fields(dataset, sql, query, title, epsilon, pri_p, risk, delta, cu, requested_by) -> dict:
+def request_fields(dataset, sql, query, title, epsilon, pri, risk, delta, cu, requested_by) -> dict:
     fields = {"dataset": dataset, "title": title, "delta": delta, "max_partitions_contributed": cu,
               "requested_by": requested_by}
     fields.update({"sql": sql} if sql else {"query": query})
-    chosen = [x for x in (epsilon, pri_p, risk) if x is not None]
+    chosen = [x for x in (epsilon, pri, risk) if x is not None]
     if len(chosen) > 1:
         raise pipeline.ReleaseError("give one of epsilon, pri_p or risk")
-    if pri_p is not None:
-        fields["epsilon"] = {"pri": {"p": pri_p}}
+    if pri is not None:
+        fields["epsilon"] = {"pri": pri}
     elif risk is not None:
         fields["epsilon"] = {"risk": risk}
     elif epsilon is not None:

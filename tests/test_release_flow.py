@@ -63,9 +63,11 @@ def start_release(**params):
     return thread, box
 
 
-def wait_for_approval(store, known: set, timeout=120):
+def wait_for_approval(store, known: set, timeout=120, thread=None, box=None):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if thread is not None and not thread.is_alive():
+            raise AssertionError(f"the flow ended before asking for approval: {box}")
         for rel in store.list_releases(status="awaiting_approval"):
             if rel.id not in known:
                 return rel
@@ -80,7 +82,7 @@ def decide(platform_env, decision, **params):
     platform = Platform.open(platform_env)
     known = {r.id for r in platform.store.list_releases()}
     thread, box = start_release(**params)
-    rel = wait_for_approval(platform.store, known)
+    rel = wait_for_approval(platform.store, known, thread=thread, box=box)
     if decision is not None:
         answer(rel.flow_run_id, decision, "alice", "checked")
     else:
@@ -330,3 +332,21 @@ def test_publication_is_staged_and_shows_only_a_keyed_fingerprint(platform_env):
     text = "".join(p.read_text(errors="ignore") for p in directory.rglob("*") if p.is_file())
     assert raw_fingerprint not in text
     assert (platform_env.publication_dir / "public_key.pem").read_bytes() == platform_env.public_key_file.read_bytes()
+
+
+def test_epsilon_chosen_by_the_pri_in_public_mode(platform_env):
+    from dprelease import signing
+
+    from dprelease import admin
+
+    data = Path(__file__).resolve().parents[1] / "examples" / "data" / "adult.csv.gz"
+    admin.register_dataset(platform_env, "fresh", data, "person_id", epsilon_cap=10, add_row_id=True)
+    # a fresh dataset (the odometer only lets candidates above what is spent through) whose cap
+    # keeps the whole grid: the search then stops at 2 in the median, the spec's figure
+    sql = "SELECT WITH ANONYMIZATION ANON_COUNT(*, 1) AS people FROM fresh WHERE age > 60"
+    platform, rel, box = decide(platform_env, "approve", dataset="fresh", sql=sql, epsilon=None, pri_p=50)
+    report = signing.verify_directory(Path(box["result"]["directory"]), platform_env.public_key_file)
+    assert report.ok and report.facts["epsilon_mode"] == "pri"
+    assert report.facts["epsilon"] == pytest.approx(2.0)  # the spec's figure for a count at p = 50
+    text = (Path(box["result"]["directory"]) / "index.html").read_text()
+    assert "end to end" in text  # the guarantee of public mode is stated to the analyst
