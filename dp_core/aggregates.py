@@ -85,26 +85,41 @@ def _is_integer_bound(x: float | None) -> bool:
     return x is not None and float(x).is_integer()
 
 
-def _clamp_sql(expr: str, lower: float, upper: float) -> str:
+class SQL(str):
+    """A bound given as SQL (a per-partition column), not as a number."""
+
+
+def _sql(x) -> str:
+    return x if isinstance(x, SQL) else literal(x)
+
+
+def _clamp_sql(expr: str, lower, upper) -> str:
     """Clamp to [lower, upper], keeping NULL (DuckDB's least/greatest skip NULL arguments, so a
     unit with no value would otherwise count as `lower`)."""
-    return f"CASE WHEN {expr} IS NULL THEN NULL ELSE least(greatest({expr}, {literal(lower)}), {literal(upper)}) END"
+    return f"CASE WHEN {expr} IS NULL THEN NULL ELSE least(greatest({expr}, {_sql(lower)}), {_sql(upper)}) END"
 
 
 def _clamp_loss(prefix: str, expr: str, lower: float | None, upper: float) -> dict[str, str]:
     """How many per-unit values fell outside the bounds, and by how much in total."""
-    lo_cond = f"{expr} < {literal(lower)} OR " if lower is not None else ""
-    lo_excess = f"greatest({literal(lower)} - {expr}, 0) + " if lower is not None else ""
+    lo_cond = f"{expr} < {_sql(lower)} OR " if lower is not None else ""
+    lo_excess = f"greatest({_sql(lower)} - {expr}, 0) + " if lower is not None else ""
     return {
-        f"{prefix}_nclamped": f"count(*) FILTER (WHERE {lo_cond}{expr} > {literal(upper)})",
-        f"{prefix}_clamped": f"coalesce(sum({lo_excess}greatest({expr} - {literal(upper)}, 0)), 0)",
+        f"{prefix}_nclamped": f"count(*) FILTER (WHERE {lo_cond}{expr} > {_sql(upper)})",
+        f"{prefix}_clamped": f"coalesce(sum({lo_excess}greatest({expr} - {_sql(upper)}, 0)), 0)",
     }
 
 
-def plan_aggregate(index: int, agg: Aggregate, integer_columns: set[str], seed_sql: str, bins: int) -> AggregatePlan:
-    """Build the SQL pieces for aggregate number `index` (aliases are `_a{index}_...`)."""
+def plan_aggregate(index: int, agg: Aggregate, integer_columns: set[str], seed_sql: str, bins: int,
+                   partition_bounds: list[tuple[float, float]] | None = None) -> AggregatePlan:
+    """Build the SQL pieces for aggregate number `index` (aliases are `_a{index}_...`).
+
+    partition_bounds: the (L, U) of every partition when bounds differ per partition; the SQL
+    then clamps with the columns `_a{index}_lo`, `_a{index}_hi`, quanta are sized for the widest
+    bounds, and `component_sensitivity` gives each partition's own sensitivity."""
     p = f"_a{index}"
     kind = agg.kind
+    if partition_bounds is not None:
+        return _plan_with_partition_bounds(index, agg, integer_columns, partition_bounds)
     if kind == "count_units":
         return AggregatePlan(agg, {}, {f"{p}_n": "count(*)"}, (Component("count", f"{p}_n", 1.0, 1),), None, "1")
     if kind == "count":
@@ -204,3 +219,56 @@ def finish(agg: Aggregate, noisy: dict, noise: str, alpha: float) -> tuple[np.nd
         return np.sqrt(variance), np.sqrt(lo), np.sqrt(hi), sd_std
     return variance, lo, hi, sd
 
+
+
+def _plan_with_partition_bounds(index: int, agg: Aggregate, integer_columns: set[str],
+                                bounds: list[tuple[float, float]]) -> AggregatePlan:
+    """As `plan_aggregate`, with each partition's bounds read from its `_a{i}_lo/_hi` columns."""
+    p = f"_a{index}"
+    v = ident(f"{p}_raw")
+    lo_sql, hi_sql = SQL(ident(f"{p}_lo")), SQL(ident(f"{p}_hi"))
+    widest = max(max(abs(lo), abs(hi)) for lo, hi in bounds)
+    partial = {f"{p}_raw": (f"count({ident(agg.column)})" if agg.column else "count(*)") if agg.kind == "count"
+               else f"sum({ident(agg.column)})" if agg.kind == "sum" else f"avg({ident(agg.column)})"}
+    if agg.kind in ("count", "sum"):
+        clamped = f"least({v}, {hi_sql})" if agg.kind == "count" else _clamp_sql(v, lo_sql, hi_sql)
+        integer = all(float(x).is_integer() for b in bounds for x in b) and (
+            agg.kind == "count" or agg.column in integer_columns)
+        key = "count" if agg.kind == "count" else "sum"
+        if integer:
+            comp, total = Component(key, f"{p}_sum", 1.0, int(widest)), _integer_sum(clamped)
+        else:
+            comp, total = _real_component(key, f"{p}_sum", clamped, -widest, widest)
+        finals = {f"{p}_sum": total}
+        finals.update(_clamp_loss(p, v, None if agg.kind == "count" else lo_sql, hi_sql))
+        return AggregatePlan(agg, partial, finals, (comp,), (f"{p}_nclamped", f"{p}_clamped"), clamped)
+    mid = SQL(f"(({lo_sql}) + ({hi_sql})) / 2.0")  # each partition's own middle
+    centred = f"({_clamp_sql(v, lo_sql, hi_sql)} - {mid})"
+    half = max((hi - lo) / 2.0 for lo, hi in bounds)
+    s_comp, s_sql = _real_component("S", f"{p}_S", centred, -half, half)
+    finals = {f"{p}_N": f"count({v})", f"{p}_S": s_sql}
+    comps = [Component("N", f"{p}_N", 1.0, 1), s_comp]
+    if agg.kind != "avg":
+        q_comp, q_sql = _real_component("Q", f"{p}_Q", f"{centred} * {centred}", 0.0, half * half)
+        finals[f"{p}_Q"] = q_sql
+        comps.append(q_comp)
+    finals.update(_clamp_loss(p, v, lo_sql, hi_sql))
+    return AggregatePlan(agg, partial, finals, tuple(comps), (f"{p}_nclamped", f"{p}_clamped"),
+                         _clamp_sql(v, lo_sql, hi_sql))
+
+
+def component_sensitivity(agg: Aggregate, component: Component) -> int:
+    """One partition's sensitivity in quanta for its own bounds (agg.lower, agg.upper) with the
+    plan's quantum: partitions with narrow bounds get noise for their bounds, not the widest."""
+    lo, hi = float(agg.lower or 0.0), float(agg.upper)
+    if component.key == "N":
+        return 1
+    if component.key in ("count", "sum"):
+        if component.quantum == 1.0:
+            return int(max(abs(lo), abs(hi)))
+        return max(abs(_quantise_py(lo, component.quantum)), abs(_quantise_py(hi, component.quantum)))
+    mid = (lo + hi) / 2.0
+    c_lo, c_hi = lo - mid, hi - mid  # the same IEEE operations as the SQL
+    if component.key == "S":
+        return max(abs(_quantise_py(c_lo, component.quantum)), abs(_quantise_py(c_hi, component.quantum)))
+    return _quantise_py(max(c_lo * c_lo, c_hi * c_hi), component.quantum)

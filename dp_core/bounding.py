@@ -59,6 +59,29 @@ def public_keys_sql(query: Query, key_types: dict[str, str] | None = None) -> st
     return f"(VALUES {rows}) AS _pk({cols})"
 
 
+def _bounds_values(frame, keys: tuple[str, ...], key_types: dict[str, str] | None) -> str:
+    """Per-partition bounds as a VALUES table (keys cast to their columns' types, lo, hi)."""
+    types = [(key_types or {}).get(k) for k in keys]
+
+    def value(v, t):
+        return f"CAST({literal(v)} AS {t})" if t and v is not None else literal(v)
+
+    rows = []
+    for rec in frame.to_dict("records"):
+        cells = [value(_plain(rec[k]), t) for k, t in zip(keys, types)]
+        cells += [literal(float(rec["lo"])), literal(float(rec["hi"]))]
+        rows.append("(" + ", ".join(cells) + ")")
+    cols = ", ".join([*(ident(k) for k in keys), "lo", "hi"])
+    return f"(VALUES {', '.join(rows)}) AS _v({cols})"
+
+
+def _plain(v):
+    """A Python value for a key from a DataFrame (NaN as NULL)."""
+    if v is None or (isinstance(v, float) and v != v):
+        return None
+    return v.item() if hasattr(v, "item") else v
+
+
 def _same_key(left: str, right: str, keys: tuple[str, ...]) -> str:
     return " AND ".join(f"{left}.{ident(k)} IS NOT DISTINCT FROM {right}.{ident(k)}" for k in keys)
 
@@ -77,13 +100,14 @@ DIALECT_PIECES = {
 
 def build_plan(
     query: Query, integer_columns: set[str], seed: int, source: str = INPUT_NAME, dialect: str = "duckdb",
-    key_types: dict[str, str] | None = None,
+    key_types: dict[str, str] | None = None, partition_bounds: dict | None = None,
 ) -> BoundingPlan:
     """The SQL for `query` over the relation `source` with the per-release hash `seed`.
 
     Written in DuckDB's dialect with the engine-specific pieces of `dialect`, then transpiled by
     sqlglot (`BoundingPlan.sql` is in `dialect`). DuckDB runs here; the Spark text is produced and
-    parsed in the tests but not yet executed on Spark.
+    parsed in the tests but not yet executed on Spark. partition_bounds: aggregate index ->
+    DataFrame of (group keys, lo, hi): that aggregate clamps each partition to its own bounds.
     """
     if dialect not in DIALECT_PIECES:
         raise UnsupportedError(f"no SQL dialect {dialect!r}: choose one of {sorted(DIALECT_PIECES)}")
@@ -95,8 +119,11 @@ def build_plan(
     key_cols = [ident(k) for k in keys]
     cu = query.effective_max_partitions
     seed_sql = f"CAST({int(seed)} AS {SEED_SQL_TYPE[dialect]})"
+    partition_bounds = partition_bounds or {}
     plans = tuple(
-        plan_aggregate(i, agg, integer_columns, seed_sql, query.quantile_bins) for i, agg in enumerate(query.aggregates)
+        plan_aggregate(i, agg, integer_columns, seed_sql, query.quantile_bins,
+                       list(zip(partition_bounds[i]["lo"], partition_bounds[i]["hi"])) if i in partition_bounds else None)
+        for i, agg in enumerate(query.aggregates)
     )
 
     conditions = []
@@ -137,8 +164,19 @@ def build_plan(
     finals = ["count(*) AS _n_units"]
     for plan in plans:
         finals += [f"{sql} AS {ident(alias)}" for alias, sql in plan.finals.items()]
+    source_rows = "_bounded"
+    if partition_bounds:  # each row gets its partition's bounds (NULL: none were inferred)
+        joins, extra = [], []
+        for i, frame in sorted(partition_bounds.items()):
+            ctes.append(f"_pb{i} AS (SELECT * FROM {_bounds_values(frame, keys, key_types)})")
+            joins.append(f"LEFT JOIN _pb{i} ON {_same_key(f'_pb{i}', '_bounded', keys)}")
+            extra += [f"_pb{i}.lo AS {ident(f'_a{i}_lo')}", f"_pb{i}.hi AS {ident(f'_a{i}_hi')}"]
+            finals += [f"any_value({ident(f'_a{i}_lo')}) AS {ident(f'_a{i}_lo')}",
+                       f"any_value({ident(f'_a{i}_hi')}) AS {ident(f'_a{i}_hi')}"]
+        ctes.append(f"_bounded_pb AS (SELECT _bounded.*, {', '.join(extra)} FROM _bounded {' '.join(joins)})")
+        source_rows = "_bounded_pb"
     select_keys = ", ".join(key_cols)
-    final = f"SELECT {select_keys + ', ' if keys else ''}{', '.join(finals)} FROM _bounded"
+    final = f"SELECT {select_keys + ', ' if keys else ''}{', '.join(finals)} FROM {source_rows}"
     if keys:
         final += f" GROUP BY {select_keys}"
     ctes.append(f"_final AS ({final})")

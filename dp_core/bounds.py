@@ -51,10 +51,11 @@ class InferredBounds:
     threshold: int
     outside_share: float  # DP estimate of the share of per-unit values outside [lower, upper]
     record: MechanismRecord
+    partition: dict | None = None  # the group keys, when bounds were inferred per partition
 
     def to_dict(self) -> dict:
         return {
-            "aggregate": self.aggregate, "lower": self.lower, "upper": self.upper,
+            "aggregate": self.aggregate, "partition": self.partition, "lower": self.lower, "upper": self.upper,
             "threshold": self.threshold, "outside_share": self.outside_share,
             "bins": [{"low": lo, "high": hi, "noisy_count": c} for (lo, hi), c in zip(self.bin_edges, self.noisy_counts)],
             "mechanism": self.record.to_dict(),
@@ -79,6 +80,13 @@ def histogram_sql(with_clause: str, value: str, integer: bool) -> str:
                 f"ELSE least(CAST(floor(log2(abs({v}))) AS INTEGER), {E_MAX}) END")
     return (f"{with_clause}\nSELECT {v} < 0 AS neg, {exponent} AS e, count(*) AS n "
             f"FROM _bounded WHERE {ident(value)} IS NOT NULL GROUP BY ALL")
+
+
+def histogram_by_partition_sql(with_clause: str, value: str, integer: bool, keys: tuple[str, ...]) -> str:
+    """As `histogram_sql`, one histogram per partition (the keys come first)."""
+    base = histogram_sql(with_clause, value, integer)
+    head, tail = base.split("\nSELECT ", 1)
+    return f"{head}\nSELECT {', '.join(ident(k) for k in keys)}, {tail}"
 
 
 def continuous_threshold(epsilon: float, max_partitions: int, bins: int, failure: float) -> float:

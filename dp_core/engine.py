@@ -14,10 +14,10 @@ import numpy as np
 import pandas as pd
 
 from .accounting import BudgetPlan, plan_budget
-from .aggregates import finish
+from .aggregates import component_sensitivity, finish
 from .backend import INTEGER_TYPES, NUMERIC_TYPES, DuckDBBackend
 from .bounding import INPUT_NAME, BoundingPlan, build_plan, public_keys_sql, unit_rows_sql
-from .bounds import BoundsError, InferredBounds, histogram_sql, infer_bounds
+from .bounds import BoundsError, InferredBounds, histogram_by_partition_sql, histogram_sql, infer_bounds
 from .errors import InvalidDataError, InvalidQueryError
 from .partition_selection import STRATEGIES, Selection
 from .quantiles import dense_histograms, exponential_quantile
@@ -52,6 +52,7 @@ class ExactStatistics:
     plan: BoundingPlan
     rows: pd.DataFrame
     bounds: tuple[InferredBounds, ...] = ()  # DP: the bounds that were inferred, and their histograms
+    partition_bounds: dict | None = None  # aggregate index -> DataFrame(keys, lo, hi) (per-partition scope)
     units: pd.DataFrame | None = None  # unit, keys, _u{i}: bounded value per aggregate
     total_units: int | None = None  # distinct units in the whole input (before the row filter)
 
@@ -70,16 +71,20 @@ def exact_statistics(query: Query, data, *, threads: int | None = None, bounding
             check_public_keys(query, backend, schema)
         seed = secrets.randbits(63) if bounding_seed is None else bounding_seed
         bounds: tuple[InferredBounds, ...] = ()
+        per_partition: dict = {}
         if any(a.needs_bounds for a in query.aggregates):
             budget = budget or plan_budget(query)
-            query, bounds = infer_missing_bounds(query, backend, schema, integer_columns, seed, budget)
-        plan = build_plan(query, integer_columns, seed=seed, key_types=schema)
+            if query.bounds_scope == "partition":
+                query, bounds, per_partition = infer_partition_bounds(query, backend, schema, integer_columns, seed, budget)
+            else:
+                query, bounds = infer_missing_bounds(query, backend, schema, integer_columns, seed, budget)
+        plan = build_plan(query, integer_columns, seed=seed, key_types=schema, partition_bounds=per_partition)
         rows = backend.run(plan.sql)
         if not with_units:
-            return ExactStatistics(query, plan, rows, bounds)
+            return ExactStatistics(query, plan, rows, bounds, partition_bounds=per_partition)
         units = backend.run(unit_rows_sql(plan, query))
         total = int(backend.run(f"SELECT count(DISTINCT {ident(query.privacy_unit)}) AS n FROM {INPUT_NAME}")["n"].iloc[0])
-        return ExactStatistics(query, plan, rows, bounds, units, total)
+        return ExactStatistics(query, plan, rows, bounds, per_partition, units, total)
     finally:
         backend.close()
 
@@ -118,6 +123,59 @@ def infer_missing_bounds(query: Query, backend: DuckDBBackend, schema: dict[str,
         aggregates[i] = replace(agg, lower=lower, upper=upper)
         found.append(inferred)
     return replace(query, aggregates=tuple(aggregates)), tuple(found)
+
+
+def infer_partition_bounds(query: Query, backend: DuckDBBackend, schema: dict[str, str], integer_columns: set[str],
+                           seed: int, budget: BudgetPlan):
+    """APPROX_BOUNDS once per partition (usability.md step 5, the per-partition option). A unit
+    adds at most C_u values over all partitions' histograms, so each bin's noise has scale
+    C_u / e_b as for one histogram. A partition where no bin stands out gets no bounds and is not
+    released. Returns the query (bounds set to the widest, for display), the inferred bounds and
+    aggregate index -> DataFrame(keys, lo, hi)."""
+    placeholder = replace(query, aggregates=tuple(
+        replace(a, lower=0 if a.lower is None and a.kind != "count" else a.lower,
+                upper=1 if a.upper is None else a.upper) if a.needs_bounds else a
+        for a in query.aggregates))
+    plan = build_plan(placeholder, integer_columns, seed=seed, key_types=schema)
+    keys = query.group_by
+    found, tables, aggregates = [], {}, list(query.aggregates)
+    for i, agg in enumerate(query.aggregates):
+        if not agg.needs_bounds:
+            continue
+        column_type = schema.get(agg.column, "").upper() if agg.column else "BIGINT"
+        integer = agg.kind == "count" or (agg.kind == "sum" and column_type in INTEGER_TYPES)
+        signed = agg.kind != "count" and not column_type.startswith("U")
+        counts = backend.run(histogram_by_partition_sql(plan.with_clause, f"_a{i}_raw", integer, keys))
+        records = []
+        for key_values, group in counts.groupby(list(keys), dropna=False, sort=False):
+            key_values = key_values if isinstance(key_values, tuple) else (key_values,)
+            hist = {(bool(r.neg), int(r.e)): int(r.n) for r in group.itertuples()}
+            partition = dict(zip(keys, key_values))
+            try:
+                inferred = infer_bounds(
+                    hist, label=agg.label, integer=integer, signed=signed, share=budget.bounds_shares[i],
+                    max_partitions=query.effective_max_partitions, failure=query.bounds_failure,
+                    need_lower=agg.kind != "count" and agg.lower is None, need_upper=agg.upper is None)
+            except BoundsError:
+                continue  # no bounds: this partition is not released
+            lo = 0 if agg.kind == "count" else agg.lower if inferred.lower is None else inferred.lower
+            hi = agg.upper if inferred.upper is None else inferred.upper
+            if agg.kind == "count":
+                hi = max(float(hi), 1.0)
+            if lo >= hi:
+                continue
+            found.append(replace(inferred, partition=partition))
+            records.append({**partition, "lo": float(lo), "hi": float(hi)})
+        if not records:
+            raise BoundsError(
+                f"automatic bounds for {agg.label!r}: no partition has a histogram bin above the noise; give "
+                "more epsilon, use more data, or set the bounds by hand. Nothing was released"
+            )
+        table = pd.DataFrame(records)
+        tables[i] = table
+        aggregates[i] = replace(agg, lower=None if agg.kind == "count" else _whole(table["lo"].min()),
+                                upper=_whole(table["hi"].max()))
+    return replace(query, aggregates=tuple(aggregates)), tuple(found), tables
 
 
 def _whole(x: float) -> float | int:
@@ -196,6 +254,9 @@ def release(query: Query, plan: BoundingPlan, budget: BudgetPlan, rows: pd.DataF
         keep = selection.keep
     else:
         keep = np.ones(len(rows), dtype=bool)
+    per_partition = [i for i in range(len(query.aggregates)) if f"_a{i}_lo" in rows.columns]
+    for i in per_partition:  # partitions whose bounds could not be inferred are not released
+        keep = keep & rows[f"_a{i}_lo"].notna().to_numpy()
     kept = rows.loc[keep].reset_index(drop=True)
 
     table = kept[list(query.group_by)].copy()
@@ -211,6 +272,9 @@ def release(query: Query, plan: BoundingPlan, budget: BudgetPlan, rows: pd.DataF
             )
             lo = hi = sd = np.full(len(kept), np.nan)
             records.append(record)
+        elif i in per_partition:
+            value, lo, hi, sd, group_records = _release_by_partition_bounds(i, agg, aplan, kept, budget, query)
+            records += group_records
         else:
             if i in budget.reused:
                 noisy = {"count": _subset(selection.noisy_units, keep)}
@@ -242,8 +306,42 @@ def release(query: Query, plan: BoundingPlan, budget: BudgetPlan, rows: pd.DataF
         partition_selection=_describe_selection(query, selection),
         notes=_notes(query, budget),
         controller_only=_controller_view(query, plan, rows, keep),
-        inferred_bounds=bounds,
+        inferred_bounds=_released_bounds(bounds, kept, query.group_by),
     )
+
+
+def _release_by_partition_bounds(i: int, agg, aplan, kept: pd.DataFrame, budget: BudgetPlan, query: Query):
+    """Noise per group of partitions sharing the same inferred bounds: each group's noise is
+    calibrated to its own sensitivity (the point of per-partition bounds)."""
+    n = len(kept)
+    value, lo, hi, sd = (np.full(n, np.nan) for _ in range(4))
+    records = []
+    groups = kept.groupby([f"_a{i}_lo", f"_a{i}_hi"], sort=True).indices
+    for (g_lo, g_hi), idx in groups.items():
+        agg_g = replace(agg, lower=None if agg.kind == "count" else _whole(g_lo), upper=_whole(g_hi))
+        noisy = {
+            c.key: add_noise(
+                kept[c.column].to_numpy(dtype=np.int64)[idx], target=f"{agg.label}.{c.key} [{g_lo:g}, {g_hi:g}]",
+                quantum=c.quantum, sensitivity_quanta=component_sensitivity(agg_g, c),
+                max_partitions=query.effective_max_partitions, share=budget.component_shares[(i, c.key)],
+                noise=query.noise, confidence=query.confidence,
+            )
+            for c in aplan.components
+        }
+        records += [s.record for s in noisy.values()]
+        value[idx], lo[idx], hi[idx], sd[idx] = finish(agg_g, noisy, query.noise, 1.0 - query.confidence)
+    return value, lo, hi, sd, records
+
+
+def _released_bounds(bounds: tuple[InferredBounds, ...], kept: pd.DataFrame, keys: tuple[str, ...]):
+    """Inferred bounds to publish: dataset-wide ones, and per-partition ones of released partitions."""
+    released = {tuple(_key(v) for v in row) for row in kept[list(keys)].itertuples(index=False)} if keys else set()
+    return tuple(b for b in bounds
+                 if b.partition is None or tuple(_key(b.partition[k]) for k in keys) in released)
+
+
+def _key(v):
+    return None if v is None or (isinstance(v, float) and v != v) else str(v)
 
 
 def _subset(stat, keep):
@@ -289,7 +387,7 @@ def _controller_view(query: Query, plan: BoundingPlan, rows: pd.DataFrame, keep:
         if aplan.clamp_columns:
             n_col, t_col = aplan.clamp_columns
             clamping[agg.label] = ClampingLoss(pairs, int(rows[n_col].sum()), float(rows[t_col].sum()))
-        exact[agg.label] = _exact_value(agg, aplan, rows)
+        exact[agg.label] = _exact_value(agg, aplan, rows, i)
     exact["released"] = keep
     nonempty = int((rows["_n_units"] > 0).sum())
     released = int((keep & (rows["_n_units"].to_numpy() > 0)).sum())
@@ -297,14 +395,17 @@ def _controller_view(query: Query, plan: BoundingPlan, rows: pd.DataFrame, keep:
     return ControllerOnly(nonempty, released, clamping, pairs + dropped_pairs, dropped_pairs, exact)
 
 
-def _exact_value(agg, aplan, rows: pd.DataFrame) -> np.ndarray:
+def _exact_value(agg, aplan, rows: pd.DataFrame, i: int) -> np.ndarray:
     """The non-private value of the bounded statistic (what the noise protects)."""
     if agg.kind == "quantile":
         return np.full(len(rows), np.nan)
     c = {comp.key: rows[comp.column].to_numpy(dtype=np.float64) * comp.quantum for comp in aplan.components}
     if agg.kind in ("count", "count_units", "sum"):
         return c["count" if agg.kind != "sum" else "sum"]
-    mid = (float(agg.lower) + float(agg.upper)) / 2.0
+    if f"_a{i}_lo" in rows.columns:  # per-partition bounds: each partition's own middle
+        mid = (rows[f"_a{i}_lo"].to_numpy(dtype=np.float64) + rows[f"_a{i}_hi"].to_numpy(dtype=np.float64)) / 2.0
+    else:
+        mid = (float(agg.lower) + float(agg.upper)) / 2.0
     with np.errstate(invalid="ignore", divide="ignore"):
         mean_c = c["S"] / c["N"]
         if agg.kind == "avg":

@@ -152,7 +152,12 @@ class Query:
     group-by columns); then no partition selection and no delta is spent on it. selection: how
     private partitions are chosen (`auto`: Laplace threshold when the only aggregates are counts of
     units, whose noisy count it reuses; truncated geometric otherwise). selection_weight: the
-    selection's budget share relative to an aggregate's weight.
+    selection's budget share relative to an aggregate's weight. where: a row filter (SQL condition
+    on each row's own columns), applied before contribution bounding. bounds_fraction: the share of
+    an aggregate's epsilon spent on inferring its missing bounds (APPROX_BOUNDS); bounds_failure:
+    the probability that an empty histogram bin passes its threshold; bounds_scope: `dataset` (one
+    set of inferred bounds) or `partition` (inferred per partition, for magnitudes that differ a
+    lot; private partitions only).
     """
 
     aggregates: tuple[Aggregate, ...]
@@ -170,6 +175,7 @@ class Query:
     where: str | None = None
     bounds_fraction: float = 0.5
     bounds_failure: float = 1e-9
+    bounds_scope: str = "dataset"
 
     def __post_init__(self) -> None:
         # accept lists for convenience; store tuples so the query is hashable and comparable
@@ -225,6 +231,15 @@ class Query:
             raise InvalidQueryError(f"bounds_fraction must be in (0, 1), got {self.bounds_fraction!r}")
         if not (_finite(self.bounds_failure) and 0 < self.bounds_failure < 0.5):
             raise InvalidQueryError(f"bounds_failure must be in (0, 0.5), got {self.bounds_failure!r}")
+        if self.bounds_scope not in ("dataset", "partition"):
+            raise InvalidQueryError(f"bounds_scope must be 'dataset' or 'partition', got {self.bounds_scope!r}")
+        if self.bounds_scope == "partition" and any(a.needs_bounds for a in self.aggregates):
+            if not self.private_partitions:
+                raise InvalidQueryError("per-partition bounds need a GROUP BY with private partitions "
+                                        "(public partitions may be empty: use bounds_scope='dataset')")
+            if any(a.needs_bounds and a.kind == "quantile" for a in self.aggregates):
+                raise InvalidQueryError("per-partition bounds are not available for quantiles: give the bounds, "
+                                        "or use bounds_scope='dataset'")
         if not (isinstance(self.quantile_bins, int) and 2 <= self.quantile_bins <= 1 << 16):
             raise InvalidQueryError(f"quantile_bins must be an integer in [2, 65536], got {self.quantile_bins!r}")
         if len(set(self.group_by)) != len(self.group_by):

@@ -78,3 +78,86 @@ def test_only_the_missing_bound_is_inferred_and_counts_start_at_zero():
     by_name = {b.aggregate: b for b in r.inferred_bounds}
     assert by_name["s"].lower is None and by_name["s"].upper >= 15  # per-unit sums are 15
     assert by_name["n"].upper == 3 and r.query.aggregates[1].upper == 3  # [2, 4) holds 3 rows
+
+
+def _magnitudes(rng, small=20_000, big=19_990):
+    return pd.DataFrame({
+        "uid": np.arange(small + big),
+        "g": np.repeat(["small", "big"], [small, big]),
+        "x": np.concatenate([rng.uniform(0, 3, small), rng.uniform(0, 3e5, big)]),
+    })
+
+
+def test_per_partition_bounds_fit_each_partition_and_its_noise():
+    df = _magnitudes(np.random.default_rng(5))
+    q = dp.Query([dp.Aggregate("sum", column="x", name="s"), dp.Aggregate("avg", column="x", name="a")],
+                 privacy_unit="uid", group_by=("g",), epsilon=2.0, bounds_scope="partition")
+    r = dp.execute(q, df)
+    by = {(b.aggregate, b.partition["g"]): b for b in r.inferred_bounds}
+    assert by[("s", "small")].upper == 4.0 and by[("s", "big")].upper == 524288.0
+    t = r.table.set_index("g")
+    truth = df.groupby("g")["x"].sum()
+    # the small partition's noise is sized for its own bounds: its interval is narrow
+    assert t.loc["small", "s_ci_high"] - t.loc["small", "s_ci_low"] < 1000
+    assert abs(t.loc["small", "s"] - truth["small"]) < 1000
+    assert abs(t.loc["small", "a"] - df[df.g == "small"].x.mean()) < 0.05
+    scales = {m.target: m for m in r.mechanisms if m.target.startswith("s.sum")}
+    small = next(m for k, m in scales.items() if "[0.015625, 4]" in k)
+    assert small.sensitivity_per_partition == pytest.approx(4.0, rel=1e-6)
+    whole = dp.execute(replace_scope(q, "dataset"), df).table.set_index("g")
+    assert whole.loc["small", "s_ci_high"] - whole.loc["small", "s_ci_low"] > 100 * (
+        t.loc["small", "s_ci_high"] - t.loc["small", "s_ci_low"])
+
+
+def replace_scope(q, scope):
+    from dataclasses import replace
+
+    return replace(q, bounds_scope=scope)
+
+
+def test_per_partition_bounds_limit_one_units_influence_to_its_partitions_bounds():
+    from dp_core.backend import DuckDBBackend
+    from dp_core.bounding import build_plan
+    from dp_core.aggregates import component_sensitivity
+    from dataclasses import replace
+
+    rng = np.random.default_rng(6)
+    base = _magnitudes(rng, 2000, 2000).assign(x=lambda d: d.x.round(3))
+    heavy = pd.DataFrame({"uid": 10**7, "g": ["small", "big"] * 50, "x": 1e9})
+    bounds = {0: pd.DataFrame({"g": ["small", "big"], "lo": [0.0, 2048.0], "hi": [4.0, 524288.0]})}
+    q = dp.Query([dp.sum_("x", 0, 1, name="s")], privacy_unit="uid", group_by=("g",), epsilon=1.0,
+                 max_partitions_contributed=2)
+
+    def sums(df):
+        plan = build_plan(q, set(), 77, partition_bounds=bounds)
+        out = DuckDBBackend.for_input(df).run(plan.sql).set_index("g").sort_index()
+        return out, plan
+
+    before, plan = sums(base)
+    after, _ = sums(pd.concat([base, heavy], ignore_index=True))
+    comp = plan.aggregates[0].components[0]
+    for g, lo, hi in [("small", 0.0, 4.0), ("big", 2048.0, 524288.0)]:
+        d = component_sensitivity(replace(q.aggregates[0], lower=lo, upper=hi), comp)
+        assert abs(after.loc[g, "_a0_sum"] - before.loc[g, "_a0_sum"]) <= d
+        assert d * comp.quantum == pytest.approx(max(abs(lo), abs(hi)), rel=1e-6)
+
+
+def test_a_partition_without_inferable_bounds_is_not_released():
+    rng = np.random.default_rng(7)
+    spread = pd.DataFrame({"uid": np.arange(300) + 10**6, "g": "spread", "x": 2.0 ** (np.arange(300) % 30)})
+    df = pd.concat([_magnitudes(rng, 5000, 5000), spread], ignore_index=True)
+    r = dp.execute(dp.Query([dp.Aggregate("sum", column="x", name="s")], privacy_unit="uid", group_by=("g",),
+                            epsilon=1.0, bounds_scope="partition"), df)
+    assert set(r.table["g"]) == {"small", "big"}  # 300 units spread over 30 bins: no bin stands out
+    assert r.controller_only.partitions_dropped >= 1
+    assert all(b.partition["g"] != "spread" for b in r.inferred_bounds)
+
+
+def test_per_partition_scope_is_refused_where_it_cannot_work():
+    df = pd.DataFrame({"uid": [1, 2], "g": ["a", "b"], "x": [1.0, 2.0]})
+    with pytest.raises(dp.InvalidQueryError, match="private partitions"):
+        dp.execute(dp.Query([dp.Aggregate("sum", column="x")], privacy_unit="uid", group_by=("g",), epsilon=1.0,
+                            public_partitions=["a", "b"], bounds_scope="partition"), df)
+    with pytest.raises(dp.InvalidQueryError, match="quantiles"):
+        dp.execute(dp.Query([dp.Aggregate("quantile", column="x", q=0.5)], privacy_unit="uid", group_by=("g",),
+                            epsilon=1.0, bounds_scope="partition"), df)
