@@ -25,12 +25,25 @@ def init(settings: Settings) -> list[str]:
     return done
 
 
+#: the risk profile when the controller gives none (risk.md): a sensitive yes/no attribute, data of
+#: medium sensitivity, a recipient of low trust, a tolerable risk of 0.2
+DEFAULT_RISK_PROFILE = {"sensitivity": "medium", "trust": "low", "n": 2, "max_risk": 0.2}
+
+
 def register_dataset(settings: Settings, name: str, path: Path, privacy_unit: str, epsilon_cap: float,
-                     delta_cap: float = 1e-5, expectations: list[dict] | None = None, add_row_id: bool = False):
+                     delta_cap: float = 1e-5, expectations: list[dict] | None = None, add_row_id: bool = False,
+                     risk_profile: dict | None = None):
     """Encrypt the file into the escrow, record its fingerprint, schema, caps and checks.
 
     add_row_id: the file has one row per person and no id; the unit column is added as the row
-    number, in memory, and the result (Parquet) is what gets sealed."""
+    number, in memory, and the result (Parquet) is what gets sealed. risk_profile: sensitivity,
+    trust, n (values of the sensitive attribute), max_risk: the numbers behind the noise-against-
+    risk chart of every controller summary (defaults: DEFAULT_RISK_PROFILE)."""
+    from dp_core import risk
+
+    profile = {**DEFAULT_RISK_PROFILE, **(risk_profile or {})}
+    for field in ("sensitivity", "trust", "max_risk"):
+        risk.level_value(profile[field])  # refuses unknown levels before anything is sealed
     key = escrow.load_or_create_key(settings, create=False)
     if add_row_id:
         frame = escrow.parse_bytes(Path(path).read_bytes(), escrow.file_format_of(Path(path)))
@@ -51,4 +64,4 @@ def register_dataset(settings: Settings, name: str, path: Path, privacy_unit: st
     store = Store(settings.store_url)
     return store.add_dataset(name, privacy_unit=privacy_unit, blob_path=blob, fingerprint=fingerprint,
                              file_format=file_format, schema=schema, epsilon_cap=epsilon_cap, delta_cap=delta_cap,
-                             expectations=suite)
+                             expectations=suite, risk_profile=profile)

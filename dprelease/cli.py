@@ -60,6 +60,10 @@ def dataset_register(
     epsilon_cap: float = typer.Option(..., help="total epsilon this dataset may ever spend"),
     delta_cap: float = typer.Option(1e-5, help="total delta this dataset may ever spend"),
     add_row_id: bool = typer.Option(False, help="add the unit column as a row number (one row per person)"),
+    sensitivity: str = typer.Option("medium", help="harm if the data were exploited: very low ... very high, or 0-1"),
+    trust: str = typer.Option("low", help="trust in the recipients of releases: very low ... very high, or 0-1"),
+    sensitive_values: int = typer.Option(2, help="values a person's sensitive attribute can take (risk model's n)"),
+    max_risk: str = typer.Option("0.2", help="the tolerable risk (level or 0-1)"),
 ) -> None:
     """Encrypt a file into the escrow and record its fingerprint, unit, caps and data checks.
 
@@ -67,11 +71,21 @@ def dataset_register(
     from . import admin
 
     try:
-        ds = admin.register_dataset(_settings(), name, path, unit, epsilon_cap, delta_cap, add_row_id=add_row_id)
+        profile = {"sensitivity": _level(sensitivity), "trust": _level(trust), "n": sensitive_values,
+                   "max_risk": _level(max_risk)}
+        ds = admin.register_dataset(_settings(), name, path, unit, epsilon_cap, delta_cap, add_row_id=add_row_id,
+                                    risk_profile=profile)
     except Exception as err:  # noqa: BLE001 - every registration problem is reported the same way
         _fail(str(err))
     console.print(f"registered {ds.name!r}: fingerprint {ds.fingerprint[:16]}..., unit {ds.privacy_unit!r}, "
                   f"epsilon cap {ds.epsilon_cap:g}, delta cap {ds.delta_cap:g}")
+
+
+def _level(text: str) -> str | float:
+    try:
+        return float(text)
+    except ValueError:
+        return text
 
 
 @dataset_app.command("list")

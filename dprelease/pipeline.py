@@ -204,7 +204,8 @@ def open_sealed(platform: Platform, release_id: str, planned: Plan, decision: Ep
 
 # -- 8: the controller's summary -------------------------------------------------------------------
 
-def controller_summary(release_id: str, planned: Plan, decision: EpsilonDecision, result: dp.DPResult) -> str:
+def controller_summary(release_id: str, planned: Plan, decision: EpsilonDecision, result: dp.DPResult,
+                       risk_info: dict | None = None) -> str:
     """Markdown for the approval form (Prefect artifact): what would be released, and the
     controller-only numbers next to it."""
     c = result.controller_only
@@ -223,6 +224,12 @@ def controller_summary(release_id: str, planned: Plan, decision: EpsilonDecision
               for name, loss in c.clamping.items()]
     if decision.risk_choice is not None:
         lines.append(f"- risk model: {decision.risk_choice.summary}")
+    elif risk_info:
+        lines.append(
+            f"- risk at this epsilon (dataset profile: sensitivity {risk_info['sensitivity']}, trust "
+            f"{risk_info['trust']}, {risk_info['n']} possible values): an attacker's guess is right with "
+            f"probability at most {risk_info['q']:.0%}; risk {risk_info['risk']:.2f} ({risk_info['level']}; "
+            f"tolerable {risk.level_value(risk_info['max_risk']):g})")
     lines += ["", "Approve to publish the analyst report (signed); reject to refund the budget."]
     return "\n".join(lines)
 
@@ -250,20 +257,37 @@ def write_controller_report(platform: Platform, release_id: str, planned: Plan, 
     for stale in directory.iterdir():
         stale.unlink()
     ctx = report_context(release_id, planned, decision, approved_by=None, decided_at=None)
-    ctx.charts.update(_controller_charts(planned, decision))
+    ctx.charts.update(_controller_charts(platform, planned, decision))
     (directory / "controller.html").write_text(reports.render_controller_report(result, ctx))
     signing.sign_directory(directory, {"release_id": release_id, "kind": "controller-report"},
                            signing.load_private_key(platform.settings.signing_key_file))
     return directory
 
 
-def _controller_charts(planned: Plan, decision: EpsilonDecision) -> dict[str, str]:
-    """The noise-against-risk chart when epsilon came from the risk model."""
+def risk_profile(platform: Platform, planned: Plan, decision: EpsilonDecision) -> dict:
+    """What the risk model says of this release, whichever way epsilon was chosen (risk.md, "In
+    this platform"): the request's risk parameters, else the dataset's registered profile. A
+    histogram lets one person change two outputs (m = 2), a single number one (m = 1)."""
+    if decision.risk_choice is not None:
+        r = dict(planned.request.risk)
+    else:
+        r = json.loads(platform.store.get_dataset(planned.request.dataset).risk_json or "{}")
+        if not r:
+            return {}
+        r.setdefault("m", 2 if planned.query.group_by else 1)
+    t, s = risk.level_value(r["trust"]), risk.level_value(r["sensitivity"])
+    q = risk.guessing_bound(decision.epsilon, int(r["n"]), int(r.get("m", 1)))
+    rk = risk.risk(s, t, q)
+    return {**r, "q": q, "risk": rk, "level": risk.level_name(rk)}
+
+
+def _controller_charts(platform: Platform, planned: Plan, decision: EpsilonDecision) -> dict[str, str]:
+    """The noise-against-risk chart, for every release."""
     from . import charts
 
-    if decision.risk_choice is None:
+    r = risk_profile(platform, planned, decision)
+    if not r:
         return {}
-    r = planned.request.risk
     return {"noise against risk": charts.noise_risk_svg(
         trust=r["trust"], sensitivity=r["sensitivity"], max_risk=r["max_risk"], n=int(r["n"]), m=int(r.get("m", 1)),
         p=float(r.get("p", 0.9)), chosen_eps=decision.epsilon)}

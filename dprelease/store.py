@@ -89,6 +89,7 @@ with warnings.catch_warnings():
         epsilon_cap: float
         delta_cap: float
         expectations_json: str = "[]"
+        risk_json: str = "{}"  # risk profile: sensitivity, trust, n, max_risk (risk.md)
         created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
 
 
@@ -288,6 +289,7 @@ class Store:
         epsilon_cap: float,
         delta_cap: float,
         expectations: list | str | None = None,
+        risk_profile: dict | None = None,
     ) -> Dataset:
         """Register a dataset (its blob is already sealed in the escrow); names are unique."""
         dataset = Dataset(
@@ -300,6 +302,7 @@ class Store:
             epsilon_cap=_check_epsilon(epsilon_cap, "epsilon_cap"),
             delta_cap=_check_delta(delta_cap, "delta_cap"),
             expectations_json=_as_json([] if expectations is None else expectations),
+            risk_json=_as_json(risk_profile or {}),
         )
         try:
             with self._transaction() as session:

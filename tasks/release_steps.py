@@ -78,7 +78,8 @@ def summarise(settings: Settings, release_id: str, planned: pipeline.Plan, decis
     """The controller's summary: a markdown artifact in the Prefect UI and the signed controller report."""
     platform = _platform(settings)
     result = pipeline.open_sealed(platform, release_id, planned, decision)
-    markdown = pipeline.controller_summary(release_id, planned, decision, result)
+    markdown = pipeline.controller_summary(release_id, planned, decision, result,
+                                           pipeline.risk_profile(platform, planned, decision))
     create_markdown_artifact(markdown, key=f"release-{release_id[:12].lower()}", description="controller summary")
     pipeline.save_summary(platform, release_id, markdown)
     pipeline.write_controller_report(platform, release_id, planned, decision, result)

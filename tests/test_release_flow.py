@@ -110,6 +110,9 @@ def test_approve_publishes_a_verifiable_report_and_commits_once(platform_env):
     # the controller report is signed too, and kept in the archive, never in the publication directory
     controller = platform_env.archive_dir / rel.id / "controller"
     assert signing.verify_directory(controller, platform_env.public_key_file).ok
+    # whatever chose epsilon, the controller sees what it means in the risk model (dataset profile)
+    assert "risk at this epsilon" in (platform_env.archive_dir / rel.id / "summary.md").read_text()
+    assert "tolerable risk" in (controller / "controller.html").read_text()
     assert not list(platform_env.publication_dir.rglob("controller*"))
 
 
