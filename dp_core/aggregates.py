@@ -15,7 +15,7 @@ the seed's Table 4.2 instead averages col^2 over [0, max(L^2, U^2)], which has a
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -228,8 +228,9 @@ def _plan_with_partition_bounds(index: int, agg: Aggregate, integer_columns: set
     v = ident(f"{p}_raw")
     lo_sql, hi_sql = SQL(ident(f"{p}_lo")), SQL(ident(f"{p}_hi"))
     widest = max(max(abs(lo), abs(hi)) for lo, hi in bounds)
-    partial = {f"{p}_raw": (f"count({ident(agg.column)})" if agg.column else "count(*)") if agg.kind == "count"
-               else f"sum({ident(agg.column)})" if agg.kind == "sum" else f"avg({ident(agg.column)})"}
+    proxy = replace(agg, lower=None if agg.kind == "count" else -widest,
+                    upper=max(math.ceil(widest), 1) if agg.kind == "count" else widest)
+    partial = plan_aggregate(index, proxy, integer_columns, "", 2).partials  # the one per-unit partial SQL
     if agg.kind in ("count", "sum"):
         clamped = f"least({v}, {hi_sql})" if agg.kind == "count" else _clamp_sql(v, lo_sql, hi_sql)
         integer = all(float(x).is_integer() for b in bounds for x in b) and (

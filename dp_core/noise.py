@@ -96,12 +96,6 @@ def real_grid(scale: float) -> float:
     return math.ldexp(1.0, math.ceil(math.log2(scale)) - GRID_STEPS_PER_SCALE_LOG2)
 
 
-def discrete_laplace_tail(scale: float, m: np.ndarray | float) -> np.ndarray:
-    """P(K >= m) for integer m >= 1 under the discrete Laplace of this scale: q^m / (1 + q)."""
-    q = math.exp(-1.0 / scale)
-    return np.power(q, m) / (1.0 + q)
-
-
 def discrete_laplace_halfwidth(scale: float, alpha: float) -> int:
     """Smallest integer m with P(|K| > m) <= alpha, i.e. 2 q^(m+1) / (1 + q) <= alpha."""
     q = math.exp(-1.0 / scale)

@@ -104,9 +104,10 @@ def test_per_partition_bounds_fit_each_partition_and_its_noise():
     scales = {m.target: m for m in r.mechanisms if m.target.startswith("s.sum")}
     small = next(m for k, m in scales.items() if "[0.015625, 4]" in k)
     assert small.sensitivity_per_partition == pytest.approx(4.0, rel=1e-6)
+    # dataset-wide bounds size the small partition's noise for the widest values (its interval,
+    # clipped at 0, can even collapse): compare the noise itself
     whole = dp.execute(replace_scope(q, "dataset"), df).table.set_index("g")
-    assert whole.loc["small", "s_ci_high"] - whole.loc["small", "s_ci_low"] > 100 * (
-        t.loc["small", "s_ci_high"] - t.loc["small", "s_ci_low"])
+    assert whole.loc["small", "s_noise_sd"] > 100 * t.loc["small", "s_noise_sd"]
 
 
 def replace_scope(q, scope):
