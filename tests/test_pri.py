@@ -143,8 +143,9 @@ def test_public_mode_refuses_what_needs_the_data():
 
 def test_odometer_and_cap_limit_the_candidates(adult):
     q = seed_queries()["Q3"]
-    choice = pri.choose_epsilon_data(q, adult, 50, spent=0.35, cap=1.0)
+    choice = pri.choose_epsilon_data(q, adult, 100, spent=0.35, cap=1.0)  # p = 100 always passes
     assert all(0.35 < e <= 0.65 + 1e-12 for e in choice.candidates)
+    assert choice.epsilon == max(choice.candidates)
     with pytest.raises(pri.NoEpsilonError, match="odometer"):
         pri.choose_epsilon_data(q, adult, 50, spent=10.0)
     with pytest.raises(pri.NoEpsilonError, match="nothing is released"):
