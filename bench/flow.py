@@ -33,8 +33,8 @@ def main() -> None:
     from prefect.testing.utilities import prefect_test_harness
 
     from dprelease import admin, pipeline
-    from dprelease.approvals import answer
     from dprelease.settings import Settings
+    from flows.approvals import answer
     from flows.release import release_flow
 
     settings = Settings.from_env()

@@ -5,7 +5,8 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from . import checks, escrow, signing
+from . import checks, escrow
+from .reporting import signing
 from .settings import Settings
 from .store import Store
 

@@ -25,7 +25,8 @@ import dp_core as dp
 from dp_core import pri, risk
 from dp_core.sql import Table, compile_for, run_sql
 
-from . import checks, escrow, reports, signing
+from . import checks, escrow
+from .reporting import data_files, pages, signing
 from .requests import ReleaseRequest, query_from_spec
 from .settings import Settings
 from .store import BudgetExceeded, Store, StoreError
@@ -258,7 +259,7 @@ def write_controller_report(platform: Platform, release_id: str, planned: Plan, 
         stale.unlink()
     ctx = report_context(release_id, planned, decision, approved_by=None, decided_at=None)
     ctx.charts.update(_controller_charts(platform, planned, decision))
-    (directory / "controller.html").write_text(reports.render_controller_report(result, ctx))
+    (directory / "controller.html").write_text(pages.render_controller_report(result, ctx))
     signing.sign_directory(directory, {"release_id": release_id, "kind": "controller-report"},
                            signing.load_private_key(platform.settings.signing_key_file))
     return directory
@@ -283,7 +284,7 @@ def risk_profile(platform: Platform, planned: Plan, decision: EpsilonDecision) -
 
 def _controller_charts(platform: Platform, planned: Plan, decision: EpsilonDecision) -> dict[str, str]:
     """The noise-against-risk chart, for every release."""
-    from . import charts
+    from .reporting import charts
 
     r = risk_profile(platform, planned, decision)
     if not r:
@@ -300,9 +301,9 @@ def public_fingerprint(platform: Platform, fingerprint: str) -> str:
 
 
 def report_context(release_id: str, planned: Plan, decision: EpsilonDecision, approved_by: str | None,
-                   decided_at: str | None, created_at: str | None = None) -> reports.ReleaseContext:
+                   decided_at: str | None, created_at: str | None = None) -> pages.ReleaseContext:
     req = planned.request
-    return reports.ReleaseContext(
+    return pages.ReleaseContext(
         release_id=release_id, dataset=req.dataset, dataset_fingerprint="", privacy_unit=planned.query.privacy_unit,
         request_text=req.text, requested_by=req.requested_by, approved_by=approved_by, decided_at=decided_at,
         created_at=created_at or now(), epsilon_mode=decision.mode, epsilon_explanation=decision.explanation,
@@ -360,8 +361,8 @@ def publish(platform: Platform, release_id: str, planned: Plan, decision: Epsilo
     directory = platform.settings.publication_dir / release_id
     staging = _staging(platform, release_id)
     ctx = _published_context(platform, release_id, planned, decision, approved_by, ds, directory)
-    (staging / "index.html").write_text(reports.render_analyst_report(result, ctx))
-    reports.write_data_files(result, staging)
+    (staging / "index.html").write_text(pages.render_analyst_report(result, ctx))
+    data_files.write_data_files(result, staging)
     facts = {
         "release_id": release_id, "dataset": ds.name, "dataset_fingerprint": ctx.dataset_fingerprint,
         "title": planned.request.title, "epsilon": result.epsilon_spent, "delta": result.delta_spent,
@@ -396,7 +397,7 @@ def _swap_in(staging: Path, directory: Path) -> None:
         shutil.rmtree(old)
 
 
-def _published_context(platform, release_id, planned, decision, approved_by, ds, directory) -> reports.ReleaseContext:
+def _published_context(platform, release_id, planned, decision, approved_by, ds, directory) -> pages.ReleaseContext:
     release = platform.store.get_release(release_id)
     ctx = report_context(release_id, planned, decision, approved_by=approved_by, decided_at=now(),
                          created_at=release.created_at.isoformat(timespec="seconds"))
@@ -417,7 +418,7 @@ def write_index(platform: Platform) -> Path:
                         "path": f"{rel.id}/index.html"})
     entries.sort(key=lambda e: e["published_at"], reverse=True)
     path = platform.settings.publication_dir / "index.html"
-    path.write_text(reports.render_index(entries))
+    path.write_text(pages.render_index(entries))
     key = platform.settings.publication_dir / signing.PUBLIC_KEY  # the trusted key, published once
     key.write_bytes(platform.settings.public_key_file.read_bytes())
     return path
@@ -498,7 +499,7 @@ def publish_utility(platform: Platform, release_id: str, planned: Plan, decision
     shown.update(f_dp=f"{utility['f_dp']:.6g}", f_raw=f"{utility['f_raw']:.6g}", status=f"approved by {approved_by}")
     ctx = replace(_published_context(platform, release_id, planned, decision, release.decision_by, ds, directory),
                   utility=shown)
-    (staging / "index.html").write_text(reports.render_analyst_report(result, ctx))
+    (staging / "index.html").write_text(pages.render_analyst_report(result, ctx))
     (staging / "utility.json").write_text(json.dumps({**shown, "reveals": utility["reveals"]}, indent=2))
     facts = json.loads((directory / signing.MANIFEST).read_text())["facts"]
     facts["utility_signal"] = {"evaluator": utility["name"], "approved_by": approved_by}

@@ -117,10 +117,11 @@ def replace_scope(q, scope):
 
 
 def test_per_partition_bounds_limit_one_units_influence_to_its_partitions_bounds():
+    from dataclasses import replace
+
+    from dp_core.aggregates import component_sensitivity
     from dp_core.backend import DuckDBBackend
     from dp_core.bounding import build_plan
-    from dp_core.aggregates import component_sensitivity
-    from dataclasses import replace
 
     rng = np.random.default_rng(6)
     base = _magnitudes(rng, 2000, 2000).assign(x=lambda d: d.x.round(3))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dp_core.pri import PRIRange
-from dprelease import charts
+from dprelease.reporting import charts
 
 
 def _check(svg: str):

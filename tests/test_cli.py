@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from dprelease.cli import app
+from cli.app import app
 
 DATA = Path(__file__).resolve().parents[1] / "examples" / "data" / "adult.csv.gz"
 
@@ -43,7 +43,7 @@ def test_init_register_budget_policy(env):
 
 
 def test_verify_names_the_changed_file(env):
-    from dprelease import signing
+    from dprelease.reporting import signing
 
     run("init")
     key_dir = env / "home" / "keys"
@@ -69,7 +69,7 @@ def test_help_has_examples():
 
 
 def test_verify_without_a_trusted_key_does_not_claim_who_signed(env, tmp_path, monkeypatch):
-    from dprelease import signing
+    from dprelease.reporting import signing
 
     monkeypatch.setenv("DPRELEASE_HOME", str(tmp_path / "empty-home"))  # no keys anywhere
     release = tmp_path / "pub" / "r1"

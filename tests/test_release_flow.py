@@ -76,8 +76,8 @@ def wait_for_approval(store, known: set, timeout=120, thread=None, box=None):
 
 
 def decide(platform_env, decision, **params):
-    from dprelease.approvals import answer, wait_until_paused
     from dprelease.pipeline import Platform
+    from flows.approvals import answer, wait_until_paused
 
     platform = Platform.open(platform_env)
     known = {r.id for r in platform.store.list_releases()}
@@ -92,7 +92,8 @@ def decide(platform_env, decision, **params):
 
 
 def test_approve_publishes_a_verifiable_report_and_commits_once(platform_env):
-    from dprelease import pipeline, signing
+    from dprelease import pipeline
+    from dprelease.reporting import signing
 
     before = pipeline.Platform.open(platform_env).store.budget("adult")
     platform, rel, box = decide(platform_env, "approve")
@@ -275,7 +276,8 @@ def test_no_plaintext_copy_of_the_dataset_on_disk(platform_env):
 
 
 def test_scheduled_publication_needs_a_standing_policy(platform_env, tmp_path):
-    from dprelease import pipeline, signing
+    from dprelease import pipeline
+    from dprelease.reporting import signing
     from flows.publication import publication_flow
 
     platform = pipeline.Platform.open(platform_env)
@@ -338,9 +340,8 @@ def test_publication_is_staged_and_shows_only_a_keyed_fingerprint(platform_env):
 
 
 def test_epsilon_chosen_by_the_pri_in_public_mode(platform_env):
-    from dprelease import signing
-
     from dprelease import admin
+    from dprelease.reporting import signing
 
     data = Path(__file__).resolve().parents[1] / "examples" / "data" / "adult.csv.gz"
     admin.register_dataset(platform_env, "fresh", data, "person_id", epsilon_cap=10, add_row_id=True)

@@ -22,7 +22,7 @@ import pytest
 import dp_core as dp
 from dp_core import pri
 from dp_core import risk as risk_model
-from dprelease import charts, reports
+from dprelease.reporting import charts, data_files, pages
 
 SCRIPT = "<script>alert(1)</script>"
 NAMESPACES = {"http://www.w3.org/2000/svg", "http://www.w3.org/1999/xlink"}
@@ -51,7 +51,7 @@ def result(data):
     return dp.execute(q, data)
 
 
-def make_ctx(**kw) -> reports.ReleaseContext:
+def make_ctx(**kw) -> pages.ReleaseContext:
     base = {
         "release_id": "rel-0007", "dataset": "adult", "dataset_fingerprint": "sha256:" + "3f" * 32,
         "privacy_unit": "person_id",
@@ -62,17 +62,17 @@ def make_ctx(**kw) -> reports.ReleaseContext:
         "verify_hint": "dprelease verify releases/rel-0007",
     }
     base.update(kw)
-    return reports.ReleaseContext(**base)
+    return pages.ReleaseContext(**base)
 
 
 @pytest.fixture(scope="module")
 def analyst_html(result) -> str:
-    return reports.render_analyst_report(result, make_ctx())
+    return pages.render_analyst_report(result, make_ctx())
 
 
 @pytest.fixture(scope="module")
 def controller_html(result) -> str:
-    return reports.render_controller_report(result, make_ctx())
+    return pages.render_controller_report(result, make_ctx())
 
 
 def exact_strings(result) -> list[str]:
@@ -82,7 +82,7 @@ def exact_strings(result) -> list[str]:
     out = []
     for v in ex["score_total"].astype(float):
         assert not float(v).is_integer()
-        out += [reports.fmt_number(v), f"{v:.2f}", f"{v:.3f}", repr(float(v))]
+        out += [pages.fmt_number(v), f"{v:.2f}", f"{v:.3f}", repr(float(v))]
     assert out
     return out
 
@@ -97,8 +97,8 @@ def external_urls(text: str) -> set[str]:
 
 def test_analyst_report_has_the_public_facts(result, analyst_html):
     page = analyst_html
-    assert f"<b>{reports.fmt_number(result.epsilon_spent)}</b>" in page  # epsilon in the header
-    assert reports.fmt_number(result.delta_spent) in page
+    assert f"<b>{pages.fmt_number(result.epsilon_spent)}</b>" in page  # epsilon in the header
+    assert pages.fmt_number(result.delta_spent) in page
     assert "sha256:" + "3f" * 32 in page and "Dana Approver" in page and "2026-11-02T10:15:00Z" in page
     assert "dprelease verify releases/rel-0007" in page
     # every released group and its value with the confidence interval
@@ -115,8 +115,8 @@ def test_analyst_report_has_the_public_facts(result, analyst_html):
     for m in result.mechanisms:
         assert html.escape(m.target) in page
         if m.scale is not None:
-            assert f">{reports.fmt_number(m.scale)}<" in page
-        assert f">{reports.fmt_number(m.sensitivity)}<" in page
+            assert f">{pages.fmt_number(m.scale)}<" in page
+        assert f">{pages.fmt_number(m.sensitivity)}<" in page
     for s in result.budget:
         assert f"<td>{html.escape(s.part)}</td>" in page
     # bounds, inferred bounds with their DP histogram (inline SVG)
@@ -128,7 +128,7 @@ def test_analyst_report_has_the_public_facts(result, analyst_html):
     assert f"cannot be more than {q:.1f}% sure" in page and "73.1%" in page
     assert "knows the data of everyone except one person" in page and "a coin toss (50%)" in page
     # missing groups: said, not counted
-    assert reports.MISSING_GROUPS_NOTE in page
+    assert pages.MISSING_GROUPS_NOTE in page
     assert "Epsilon 1 was fixed in the release request." in page
 
 
@@ -143,7 +143,7 @@ def test_analyst_report_contains_nothing_controller_only(result, analyst_html):
         assert s not in page, f"exact (raw) value {s} on the analyst page"
     co = result.controller_only
     assert co.partitions_dropped >= 0 and co.clamping["capital_gain"].clamped > 0
-    assert reports.fmt_number(co.clamping["capital_gain"].total_shift) not in page
+    assert pages.fmt_number(co.clamping["capital_gain"].total_shift) not in page
 
 
 def test_analyst_report_never_reads_the_controller_field(result):
@@ -154,7 +154,7 @@ def test_analyst_report_never_reads_the_controller_field(result):
             raise AssertionError(f"the analyst report read controller_only.{name}")
 
     sealed = dataclasses.replace(result, controller_only=Tripwire())
-    assert "<h2>Results</h2>" in reports.render_analyst_report(sealed, make_ctx())
+    assert "<h2>Results</h2>" in pages.render_analyst_report(sealed, make_ctx())
 
 
 def test_epsilon_from_pri_is_public_on_the_analyst_page(data):
@@ -164,16 +164,16 @@ def test_epsilon_from_pri_is_public_on_the_analyst_page(data):
     ctx = make_ctx(epsilon_mode="pri", epsilon_explanation="Chosen by the platform from p = 50.",
                    charts={"Noise against risk": charts.noise_risk_svg(
                        trust="high", sensitivity="high", max_risk=0.2, n=2, chosen_eps=res.epsilon_spent)})
-    page = reports.render_analyst_report(res, ctx)
+    page = pages.render_analyst_report(res, ctx)
     assert "privacy risk indicator test" in page and "Chosen by the platform from p = 50." in page
     assert not re.search(r"\bPRIs?\b", page) and "controller" not in page.lower()
     assert "Noise against risk" not in page  # ctx.charts go to the controller only
-    assert reports.MISSING_GROUPS_NOTE not in page  # no grouping: nothing can be missing
-    ctl = reports.render_controller_report(res, ctx)
+    assert pages.MISSING_GROUPS_NOTE not in page  # no grouping: nothing can be missing
+    ctl = pages.render_controller_report(res, ctx)
     assert "PRI ranges per candidate epsilon" in ctl and "Noise against risk" in ctl
     assert ctl.count("<svg") >= 2  # PRI ranges chart and the noise-vs-risk chart
     top = res.controller_only.pri_ranges[0]
-    assert f">{reports.fmt_number(top.maximum)}<" in ctl
+    assert f">{pages.fmt_number(top.maximum)}<" in ctl
 
 
 # --------------------------------------------------------------------------------------------
@@ -190,7 +190,7 @@ def test_controller_report_has_the_loss_numbers(result, analyst_html, controller
     for name, c in co.clamping.items():
         assert (f'<tr><td>{name}</td><td class="n">{c.values}</td><td class="n">{c.clamped}</td>'
                 f'<td class="n">{(c.clamped / c.values if c.values else 0) * 100:.2f}%</td>'
-                f'<td class="n">{reports.fmt_number(c.total_shift)}</td></tr>') in page
+                f'<td class="n">{pages.fmt_number(c.total_shift)}</td></tr>') in page
     assert f"<b>{co.pairs_dropped_by_bounding}</b>" in page
     for s in exact_strings(result)[::4]:  # fmt_number spelling: the exact values are shown here
         assert s in page
@@ -209,13 +209,13 @@ def test_autoescape(result, analyst_html, controller_html):
     for page in (analyst_html, controller_html):
         assert SCRIPT not in page
         assert html.escape(SCRIPT) in page
-    idx = reports.render_index([{"release_id": "r1", "dataset": "a<b>", "title": SCRIPT, "epsilon": 1.0, "delta": 1e-6,
+    idx = pages.render_index([{"release_id": "r1", "dataset": "a<b>", "title": SCRIPT, "epsilon": 1.0, "delta": 1e-6,
                                      "published_at": "2026-11-02", "path": "r1/report.html"}])
     assert SCRIPT not in idx and html.escape(SCRIPT) in idx and "a&lt;b&gt;" in idx
 
 
 def test_reports_are_self_contained(result, analyst_html, controller_html):
-    idx = reports.render_index([{"release_id": "rel-0007", "dataset": "adult", "title": "Education", "epsilon": 1.0,
+    idx = pages.render_index([{"release_id": "rel-0007", "dataset": "adult", "title": "Education", "epsilon": 1.0,
                                  "delta": 1e-6, "published_at": "2026-11-02", "path": "rel-0007/analyst.html"}])
     for page in (analyst_html, controller_html, idx):
         assert page.startswith("<!DOCTYPE html>")
@@ -228,18 +228,18 @@ def test_reports_are_self_contained(result, analyst_html, controller_html):
         assert "<style>" in page
     assert 'href="rel-0007/analyst.html"' in idx and "Education" in idx
     with pytest.raises(ValueError):
-        reports.render_index([{"release_id": "x", "dataset": "d", "title": "t", "epsilon": 1, "delta": 0,
+        pages.render_index([{"release_id": "x", "dataset": "d", "title": "t", "epsilon": 1, "delta": 0,
                                    "published_at": "now", "path": "https://example.org/x.html"}])
 
 
 def test_index_lists_every_release():
     entries = [{"release_id": f"rel-{i}", "dataset": "adult", "title": f"Release number {i}", "epsilon": 0.5 * i,
                 "delta": 1e-6, "published_at": f"2026-11-0{i}", "path": f"rel-{i}/analyst.html"} for i in range(1, 4)]
-    page = reports.render_index(entries)
+    page = pages.render_index(entries)
     for e in entries:
         assert f'href="{e["path"]}"' in page and e["title"] in page and e["published_at"] in page
     assert page.count("<tr>") == 1 + len(entries)
-    assert "Nothing has been published yet." in reports.render_index([])
+    assert "Nothing has been published yet." in pages.render_index([])
 
 
 # --------------------------------------------------------------------------------------------
@@ -247,7 +247,7 @@ def test_index_lists_every_release():
 
 
 def test_data_files_are_public_only(result, tmp_path):
-    paths = reports.write_data_files(result, tmp_path / "out")
+    paths = data_files.write_data_files(result, tmp_path / "out")
     assert [p.name for p in paths] == ["results.csv", "results.json"]
     table = pd.read_csv(paths[0])
     assert list(table.columns) == list(result.table.columns)

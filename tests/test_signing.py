@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from dprelease.signing import (
+from dprelease.reporting.signing import (
     FORMAT,
     MANIFEST,
     PUBLIC_KEY,

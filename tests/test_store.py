@@ -13,8 +13,8 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from dprelease import store as store_module
 from dprelease.store import BudgetExceeded, Store, StoreError
+from dprelease.store import ledger as store_module
 
 PG_ENV = "DPRELEASE_TEST_PG_URL"
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from dprelease import evaluators
+from dprelease.evaluators import registry as evaluators
 
 SQL = ("SELECT WITH ANONYMIZATION education, sex, ANON_COUNT(*, 1) AS people, ANON_AVG(hours_per_week, 1, 99) AS hours "
        "FROM adult GROUP BY education, sex")
@@ -46,8 +46,8 @@ def env(tmp_path_factory):
 
 def run_utility(env, answers, **params):
     """Start the utility flow and give the answers in order (approve/reject), one per pause."""
-    from dprelease.approvals import answer, wait_until_paused
     from dprelease.pipeline import Platform
+    from flows.approvals import answer, wait_until_paused
     from flows.utility import utility_flow
 
     platform = Platform.open(env)
@@ -98,7 +98,7 @@ def _raw_value(env, release_id) -> str:
 
 
 def test_all_three_approvals_release_the_utility_signal(env):
-    from dprelease import signing
+    from dprelease.reporting import signing
 
     box, snapshots = run_utility(env, ["approve", "approve", "approve"])
     result = box["result"]

@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
-import time
 from pathlib import Path
 
 import typer
-from rich.console import Console
-from rich.markdown import Markdown
 from rich.table import Table as RichTable
 
-from .settings import Settings
+from dprelease.settings import Settings
+
+from .interactive import console, run_release_interactively, run_utility_interactively
 
 app = typer.Typer(help="Differentially private releases: register data, request, approve, publish, verify.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
@@ -29,7 +27,6 @@ app.add_typer(dataset_app, name="dataset")
 policy_app = typer.Typer(help="Standing policies: what a request may ask, and what is approved automatically.",
                          no_args_is_help=True)
 app.add_typer(policy_app, name="policy")
-console = Console()
 
 
 def _settings() -> Settings:
@@ -46,7 +43,7 @@ def init() -> None:
     """Create the home directory, the escrow and signing keys, and the store.
 
     Example: DPRELEASE_HOME=/srv/dprelease dprelease init"""
-    from . import admin
+    from dprelease import admin
 
     for line in admin.init(_settings()):
         console.print(line)
@@ -68,7 +65,7 @@ def dataset_register(
     """Encrypt a file into the escrow and record its fingerprint, unit, caps and data checks.
 
     Example: dprelease dataset register adult adult.csv.gz --unit person_id --add-row-id --epsilon-cap 10"""
-    from . import admin
+    from dprelease import admin
 
     try:
         profile = {"sensitivity": _level(sensitivity), "trust": _level(trust), "n": sensitive_values,
@@ -91,7 +88,7 @@ def _level(text: str) -> str | float:
 @dataset_app.command("list")
 def dataset_list() -> None:
     """The registered datasets."""
-    from .store import Store
+    from dprelease.store import Store
 
     table = RichTable("name", "unit", "format", "fingerprint", "epsilon cap", "delta cap")
     for ds in Store(_settings().store_url).list_datasets():
@@ -111,8 +108,8 @@ def policy_add(
     """Add a standing policy. Example: dprelease policy add monthly --dataset adult --max-epsilon 0.1 --approval auto
 
     Example: dprelease policy add ana --dataset adult --analyst ana --max-epsilon 1 --evaluator spearman_rank"""
-    from .evaluators import catalogue
-    from .store import Store, StoreError
+    from dprelease.evaluators import catalogue
+    from dprelease.store import Store, StoreError
 
     unknown = set(evaluator) - set(catalogue())
     if unknown:
@@ -130,7 +127,7 @@ def policy_list(dataset: str) -> None:
     """The policies of a dataset."""
     import json
 
-    from .store import Store
+    from dprelease.store import Store
 
     table = RichTable("name", "analyst", "max epsilon", "approval", "evaluators")
     for p in Store(_settings().store_url).all_policies(dataset):
@@ -142,7 +139,7 @@ def policy_list(dataset: str) -> None:
 @app.command()
 def budget(dataset: str = typer.Argument(None, help="one dataset (default: all)")) -> None:
     """Budget per dataset: cap, committed, reserved, remaining."""
-    from .store import Store
+    from dprelease.store import Store
 
     store = Store(_settings().store_url)
     names = [dataset] if dataset else [d.name for d in store.list_datasets()]
@@ -159,7 +156,7 @@ def verify(directory: Path, key: Path = typer.Option(None, help="the trusted pub
     """Check a published release: signature, every file's digest, nothing added or removed.
 
     Example: dprelease verify ~/.dprelease/published/<release id> --key signing_ed25519.pub.pem"""
-    from . import signing
+    from dprelease.reporting import signing
 
     trusted = key
     if trusted is None:
@@ -187,7 +184,7 @@ def verify(directory: Path, key: Path = typer.Option(None, help="the trusted pub
 @app.command()
 def pending() -> None:
     """Releases waiting for a controller's decision."""
-    from .store import Store
+    from dprelease.store import Store
 
     table = RichTable("release id", "dataset", "created", "flow run")
     for rel in Store(_settings().store_url).list_releases(status="awaiting_approval"):
@@ -196,8 +193,8 @@ def pending() -> None:
 
 
 def _resume(release_id: str, decision: str, reviewer: str, comment: str) -> None:
-    from .approvals import answer
-    from .store import Store
+    from dprelease.store import Store
+    from flows.approvals import answer
 
     rel = Store(_settings().store_url).get_release(release_id)
     if rel.status != "awaiting_approval" or not rel.flow_run_id:
@@ -230,8 +227,7 @@ def release(
 
     Example: dprelease release examples/request.yaml"""
     from dp_core import DPError
-
-    from .requests import load_request
+    from dprelease.requests import load_request
 
     try:
         request = load_request(spec)
@@ -241,82 +237,10 @@ def release(
     console.print(result)
 
 
-def _in_background(fn) -> tuple[threading.Thread, dict]:
-    """Run a flow call in a thread (as a worker would); its result or error lands in the dict."""
-    out: dict = {}
-
-    def run() -> None:
-        try:
-            out["result"] = fn()
-        except BaseException as err:  # noqa: BLE001 - re-raised by _collect
-            out["error"] = err
-
-    worker = threading.Thread(target=run, daemon=True)
-    worker.start()
-    return worker, out
-
-
-def _collect(worker: threading.Thread, out: dict) -> dict:
-    worker.join()
-    if "error" in out:
-        raise out["error"]
-    return out["result"]
-
-
-def run_release_interactively(settings: Settings, request, *, approve_as: str | None, timeout: int,
-                              no_terminal_reviewer: str | None = None) -> dict:
-    """Start the flow in this process, show the controller summary, and take the decision here:
-    from `approve_as`, a terminal prompt, or (no terminal) `no_terminal_reviewer`."""
-    from flows.release import release_flow
-
-    from .approvals import answer
-    from .store import Store
-
-    store = Store(settings.store_url)
-    before = {r.id for r in store.list_releases()}
-    worker, out = _in_background(lambda: release_flow(
-        dataset=request.dataset, sql=request.sql, query=request.query, title=request.title,
-        epsilon=request.epsilon, pri_p=request.pri.get("p") if request.epsilon_mode == "pri" else None,
-        pri_mode=request.pri.get("mode", "public"), pri_beta=float(request.pri.get("beta", 0.5)),
-        risk=request.risk or None, delta=request.delta,
-        max_partitions_contributed=request.max_partitions_contributed, requested_by=request.requested_by,
-        approval_timeout=timeout, poll_interval=1))
-    waiting = None
-    while worker.is_alive() and waiting is None:
-        waiting = next((r for r in store.list_releases(status="awaiting_approval") if r.id not in before), None)
-        time.sleep(0.3)
-    if waiting is not None:
-        summary_file = settings.archive_dir / waiting.id / "controller" / "controller.html"
-        console.print(Markdown(_summary_markdown(settings, waiting.id)))
-        console.print(f"[dim]controller report (signed, archive only): {summary_file}[/dim]")
-        decision, reviewer, comment = _ask(approve_as, no_terminal_reviewer)
-        answer(waiting.flow_run_id, decision, reviewer, comment)
-    return _collect(worker, out)
-
-
-def _summary_markdown(settings: Settings, release_id: str) -> str:
-    path = settings.archive_dir / release_id / "summary.md"
-    return path.read_text() if path.exists() else f"Release {release_id} awaits approval."
-
-
-def _ask(approve_as: str | None, no_terminal_reviewer: str | None) -> tuple[str, str, str]:
-    if approve_as:
-        return "approve", approve_as, "approved on the command line"
-    if not sys.stdin.isatty():
-        if no_terminal_reviewer:
-            console.print(f"[yellow]no terminal: approved automatically as {no_terminal_reviewer!r}[/yellow]")
-            return "approve", no_terminal_reviewer, "no terminal: approved automatically"
-        return "reject", "cli", "no terminal to ask and no --approve-as: rejected"
-    answer = typer.prompt("Approve this release? [approve/reject]", default="approve").strip().lower()
-    reviewer = typer.prompt("Your name (reviewer)", default=os.environ.get("USER", "controller"))
-    comment = typer.prompt("Comment", default="")
-    return ("approve" if answer.startswith("a") else "reject"), reviewer, comment
-
-
 @app.command()
 def evaluators() -> None:
     """The catalogue of evaluation functions for utility signaling, with what each reveals."""
-    from .evaluators import catalogue
+    from dprelease.evaluators import catalogue
 
     table = RichTable("name", "parameters", "what its value on raw data can reveal")
     for name, ev in sorted(catalogue().items()):
@@ -338,8 +262,7 @@ def utility(
     import json
 
     from dp_core import DPError
-
-    from .requests import load_request
+    from dprelease.requests import load_request
 
     try:
         request = load_request(spec)
@@ -347,54 +270,6 @@ def utility(
     except (DPError, json.JSONDecodeError) as err:
         _fail(str(err))
     console.print(result)
-
-
-def run_utility_interactively(settings: Settings, request, evaluator: str, params: dict, *, timeout: int,
-                              no_terminal_reviewer: str | None = None) -> dict:
-    """The utility flow in this process; every pause is answered at a prompt (or automatically
-    as `no_terminal_reviewer` without a terminal)."""
-    from flows.utility import utility_flow
-
-    from .approvals import answer, wait_until_paused
-    from .store import Store
-
-    store = Store(settings.store_url)
-    before = {r.id for r in store.list_releases()}
-    worker, out = _in_background(lambda: utility_flow(
-        dataset=request.dataset, evaluator=evaluator, evaluator_params=params, sql=request.sql,
-        query=request.query, title=request.title, epsilon=request.epsilon, delta=request.delta,
-        max_partitions_contributed=request.max_partitions_contributed, requested_by=request.requested_by,
-        approval_timeout=timeout, poll_interval=1))
-    while worker.is_alive():
-        waiting = next((r for r in store.list_releases(status="awaiting_approval") if r.id not in before), None)
-        if waiting is None:
-            time.sleep(0.3)
-            continue
-        try:
-            wait_until_paused(waiting.flow_run_id, timeout)
-        except RuntimeError:
-            break
-        console.print(Markdown(_pause_description(waiting.flow_run_id)))
-        decision, reviewer, comment = _ask(None, no_terminal_reviewer)
-        answer(waiting.flow_run_id, decision, reviewer, comment)
-    return _collect(worker, out)
-
-
-def _pause_description(flow_run_id: str) -> str:
-    """The markdown shown above the pause form (the summary the controller decides on)."""
-    from prefect import get_client
-
-    with get_client(sync_client=True) as client:
-        run = client.read_flow_run(flow_run_id)
-        keyset = run.state.state_details.run_input_keyset or {}
-        key = keyset.get("description")
-        if key:
-            try:
-                value = client.read_flow_run_input(flow_run_id, key)
-                return str(value).strip('"').encode().decode("unicode_escape")
-            except Exception:  # noqa: BLE001 - the description is a convenience
-                pass
-    return "A decision is needed."
 
 
 @app.command()

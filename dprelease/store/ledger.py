@@ -1,13 +1,7 @@
-"""The platform's store: datasets, the budget ledger, releases and policies (sqlmodel).
+"""The `Store`: the catalogue of datasets, the budget ledger (reservations), releases and policies.
 
-SQLite file by default, PostgreSQL by URL (`postgresql+psycopg://...`). Budget reservation is one
-transaction holding a lock, so a dataset's committed plus reserved epsilon and delta never exceed
-its cap, however many releases run at once (platform.md, invariant 3):
-
-- PostgreSQL: `SELECT ... FOR UPDATE` on the dataset's row serialises reservations per dataset.
-- SQLite: every transaction starts with `BEGIN IMMEDIATE` (SQLAlchemy's pysqlite recipe), which
-  takes the database's write lock up front; other writers wait (busy timeout 30 s).
-
+Budget reservation is one transaction holding a lock, so a dataset's committed plus reserved epsilon
+and delta never exceed its cap, however many releases run at once (platform.md, invariant 3).
 Ledger entries go reserved -> committed | refunded. Committed budget is never returned.
 """
 
@@ -15,129 +9,32 @@ from __future__ import annotations
 
 import json
 import math
-import uuid
-import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import DateTime, event
-from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.types import TypeDecorator
-from sqlmodel import Field, Session, SQLModel, create_engine, select
+from sqlmodel import Session, SQLModel, select
 
 from dprelease.settings import Settings
 
-FILE_FORMATS = ("csv", "csv.gz", "parquet")
-LEDGER_STATUSES = ("reserved", "committed", "refunded")
-RELEASE_STATUSES = ("pending", "awaiting_approval", "approved", "rejected", "expired", "failed", "published")
-DECISION_STATUSES = ("approved", "rejected", "expired")  # these stamp decided_at when it is not given
-APPROVALS = ("manual", "auto")
-SQLITE_BUSY_TIMEOUT_S = 30.0
+from .database import make_engine
+from .errors import BudgetExceeded, StoreError
+from .tables import (
+    APPROVALS,
+    DECISION_STATUSES,
+    FILE_FORMATS,
+    RELEASE_STATUSES,
+    Dataset,
+    LedgerEntry,
+    Policy,
+    Release,
+    utcnow,
+)
+
 # Relative slack when comparing sums of floats with a cap: 0.1 + 0.2 must fit a cap of 0.3.
 CAP_TOLERANCE = 1e-9
-
-
-class StoreError(Exception):
-    """A store operation that cannot proceed; the message names the problem and the fix."""
-
-
-class BudgetExceeded(StoreError):
-    """A reservation that would take a dataset's committed plus reserved budget above its cap."""
-
-
-def utcnow() -> datetime:
-    """The current time, timezone-aware UTC (one clock for every timestamp in the store)."""
-    return datetime.now(UTC)
-
-
-class UTCDateTime(TypeDecorator):
-    """Stores naive UTC and returns aware UTC, so SQLite and PostgreSQL give back the same value."""
-
-    impl = DateTime
-    cache_ok = True
-
-    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
-        """Convert to UTC and drop the zone before writing (naive values are taken as UTC)."""
-        if value is None or value.tzinfo is None:
-            return value
-        return value.astimezone(UTC).replace(tzinfo=None)
-
-    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
-        """Mark values read back as UTC."""
-        return None if value is None else value.replace(tzinfo=UTC)
-
-
-# `schema_json` (the spec's column name) shadows pydantic's deprecated BaseModel.schema_json(); harmless here.
-with warnings.catch_warnings():
-    warnings.filterwarnings("ignore", message='Field name "schema_json"', category=UserWarning)
-
-    class Dataset(SQLModel, table=True):
-        """A registered dataset: where its encrypted blob is, what it contains, its privacy budget."""
-
-        __tablename__ = "datasets"
-
-        name: str = Field(primary_key=True)
-        privacy_unit: str
-        blob_path: str
-        fingerprint: str  # SHA-256 hex of the plaintext bytes
-        file_format: str  # one of FILE_FORMATS
-        schema_json: str  # JSON object: column -> type
-        epsilon_cap: float
-        delta_cap: float
-        expectations_json: str = "[]"
-        risk_json: str = "{}"  # risk profile: sensitivity, trust, n, max_risk (risk.md)
-        created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
-
-
-class LedgerEntry(SQLModel, table=True):
-    """One release's share of a dataset's budget: reserved, then committed or refunded."""
-
-    __tablename__ = "ledger_entries"
-
-    id: int | None = Field(default=None, primary_key=True)
-    dataset: str = Field(foreign_key="datasets.name", index=True)
-    release_id: str = Field(unique=True)
-    epsilon: float
-    delta: float
-    status: str = "reserved"  # one of LEDGER_STATUSES
-    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
-    updated_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
-
-
-class Release(SQLModel, table=True):
-    """A release request and its life: status, the controller's decision, artifacts and digests."""
-
-    __tablename__ = "releases"
-
-    id: str = Field(default_factory=lambda: uuid.uuid4().hex, primary_key=True)
-    dataset: str = Field(foreign_key="datasets.name", index=True)
-    request_json: str
-    status: str = Field(default="pending", index=True)  # one of RELEASE_STATUSES
-    decision_by: str | None = None
-    decision_comment: str | None = None
-    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
-    decided_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
-    flow_run_id: str | None = None
-    artifacts_json: str = "{}"  # JSON object: path -> sha256
-
-
-class Policy(SQLModel, table=True):
-    """What an analyst (or anyone, when analyst is None) may request, and whether it auto-approves."""
-
-    __tablename__ = "policies"
-
-    id: int | None = Field(default=None, primary_key=True)
-    name: str = Field(unique=True)
-    dataset: str = Field(foreign_key="datasets.name", index=True)
-    analyst: str | None = None  # None: any analyst
-    max_epsilon_per_release: float
-    approval: str = "manual"  # one of APPROVALS
-    evaluators_json: str = "[]"
-    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
 
 
 # --- validation -----------------------------------------------------------------------------------
@@ -180,71 +77,6 @@ def _as_json(value: Any) -> str:
 def _within(total: float, cap: float) -> bool:
     """Whether a float sum fits under a cap, allowing only rounding error."""
     return total <= cap + CAP_TOLERANCE * max(cap, 1e-12)
-
-
-# --- engine ---------------------------------------------------------------------------------------
-
-
-def _normalise_url(url: str) -> URL:
-    """Parse the store URL; plain `postgresql://` means psycopg 3 (the driver the platform ships)."""
-    parsed = make_url(url)
-    if parsed.drivername in ("postgresql", "postgres"):
-        parsed = parsed.set(drivername="postgresql+psycopg")
-    backend = parsed.get_backend_name()
-    if backend not in ("sqlite", "postgresql"):
-        raise StoreError(
-            f"unsupported store URL {parsed.render_as_string(hide_password=True)!r}: use a SQLite file "
-            "(sqlite:///path/store.db) or PostgreSQL (postgresql+psycopg://user@host/db)"
-        )
-    return parsed
-
-
-def _check_sqlite_path(url: URL) -> None:
-    """A SQLite file store needs an existing directory; say so instead of 'unable to open'."""
-    database = url.database
-    if not database or database == ":memory:" or database.startswith("file:"):
-        raise StoreError(
-            "the SQLite store must be a file (sqlite:///path/store.db): an in-memory database is "
-            "private to one connection and cannot be locked across threads"
-        )
-    parent = Path(database).expanduser().resolve().parent
-    if not parent.is_dir():
-        raise StoreError(f"directory {parent} of the SQLite store does not exist: run `dprelease init` first")
-
-
-def _install_sqlite_locking(engine: Engine) -> None:
-    """SQLAlchemy's pysqlite recipe: disable the driver's own BEGIN, emit `BEGIN IMMEDIATE` ourselves.
-
-    The write lock is then taken when a transaction starts, not at its first write, so a reservation's
-    read of the ledger and its insert cannot interleave with another writer's."""
-
-    @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_connection: Any, connection_record: Any) -> None:
-        dbapi_connection.isolation_level = None  # pysqlite emits no BEGIN (nor COMMIT before DDL)
-        cursor = dbapi_connection.cursor()
-        cursor.execute("PRAGMA foreign_keys = ON")
-        cursor.execute(f"PRAGMA busy_timeout = {int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
-        cursor.close()
-
-    @event.listens_for(engine, "begin")
-    def _on_begin(conn: Any) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
-
-
-def make_engine(url: str) -> Engine:
-    """An engine for the store URL with the locking that budget reservations rely on."""
-    parsed = _normalise_url(url)
-    if parsed.get_backend_name() == "sqlite":
-        _check_sqlite_path(parsed)
-        engine = create_engine(
-            parsed, connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_S}
-        )
-        _install_sqlite_locking(engine)
-        return engine
-    return create_engine(parsed, pool_pre_ping=True)
-
-
-# --- the store ------------------------------------------------------------------------------------
 
 
 class Store:

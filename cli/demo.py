@@ -36,10 +36,12 @@ def prepare_environment() -> Path:
 
 def run_demo(console) -> dict:
     prepare_environment()
-    from . import admin, signing
-    from .cli import run_release_interactively
-    from .requests import parse_request
-    from .settings import Settings
+    from dprelease import admin
+    from dprelease.reporting import signing
+    from dprelease.requests import parse_request
+    from dprelease.settings import Settings
+
+    from .interactive import run_release_interactively
 
     settings = Settings.from_env()
     console.rule("dprelease demo")

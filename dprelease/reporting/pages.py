@@ -1,4 +1,4 @@
-"""Release reports: self-contained HTML (jinja2 templates in `templates/`, inline CSS and SVG).
+"""HTML pages: self-contained release reports (jinja2 templates in `templates/`, inline CSS and SVG).
 
 Three audiences (platform.md, "People and what each may see"):
 
@@ -11,7 +11,6 @@ Three audiences (platform.md, "People and what each may see"):
   private, for the trusted controller only.
 - `render_index`: the publication index (one row per published release).
 
-`write_data_files` writes the public data files of a release (`results.csv`, `results.json`).
 Reports load nothing from the network: CSS is inline, charts are inline SVG made with matplotlib.
 """
 
@@ -39,7 +38,7 @@ from . import charts
 
 matplotlib.rcParams["svg.fonttype"] = "none"  # text stays text: smaller, selectable
 
-TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
+TEMPLATES = Path(__file__).resolve().parent / "templates"
 
 #: the yes/no attribute of the plain-words explanation (n = 2 possible values, one output)
 EXPLAIN_N = 2
@@ -445,14 +444,3 @@ def render_index(entries: list[dict]) -> str:
                      "epsilon": e["epsilon"], "delta": e["delta"], "published_at": str(e["published_at"]),
                      "path": path})
     return environment().get_template("index.html").render(title="Published releases", entries=rows)
-
-
-def write_data_files(result, directory: Path) -> list[Path]:
-    """`results.csv` (the released table) and `results.json` (the public view): public data only."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    csv_path = directory / "results.csv"
-    json_path = directory / "results.json"
-    result.table.to_csv(csv_path, index=False, lineterminator="\n")
-    json_path.write_text(result.to_json(indent=2) + "\n", encoding="utf-8")
-    return [csv_path, json_path]

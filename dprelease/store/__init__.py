@@ -1,0 +1,28 @@
+"""The store: the catalogue of registered datasets, the budget ledger and its reservations, the
+releases with their decisions, and the standing policies, in one SQL database (a SQLite file by
+default, PostgreSQL by URL). Reservations are taken under a lock, so however many releases run at
+once a dataset's committed plus reserved budget never exceeds its cap.
+
+`tables` holds the schema, `database` the connection and locking, `ledger` the `Store` itself.
+"""
+
+from .database import make_engine
+from .errors import BudgetExceeded, StoreError
+from .ledger import CAP_TOLERANCE, Store
+from .tables import (
+    APPROVALS,
+    DECISION_STATUSES,
+    FILE_FORMATS,
+    LEDGER_STATUSES,
+    RELEASE_STATUSES,
+    Dataset,
+    LedgerEntry,
+    Policy,
+    Release,
+    utcnow,
+)
+
+__all__ = [
+    "APPROVALS", "CAP_TOLERANCE", "DECISION_STATUSES", "FILE_FORMATS", "LEDGER_STATUSES", "RELEASE_STATUSES",
+    "BudgetExceeded", "Dataset", "LedgerEntry", "Policy", "Release", "Store", "StoreError", "make_engine", "utcnow",
+]

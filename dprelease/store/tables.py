@@ -1,0 +1,111 @@
+"""The store's tables (sqlmodel): datasets, ledger entries, releases and policies, and their vocabularies.
+
+Timestamps are stored as naive UTC and read back as aware UTC, so SQLite and PostgreSQL agree."""
+
+from __future__ import annotations
+
+import uuid
+import warnings
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import DateTime
+from sqlalchemy.types import TypeDecorator
+from sqlmodel import Field, SQLModel
+
+FILE_FORMATS = ("csv", "csv.gz", "parquet")
+LEDGER_STATUSES = ("reserved", "committed", "refunded")
+RELEASE_STATUSES = ("pending", "awaiting_approval", "approved", "rejected", "expired", "failed", "published")
+DECISION_STATUSES = ("approved", "rejected", "expired")  # these stamp decided_at when it is not given
+APPROVALS = ("manual", "auto")
+
+
+def utcnow() -> datetime:
+    """The current time, timezone-aware UTC (one clock for every timestamp in the store)."""
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator):
+    """Stores naive UTC and returns aware UTC, so SQLite and PostgreSQL give back the same value."""
+
+    impl = DateTime
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        """Convert to UTC and drop the zone before writing (naive values are taken as UTC)."""
+        if value is None or value.tzinfo is None:
+            return value
+        return value.astimezone(UTC).replace(tzinfo=None)
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        """Mark values read back as UTC."""
+        return None if value is None else value.replace(tzinfo=UTC)
+
+
+# `schema_json` (the spec's column name) shadows pydantic's deprecated BaseModel.schema_json(); harmless here.
+with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message='Field name "schema_json"', category=UserWarning)
+
+    class Dataset(SQLModel, table=True):
+        """A registered dataset: where its encrypted blob is, what it contains, its privacy budget."""
+
+        __tablename__ = "datasets"
+
+        name: str = Field(primary_key=True)
+        privacy_unit: str
+        blob_path: str
+        fingerprint: str  # SHA-256 hex of the plaintext bytes
+        file_format: str  # one of FILE_FORMATS
+        schema_json: str  # JSON object: column -> type
+        epsilon_cap: float
+        delta_cap: float
+        expectations_json: str = "[]"
+        risk_json: str = "{}"  # risk profile: sensitivity, trust, n, max_risk (risk.md)
+        created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
+class LedgerEntry(SQLModel, table=True):
+    """One release's share of a dataset's budget: reserved, then committed or refunded."""
+
+    __tablename__ = "ledger_entries"
+
+    id: int | None = Field(default=None, primary_key=True)
+    dataset: str = Field(foreign_key="datasets.name", index=True)
+    release_id: str = Field(unique=True)
+    epsilon: float
+    delta: float
+    status: str = "reserved"  # one of LEDGER_STATUSES
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    updated_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
+class Release(SQLModel, table=True):
+    """A release request and its life: status, the controller's decision, artifacts and digests."""
+
+    __tablename__ = "releases"
+
+    id: str = Field(default_factory=lambda: uuid.uuid4().hex, primary_key=True)
+    dataset: str = Field(foreign_key="datasets.name", index=True)
+    request_json: str
+    status: str = Field(default="pending", index=True)  # one of RELEASE_STATUSES
+    decision_by: str | None = None
+    decision_comment: str | None = None
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    decided_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    flow_run_id: str | None = None
+    artifacts_json: str = "{}"  # JSON object: path -> sha256
+
+
+class Policy(SQLModel, table=True):
+    """What an analyst (or anyone, when analyst is None) may request, and whether it auto-approves."""
+
+    __tablename__ = "policies"
+
+    id: int | None = Field(default=None, primary_key=True)
+    name: str = Field(unique=True)
+    dataset: str = Field(foreign_key="datasets.name", index=True)
+    analyst: str | None = None  # None: any analyst
+    max_epsilon_per_release: float
+    approval: str = "manual"  # one of APPROVALS
+    evaluators_json: str = "[]"
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
