@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from fractions import Fraction
 
 import numpy as np
 
@@ -23,9 +24,9 @@ from .noise import (
     real_grid,
 )
 
-#: the largest noise scale per unit of sensitivity: with at most 2^12 grid steps per unit of
-#: sensitivity, the scale stays below 2^32 steps, where the float64 inversion of the samplers is
-#: precise (docs/noise.md). Beyond it the output would be pure noise anyway.
+#: the largest noise scale per unit of sensitivity: with at most 2^13 grid steps per unit of
+#: sensitivity, the scale stays below 2^33 steps, inside the exact samplers' int64 range
+#: (docs/noise.md). Beyond it the output would be pure noise anyway.
 MAX_SCALE_PER_SENSITIVITY = float(2**20)
 
 
@@ -102,14 +103,16 @@ def add_noise(
         )
     if noise == "gaussian":
         sigma = math.sqrt(max_partitions) * steps / math.sqrt(2.0 * share.rho)
-        draws = discrete_gaussian(sigma, units.size)
+        # the exact variance C_u steps^2 / (2 rho): the sampler rounds it up, never down
+        draws = discrete_gaussian(sigma, units.size,
+                                  variance=Fraction(max_partitions * steps * steps) / (2 * Fraction(share.rho)))
         half_steps = discrete_gaussian_halfwidth(sigma, alpha)
         scale = sigma * grid
         sd = scale  # the discrete Gaussian's variance is at most sigma^2 (CKS 2020)
         mechanism, l_sens = "discrete Gaussian", math.sqrt(max_partitions) * sensitivity
     else:
         t = max_partitions * steps / share.epsilon
-        draws = discrete_laplace(t, units.size)
+        draws = discrete_laplace(Fraction(max_partitions * steps) / Fraction(share.epsilon), units.size)  # exact t
         half_steps = discrete_laplace_halfwidth(t, alpha)
         scale = t * grid
         q = math.exp(-1.0 / t)

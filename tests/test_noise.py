@@ -1,28 +1,26 @@
-"""Secure samplers: the right law (KS / chi-square at fixed significance), the right spread, the grid.
+"""Exact samplers: the right law (chi-square against the exact pmf, tails pooled), the grid.
 
-Every statistical assertion has a false-failure probability below 1e-6 and would fail for a
-sampler with half the intended scale (shown with a deliberately broken sampler).
+Every statistical assertion has a false-failure probability of SIGNIFICANCE = 1e-7 (below 1e-6),
+and each law test is shown to reject the same sampler at half the scale (it has power).
 """
 
 from __future__ import annotations
 
 import math
+from decimal import ROUND_FLOOR, Decimal, getcontext
+from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 import pytest
 from scipy import stats
-from stats_helpers import discrete_laplace_jittered_cdf
 
 from dp_core import noise
 from dp_core.accounting import Share
 from dp_core.release import add_noise
 
-N = 200_000
+N = 300_000
 SIGNIFICANCE = 1e-7
-
-
-def laplace_ks_pvalue(samples: np.ndarray, scale: float) -> float:
-    return stats.kstest(samples, stats.laplace(scale=scale).cdf).pvalue
 
 
 def test_uniforms_are_in_half_open_unit_interval_and_fresh():
@@ -57,45 +55,114 @@ def test_grid_is_fine_against_noise_and_sensitivity_and_absurd_epsilon_is_refuse
         noisy(1e-9, 1)
 
 
-@pytest.mark.parametrize("scale", [1000.0, 37.5])
-def test_discrete_laplace_follows_its_law(scale):
+def discrete_laplace_cdf(scale):
+    """P(K <= k) of the discrete Laplace with this scale (vectorised over integer k)."""
+    q = math.exp(-1.0 / float(scale))
+
+    def cdf(k):
+        k = np.asarray(k, dtype=np.float64)
+        return np.where(k >= 0, 1.0 - q ** (np.abs(k) + 1) / (1.0 + q), q ** np.abs(k) / (1.0 + q))
+
+    return cdf
+
+
+def discrete_gaussian_cdf(sigma2):
+    """P(K <= k) of the discrete Gaussian with variance parameter sigma^2: summed from the pmf up to
+    sigma = 2^12; beyond, the normal CDF at k + 1/2 (the two agree to exp(-2 pi^2 sigma^2), CKS)."""
+    sigma = math.sqrt(float(sigma2))
+    if sigma > 2**12:
+        return lambda k: stats.norm.cdf((np.asarray(k, dtype=np.float64) + 0.5) / sigma)
+    span = int(40 * sigma) + 40
+    support = np.arange(-span, span + 1)
+    pmf = np.exp(-(support.astype(np.float64) ** 2) / (2.0 * float(sigma2)))
+    cum = np.cumsum(pmf / pmf.sum())
+    return lambda k: np.interp(np.asarray(k, dtype=np.float64), support, cum, left=0.0, right=1.0)
+
+
+def chi_square_pvalue(samples: np.ndarray, cdf, bins: int = 60) -> float:
+    """Chi-square of integer samples against a law given by its CDF: about `bins` bins of equal
+    probability on the law's own quantiles (single integers where the law is concentrated), the
+    tails pooled into the two end bins; every expected count is checked to be at least 5."""
+    n = samples.size
+    levels = np.linspace(0.0, 1.0, bins + 1)[1:-1]
+    lo, hi = int(samples.min()) - 1, int(samples.max()) + 1
+    grid = np.unique(np.linspace(lo, hi, 200_001).round().astype(np.int64))
+    cuts = np.unique(grid[np.minimum(np.searchsorted(cdf(grid), levels), grid.size - 1)])
+    probs = np.diff(np.concatenate([[0.0], cdf(cuts), [1.0]]))  # bins (-inf, c0], (c0, c1], ..., (c_last, inf)
+    observed = np.bincount(np.searchsorted(cuts, samples, side="left"), minlength=cuts.size + 1)
+    keep = probs > 0
+    expected = probs[keep] * n
+    assert expected.min() >= 5, "a bin with too few expected samples"
+    assert observed[~keep].sum() == 0, "samples where the law has no mass"
+    return stats.chisquare(observed[keep], expected * observed[keep].sum() / expected.sum()).pvalue
+
+
+@pytest.mark.parametrize("scale", [0.3, 1.0, 37.5, 1000.0, 2.0**20 + 0.5])
+def test_discrete_laplace_follows_its_exact_law(scale):
     x = noise.discrete_laplace(scale, N)
-    assert np.all(x == np.round(x))  # integers
-    # KS against the exact discrete law, made continuous by a uniform jitter on [-1/2, 1/2)
-    jittered = x + noise.secure_uniform(N) - 0.5
-    assert stats.kstest(jittered, discrete_laplace_jittered_cdf(scale)).pvalue > SIGNIFICANCE
-    halved = noise.discrete_laplace(scale / 2, N) + noise.secure_uniform(N) - 0.5
-    assert stats.kstest(halved, discrete_laplace_jittered_cdf(scale)).pvalue < SIGNIFICANCE
-    # spread: E|K| = 2q / (1 - q^2), Var K = 2q / (1 - q)^2
-    q = math.exp(-1.0 / scale)
-    mean_abs = 2 * q / (1 - q * q)
-    sd_abs = math.sqrt(2 * q / (1 - q) ** 2 - mean_abs**2)
-    assert abs(np.abs(x).mean() - mean_abs) < 6 * sd_abs / math.sqrt(N)
+    assert x.dtype == np.int64
+    exact_scale = noise.laplace_parameters(scale).scale  # rounded up by < 2^-19
+    assert exact_scale >= Fraction(scale) and float(exact_scale) / scale - 1 < 2**-19
+    assert chi_square_pvalue(x, discrete_laplace_cdf(exact_scale)) > SIGNIFICANCE
+    # the same test rejects the law at half the scale (it has power)
+    assert chi_square_pvalue(noise.discrete_laplace(scale / 2, N), discrete_laplace_cdf(exact_scale)) < SIGNIFICANCE
 
 
-def test_ks_detects_a_sampler_with_half_the_scale():
-    broken = noise.discrete_laplace(500.0, N)  # half of the intended 1000
-    assert laplace_ks_pvalue(broken, 1000.0) < SIGNIFICANCE
-    good = noise.discrete_laplace(1000.0, N)
-    assert laplace_ks_pvalue(good, 1000.0) > SIGNIFICANCE
-
-
-@pytest.mark.parametrize("sigma", [800.0, 3.3])
-def test_discrete_gaussian_follows_its_law(sigma):
+@pytest.mark.parametrize("sigma", [0.5, 3.3, 800.0, 2.0**16 + 3])
+def test_discrete_gaussian_follows_its_exact_law(sigma):
     x = noise.discrete_gaussian(sigma, N)
-    assert np.all(x == np.round(x))
-    if sigma > 100:
-        assert stats.kstest(x, stats.norm(scale=sigma).cdf).pvalue > SIGNIFICANCE
-        assert stats.kstest(noise.discrete_gaussian(sigma / 2, N), stats.norm(scale=sigma).cdf).pvalue < SIGNIFICANCE
-    else:  # small sigma: chi-square against the exact pmf
-        k = np.arange(-25, 26)
-        pmf = np.exp(-(k**2) / (2 * sigma**2))
-        pmf /= pmf.sum()
-        observed = np.array([(x == v).sum() for v in k])
-        assert observed.sum() == N
-        keep = pmf * N >= 5
-        chi = stats.chisquare(observed[keep], pmf[keep] * N * observed[keep].sum() / (pmf[keep] * N).sum())
-        assert chi.pvalue > SIGNIFICANCE
+    assert x.dtype == np.int64
+    variance = noise.gaussian_parameters(Fraction(sigma) ** 2).variance
+    assert variance >= Fraction(sigma) ** 2 and float(variance) / sigma**2 - 1 < 2**-19
+    assert chi_square_pvalue(x, discrete_gaussian_cdf(variance)) > SIGNIFICANCE
+    assert chi_square_pvalue(noise.discrete_gaussian(sigma / 2, N), discrete_gaussian_cdf(variance)) < SIGNIFICANCE
+
+
+def test_huge_sigma_takes_the_python_integer_path_and_keeps_its_law():
+    sigma = 2.0**30  # w^2 overflows int64: exact Python integers for the rejection step
+    x = noise.discrete_gaussian(sigma, 20_000)
+    assert chi_square_pvalue(x, discrete_gaussian_cdf(Fraction(sigma) ** 2), bins=20) > SIGNIFICANCE
+
+
+def test_exp_expansions_are_exact():
+    getcontext().prec = 200
+    for v in (1, 2, 7, 22, 23, 45, 80):
+        for bits in (32, 64, 200):
+            exact = int((Decimal(-v).exp() * (Decimal(2) ** bits)).to_integral_value(rounding=ROUND_FLOOR))
+            assert noise.exp_neg_floor(v, bits) == exact
+
+
+def test_bernoulli_and_geometric_building_blocks():
+    for v in (1, 3, 30):
+        hits = noise.bernoulli_exp_neg_int(np.full(N, v)).sum()
+        assert stats.binomtest(int(hits), N, math.exp(-v)).pvalue > SIGNIFICANCE
+    for num, den in ((3, 7), (5, 8), (0, 5), (2**40 - 1, 2**40)):
+        hits = noise.bernoulli_exp_neg_ratio(np.full(N, num, dtype=np.int64), den).sum()
+        assert stats.binomtest(int(hits), N, math.exp(-num / den)).pvalue > SIGNIFICANCE
+    v = noise.geometric_exp_neg_one(N)
+    observed = np.bincount(np.minimum(v, 8), minlength=9)
+    expected = np.exp(-np.arange(9.0)) - np.exp(-np.arange(1.0, 10.0))
+    expected[-1] = math.exp(-8)  # pooled tail P(V >= 8)
+    assert stats.chisquare(observed, expected * N).pvalue > SIGNIFICANCE
+
+
+def test_ties_with_the_expansion_are_refined_not_rounded(monkeypatch):
+    """A 32-bit word equal to a threshold (or 0) must be resolved with more bits: force such words."""
+    monkeypatch.setattr(noise, "random_halfwords", lambda n: np.zeros(n, dtype=np.uint32))
+    v = noise.geometric_exp_neg_one(2_000)  # U < 2^-32 < exp(-22): V >= 22; P(V = 22 | U < 2^-32) = 0.55
+    assert v.min() >= 22 and 0.4 < (v == 22).mean() < 0.7
+    assert noise.bernoulli_exp_neg_int(np.full(2_000, 30)).mean() < 0.2  # exp(-30) < 2^-32 / 4
+    tie = noise.exp_neg_floor(1, 32)
+    monkeypatch.setattr(noise, "random_halfwords", lambda n: np.full(n, tie, dtype=np.uint32))
+    hits = int(noise.bernoulli_exp_neg_int(np.ones(4_000, dtype=np.int64)).sum())
+    p_next = (noise.exp_neg_floor(1, 96) - (tie << 64)) / 2**64  # P(U < exp(-1) | its first 32 bits)
+    assert stats.binomtest(hits, 4_000, p_next).pvalue > SIGNIFICANCE
+
+
+def test_no_numpy_random_in_the_engine():
+    for path in Path(noise.__file__).parent.rglob("*.py"):
+        code = "\n".join(line.split("#")[0] for line in path.read_text().splitlines())
+        assert "np.random" not in code and "numpy.random" not in code.replace("`numpy.random`", ""), path
 
 
 def test_released_values_lie_on_the_power_of_two_grid():
