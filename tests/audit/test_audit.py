@@ -1,0 +1,105 @@
+"""The empirical DP audit in CI: every real path passes, every broken variant is caught.
+
+Each audit runs the real release RUNS times on each of two neighbouring datasets (1e5 releases per
+mechanism), searches an event on the first half and bounds epsilon from below on the second half
+(Clopper-Pearson; harness.py). A sound mechanism fails only if the lower bound at confidence
+1 - 1e-7 exceeds its claimed epsilon, i.e. with probability below 1e-7. The broken variants are
+injected here only (monkeypatch), never in the product, and must be caught by the same audit at
+the same sample size. Long runs: bench/audit.py; results in docs/privacy.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+import cases
+import dp_core.aggregates as aggregates_module
+import dp_core.bounds as bounds_module
+import dp_core.engine as engine_module
+import dp_core.partition_selection as selection_module
+import dp_core.release as release_module
+
+RUNS = 50_000  # per neighbour: 1e5 releases per mechanism, half to search events, half to test
+
+SOUND = list(cases.cases())
+
+
+@pytest.mark.parametrize("name", SOUND)
+def test_real_path_passes_the_audit(name):
+    result = cases.audit(cases.cases()[name], RUNS)
+    print(result.line())
+    assert not result.violated, result.line()
+
+
+def no_clamping(monkeypatch):
+    """Per-unit values are not clamped to [L, U] (the noise still assumes they are)."""
+    monkeypatch.setattr(aggregates_module, "_clamp_sql", lambda expr, lower, upper: expr)
+
+
+def noise_halved(monkeypatch):
+    """The Laplace noise has half its computed scale."""
+    real = release_module.discrete_laplace
+    monkeypatch.setattr(release_module, "discrete_laplace", lambda scale, n: real(scale / 2, n))
+
+
+def threshold_too_low(monkeypatch):
+    """The Laplace-threshold selection keeps partitions whose noisy unit count is >= 1."""
+    monkeypatch.setattr(selection_module, "discrete_laplace_threshold", lambda epsilon, delta, cu: 1)
+
+
+def bound_ignored(monkeypatch):
+    """The bounding SQL keeps all of a unit's partitions (the noise still assumes C_u)."""
+    real = engine_module.build_plan
+    monkeypatch.setattr(engine_module, "build_plan",
+                        lambda query, *a, **k: real(replace(query, max_partitions_contributed=1000), *a, **k))
+
+
+def bounds_without_noise(monkeypatch):
+    """APPROX_BOUNDS reads the exact histogram: its 'noisy' counts are the exact ones."""
+    real = bounds_module.add_noise
+
+    def exact_counts(exact, **kwargs):
+        out = real(exact, **kwargs)
+        return replace(out, values=np.asarray(exact, dtype=np.float64))
+
+    monkeypatch.setattr(bounds_module, "add_noise", exact_counts)
+
+
+def bounds_noise_unused(monkeypatch):
+    """Issue 19's defect: the noise is drawn and published, but the bins are chosen from the
+    exact histogram."""
+    real = bounds_module.infer_bounds
+
+    def broken(counts, **kwargs):
+        out = real(counts, **kwargs)
+        layout = bounds_module.bin_layout(kwargs["integer"], kwargs["signed"])
+        exact = np.array([counts.get((neg, e), 0) for neg, e, _, _ in layout])
+        above = np.flatnonzero(exact > out.threshold)
+        if above.size == 0:
+            return out
+        upper = layout[above[-1]][3] - (1.0 if kwargs["integer"] else 0.0)
+        return replace(out, upper=upper if out.upper is not None else None)
+
+    monkeypatch.setattr(bounds_module, "infer_bounds", broken)
+
+
+BROKEN = {
+    "no clamping": (no_clamping, "SUM, public partitions"),
+    "noise scale halved": (noise_halved, "SUM, no GROUP BY"),
+    "selection threshold too low": (threshold_too_low, "COUNT(DISTINCT unit), Laplace threshold (reused count)"),
+    "contribution bound ignored": (bound_ignored, "COUNT, C_u = 1, public partitions"),
+    "APPROX_BOUNDS histogram without noise": (bounds_without_noise, "APPROX_BOUNDS, dataset"),
+    "APPROX_BOUNDS noise drawn but bins from the exact histogram": (bounds_noise_unused, "APPROX_BOUNDS, dataset"),
+}
+
+
+@pytest.mark.parametrize("variant", list(BROKEN))
+def test_broken_variant_is_caught(variant, monkeypatch):
+    inject, case_name = BROKEN[variant]
+    inject(monkeypatch)
+    result = cases.audit(cases.cases()[case_name], RUNS)
+    print(f"[{variant}] {result.line()}")
+    assert result.violated, f"{variant} was not caught: {result.line()}"
