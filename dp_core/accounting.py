@@ -4,6 +4,14 @@ Basic composition (dp-engine.md "Budget"): the shares of all parts add up to at 
 (epsilon, delta). Gaussian aggregates are accounted together in zero-concentrated DP: their pooled
 (epsilon, delta) share is converted once to rho, and rho is split between them (zCDP composes by
 adding rho; Bun and Steinke, TCC 2016).
+
+Gaussian partition selection (weighted Gaussian, MAD: selection_weighted.py) has two parts: the
+Gaussian noise on the weighted histogram (zCDP) and the threshold's failure probability (a plain
+delta). Half of the selection's delta goes to each: the Gaussian half converts (with the
+selection's epsilon) to the selection's rho, pooled with the Gaussian aggregates' when the query's
+noise is Gaussian (the whole query is then one zCDP budget plus the threshold's delta); the
+threshold half is multiplied by e^(-epsilon of the query) before use, which pays for the e^eps
+factor of the coupling argument in selection_weighted.py's proof sketch.
 """
 
 from __future__ import annotations
@@ -78,6 +86,26 @@ class BudgetPlan:
         return sum(s.delta for s in self.shares)
 
 
+GAUSSIAN_SELECTIONS = ("weighted_gaussian", "mad")  # selection_weighted.py; kept here to avoid an import cycle
+
+
+def _gaussian_selection_share(eps: dict, dlt: dict, weights: dict, gaussian: set, rho_pool: float | None):
+    """The selection's share when it is Gaussian: rho from its epsilon and half its delta, pooled
+    with the Gaussian aggregates when there are any (returns the share and the aggregates' new
+    rho pool; the pool's rho is split in proportion to the weights, the selection's included)."""
+    if not gaussian:
+        return Share("partition selection", eps["selection"], dlt["selection"],
+                     rho_from_eps_delta(eps["selection"], dlt["selection"] / 2.0)), rho_pool
+    pool = gaussian | {"selection"}
+    total = rho_from_eps_delta(sum(eps[k] for k in pool),
+                               sum(dlt[k] for k in gaussian) + dlt["selection"] / 2.0)
+    pool_w = sum(weights[k] for k in pool)
+    sel_rho = total * weights["selection"] / pool_w
+    # the aggregates keep rho_pool * w / gauss_w: give them the pool's rest in the same proportions
+    aggregates_rho = total - sel_rho
+    return Share("partition selection", eps["selection"], dlt["selection"], sel_rho), aggregates_rho
+
+
 COMPONENTS = {"count": ("count",), "count_units": ("count",), "sum": ("sum",), "avg": ("N", "S"),
               "var": ("N", "S", "Q"), "stddev": ("N", "S", "Q"), "quantile": ("quantile",)}
 
@@ -120,6 +148,8 @@ def plan_budget(query) -> BudgetPlan:
         gauss_w = sum(weights[k] for k in gaussian)
 
     sel_share = Share("partition selection", eps["selection"], dlt["selection"]) if selection else None
+    if selection in GAUSSIAN_SELECTIONS:
+        sel_share, rho_pool = _gaussian_selection_share(eps, dlt, weights, gaussian, rho_pool)
     agg_shares: dict[int, Share] = {}
     comp_shares: dict[tuple[int, str], Share] = {}
     for i, a in enumerate(aggs):
