@@ -41,6 +41,7 @@ class BoundingPlan:
     body: str
     aggregates: tuple[AggregatePlan, ...]
     keys: tuple[str, ...]
+    ctes: tuple[str, ...] = ()  # the CTEs of `with_clause` one by one (DuckDB dialect only)
 
     @property
     def sql(self) -> str:
@@ -199,21 +200,22 @@ def build_plan(
     if dialect != "duckdb":
         with_clause, body = (render(part, dialect) for part in (with_clause + " SELECT 1", body))
         with_clause = with_clause[: -len(" SELECT 1")]
-    return BoundingPlan(with_clause, body, plans, keys)
+    return BoundingPlan(with_clause, body, plans, keys, tuple(ctes) if dialect == "duckdb" else ())
 
 
 def weighted_bounding_ctes(unit: str, cu: int, pieces: dict) -> list[str]:
     """The bounding CTEs of the Gaussian selections: the same hash cutoff and tie rule as the
     default plan, with the per-unit aggregate over every unit (not only those over C_u) so that
     each kept row carries its unit's degree `_t` = min(partitions, C_u) >= the rows it keeps (a
-    unit that loses rows to a hash tie weighs less than 1 in L2, never more)."""
+    unit that loses rows to a hash tie weighs less than 1 in L2, never more), and `_deg_c`, its
+    partitions before bounding (so that `_cut` can be re-derived from `_bounded` alone)."""
     at = pieces["at"]
     cutoff, after = at.format(arr="_deg._m", i=cu), at.format(arr="_deg._m", i=cu + 1)
     return [
         (f"_deg AS (SELECT {unit}, {pieces['smallest'].format(col='_rk', n=cu + 1)} AS _m, count(*) AS _c "
          f"FROM _partial GROUP BY {unit})"),
         f"_cut AS (SELECT {unit}, _m, _c - {cu} AS _over FROM _deg WHERE _c > {cu})",
-        (f"_bounded AS (SELECT _partial.*, least(_deg._c, {cu}) AS _t FROM _partial JOIN _deg USING ({unit}) "
+        (f"_bounded AS (SELECT _partial.*, least(_deg._c, {cu}) AS _t, _deg._c AS _deg_c FROM _partial JOIN _deg USING ({unit}) "
          f"WHERE _deg._c <= {cu} OR _partial._rk < {cutoff} OR (_partial._rk = {cutoff} AND {after} <> {cutoff}))"),
     ]
 

@@ -25,7 +25,7 @@ from .query import Query
 from .release import add_noise
 from .result import CI_NOTE, ClampingLoss, ControllerOnly, DPResult
 from .row_filter import compile_filter
-from .selection_mad import mad_second_round
+from .selection_mad import mad_rows
 from .sql_text import ident
 
 NUMERIC_KINDS = ("sum", "avg", "var", "stddev", "quantile")
@@ -80,9 +80,10 @@ def exact_statistics(query: Query, data, *, threads: int | None = None, bounding
             else:
                 query, bounds = infer_missing_bounds(query, backend, schema, integer_columns, seed, budget)
         plan = build_plan(query, integer_columns, seed=seed, key_types=schema, partition_bounds=per_partition)
-        rows = backend.run(plan.sql)
-        if budget is not None and budget.selection == "mad" and not with_units:  # its round 1, then round 2's SQL
-            rows = mad_second_round(backend, query, plan, rows, budget.selection_share, schema)
+        if budget is not None and budget.selection == "mad" and not with_units:  # + its round 1 and round 2's SQL
+            rows = mad_rows(backend, query, plan, budget.selection_share, schema)
+        else:
+            rows = backend.run(plan.sql)
         if not with_units:
             return ExactStatistics(query, plan, rows, bounds, partition_bounds=per_partition)
         units = backend.run(unit_rows_sql(plan, query))

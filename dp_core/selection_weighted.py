@@ -83,7 +83,7 @@ from .noise import discrete_gaussian
 WEIGHT_BITS = 16
 WEIGHT_ONE = 1 << WEIGHT_BITS
 #: the share of the selection's rho spent in MAD's first round (the rest goes to the second)
-MAD_ROUND_ONE_SHARE = 0.25
+MAD_ROUND_ONE_SHARE = 0.08
 GAUSSIAN_SELECTIONS = ("weighted_gaussian", "mad")
 
 
