@@ -25,6 +25,7 @@ from .query import Query
 from .release import add_noise
 from .result import CI_NOTE, ClampingLoss, ControllerOnly, DPResult
 from .row_filter import compile_filter
+from .selection_advice import selection_advice
 from .selection_mad import mad_rows
 from .sql_text import ident
 
@@ -310,7 +311,7 @@ def release(query: Query, plan: BoundingPlan, budget: BudgetPlan, rows: pd.DataF
         budget=budget.shares,
         mechanisms=tuple(records),
         partition_selection=_describe_selection(query, selection),
-        notes=_notes(query, budget),
+        notes=_notes(query, budget) + selection_advice(query, budget, table, selection),
         controller_only=_controller_view(query, plan, rows, keep),
         inferred_bounds=_released_bounds(bounds, kept, query.group_by),
     )

@@ -233,6 +233,8 @@ def test_every_aggregate_with_the_weighted_selections(strategy, noise):
     assert len(rounds) == (1 if strategy == "weighted_gaussian" else 2)
     assert sum(m.rho for m in rounds) == pytest.approx(sel.rho)
     assert any("zCDP" in n and strategy in n for n in r.notes)
+    advice = [n for n in r.notes if n.startswith("Selection advice")]
+    assert len(advice) == 1 and all(m in advice[0] for m in ("truncated-geometric", "weighted_gaussian", "laplace"))
     assert set(r.table.columns) >= {"count", "count_units", "sum_v", "avg_v", "var_v", "median_v", "auto_sum"}
     if noise == "gaussian":  # pooled: the selection and the aggregates share one rho
         pooled = [s for s in r.budget if s.rho is not None]
@@ -251,6 +253,8 @@ def test_sql_front_end_and_request_form_take_the_selection():
     sql = "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1, delta = 1e-6, max_groups_contributed = 3) part, COUNT(*) AS n FROM t GROUP BY part"
     r = run_sql(sql, {"t": Table(df, "uid")}, selection="mad")
     assert r.partition_selection.startswith("mad")
+    in_options = sql.replace("max_groups_contributed = 3", "max_groups_contributed = 3, partition_selection = 'weighted_gaussian'")
+    assert run_sql(in_options, {"t": Table(df, "uid")}).partition_selection.startswith("weighted_gaussian")
     q = query_from_spec({"group_by": ["part"], "aggregates": [{"kind": "count", "upper": 1}], "selection": "weighted_gaussian"},
                         "uid", 1.0)
     assert q.selection == "weighted_gaussian"
