@@ -8,6 +8,13 @@ Times, in one run on the same Parquet file (best of REPEATS, this machine is sha
 and prints c/b, c/a, peak memory, partitions released (with the expected number under each
 selection strategy), and the secure sampler's samples per second. Targets: c/b <= 1.3,
 peak memory <= 4 GB, >= 1M samples/s.  Run: `make bench` (or python bench/engine.py --rows N).
+
+Selection comparison (issue 20, `--selections N`, default 5 seeds): the same DP COUNT + SUM
+release with each partition selection (truncated geometric: today's default; weighted Gaussian;
+MaxAdaptiveDegree), N runs each, interleaved so that the machine's load hits all alike: the median
+number of partitions released, the median COUNT confidence half-width of released partitions and
+the median whole-release time, with ratios against truncated geometric from the same run.
+Targets: MAD >= 1.4x truncated geometric (stretch 2x), COUNT CI no wider, time <= 1.3x.
 """
 
 from __future__ import annotations
@@ -46,12 +53,17 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=workload.ROWS)
     ap.add_argument("--units", type=int, default=workload.UNITS)
     ap.add_argument("--partitions", type=int, default=workload.PARTITIONS)
+    ap.add_argument("--selections", type=int, default=5, help="seeds per selection mechanism (0: skip the comparison)")
+    ap.add_argument("--selections-only", action="store_true", help="run only the selection comparison")
     args = ap.parse_args()
     t0 = time.perf_counter()
     path = workload.make_workload(args.rows, args.units, args.partitions)
     print(f"workload: {path} ({args.rows:,} rows, {args.units:,} units, {args.partitions:,} partitions; "
           f"ready in {time.perf_counter() - t0:.1f} s)")
 
+    if args.selections_only:
+        compare_selections(path, args.selections)
+        return
     con = duckdb.connect()
     con.execute(f"CREATE VIEW src AS SELECT * FROM read_parquet('{path}')")
     plain_sql = "SELECT part, count(*), sum(val) FROM src GROUP BY part"
@@ -91,6 +103,40 @@ def main() -> None:
           f"({result.partition_selection.split(':')[0]}); expected: truncated geometric {expect_tg:,.0f}, "
           f"Laplace threshold {expect_lap:,.0f} (T = {threshold})")
     print(f"secure sampler: {n / t_s / 1e6:.1f} M discrete Laplace samples/s (target >= 1)")
+    if args.selections:
+        compare_selections(path, args.selections)
+
+
+SELECTIONS = ("truncated-geometric", "weighted_gaussian", "mad")
+
+
+def compare_selections(path, seeds: int) -> None:
+    """Partitions released, COUNT CI half-width and release time per selection mechanism (medians
+    over `seeds` runs, interleaved), with ratios against truncated geometric."""
+    runs = {s: {"released": [], "ci": [], "time": []} for s in SELECTIONS}
+    for seed in range(seeds):
+        for sel in SELECTIONS:
+            query = dp.Query([dp.count(upper=ROW_BOUND), dp.sum_("val", 0, SUM_BOUND)], privacy_unit="uid",
+                             group_by=("part",), epsilon=EPSILON, delta=DELTA, max_partitions_contributed=CU,
+                             selection=sel)
+            start = time.perf_counter()
+            result = dp.execute(query, path)
+            runs[sel]["time"].append(time.perf_counter() - start)
+            runs[sel]["released"].append(len(result.table))
+            half = (result.table["count_ci_high"] - result.table["count"]).to_numpy()
+            runs[sel]["ci"].append(float(np.median(half)) if half.size else float("nan"))
+            print(f"  seed {seed} {sel:20s} released {len(result.table):6,d}  {runs[sel]['time'][-1]:6.2f} s", flush=True)
+    med = {s: {k: float(np.median(v)) for k, v in r.items()} for s, r in runs.items()}
+    base = med["truncated-geometric"]
+    print(f"selection comparison ({seeds} seeds, eps {EPSILON}, delta {DELTA}, C_u {CU}; medians):")
+    for sel in SELECTIONS:
+        m = med[sel]
+        print(f"  {sel:20s} released {m['released']:7,.0f} ({m['released'] / base['released']:.2f}x)  "
+              f"COUNT CI half-width {m['ci']:.3g} ({m['ci'] / base['ci']:.2f}x)  "
+              f"release {m['time']:6.2f} s ({m['time'] / base['time']:.2f}x)")
+    mad = med["mad"]
+    print(f"MAD / truncated geometric: {mad['released'] / base['released']:.2f}x partitions (target >= 1.4, stretch 2), "
+          f"COUNT CI {mad['ci'] / base['ci']:.2f}x (target <= 1), time {mad['time'] / base['time']:.2f}x (target <= 1.3)")
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from .aggregates import AggregatePlan, plan_aggregate
 from .errors import UnsupportedError
 from .query import Query
 from .row_filter import compile_filter
+from .selection_weighted import GAUSSIAN_SELECTIONS, weight_sql
 from .sql_text import ident, literal
 
 INPUT_NAME = "dp_input"
@@ -40,6 +41,7 @@ class BoundingPlan:
     body: str
     aggregates: tuple[AggregatePlan, ...]
     keys: tuple[str, ...]
+    ctes: tuple[str, ...] = ()  # the CTEs of `with_clause` one by one (DuckDB dialect only)
 
     @property
     def sql(self) -> str:
@@ -141,7 +143,11 @@ def build_plan(
     if needs_bounding:
         partial_cols.append(f"{pieces['hash'].format(cols=group_cols, seed=seed_sql)} AS _rk")
     ctes = [f"_src AS ({src})", f"_partial AS (SELECT {', '.join(partial_cols)} FROM _src GROUP BY {group_cols})"]
-    if needs_bounding:
+    weighted = needs_bounding and query.private_partitions and query.selection in GAUSSIAN_SELECTIONS
+    if weighted:  # the same cutoff, over every unit, keeping each unit's degree for its weights
+        ctes += weighted_bounding_ctes(unit, cu, pieces)
+        dropped = "(SELECT coalesce(sum(_over), 0) FROM _cut)"
+    elif needs_bounding:
         # keep the rows below the C_u-th smallest hash, and rows equal to it unless the
         # (C_u+1)-th is equal too: a hash tie at the cutoff (a 64-bit collision) then drops the
         # tied rows, so a unit never keeps more than C_u partitions
@@ -164,6 +170,8 @@ def build_plan(
     finals = ["count(*) AS _n_units"]
     for plan in plans:
         finals += [f"{sql} AS {ident(alias)}" for alias, sql in plan.finals.items()]
+    if weighted:  # the weighted histogram of the Gaussian selections (selection_weighted.py)
+        finals.append(f"CAST(sum({weight_sql('_t', cu, pieces['at'])}) AS BIGINT) AS _w1")
     source_rows = "_bounded"
     if partition_bounds:  # each row gets its partition's bounds (NULL: none were inferred)
         joins, extra = [], []
@@ -192,7 +200,24 @@ def build_plan(
     if dialect != "duckdb":
         with_clause, body = (render(part, dialect) for part in (with_clause + " SELECT 1", body))
         with_clause = with_clause[: -len(" SELECT 1")]
-    return BoundingPlan(with_clause, body, plans, keys)
+    return BoundingPlan(with_clause, body, plans, keys, tuple(ctes) if dialect == "duckdb" else ())
+
+
+def weighted_bounding_ctes(unit: str, cu: int, pieces: dict) -> list[str]:
+    """The bounding CTEs of the Gaussian selections: the same hash cutoff and tie rule as the
+    default plan, with the per-unit aggregate over every unit (not only those over C_u) so that
+    each kept row carries its unit's degree `_t` = min(partitions, C_u) >= the rows it keeps (a
+    unit that loses rows to a hash tie weighs less than 1 in L2, never more), and `_deg_c`, its
+    partitions before bounding (so that `_cut` can be re-derived from `_bounded` alone)."""
+    at = pieces["at"]
+    cutoff, after = at.format(arr="_deg._m", i=cu), at.format(arr="_deg._m", i=cu + 1)
+    return [
+        (f"_deg AS (SELECT {unit}, {pieces['smallest'].format(col='_rk', n=cu + 1)} AS _m, count(*) AS _c "
+         f"FROM _partial GROUP BY {unit})"),
+        f"_cut AS (SELECT {unit}, _m, _c - {cu} AS _over FROM _deg WHERE _c > {cu})",
+        (f"_bounded AS (SELECT _partial.*, least(_deg._c, {cu}) AS _t, _deg._c AS _deg_c FROM _partial JOIN _deg USING ({unit}) "
+         f"WHERE _deg._c <= {cu} OR _partial._rk < {cutoff} OR (_partial._rk = {cutoff} AND {after} <> {cutoff}))"),
+    ]
 
 
 def _final_defaults(plans: tuple[AggregatePlan, ...]):

@@ -19,12 +19,14 @@ from .backend import INTEGER_TYPES, NUMERIC_TYPES, DuckDBBackend
 from .bounding import INPUT_NAME, BoundingPlan, build_plan, public_keys_sql, unit_rows_sql
 from .bounds import BoundsError, InferredBounds, histogram_by_partition_sql, histogram_sql, infer_bounds
 from .errors import InvalidDataError, InvalidQueryError
-from .partition_selection import STRATEGIES, Selection
+from .partition_selection import SELECTION_NOTES, STRATEGIES, Selection
 from .quantiles import dense_histograms, exponential_quantile
 from .query import Query
 from .release import add_noise
 from .result import CI_NOTE, ClampingLoss, ControllerOnly, DPResult
 from .row_filter import compile_filter
+from .selection_advice import selection_advice
+from .selection_mad import mad_rows
 from .sql_text import ident
 
 NUMERIC_KINDS = ("sum", "avg", "var", "stddev", "quantile")
@@ -79,7 +81,10 @@ def exact_statistics(query: Query, data, *, threads: int | None = None, bounding
             else:
                 query, bounds = infer_missing_bounds(query, backend, schema, integer_columns, seed, budget)
         plan = build_plan(query, integer_columns, seed=seed, key_types=schema, partition_bounds=per_partition)
-        rows = backend.run(plan.sql)
+        if budget is not None and budget.selection == "mad" and not with_units:  # + its round 1 and round 2's SQL
+            rows = mad_rows(backend, query, plan, budget.selection_share, schema)
+        else:
+            rows = backend.run(plan.sql)
         if not with_units:
             return ExactStatistics(query, plan, rows, bounds, partition_bounds=per_partition)
         units = backend.run(unit_rows_sql(plan, query))
@@ -250,7 +255,8 @@ def release(query: Query, plan: BoundingPlan, budget: BudgetPlan, rows: pd.DataF
     n_units = rows["_n_units"].to_numpy(dtype=np.int64)
     selection: Selection | None = None
     if budget.selection:
-        selection = STRATEGIES[budget.selection](n_units, budget.selection_share, cu, query.confidence)
+        selection = STRATEGIES[budget.selection](n_units, budget.selection_share, cu, query.confidence,
+                                                 rows=rows, query=query)
         keep = selection.keep
     else:
         keep = np.ones(len(rows), dtype=bool)
@@ -262,6 +268,7 @@ def release(query: Query, plan: BoundingPlan, budget: BudgetPlan, rows: pd.DataF
     table = kept[list(query.group_by)].copy()
     records = [b.record for b in bounds]
     records += [selection.noisy_units.record] if selection and selection.noisy_units else []
+    records += list(selection.records) if selection else []
     for i, (agg, aplan) in enumerate(zip(query.aggregates, plan.aggregates)):
         label = agg.label
         if agg.kind == "quantile":
@@ -304,7 +311,7 @@ def release(query: Query, plan: BoundingPlan, budget: BudgetPlan, rows: pd.DataF
         budget=budget.shares,
         mechanisms=tuple(records),
         partition_selection=_describe_selection(query, selection),
-        notes=_notes(query, budget),
+        notes=_notes(query, budget) + selection_advice(query, budget, table, selection),
         controller_only=_controller_view(query, plan, rows, keep),
         inferred_bounds=_released_bounds(bounds, kept, query.group_by),
     )
@@ -364,7 +371,7 @@ def _notes(query: Query, budget: BudgetPlan) -> tuple[str, ...]:
             "COUNT(DISTINCT unit) is the partition selection's noisy count, released as is (no extra budget); "
             "only counts above the threshold are released, so near the threshold they lean high."
         )
-    gaussian = [s for s in budget.shares if s.rho is not None]
+    gaussian = [s for s in budget.shares if s.rho is not None and s is not budget.selection_share]
     if gaussian:
         eps_g, delta_g = sum(s.epsilon for s in gaussian), sum(s.delta for s in gaussian)
         rho_g = sum(s.rho for s in gaussian)
@@ -373,6 +380,8 @@ def _notes(query: Query, budget: BudgetPlan) -> tuple[str, ...]:
             f"is rho = {rho_g:.6g}, split between them; an aggregate's listed epsilon and delta are its slice "
             "of the pool, not a guarantee of its own."
         )
+    if budget.selection in SELECTION_NOTES:
+        notes.append(SELECTION_NOTES[budget.selection](budget))
     if any(a.kind in ("avg", "var", "stddev") for a in query.aggregates):
         notes.append("AVG/VAR/STDDEV intervals are first-order (delta method on the noisy sums); [L, U] when the noisy count is too small.")
     return tuple(notes)

@@ -1,9 +1,10 @@
 """Private partition selection: which groups of the data may appear in the release.
 
 A partition that exists only because of one unit must appear with probability at most delta
-(over all of that unit's <= C_u partitions together). Strategies share one interface so that new
-ones (weighted or policy Gaussian, Gopi et al. ICML 2020) can be added; each needs only the number
-of distinct units per partition, after contribution bounding. Derivations: dp-engine.md,
+(over all of that unit's <= C_u partitions together). Strategies share one interface: the number
+of distinct units per partition after contribution bounding, the budget share, C_u; the weighted
+ones (weighted Gaussian, MaxAdaptiveDegree: selection_weighted.py, with their derivations) also
+read the per-partition weights the bounding plan computed (`rows`). Derivations: dp-engine.md,
 "Partition selection".
 """
 
@@ -16,7 +17,8 @@ import numpy as np
 
 from .accounting import Share
 from .noise import secure_uniform
-from .release import NoisyStatistic, add_noise
+from .release import MechanismRecord, NoisyStatistic, add_noise
+from .selection_weighted import WEIGHT_ONE, noisy_pass, selection_rounds
 
 
 def per_partition_delta(delta: float, max_partitions: int) -> float:
@@ -79,9 +81,11 @@ class Selection:
     noisy_units: NoisyStatistic | None
     threshold: float | None
     description: str
+    records: tuple[MechanismRecord, ...] = ()  # the Gaussian rounds of the weighted strategies
 
 
-def select_laplace_threshold(n_units: np.ndarray, share: Share, max_partitions: int, confidence: float = 0.95) -> Selection:
+def select_laplace_threshold(n_units: np.ndarray, share: Share, max_partitions: int, confidence: float = 0.95,
+                             **_context) -> Selection:
     """Noisy distinct-unit count (discrete Laplace, scale C_u / eps) kept when >= T."""
     threshold = discrete_laplace_threshold(share.epsilon, share.delta, max_partitions)
     noisy = add_noise(
@@ -98,7 +102,8 @@ def select_laplace_threshold(n_units: np.ndarray, share: Share, max_partitions: 
     )
 
 
-def select_truncated_geometric(n_units: np.ndarray, share: Share, max_partitions: int, confidence: float = 0.95) -> Selection:
+def select_truncated_geometric(n_units: np.ndarray, share: Share, max_partitions: int, confidence: float = 0.95,
+                               **_context) -> Selection:
     """Keep each partition independently with probability p(n) (CSPRNG uniforms)."""
     p = truncated_geometric_keep_probability(n_units, share.epsilon, share.delta, max_partitions)
     keep = secure_uniform(n_units.size) <= p
@@ -113,7 +118,79 @@ def select_truncated_geometric(n_units: np.ndarray, share: Share, max_partitions
     )
 
 
+def _round_record(strategy: str, k: int, rnd: dict, share: Share, max_partitions: int) -> MechanismRecord:
+    fraction = rnd["rho"] / share.rho
+    name = "weighted histogram" if strategy == "weighted_gaussian" else f"MAD round {k} weighted histogram"
+    return MechanismRecord(
+        target=f"partition selection: {name}", mechanism="discrete Gaussian + threshold",
+        sensitivity_per_partition=1.0, max_partitions=max_partitions, sensitivity=1.0,
+        epsilon=share.epsilon * fraction, delta=share.delta * fraction, rho=rnd["rho"],
+        scale=rnd["sigma"] / WEIGHT_ONE, grid=1.0 / WEIGHT_ONE,
+        note=(f"each unit spreads L2 weight <= 1 over its <= {max_partitions} kept partitions; released when the "
+              f"noisy weight >= {rnd['threshold'] / WEIGHT_ONE:.6g}; a partition of one unit alone shows with "
+              f"probability <= {rnd['delta_new']:.3g}; the round's epsilon and delta are its slice of the "
+              "selection's share (rho adds up)"),
+    )
+
+
+def _weights(rows, column: str) -> np.ndarray:
+    if rows is None or column not in rows.columns:
+        raise RuntimeError(f"the weighted selections need the plan's {column} column (run them through dp_core.execute)")
+    return rows[column].to_numpy(dtype=np.int64)
+
+
+def select_weighted_gaussian(n_units: np.ndarray, share: Share, max_partitions: int, confidence: float = 0.95, *,
+                             rows=None, query=None, **_context) -> Selection:
+    """Weighted Gaussian (Gopi et al. 2020): noisy weighted histogram `_w1` kept when >= T."""
+    (rnd,) = selection_rounds("weighted_gaussian", share, max_partitions, query.epsilon)
+    weights = _weights(rows, "_w1")
+    keep = noisy_pass(weights, rnd)
+    return Selection(
+        "weighted_gaussian", keep, None, rnd["threshold"] / WEIGHT_ONE,
+        f"noisy weighted count of units (each unit weighs 1/sqrt(its kept partitions), L2 sensitivity 1; discrete "
+        f"Gaussian sigma {rnd['sigma'] / WEIGHT_ONE:.4g}) >= threshold {rnd['threshold'] / WEIGHT_ONE:.6g} "
+        "(weighted Gaussian, Gopi et al. 2020)",
+        (_round_record("weighted_gaussian", 1, rnd, share, max_partitions),),
+    )
+
+
+def select_mad(n_units: np.ndarray, share: Share, max_partitions: int, confidence: float = 0.95, *,
+               rows=None, query=None, **_context) -> Selection:
+    """MaxAdaptiveDegree, two rounds (Chen et al. 2025): round 1 was drawn when the plan ran
+    (`_mad_r1`); round 2 adds noise to the rerouted weights `_w2` of the partitions left."""
+    rounds = selection_rounds("mad", share, max_partitions, query.epsilon)
+    if rows is None or "_mad_r1" not in rows.columns:
+        raise RuntimeError("selection 'mad' needs its first round, drawn while the plan runs (dp_core.execute)")
+    first = rows["_mad_r1"].to_numpy(dtype=bool)
+    weights = _weights(rows, "_w2")
+    second = noisy_pass(weights, rounds[1])
+    keep = first | (second & ~first)
+    return Selection(
+        "mad", keep, None, rounds[1]["threshold"] / WEIGHT_ONE,
+        f"MaxAdaptiveDegree, two rounds (Chen et al. 2025): round 1 weighted Gaussian with {rounds[0]['rho'] / share.rho:.0%} "
+        f"of the selection's rho released {int(first.sum())} partitions; round 2 moved each unit's weight off those "
+        f"onto its other kept partitions and released {int((second & ~first).sum())} more "
+        f"(thresholds {rounds[0]['threshold'] / WEIGHT_ONE:.6g} and {rounds[1]['threshold'] / WEIGHT_ONE:.6g})",
+        tuple(_round_record("mad", k, rnd, share, max_partitions) for k, rnd in enumerate(rounds, start=1)),
+    )
+
+
 STRATEGIES = {
     "laplace-threshold": select_laplace_threshold,
     "truncated-geometric": select_truncated_geometric,
+    "weighted_gaussian": select_weighted_gaussian,
+    "mad": select_mad,
 }
+
+
+def _gaussian_selection_note(budget) -> str:
+    share = budget.selection_share
+    return (
+        f"Partition selection ({budget.selection}) is a Gaussian mechanism on a weighted count of units: its "
+        f"({share.epsilon:.6g}, {share.delta:.3g}) share is rho = {share.rho:.6g} (zCDP; from epsilon and half the delta, "
+        "pooled with the Gaussian aggregates when there are any) plus the threshold's failure probability (the other "
+        "half of the delta, times e^-epsilon)."
+    )
+
+
+SELECTION_NOTES = {"weighted_gaussian": _gaussian_selection_note, "mad": _gaussian_selection_note}

@@ -14,10 +14,10 @@ from .errors import InvalidQueryError
 
 AggregateKind = Literal["count", "count_units", "sum", "avg", "var", "stddev", "quantile"]
 NoiseKind = Literal["laplace", "gaussian"]
-SelectionKind = Literal["auto", "laplace-threshold", "truncated-geometric"]
+SelectionKind = Literal["auto", "laplace-threshold", "truncated-geometric", "weighted_gaussian", "mad"]
 
 NOISE_KINDS = ("laplace", "gaussian")
-SELECTION_KINDS = ("auto", "laplace-threshold", "truncated-geometric")
+SELECTION_KINDS = ("auto", "laplace-threshold", "truncated-geometric", "weighted_gaussian", "mad")
 
 
 def _finite(x: object) -> bool:
@@ -151,7 +151,8 @@ class Query:
     dropped at random. public_partitions: keys given by the controller (tuples when several
     group-by columns); then no partition selection and no delta is spent on it. selection: how
     private partitions are chosen (`auto`: Laplace threshold when the only aggregates are counts of
-    units, whose noisy count it reuses; truncated geometric otherwise). selection_weight: the
+    units, whose noisy count it reuses; truncated geometric otherwise; `weighted_gaussian` and `mad`,
+    MaxAdaptiveDegree, spread each unit's weight over its partitions: selection_weighted.py). selection_weight: the
     selection's budget share relative to an aggregate's weight. where: a row filter (SQL condition
     on each row's own columns), applied before contribution bounding. bounds_fraction: the share of
     an aggregate's epsilon spent on inferring its missing bounds (APPROX_BOUNDS); bounds_failure:

@@ -255,6 +255,8 @@ class Compiler:
         eps = parsed.options.get("epsilon", epsilon)
         dlt = parsed.options.get("delta", delta)
         cu = parsed.options.get("max_groups_contributed", max_partitions_contributed)
+        if "partition_selection" in parsed.options:
+            options = {**options, "selection": parsed.options["partition_selection"]}
         if eps is None:
             raise InvalidQueryError("no epsilon: give it in OPTIONS (epsilon = ...) or with the request")
         query = q.Query(

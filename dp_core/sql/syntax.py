@@ -21,7 +21,7 @@ from sqlglot.tokens import Tokenizer, TokenType
 from ..errors import InvalidQueryError
 
 DP_FUNCTIONS_BQ = ("COUNT", "SUM", "AVG", "VAR_POP", "STDDEV_POP", "PERCENTILE_CONT")
-OPTION_NAMES = ("epsilon", "delta", "max_groups_contributed", "privacy_unit_column")
+OPTION_NAMES = ("epsilon", "delta", "max_groups_contributed", "privacy_unit_column", "partition_selection")
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,8 @@ def _parse_options(tokens, start: int) -> tuple[dict, int]:
 
 
 def _option_value(name: str, text: str, token_type) -> object:
+    if name == "partition_selection":  # a name: OPTIONS (partition_selection = 'mad'); checked by the Query
+        return text
     if name == "privacy_unit_column":
         if token_type not in (TokenType.VAR, TokenType.IDENTIFIER, TokenType.STRING):
             raise InvalidQueryError(f"privacy_unit_column must name a column, got {text!r}")

@@ -1,0 +1,78 @@
+"""MaxAdaptiveDegree's second round on the open data engine (derivations: selection_weighted.py).
+
+Round 1 (weighted Gaussian on the plan's `_w1`) decides which partitions are released at once;
+round 2's weights depend on that public outcome, so they are computed by one more SQL statement
+on the same connection, before it closes. The bounded rows (`_bounded`) are materialised once in
+an in-memory temporary table (DuckDB runs with no temp directory: nothing reaches the disk) and
+both the plan's per-partition sums and round 2 read them, so the contribution bounding runs once.
+Inputs given as a DuckDB relation (no connection of our own) re-run the plan instead: the same
+hash seed keeps the same rows. No loop over units or partitions in Python.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import replace
+
+import numpy as np
+import pandas as pd
+
+from .accounting import Share
+from .bounding import _plain, _same_key, public_keys_sql
+from .selection_weighted import round_one, weight_sql
+from .sql_text import ident
+
+
+def round_two_sql(with_clause: str, query, released_keys: list[tuple], key_types: dict | None) -> str:
+    """Round 2's weighted histogram: each unit's kept partitions not released in round 1, with
+    weight q_r, r the number of such partitions of the unit. One statement over the same plan."""
+    unit = ident(query.privacy_unit)
+    keys = [ident(k) for k in query.group_by]
+    cols = ", ".join(keys)
+    released = public_keys_sql(replace(query, public_partitions=tuple(released_keys)), key_types)
+    return (
+        f"{with_clause},\n_left AS (SELECT {unit}, {cols} FROM _bounded WHERE NOT EXISTS "
+        f"(SELECT 1 FROM {released} WHERE {_same_key('_pk', '_bounded', tuple(query.group_by))})),\n"
+        f"_ldeg AS (SELECT {unit}, count(*) AS _r FROM _left GROUP BY {unit})\n"
+        f"SELECT {cols}, CAST(sum({weight_sql('_r', query.effective_max_partitions)}) AS BIGINT) AS _w2 "
+        f"FROM _left JOIN _ldeg USING ({unit}) GROUP BY {cols}"
+    )
+
+
+def mad_rows(backend, query, plan, share: Share, key_types: dict | None) -> pd.DataFrame:
+    """The plan's per-partition rows plus MAD's round 1 (`_mad_r1`, noise drawn here, once) and
+    round-2 weights (`_w2`; 0 for partitions released in round 1)."""
+    if backend.connection is None or not plan.ctes:
+        rows = backend.run(plan.sql)
+        return mad_second_round(backend, query, plan, rows, share, key_types, plan.with_clause)
+    at = next(i for i, cte in enumerate(plan.ctes) if cte.startswith("_bounded AS ("))
+    name = f"_mad_bounded_{secrets.token_hex(6)}"
+    backend.connection.execute(f"CREATE TEMP TABLE {name} AS WITH {', '.join(plan.ctes[: at + 1])} SELECT * FROM _bounded")
+    try:
+        unit, cu = ident(query.privacy_unit), query.effective_max_partitions
+        cut = (f"_cut AS (SELECT {unit}, any_value(_deg_c) - {cu} AS _over FROM _bounded WHERE _deg_c > {cu} "
+               f"GROUP BY {unit})")  # the plan's _cut for every unit that kept a row (the bounding loss)
+        with_clause = "WITH " + ",\n".join([f"_bounded AS (SELECT * FROM {name})", cut, *plan.ctes[at + 1 :]])
+        rows = backend.run(f"{with_clause}\n{plan.body}")
+        return mad_second_round(backend, query, plan, rows, share, key_types, with_clause)
+    finally:
+        backend.connection.execute(f"DROP TABLE IF EXISTS {name}")
+
+
+def mad_second_round(backend, query, plan, rows: pd.DataFrame, share: Share, key_types: dict | None,
+                     with_clause: str) -> pd.DataFrame:
+    """Run MAD's first round on `rows` and the round-2 SQL over `with_clause` (ending in `_bounded`)."""
+    r1 = round_one(rows, share, query.effective_max_partitions, query.epsilon)
+    out = rows.copy()
+    out["_mad_r1"] = r1
+    if not r1.any():
+        out["_w2"] = out["_w1"].to_numpy(dtype=np.int64)  # nothing released: every unit keeps all
+        return out
+    keys = list(query.group_by)
+    released = [tuple(_plain(v) for v in row) for row in rows.loc[r1, keys].itertuples(index=False)]
+    w2 = backend.run(round_two_sql(with_clause, query, released, key_types))
+    merged = out.merge(w2, on=keys, how="left", sort=False)
+    if len(merged) != len(out):  # keys are unique per partition; a mismatch would be a plan bug
+        raise RuntimeError("MAD round 2: partition keys did not match the plan's rows")
+    merged["_w2"] = merged["_w2"].fillna(0).to_numpy(dtype=np.int64)
+    return merged
