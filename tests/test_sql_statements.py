@@ -189,6 +189,10 @@ REFUSED = {
                                                    "neither a GROUP BY key nor a DP aggregate"),
     "an unknown function": (f"{DP.format(e=1)} my_udf(COUNT(*)) AS x FROM people", "unknown function"),
     "DISTINCT in a DP aggregate": (f"{DP.format(e=1)} SUM(DISTINCT age) FROM people", "DISTINCT"),
+    "the outer query reads a column the DP SELECT does not release": (
+        f"SELECT age FROM ({DP.format(e=1)} dept, COUNT(*) AS n FROM people GROUP BY dept) d", "the outer query"),
+    "the unit is not a released column": (
+        f"SELECT uid FROM ({DP.format(e=1)} dept, COUNT(*) AS n FROM people GROUP BY dept) d", "the outer query"),
 }
 
 

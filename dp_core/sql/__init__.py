@@ -15,7 +15,7 @@ from ..backend import DuckDBBackend
 from ..errors import DPError, InvalidQueryError
 from ..result import DPResult
 from .compile import CompiledQuery
-from .outer import StatementResult, postprocess, run_statement
+from .outer import StatementResult, check_executable, postprocess, run_statement
 from .ownership import TableInfo
 from .statement import CompiledStatement, compile_statement
 
@@ -51,7 +51,9 @@ def compile_statement_for(sql: str, tables: dict[str, Table], **request) -> Comp
     """Compile a whole statement against these tables (their columns are read, not their rows)."""
     backend = DuckDBBackend.for_tables({name: t.data for name, t in tables.items()})
     try:
-        return _guarded(compile_statement, sql, catalog_of(backend, tables), **request)
+        statement = _guarded(compile_statement, sql, catalog_of(backend, tables), **request)
+        _guarded(check_executable, statement, backend)
+        return statement
     finally:
         backend.close()
 

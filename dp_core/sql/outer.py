@@ -128,3 +128,37 @@ def combine(results: list[DPResult], table: pd.DataFrame) -> StatementResult:
         notes=tuple(notes) + ("The table is post-processing (outer query, expressions) of the DP SELECTs' released "
                               "tables: it has no intervals of its own.",),
         controller_only=controller, inferred_bounds=tuple(bounds), parts=tuple(results))
+
+
+def check_executable(compiled: CompiledStatement, backend: DuckDBBackend) -> None:
+    """Bind every DP SELECT's source and the outer query in DuckDB over empty stand-ins of the
+    released tables (reads no rows): unknown columns, type errors and functions DuckDB cannot run
+    are refused before any budget is spent."""
+    con = backend.connection
+    for i, part in enumerate(compiled.parts):
+        try:
+            described = con.execute(f"DESCRIBE SELECT * FROM ({part.source_sql('duckdb')}) AS s").fetchall()
+        except Exception as err:  # duckdb.Error and its binder/catalog/parser subclasses
+            raise InvalidQueryError(f"DP SELECT {i + 1}: {_first_line(err)}") from None
+        types = {row[0]: row[1] for row in described}
+        columns = [f"CAST(NULL AS {types.get(k, 'VARCHAR')}) AS {_ident(k)}" for k in part.query.group_by]
+        for agg in part.query.aggregates:
+            kind = "BIGINT" if agg.kind in ("count", "count_units") else "DOUBLE"
+            columns += [f"CAST(NULL AS {kind}) AS {_ident(agg.label + s)}" for s in ("", "_ci_low", "_ci_high")]
+            columns.append(f"CAST(NULL AS DOUBLE) AS {_ident(agg.label + '_noise_sd')}")
+        outputs = ", ".join(f"{sql} AS {_ident(name)}" for name, sql in part.outputs)
+        try:
+            con.execute(f"CREATE OR REPLACE TEMP TABLE __released AS SELECT {', '.join(columns)} LIMIT 0")
+            con.execute(f"CREATE OR REPLACE TEMP TABLE {released_name(i)} AS SELECT {outputs} FROM __released")
+        except Exception as err:
+            raise InvalidQueryError(f"DP SELECT {i + 1}: its select list cannot be computed: {_first_line(err)}") from None
+    if compiled.outer is not None:
+        try:
+            con.execute(f"DESCRIBE {compiled.outer_sql()}")
+        except Exception as err:
+            raise InvalidQueryError(f"the outer query: {_first_line(err)}") from None
+
+
+def _first_line(err: Exception) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
