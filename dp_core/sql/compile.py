@@ -321,9 +321,12 @@ class Compiler:
             plain_alias = alias if any(kind == "agg" and p == i for kind, _, p in items) else f"__agg{i}"
             aggregates.append(self.aggregate(call, plain_alias, scope, clause.syntax))
         if not aggregates:
-            raise InvalidQueryError("the DP SELECT has no DP aggregate")
+            if not keys:
+                raise InvalidQueryError("the DP SELECT has neither GROUP BY nor a DP aggregate: use one of them")
+            # GROUP BY only: release the groups; the selection's noisy count of units (no extra budget)
+            aggregates.append(q.Aggregate("count_units", name="__groups"))
         labels = [a.label for a in aggregates]
-        plain = all(kind != "expr" for kind, _, _ in items) and all(
+        plain = not any(a.name == "__groups" for a in aggregates) and all(kind != "expr" for kind, _, _ in items) and all(
             kind != "key" or name is None or name == self.key_names[p] for kind, name, p in items)
         out: list[tuple[str, str]] = []
         for pos, (kind, name, payload) in enumerate(items):
@@ -351,8 +354,6 @@ class Compiler:
             source = source.join(join.copy())
         if where is not None:
             source = source.where(where.this.copy())
-        if scope.nullable_unit:
-            source = source.where(exp.Not(this=exp.Is(this=scope.unit_expr.copy(), expression=exp.Null())))
         if with_items:
             source.set("with_" if "with_" in exp.Select.arg_types else "with",
                        exp.With(expressions=[w.copy() for w in with_items]))

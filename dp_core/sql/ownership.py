@@ -7,7 +7,8 @@ must derive from the rows of one privacy unit only, and carry that unit.
     selection         WHERE allowed: a row-level condition; subqueries only over public tables,
                       uncorrelated (IN, EXISTS, scalar)
     aggregation       of protected rows: allowed only when it groups by the unit
-    join              protected with public: any join and condition (each row keeps its unit);
+    join              protected with public: any condition (each row keeps its unit); an outer
+                      join must preserve the protected side only (LEFT: left protected, ...);
                       protected with protected: only on equality of the units (USING (unit),
                       NATURAL with the unit in common, or a.unit = b.unit as an AND-ed term of ON)
     set operation     UNION / INTERSECT / EXCEPT [ALL | DISTINCT] of protected rows with the unit
@@ -63,7 +64,6 @@ class Scope:
     merged: dict[str, str] = field(default_factory=dict)  # USING columns: lower name -> name
     unit_expr: exp.Expression | None = None
     unit_name: str | None = None
-    nullable_unit: bool = False  # an outer join with a public table may leave rows without a unit
 
     @property
     def protected(self) -> bool:
@@ -281,13 +281,22 @@ class OwnershipChecker:
                 scope.unit_expr = right_unit
             elif side == "FULL":
                 scope.unit_expr = exp.Coalesce(this=scope.unit_expr, expressions=[right_unit])
-        elif right_protected:  # public rows joined to protected ones: the protected side's unit
-            scope.unit_expr = exp.column(right.columns.get(right.unit.lower(), right.unit), table=right.alias, quoted=True)
-            scope.unit_name = right.unit
-            if side in ("LEFT", "FULL"):
-                scope.nullable_unit = True
-        elif left_protected and side in ("RIGHT", "FULL"):
-            scope.nullable_unit = True
+        elif left_protected or right_protected:
+            # a protected table with a public one: any condition, but an outer join must keep only
+            # protected rows (rows it would keep from the public side have no unit)
+            if side == "FULL":
+                raise InvalidQueryError(f"{where}: {text!r}: both tables in a FULL OUTER join must contain user data "
+                                        "(protected tables); the public side's rows would have no unit")
+            if side == "LEFT" and not left_protected:
+                raise InvalidQueryError(f"{where}: {text!r}: the left table in a LEFT OUTER join must contain user data "
+                                        "(a protected table); swap the sides or use an inner join")
+            if side == "RIGHT" and not right_protected:
+                raise InvalidQueryError(f"{where}: {text!r}: the right table in a RIGHT OUTER join must contain user "
+                                        "data (a protected table); swap the sides or use an inner join")
+            if right_protected:  # public rows joined to protected ones: the protected side's unit
+                scope.unit_expr = exp.column(right.columns.get(right.unit.lower(), right.unit), table=right.alias,
+                                             quoted=True)
+                scope.unit_name = right.unit
         for name in using_names:
             original = right.columns.get(name, name)
             scope.merged[name] = original

@@ -116,8 +116,9 @@ def _parse_options(tokens, start: int, syntax: str) -> tuple[dict, int]:
 
 def _option_value(name: str, text: str, token_type) -> object:
     if name == "privacy_unit_column":
-        if token_type not in (TokenType.VAR, TokenType.IDENTIFIER, TokenType.STRING) or not text.strip():
-            raise InvalidQueryError(f"OPTIONS privacy_unit_column must name a column, got {text!r}")
+        if token_type not in (TokenType.VAR, TokenType.IDENTIFIER) or not text.strip():
+            raise InvalidQueryError(f"OPTIONS privacy_unit_column must be a path expression naming a column "
+                                    f"(privacy_unit_column = uid or t.uid, not a string), got {text!r}")
         return text
     if token_type not in (TokenType.NUMBER,):
         if token_type == TokenType.NULL:
