@@ -128,7 +128,7 @@ FORBIDDEN = [
     ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 0) COUNT(*, contribution_bounds_per_group => (0, 1)) FROM Employee",
      "epsilon must be a finite number > 0"),
     ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1, max_groups_contributed = 0) COUNT(*) FROM Employee",
-     "max_groups_contributed must be a whole number >= 1"),
+     "max_groups_contributed must be a whole number in [1, 2147483647]"),
     ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1, budget = 3) COUNT(*) FROM Employee", "unknown OPTIONS entry"),
     ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1, privacy_unit_column = dept) COUNT(*) FROM Employee",
      "does not match the registered privacy unit"),

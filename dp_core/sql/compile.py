@@ -145,6 +145,9 @@ class Compiler:
             kind, fixed_q = SEED_FUNCTIONS[fname]
             seed = fname not in ("ANON_VAR_POP", "ANON_STDDEV_POP", "ANON_PERCENTILE_CONT")
         elif fname in BIGQUERY_FUNCTIONS:
+            if syntax == "anonymization":
+                raise InvalidQueryError(f"{shown} is not a DP function of SELECT WITH ANONYMIZATION: use ANON_{shown}"
+                                        " (or SELECT WITH DIFFERENTIAL_PRIVACY)")
             kind, fixed_q, seed = BIGQUERY_FUNCTIONS[fname], None, False
         else:
             raise InvalidQueryError(f"unknown DP function {shown}: use one of "
@@ -225,8 +228,9 @@ class Compiler:
                 raise InvalidQueryError(f"{where}: lower bound {lower:g} exceeds upper bound {upper:g} (give (L, U) with L <= U)")
         if kind == "count":
             if bounds is not None:
-                if lower != 0:
-                    raise UnsupportedError(f"{where}: a COUNT's contribution bounds must start at 0 here, got ({lower:g}, {upper:g})")
+                if lower > 0:  # a lower bound <= 0 changes nothing: a unit's count is never negative
+                    raise UnsupportedError(f"{where}: a COUNT's lower contribution bound must be <= 0 here, got "
+                                           f"({lower:g}, {upper:g})")
                 if not (upper >= 1 and float(upper).is_integer()):
                     raise InvalidQueryError(f"{where}: a COUNT's bound must be a whole number >= 1, got {upper:g}")
             return q.Aggregate("count", column=column, upper=_whole(upper), name=alias)
@@ -364,6 +368,8 @@ class Compiler:
         cu = clause.options.get("max_groups_contributed", max_partitions_contributed)
         if eps is None:
             raise InvalidQueryError("no epsilon: give it in OPTIONS (epsilon = ...) or with the request")
+        if clause.options.get("group_selection_strategy"):
+            options = {**options, "selection": clause.options["group_selection_strategy"]}
         query = q.Query(
             tuple(aggregates), privacy_unit=self.unit, epsilon=eps,
             delta=1e-6 if dlt is None else dlt, group_by=tuple(self.key_names),

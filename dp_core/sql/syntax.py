@@ -29,12 +29,12 @@ DP_FUNCTIONS_BQ = ("COUNT", "SUM", "AVG", "VAR_POP", "STDDEV_POP", "PERCENTILE_C
                    "APPROX_COUNT_DISTINCT")
 #: OPTIONS names each syntax accepts (BigQuery's reference); `kappa` is the legacy name of max_groups_contributed
 OPTION_NAMES = {
-    "differential_privacy": ("epsilon", "delta", "max_groups_contributed", "privacy_unit_column"),
-    "anonymization": ("epsilon", "delta", "max_groups_contributed", "kappa"),
+    "differential_privacy": ("epsilon", "delta", "max_groups_contributed", "privacy_unit_column",
+                             "group_selection_strategy"),
+    "anonymization": ("epsilon", "delta", "max_groups_contributed", "kappa", "group_selection_strategy"),
 }
 #: valid in the reference, not offered by this engine
-UNSUPPORTED_OPTIONS = ("k_threshold", "max_rows_contributed", "group_selection_strategy",
-                       "min_privacy_units_per_group")
+UNSUPPORTED_OPTIONS = ("k_threshold", "max_rows_contributed", "min_privacy_units_per_group")
 MARK = "__dpmark_"
 
 
@@ -68,9 +68,15 @@ def mark_of(select: exp.Expression) -> int | None:
     return None
 
 
+class _Tokenizer(Tokenizer):
+    """sqlglot's tokenizer, with BigQuery's backquoted identifiers as well as double-quoted ones."""
+
+    IDENTIFIERS = ['"', "`"]
+
+
 def _tokens(sql: str):
     try:
-        return Tokenizer().tokenize(sql)
+        return _Tokenizer().tokenize(sql)
     except Exception as err:  # sqlglot raises TokenError, and sometimes ValueError, on broken input
         raise InvalidQueryError(f"the query is not valid SQL: {str(err).splitlines()[0] if str(err) else err!r}") from None
 
@@ -115,6 +121,13 @@ def _parse_options(tokens, start: int, syntax: str) -> tuple[dict, int]:
 
 
 def _option_value(name: str, text: str, token_type) -> object:
+    if name == "group_selection_strategy":
+        if text.upper() == "LAPLACE_THRESHOLD":
+            return "laplace-threshold"
+        if text.upper() == "PUBLIC_GROUPS":
+            raise UnsupportedError("OPTIONS group_selection_strategy = PUBLIC_GROUPS is not offered: give the public "
+                                   "groups with the request (public_partitions)")
+        raise InvalidQueryError(f"OPTIONS group_selection_strategy must be LAPLACE_THRESHOLD or PUBLIC_GROUPS, got {text!r}")
     if name == "privacy_unit_column":
         if token_type not in (TokenType.VAR, TokenType.IDENTIFIER) or not text.strip():
             raise InvalidQueryError(f"OPTIONS privacy_unit_column must be a path expression naming a column "
@@ -129,8 +142,9 @@ def _option_value(name: str, text: str, token_type) -> object:
     except ValueError:
         raise InvalidQueryError(f"OPTIONS {name} must be a number, got {text!r}") from None
     if name == "max_groups_contributed":
-        if not value.is_integer() or value < 1 or not text.lstrip("-").isdigit():
-            raise InvalidQueryError(f"OPTIONS max_groups_contributed must be a whole number >= 1 (an INT64), got {text}")
+        if not value.is_integer() or not 1 <= value <= 2**31 - 1 or not text.lstrip("-").isdigit():
+            raise InvalidQueryError(f"OPTIONS max_groups_contributed must be a whole number in [1, 2147483647] "
+                                    f"(an INT64 literal), got {text}")
         return int(value)
     return value
 
