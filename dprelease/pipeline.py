@@ -23,7 +23,7 @@ from cryptography.fernet import Fernet, InvalidToken
 
 import dp_core as dp
 from dp_core import pri, risk
-from dp_core.sql import Table, compile_for, run_sql
+from dp_core.sql import Table, compile_statement_for, run_sql
 
 from . import checks, escrow
 from .reporting import data_files, pages, signing
@@ -89,9 +89,12 @@ def plan(platform: Platform, request: ReleaseRequest) -> Plan:
     columns = list(json.loads(ds.schema_json))
     empty = pd.DataFrame({c: pd.Series(dtype=t) for c, t in _pandas_types(ds).items()})[columns]
     if request.sql:
-        compiled = compile_for(request.sql, {ds.name: Table(empty, ds.privacy_unit)}, epsilon=placeholder,
-                               delta=request.delta, max_partitions_contributed=request.max_partitions_contributed)
-        query = compiled.query
+        statement = compile_statement_for(request.sql, {ds.name: Table(empty, ds.privacy_unit)}, epsilon=placeholder,
+                                          delta=request.delta, max_partitions_contributed=request.max_partitions_contributed)
+        if not statement.parts:
+            raise ReleaseError("the SQL has no DP SELECT: nothing to release")
+        # the ledger is charged the statement's total (the sum over its DP SELECTs)
+        query = replace(statement.parts[0].query, epsilon=statement.epsilon, delta=statement.delta)
         sql = request.sql
     else:
         query = query_from_spec(request.query, ds.privacy_unit, placeholder, delta=request.delta,
@@ -126,7 +129,8 @@ def choose_epsilon(platform: Platform, planned: Plan) -> EpsilonDecision:
     if req.epsilon_mode == "fixed":
         if req.epsilon is None:
             raise ReleaseError("the request fixes no epsilon: give epsilon, or choose it with {pri: ...} or {risk: ...}")
-        return EpsilonDecision(req.epsilon, "fixed", f"epsilon {req.epsilon:g} was fixed by the request")
+        total = statement_epsilon(platform, planned, req.epsilon)
+        return EpsilonDecision(total, "fixed", f"epsilon {total:g} was fixed by the request")
     if req.epsilon_mode == "pri":
         p, mode = float(req.pri.get("p", 50)), req.pri.get("mode", "public")
         spent, cap = budget["epsilon_committed"] + budget["epsilon_reserved"], budget["epsilon_cap"]
@@ -145,6 +149,17 @@ def choose_epsilon(platform: Platform, planned: Plan) -> EpsilonDecision:
                                  max_noise=float(r["max_noise"]), n=int(r["n"]), m=int(r.get("m", 1)),
                                  p=float(r.get("p", 0.9)), prefer=r.get("prefer", "privacy"))
     return EpsilonDecision(choice.epsilon, "risk", choice.summary, risk_choice=choice)
+
+
+def statement_epsilon(platform: Platform, planned: Plan, epsilon: float) -> float:
+    """What a SQL request spends at this request epsilon: its DP SELECTs' total (OPTIONS epsilons
+    count as given; the request's epsilon is shared by the others)."""
+    if not planned.sql:
+        return epsilon
+    ds = platform.store.get_dataset(planned.request.dataset)
+    empty = pd.DataFrame({c: pd.Series(dtype=t) for c, t in _pandas_types(ds).items()})
+    return compile_statement_for(planned.sql, {ds.name: Table(empty, ds.privacy_unit)}, epsilon=epsilon,
+                                 delta=planned.request.delta).epsilon
 
 
 # -- 7: compute and seal -------------------------------------------------------------------------

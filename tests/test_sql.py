@@ -52,10 +52,10 @@ PAIRS = [
     ("ANON_COUNT(DISTINCT uid) AS n", "COUNT(DISTINCT uid) AS n"),
     ("ANON_SUM(val, 0, 100) AS s", "SUM(val, contribution_bounds_per_group => (0, 100)) AS s"),
     ("ANON_AVG(val, -1, 100)", "AVG(val, contribution_bounds_per_group => (-1, 100))"),
-    ("ANON_VAR(val, 0, 100) AS v", "VAR_POP(val, contribution_bounds_per_group => (0, 100)) AS v"),
-    ("ANON_STDDEV(val, 0, 100) AS sd", "STDDEV_POP(val, contribution_bounds_per_group => (0, 100)) AS sd"),
-    ("ANON_MEDIAN(val, 0, 100) AS m", "PERCENTILE_CONT(val, 0.5, contribution_bounds_per_group => (0, 100)) AS m"),
-    ("ANON_NTILE(val, 0.9, 0, 100) AS p90", "PERCENTILE_CONT(val, 0.9, contribution_bounds_per_group => (0, 100)) AS p90"),
+    ("ANON_VAR(val, 0, 100) AS v", "VAR_POP(val, contribution_bounds_per_row => (0, 100)) AS v"),
+    ("ANON_STDDEV(val, 0, 100) AS sd", "STDDEV_POP(val, contribution_bounds_per_row => (0, 100)) AS sd"),
+    ("ANON_MEDIAN(val, 0, 100) AS m", "PERCENTILE_CONT(val, 0.5, contribution_bounds_per_row => (0, 100)) AS m"),
+    ("ANON_NTILE(val, 0.9, 0, 100) AS p90", "PERCENTILE_CONT(val, 0.9, contribution_bounds_per_row => (0, 100)) AS p90"),
     ("ANON_SUM(val) AS s", "SUM(val) AS s"),  # automatic bounds in both
 ]
 
@@ -114,21 +114,21 @@ FORBIDDEN = [
     ("SELECT WITH ANONYMIZATION ANON_SUM(ANON_COUNT(*, 1), 0, 1) FROM Employee", "nested inside a DP aggregate"),
     ("SELECT WITH ANONYMIZATION ANON_SUM(max(age), 0, 1) FROM Employee", "nested inside a DP aggregate"),
     ("SELECT WITH ANONYMIZATION ANON_COUNT(*, 1) FROM (SELECT uid FROM Employee UNION SELECT uid FROM \"Order\")",
-     "set operation"),
-    ("SELECT WITH ANONYMIZATION ANON_COUNT(*, 1) FROM Employee UNION SELECT 1", "must be a single SELECT"),
+     None),  # allowed: a set operation of protected rows, each keeping its unit
+    ("SELECT WITH ANONYMIZATION ANON_COUNT(*, 1) FROM Employee UNION SELECT 1", None),
     ("SELECT WITH ANONYMIZATION ANON_FOO(age, 0, 1) FROM Employee", "unknown DP function ANON_FOO"),
     ("SELECT WITH ANONYMIZATION dept, my_udf(age) FROM Employee GROUP BY dept", "unknown function"),
     ("SELECT WITH ANONYMIZATION ANON_COUNT(*, 1) FROM Nowhere", "unknown table 'Nowhere'"),
     ("SELECT WITH ANONYMIZATION ANON_SUM(salary, 0, 1) FROM Employee", "unknown column 'salary'"),
-    ("SELECT WITH ANONYMIZATION ANON_COUNT(*, 1) FROM Employee E JOIN Other X USING (uid)", "USING must include the unit"),
+    ("SELECT WITH ANONYMIZATION ANON_COUNT(*, 1) FROM Employee E JOIN Other X USING (uid)", "not in both joined relations"),
     ("SELECT WITH ANONYMIZATION ANON_COUNT(*, 1) FROM Employee E JOIN Other X ON E.uid = X.person AND E.dept = X.dept",
      None),  # allowed: the units are equal, another term may follow
     ("SELECT WITH ANONYMIZATION ANON_COUNT(*, 1) FROM (SELECT WITH ANONYMIZATION ANON_COUNT(*, 1) FROM Employee)",
-     "two anonymization clauses"),
+     "inside another DP SELECT"),
     ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 0) COUNT(*, contribution_bounds_per_group => (0, 1)) FROM Employee",
      "epsilon must be a finite number > 0"),
     ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1, max_groups_contributed = 0) COUNT(*) FROM Employee",
-     "max_groups_contributed must be a whole number >= 1"),
+     "max_groups_contributed must be a whole number in [1, 2147483647]"),
     ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1, budget = 3) COUNT(*) FROM Employee", "unknown OPTIONS entry"),
     ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1, privacy_unit_column = dept) COUNT(*) FROM Employee",
      "does not match the registered privacy unit"),
@@ -139,7 +139,7 @@ FORBIDDEN = [
     ("SELECT WITH ANONYMIZATION dept, ANON_COUNT(*, 1) FROM Employee GROUP BY dept HAVING ANON_COUNT(*, 1) > 2",
      "HAVING"),
     ("SELECT WITH ANONYMIZATION ANON_COUNT(*, 1) FROM Employee WHERE age IN (SELECT age FROM Employee)", "subquery"),
-    ('SELECT WITH ANONYMIZATION ANON_COUNT(*, 1) FROM Employee E RIGHT JOIN "Order" O USING (uid)', "inner and left joins"),
+    ('SELECT WITH ANONYMIZATION ANON_COUNT(*, 1) FROM Employee E RIGHT JOIN "Order" O USING (uid)', None),
     ("SELECT age FROM Employee", "not a DP query"),
     ("SELECT WITH ANONYMIZATION ANON_COUNT(*, 1.5) FROM Employee", "whole number"),
 ]
@@ -174,8 +174,12 @@ VALID = [s for s, m in FORBIDDEN if m is None] + [
 
 
 def _compile_or_refuse(company, sql):
+    from dp_core.sql.ownership import TableInfo
+    from dp_core.sql.statement import compile_statement
+
+    catalog = {n: TableInfo(n, tuple(t.data.columns), t.privacy_unit) for n, t in company.items()}
     try:
-        compile_for(sql, company, epsilon=1.0)
+        compile_statement(sql, catalog, epsilon=1.0)
     except dp.DPError:
         pass
 

@@ -1,63 +1,88 @@
-"""The DP SQL front end: both syntaxes, row-ownership checks, compilation to the typed query.
+"""The DP SQL front end: both syntaxes, row-ownership checks, compilation to typed queries,
+outer queries over DP results.
 
     from dp_core.sql import Table, run_sql
     result = run_sql(
         "SELECT WITH ANONYMIZATION education, ANON_AVG(age, 17, 90) AS age FROM adult GROUP BY education",
-        {"adult": Table(df, privacy_unit="person_id")}, epsilon=1.0)
+        {"adult": Table(df, privacy_unit="person_id"), "regions": Table(regions_df)}, epsilon=1.0)
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from ..backend import DuckDBBackend
-from ..engine import execute
+from ..errors import DPError, InvalidQueryError
 from ..result import DPResult
-from .compile import CompiledQuery, compile_sql
+from .compile import CompiledQuery
+from .outer import StatementResult, check_executable, postprocess, run_statement
 from .ownership import TableInfo
+from .statement import CompiledStatement, compile_statement
 
 
 @dataclass(frozen=True)
 class Table:
-    """A registered input: the data (DataFrame, Arrow table, CSV/Parquet path) and its unit column."""
+    """A registered input: the data (DataFrame, Arrow table, CSV/Parquet path) and its unit
+    column; privacy_unit=None declares a public table (no one's rows: joins and outer queries
+    may read it freely, and reading it spends nothing)."""
 
     data: object
-    privacy_unit: str
+    privacy_unit: str | None = None
 
 
 def catalog_of(backend: DuckDBBackend, tables: dict[str, Table]) -> dict[str, TableInfo]:
     return {name: TableInfo(name, tuple(backend.columns(name)), t.privacy_unit) for name, t in tables.items()}
 
 
-def compile_for(sql: str, tables: dict[str, Table], **request) -> CompiledQuery:
-    """Compile `sql` against these tables (their columns are read, not their rows)."""
+def _guarded(fn, *args, **kwargs):
+    """Every refusal is the project's own error: an unexpected exception in the front end is
+    reported as an invalid query naming it (never a bare traceback from the parser)."""
+    try:
+        return fn(*args, **kwargs)
+    except DPError:
+        raise
+    except RecursionError:
+        raise InvalidQueryError("the query is nested too deeply") from None
+    except Exception as err:  # noqa: BLE001 - the contract: a plan or a DPError
+        raise InvalidQueryError(f"the query could not be compiled ({type(err).__name__}: {err})") from err
+
+
+def compile_statement_for(sql: str, tables: dict[str, Table], **request) -> CompiledStatement:
+    """Compile a whole statement against these tables (their columns are read, not their rows)."""
     backend = DuckDBBackend.for_tables({name: t.data for name, t in tables.items()})
     try:
-        return compile_sql(sql, catalog_of(backend, tables), **request)
+        statement = _guarded(compile_statement, sql, catalog_of(backend, tables), **request)
+        _guarded(check_executable, statement, backend)
+        return statement
     finally:
         backend.close()
 
 
+def compile_for(sql: str, tables: dict[str, Table], **request) -> CompiledQuery:
+    """Compile a statement and return its first DP SELECT (the statement has at least one)."""
+    statement = compile_statement_for(sql, tables, **request)
+    if not statement.parts:
+        raise InvalidQueryError("not a DP query: write SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (...) ... or "
+                                "SELECT WITH ANONYMIZATION ...")
+    return statement.parts[0]
+
+
+def compile_sql(sql: str, catalog: dict[str, TableInfo], **request) -> CompiledQuery:
+    """The first DP SELECT of `sql` compiled against a catalog (kept for callers of issue 4)."""
+    statement = _guarded(compile_statement, sql, catalog, **request)
+    if not statement.parts:
+        raise InvalidQueryError("not a DP query: the statement has no SELECT WITH DIFFERENTIAL_PRIVACY / ANONYMIZATION")
+    return statement.parts[0]
+
+
 def run_sql(sql: str, tables: dict[str, Table], *, threads: int | None = None, **request) -> DPResult:
-    """Compile and execute an anonymized SELECT. request: epsilon, delta,
-    max_partitions_contributed (when the query's OPTIONS do not give them) and any other Query
-    field (noise, public_partitions, selection, confidence, ...)."""
-    backend = DuckDBBackend.for_tables({name: t.data for name, t in tables.items()}, threads=threads)
-    compiled = compile_sql(sql, catalog_of(backend, tables), **request)
-    backend.define_input(compiled.source_sql("duckdb"))
-    result = execute(compiled.query, backend)
-    return postprocess(result, compiled)
+    """Compile and execute a statement. request: epsilon, delta, max_partitions_contributed (the
+    statement's totals when its OPTIONS do not give them) and any other Query field (noise,
+    public_partitions, selection, confidence, ...). Returns the DPResult of a single plain DP
+    SELECT, else a StatementResult (outer table, summed budget, each part's result)."""
+    compiled = compile_statement_for(sql, tables, **request)
+    return run_statement(compiled, {name: t.data for name, t in tables.items()}, threads=threads)
 
 
-def postprocess(result: DPResult, compiled: CompiledQuery) -> DPResult:
-    """ORDER BY and LIMIT of the anonymized SELECT, applied to the released table."""
-    table = result.table
-    if compiled.order_by:
-        table = table.sort_values([c for c, _ in compiled.order_by],
-                                  ascending=[not desc for _, desc in compiled.order_by], kind="stable")
-    if compiled.limit is not None:
-        table = table.head(compiled.limit)
-    return replace(result, table=table.reset_index(drop=True))
-
-
-__all__ = ["CompiledQuery", "Table", "compile_for", "compile_sql", "run_sql"]
+__all__ = ["CompiledQuery", "CompiledStatement", "StatementResult", "Table", "compile_for", "compile_sql",
+           "compile_statement_for", "postprocess", "run_sql"]

@@ -1,9 +1,16 @@
-"""Compile an anonymized SELECT into the engine's typed query and an ownership-preserving source.
+"""Compile one DP SELECT into the engine's typed query and an ownership-preserving source.
 
 The source is one SQL statement (sqlglot tree, rendered in any dialect) whose rows each belong to
 one unit: `SELECT unit, <group keys>, <aggregate inputs> FROM <checked FROM> WHERE <filter>`.
-The engine then runs its bounding plan over it. The anonymized SELECT itself may hold only group
-keys (as in GROUP BY) and DP aggregates; ORDER BY and LIMIT on its output are post-processing.
+The engine then runs its bounding plan over it. The DP SELECT list holds group keys, DP aggregates
+and expressions over them (`ROUND(AVG(x), 1)`, `COUNT(*) + 1`, ratios): those are evaluated on the
+released table (post-processing), like ORDER BY and LIMIT.
+
+Aggregate signatures follow BigQuery's reference: COUNT / SUM / AVG take
+`contribution_bounds_per_group => (L, U)`, VAR_POP / STDDEV_POP / PERCENTILE_CONT take
+`contribution_bounds_per_row => (L, U)` (here: the bounds of each unit's value, as the engine
+clamps it), COUNT's bounds are whole numbers (INT64); WITH ANONYMIZATION takes
+`CLAMPED BETWEEN L AND U` (and the seed's positional bounds).
 """
 
 from __future__ import annotations
@@ -13,65 +20,95 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from .. import query as q
-from ..errors import InvalidQueryError
-from .ownership import OwnershipChecker, Scope, TableInfo, _arg, _is_dp_call, check_row_level, quote
-from .syntax import parse_dp_sql
+from ..errors import InvalidQueryError, UnsupportedError
+from .ownership import OwnershipChecker, Scope, _arg, check_functions, is_dp_call, is_subquery, quote
+from .syntax import DPClause, mark_of
 
-#: seed names -> (kind, quantile) ; BigQuery names are mapped in `_bigquery_call`
+#: seed names -> (kind, quantile)
 SEED_FUNCTIONS = {
     "ANON_COUNT": ("count", None), "ANON_SUM": ("sum", None), "ANON_AVG": ("avg", None),
     "ANON_VAR": ("var", None), "ANON_STDDEV": ("stddev", None), "ANON_NTILE": ("quantile", None),
     "ANON_MIN": ("quantile", 0.0), "ANON_MAX": ("quantile", 1.0), "ANON_MEDIAN": ("quantile", 0.5),
+    "ANON_VAR_POP": ("var", None), "ANON_STDDEV_POP": ("stddev", None), "ANON_PERCENTILE_CONT": ("quantile", None),
 }
 BIGQUERY_FUNCTIONS = {
     "__DP_COUNT": "count", "__DP_SUM": "sum", "__DP_AVG": "avg", "__DP_VAR_POP": "var",
     "__DP_STDDEV_POP": "stddev", "__DP_PERCENTILE_CONT": "quantile",
 }
+#: the named bounds argument of each BigQuery function
+BOUNDS_ARGUMENT = {"count": "contribution_bounds_per_group", "sum": "contribution_bounds_per_group",
+                   "avg": "contribution_bounds_per_group", "var": "contribution_bounds_per_row",
+                   "stddev": "contribution_bounds_per_row", "quantile": "contribution_bounds_per_row"}
+UNSUPPORTED_FUNCTIONS = ("__DP_APPROX_QUANTILES", "__DP_APPROX_COUNT_DISTINCT", "ANON_QUANTILES")
 
 
 @dataclass(frozen=True)
 class CompiledQuery:
-    """What an anonymized SELECT means: the typed query, its source, its post-processing."""
+    """What a DP SELECT means: the typed query, its source, its post-processing."""
 
     query: q.Query
     source: exp.Select  # rows each owned by one unit: unit, keys, aggregate inputs
     syntax: str
     order_by: tuple[tuple[str, bool], ...]  # (output column, descending)
     limit: int | None
+    outputs: tuple[tuple[str, str], ...] = ()  # (name, DuckDB SQL over the released table), in order
+    plain: bool = True  # the select list is keys and DP aggregates only (the released table as is)
 
     def source_sql(self, dialect: str = "duckdb") -> str:
         return self.source.sql(dialect=dialect)
 
 
-def _number(node: exp.Expression, what: str) -> float:
-    """A numeric literal (possibly negative)."""
-    if isinstance(node, exp.Neg) and isinstance(node.this, exp.Literal) and not node.this.is_string:
-        return -float(node.this.this)
-    if isinstance(node, exp.Literal) and not node.is_string:
-        return float(node.this)
-    raise InvalidQueryError(f"{what} must be a number literal, got {quote(node)!r}")
+def _number(node: exp.Expression, what: str, integer: bool = False) -> float:
+    """A numeric literal (possibly negative); with integer=True a whole-number literal (INT64)."""
+    neg = False
+    while isinstance(node, exp.Paren):
+        node = node.this
+    if isinstance(node, exp.Neg):
+        neg, node = True, node.this
+    if not (isinstance(node, exp.Literal) and not node.is_string):
+        kind = "a string" if isinstance(node, exp.Literal) else "NULL" if isinstance(node, exp.Null) else quote(node)
+        raise InvalidQueryError(f"{what} must be a number literal, got {kind!r}")
+    text = str(node.this)
+    try:
+        value = float(text)
+    except ValueError:
+        raise InvalidQueryError(f"{what} must be a number literal, got {text!r}") from None
+    if integer and not text.lstrip("+-").isdigit():
+        raise InvalidQueryError(f"{what} must be a whole-number literal (INT64), got {text!r}")
+    return -value if neg else value
 
 
 def _whole(x: float | None) -> float | int | None:
-    return int(x) if x is not None and float(x).is_integer() else x
+    return int(x) if x is not None and float(x).is_integer() and abs(x) < 2**62 else x
+
+
+def _inner(item: exp.Expression) -> exp.Expression:
+    return item.this if isinstance(item, exp.Alias) else item
 
 
 class Compiler:
-    """Turns one parsed anonymized SELECT into a CompiledQuery."""
+    """Turns one DP SELECT (a node of the statement) into a CompiledQuery."""
 
-    def __init__(self, catalog: dict[str, TableInfo]):
-        self.checker = OwnershipChecker(catalog)
+    def __init__(self, checker: OwnershipChecker):
+        self.checker = checker
         self.values: dict[str, str] = {}  # source column name -> SQL of its expression
         self.source_items: list[exp.Expression] = []
+        self.key_names: list[str] = []
+        self.unit = ""
 
     def _value_column(self, expr: exp.Expression, scope: Scope, where: str) -> str:
         """The source column that carries an aggregate's input (a row-level expression)."""
-        check_row_level(expr, scope, where)
+        if isinstance(expr, exp.Star) or (isinstance(expr, exp.Column) and isinstance(expr.this, exp.Star)):
+            raise InvalidQueryError(f"{where}: * is not a value: only COUNT takes *")
+        for node in expr.walk():
+            if is_subquery(node):
+                raise InvalidQueryError(f"{where}: {quote(node)[:60]!r}: a subquery cannot be an aggregate's input")
+        self.checker.check_condition(expr, scope, where)
         key = quote(expr)
         for name, sql in self.values.items():
             if sql == key:
                 return name
-        base = expr.name if isinstance(expr, exp.Column) else f"expr{len(self.values)}"
+        base = expr.name if isinstance(expr, exp.Column) and expr.name else f"expr{len(self.values)}"
         name, i = base, 1
         taken = {n.lower() for n in self.values} | {self.unit.lower()} | {k.lower() for k in self.key_names}
         while name.lower() in taken:
@@ -83,198 +120,353 @@ class Compiler:
 
     # -- aggregates ------------------------------------------------------------------------
     def aggregate(self, call: exp.Anonymous, alias: str | None, scope: Scope, syntax: str) -> q.Aggregate:
-        fname = call.name.upper()
+        fname = str(call.name).upper()
+        shown = fname[5:] if fname.startswith("__DP_") else fname
         args = list(call.expressions)
-        where = f"{quote(call)!r}"
+        where = f"{shown}(...)"
+        if fname in UNSUPPORTED_FUNCTIONS:
+            raise UnsupportedError(f"{shown} is not offered by this engine: use PERCENTILE_CONT / COUNT")
         for a in args:
             for node in a.walk():
-                if isinstance(node, exp.AggFunc) or _is_dp_call(node):
+                if isinstance(node, exp.AggFunc) or (is_dp_call(node) and node is not call):
                     raise InvalidQueryError(f"{where}: an aggregate nested inside a DP aggregate is not allowed")
-        if syntax == "anonymization":
-            if fname not in SEED_FUNCTIONS:
-                raise InvalidQueryError(f"unknown DP function {call.name}: use one of {', '.join(SEED_FUNCTIONS)}")
+        kwargs = {}
+        for a in args:
+            if isinstance(a, exp.Kwarg):
+                key = a.this.name.lower()
+                if key in kwargs:
+                    raise InvalidQueryError(f"{where}: argument {key!r} is given twice")
+                kwargs[key] = a.expression
+        args = [a for a in args if not isinstance(a, exp.Kwarg)]
+        if fname in SEED_FUNCTIONS:
+            if syntax != "anonymization":
+                raise InvalidQueryError(f"{shown} belongs to SELECT WITH ANONYMIZATION; with DIFFERENTIAL_PRIVACY use "
+                                        "COUNT, SUM, AVG, VAR_POP, STDDEV_POP, PERCENTILE_CONT")
             kind, fixed_q = SEED_FUNCTIONS[fname]
-            kwargs = {}
+            seed = fname not in ("ANON_VAR_POP", "ANON_STDDEV_POP", "ANON_PERCENTILE_CONT")
+        elif fname in BIGQUERY_FUNCTIONS:
+            if syntax == "anonymization":
+                raise InvalidQueryError(f"{shown} is not a DP function of SELECT WITH ANONYMIZATION: use ANON_{shown}"
+                                        " (or SELECT WITH DIFFERENTIAL_PRIVACY)")
+            kind, fixed_q, seed = BIGQUERY_FUNCTIONS[fname], None, False
         else:
-            if fname not in BIGQUERY_FUNCTIONS:
-                raise InvalidQueryError(f"unknown DP function {fname[5:]}")
-            kind, fixed_q = BIGQUERY_FUNCTIONS[fname], None
-            kwargs = {a.this.name.lower(): a.expression for a in args if isinstance(a, exp.Kwarg)}
-            args = [a for a in args if not isinstance(a, exp.Kwarg)]
-            unknown = set(kwargs) - {"contribution_bounds_per_group"}
-            if unknown:
-                raise InvalidQueryError(f"{where}: unknown argument(s) {sorted(unknown)}: use contribution_bounds_per_group => (L, U)")
+            raise InvalidQueryError(f"unknown DP function {shown}: use one of "
+                                    + ", ".join(SEED_FUNCTIONS if syntax == "anonymization" else
+                                                [n[5:] for n in BIGQUERY_FUNCTIONS]))
+        allowed_kwargs = {"__clamp_lo", "__clamp_hi"} if syntax == "anonymization" else {BOUNDS_ARGUMENT[kind]}
+        unknown = set(kwargs) - allowed_kwargs
+        if unknown:
+            if syntax == "anonymization":
+                raise InvalidQueryError(f"{where}: named arguments {sorted(unknown)} belong to WITH DIFFERENTIAL_PRIVACY; "
+                                        "with ANONYMIZATION write CLAMPED BETWEEN L AND U")
+            if unknown & {"__clamp_lo", "__clamp_hi"}:
+                raise InvalidQueryError(f"{where}: CLAMPED BETWEEN belongs to WITH ANONYMIZATION; write "
+                                        f"{BOUNDS_ARGUMENT[kind]} => (L, U)")
+            raise InvalidQueryError(f"{where}: unknown argument(s) {sorted(unknown)}: {shown} takes "
+                                    f"{BOUNDS_ARGUMENT[kind]} => (L, U)")
+        bounds = None
+        if "__clamp_lo" in kwargs:
+            bounds = (kwargs["__clamp_lo"], kwargs.get("__clamp_hi"))
+            if bounds[1] is None:
+                raise InvalidQueryError(f"{where}: CLAMPED BETWEEN needs L AND U")
+        elif syntax != "anonymization" and BOUNDS_ARGUMENT[kind] in kwargs:
+            bounds = self._bound_pair(kwargs[BOUNDS_ARGUMENT[kind]], where)
+        if not args:
+            raise InvalidQueryError(f"{where}: needs {'* or ' if kind == 'count' else ''}a column")
+        target, rest = args[0], args[1:]
+        integer_bounds = kind == "count"
         lower = upper = qv = None
         column = None
+        if isinstance(target, exp.Distinct):
+            cols = target.expressions
+            if kind != "count":
+                raise InvalidQueryError(f"{where}: DISTINCT is not allowed in DP aggregates")
+            if len(cols) != 1 or not isinstance(cols[0], exp.Column) or not scope.is_unit(cols[0]):
+                raise InvalidQueryError(
+                    f"{where}: COUNT(DISTINCT {', '.join(quote(c) for c in cols)}) cannot be bounded: one unit "
+                    "can add any number of distinct values. Only COUNT(DISTINCT <privacy unit>) is allowed"
+                )
+            if rest or bounds is not None:
+                raise InvalidQueryError(f"{where}: COUNT(DISTINCT unit) takes no bounds (each unit counts once)")
+            return q.Aggregate("count_units", name=alias)
         if kind == "count":
-            if not args:
-                raise InvalidQueryError(f"{where}: COUNT needs * or a column")
-            target = args[0]
-            if isinstance(target, exp.Distinct):
-                cols = target.expressions
-                if len(cols) != 1 or not isinstance(cols[0], exp.Column) or not scope.is_unit(cols[0]):
-                    raise InvalidQueryError(
-                        f"{where}: COUNT(DISTINCT {', '.join(quote(c) for c in cols)}) cannot be bounded: one unit "
-                        "can add any number of distinct values. Only COUNT(DISTINCT <privacy unit>) is allowed"
-                    )
-                if len(args) > 1 or kwargs:
-                    raise InvalidQueryError(f"{where}: COUNT(DISTINCT unit) takes no bounds (each unit counts once)")
-                return q.Aggregate("count_units", name=alias)
             if not isinstance(target, exp.Star):
                 column = self._value_column(target, scope, where)
-            rest = args[1:]
-            if syntax == "anonymization":
-                if len(rest) > 1:
-                    raise InvalidQueryError(f"{where}: ANON_COUNT takes (*, U) or (column, U)")
-                upper = _number(rest[0], f"{where}: the bound U") if rest else None
-            elif "contribution_bounds_per_group" in kwargs:
-                lower, upper = self._bounds(kwargs["contribution_bounds_per_group"], where)
-                if lower != 0:
-                    raise InvalidQueryError(f"{where}: a COUNT's contribution bounds must start at 0, got ({lower:g}, {upper:g})")
-                lower = None
-            if upper is not None and not (upper >= 1 and float(upper).is_integer()):
-                raise InvalidQueryError(f"{where}: a COUNT's bound must be a whole number >= 1, got {upper:g}")
-            return q.Aggregate("count", column=column, upper=_whole(upper), name=alias)
-        if not args:
-            raise InvalidQueryError(f"{where}: needs a column")
-        column = self._value_column(args[0], scope, where)
-        rest = args[1:]
-        if kind == "quantile" and fixed_q is None:
-            if not rest:
-                raise InvalidQueryError(f"{where}: needs the quantile q in [0, 1] after the column")
-            qv = _number(rest[0], f"{where}: the quantile q")
-            rest = rest[1:]
-        if syntax == "anonymization":
-            if len(rest) not in (0, 2):
-                raise InvalidQueryError(f"{where}: give both bounds L, U or neither (automatic bounds)")
-            if rest:
-                lower, upper = _number(rest[0], f"{where}: L"), _number(rest[1], f"{where}: U")
         else:
-            if rest:
-                raise InvalidQueryError(f"{where}: bounds go in contribution_bounds_per_group => (L, U)")
-            if "contribution_bounds_per_group" in kwargs:
-                lower, upper = self._bounds(kwargs["contribution_bounds_per_group"], where)
+            column = self._value_column(target, scope, where)
+            if kind == "quantile" and fixed_q is None:
+                if not rest:
+                    raise InvalidQueryError(f"{where}: needs the percentile in [0, 1] after the column")
+                qv = _number(rest[0], f"{where}: the percentile")
+                if not 0 <= qv <= 1:
+                    raise InvalidQueryError(f"{where}: the percentile must be in [0, 1], got {qv:g}")
+                rest = rest[1:]
+        if seed and rest:  # the seed's positional bounds: ANON_COUNT(*, U), ANON_SUM(x, L, U)
+            if bounds is not None:
+                raise InvalidQueryError(f"{where}: give the bounds once (CLAMPED BETWEEN or positional)")
+            if kind == "count":
+                if len(rest) != 1:
+                    raise InvalidQueryError(f"{where}: ANON_COUNT takes (*, U) or (column, U)")
+                bounds = (exp.Literal.number(0), rest[0])
+            elif len(rest) != 2:
+                raise InvalidQueryError(f"{where}: give both bounds L, U or neither (automatic bounds)")
+            else:
+                bounds = (rest[0], rest[1])
+            if kind == "count":  # the seed's U may be written 5 or 5.0; a fraction is refused below
+                integer_bounds = False
+            rest = []
+        if rest:
+            n = 2 if kind == "quantile" else 1
+            raise InvalidQueryError(
+                f"{where}: takes {n} positional argument(s), got {n + len(rest)}: bounds go in "
+                + ("CLAMPED BETWEEN L AND U" if syntax == "anonymization" else f"{BOUNDS_ARGUMENT[kind]} => (L, U)")
+            )
+        if bounds is not None:
+            lower = _number(bounds[0], f"{where}: the lower bound", integer=integer_bounds)
+            upper = _number(bounds[1], f"{where}: the upper bound", integer=integer_bounds)
+            if lower > upper:
+                raise InvalidQueryError(f"{where}: lower bound {lower:g} exceeds upper bound {upper:g} (give (L, U) with L <= U)")
+        if kind == "count":
+            if bounds is not None:
+                if lower > 0:  # a lower bound <= 0 changes nothing: a unit's count is never negative
+                    raise UnsupportedError(f"{where}: a COUNT's lower contribution bound must be <= 0 here, got "
+                                           f"({lower:g}, {upper:g})")
+                if not (upper >= 1 and float(upper).is_integer()):
+                    raise InvalidQueryError(f"{where}: a COUNT's bound must be a whole number >= 1, got {upper:g}")
+            return q.Aggregate("count", column=column, upper=_whole(upper), name=alias)
         return q.Aggregate(kind, column=column, lower=_whole(lower), upper=_whole(upper),
                            q=fixed_q if fixed_q is not None else qv, name=alias)
 
     @staticmethod
-    def _bounds(node: exp.Expression, where: str) -> tuple[float, float]:
-        if not isinstance(node, (exp.Tuple, exp.Paren)):
-            raise InvalidQueryError(f"{where}: contribution_bounds_per_group needs (L, U)")
-        items = node.expressions if isinstance(node, exp.Tuple) else [node.this]
+    def _bound_pair(node: exp.Expression, where: str) -> tuple[exp.Expression, exp.Expression]:
+        if isinstance(node, exp.Tuple):
+            items = node.expressions
+        elif isinstance(node, exp.Struct):
+            items = node.expressions
+        else:
+            raise InvalidQueryError(f"{where}: contribution bounds need a pair (L, U)")
         if len(items) != 2:
-            raise InvalidQueryError(f"{where}: contribution_bounds_per_group needs exactly two numbers (L, U)")
-        return _number(items[0], f"{where}: L"), _number(items[1], f"{where}: U")
+            raise InvalidQueryError(f"{where}: contribution bounds need exactly two numbers (L, U)")
+        return items[0], items[1]
 
-    # -- the anonymized SELECT -------------------------------------------------------------
-    def compile(self, sql: str, *, epsilon=None, delta=None, max_partitions_contributed=None, **options) -> CompiledQuery:
-        parsed = parse_dp_sql(sql)
-        select = parsed.tree
-        with_clause = parsed.with_clause
-        if with_clause is not None:
-            if with_clause.args.get("recursive"):
-                raise InvalidQueryError("WITH RECURSIVE is not allowed")
-            for cte in with_clause.expressions:
-                rel = self.checker.check_select(cte.this, f"CTE {cte.alias!r}")
-                self.checker.ctes[cte.alias.lower()] = rel
+    # -- the DP SELECT ---------------------------------------------------------------------
+    def compile(self, select: exp.Select, clause: DPClause, with_items: list[exp.Expression], *, epsilon=None,
+                delta=None, max_partitions_contributed=None, **options) -> CompiledQuery:
+        select = select.copy()
+        select.set("expressions", [e for e in select.expressions if mark_of_item(e) is None])
         if select.args.get("distinct"):
-            raise InvalidQueryError("SELECT DISTINCT in the anonymized SELECT is not supported (its groups are the GROUP BY)")
+            raise InvalidQueryError("SELECT DISTINCT in a DP SELECT is not supported (its groups are the GROUP BY)")
         if select.args.get("having") is not None:
             raise InvalidQueryError(
-                f"HAVING ({quote(select.args['having'])!r}) would filter on exact aggregates: not allowed; "
-                "filter the released table instead"
+                f"HAVING ({quote(select.args['having'])!r}) would filter on exact aggregates: not allowed in a DP "
+                "SELECT; filter its results in an outer query instead"
             )
-        scope = self.checker.from_scope(select, "the anonymized SELECT")
-        units = {r.unit.lower() for r in scope.relations}
-        self.unit = scope.relations[0].unit
-        unit_option = parsed.options.get("privacy_unit_column")
-        if unit_option is not None and unit_option.lower() not in units:
-            raise InvalidQueryError(
-                f"OPTIONS privacy_unit_column = {unit_option} does not match the registered privacy unit {self.unit!r}"
-            )
-        where = select.args.get("where")
-        check_row_level(where, scope, "WHERE")
-        for node in select.walk():
+        for node in select.walk(prune=lambda n: n is not select and is_subquery(n)):
             if isinstance(node, exp.Window):
-                raise InvalidQueryError(f"{quote(node)!r} is a window function: it mixes rows of different units")
+                raise InvalidQueryError(f"{quote(node)!r} is a window function: not allowed in a DP SELECT")
+        if _arg(select, "from") is None:
+            raise InvalidQueryError("a DP SELECT needs a FROM clause (the rows must come from a registered table)")
+        where_label = "the DP SELECT"
+        scope = self.checker.from_scope(select, where_label)
+        unit_option = clause.options.get("privacy_unit_column")
+        if unit_option is not None:
+            col = exp.column(*reversed(unit_option.split(".", 1))) if "." in unit_option else exp.column(unit_option)
+            if "." not in unit_option and scope.protected and any(r.is_unit(unit_option) for r in scope.relations):
+                col = None  # the unit of a joined protected table (USING or ON unit equality)
+            try:
+                rel, name = scope.resolve(col) if col is not None else (None, unit_option)
+            except InvalidQueryError as err:
+                raise InvalidQueryError(f"OPTIONS privacy_unit_column = {unit_option}: {err}") from None
+            if scope.protected:
+                if col is not None and not scope.is_unit(col):
+                    raise InvalidQueryError(
+                        f"OPTIONS privacy_unit_column = {unit_option} does not match the registered privacy unit "
+                        f"{scope.unit_name!r}"
+                    )
+            else:  # a public table: the analyst names the unit (BigQuery's privacy_unit_column)
+                scope.unit_expr = exp.column(name, table=rel.alias if rel is not None else None, quoted=True)
+                scope.unit_name = name
+        if not scope.protected:
+            raise InvalidQueryError(
+                "the DP SELECT reads no table with a privacy unit: register the table with its unit, or name it "
+                "with OPTIONS (privacy_unit_column = ...)"
+            )
+        self.unit = scope.unit_name
+        where = select.args.get("where")
+        if where is not None:
+            self.checker.check_condition(where.this, scope, "WHERE")
 
-        group = select.args.get("group")
-        keys = list(group.expressions) if group is not None else []
-        for k in keys:
-            check_row_level(k, scope, "GROUP BY")
-            if isinstance(k, exp.Column) and scope.is_unit(k):
-                raise InvalidQueryError(f"GROUP BY {quote(k)}: grouping by the privacy unit would publish one row per unit")
+        keys, outputs = self._group_keys(select, scope)
         key_sql = [quote(k) for k in keys]
-        key_names = [None] * len(keys)
-        aggregates: list[q.Aggregate] = []
-        self.key_names: list[str] = []
-        pending = []
-        for item in select.expressions:
+        self.key_names = [None] * len(keys)
+        items = []  # (kind, name, payload) in select-list order
+        calls: list[tuple[exp.Anonymous, str | None]] = []
+        for pos, item in enumerate(select.expressions):
             alias = item.alias if isinstance(item, exp.Alias) else None
-            inner = item.this if isinstance(item, exp.Alias) else item
-            if _is_dp_call(inner):
-                pending.append((inner, alias))
+            inner = _inner(item)
+            if is_dp_call(inner):
+                calls.append((inner, alias))
+                items.append(("agg", alias, len(calls) - 1))
                 continue
             if quote(inner) in key_sql:
                 i = key_sql.index(quote(inner))
-                key_names[i] = alias or (inner.name if isinstance(inner, exp.Column) else f"key{i}")
+                name = alias or (inner.name if isinstance(inner, exp.Column) else None)
+                if self.key_names[i] is None:
+                    self.key_names[i] = name
+                items.append(("key", name, i))
                 continue
-            for node in inner.walk():
-                if isinstance(node, exp.AggFunc):
-                    raise InvalidQueryError(
-                        f"{quote(item)!r} is not a DP aggregate: use "
-                        + ("ANON_COUNT, ANON_SUM, ..." if parsed.syntax == "anonymization" else "COUNT, SUM, AVG, ... in the DP SELECT list")
-                    )
-                if isinstance(node, exp.Anonymous) and not _is_dp_call(node):
-                    raise InvalidQueryError(f"unknown function {node.name!r} in {quote(item)!r}")
-            raise InvalidQueryError(
-                f"{quote(item)!r} is neither a GROUP BY key nor a DP aggregate: every output must be one or the other"
-            )
-        self.key_names = [n or (k.name if isinstance(k, exp.Column) else f"key{i}") for i, (n, k) in enumerate(zip(key_names, keys))]
-        if len(set(n.lower() for n in self.key_names)) != len(self.key_names):
+            items.append(("expr", alias, self._post_expression(inner, item, keys, key_sql, calls, scope, clause.syntax)))
+        self.key_names = [n or (k.name if isinstance(k, exp.Column) and k.name else f"key{i}")
+                          for i, (n, k) in enumerate(zip(self.key_names, keys))]
+        if len({n.lower() for n in self.key_names}) != len(self.key_names):
             raise InvalidQueryError(f"GROUP BY keys need distinct names: {self.key_names}")
-        for call, alias in pending:
-            aggregates.append(self.aggregate(call, alias, scope, parsed.syntax))
+        aggregates = []
+        for i, (call, alias) in enumerate(calls):
+            plain_alias = alias if any(kind == "agg" and p == i for kind, _, p in items) else f"__agg{i}"
+            aggregates.append(self.aggregate(call, plain_alias, scope, clause.syntax))
         if not aggregates:
-            raise InvalidQueryError("the anonymized SELECT has no DP aggregate")
+            if not keys:
+                raise InvalidQueryError("the DP SELECT has neither GROUP BY nor a DP aggregate: use one of them")
+            # GROUP BY only: release the groups; the selection's noisy count of units (no extra budget)
+            aggregates.append(q.Aggregate("count_units", name="__groups"))
+        labels = [a.label for a in aggregates]
+        plain = not any(a.name == "__groups" for a in aggregates) and all(kind != "expr" for kind, _, _ in items) and all(
+            kind != "key" or name is None or name == self.key_names[p] for kind, name, p in items)
+        out: list[tuple[str, str]] = []
+        for pos, (kind, name, payload) in enumerate(items):
+            if kind == "key":
+                out.append((name or self.key_names[payload], _ident(self.key_names[payload])))
+            elif kind == "agg":
+                out.append((labels[payload], _ident(labels[payload])))
+            else:
+                sql = payload.sql("duckdb")
+                for i, label in enumerate(labels):
+                    sql = sql.replace(f'"__aggref{i}"', _ident(label))
+                for i, key in enumerate(self.key_names):
+                    sql = sql.replace(f'"__keyref{i}"', _ident(key))
+                out.append((name or f"_col{pos}", sql))
+        names = [n.lower() for n, _ in out]
+        if len(set(names)) != len(names):
+            raise InvalidQueryError(f"the DP SELECT's output names must be unique: {[n for n, _ in out]}")
 
-        unit_rel = next(r for r in scope.relations)
-        unit_ref = exp.column(self.unit, table=None if self.unit.lower() in scope.merged else unit_rel.alias, quoted=True)
-        items = [exp.alias_(unit_ref, self.unit, quoted=True)]
-        items += [exp.alias_(k.copy(), n, quoted=True) for k, n in zip(keys, self.key_names)]
-        items += self.source_items
-        source = exp.select(*items).from_(_arg(select, "from").this.copy())
+        unit_ref = scope.unit_expr.copy()
+        src_items = [exp.alias_(unit_ref, self.unit, quoted=True)]
+        src_items += [exp.alias_(k.copy(), n, quoted=True) for k, n in zip(keys, self.key_names)]
+        src_items += self.source_items
+        source = exp.select(*src_items).from_(_arg(select, "from").this.copy())
         for join in select.args.get("joins") or []:
             source = source.join(join.copy())
         if where is not None:
             source = source.where(where.this.copy())
-        if with_clause is not None:
-            source.set("with_" if "with_" in select.args else "with", with_clause.copy())
+        if with_items:
+            source.set("with_" if "with_" in exp.Select.arg_types else "with",
+                       exp.With(expressions=[w.copy() for w in with_items]))
 
-        order_by, limit = self._post_processing(select, [a.label for a in aggregates])
-        eps = parsed.options.get("epsilon", epsilon)
-        dlt = parsed.options.get("delta", delta)
-        cu = parsed.options.get("max_groups_contributed", max_partitions_contributed)
-        if "partition_selection" in parsed.options:
-            options = {**options, "selection": parsed.options["partition_selection"]}
+        order_by, limit = self._post_processing(select, [n for n, _ in out])
+        eps = clause.options.get("epsilon", epsilon)
+        dlt = clause.options.get("delta", delta)
+        cu = clause.options.get("max_groups_contributed", max_partitions_contributed)
         if eps is None:
             raise InvalidQueryError("no epsilon: give it in OPTIONS (epsilon = ...) or with the request")
+        if clause.options.get("group_selection_strategy"):
+            options = {**options, "selection": clause.options["group_selection_strategy"]}
+        if clause.options.get("partition_selection"):
+            options = {**options, "selection": clause.options["partition_selection"]}
         query = q.Query(
             tuple(aggregates), privacy_unit=self.unit, epsilon=eps,
             delta=1e-6 if dlt is None else dlt, group_by=tuple(self.key_names),
             max_partitions_contributed=1 if cu is None else cu, **options,
         )
         query.validate()
-        return CompiledQuery(query, source, parsed.syntax, order_by, limit)
+        return CompiledQuery(query, source, clause.syntax, order_by, limit, tuple(out), plain)
 
-    def _post_processing(self, select: exp.Select, labels: list[str]):
-        outputs = {n.lower(): n for n in self.key_names + labels}
+    def _group_keys(self, select: exp.Select, scope: Scope):
+        """GROUP BY keys as expressions: ordinals and select-list aliases resolved (BigQuery allows both)."""
+        group = select.args.get("group")
+        if group is None:
+            return [], None
+        for extra in ("rollup", "cube", "grouping_sets"):
+            if group.args.get(extra):
+                raise UnsupportedError(f"GROUP BY {extra.upper().replace('_', ' ')} is not supported in a DP SELECT")
+        aliases = {e.alias.lower(): e.this for e in select.expressions if isinstance(e, exp.Alias)}
+        keys = []
+        for k in group.expressions:
+            if isinstance(k, exp.Literal) and not k.is_string:
+                try:
+                    pos = int(str(k.this))
+                except ValueError:
+                    raise InvalidQueryError(f"GROUP BY {quote(k)}: a position must be a whole number") from None
+                if not 1 <= pos <= len(select.expressions):
+                    raise InvalidQueryError(f"GROUP BY {pos}: there is no select-list item {pos}")
+                k = _inner(select.expressions[pos - 1])
+            elif isinstance(k, exp.Column) and not k.table and k.name.lower() in aliases:
+                try:
+                    scope.resolve(k)
+                except InvalidQueryError:
+                    k = aliases[k.name.lower()]
+            for node in k.walk():
+                if isinstance(node, exp.AggFunc) or is_dp_call(node):
+                    raise InvalidQueryError(f"GROUP BY {quote(k)}: grouping by an aggregate is not allowed (group by "
+                                            "row values, e.g. a column)")
+            self.checker.check_condition(k, scope, "GROUP BY")
+            if isinstance(k, exp.Column) and scope.is_unit(k):
+                raise InvalidQueryError(f"GROUP BY {quote(k)}: grouping by the privacy unit would publish one row per unit")
+            keys.append(k)
+        return keys, None
+
+    def _post_expression(self, inner: exp.Expression, item: exp.Expression, keys, key_sql, calls, scope, syntax):
+        """An expression over DP aggregates and GROUP BY keys, evaluated on the released table."""
+        check_functions(inner, "the DP SELECT list")
+        expr = inner.copy()
+        for node in list(expr.walk(prune=lambda n: is_dp_call(n))):
+            if is_subquery(node):
+                raise InvalidQueryError(f"{quote(item)[:80]!r}: a subquery in a DP SELECT list is not allowed")
+            if isinstance(node, exp.Window):
+                raise InvalidQueryError(f"{quote(node)!r} is a window function: not allowed in a DP SELECT")
+        replaced = []
+        for node in list(expr.walk(prune=lambda n: is_dp_call(n))):
+            if is_dp_call(node):
+                calls.append((node.copy(), None))
+                replaced.append((node, exp.column(f"__aggref{len(calls) - 1}", quoted=True)))
+            elif isinstance(node, exp.AggFunc):
+                raise InvalidQueryError(
+                    f"{quote(item)!r}: {quote(node)!r} is not a DP aggregate: use "
+                    + ("ANON_COUNT, ANON_SUM, ..." if syntax == "anonymization" else "COUNT, SUM, AVG, ... of the DP clause")
+                )
+        for node, new in replaced:
+            if node is expr:
+                expr = new
+            else:
+                node.replace(new)
+        for node in list(expr.walk()):
+            sql = quote(node)
+            if sql in key_sql and not isinstance(node, exp.Literal):
+                i = key_sql.index(sql)
+                new = exp.column(f"__keyref{i}", quoted=True)
+                if node is expr:
+                    expr = new
+                else:
+                    node.replace(new)
+        for node in expr.walk():
+            if isinstance(node, exp.Column) and not str(node.name).startswith(("__aggref", "__keyref")):
+                raise InvalidQueryError(
+                    f"{quote(item)!r} is neither a GROUP BY key nor a DP aggregate (nor an expression over them): "
+                    f"{quote(node)!r} is a column of the rows, which a DP SELECT cannot release"
+                )
+        return expr
+
+    def _post_processing(self, select: exp.Select, names: list[str]):
+        outputs = {n.lower(): n for n in names}
         order = []
         if select.args.get("order") is not None:
             for o in select.args["order"].expressions:
                 target = o.this
+                if isinstance(target, exp.Literal) and not target.is_string and str(target.this).isdigit() \
+                        and 1 <= int(target.this) <= len(names):
+                    order.append((names[int(target.this) - 1], bool(o.args.get("desc"))))
+                    continue
                 if not isinstance(target, exp.Column) or target.table or target.name.lower() not in outputs:
-                    raise InvalidQueryError(f"ORDER BY {quote(o)}: order by output columns only ({', '.join(outputs.values())})")
+                    raise InvalidQueryError(f"ORDER BY {quote(o)}: order by output columns only ({', '.join(names)})")
                 order.append((outputs[target.name.lower()], bool(o.args.get("desc"))))
         limit = None
         if select.args.get("limit") is not None:
@@ -284,10 +476,19 @@ class Compiler:
                 raise InvalidQueryError(f"LIMIT must be a whole number >= 0, got {quote(node)}")
             limit = int(value)
         if select.args.get("offset") is not None:
-            raise InvalidQueryError("OFFSET is not supported on a DP release")
+            raise UnsupportedError("OFFSET in a DP SELECT is not supported: use an outer query")
         return tuple(order), limit
 
 
-def compile_sql(sql: str, catalog: dict[str, TableInfo], **request) -> CompiledQuery:
-    """Parse, check row ownership and compile an anonymized SELECT against registered tables."""
-    return Compiler(catalog).compile(sql, **request)
+def mark_of_item(item: exp.Expression) -> int | None:
+    inner = _inner(item)
+    if isinstance(inner, exp.Anonymous) and str(inner.name).lower().startswith("__dpmark_"):
+        return 0
+    return None
+
+
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+__all__ = ["CompiledQuery", "Compiler", "mark_of"]

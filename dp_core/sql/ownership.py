@@ -1,24 +1,31 @@
-"""Row ownership (seed Table 4.3): every row of every relation inside the FROM clause must derive
-from the rows of one privacy unit only, and carry that unit.
+"""Row ownership (seed Table 4.3): every row of every relation inside a DP SELECT's FROM clause
+must derive from the rows of one privacy unit only, and carry that unit.
 
-    table             rows of registered tables carry their unit column
+    table             rows of a protected table carry its unit column; a public table (no unit)
+                      holds no one's rows
     projection        allowed; the unit is carried through (added when the analyst omits it)
-    selection         WHERE allowed: a row-level condition (no subquery, aggregate or window)
-    aggregation       allowed only when it groups by the unit
-    join              allowed only with equality of the units: USING (unit) or a.unit = b.unit as
-                      one of the AND-ed terms of ON; inner or left joins only
-    everything else   rejected: a join without unit equality, cross and comma joins, right and
-                      full joins, aggregates without the unit, window functions, UNION and other
-                      set operations, LIMIT / ORDER BY inside, subqueries in conditions
+    selection         WHERE allowed: a row-level condition; subqueries only over public tables,
+                      uncorrelated (IN, EXISTS, scalar)
+    aggregation       of protected rows: allowed only when it groups by the unit
+    join              protected with public: any condition (each row keeps its unit); an outer
+                      join must preserve the protected side only (LEFT: left protected, ...);
+                      protected with protected: only on equality of the units (USING (unit),
+                      NATURAL with the unit in common, or a.unit = b.unit as an AND-ed term of ON)
+    set operation     UNION / INTERSECT / EXCEPT [ALL | DISTINCT] of protected rows with the unit
+                      at the same position in every branch (each row keeps its unit)
+    everything else   refused: a join of two protected tables without unit equality, aggregates
+                      without the unit, window functions and LIMIT / ORDER BY over protected rows,
+                      subqueries reading protected tables in conditions or SELECT lists
 
-`check_relation` returns the rewritten relation (with the unit carried) and what it holds.
-Every refusal quotes the offending clause and says why it would break the guarantee.
+`check_select` returns the relation (with the unit carried) and what it holds. Every refusal
+quotes the offending clause and says why it would break the guarantee.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import sqlglot
 from sqlglot import exp
 
 from ..errors import InvalidQueryError
@@ -26,31 +33,41 @@ from ..errors import InvalidQueryError
 
 @dataclass(frozen=True)
 class TableInfo:
-    """A registered table: its columns and its privacy-unit column."""
+    """A registered table: its columns and its privacy-unit column (None: a public table)."""
 
     name: str
     columns: tuple[str, ...]
-    unit: str
+    unit: str | None
 
 
 @dataclass
 class Relation:
-    """A relation in a FROM clause: how to reference it, its columns, its unit column."""
+    """A relation in a FROM clause: how to reference it, its columns (in order), its unit column."""
 
     alias: str
-    columns: dict[str, str]  # lower-case name -> name
-    unit: str
+    columns: dict[str, str]  # lower-case name -> name, in output order
+    unit: str | None
 
     def has(self, column: str) -> bool:
         return column.lower() in self.columns
 
+    def is_unit(self, name: str) -> bool:
+        return self.unit is not None and self.unit.lower() == name.lower()
+
 
 @dataclass
 class Scope:
-    """The relations a SELECT can see, and the columns merged by USING joins."""
+    """The relations a SELECT can see, the columns merged by USING joins, and the expression of
+    the unit of each joined row (None while only public relations are joined)."""
 
     relations: list[Relation] = field(default_factory=list)
     merged: dict[str, str] = field(default_factory=dict)  # USING columns: lower name -> name
+    unit_expr: exp.Expression | None = None
+    unit_name: str | None = None
+
+    @property
+    def protected(self) -> bool:
+        return self.unit_expr is not None
 
     def resolve(self, col: exp.Column) -> tuple[Relation | None, str]:
         """The relation a column reference belongs to (None for a USING-merged column)."""
@@ -58,7 +75,8 @@ class Scope:
         if col.table:
             rel = next((r for r in self.relations if r.alias.lower() == col.table.lower()), None)
             if rel is None:
-                raise InvalidQueryError(f"unknown table or alias {col.table!r} in {col.sql('duckdb')!r}")
+                raise InvalidQueryError(f"unknown table or alias {col.table!r} in {quote(col)!r} (a subquery may not "
+                                        "refer to the columns of the query around it)")
             if not rel.has(name):
                 raise InvalidQueryError(f"unknown column {name!r} in {rel.alias!r} (columns: {', '.join(rel.columns.values())})")
             return rel, rel.columns[name.lower()]
@@ -67,7 +85,8 @@ class Scope:
         owners = [r for r in self.relations if r.has(name)]
         if not owners:
             known = sorted({c for r in self.relations for c in r.columns.values()})
-            raise InvalidQueryError(f"unknown column {name!r} (available: {', '.join(known)})")
+            raise InvalidQueryError(f"unknown column {name!r} (available: {', '.join(known) or 'none'}); "
+                                    "a subquery may not refer to the columns of the query around it")
         if len(owners) > 1:
             raise InvalidQueryError(f"column {name!r} is ambiguous: qualify it with one of {[r.alias for r in owners]}")
         return owners[0], owners[0].columns[name.lower()]
@@ -75,8 +94,8 @@ class Scope:
     def is_unit(self, col: exp.Column) -> bool:
         rel, name = self.resolve(col)
         if rel is None:
-            return any(r.unit.lower() == name.lower() for r in self.relations)
-        return rel.unit.lower() == name.lower()
+            return any(r.is_unit(name) for r in self.relations)
+        return rel.is_unit(name)
 
 
 def _arg(node: exp.Expression, name: str):
@@ -85,29 +104,44 @@ def _arg(node: exp.Expression, name: str):
 
 
 def quote(sql: exp.Expression) -> str:
-    return sql.sql("duckdb")
+    try:
+        return sql.sql("duckdb")
+    except Exception:  # rendering is for messages only
+        return type(sql).__name__
 
 
-def check_row_level(expr: exp.Expression | None, scope: Scope, where: str) -> None:
-    """A row-level expression: columns of the scope, no subquery, aggregate or window function."""
+def is_dp_call(node: exp.Expression) -> bool:
+    return isinstance(node, exp.Anonymous) and str(node.name).upper().startswith(("ANON_", "__DP_"))
+
+
+def is_subquery(node: exp.Expression) -> bool:
+    return isinstance(node, (exp.Subquery, exp.Exists)) or isinstance(node, exp.Query)
+
+
+SET_OPERATIONS = (exp.Union, exp.Intersect, exp.Except)
+
+_KNOWN_FUNCTIONS: set[str] | None = None
+
+
+def known_function(name: str) -> bool:
+    """A function sqlglot knows in the DuckDB or the BigQuery dialect (an unknown one is refused)."""
+    global _KNOWN_FUNCTIONS
+    if _KNOWN_FUNCTIONS is None:
+        from sqlglot.dialects.bigquery import BigQuery
+        from sqlglot.dialects.duckdb import DuckDB
+
+        _KNOWN_FUNCTIONS = {n.upper() for n in DuckDB.Parser.FUNCTIONS} | {n.upper() for n in BigQuery.Parser.FUNCTIONS}
+        _KNOWN_FUNCTIONS |= {n.upper() for n in sqlglot.parser.Parser.FUNCTIONS}
+    return str(name).upper() in _KNOWN_FUNCTIONS
+
+
+def check_functions(expr: exp.Expression | None, where: str) -> None:
+    """Refuse calls of functions that neither dialect knows (no DuckDB or BigQuery function)."""
     if expr is None:
         return
     for node in expr.walk():
-        if isinstance(node, (exp.Subquery, exp.Select)) or isinstance(node, exp.Exists):
-            raise InvalidQueryError(
-                f"{where}: {quote(node)!r} is a subquery; it can read other units' rows, so a row "
-                "would no longer depend on its own unit only"
-            )
-        if isinstance(node, exp.Window):
-            raise InvalidQueryError(f"{where}: {quote(node)!r} is a window function: it mixes rows of different units")
-        if isinstance(node, exp.AggFunc) or _is_dp_call(node):
-            raise InvalidQueryError(f"{where}: {quote(node)!r} is an aggregate, which is not allowed here")
-        if isinstance(node, exp.Column) and not isinstance(node.this, exp.Star):
-            scope.resolve(node)
-
-
-def _is_dp_call(node: exp.Expression) -> bool:
-    return isinstance(node, exp.Anonymous) and node.name.upper().startswith(("ANON_", "__DP_"))
+        if isinstance(node, exp.Anonymous) and not is_dp_call(node) and not known_function(node.name):
+            raise InvalidQueryError(f"{where}: unknown function {str(node.name)!r} in {quote(node)[:80]!r}")
 
 
 class OwnershipChecker:
@@ -116,85 +150,161 @@ class OwnershipChecker:
     def __init__(self, catalog: dict[str, TableInfo]):
         self.catalog = {k.lower(): v for k, v in catalog.items()}
         self.ctes: dict[str, Relation] = {}
+        self.released: set[str] = set()  # CTEs that hold DP results (not readable inside a DP SELECT)
+
+    # -- conditions ------------------------------------------------------------------------
+    def check_condition(self, expr: exp.Expression | None, scope: Scope, where: str) -> None:
+        """A row-level condition or expression: columns of the scope; no aggregate or window;
+        subqueries only over public tables and uncorrelated."""
+        if expr is None:
+            return
+        check_functions(expr, where)
+        for node in expr.walk(prune=lambda n: n is not expr and is_subquery(n)):
+            if node is not expr and is_subquery(node):
+                self.public_subquery(node, where)
+                continue
+            if isinstance(node, exp.Window):
+                raise InvalidQueryError(f"{where}: {quote(node)!r} is a window function: it mixes rows of different units")
+            if isinstance(node, exp.AggFunc) or is_dp_call(node):
+                raise InvalidQueryError(f"{where}: {quote(node)!r} is an aggregate, which is not allowed here")
+            if isinstance(node, exp.Column) and not isinstance(node.this, exp.Star):
+                scope.resolve(node)
+
+    def public_subquery(self, node: exp.Expression, where: str) -> Relation:
+        """A subquery in a condition: it must read public tables only (no unit), uncorrelated."""
+        query = node.this if isinstance(node, (exp.Subquery, exp.Exists)) else node
+        if not isinstance(query, exp.Query):
+            raise InvalidQueryError(f"{where}: {quote(node)[:80]!r} is not a query")
+        rel = self.query(query, f"{where}: subquery {quote(query)[:60]!r}")
+        if rel.unit is not None:
+            raise InvalidQueryError(
+                f"{where}: the subquery {quote(query)[:80]!r} reads a protected table: a condition may read "
+                "public tables only (rows of other units would decide which rows count)"
+            )
+        return rel
 
     # -- FROM items ------------------------------------------------------------------------
     def from_scope(self, select: exp.Select, where: str) -> Scope:
-        """The scope of a SELECT's FROM and JOINs, checking each join's unit equality."""
+        """The scope of a SELECT's FROM and JOINs, checking each join."""
         source = _arg(select, "from")
-        if source is None:
-            raise InvalidQueryError(f"{where}: a FROM clause is needed (the rows must come from a registered table)")
         scope = Scope()
-        scope.relations.append(self.relation(source.this, where))
+        if source is None:
+            return scope
+        first = self.relation(source.this, where)
+        scope.relations.append(first)
+        if first.unit is not None:
+            scope.unit_expr = exp.column(first.columns.get(first.unit.lower(), first.unit), table=first.alias, quoted=True)
+            scope.unit_name = first.unit
         for join in select.args.get("joins") or []:
             self.join(join, scope, where)
         return scope
 
+    def table_info(self, node: exp.Table) -> TableInfo | None:
+        parts = [p for p in (node.args.get("catalog"), node.args.get("db"), node.this) if p is not None]
+        full = ".".join(p.name for p in parts).lower()
+        return self.catalog.get(full) or self.catalog.get(node.name.lower())
+
     def relation(self, node: exp.Expression, where: str) -> Relation:
         if isinstance(node, exp.Table):
-            if node.args.get("db") or node.args.get("catalog"):
-                raise InvalidQueryError(f"{where}: qualified table names ({quote(node)!r}) are not supported")
             name = node.name
             alias = node.alias_or_name
-            if name.lower() in self.ctes:
+            if not isinstance(node.this, exp.Identifier):
+                raise InvalidQueryError(f"{where}: {quote(node)[:80]!r} cannot be used in FROM (use a table, a CTE or a subquery)")
+            if not node.args.get("db") and name.lower() in self.released:
+                raise InvalidQueryError(
+                    f"{where}: {name!r} holds DP results; a DP SELECT reads rows of protected or public tables, "
+                    "not other DP results (use them in the outer query instead)"
+                )
+            if not node.args.get("db") and name.lower() in self.ctes:
                 rel = self.ctes[name.lower()]
                 return Relation(alias, dict(rel.columns), rel.unit)
-            info = self.catalog.get(name.lower())
+            info = self.table_info(node)
             if info is None:
-                known = ", ".join(t.name for t in self.catalog.values())
+                known = ", ".join(sorted(t.name for t in self.catalog.values()))
                 raise InvalidQueryError(f"unknown table {name!r} (registered: {known or 'none'})")
             return Relation(alias, {c.lower(): c for c in info.columns}, info.unit)
         if isinstance(node, exp.Subquery):
             inner = node.this
-            if not isinstance(inner, exp.Select):
-                raise InvalidQueryError(
-                    f"{where}: {quote(inner)[:80]!r} is a set operation (UNION, INTERSECT, EXCEPT): it mixes "
-                    "rows of different units without a unit column"
-                )
-            rel = self.check_select(inner, f"subquery {quote(inner)[:60]!r}")
-            alias = node.alias_or_name or f"_sub{id(node) % 10_000}"
+            if not isinstance(inner, exp.Query):
+                raise InvalidQueryError(f"{where}: {quote(node)[:80]!r} cannot be used in FROM")
+            rel = self.query(inner, f"subquery {quote(inner)[:60]!r}")
+            alias = node.alias_or_name or f"_sub{len(self.ctes)}_{id(node) % 10_000}"
             if not node.alias:
                 node.set("alias", exp.TableAlias(this=exp.to_identifier(alias)))
             return Relation(alias, rel.columns, rel.unit)
-        raise InvalidQueryError(f"{where}: {quote(node)!r} cannot be used in FROM (use a table, a CTE or a subquery)")
+        raise InvalidQueryError(f"{where}: {quote(node)[:80]!r} cannot be used in FROM (use a table, a CTE or a subquery)")
 
     def join(self, join: exp.Join, scope: Scope, where: str) -> None:
         right = self.relation(join.this, where)
         side = (join.args.get("side") or "").upper()
         kind = (join.args.get("kind") or "").upper()
+        natural = (join.args.get("method") or "").upper() == "NATURAL"
         text = quote(join)
-        if kind == "CROSS" or (not join.args.get("on") and not join.args.get("using")):
-            raise InvalidQueryError(
-                f"{where}: {text!r} is a cross or comma join: it pairs rows of different units. Join on the "
-                "unit: USING (unit) or ON a.unit = b.unit"
-            )
-        if side in ("RIGHT", "FULL") or kind in ("SEMI", "ANTI", "OUTER") and side not in ("", "LEFT"):
-            raise InvalidQueryError(f"{where}: {text!r}: only inner and left joins keep every row with its unit")
-        using = join.args.get("using")
-        if using:
-            names = [u.name.lower() for u in using]
-            if right.unit.lower() not in names or any(r.unit.lower() != right.unit.lower() for r in scope.relations):
+        on, using = join.args.get("on"), join.args.get("using")
+        if kind in ("SEMI", "ANTI", "ASOF", "POSITIONAL") or (join.args.get("method") or "").upper() not in ("", "NATURAL"):
+            raise InvalidQueryError(f"{where}: {text!r}: {kind or join.args.get('method')} joins are not supported")
+        inner = Scope(scope.relations + [right], dict(scope.merged))
+        if on is not None:
+            self.check_condition(on, inner, f"{where} ON")
+        using_names = [u.name.lower() for u in using] if using else []
+        for u in using or []:
+            if not right.has(u.name) or not any(r.has(u.name) for r in scope.relations):
+                raise InvalidQueryError(f"{where}: USING column {u.name!r} is not in both joined relations")
+        left_protected, right_protected = scope.protected, right.unit is not None
+        if natural:
+            using_names = [c for c in right.columns if any(r.has(c) for r in scope.relations)]
+        if left_protected and right_protected:
+            cross = kind == "CROSS" or (on is None and not using_names)
+            if cross:
                 raise InvalidQueryError(
-                    f"{where}: {text!r} does not join on the unit: USING must include the unit column of both "
-                    f"sides ({', '.join(sorted({r.unit for r in scope.relations} | {right.unit}))})"
+                    f"{where}: {text!r} is a cross or comma join of two protected tables: it pairs rows of different "
+                    "units. Join on the unit: USING (unit) or ON a.unit = b.unit"
                 )
-            for u in using:
-                if not right.has(u.name) or not any(r.has(u.name) for r in scope.relations):
-                    raise InvalidQueryError(f"{where}: USING column {u.name!r} is not in both joined relations")
-                scope.merged[u.name.lower()] = u.name
-        else:
-            inner = Scope(scope.relations + [right], dict(scope.merged))
-            check_row_level(join.args["on"], inner, where)
-            terms = list(join.args["on"].flatten()) if isinstance(join.args["on"], exp.And) else [join.args["on"]]
-            if not any(self._unit_equality(t, inner, right) for t in terms):
-                raise InvalidQueryError(
-                    f"{where}: {text!r} does not join on the unit: ON must include {right.alias}.{right.unit} = "
-                    "<other side>.<its unit> as one of its AND-ed terms; without it rows of different units "
-                    "would be paired"
-                )
+            if using_names:
+                units = {r.unit.lower() for r in scope.relations if r.unit} | {right.unit.lower()}
+                ok = len(units) == 1 and right.unit.lower() in using_names
+                if not ok:
+                    raise InvalidQueryError(
+                        f"{where}: {text!r} does not join on the unit: {'NATURAL' if natural else 'USING'} must "
+                        f"include the unit column of both sides ({', '.join(sorted(units))})"
+                    )
+            else:
+                terms = list(on.flatten()) if isinstance(on, exp.And) else [on]
+                if not any(self._unit_equality(t, inner, right) for t in terms):
+                    raise InvalidQueryError(
+                        f"{where}: {text!r} does not join on the unit: ON must include {right.alias}.{right.unit} = "
+                        "<other side>.<its unit> (both sides unit columns) as one of its AND-ed terms; without it "
+                        "rows of different units would be paired"
+                    )
+            right_unit = exp.column(right.columns.get(right.unit.lower(), right.unit), table=right.alias, quoted=True)
+            if side == "RIGHT":
+                scope.unit_expr = right_unit
+            elif side == "FULL":
+                scope.unit_expr = exp.Coalesce(this=scope.unit_expr, expressions=[right_unit])
+        elif left_protected or right_protected:
+            # a protected table with a public one: any condition, but an outer join must keep only
+            # protected rows (rows it would keep from the public side have no unit)
+            if side == "FULL":
+                raise InvalidQueryError(f"{where}: {text!r}: both tables in a FULL OUTER join must contain user data "
+                                        "(protected tables); the public side's rows would have no unit")
+            if side == "LEFT" and not left_protected:
+                raise InvalidQueryError(f"{where}: {text!r}: the left table in a LEFT OUTER join must contain user data "
+                                        "(a protected table); swap the sides or use an inner join")
+            if side == "RIGHT" and not right_protected:
+                raise InvalidQueryError(f"{where}: {text!r}: the right table in a RIGHT OUTER join must contain user "
+                                        "data (a protected table); swap the sides or use an inner join")
+            if right_protected:  # public rows joined to protected ones: the protected side's unit
+                scope.unit_expr = exp.column(right.columns.get(right.unit.lower(), right.unit), table=right.alias,
+                                             quoted=True)
+                scope.unit_name = right.unit
+        for name in using_names:
+            original = right.columns.get(name, name)
+            scope.merged[name] = original
         scope.relations.append(right)
 
     @staticmethod
     def _unit_equality(term: exp.Expression, scope: Scope, right: Relation) -> bool:
+        """`a.unit = b.unit`: both sides unit columns, one of them of the relation joined now."""
         if not isinstance(term, exp.EQ):
             return False
         a, b = term.this, term.expression
@@ -205,50 +315,87 @@ class OwnershipChecker:
             return False
         return (ra is right) != (rb is right)  # one side is the new relation, the other already joined
 
-    # -- SELECT inside FROM ----------------------------------------------------------------
-    def check_select(self, select: exp.Select, where: str) -> Relation:
-        """A SELECT inside FROM (or a CTE): checked, and rewritten to carry the unit."""
-        for clause in ("order", "limit", "offset"):
-            if select.args.get(clause) is not None:
+    # -- queries inside FROM ---------------------------------------------------------------
+    def query(self, node: exp.Query, where: str) -> Relation:
+        """A query inside FROM, a CTE or a condition: a SELECT or a set operation."""
+        if isinstance(node, exp.Select):
+            return self.check_select(node, where)
+        if isinstance(node, exp.Subquery):
+            return self.query(node.this, where)
+        if isinstance(node, SET_OPERATIONS):
+            return self.set_operation(node, where)
+        raise InvalidQueryError(f"{where}: {quote(node)[:80]!r} is not supported here")
+
+    def set_operation(self, node: exp.Expression, where: str) -> Relation:
+        """UNION / INTERSECT / EXCEPT: all branches public, or all protected with the unit at the
+        same position (so each output row still carries its unit)."""
+        name = type(node).__name__.upper()
+        if _arg(node, "with") is not None:
+            raise InvalidQueryError(f"{where}: a WITH clause inside a subquery is not supported; put it at the top")
+        left = self.query(node.this, f"{where} ({name} branch)")
+        right = self.query(node.expression, f"{where} ({name} branch)")
+        if (left.unit is None) != (right.unit is None):
+            raise InvalidQueryError(
+                f"{where}: {name} mixes rows of a protected table with rows of a public one: the public rows "
+                "would have no privacy unit"
+            )
+        if len(left.columns) != len(right.columns):
+            raise InvalidQueryError(f"{where}: the branches of {name} have {len(left.columns)} and {len(right.columns)} columns")
+        if left.unit is not None:
+            at_left = list(left.columns).index(left.unit.lower())
+            at_right = list(right.columns).index(right.unit.lower())
+            if at_left != at_right:
                 raise InvalidQueryError(
-                    f"{where}: {clause.upper()} inside a subquery keeps rows depending on other units' rows"
+                    f"{where}: {name} pairs the privacy unit of one branch with another column of the other "
+                    "(select the unit at the same position in every branch, or leave it out of all of them)"
                 )
+            for clause in ("order", "limit", "offset"):
+                if node.args.get(clause) is not None:
+                    raise InvalidQueryError(f"{where}: {clause.upper()} over protected rows keeps rows depending on other units' rows")
+        return Relation("", dict(left.columns), left.unit)
+
+    def check_select(self, select: exp.Select, where: str) -> Relation:
+        """A SELECT inside FROM (or a CTE or a condition): checked, and rewritten to carry the unit."""
         if _arg(select, "with") is not None:
             raise InvalidQueryError(f"{where}: a WITH clause inside a subquery is not supported; put it at the top")
         scope = self.from_scope(select, where)
-        check_row_level(select.args.get("where"), scope, f"{where} WHERE")
-        for node in select.walk():
+        self.check_condition(select.args.get("where"), scope, f"{where} WHERE")
+        for e in select.expressions:
+            check_functions(e, where)
+            for node in e.walk(prune=lambda n: is_subquery(n)):
+                if is_dp_call(node):
+                    raise InvalidQueryError(f"{where}: {quote(node)!r}: DP aggregates belong to a DP SELECT list only")
+                if is_subquery(node) and node is not e:
+                    self.public_subquery(node, f"{where} SELECT list")
+        if not scope.protected:
+            return self._project(select, scope, where)
+        for clause in ("order", "limit", "offset"):
+            if select.args.get(clause) is not None:
+                raise InvalidQueryError(
+                    f"{where}: {clause.upper()} inside a subquery over protected rows keeps rows depending on other "
+                    "units' rows"
+                )
+        for node in select.walk(prune=lambda n: n is not select and is_subquery(n)):
             if isinstance(node, exp.Window):
                 raise InvalidQueryError(f"{where}: {quote(node)!r} is a window function: it mixes rows of different units")
-            if _is_dp_call(node):
-                raise InvalidQueryError(f"{where}: {quote(node)!r}: DP aggregates belong to the anonymized SELECT only")
         group = select.args.get("group")
-        aggregated = group is not None or any(isinstance(n, exp.AggFunc) for e in select.expressions for n in e.walk())
+        aggregated = group is not None or any(isinstance(n, exp.AggFunc) for e in select.expressions
+                                              for n in e.walk(prune=lambda n: is_subquery(n)))
         if aggregated:
             keys = group.expressions if group is not None else []
             if not any(isinstance(k, exp.Column) and scope.is_unit(k) for k in keys):
                 raise InvalidQueryError(
-                    f"{where}: an aggregation must group by the unit ({', '.join(sorted({r.unit for r in scope.relations}))}); "
+                    f"{where}: an aggregation over protected rows must group by the unit ({scope.unit_name}); "
                     "otherwise one row would mix several units"
                 )
             for k in keys:
-                check_row_level(k, scope, f"{where} GROUP BY")
-            self._check_aggregate_args(select, scope, where)
+                self.check_condition(k, scope, f"{where} GROUP BY")
             having = select.args.get("having")
             if having is not None:
                 for node in having.walk():
-                    if isinstance(node, (exp.Subquery, exp.Select, exp.Window)):
+                    if is_subquery(node) and node is not having:
                         raise InvalidQueryError(f"{where} HAVING: {quote(node)!r} is not allowed")
         return self._project(select, scope, where)
-
-    @staticmethod
-    def _check_aggregate_args(select: exp.Select, scope: Scope, where: str) -> None:
-        for e in select.expressions:
-            for node in e.walk():
-                if isinstance(node, exp.Column) and not isinstance(node.this, exp.Star):
-                    scope.resolve(node)
-                if isinstance(node, (exp.Subquery, exp.Select)):
-                    raise InvalidQueryError(f"{where}: {quote(node)!r} is a subquery in the SELECT list: it can read other units' rows")
 
     @staticmethod
     def _project(select: exp.Select, scope: Scope, where: str) -> Relation:
@@ -262,31 +409,36 @@ class OwnershipChecker:
                     rels = [r for r in scope.relations if r.alias.lower() == e.table.lower()]
                     if not rels:
                         raise InvalidQueryError(f"{where}: unknown table {e.table!r} in {quote(e)!r}")
+                if not rels:
+                    raise InvalidQueryError(f"{where}: SELECT * needs a FROM clause")
                 for r in rels:
-                    columns.update(r.columns)
-                    if unit_out is None:
+                    for low, name in r.columns.items():
+                        if low in scope.merged and low in columns:
+                            continue  # USING columns appear once
+                        columns[low] = name
+                    if unit_out is None and r.unit is not None and scope.protected and (
+                            scope.unit_name is None or r.is_unit(scope.unit_name)):
                         unit_out = r.unit
-                columns.update(scope.merged)
                 continue
             inner = e.this if isinstance(e, exp.Alias) else e
-            if not isinstance(inner, exp.Column):
-                for node in inner.walk():
-                    if isinstance(node, exp.Column) and not isinstance(node.this, exp.Star):
-                        scope.resolve(node)
+            for node in inner.walk(prune=lambda n: is_subquery(n)):
+                if isinstance(node, exp.Column) and not isinstance(node.this, exp.Star):
+                    scope.resolve(node)
             name = e.alias_or_name
             if not name:
-                raise InvalidQueryError(f"{where}: give the expression {quote(e)!r} a name (AS ...)")
+                name = f"_col{len(columns)}"  # BigQuery names it internally; it cannot be referenced
             columns[name.lower()] = name
-            if isinstance(inner, exp.Column) and scope.is_unit(inner) and unit_out is None:
+            if scope.protected and isinstance(inner, exp.Column) and scope.is_unit(inner) and unit_out is None:
                 unit_out = name
-        if unit_out is None:  # carry the unit automatically
-            unit_rel = scope.relations[0]
-            unit_col = exp.column(unit_rel.unit, table=unit_rel.alias if unit_rel.unit.lower() not in scope.merged else None, quoted=True)
-            select.select(exp.alias_(unit_col, unit_rel.unit, quoted=True), copy=False)
-            if select.args.get("group") is not None and not any(
-                isinstance(k, exp.Column) and scope.is_unit(k) for k in select.args["group"].expressions
-            ):
-                raise AssertionError("grouped selects were checked to group by the unit")
-            columns[unit_rel.unit.lower()] = unit_rel.unit
-            unit_out = unit_rel.unit
-        return Relation("", columns, unit_out)
+        if scope.protected and unit_out is None:  # carry the unit automatically
+            unit_name = scope.unit_name or "unit"
+            if unit_name.lower() in columns:
+                raise InvalidQueryError(
+                    f"{where}: the output column {unit_name!r} is not the privacy unit {unit_name!r}: rename it, or "
+                    "select the unit itself"
+                )
+            select.select(exp.alias_(scope.unit_expr.copy(), unit_name, quoted=True), copy=False)
+            columns[unit_name.lower()] = unit_name
+            unit_out = unit_name
+        return Relation("", columns, unit_out if scope.protected else None)
+

@@ -1,13 +1,18 @@
 """The two DP SQL syntaxes, reduced to one sqlglot tree (dp-engine.md, "Query syntax").
 
-    SELECT WITH ANONYMIZATION dept, ANON_COUNT(*, 5) AS c ... GROUP BY dept          (the seed)
+    SELECT WITH ANONYMIZATION [OPTIONS (...)] dept, ANON_COUNT(*, 5) AS c ... GROUP BY dept     (seed)
+    SELECT WITH ANONYMIZATION OPTIONS (epsilon = 1) ANON_SUM(x CLAMPED BETWEEN 0 AND 9) ...     (BigQuery, legacy)
     SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1, ...) dept,
-           COUNT(*, contribution_bounds_per_group => (0, 5)) AS c ... GROUP BY dept     (BigQuery)
+           COUNT(*, contribution_bounds_per_group => (0, 5)) AS c ... GROUP BY dept            (BigQuery)
 
-sqlglot parses neither clause, so it is cut out at the token level (sqlglot's own tokenizer: no
-hand-written parser) and recorded; BigQuery's DP aggregates in the anonymized SELECT list (depth 0)
-are renamed `__DP_<NAME>` so that sqlglot keeps their extra arguments. Everything else is parsed
-by sqlglot in the DuckDB dialect.
+A statement may hold several DP SELECTs (subqueries, CTEs, set operations of DP results). sqlglot
+parses neither clause, so each is cut out at the token level (sqlglot's own tokenizer: no
+hand-written parser) and replaced by a marker select item `__dpmark_<n>()` that `mark_of` finds in
+the tree; its syntax and OPTIONS are recorded. Aggregate calls in a DP SELECT list are renamed
+`__DP_<NAME>` (BigQuery names) so that sqlglot keeps their extra arguments, and `CLAMPED BETWEEN
+L AND U` becomes the named arguments `__clamp_lo => L, __clamp_hi => U`. The rest is parsed by
+sqlglot in the DuckDB dialect, or in the BigQuery dialect when DuckDB's refuses it (backquoted
+paths, BigQuery-only functions).
 """
 
 from __future__ import annotations
@@ -18,49 +23,96 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.tokens import Tokenizer, TokenType
 
-from ..errors import InvalidQueryError
+from ..errors import InvalidQueryError, UnsupportedError
 
-DP_FUNCTIONS_BQ = ("COUNT", "SUM", "AVG", "VAR_POP", "STDDEV_POP", "PERCENTILE_CONT")
-OPTION_NAMES = ("epsilon", "delta", "max_groups_contributed", "privacy_unit_column", "partition_selection")
+DP_FUNCTIONS_BQ = ("COUNT", "SUM", "AVG", "VAR_POP", "STDDEV_POP", "PERCENTILE_CONT", "APPROX_QUANTILES",
+                   "APPROX_COUNT_DISTINCT")
+#: OPTIONS names each syntax accepts (BigQuery's reference); `kappa` is the legacy name of max_groups_contributed
+OPTION_NAMES = {
+    "differential_privacy": ("epsilon", "delta", "max_groups_contributed", "privacy_unit_column",
+                             "group_selection_strategy", "partition_selection"),
+    "anonymization": ("epsilon", "delta", "max_groups_contributed", "kappa", "group_selection_strategy",
+                      "partition_selection"),
+}
+#: `partition_selection` (this engine's extension): 'truncated-geometric', 'laplace-threshold',
+#: 'weighted_gaussian', 'mad' (dp_core.partition_selection)
+#: valid in the reference, not offered by this engine
+UNSUPPORTED_OPTIONS = ("k_threshold", "max_rows_contributed", "min_privacy_units_per_group")
+MARK = "__dpmark_"
 
 
 @dataclass(frozen=True)
-class ParsedDPQuery:
-    """The anonymized SELECT as a sqlglot tree, which syntax it used, and its OPTIONS."""
+class DPClause:
+    """One DP SELECT's clause: which syntax, and its OPTIONS."""
 
-    tree: exp.Select
-    syntax: str  # "anonymization" (seed) or "differential_privacy" (BigQuery)
+    syntax: str  # "anonymization" or "differential_privacy"
     options: dict
-    with_clause: exp.With | None
+
+
+@dataclass(frozen=True)
+class ParsedStatement:
+    """The whole statement as a sqlglot tree, and the clause of each marked DP SELECT."""
+
+    tree: exp.Expression
+    clauses: dict[int, DPClause]
+
+
+def mark_of(select: exp.Expression) -> int | None:
+    """The marker number of a DP SELECT (its first select item is `__dpmark_<n>()`), else None."""
+    if not isinstance(select, exp.Select) or not select.expressions:
+        return None
+    first = select.expressions[0]
+    inner = first.this if isinstance(first, exp.Alias) else first
+    if isinstance(inner, exp.Anonymous) and str(inner.name).lower().startswith(MARK):
+        try:
+            return int(str(inner.name)[len(MARK):])
+        except ValueError:
+            return None
+    return None
+
+
+class _Tokenizer(Tokenizer):
+    """sqlglot's tokenizer, with BigQuery's backquoted identifiers as well as double-quoted ones."""
+
+    IDENTIFIERS = ['"', "`"]
 
 
 def _tokens(sql: str):
     try:
-        return Tokenizer().tokenize(sql)
-    except sqlglot.errors.TokenError as err:
-        raise InvalidQueryError(f"the query is not valid SQL: {str(err).splitlines()[0]}") from None
+        return _Tokenizer().tokenize(sql)
+    except Exception as err:  # sqlglot raises TokenError, and sometimes ValueError, on broken input
+        raise InvalidQueryError(f"the query is not valid SQL: {str(err).splitlines()[0] if str(err) else err!r}") from None
 
 
-def _parse_options(tokens, start: int) -> tuple[dict, int]:
+def _parse_options(tokens, start: int, syntax: str) -> tuple[dict, int]:
     """OPTIONS (name = value, ...) starting at tokens[start] ('('); returns the options and the
     index after the closing parenthesis."""
     if start >= len(tokens) or tokens[start].token_type != TokenType.L_PAREN:
         raise InvalidQueryError("OPTIONS must be followed by a parenthesised list: OPTIONS (epsilon = 1, ...)")
+    allowed = OPTION_NAMES[syntax]
+    clause = "SELECT WITH DIFFERENTIAL_PRIVACY" if syntax == "differential_privacy" else "SELECT WITH ANONYMIZATION"
     options, i = {}, start + 1
     while i < len(tokens) and tokens[i].token_type != TokenType.R_PAREN:
         name = tokens[i].text.lower()
-        if name not in OPTION_NAMES:
-            raise InvalidQueryError(f"unknown OPTIONS entry {tokens[i].text!r}: allowed are {', '.join(OPTION_NAMES)}")
+        if name in UNSUPPORTED_OPTIONS:
+            raise UnsupportedError(f"OPTIONS {name}: not offered by this engine (allowed: {', '.join(allowed)})")
+        if name not in allowed:
+            raise InvalidQueryError(f"unknown OPTIONS entry {tokens[i].text!r} for {clause}: allowed are {', '.join(allowed)}")
         if i + 2 >= len(tokens) or tokens[i + 1].token_type != TokenType.EQ:
             raise InvalidQueryError(f"OPTIONS entry {name!r} needs '= value'")
-        value_tok = tokens[i + 2]
-        j = i + 3
-        text = value_tok.text
-        if value_tok.token_type == TokenType.DASH and i + 3 < len(tokens):  # a negative number
-            text, j = "-" + tokens[i + 3].text, i + 4
-        if name in options:
-            raise InvalidQueryError(f"OPTIONS gives {name!r} twice")
-        options[name] = _option_value(name, text, value_tok.token_type)
+        j = i + 2
+        text, kind = tokens[j].text, tokens[j].token_type
+        j += 1
+        if kind in (TokenType.DASH, TokenType.PLUS) and j < len(tokens):  # a signed number
+            text, kind = (("-" if kind == TokenType.DASH else "") + tokens[j].text), tokens[j].token_type
+            j += 1
+        while (name == "privacy_unit_column" and j + 1 < len(tokens) and tokens[j].token_type == TokenType.DOT):
+            text += "." + tokens[j + 1].text  # a qualified column: alias.column
+            j += 2
+        key = "max_groups_contributed" if name == "kappa" else name
+        if key in options:
+            raise InvalidQueryError(f"OPTIONS gives {key!r} twice")
+        options[key] = _option_value(key, text, kind)
         i = j
         if i < len(tokens) and tokens[i].token_type == TokenType.COMMA:
             i += 1
@@ -74,84 +126,118 @@ def _parse_options(tokens, start: int) -> tuple[dict, int]:
 def _option_value(name: str, text: str, token_type) -> object:
     if name == "partition_selection":  # a name: OPTIONS (partition_selection = 'mad'); checked by the Query
         return text
+    if name == "group_selection_strategy":
+        if text.upper() == "LAPLACE_THRESHOLD":
+            return "laplace-threshold"
+        if text.upper() == "PUBLIC_GROUPS":
+            raise UnsupportedError("OPTIONS group_selection_strategy = PUBLIC_GROUPS is not offered: give the public "
+                                   "groups with the request (public_partitions)")
+        raise InvalidQueryError(f"OPTIONS group_selection_strategy must be LAPLACE_THRESHOLD or PUBLIC_GROUPS, got {text!r}")
     if name == "privacy_unit_column":
-        if token_type not in (TokenType.VAR, TokenType.IDENTIFIER, TokenType.STRING):
-            raise InvalidQueryError(f"privacy_unit_column must name a column, got {text!r}")
+        if token_type not in (TokenType.VAR, TokenType.IDENTIFIER) or not text.strip():
+            raise InvalidQueryError(f"OPTIONS privacy_unit_column must be a path expression naming a column "
+                                    f"(privacy_unit_column = uid or t.uid, not a string), got {text!r}")
         return text
+    if token_type not in (TokenType.NUMBER,):
+        if token_type == TokenType.NULL:
+            return None  # BigQuery: NULL means "the default"
+        raise InvalidQueryError(f"OPTIONS {name} must be a number, got {text!r}")
     try:
         value = float(text)
     except ValueError:
         raise InvalidQueryError(f"OPTIONS {name} must be a number, got {text!r}") from None
     if name == "max_groups_contributed":
-        if not value.is_integer() or value < 1:
-            raise InvalidQueryError(f"OPTIONS max_groups_contributed must be a whole number >= 1, got {text}")
+        if not value.is_integer() or not 1 <= value <= 2**31 - 1 or not text.lstrip("-").isdigit():
+            raise InvalidQueryError(f"OPTIONS max_groups_contributed must be a whole number in [1, 2147483647] "
+                                    f"(an INT64 literal), got {text}")
         return int(value)
     return value
 
 
-def parse_dp_sql(sql: str) -> ParsedDPQuery:
-    """Find the one anonymized SELECT, cut its DP clause, parse the rest with sqlglot."""
+def _select_list_edits(tokens, start: int, syntax: str) -> list[tuple[int, int, str]]:
+    """Text edits inside one DP SELECT list (from tokens[start] to its FROM or end): rename the
+    BigQuery aggregate calls and rewrite CLAMPED BETWEEN L AND U as named arguments."""
+    edits = []
+    depth, i = 0, start
+    clamp_depth = None
+    while i < len(tokens):
+        t = tokens[i]
+        tt = t.token_type
+        if tt == TokenType.L_PAREN:
+            depth += 1
+        elif tt == TokenType.R_PAREN:
+            depth -= 1
+            if depth < 0:
+                break
+        elif depth == 0 and tt in (TokenType.FROM, TokenType.SEMICOLON, TokenType.UNION, TokenType.INTERSECT,
+                                   TokenType.EXCEPT, TokenType.WHERE, TokenType.GROUP_BY, TokenType.ORDER_BY,
+                                   TokenType.LIMIT):
+            break
+        elif (t.text.upper() in DP_FUNCTIONS_BQ and i + 1 < len(tokens)
+              and tokens[i + 1].token_type == TokenType.L_PAREN
+              and (i == 0 or tokens[i - 1].token_type != TokenType.DOT)):
+            edits.append((t.start, t.end + 1, "__DP_" + t.text.upper()))
+        elif t.text.upper() == "CLAMPED" and i + 1 < len(tokens) and tokens[i + 1].token_type == TokenType.BETWEEN:
+            edits.append((t.start, tokens[i + 1].end + 1, ", __clamp_lo =>"))
+            clamp_depth = depth
+            i += 2
+            continue
+        elif tt == TokenType.AND and clamp_depth is not None and depth == clamp_depth:
+            edits.append((t.start, t.end + 1, ", __clamp_hi =>"))
+            clamp_depth = None
+        i += 1
+    return edits
+
+
+def _parse(text: str) -> exp.Expression:
+    errors = []
+    for dialect in ("duckdb", "bigquery"):
+        try:
+            trees = [t for t in sqlglot.parse(text, read=dialect) if t is not None]
+        except Exception as err:  # sqlglot raises ParseError, TokenError, and at times other errors
+            errors.append(str(err).splitlines()[0] if str(err) else repr(err))
+            continue
+        if len(trees) != 1:
+            raise InvalidQueryError("give exactly one SQL statement")
+        return trees[0]
+    raise InvalidQueryError(f"the query is not valid SQL: {errors[0]}")
+
+
+def parse_statement(sql: str) -> ParsedStatement:
+    """Cut every DP clause (replaced by a marker), rewrite their aggregate calls, parse the rest."""
     if not isinstance(sql, str) or not sql.strip():
         raise InvalidQueryError("the query is empty")
     tokens = _tokens(sql)
-    marks = [
-        i for i, t in enumerate(tokens[:-1])
-        if t.token_type == TokenType.SELECT and tokens[i + 1].token_type == TokenType.WITH
-        and i + 2 < len(tokens) and tokens[i + 2].text.upper() in ("ANONYMIZATION", "DIFFERENTIAL_PRIVACY")
-    ]
-    if not marks:
-        raise InvalidQueryError(
-            "not a DP query: write SELECT WITH ANONYMIZATION ... (ANON_COUNT, ANON_SUM, ...) or "
-            "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (...) ..."
-        )
-    if len(marks) > 1:
-        raise InvalidQueryError("the query has two anonymization clauses: exactly one SELECT may be anonymized")
-    at = marks[0]
-    kind_tok = tokens[at + 2]
-    syntax = "anonymization" if kind_tok.text.upper() == "ANONYMIZATION" else "differential_privacy"
-    cut_from, cut_to = tokens[at + 1].start, kind_tok.end + 1
-    options: dict = {}
-    after = at + 3
-    if after < len(tokens) and tokens[after].text.upper() == "OPTIONS":
-        if syntax == "anonymization":
-            raise InvalidQueryError("OPTIONS belongs to SELECT WITH DIFFERENTIAL_PRIVACY; the seed syntax takes "
-                                    "epsilon, delta and max_partitions from the request")
-        options, after = _parse_options(tokens, after + 1)
+    edits: list[tuple[int, int, str]] = []
+    clauses: dict[int, DPClause] = {}
+    for at, t in enumerate(tokens[:-2]):
+        if not (t.token_type == TokenType.SELECT and tokens[at + 1].token_type == TokenType.WITH):
+            continue
+        kind_tok = tokens[at + 2]
+        word = kind_tok.text.upper()
+        if word not in ("ANONYMIZATION", "DIFFERENTIAL_PRIVACY"):
+            if word in ("AGGREGATION_THRESHOLD",):
+                raise UnsupportedError("SELECT WITH AGGREGATION_THRESHOLD is not a DP query: use "
+                                       "SELECT WITH DIFFERENTIAL_PRIVACY")
+            continue
+        syntax = "anonymization" if word == "ANONYMIZATION" else "differential_privacy"
+        n = len(clauses)
+        options: dict = {}
+        after = at + 3
+        if after < len(tokens) and tokens[after].text.upper() == "OPTIONS":
+            options, after = _parse_options(tokens, after + 1, syntax)
         cut_to = tokens[after - 1].end + 1
-    renames = []
-    if syntax == "differential_privacy":
-        depth, i = 0, after
-        while i < len(tokens):
-            t = tokens[i]
-            if t.token_type == TokenType.L_PAREN:
-                depth += 1
-            elif t.token_type == TokenType.R_PAREN:
-                depth -= 1
-                if depth < 0:
-                    break
-            elif depth == 0 and t.token_type in (TokenType.FROM,):
-                break
-            elif (depth == 0 and t.text.upper() in DP_FUNCTIONS_BQ and i + 1 < len(tokens)
-                  and tokens[i + 1].token_type == TokenType.L_PAREN):
-                renames.append((t.start, t.end + 1, "__DP_" + t.text.upper()))
-            i += 1
+        edits.append((tokens[at + 1].start, cut_to, f" {MARK}{n}() AS {MARK}{n},"))
+        edits += _select_list_edits(tokens, after, syntax)
+        clauses[n] = DPClause(syntax, options)
     text = sql
-    for start, end, new in sorted(renames + [(cut_from, cut_to, "")], reverse=True):
+    for start, end, new in sorted(edits, reverse=True):
         text = text[:start] + new + text[end:]
-    try:
-        trees = sqlglot.parse(text, read="duckdb")
-    except sqlglot.errors.ParseError as err:
-        raise InvalidQueryError(f"the query is not valid SQL: {str(err).splitlines()[0]}") from None
-    except sqlglot.errors.SqlglotError as err:
-        raise InvalidQueryError(f"the query is not valid SQL: {str(err).splitlines()[0]}") from None
-    trees = [t for t in trees if t is not None]
-    if len(trees) != 1:
-        raise InvalidQueryError("give exactly one SQL statement")
-    tree = trees[0]
-    with_clause = tree.args.get("with_") or tree.args.get("with")
-    if not isinstance(tree, exp.Select):
-        raise InvalidQueryError(
-            f"the anonymized query must be a single SELECT (not {type(tree).__name__.upper()}): "
-            "UNION and other set operations would mix units' rows"
-        )
-    return ParsedDPQuery(tree, syntax, options, with_clause)
+    tree = _parse(text)
+    if not isinstance(tree, exp.Query):
+        raise InvalidQueryError(f"only queries are allowed, not {type(tree).__name__.upper()} statements")
+    found = {mark_of(s) for s in tree.find_all(exp.Select)} - {None}
+    if found != set(clauses):
+        raise InvalidQueryError("a DP clause must directly follow SELECT: SELECT WITH DIFFERENTIAL_PRIVACY "
+                                "OPTIONS (...) <select list> FROM ...")
+    return ParsedStatement(tree, clauses)

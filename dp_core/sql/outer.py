@@ -1,0 +1,164 @@
+"""Run a compiled statement: each DP SELECT through the engine, then the outer query (pure
+post-processing of the released tables, and public tables) in DuckDB.
+
+Nothing but released (DP) tables and public tables reaches the outer query: its result is as
+private as the DP SELECTs' (post-processing). The total spent is the sum over the DP SELECTs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import pandas as pd
+
+from ..backend import DuckDBBackend
+from ..engine import execute
+from ..errors import InvalidQueryError
+from ..query import Query
+from ..result import CI_NOTE, ClampingLoss, ControllerOnly, DPResult, _fmt
+from .compile import CompiledQuery, _ident
+from .statement import CompiledStatement, released_name
+
+
+@dataclass(frozen=True)
+class StatementResult(DPResult):
+    """The result of a statement with an outer query or several DP SELECTs: `table` is the outer
+    query's result; `parts` the DP result of each DP SELECT; epsilon and delta are the totals."""
+
+    parts: tuple[DPResult, ...] = ()
+
+    def readable_table(self) -> pd.DataFrame:
+        return self.table.map(lambda v: _fmt(v) if isinstance(v, float) and v == v else v)
+
+    def __str__(self) -> str:
+        head = (f"DP release of {len(self.parts)} DP SELECT(s): epsilon={self.epsilon_spent:.6g}, "
+                f"delta={self.delta_spent:.3g}, {len(self.table)} row(s) after post-processing")
+        return f"{head}\n{self.readable_table().to_string(index=False)}\n{CI_NOTE}"
+
+    def to_dict(self) -> dict:
+        out = super().to_dict()
+        out["parts"] = [p.to_dict() for p in self.parts]
+        return out
+
+
+def released_table(result: DPResult, part: CompiledQuery, with_ci: bool) -> pd.DataFrame:
+    """The DP SELECT's own output: its select list (expressions over the released values),
+    ORDER BY and LIMIT. with_ci keeps each plain aggregate's interval columns beside it."""
+    columns = []
+    for name, sql in part.outputs:
+        columns.append(f"{sql} AS {_ident(name)}")
+        if with_ci and sql == _ident(name):
+            for suffix in ("_ci_low", "_ci_high", "_noise_sd"):
+                if f"{name}{suffix}" in result.table.columns:
+                    columns.append(_ident(name + suffix))
+    sql = f"SELECT {', '.join(columns)} FROM __released"
+    if part.order_by:
+        sql += " ORDER BY " + ", ".join(f"{_ident(c)} {'DESC' if d else 'ASC'}" for c, d in part.order_by)
+    if part.limit is not None:
+        sql += f" LIMIT {int(part.limit)}"
+    backend = DuckDBBackend.for_tables({"__released": result.table})
+    try:
+        return backend.run(sql)
+    finally:
+        backend.close()
+
+
+def run_statement(compiled: CompiledStatement, data: dict, *, threads: int | None = None) -> DPResult:
+    """Execute every DP SELECT (each its own engine run), then the outer query over the results."""
+    results = []
+    for part in compiled.parts:
+        backend = DuckDBBackend.for_tables(data, threads=threads)
+        backend.define_input(part.source_sql("duckdb"))
+        results.append(execute(part.query, backend))  # closes the backend
+    if compiled.simple:
+        return postprocess(results[0], compiled.parts[0])
+    only_part = len(compiled.parts) == 1 and compiled.outer_sql() == f"SELECT * FROM {released_name(0)}"
+    frames = {released_name(i): released_table(r, p, with_ci=only_part)
+              for i, (r, p) in enumerate(zip(results, compiled.parts))}
+    if only_part:
+        table = frames[released_name(0)]
+    else:
+        backend = DuckDBBackend.for_tables({**{n: data[n] for n in compiled.public_tables}, **frames}, threads=threads)
+        try:
+            table = backend.run(compiled.outer_sql())
+        except Exception as err:
+            raise InvalidQueryError(f"the outer query could not run on the DP results: {str(err).splitlines()[0]}") from None
+        finally:
+            backend.close()
+    return combine(results, table)
+
+
+def postprocess(result: DPResult, compiled: CompiledQuery) -> DPResult:
+    """ORDER BY and LIMIT of a plain DP SELECT, applied to the released table."""
+    table = result.table
+    if compiled.order_by:
+        table = table.sort_values([c for c, _ in compiled.order_by],
+                                  ascending=[not desc for _, desc in compiled.order_by], kind="stable")
+    if compiled.limit is not None:
+        table = table.head(compiled.limit)
+    return replace(result, table=table.reset_index(drop=True))
+
+
+def combine(results: list[DPResult], table: pd.DataFrame) -> StatementResult:
+    """One result for the statement: the outer table, the summed budget, every mechanism."""
+    tag = (lambda i, s: f"DP SELECT {i + 1}: {s}") if len(results) > 1 else (lambda i, s: s)
+    budget, mechanisms, notes, bounds = [], [], [], []
+    clamping: dict[str, ClampingLoss] = {}
+    exact = []
+    for i, r in enumerate(results):
+        budget += [replace(s, part=tag(i, s.part)) for s in r.budget]
+        mechanisms += [replace(m, target=tag(i, m.target)) for m in r.mechanisms]
+        notes += [n for n in r.notes if n not in notes]
+        bounds += list(r.inferred_bounds)
+        clamping.update({tag(i, k): v for k, v in r.controller_only.clamping.items()})
+        exact.append(r.controller_only.exact.assign(dp_select=i + 1))
+    co = [r.controller_only for r in results]
+    controller = ControllerOnly(
+        sum(c.partitions_nonempty for c in co), sum(c.partitions_released for c in co), clamping,
+        sum(c.unit_partition_pairs for c in co), sum(c.pairs_dropped_by_bounding for c in co),
+        pd.concat(exact, ignore_index=True) if exact else pd.DataFrame())
+    first: Query = results[0].query if results else None
+    query = replace(first, aggregates=(), group_by=(), epsilon=sum(r.epsilon_spent for r in results)) \
+        if first is not None else Query((), privacy_unit="", epsilon=0.0)
+    return StatementResult(
+        table=table.reset_index(drop=True), query=query,
+        epsilon_spent=float(sum(r.epsilon_spent for r in results)),
+        delta_spent=float(sum(r.delta_spent for r in results)), budget=tuple(budget), mechanisms=tuple(mechanisms),
+        partition_selection="; ".join(tag(i, r.partition_selection) for i, r in enumerate(results)) or "none",
+        notes=tuple(notes) + ("The table is post-processing (outer query, expressions) of the DP SELECTs' released "
+                              "tables: it has no intervals of its own.",),
+        controller_only=controller, inferred_bounds=tuple(bounds), parts=tuple(results))
+
+
+def check_executable(compiled: CompiledStatement, backend: DuckDBBackend) -> None:
+    """Bind every DP SELECT's source and the outer query in DuckDB over empty stand-ins of the
+    released tables (reads no rows): unknown columns, type errors and functions DuckDB cannot run
+    are refused before any budget is spent."""
+    con = backend.connection
+    for i, part in enumerate(compiled.parts):
+        try:
+            described = con.execute(f"DESCRIBE SELECT * FROM ({part.source_sql('duckdb')}) AS s").fetchall()
+        except Exception as err:  # duckdb.Error and its binder/catalog/parser subclasses
+            raise InvalidQueryError(f"DP SELECT {i + 1}: {_first_line(err)}") from None
+        types = {row[0]: row[1] for row in described}
+        columns = [f"CAST(NULL AS {types.get(k, 'VARCHAR')}) AS {_ident(k)}" for k in part.query.group_by]
+        for agg in part.query.aggregates:
+            kind = "BIGINT" if agg.kind in ("count", "count_units") else "DOUBLE"
+            columns += [f"CAST(NULL AS {kind}) AS {_ident(agg.label + s)}" for s in ("", "_ci_low", "_ci_high")]
+            columns.append(f"CAST(NULL AS DOUBLE) AS {_ident(agg.label + '_noise_sd')}")
+        outputs = ", ".join(f"{sql} AS {_ident(name)}" for name, sql in part.outputs)
+        try:
+            con.execute(f"CREATE OR REPLACE TEMP TABLE __released AS SELECT {', '.join(columns)} LIMIT 0")
+            con.execute(f"CREATE OR REPLACE TEMP TABLE {released_name(i)} AS SELECT {outputs} FROM __released")
+        except Exception as err:
+            raise InvalidQueryError(f"DP SELECT {i + 1}: its select list cannot be computed: {_first_line(err)}") from None
+    if compiled.outer is not None:
+        try:
+            con.execute(f"DESCRIBE {compiled.outer_sql()}")
+        except Exception as err:
+            raise InvalidQueryError(f"the outer query: {_first_line(err)}") from None
+
+
+def _first_line(err: Exception) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__

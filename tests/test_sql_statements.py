@@ -1,0 +1,308 @@
+"""DP SQL v2 (issue 16): outer queries, several DP SELECTs, expressions over DP aggregates, set
+operations, joins with public tables, subqueries over public tables, validation as BigQuery's
+reference does it, and a grammar fuzz test (every input: a plan or a DPError)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import dp_core as dp
+from dp_core.sql import StatementResult, Table, compile_statement_for, run_sql
+from dp_core.sql.ownership import TableInfo
+from dp_core.sql.statement import compile_statement
+
+N = 2000
+EPS = 200.0  # accepted examples are checked against the plain SQL: large epsilon, wide margins
+
+
+@pytest.fixture(scope="module")
+def tables():
+    rng = np.random.default_rng(7)  # test data only
+    people = pd.DataFrame({"uid": np.arange(N), "dept": rng.choice(["a", "b", "c"], N),
+                           "age": rng.integers(20, 60, N)})
+    visits = pd.DataFrame({"uid": np.arange(N), "cost": rng.integers(0, 10, N)})  # one visit per person
+    extra = pd.DataFrame({"uid": np.arange(N, N + 500), "dept": "a", "age": 30})  # other people, same unit
+    depts = pd.DataFrame({"dept": ["a", "b", "c"], "region": ["N", "S", "N"]})
+    other = pd.DataFrame({"person": np.arange(N), "score": 1})
+    return {"people": Table(people, "uid"), "visits": Table(visits, "uid"), "extra": Table(extra, "uid"),
+            "depts": Table(depts), "other": Table(other, "person")}
+
+
+def catalog(tables):
+    return {n: TableInfo(n, tuple(t.data.columns), t.privacy_unit) for n, t in tables.items()}
+
+
+def plain(tables, sql):
+    """The non-private answer, for comparison (DuckDB over the raw frames)."""
+    import duckdb
+
+    con = duckdb.connect()
+    for name, t in tables.items():
+        con.register(name, t.data)
+    return con.sql(sql).df()
+
+
+DP = "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = {e}, delta = 1e-6, privacy_unit_column = uid)"
+C1 = "COUNT(*, contribution_bounds_per_group => (0, 1))"
+
+# rule -> (DP statement, plain SQL giving the same numbers); noise sd at EPS is about 1e-3 per count
+ACCEPTED = {
+    "outer query filters, orders, limits a DP subquery": (
+        f"SELECT dept, n FROM ({DP.format(e=EPS)} dept, {C1} AS n FROM people GROUP BY dept) d "
+        "WHERE n > 10 ORDER BY dept LIMIT 2",
+        "SELECT dept, count(*) AS n FROM people GROUP BY dept ORDER BY dept LIMIT 2"),
+    "two DP SELECTs in CTEs, joined, with arithmetic and a public table": (
+        f"WITH a AS ({DP.format(e=EPS)} dept, {C1} AS n FROM people GROUP BY dept), "
+        f"b AS ({DP.format(e=EPS)} dept, SUM(age, contribution_bounds_per_group => (0, 100)) AS s FROM people GROUP BY dept) "
+        "SELECT a.dept, region, s / n AS mean_age FROM a JOIN b USING (dept) JOIN depts ON depts.dept = a.dept ORDER BY a.dept",
+        "SELECT p.dept, region, avg(age) AS mean_age FROM people p JOIN depts d ON p.dept = d.dept GROUP BY p.dept, region ORDER BY p.dept"),
+    "expressions over DP aggregates in the DP SELECT list": (
+        f"{DP.format(e=EPS)} dept, ROUND(AVG(age, contribution_bounds_per_group => (0, 100)), 0) AS a, {C1} + 1 AS n1, "
+        f"CASE WHEN {C1} > 0 THEN 'some' ELSE 'none' END AS any_rows FROM people GROUP BY dept ORDER BY dept",
+        "SELECT dept, round(avg(age), 0) AS a, count(*) + 1 AS n1, 'some' AS any_rows FROM people GROUP BY dept ORDER BY dept"),
+    "UNION ALL of protected rows with the same unit as the FROM": (
+        f"{DP.format(e=EPS)} dept, {C1.replace('(0, 1)', '(0, 2)')} AS n FROM "
+        "(SELECT uid, dept FROM people UNION ALL SELECT uid, dept FROM extra) u GROUP BY dept ORDER BY dept",
+        "SELECT dept, count(*) AS n FROM (SELECT uid, dept FROM people UNION ALL SELECT uid, dept FROM extra) GROUP BY dept ORDER BY dept"),
+    "INTERSECT / EXCEPT of protected rows (unit carried automatically)": (
+        f"{DP.format(e=EPS)} {C1} AS n FROM (SELECT dept FROM people EXCEPT SELECT dept FROM people WHERE age < 30) u",
+        "SELECT count(*) AS n FROM (SELECT uid, dept FROM people EXCEPT SELECT uid, dept FROM people WHERE age < 30)"),
+    "UNION ALL of two DP results in the outer query": (
+        f"{DP.format(e=EPS)} dept, {C1} AS n FROM people GROUP BY dept UNION ALL "
+        f"{DP.format(e=EPS)} dept, {C1} AS n FROM extra GROUP BY dept ORDER BY 1, 2",
+        "SELECT dept, count(*) AS n FROM people GROUP BY dept UNION ALL SELECT dept, count(*) FROM extra GROUP BY dept ORDER BY 1, 2"),
+    "protected joined with a public table on any condition": (
+        f"{DP.format(e=EPS)} region, {C1} AS n FROM people p JOIN depts d ON p.dept = d.dept GROUP BY region ORDER BY region",
+        "SELECT region, count(*) AS n FROM people p JOIN depts d ON p.dept = d.dept GROUP BY region ORDER BY region"),
+    "two protected tables joined on unit equality": (
+        f"{DP.format(e=EPS)} {C1} AS n, SUM(cost, contribution_bounds_per_group => (0, 10)) AS s "
+        "FROM people p JOIN visits v ON p.uid = v.uid AND v.cost > 2",
+        "SELECT count(*) AS n, sum(cost) AS s FROM people p JOIN visits v ON p.uid = v.uid AND v.cost > 2"),
+    "uncorrelated subquery over a public table in WHERE": (
+        f"{DP.format(e=EPS)} {C1} AS n FROM people WHERE dept IN (SELECT dept FROM depts WHERE region = 'N') "
+        "AND EXISTS (SELECT 1 FROM depts) AND age > (SELECT 25)",
+        "SELECT count(*) AS n FROM people WHERE dept IN ('a', 'c') AND age > 25"),
+    "the unit follows rows through a subquery and a CTE automatically": (
+        f"WITH young AS (SELECT dept FROM people WHERE age < 40) {DP.format(e=EPS)} dept, {C1} AS n "
+        "FROM (SELECT dept FROM young) y GROUP BY dept ORDER BY dept",
+        "SELECT dept, count(*) AS n FROM people WHERE age < 40 GROUP BY dept ORDER BY dept"),
+    "WITH ANONYMIZATION, OPTIONS and CLAMPED BETWEEN": (
+        f"SELECT WITH ANONYMIZATION OPTIONS (epsilon = {EPS}, delta = 1e-6, kappa = 1) dept, "
+        "ANON_SUM(age CLAMPED BETWEEN 0 AND 100) AS s FROM people GROUP BY dept ORDER BY dept",
+        "SELECT dept, sum(age) AS s FROM people GROUP BY dept ORDER BY dept"),
+    "a plain read of a public table": ("SELECT region FROM depts ORDER BY dept", "SELECT region FROM depts ORDER BY dept"),
+}
+
+
+@pytest.mark.parametrize("rule", list(ACCEPTED))
+def test_each_accepted_rule_runs_and_matches_the_plain_answer(tables, rule):
+    sql, reference = ACCEPTED[rule]
+    result = run_sql(sql, tables, epsilon=EPS)
+    expected = plain(tables, reference)
+    got = result.table[list(expected.columns)]
+    assert len(got) == len(expected), (got, expected)
+    for col in expected.columns:
+        if expected[col].dtype.kind in "if":
+            # at this epsilon counts have noise sd < 0.05 and sums of values in [0, 100] sd < 2: the
+            # tolerances are > 40 sd (false failure p < 1e-9); a mean of ~600 noisy values moves < 0.01
+            tolerance = 0.05 if "mean" in col else 100 if col == "s" else 6
+            assert np.allclose(got[col].astype(float), expected[col].astype(float), atol=tolerance), (col, got, expected)
+        else:
+            assert list(got[col]) == list(expected[col])
+
+
+def test_reported_intervals_cover_the_plain_answer(tables):
+    """A plain DP SELECT keeps its confidence intervals; at a moderate epsilon they cover the truth."""
+    sql = f"{DP.format(e=1.0)} dept, {C1} AS n FROM people GROUP BY dept"
+    result = run_sql(sql, tables, confidence=1 - 1e-9)
+    truth = plain(tables, "SELECT dept, count(*) AS n FROM people GROUP BY dept ORDER BY dept")
+    merged = result.table.merge(truth, on="dept", suffixes=("", "_true"))
+    assert ((merged["n_ci_low"] <= merged["n_true"]) & (merged["n_true"] <= merged["n_ci_high"])).all()
+
+
+def test_two_dp_selects_spend_exactly_the_sum_reported_before_running(tables):
+    sql = (f"WITH a AS ({DP.format(e=0.3)} dept, {C1} AS n FROM people GROUP BY dept), "
+           f"b AS ({DP.format(e=0.7)} dept, {C1} AS m FROM extra GROUP BY dept) SELECT * FROM a JOIN b USING (dept)")
+    compiled = compile_statement_for(sql, tables)
+    assert [p.query.epsilon for p in compiled.parts] == [0.3, 0.7]
+    assert compiled.epsilon == pytest.approx(1.0) and compiled.delta == pytest.approx(2e-6)
+    result = run_sql(sql, tables)
+    assert isinstance(result, StatementResult) and len(result.parts) == 2
+    assert result.epsilon_spent == pytest.approx(1.0)
+    assert sum(s.epsilon for s in result.budget) == pytest.approx(1.0)
+
+
+def test_the_request_epsilon_is_shared_by_dp_selects_without_options(tables):
+    bare = "SELECT WITH DIFFERENTIAL_PRIVACY dept, COUNT(*) AS n FROM {t} GROUP BY dept"
+    sql = f"SELECT * FROM ({bare.format(t='people')}) a UNION ALL SELECT * FROM ({bare.format(t='extra')}) b"
+    compiled = compile_statement_for(sql, tables, epsilon=2.0)
+    assert [p.query.epsilon for p in compiled.parts] == [1.0, 1.0] and compiled.epsilon == 2.0
+    mixed = f"SELECT * FROM ({DP.format(e=0.5)} COUNT(*) AS n FROM people) a, ({bare.format(t='extra')}) b"
+    assert compile_statement_for(mixed, tables, epsilon=2.0).epsilon == pytest.approx(2.0)
+    with pytest.raises(dp.DPError, match="nothing is left"):
+        compile_statement_for(mixed, tables, epsilon=0.5)
+
+
+REFUSED = {
+    "SUM(*)": (f"{DP.format(e=1)} SUM(*) FROM people", "only COUNT takes *"),
+    "COUNT bounds as floats": (f"{DP.format(e=1)} COUNT(*, contribution_bounds_per_group => (0.0, 5.0)) FROM people",
+                               "whole-number literal"),
+    "COUNT with an extra positional argument": (f"{DP.format(e=1)} COUNT(*, 5) FROM people", "positional argument"),
+    "bounds of the wrong type": (f"{DP.format(e=1)} SUM(age, contribution_bounds_per_group => ('0', '9')) FROM people",
+                                 "must be a number literal"),
+    "bounds in the wrong order": (f"{DP.format(e=1)} SUM(age, contribution_bounds_per_group => (9, 1)) FROM people",
+                                  "exceeds upper bound"),
+    "per-row bounds on SUM": (f"{DP.format(e=1)} SUM(age, contribution_bounds_per_row => (0, 9)) FROM people",
+                              "takes contribution_bounds_per_group"),
+    "DP query over a table with no privacy unit": ("SELECT WITH DIFFERENTIAL_PRIVACY COUNT(*) FROM depts",
+                                                   "reads no table with a privacy unit"),
+    "plain read of a protected table": ("SELECT dept FROM people", "not a DP query"),
+    "privacy_unit_column given as a string": (
+        "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (privacy_unit_column = 'uid') COUNT(*) FROM people", "path expression"),
+    "privacy_unit_column naming another column than the registered unit": (
+        "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (privacy_unit_column = age) COUNT(*) FROM people",
+        "does not match the registered privacy unit"),
+    "an outer join keeping rows of a public table": (
+        f"{DP.format(e=1)} COUNT(*) FROM depts d LEFT JOIN people p ON p.dept = d.dept", "LEFT OUTER join"),
+    "neither GROUP BY nor an aggregate": (f"{DP.format(e=1)} dept FROM people", "neither"),
+    "plain read of a protected table beside a DP SELECT": (
+        f"SELECT * FROM ({DP.format(e=1)} dept, COUNT(*) AS n FROM people GROUP BY dept) d JOIN people USING (dept)",
+        "protected table"),
+    "GROUP BY on an aggregate": (f"{DP.format(e=1)} COUNT(*) FROM people GROUP BY COUNT(*)", "grouping by an aggregate"),
+    "join of protected tables off the unit": (f"{DP.format(e=1)} COUNT(*) FROM people p JOIN visits v ON p.uid = v.cost",
+                                              "does not join on the unit"),
+    "subquery reading a protected table in WHERE": (
+        f"{DP.format(e=1)} COUNT(*) FROM people WHERE uid IN (SELECT uid FROM visits)", "reads a protected table"),
+    "correlated subquery": (
+        f"{DP.format(e=1)} COUNT(*) FROM people p WHERE EXISTS (SELECT 1 FROM depts d WHERE d.dept = p.dept)",
+        "may not refer to the columns of the query around it"),
+    "set operation mixing protected and public rows": (
+        f"{DP.format(e=1)} COUNT(*) FROM (SELECT dept FROM people UNION ALL SELECT dept FROM depts) u", "mixes rows"),
+    "set operation misaligning the unit": (
+        f"{DP.format(e=1)} COUNT(*) FROM (SELECT uid, age FROM people UNION ALL SELECT age, uid FROM people) u",
+        "same position"),
+    "a DP SELECT inside another": (
+        f"{DP.format(e=1)} COUNT(*) FROM ({DP.format(e=1)} dept, COUNT(*) AS n FROM people GROUP BY dept) d",
+        "inside another DP SELECT"),
+    "a DP SELECT reading DP results": (
+        f"WITH a AS ({DP.format(e=1)} dept, COUNT(*) AS n FROM people GROUP BY dept) {DP.format(e=1)} COUNT(*) FROM a",
+        "holds DP results"),
+    "a column that is neither key nor aggregate": (f"{DP.format(e=1)} dept, age + COUNT(*) FROM people GROUP BY dept",
+                                                   "neither a GROUP BY key nor a DP aggregate"),
+    "an unknown function": (f"{DP.format(e=1)} my_udf(COUNT(*)) AS x FROM people", "unknown function"),
+    "DISTINCT in a DP aggregate": (f"{DP.format(e=1)} SUM(DISTINCT age) FROM people", "DISTINCT"),
+    "the outer query reads a column the DP SELECT does not release": (
+        f"SELECT age FROM ({DP.format(e=1)} dept, COUNT(*) AS n FROM people GROUP BY dept) d", "the outer query"),
+    "the unit is not a released column": (
+        f"SELECT uid FROM ({DP.format(e=1)} dept, COUNT(*) AS n FROM people GROUP BY dept) d", "the outer query"),
+}
+
+
+@pytest.mark.parametrize("rule", list(REFUSED))
+def test_each_refused_rule_names_its_reason(tables, rule):
+    sql, message = REFUSED[rule]
+    with pytest.raises(dp.DPError) as info:
+        compile_statement_for(sql, tables, epsilon=1.0)
+    assert message in str(info.value), str(info.value)
+
+
+# ------------------------------------------------------------------ join shapes (ownership)
+
+JOIN_SHAPES = [  # (FROM clause, accepted?)
+    ("people p JOIN visits v ON p.uid = v.uid", True),                      # unit = unit
+    ("people p JOIN other o ON p.uid = o.person", True),                    # unit = unit, different names
+    ("people p JOIN visits v ON p.uid = v.cost", False),                    # unit = non-unit
+    ("people p JOIN visits v ON p.age = v.uid", False),                     # non-unit = unit
+    ("people p JOIN visits v ON p.age = v.cost", False),                    # non-unit = non-unit
+    ("people p JOIN visits v ON p.uid + 0 = v.uid", False),                 # an expression of the unit
+    ("people p JOIN visits v ON p.uid = p.uid", False),                     # both sides from one table
+    ("people p JOIN visits v ON p.uid = v.uid AND p.age > v.cost", True),   # several conditions, one on the unit
+    ("people p JOIN visits v ON p.uid = v.uid OR p.age = v.cost", False),   # OR: rows of other units pair up
+    ("people p JOIN visits v ON p.age = v.cost AND p.dept = 'a'", False),   # several conditions, none on the unit
+    ("people JOIN visits USING (uid)", True),                              # USING the unit
+    ("people p JOIN other o USING (uid)", False),                          # USING a column one side lacks
+    ("people NATURAL JOIN visits", True),                                  # NATURAL: the unit in common
+    ("people p NATURAL JOIN other o", False),                              # NATURAL without the unit
+    ("people p CROSS JOIN visits v", False),                               # cross join of protected tables
+    ("people p, visits v", False),                                         # comma join
+    ("people p LEFT JOIN visits v ON p.uid = v.uid", True),
+    ("people p FULL JOIN visits v ON p.uid = v.uid", True),
+    ("people p JOIN depts d ON p.dept = d.dept", True),                     # public table: any condition
+    ("people p CROSS JOIN depts d", True),
+    ("people p LEFT JOIN depts d ON p.age > 30", True),                     # outer join keeping protected rows
+    ("depts d LEFT JOIN people p ON p.dept = d.dept", False),               # ... keeping public rows (no unit)
+    ("depts d RIGHT JOIN people p ON p.dept = d.dept", True),
+    ("people p FULL JOIN depts d ON p.dept = d.dept", False),
+]
+
+
+@pytest.mark.parametrize("source,accepted", JOIN_SHAPES)
+def test_join_shapes(tables, source, accepted):
+    sql = f"SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1) COUNT(*) AS n FROM {source}"
+    if accepted:
+        compile_statement(sql, catalog(tables))
+    else:
+        with pytest.raises(dp.DPError):
+            compile_statement(sql, catalog(tables))
+
+
+def test_a_dp_select_with_group_by_only_releases_the_groups(tables):
+    """BigQuery allows GROUP BY without an aggregate: the groups that pass private selection."""
+    result = run_sql(f"{DP.format(e=EPS)} dept FROM people GROUP BY dept ORDER BY dept", tables)
+    assert list(result.table.columns) == ["dept"] and list(result.table["dept"]) == ["a", "b", "c"]
+    assert result.epsilon_spent == pytest.approx(EPS)
+
+
+# ------------------------------------------------------------------ grammar fuzzing
+
+DP_CLAUSES = ["SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1, privacy_unit_column = uid)",
+              "SELECT WITH DIFFERENTIAL_PRIVACY", "SELECT WITH ANONYMIZATION",
+              "SELECT WITH ANONYMIZATION OPTIONS (epsilon = 2, kappa = 2)",
+              "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = -1, max_groups_contributed = 1.5)",
+              "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (privacy_unit_column = p.uid, delta = 1e-5)", "SELECT"]
+AGGREGATES = ["COUNT(*)", "COUNT(*, contribution_bounds_per_group => (0, 3))", "COUNT(age)", "SUM(age)",
+              "SUM(*)", "AVG(age, contribution_bounds_per_group => (0, 90))", "VAR_POP(age, contribution_bounds_per_row => (0, 9))",
+              "PERCENTILE_CONT(age, 0.5, contribution_bounds_per_row => (0, 90))", "ANON_COUNT(*, 5)",
+              "ANON_SUM(age CLAMPED BETWEEN 0 AND 9)", "ANON_AVG(age, 0, 9)", "COUNT(DISTINCT uid)",
+              "COUNT(*, contribution_bounds_per_group => (0.5, 2))", "SUM(age, contribution_bounds_per_group => (9, 0))",
+              "ROUND(AVG(age), 1)", "COUNT(*) + 1", "SUM(age) / COUNT(*)", "MAX(age)", "weird_fn(age)",
+              "APPROX_QUANTILES(age, 4, contribution_bounds_per_row => (0, 9))", "COUNT(*) OVER ()", "dept", "age"]
+SOURCES = ["people", "people p", "depts", "people p JOIN visits v USING (uid)", "people p JOIN depts d ON p.dept = d.dept",
+           "people p JOIN visits v ON p.age = v.cost", "(SELECT uid, dept FROM people UNION ALL SELECT uid, dept FROM extra) u",
+           "(SELECT dept, count(*) AS c FROM people GROUP BY dept) g", "(SELECT * FROM people LIMIT 3) l",
+           "people p, depts d", "nowhere", "people p JOIN other o ON p.uid = o.person"]
+TAILS = ["", "WHERE age > 30", "WHERE dept IN (SELECT dept FROM depts)", "WHERE uid IN (SELECT uid FROM visits)",
+         "GROUP BY dept", "GROUP BY 1", "GROUP BY COUNT(*)", "GROUP BY uid", "HAVING COUNT(*) > 1",
+         "GROUP BY dept ORDER BY 1 LIMIT 2", "ORDER BY x"]
+WRAPS = ["{q}", "SELECT * FROM ({q}) t WHERE 1 = 1", "WITH c AS ({q}) SELECT * FROM c", "{q} UNION ALL {q}",
+         "SELECT * FROM ({q}) a JOIN depts USING (dept)", "SELECT * FROM ({q}) a, people"]
+PIECES = ["(", ")", ",", "SELECT", "FROM", "WITH", "OPTIONS", "=>", "DIFFERENTIAL_PRIVACY", "CLAMPED BETWEEN", "AND",
+          "*", "'x'", "NULL", "1e999", "-", ";", "UNION", "GROUP BY", ".", "`a.b`", '"', "--", "/*"]
+
+
+@st.composite
+def statements(draw):
+    items = draw(st.lists(st.sampled_from(AGGREGATES), min_size=0, max_size=3))
+    q = f"{draw(st.sampled_from(DP_CLAUSES))} {', '.join(items)} FROM {draw(st.sampled_from(SOURCES))} " \
+        f"{draw(st.sampled_from(TAILS))}"
+    sql = draw(st.sampled_from(WRAPS)).format(q=q)
+    if draw(st.booleans()):  # malformed: cut, drop or insert tokens
+        at = draw(st.integers(0, len(sql)))
+        sql = sql[:at] + " " + draw(st.sampled_from(PIECES)) + " " + sql[at + draw(st.integers(0, 8)):]
+    return sql
+
+
+@settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", 1500)), deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(sql=statements())
+def test_grammar_fuzz_every_statement_compiles_or_raises_our_error(tables, sql):
+    try:
+        compile_statement(sql, catalog(tables), epsilon=1.0)
+    except dp.DPError as err:
+        assert str(err)  # a message naming the construct and the rule
