@@ -87,11 +87,17 @@ def statistic_intervals(query: Query, epsilon: float | None = None, *, confidenc
     of the two half-widths is given (a promise that holds either way). A statistic whose noise
     would exceed 2^20 times its sensitivity (the engine refuses to release it) gets an infinite
     half-width."""
+    return _intervals(query, epsilon, confidence, integer_columns, reference_count, None)
+
+
+def _intervals(query: Query, epsilon, confidence, integer_columns, reference_count, names) -> tuple[StatisticInterval, ...]:
+    """`statistic_intervals`, for the aggregates named in `names` only (None: all)."""
     q = replace(query, epsilon=float(epsilon if epsilon is not None else query.epsilon),
                 confidence=float(confidence if confidence is not None else query.confidence))
     q.validate()
     budget = plan_budget(q)
-    return tuple(_interval(q, budget, i, integer_columns, reference_count) for i in range(len(q.aggregates)))
+    return tuple(_interval(q, budget, i, integer_columns, reference_count) for i, a in enumerate(q.aggregates)
+                 if names is None or a.label in names)
 
 
 def _interval(q: Query, budget: BudgetPlan, i: int, integer_columns, reference_count: float) -> StatisticInterval:
@@ -175,8 +181,8 @@ def smallest_epsilon(query: Query, tolerances: dict[str, float], *, confidence: 
             raise InvalidQueryError(f"the tolerable noise of {name!r} must be a number > 0, got {tol!r}")
 
     def meets(eps: float) -> bool:
-        got = {s.name: s.halfwidth for s in statistic_intervals(
-            query, eps, confidence=confidence, integer_columns=integer_columns, reference_count=reference_count)}
+        got = {s.name: s.halfwidth for s in _intervals(query, eps, confidence, integer_columns, reference_count,
+                                                        tolerances)}
         return all(got[name] <= tol for name, tol in tolerances.items())
 
     lo, hi = EPSILON_SEARCH

@@ -309,8 +309,9 @@ def promise_rows(result, choice) -> list[dict]:
         if low in result.table.columns and len(result.table):
             half = ((result.table[high] - result.table[low]) / 2.0).dropna()
             if len(half):
+                smaller = f"; groups under {s.reference_count:g} people are wider" if s.reference_count else ""
                 delivered = (f"±{fmt_number(float(half.max()))} at {result.query.confidence:.0%} "
-                             f"(the widest of {len(half)} group(s))")
+                             f"(the widest of {len(half)} group(s){smaller})")
         rows.append({"name": s.name, "promised": promised, "delivered": delivered, "headline": tol is not None})
     return rows
 
