@@ -20,8 +20,8 @@ with the reason in `note`), and a tolerance cannot be asked of them.
     from dp_core import Query, count, avg, accuracy
     q = Query([count(), avg("age", 17, 90)], privacy_unit="id", group_by=("education",), epsilon=1.0)
     for s in accuracy.statistic_intervals(q, epsilon=1.0):
-        print(s.describe())        # "count: +-11 at 95% (discrete Laplace, epsilon 0.333)" ...
-    accuracy.smallest_epsilon(q, {"count": 10})   # the smallest total epsilon with count +-10
+        print(s.describe())        # "count: +-9 at 95% (discrete Laplace, epsilon 0.333)" ...
+    accuracy.smallest_epsilon(q, {"count": 10})   # 0.853: the smallest total epsilon with count +-10
 """
 
 from __future__ import annotations

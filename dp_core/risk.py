@@ -149,7 +149,9 @@ class RiskChoice:
 def choose_epsilon(*, trust, sensitivity, max_risk, max_noise: float, n: int, df: float = 1.0, m: int = 1,
                    p: float = 0.9, dv_over_df: float = 1.0, prefer: str = "privacy", example_value: float = 100.0,
                    bounded_delta: float | None = None) -> RiskChoice:
-    """Epsilon from trust, sensitivity, tolerable risk and tolerable (absolute) noise.
+    """Epsilon from trust, sensitivity, tolerable risk and tolerable (absolute) noise, for ONE
+    output of sensitivity df that receives the whole epsilon (the seed's model). A release is a
+    plan that splits epsilon: use `choose_epsilon_for_plan` for it.
 
     Default (the seed's): the most private epsilon that meets the accuracy, eps_noise, checked
     against the risk (eps_noise <= eps_risk). prefer='accuracy' takes eps_risk instead. When the two

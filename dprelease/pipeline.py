@@ -156,12 +156,21 @@ def choose_epsilon(platform: Platform, planned: Plan) -> EpsilonDecision:
     return choose_epsilon_from_risk(platform, planned)
 
 
+#: what a request's `epsilon: {risk: {...}}` may hold
+RISK_FIELDS = frozenset({"trust", "sensitivity", "max_risk", "max_noise", "n", "m", "p", "prefer", "headline",
+                         "reference_value", "reference_count"})
+
+
 def choose_epsilon_from_risk(platform: Platform, planned: Plan) -> EpsilonDecision:
     """The smallest total epsilon at which the plan's statistics meet the tolerable noise, checked
     against the tolerable risk (dp_core.risk.choose_epsilon_for_plan). The request's risk fields:
     trust, sensitivity, max_risk, n; max_noise (a number, 'P%' of reference_value, or a mapping
     statistic -> either); optional m, p, prefer, headline, reference_value, reference_count."""
     r = planned.request.risk
+    unknown = set(r) - RISK_FIELDS
+    if unknown:
+        raise ReleaseError(f"epsilon.risk: unknown field(s) {sorted(unknown)} (allowed: {sorted(RISK_FIELDS)}); "
+                           "nothing was computed")
     ds = platform.store.get_dataset(planned.request.dataset)
     try:
         choice = risk.choose_epsilon_for_plan(

@@ -307,3 +307,13 @@ def test_no_solution_releases_nothing_and_says_what_to_relax(platform):
     text = str(err.value)
     assert "accept noise of people +-" in text and "or accept a risk of" in text and "nothing is released" in text
     assert platform.store.budget("adult") == before  # refused before any reservation
+
+
+def test_a_misspelt_risk_field_is_refused_by_name(platform):
+    from cli.demo import REQUEST
+    from dprelease import pipeline
+    from dprelease.requests import parse_request
+
+    request = dict(REQUEST, epsilon={"risk": dict(REQUEST["epsilon"]["risk"], headine="people")})
+    with pytest.raises(pipeline.ReleaseError, match=r"unknown field\(s\) \['headine'\]"):
+        pipeline.choose_epsilon(platform, pipeline.plan(platform, parse_request(request)))
