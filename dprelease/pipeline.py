@@ -182,7 +182,12 @@ def choose_epsilon_from_risk(platform: Platform, planned: Plan) -> EpsilonDecisi
             integer_columns=integer_columns(ds))
     except dp.InvalidQueryError as err:
         raise ReleaseError(f"epsilon from the risk model: {err}") from None
-    return EpsilonDecision(choice.epsilon, "risk", choice.summary, risk_choice=choice)
+    asked = ", ".join(f"{name} within ±{tol:g}" for name, tol in choice.tolerances.items())
+    rule = (f"the smallest total epsilon with {asked} at {choice.confidence:.0%}" if choice.prefer == "privacy"
+            else "the largest total epsilon within the tolerable risk")
+    explanation = (f"chosen from the risk model for the whole plan: {rule} (the noise needs at least "
+                   f"{choice.epsilon_noise:.3g}, the risk allows at most {choice.epsilon_risk:.3g})")
+    return EpsilonDecision(choice.epsilon, "risk", explanation, risk_choice=choice)
 
 
 # -- 7: compute and seal -------------------------------------------------------------------------
