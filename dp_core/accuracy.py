@@ -102,7 +102,7 @@ def _intervals(query: Query, epsilon, confidence, integer_columns, reference_cou
 
 def _interval(q: Query, budget: BudgetPlan, i: int, integer_columns, reference_count: float) -> StatisticInterval:
     agg = q.aggregates[i]
-    base = dict(name=agg.label, kind=agg.kind, confidence=q.confidence)
+    base = {"name": agg.label, "kind": agg.kind, "confidence": q.confidence}
     if i in budget.reused:  # COUNT(DISTINCT unit) released from the selection's noisy count
         cal = _calibration(budget.selection_share, 1.0, 1, q.effective_max_partitions, "laplace", q.confidence)
         return StatisticInterval(**base, halfwidth=cal[0], epsilon=budget.selection_share.epsilon,

@@ -279,7 +279,7 @@ def choose_epsilon_for_plan(query, *, trust, sensitivity, max_risk, max_noise, n
         raise InvalidQueryError(f"the confidence p must be in (0, 1), got {p!r}")
     ref_count = float(reference_value if reference_count is None else reference_count)
     tolerances = plan_tolerances(query, max_noise, headline=headline, reference_value=reference_value)
-    kw = dict(confidence=p, integer_columns=integer_columns, reference_count=ref_count)
+    kw = {"confidence": p, "integer_columns": integer_columns, "reference_count": ref_count}
     eps_noise = smallest_epsilon(query, tolerances, **kw)
     eps_risk = epsilon_for_risk(r, s, t, n, m, dv_over_df)
     if eps_risk is None:
@@ -296,7 +296,7 @@ def choose_epsilon_for_plan(query, *, trust, sensitivity, max_risk, max_noise, n
     promise = statistic_intervals(query, eps, **kw)
     budget = plan_budget(replace(query, epsilon=eps))
     shares = tuple((sh.part, sh.epsilon) for sh in budget.shares)
-    summary = plan_summary(eps, shares, promise, tolerances, q, rk, n, m, p, reference_value)
+    summary = plan_summary(eps, shares, promise, tolerances, q, rk, n, m, p, reference_value, budget.delta)
     return PlanRiskChoice(eps, eps_noise, eps_risk, rk, level_name(rk), q, guessing_advantage(q, n), p, prefer,
                           tolerances, promise, shares, summary)
 
@@ -323,7 +323,7 @@ _EXAMPLE = {"count": "a count", "count_units": "a count of people", "sum": "a su
 
 
 def plan_summary(eps: float, shares, promise, tolerances: dict, q: float, rk: float, n: int, m: int, p: float,
-                 reference_value: float = 100.0) -> str:
+                 reference_value: float = 100.0, delta: float = 0.0) -> str:
     """The controller's plain-words summary: the total epsilon and how the plan spends it, the
     attacker's bound at that total, and each statistic's real noise (the tolerated ones first)."""
     split = ", ".join(f"{part} {e:.3g}" for part, e in shares)
@@ -331,7 +331,9 @@ def plan_summary(eps: float, shares, promise, tolerances: dict, q: float, rk: fl
     head = (
         f"Epsilon {eps:.3g} for the whole plan ({split}); one person's data can affect all of it. An attacker "
         f"who knows everyone else's data guesses a person's value (one of {n}; {change}: exponent {m} x {eps:.3g}) "
-        f"with probability at most {q:.0%}; the risk of sharing is {rk:.2f} ({level_name(rk)})."
+        f"with probability at most {q:.0%}" + (f" (the bound may fail with probability delta = {delta:.2g})"
+                                               if delta > 0 else "")
+        + f"; the risk of sharing is {rk:.2f} ({level_name(rk)})."
     )
     ordered = sorted(promise, key=lambda x: (x.name not in tolerances, 0))
     parts = [_statistic_sentence(x, tolerances.get(x.name), p, reference_value) for x in ordered]

@@ -4,10 +4,17 @@ worked example (SIRD states: n = 4; a histogram: m = 2)."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
+import numpy as np
+import pandas as pd
 import pytest
 
-from dp_core import InvalidQueryError, risk
+import dp_core as dp
+from dp_core import InvalidQueryError, accuracy, risk
+from dp_core.accounting import Share, plan_budget
+from dp_core.aggregates import finish, plan_aggregate
+from dp_core.release import NoisyStatistic, calibrate
 
 N, M = 4, 2
 
@@ -81,17 +88,6 @@ def test_relative_noise_uses_the_vector_norm():
 
 
 # -- the chooser for a whole plan (issue 17): the promise is what the report shows ------------------
-
-from dataclasses import replace  # noqa: E402
-
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-
-import dp_core as dp  # noqa: E402
-from dp_core import accuracy  # noqa: E402
-from dp_core.accounting import Share, plan_budget  # noqa: E402
-from dp_core.aggregates import finish, plan_aggregate  # noqa: E402
-from dp_core.release import NoisyStatistic, calibrate  # noqa: E402
 
 GROUPS = ("a", "b", "c", "d")
 #: the statistics a plan takes from, in order, with the tolerance asked of each (None: no tolerance;
@@ -228,7 +224,7 @@ def test_every_tolerated_statistic_is_met():
 
 
 def test_no_epsilon_meets_both_says_which_tolerance_to_relax_and_by_how_much():
-    kw = dict(trust="low", sensitivity="high", n=16, m=2)
+    kw = {"trust": "low", "sensitivity": "high", "n": 16, "m": 2}
     with pytest.raises(InvalidQueryError) as err:
         risk.choose_epsilon_for_plan(PLAN, max_risk=0.2, max_noise=3, **kw)
     text = str(err.value)
@@ -294,10 +290,9 @@ def test_demo_promise_is_what_its_report_shows(platform):
 
 
 def test_no_solution_releases_nothing_and_says_what_to_relax(platform):
+    from cli.demo import REQUEST
     from dprelease import pipeline
     from dprelease.requests import parse_request
-
-    from cli.demo import REQUEST
 
     request = dict(REQUEST, epsilon={"risk": dict(REQUEST["epsilon"]["risk"], max_noise=2)})
     planned = pipeline.plan(platform, parse_request(request))
