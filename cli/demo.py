@@ -20,6 +20,16 @@ SQL = """SELECT WITH ANONYMIZATION education,
 FROM adult
 GROUP BY education"""
 
+#: the demo's release request: epsilon from the risk model, the smallest total epsilon at which the
+#: count of people per education level is within +-10 at 90% (the attacker's target: a person's
+#: education, 16 levels; a changed value: m = 2)
+REQUEST = {
+    "dataset": "adult", "title": "Age and working hours by education (UCI Adult)", "sql": SQL,
+    "epsilon": {"risk": {"trust": "low", "sensitivity": "high", "max_risk": 0.2, "max_noise": 10, "headline": "people",
+                         "n": 16, "m": 2}},
+    "delta": 1e-6, "requested_by": "analyst@example.org",
+}
+
 
 def prepare_environment() -> Path:
     """A fresh demo home, and Prefect kept inside it (analytics off). Returns the home."""
@@ -49,14 +59,9 @@ def run_demo(console) -> dict:
         console.print(f"  {line}")
     ds = admin.register_dataset(settings, "adult", DATA, "person_id", epsilon_cap=5.0, delta_cap=1e-5, add_row_id=True)
     console.print(f"  dataset 'adult' encrypted into the escrow ({ds.fingerprint[:16]}...); epsilon cap 5")
-    request = parse_request({
-        "dataset": "adult", "title": "Age and working hours by education (UCI Adult)", "sql": SQL,
-        # the attacker's target: a person's education (16 levels); a histogram: m = 2
-        "epsilon": {"risk": {"trust": "low", "sensitivity": "high", "max_risk": 0.2, "max_noise": 10, "n": 16, "m": 2}},
-        "delta": 1e-6, "requested_by": "analyst@example.org",
-    })
-    console.print("  request: epsilon chosen by the risk model (trust low, sensitivity high, tolerable risk 0.2, "
-                  "counts within 10 of the truth with 90% probability)")
+    request = parse_request(REQUEST)
+    console.print("  request: epsilon chosen by the risk model for the whole plan (trust low, sensitivity high, "
+                  "tolerable risk 0.2; the count of people within +-10 of the truth with 90% probability)")
     console.rule("controller summary")
     result = run_release_interactively(settings, request, approve_as=None, timeout=600, no_terminal_reviewer="demo")
     console.rule("result")

@@ -170,6 +170,13 @@ def plan_aggregate(index: int, agg: Aggregate, integer_columns: set[str], seed_s
     raise AssertionError(kind)
 
 
+def avg_noise_weights(n: np.ndarray, s: np.ndarray, n_scale: float, s_scale: float) -> np.ndarray:
+    """First-order weights of the noises of S and N in AVG = S / N + mid (delta method, plug-in):
+    d(S/N)/dS = 1/N, d(S/N)/dN = -S/N^2; so the error is about X_S / N - S X_N / N^2."""
+    n = np.asarray(n, dtype=np.float64)
+    return np.stack([np.full_like(n, s_scale) / n, np.abs(s) * n_scale / n**2], axis=1)
+
+
 def finish(agg: Aggregate, noisy: dict, noise: str, alpha: float) -> tuple[np.ndarray, ...]:
     """Released value, confidence interval (low, high) and noise sd per partition, from the noisy
     components (ratios: first-order sd, like their intervals).
@@ -196,7 +203,7 @@ def finish(agg: Aggregate, noisy: dict, noise: str, alpha: float) -> tuple[np.nd
     too_few = n_stat.values - n_stat.halfwidth < 1.0  # linearisation meaningless: no information
     if agg.kind == "avg":
         raw = mean_c + mid
-        weights = np.stack([np.full_like(n, s_stat.scale) / n, np.abs(s) * n_stat.scale / n**2], axis=1)
+        weights = avg_noise_weights(n, s, n_stat.scale, s_stat.scale)
         h = sum_halfwidth(noise, weights, alpha)
         lo = np.where(too_few, lower, np.clip(raw - h, lower, upper))
         hi = np.where(too_few, upper, np.clip(raw + h, lower, upper))

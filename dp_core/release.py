@@ -61,6 +61,52 @@ class NoisyStatistic:
     record: MechanismRecord
 
 
+@dataclass(frozen=True)
+class Calibration:
+    """The noise of one statistic, from public parameters only: what `add_noise` draws and the
+    half-width of the interval it reports (the chooser of epsilon and the accuracy preview call
+    this too, so a promised interval and a reported one are one computation)."""
+
+    grid: float  # g, the noise grid step in the statistic's units
+    shift: int  # log2(g / quantum)
+    steps: int  # D in grid steps, ceil(D / g)
+    scale_steps: float  # Laplace t or Gaussian sigma, in grid steps
+    scale: float  # the same in the statistic's units
+    halfwidth: float  # the confidence interval's half-width, in the statistic's units
+    sd: float  # the noise's standard deviation, in the statistic's units
+    mechanism: str
+    sensitivity: float  # L1 (Laplace) or L2 (Gaussian) over all partitions
+    nominal: float  # the continuous scale before grid rounding (C_u D / eps, or sqrt(C_u) D / sqrt(2 rho))
+
+
+def calibrate(*, quantum: float, sensitivity_quanta: int, max_partitions: int, share: Share, noise: str,
+              confidence: float) -> Calibration:
+    """The grid, scale and interval half-width of `add_noise` for these public parameters (see
+    `add_noise` for the derivation). Reads no data; raises nothing (`add_noise` checks the limits)."""
+    sensitivity = sensitivity_quanta * quantum
+    alpha = 1.0 - confidence
+    if noise == "gaussian":
+        nominal = math.sqrt(max_partitions) * sensitivity / math.sqrt(2.0 * share.rho)
+    else:
+        nominal = max_partitions * sensitivity / share.epsilon
+    grid = max(real_grid(min(nominal, sensitivity)), quantum)
+    shift = round(math.log2(grid / quantum))
+    steps = -(-sensitivity_quanta >> shift)  # ceil(D / 2^shift)
+    if noise == "gaussian":
+        sigma = math.sqrt(max_partitions) * steps / math.sqrt(2.0 * share.rho)
+        half_steps = discrete_gaussian_halfwidth(sigma, alpha)
+        scale = sigma * grid
+        sd = scale  # the discrete Gaussian's variance is at most sigma^2 (CKS 2020)
+        return Calibration(grid, shift, steps, sigma, scale, half_steps * grid, sd, "discrete Gaussian",
+                           math.sqrt(max_partitions) * sensitivity, nominal)
+    t = max_partitions * steps / share.epsilon
+    half_steps = discrete_laplace_halfwidth(t, alpha)
+    q = math.exp(-1.0 / t)
+    sd = math.sqrt(2.0 * q) / (1.0 - q) * grid  # Var K = 2q / (1 - q)^2
+    return Calibration(grid, shift, steps, t, t * grid, half_steps * grid, sd, "discrete Laplace",
+                       max_partitions * sensitivity, nominal)
+
+
 def add_noise(
     exact_quanta: np.ndarray,
     *,
@@ -85,14 +131,9 @@ def add_noise(
     """
     exact_quanta = np.asarray(exact_quanta, dtype=np.int64)
     sensitivity = sensitivity_quanta * quantum
-    alpha = 1.0 - confidence
-    if noise == "gaussian":
-        nominal = math.sqrt(max_partitions) * sensitivity / math.sqrt(2.0 * share.rho)
-    else:
-        nominal = max_partitions * sensitivity / share.epsilon
-    grid = max(real_grid(min(nominal, sensitivity)), quantum)
-    shift = round(math.log2(grid / quantum))
-    steps = -(-sensitivity_quanta >> shift)  # ceil(D / 2^shift)
+    cal = calibrate(quantum=quantum, sensitivity_quanta=sensitivity_quanta, max_partitions=max_partitions,
+                    share=share, noise=noise, confidence=confidence)
+    grid, shift, nominal = cal.grid, cal.shift, cal.nominal
     units = exact_quanta if shift == 0 else (exact_quanta + (1 << (shift - 1))) >> shift
     if units.size and np.abs(units).max() >= 2**52:  # draws stay below 80 t < 2^19 steps
         raise DPError(f"{target}: the exact value is too large for its noise grid (over 2^52 steps)")
@@ -102,22 +143,12 @@ def add_noise(
             "the sensitivity): the result would be pure noise; raise epsilon or lower max_partitions_contributed"
         )
     if noise == "gaussian":
-        sigma = math.sqrt(max_partitions) * steps / math.sqrt(2.0 * share.rho)
         # the exact variance C_u steps^2 / (2 rho): the sampler rounds it up, never down
-        draws = discrete_gaussian(sigma, units.size,
-                                  variance=Fraction(max_partitions * steps * steps) / (2 * Fraction(share.rho)))
-        half_steps = discrete_gaussian_halfwidth(sigma, alpha)
-        scale = sigma * grid
-        sd = scale  # the discrete Gaussian's variance is at most sigma^2 (CKS 2020)
-        mechanism, l_sens = "discrete Gaussian", math.sqrt(max_partitions) * sensitivity
+        draws = discrete_gaussian(cal.scale_steps, units.size,
+                                  variance=Fraction(max_partitions * cal.steps * cal.steps) / (2 * Fraction(share.rho)))
     else:
-        t = max_partitions * steps / share.epsilon
-        draws = discrete_laplace(Fraction(max_partitions * steps) / Fraction(share.epsilon), units.size)  # exact t
-        half_steps = discrete_laplace_halfwidth(t, alpha)
-        scale = t * grid
-        q = math.exp(-1.0 / t)
-        sd = math.sqrt(2.0 * q) / (1.0 - q) * grid  # Var K = 2q / (1 - q)^2
-        mechanism, l_sens = "discrete Laplace", max_partitions * sensitivity
+        draws = discrete_laplace(Fraction(max_partitions * cal.steps) / Fraction(share.epsilon), units.size)  # exact t
+    scale, sd, mechanism, l_sens = cal.scale, cal.sd, cal.mechanism, cal.sensitivity
     values = (units.astype(np.float64) + draws) * grid
     record = MechanismRecord(
         target=target,
@@ -131,4 +162,4 @@ def add_noise(
         scale=scale,
         grid=grid,
     )
-    return NoisyStatistic(values, half_steps * grid, scale, sd, record)
+    return NoisyStatistic(values, cal.halfwidth, scale, sd, record)

@@ -15,8 +15,10 @@ the data's sensitivity and `t` the trust in the recipient, all in [0, 1].
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from .accounting import plan_budget
+from .accuracy import smallest_epsilon, statistic_intervals
 from .errors import InvalidQueryError
 
 #: the one place where qualitative levels map to numbers (risk.md); a number maps back to the
@@ -147,7 +149,9 @@ class RiskChoice:
 def choose_epsilon(*, trust, sensitivity, max_risk, max_noise: float, n: int, df: float = 1.0, m: int = 1,
                    p: float = 0.9, dv_over_df: float = 1.0, prefer: str = "privacy", example_value: float = 100.0,
                    bounded_delta: float | None = None) -> RiskChoice:
-    """Epsilon from trust, sensitivity, tolerable risk and tolerable (absolute) noise.
+    """Epsilon from trust, sensitivity, tolerable risk and tolerable (absolute) noise, for ONE
+    output of sensitivity df that receives the whole epsilon (the seed's model). A release is a
+    plan that splits epsilon: use `choose_epsilon_for_plan` for it.
 
     Default (the seed's): the most private epsilon that meets the accuracy, eps_noise, checked
     against the risk (eps_noise <= eps_risk). prefer='accuracy' takes eps_risk instead. When the two
@@ -185,3 +189,165 @@ def choose_epsilon(*, trust, sensitivity, max_risk, max_noise: float, n: int, df
         + (" always." if bounded_delta else f" with {p:.0%} probability.")
     )
     return RiskChoice(eps, eps_noise, eps_risk, rk, level_name(rk), q, guessing_advantage(q, n), bound, p, prefer, summary)
+
+
+# -- the chooser for a whole plan (risk.md, "In this platform") ---------------------------------
+#
+# The formulas above are for one output of sensitivity df that receives the whole epsilon. A
+# release is a plan: epsilon is split over partition selection, inferred bounds and each aggregate
+# (and inside an aggregate over its components), and each statistic's noise grows with its
+# contribution bounds (C_u partitions, the clamping range). The chooser below asks the plan itself
+# (dp_core.accuracy: the same interval functions the reports use) for the smallest total epsilon
+# at which every statistic given a tolerance meets it, and checks the risk with that total: the
+# whole plan is epsilon-DP for one person's data (every share they touch adds up to it), so the
+# attacker's exponent is m * epsilon_total (m = 1 for presence in the data, 2 for a changed value:
+# remove then add), never one share's epsilon.
+
+
+@dataclass(frozen=True)
+class PlanRiskChoice:
+    """The total epsilon chosen for a plan, the promise it keeps and the risk it carries (all from
+    public parameters; `promise` holds every statistic's data-free interval at `epsilon`)."""
+
+    epsilon: float  # total, for the whole plan
+    epsilon_noise: float  # the smallest total epsilon that meets the tolerable noise
+    epsilon_risk: float  # the largest total epsilon within the tolerable risk
+    risk: float
+    risk_level: str
+    guessing_probability: float
+    guessing_advantage: float
+    confidence: float
+    prefer: str
+    tolerances: dict  # statistic name -> tolerable half-width (absolute, at `confidence`)
+    promise: tuple  # accuracy.StatisticInterval per aggregate, at `epsilon` and `confidence`
+    shares: tuple  # (part, epsilon) of the plan at `epsilon`: what one person can affect, summed
+    summary: str
+
+    def promised(self, name: str):
+        """The promised interval of one statistic (accuracy.StatisticInterval)."""
+        return next(s for s in self.promise if s.name == name)
+
+
+def plan_tolerances(query, max_noise, *, headline: str | None = None, reference_value: float = 100.0) -> dict:
+    """The tolerable half-width per statistic, from the request's `max_noise`.
+
+    max_noise: a number (absolute half-width) or a percentage string ('10%' of `reference_value`,
+    the seed's "10% noise on a count of 100" = +-10), for the `headline` statistic (default: the
+    first aggregate that has a data-free interval); or a mapping statistic name -> number or
+    percentage, each of which must be met."""
+    def absolute(name, value) -> float:
+        if isinstance(value, str) and value.strip().endswith("%"):
+            try:
+                pct = float(value.strip()[:-1])
+            except ValueError:
+                raise InvalidQueryError(f"tolerable noise of {name!r}: {value!r} is not a percentage") from None
+            value = pct / 100.0 * float(reference_value)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise InvalidQueryError(f"the tolerable noise of {name!r} must be a number > 0 or a percentage "
+                                    f"such as '10%', got {value!r}")
+        return float(value)
+
+    if isinstance(max_noise, dict):
+        if not max_noise:
+            raise InvalidQueryError("max_noise names no statistic: give {statistic: tolerable noise}")
+        return {str(k): absolute(k, v) for k, v in max_noise.items()}
+    if headline is None:
+        candidates = [s.name for s in statistic_intervals(query, 1.0) if s.promised]
+        if not candidates:
+            raise InvalidQueryError("no statistic of the query has a data-free interval (count, sum, avg with "
+                                    "bounds given): a tolerable noise cannot be promised; fix epsilon instead")
+        headline = candidates[0]
+    return {headline: absolute(headline, max_noise)}
+
+
+def choose_epsilon_for_plan(query, *, trust, sensitivity, max_risk, max_noise, n: int, m: int = 1,
+                            p: float = 0.9, prefer: str = "privacy", headline: str | None = None,
+                            reference_value: float = 100.0, reference_count: float | None = None,
+                            integer_columns=None, dv_over_df: float = 1.0) -> PlanRiskChoice:
+    """The total epsilon for the plan `query` (its aggregates, shares, bounds, C_u, selection,
+    noise; its own epsilon is ignored) from the tolerable noise and the tolerable risk.
+
+    Default (the seed's): the smallest total epsilon at which every statistic given a tolerance
+    has a confidence interval (at confidence p) of at most +-tolerance, checked against the
+    largest total epsilon within the risk; prefer='accuracy' takes the latter. When no epsilon
+    meets both, nothing is released: the error says which tolerance to relax and by how much.
+    reference_count: the group size AVG's interval is stated for (default `reference_value`)."""
+    t, s, r = level_value(trust), level_value(sensitivity), level_value(max_risk)
+    if prefer not in ("privacy", "accuracy"):
+        raise InvalidQueryError(f"prefer must be 'privacy' or 'accuracy', got {prefer!r}")
+    if not 0.0 < p < 1.0:
+        raise InvalidQueryError(f"the confidence p must be in (0, 1), got {p!r}")
+    ref_count = float(reference_value if reference_count is None else reference_count)
+    tolerances = plan_tolerances(query, max_noise, headline=headline, reference_value=reference_value)
+    kw = {"confidence": p, "integer_columns": integer_columns, "reference_count": ref_count}
+    eps_noise = smallest_epsilon(query, tolerances, **kw)
+    eps_risk = epsilon_for_risk(r, s, t, n, m, dv_over_df)
+    if eps_risk is None:
+        raise InvalidQueryError(
+            f"no epsilon keeps the risk within {r:g}: even without any release the risk is "
+            f"s (1 - t) / n = {s * (1 - t) / n:.3g}. Raise the tolerable risk above that, or share with a more "
+            "trusted recipient; nothing is released"
+        )
+    if eps_noise > eps_risk:
+        raise InvalidQueryError(_relax_message(query, tolerances, eps_noise, eps_risk, r, s, t, n, m, dv_over_df, kw))
+    eps = eps_noise if prefer == "privacy" else eps_risk
+    q = guessing_bound(eps, n, m, dv_over_df)
+    rk = risk(s, t, q)
+    promise = statistic_intervals(query, eps, **kw)
+    budget = plan_budget(replace(query, epsilon=eps))
+    shares = tuple((sh.part, sh.epsilon) for sh in budget.shares)
+    summary = plan_summary(eps, shares, promise, tolerances, q, rk, n, m, p, reference_value, budget.delta)
+    return PlanRiskChoice(eps, eps_noise, eps_risk, rk, level_name(rk), q, guessing_advantage(q, n), p, prefer,
+                          tolerances, promise, shares, summary)
+
+
+def _relax_message(query, tolerances, eps_noise, eps_risk, r, s, t, n, m, dv, kw) -> str:
+    """Which tolerance to relax, and by how much: the noise the risk allows, or the risk the noise needs."""
+    at_risk = {x.name: x.halfwidth for x in statistic_intervals(query, eps_risk, **kw)}
+    noise = "; ".join(f"{name} +-{_num(at_risk[name])} (asked +-{tol:g})" for name, tol in tolerances.items())
+    needed = risk(s, t, guessing_bound(eps_noise, n, m, dv))
+    return (
+        f"the tolerable noise ({', '.join(f'{k} +-{v:g}' for k, v in tolerances.items())} at {kw['confidence']:.0%}) "
+        f"needs a total epsilon of at least {eps_noise:.3g} for this plan, but the tolerable risk ({r:g}) allows at "
+        f"most {eps_risk:.3g}. Relax one: accept noise of {noise} at {kw['confidence']:.0%} (the noise at epsilon "
+        f"{eps_risk:.3g}), or accept a risk of {needed:.3g} instead of {r:g} (the risk at epsilon {eps_noise:.3g}); "
+        "nothing is released"
+    )
+
+
+def _num(x: float) -> str:
+    return f"{x:.4g}" if math.isfinite(x) else "inf"
+
+
+_EXAMPLE = {"count": "a count", "count_units": "a count of people", "sum": "a sum"}
+
+
+def plan_summary(eps: float, shares, promise, tolerances: dict, q: float, rk: float, n: int, m: int, p: float,
+                 reference_value: float = 100.0, delta: float = 0.0) -> str:
+    """The controller's plain-words summary: the total epsilon and how the plan spends it, the
+    attacker's bound at that total, and each statistic's real noise (the tolerated ones first)."""
+    split = ", ".join(f"{part} {e:.3g}" for part, e in shares)
+    change = "a changed value" if m == 2 else f"{m} output(s)" if m != 1 else "their presence"
+    head = (
+        f"Epsilon {eps:.3g} for the whole plan ({split}); one person's data can affect all of it. An attacker "
+        f"who knows everyone else's data guesses a person's value (one of {n}; {change}: exponent {m} x {eps:.3g}) "
+        f"with probability at most {q:.0%}" + (f" (the bound may fail with probability delta = {delta:.2g})"
+                                               if delta > 0 else "")
+        + f"; the risk of sharing is {rk:.2f} ({level_name(rk)})."
+    )
+    ordered = sorted(promise, key=lambda x: (x.name not in tolerances, 0))
+    parts = [_statistic_sentence(x, tolerances.get(x.name), p, reference_value) for x in ordered]
+    return " ".join([head] + parts)
+
+
+def _statistic_sentence(x, tolerance: float | None, p: float, reference_value: float) -> str:
+    asked = f" (tolerance asked: +-{tolerance:g})" if tolerance is not None else ""
+    if x.halfwidth is None:
+        return f"{x.name}: no interval promised ({x.note})."
+    h = _num(x.halfwidth)
+    if x.kind in _EXAMPLE:
+        v = float(reference_value)
+        return (f"{x.name} ({x.kind}): {_EXAMPLE[x.kind]} of {v:g} would be released as {v:g} +- {h}, "
+                f"i.e. between {_num(v - x.halfwidth)} and {_num(v + x.halfwidth)} with {p:.0%} probability{asked}.")
+    return (f"{x.name} ({x.kind}): +- {h} with {p:.0%} probability for a group of {x.reference_count:g} people "
+            f"(first order; a released mean within the bounds){asked}.")

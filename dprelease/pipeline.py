@@ -86,11 +86,13 @@ def plan(platform: Platform, request: ReleaseRequest) -> Plan:
     """Parse the SQL or spec, check row ownership, and the analyst's policy (when one exists)."""
     ds = platform.store.get_dataset(request.dataset)
     placeholder = request.epsilon or 1.0
+    options = risk_confidence(request)
     columns = list(json.loads(ds.schema_json))
     empty = pd.DataFrame({c: pd.Series(dtype=t) for c, t in _pandas_types(ds).items()})[columns]
     if request.sql:
         statement = compile_statement_for(request.sql, {ds.name: Table(empty, ds.privacy_unit)}, epsilon=placeholder,
-                                          delta=request.delta, max_partitions_contributed=request.max_partitions_contributed)
+                                          delta=request.delta, max_partitions_contributed=request.max_partitions_contributed,
+                                          **options)
         if not statement.parts:
             raise ReleaseError("the SQL has no DP SELECT: nothing to release")
         # the ledger is charged the statement's total (the sum over its DP SELECTs)
@@ -98,9 +100,20 @@ def plan(platform: Platform, request: ReleaseRequest) -> Plan:
         sql = request.sql
     else:
         query = query_from_spec(request.query, ds.privacy_unit, placeholder, delta=request.delta,
-                                max_partitions_contributed=request.max_partitions_contributed)
+                                max_partitions_contributed=request.max_partitions_contributed, **options)
         sql = None
     return Plan(request, query, sql)
+
+
+def risk_confidence(request: ReleaseRequest) -> dict:
+    """When the risk model chooses epsilon, the release's intervals are stated at the confidence p
+    of its tolerable noise (default 0.9, the seed's), so that the report shows what was promised."""
+    return {"confidence": float(request.risk.get("p", 0.9))} if request.epsilon_mode == "risk" else {}
+
+
+def integer_columns(ds) -> frozenset[str]:
+    """The dataset's integer-typed columns (a SUM over one of them is noised on the integers)."""
+    return frozenset(c for c, kind in json.loads(ds.schema_json).items() if kind.startswith(("int", "uint")))
 
 
 def _pandas_types(ds) -> dict[str, str]:
@@ -144,11 +157,41 @@ def choose_epsilon(platform: Platform, planned: Plan) -> EpsilonDecision:
             choice = pri.choose_epsilon_data(planned.query, frame, p, spent=spent, cap=cap)
         return EpsilonDecision(choice.epsilon, "pri", f"chosen from the privacy risk indicator (p = {p:g}, "
                                f"{mode} mode): {choice.guarantee}", pri_choice=choice)
-    r = req.risk
-    choice = risk.choose_epsilon(trust=r["trust"], sensitivity=r["sensitivity"], max_risk=r["max_risk"],
-                                 max_noise=float(r["max_noise"]), n=int(r["n"]), m=int(r.get("m", 1)),
-                                 p=float(r.get("p", 0.9)), prefer=r.get("prefer", "privacy"))
-    return EpsilonDecision(choice.epsilon, "risk", choice.summary, risk_choice=choice)
+    return choose_epsilon_from_risk(platform, planned)
+
+
+#: what a request's `epsilon: {risk: {...}}` may hold
+RISK_FIELDS = frozenset({"trust", "sensitivity", "max_risk", "max_noise", "n", "m", "p", "prefer", "headline",
+                         "reference_value", "reference_count"})
+
+
+def choose_epsilon_from_risk(platform: Platform, planned: Plan) -> EpsilonDecision:
+    """The smallest total epsilon at which the plan's statistics meet the tolerable noise, checked
+    against the tolerable risk (dp_core.risk.choose_epsilon_for_plan). The request's risk fields:
+    trust, sensitivity, max_risk, n; max_noise (a number, 'P%' of reference_value, or a mapping
+    statistic -> either); optional m, p, prefer, headline, reference_value, reference_count."""
+    r = planned.request.risk
+    unknown = set(r) - RISK_FIELDS
+    if unknown:
+        raise ReleaseError(f"epsilon.risk: unknown field(s) {sorted(unknown)} (allowed: {sorted(RISK_FIELDS)}); "
+                           "nothing was computed")
+    ds = platform.store.get_dataset(planned.request.dataset)
+    try:
+        choice = risk.choose_epsilon_for_plan(
+            planned.query, trust=r["trust"], sensitivity=r["sensitivity"], max_risk=r["max_risk"],
+            max_noise=r["max_noise"], n=int(r["n"]), m=int(r.get("m", 1)), p=float(r.get("p", 0.9)),
+            prefer=r.get("prefer", "privacy"), headline=r.get("headline"),
+            reference_value=float(r.get("reference_value", 100.0)),
+            reference_count=None if r.get("reference_count") is None else float(r["reference_count"]),
+            integer_columns=integer_columns(ds))
+    except dp.InvalidQueryError as err:
+        raise ReleaseError(f"epsilon from the risk model: {err}") from None
+    asked = ", ".join(f"{name} within ±{tol:g}" for name, tol in choice.tolerances.items())
+    rule = (f"the smallest total epsilon with {asked} at {choice.confidence:.0%}" if choice.prefer == "privacy"
+            else "the largest total epsilon within the tolerable risk")
+    explanation = (f"chosen from the risk model for the whole plan: {rule} (the noise needs at least "
+                   f"{choice.epsilon_noise:.3g}, the risk allows at most {choice.epsilon_risk:.3g})")
+    return EpsilonDecision(choice.epsilon, "risk", explanation, risk_choice=choice)
 
 
 def statement_epsilon(platform: Platform, planned: Plan, epsilon: float) -> float:
@@ -191,7 +234,7 @@ def compute_sealed(platform: Platform, release_id: str, planned: Plan, decision:
     if planned.sql:
         result = run_sql(planned.sql, {planned.request.dataset: Table(frame, query.privacy_unit)},
                          epsilon=decision.epsilon, delta=query.delta,
-                         max_partitions_contributed=query.max_partitions_contributed)
+                         max_partitions_contributed=query.max_partitions_contributed, confidence=query.confidence)
     else:
         result = dp.execute(query, frame)
     if decision.pri_choice is not None:
@@ -240,6 +283,7 @@ def controller_summary(release_id: str, planned: Plan, decision: EpsilonDecision
               for name, loss in c.clamping.items()]
     if decision.risk_choice is not None:
         lines.append(f"- risk model: {decision.risk_choice.summary}")
+        lines += promise_lines(decision, result)
     elif risk_info:
         lines.append(
             f"- risk at this epsilon (dataset profile: sensitivity {risk_info['sensitivity']}, trust "
@@ -248,6 +292,17 @@ def controller_summary(release_id: str, planned: Plan, decision: EpsilonDecision
             f"tolerable {risk.level_value(risk_info['max_risk']):g})")
     lines += ["", "Approve to publish the analyst report (signed); reject to refund the budget."]
     return "\n".join(lines)
+
+
+def promise_lines(decision: EpsilonDecision, result: dp.DPResult) -> list[str]:
+    """Markdown: per statistic, the interval promised when epsilon was chosen beside the widest one
+    the result delivers (both public: the promise is data-free, the intervals are DP)."""
+    if decision.risk_choice is None:
+        return []
+    lines = []
+    for row in pages.promise_rows(result, decision.risk_choice):
+        lines.append(f"- {row['name']}: promised {row['promised']}; delivered {row['delivered']}")
+    return lines
 
 
 def save_summary(platform: Platform, release_id: str, markdown: str) -> Path:
@@ -304,9 +359,33 @@ def _controller_charts(platform: Platform, planned: Plan, decision: EpsilonDecis
     r = risk_profile(platform, planned, decision)
     if not r:
         return {}
+    p = float(r.get("p", 0.9))
+    noise_at, statistic = plan_noise(platform, planned, decision, p)
     return {"noise against risk": charts.noise_risk_svg(
         trust=r["trust"], sensitivity=r["sensitivity"], max_risk=r["max_risk"], n=int(r["n"]), m=int(r.get("m", 1)),
-        p=float(r.get("p", 0.9)), chosen_eps=decision.epsilon)}
+        p=p, chosen_eps=decision.epsilon, example_value=float(r.get("reference_value", 100.0)),
+        noise_at=noise_at, statistic=statistic)}
+
+
+def plan_noise(platform: Platform, planned: Plan, decision: EpsilonDecision, p: float):
+    """(total epsilon -> half-width at confidence p, its name) for the chart's noise axis: the
+    statistic the risk model was asked about, else the plan's first count or sum; (None, 'a
+    count') when the plan has none (the chart then uses the seed's one-count model)."""
+    from dp_core import accuracy
+
+    ints = integer_columns(platform.store.get_dataset(planned.request.dataset))
+    shown = [s for s in accuracy.statistic_intervals(planned.query, 1.0, confidence=p, integer_columns=ints)
+             if s.promised and s.kind in ("count", "count_units", "sum")]
+    asked = list(decision.risk_choice.tolerances) if decision.risk_choice is not None else []
+    shown.sort(key=lambda s: s.name not in asked)
+    if not shown:
+        return None, "a count"
+    name = shown[0].name
+
+    def noise_at(eps: float) -> float:
+        return next(s.halfwidth for s in accuracy.statistic_intervals(planned.query, eps, confidence=p,
+                                                                      integer_columns=ints) if s.name == name)
+    return noise_at, f"{name} ({shown[0].kind})"
 
 
 def public_fingerprint(platform: Platform, fingerprint: str) -> str:
@@ -323,6 +402,7 @@ def report_context(release_id: str, planned: Plan, decision: EpsilonDecision, ap
         request_text=req.text, requested_by=req.requested_by, approved_by=approved_by, decided_at=decided_at,
         created_at=created_at or now(), epsilon_mode=decision.mode, epsilon_explanation=decision.explanation,
         risk_summary=decision.risk_choice.summary if decision.risk_choice is not None else None, charts={},
+        promise=decision.risk_choice,
         verify_hint="dprelease verify <this directory>",
     )
 

@@ -2,11 +2,13 @@
 
 1. From the privacy risk indicator: "how many people who are not US-born women are there?" with
    p = 50, public mode (data-free choice, then a fresh release).
-2. From trust, sensitivity and tolerable risk: the seed's worked example.
+2. From trust, sensitivity and tolerable risk: the seed's worked example (one count that gets the
+   whole epsilon), then the same tolerance for a whole plan (selection and three aggregates).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -34,6 +36,17 @@ def main() -> None:
     c = risk.choose_epsilon(trust="low", sensitivity="high", max_risk=0.2, max_noise=10, n=4, m=2)
     print(f"\nRisk model: epsilon = {c.epsilon:.3g} (noise needs >= {c.epsilon_noise:.3g}, risk allows <= {c.epsilon_risk:.3g})")
     print(f"  {c.summary}")
+
+    plan = dp.Query([dp.count(name="people"), dp.avg("age", 17, 90, name="average_age"),
+                     dp.avg("hours_per_week", 1, 99, name="weekly_hours")], privacy_unit="person_id", epsilon=1.0,
+                    group_by=("education",))
+    c = risk.choose_epsilon_for_plan(plan, trust="low", sensitivity="high", max_risk=0.2, max_noise=10, n=16, m=2,
+                                     integer_columns={"age", "hours_per_week"})
+    print(f"\nRisk model for the plan: epsilon = {c.epsilon:.3g} (noise needs >= {c.epsilon_noise:.3g}, "
+          f"risk allows <= {c.epsilon_risk:.3g})")
+    print(f"  {c.summary}")
+    result = dp.execute(dataclasses.replace(plan, epsilon=c.epsilon, confidence=c.confidence), adult)
+    print(result)
 
 
 if __name__ == "__main__":

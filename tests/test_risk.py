@@ -4,10 +4,17 @@ worked example (SIRD states: n = 4; a histogram: m = 2)."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
+import numpy as np
+import pandas as pd
 import pytest
 
-from dp_core import InvalidQueryError, risk
+import dp_core as dp
+from dp_core import InvalidQueryError, accuracy, risk
+from dp_core.accounting import Share, plan_budget
+from dp_core.aggregates import finish, plan_aggregate
+from dp_core.release import NoisyStatistic, calibrate
 
 N, M = 4, 2
 
@@ -78,3 +85,230 @@ def test_relative_noise_uses_the_vector_norm():
     assert risk.relative_noise(10, [100.0]) == pytest.approx(0.1)
     assert risk.relative_noise(10, [100.0, 100.0]) == pytest.approx(0.1)  # sqrt(2)*10 / (sqrt(2)*100)
     assert risk.relative_noise(10, [100.0, 0.0]) == pytest.approx(math.sqrt(2) * 10 / 100)
+
+
+# -- the chooser for a whole plan (issue 17): the promise is what the report shows ------------------
+
+GROUPS = ("a", "b", "c", "d")
+#: the statistics a plan takes from, in order, with the tolerance asked of each (None: no tolerance;
+#: an AVG's interval is promised for a reference group only, see dp_core.accuracy)
+POOL = [(dp.count(upper=2, name="rows"), 25.0), (dp.sum_("x", 0, 20, name="total_x"), 400.0),
+        (dp.sum_("y", -5.0, 5.0, name="total_y"), 150.5), (dp.avg("x", 0, 20, name="mean_x"), None)]
+
+
+@pytest.fixture(scope="module")
+def people() -> pd.DataFrame:
+    """600 people, each with 1 to 3 rows in one to three groups (so C_u > 1 matters)."""
+    rng = np.random.default_rng(17)  # test data only; the noise comes from the CSPRNG
+    rows = []
+    for unit in range(600):
+        for _ in range(int(rng.integers(1, 4))):
+            rows.append({"unit": unit, "g": GROUPS[int(rng.integers(0, 4))], "x": int(rng.integers(0, 21)),
+                         "y": float(rng.normal(0, 3))})
+    return pd.DataFrame(rows)
+
+
+def _plan(k: int, cu: int, noise: str, selection: bool) -> dp.Query:
+    return dp.Query([a for a, _ in POOL[:k]], privacy_unit="unit", epsilon=1.0, delta=1e-6, group_by=("g",),
+                    max_partitions_contributed=cu, noise=noise, confidence=0.9,
+                    public_partitions=None if selection else GROUPS)
+
+
+@pytest.mark.parametrize("selection", [True, False], ids=["selection", "public"])
+@pytest.mark.parametrize("noise", ["laplace", "gaussian"])
+@pytest.mark.parametrize("cu", [1, 3, 8])
+@pytest.mark.parametrize("k", [1, 2, 3, 4])
+def test_report_shows_the_promised_interval_at_the_chosen_epsilon(people, k, cu, noise, selection):
+    query = _plan(k, cu, noise, selection)
+    tolerances = {a.label: t for a, t in POOL[:k] if t is not None}
+    ints = {"unit", "x"}
+    eps = accuracy.smallest_epsilon(query, tolerances, integer_columns=ints)
+    promise = {s.name: s for s in accuracy.statistic_intervals(query, eps, integer_columns=ints)}
+    result = dp.execute(replace(query, epsilon=eps), people)
+    assert result.epsilon_spent == pytest.approx(eps, rel=1e-12)
+    ratios = []
+    for name, tol in tolerances.items():
+        shown = ((result.table[f"{name}_ci_high"] - result.table[f"{name}_ci_low"]) / 2.0).max()
+        assert shown == pytest.approx(promise[name].halfwidth, rel=1e-9), name  # one computation
+        assert shown <= tol * (1 + 1e-12), name
+        ratios.append(shown / tol)
+    assert max(ratios) >= 0.99  # not more than 1% inside: the binding statistic is tight
+    below = {s.name: s.halfwidth for s in accuracy.statistic_intervals(query, eps * (1 - 1e-6), integer_columns=ints)}
+    assert any(below[n] > t for n, t in tolerances.items())  # and a hair less epsilon fails: the smallest
+
+
+def test_unknown_column_types_promise_the_wider_interval():
+    q = _plan(2, 2, "laplace", True)
+    known = {s.name: s.halfwidth for s in accuracy.statistic_intervals(q, 0.7, integer_columns={"x"})}
+    unknown = {s.name: s.halfwidth for s in accuracy.statistic_intervals(q, 0.7)}
+    assert unknown["total_x"] >= known["total_x"] and unknown["rows"] == known["rows"]
+
+
+@pytest.mark.parametrize("noise", ["laplace", "gaussian"])
+def test_avg_promise_is_finish_at_the_reference_count(noise):
+    """AVG: the promise is the engine's own first-order interval for a group of the reference count
+    whose mean sits at a bound (the widest case), computed by `finish` from noisy N and S."""
+    agg = dp.avg("x", 0, 20, name="mean_x")
+    q = dp.Query([agg], privacy_unit="unit", epsilon=0.8, group_by=("g",), public_partitions=GROUPS,
+                 noise=noise, confidence=0.9)
+    (promised,) = accuracy.statistic_intervals(q, reference_count=250)
+    budget = plan_budget(q)
+    comps = {c.key: c for c in plan_aggregate(0, agg, set(), "", 2).components}
+    half = 10.0
+    values = {"N": 250.0, "S": 250.0 * half}
+    noisy = {}
+    for key, comp in comps.items():
+        cal = calibrate(quantum=comp.quantum, sensitivity_quanta=comp.sensitivity_quanta, max_partitions=1,
+                        share=budget.component_shares[(0, key)], noise=noise, confidence=0.9)
+        noisy[key] = NoisyStatistic(np.array([values[key]]), cal.halfwidth, cal.scale, cal.sd, None)
+    value, lo, hi, _ = finish(agg, noisy, noise, 0.1)
+    assert value[0] == 20.0 and hi[0] == 20.0  # the mean at the upper bound; the interval clipped above
+    assert value[0] - lo[0] == pytest.approx(promised.halfwidth, rel=1e-12)
+    assert promised.reference_count == 250 and "for a group of 250 people" in promised.describe()
+
+
+def test_statistics_without_a_data_free_interval_are_named_and_refused():
+    q = dp.Query([dp.count(name="n"), dp.var("x", 0, 20), dp.median("x", 0, 20), dp.sum_("x", 0, None)],
+                 privacy_unit="unit", epsilon=1.0, group_by=("g",))
+    got = {s.name: s for s in accuracy.statistic_intervals(q)}
+    assert got["n"].promised and not got["var_x"].promised and not got["median_x"].promised
+    assert "APPROX_BOUNDS" in got["sum_x"].note and "spread" in got["var_x"].note
+    with pytest.raises(InvalidQueryError, match="no tolerable noise can be promised for 'var_x'"):
+        accuracy.smallest_epsilon(q, {"var_x": 1.0})
+    with pytest.raises(InvalidQueryError, match="not a statistic of the query"):
+        accuracy.smallest_epsilon(q, {"people": 1.0})
+
+
+def test_reused_distinct_count_is_the_selection_count():
+    q = dp.Query([dp.count_units(name="people")], privacy_unit="unit", epsilon=1.0, group_by=("g",),
+                 max_partitions_contributed=2, confidence=0.9)
+    (s,) = accuracy.statistic_intervals(q, 2.0)
+    # Laplace threshold selection gets all of epsilon; scale C_u / eps = 1 -> discrete Laplace t = 1
+    assert s.epsilon == pytest.approx(2.0) and s.scale == pytest.approx(1.0)
+    assert s.halfwidth == calibrate(quantum=1.0, sensitivity_quanta=1, max_partitions=2,
+                                    share=Share("s", 2.0, 1e-6), noise="laplace",
+                                    confidence=0.9).halfwidth
+
+
+# -- the risk side: the plan's total epsilon, and the message when nothing can be released ---------
+
+PLAN = dp.Query([dp.count(name="people"), dp.avg("age", 17, 90, name="average_age"),
+                 dp.avg("hours", 1, 99, name="weekly_hours")], privacy_unit="id", epsilon=1.0, group_by=("education",))
+
+
+def test_plan_chooser_uses_the_total_epsilon_for_the_risk_and_quotes_the_real_noise():
+    c = risk.choose_epsilon_for_plan(PLAN, trust="low", sensitivity="high", max_risk=0.2, max_noise=10, n=16, m=2)
+    # four equal shares (selection and three aggregates): people gets eps / 4
+    assert [e for _, e in c.shares] == pytest.approx([c.epsilon / 4] * 4)
+    assert sum(e for _, e in c.shares) == pytest.approx(c.epsilon)
+    assert c.promised("people").halfwidth == 10 and c.tolerances == {"people": 10.0}
+    # one count of sensitivity 1 with the whole epsilon would need only ~ln(10)/10 = 0.23: the plan needs ~4x
+    assert 3.5 * math.log(10) / 10 < c.epsilon < 4.1 * math.log(10) / 10
+    assert c.guessing_probability == pytest.approx(risk.guessing_bound(c.epsilon, 16, 2))
+    assert c.risk == pytest.approx(0.49 * c.guessing_probability)
+    assert "a count of 100 would be released as 100 +- 10, i.e. between 90 and 110 with 90% probability" in c.summary
+    assert "people (count)" in c.summary and "for a group of 100 people" in c.summary
+    relative = risk.choose_epsilon_for_plan(PLAN, trust="low", sensitivity="high", max_risk=0.2, max_noise="5%",
+                                            reference_value=200, n=16, m=2)
+    assert relative.epsilon == pytest.approx(c.epsilon)  # 5% of 200 = 10
+    accurate = risk.choose_epsilon_for_plan(PLAN, trust="low", sensitivity="high", max_risk=0.2, max_noise=10, n=16,
+                                            m=2, prefer="accuracy")
+    assert accurate.epsilon == pytest.approx(accurate.epsilon_risk) and accurate.risk == pytest.approx(0.2)
+
+
+def test_every_tolerated_statistic_is_met():
+    c = risk.choose_epsilon_for_plan(PLAN, trust="low", sensitivity="high", max_risk=0.3, n=16, m=2,
+                                     max_noise={"people": 20, "average_age": 2.5}, reference_count=500)
+    assert c.promised("people").halfwidth <= 20 and c.promised("average_age").halfwidth <= 2.5
+    assert max(c.promised("people").halfwidth / 20, c.promised("average_age").halfwidth / 2.5) > 0.99
+
+
+def test_no_epsilon_meets_both_says_which_tolerance_to_relax_and_by_how_much():
+    kw = {"trust": "low", "sensitivity": "high", "n": 16, "m": 2}
+    with pytest.raises(InvalidQueryError) as err:
+        risk.choose_epsilon_for_plan(PLAN, max_risk=0.2, max_noise=3, **kw)
+    text = str(err.value)
+    assert "nothing is released" in text
+    noise = float(text.split("accept noise of people +-")[1].split(" ")[0])
+    needed_risk = float(text.split("accept a risk of ")[1].split(" ")[0])
+    # each way out works on its own, and is the least relaxation: one step less fails again
+    assert risk.choose_epsilon_for_plan(PLAN, max_risk=0.2, max_noise=noise, **kw).epsilon <= \
+        risk.epsilon_for_risk(0.2, 0.7, 0.3, 16, 2) * (1 + 1e-9)
+    with pytest.raises(InvalidQueryError):
+        risk.choose_epsilon_for_plan(PLAN, max_risk=0.2, max_noise=noise - 1, **kw)
+    assert risk.choose_epsilon_for_plan(PLAN, max_risk=needed_risk * 1.001, max_noise=3, **kw).promised(
+        "people").halfwidth <= 3
+    with pytest.raises(InvalidQueryError, match="even without any release"):
+        risk.choose_epsilon_for_plan(PLAN, max_risk=0.02, max_noise=10, **kw)
+
+
+# -- the platform: the demo's request through the pipeline's own functions ------------------------
+
+
+@pytest.fixture(scope="module")
+def platform(tmp_path_factory):
+    """A fresh home with Adult registered, as the demo does (no Prefect: the pipeline's functions)."""
+    from pathlib import Path
+
+    from dprelease import admin, pipeline
+    from dprelease.settings import Settings
+
+    home = tmp_path_factory.mktemp("risk-home")
+    settings = Settings.from_env({"DPRELEASE_HOME": str(home)})
+    admin.init(settings)
+    data = Path(__file__).resolve().parents[1] / "examples" / "data" / "adult.csv.gz"
+    admin.register_dataset(settings, "adult", data, "person_id", epsilon_cap=5.0, delta_cap=1e-5, add_row_id=True)
+    return pipeline.Platform.open(settings)
+
+
+def test_demo_promise_is_what_its_report_shows(platform):
+    from cli.demo import REQUEST
+    from dprelease import pipeline
+    from dprelease.reporting import pages
+    from dprelease.requests import parse_request
+
+    planned = pipeline.plan(platform, parse_request(REQUEST))
+    assert planned.query.confidence == 0.9  # the report states its intervals at the promise's confidence
+    decision = pipeline.choose_epsilon(platform, planned)
+    choice = decision.risk_choice
+    assert choice.promised("people").halfwidth == 10.0 and choice.epsilon > 0.8  # 4 shares: not 0.23
+    result = pipeline.compute_sealed(platform, "demo-promise", planned, decision)
+    assert result.epsilon_spent == pytest.approx(decision.epsilon, rel=1e-12)
+    for s in choice.promise:  # counts: exactly the promise; averages: the reference group's worst case
+        shown = (result.table[f"{s.name}_ci_high"] - result.table[f"{s.name}_ci_low"]) / 2.0
+        if s.kind == "count":
+            assert shown.max() == pytest.approx(s.halfwidth, rel=1e-12)
+    summary = pipeline.controller_summary("demo-promise", planned, decision, result)
+    assert "- people: promised ±10 at 90%; tolerance asked ±10; delivered ±10 at 90%" in summary
+    assert "a count of 100 would be released as 100 +- 10, i.e. between 90 and 110 with 90% probability" in summary
+    ctx = pipeline.report_context("demo-promise", planned, decision, approved_by="alice", decided_at=None)
+    page = pages.render_analyst_report(result, ctx)
+    assert 'id="promise"' in page and "±10 at 90%; tolerance asked ±10" in page
+    assert "90% confidence intervals" in page
+    charts = pipeline._controller_charts(platform, planned, decision)
+    assert "people (count)" in charts["noise against risk"]
+
+
+def test_no_solution_releases_nothing_and_says_what_to_relax(platform):
+    from cli.demo import REQUEST
+    from dprelease import pipeline
+    from dprelease.requests import parse_request
+
+    request = dict(REQUEST, epsilon={"risk": dict(REQUEST["epsilon"]["risk"], max_noise=2)})
+    planned = pipeline.plan(platform, parse_request(request))
+    before = platform.store.budget("adult")
+    with pytest.raises(pipeline.ReleaseError) as err:
+        pipeline.choose_epsilon(platform, planned)
+    text = str(err.value)
+    assert "accept noise of people +-" in text and "or accept a risk of" in text and "nothing is released" in text
+    assert platform.store.budget("adult") == before  # refused before any reservation
+
+
+def test_a_misspelt_risk_field_is_refused_by_name(platform):
+    from cli.demo import REQUEST
+    from dprelease import pipeline
+    from dprelease.requests import parse_request
+
+    request = dict(REQUEST, epsilon={"risk": dict(REQUEST["epsilon"]["risk"], headine="people")})
+    with pytest.raises(pipeline.ReleaseError, match=r"unknown field\(s\) \['headine'\]"):
+        pipeline.choose_epsilon(platform, pipeline.plan(platform, parse_request(request)))

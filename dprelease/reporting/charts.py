@@ -62,20 +62,32 @@ def pri_ranges_svg(ranges, p: float, chosen: float | None = None) -> str:
 
 
 def noise_risk_svg(*, trust, sensitivity, max_risk, n: int, m: int = 1, df: float = 1.0, p: float = 0.9,
-                   example_value: float = 100.0, chosen_eps: float | None = None) -> str:
-    """Risk against % noise (Laplace noise at confidence p, relative to a count of example_value)."""
+                   example_value: float = 100.0, chosen_eps: float | None = None, noise_at=None,
+                   statistic: str = "a count") -> str:
+    """Risk against % noise at confidence p, relative to a value of example_value. noise_at: total
+    epsilon -> the interval half-width of the plan's `statistic` (dp_core.accuracy), so that the
+    x axis is the release's real noise; without it, one Laplace count of sensitivity df that
+    receives the whole epsilon (the seed's model)."""
     t, s, r = (risk_model.level_value(x) for x in (trust, sensitivity, max_risk))
-    pct = np.linspace(0.5, 60, 240)  # the seed treats ~50% noise as a practical limit
-    eps = np.array([risk_model.laplace_epsilon(x / 100 * example_value, df, p) for x in pct])
+    if noise_at is not None:  # sampled along epsilon: the plan's noise has no closed-form inverse
+        grid = np.geomspace(1e-3, 50.0, 120)
+        half = np.array([noise_at(e) for e in grid])
+        pct_all = 100.0 * half / example_value
+        keep = np.isfinite(pct_all) & (pct_all <= 60) & (pct_all >= 0.5)
+        pct, eps = pct_all[keep], grid[keep]
+    else:
+        pct = np.linspace(0.5, 60, 240)  # the seed treats ~50% noise as a practical limit
+        eps = np.array([risk_model.laplace_epsilon(x / 100 * example_value, df, p) for x in pct])
     rk = np.array([risk_model.risk(s, t, risk_model.guessing_bound(e, n, m)) for e in eps])
     fig, ax = plt.subplots(figsize=(7, 3.6))
     ax.plot(pct, rk, color="#2d6cdf", label="risk")
     ax.axhline(r, color="#c0392b", linestyle="--", linewidth=1, label=f"tolerable risk {r:g}")
     if chosen_eps is not None:
-        x = 100 * risk_model.laplace_error(chosen_eps, df, p) / example_value
+        noise = noise_at(chosen_eps) if noise_at is not None else risk_model.laplace_error(chosen_eps, df, p)
+        x = 100 * noise / example_value
         y = risk_model.risk(s, t, risk_model.guessing_bound(chosen_eps, n, m))
         ax.scatter([x], [y], color="#111", zorder=3, label=f"chosen: epsilon {chosen_eps:.3g}, {x:.0f}% noise")
-    ax.set_xlabel(f"% noise (for a count of {example_value:g}, with {p:.0%} probability)")
+    ax.set_xlabel(f"% noise (for {statistic} of {example_value:g}, with {p:.0%} probability)")
     ax.set_ylabel("risk = s (1 - t) q")
     ax.set_ylim(0, max(s * (1 - t), r) * 1.05 + 1e-9)
     ax.legend(fontsize=8)

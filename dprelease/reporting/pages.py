@@ -79,6 +79,7 @@ class ReleaseContext:
     charts: dict[str, str] = field(default_factory=dict)  # name -> SVG text (controller report)
     verify_hint: str = "dprelease verify <release directory>"
     utility: dict | None = None  # utility signal (name, description, params, f_dp, f_raw, status)
+    promise: object | None = None  # dp_core.risk.PlanRiskChoice when the risk model chose epsilon (public)
 
 
 # --------------------------------------------------------------------------------------------
@@ -288,6 +289,33 @@ def _results(result) -> tuple[list[str], list[list[str]], list[str], list[list[s
     return r_head, r_rows, n_head, n_rows
 
 
+def promise_rows(result, choice) -> list[dict]:
+    """Per statistic: the interval promised when epsilon was chosen (data-free) and the widest one
+    the released table shows ((high - low) / 2 over the groups; clipping at a bound only narrows
+    it). Public: the promise comes from public parameters, the intervals are DP."""
+    if choice is None:
+        return []
+    rows = []
+    for s in choice.promise:
+        tol = choice.tolerances.get(s.name)
+        if s.halfwidth is None:
+            promised = f"no interval promised ({s.note})"
+        else:
+            group = f" for a group of {s.reference_count:g} people" if s.reference_count else ""
+            asked = f"; tolerance asked ±{tol:g}" if tol is not None else ""
+            promised = f"±{fmt_number(s.halfwidth)} at {s.confidence:.0%}{group}{asked}"
+        low, high = f"{s.name}_ci_low", f"{s.name}_ci_high"
+        delivered = "no interval"
+        if low in result.table.columns and len(result.table):
+            half = ((result.table[high] - result.table[low]) / 2.0).dropna()
+            if len(half):
+                smaller = f"; groups under {s.reference_count:g} people are wider" if s.reference_count else ""
+                delivered = (f"±{fmt_number(float(half.max()))} at {result.query.confidence:.0%} "
+                             f"(the widest of {len(half)} group(s){smaller})")
+        rows.append({"name": s.name, "promised": promised, "delivered": delivered, "headline": tol is not None})
+    return rows
+
+
 def _public_context(result, ctx: ReleaseContext) -> dict:
     """Everything the analyst report shows. Reads no field of `result.controller_only`."""
     eps = float(result.epsilon_spent)
@@ -329,6 +357,7 @@ def _public_context(result, ctx: ReleaseContext) -> dict:
                   "advantage": 100.0 * risk_model.guessing_advantage(q_pct / 100.0, EXPLAIN_N),
                   "odds": math.exp(eps)},
         "controller": None,
+        "promise": promise_rows(result, ctx.promise),
     }
 
 
