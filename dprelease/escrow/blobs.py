@@ -107,9 +107,11 @@ class SourceReader:
         self._close()
 
 
-def read_source(path: Path, batch_rows: int = BATCH_ROWS, threads: int | None = None) -> SourceReader:
-    """Open a CSV / CSV.gz / Parquet file for streaming; EscrowError for what cannot be read."""
+def read_source(path: Path, batch_rows: int | None = None, threads: int | None = None) -> SourceReader:
+    """Open a CSV / CSV.gz / Parquet file for streaming (batch_rows: rows per batch, default
+    BATCH_ROWS); EscrowError for what cannot be read."""
     path = Path(path)
+    batch_rows = batch_rows or BATCH_ROWS
     file_format = file_format_of(path)
     if not path.exists():
         raise EscrowError(f"cannot register {path}: no such file")
