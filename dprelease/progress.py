@@ -21,6 +21,8 @@ _log = logging.getLogger("dprelease.progress")
 
 
 def _logger():
+    """The Prefect run logger inside a flow run, else "dprelease.progress" (on stderr when the
+    application configured no logging, so a CLI without a terminal still shows progress)."""
     if "prefect" in sys.modules:
         try:
             from prefect.logging import get_run_logger
@@ -28,6 +30,12 @@ def _logger():
             return get_run_logger()
         except Exception:  # noqa: BLE001 - outside a flow or task run: the module logger
             pass
+    if not _log.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        _log.addHandler(handler)
+        _log.setLevel(logging.INFO)
+        _log.propagate = False
     return _log
 
 
