@@ -2,8 +2,10 @@
 
 DuckDB (in-process) now; the plan's SQL is dialect-portable (bounding.render) so another backend
 can run it later. Accepted inputs: a pandas DataFrame, a pyarrow Table, a pyarrow RecordBatchReader
-(a stream, e.g. decrypted batches: read once into DuckDB's own columnar memory), a CSV or Parquet
-path, or a DuckDB relation (run on its own connection, nothing copied).
+(a one-shot stream: read once into DuckDB's own columnar memory), any object with
+`__arrow_c_stream__` that gives a fresh stream per call (scanned afresh by each query, never
+copied: how the platform feeds decrypted batches), a CSV or Parquet path, or a DuckDB relation (run
+on its own connection, nothing copied).
 """
 
 from __future__ import annotations
@@ -140,6 +142,8 @@ def _register(con, name: str, data) -> None:
     elif _is_batch_stream(data):
         _load_stream(con, name, data)
     elif isinstance(data, pd.DataFrame) or type(data).__module__.startswith("pyarrow"):
+        con.register(name, data)
+    elif hasattr(data, "__arrow_c_stream__"):  # a replayable Arrow stream: each scan reads it afresh
         con.register(name, data)
     else:
         raise InvalidDataError(

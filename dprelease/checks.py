@@ -130,30 +130,40 @@ def _unexpected_sql(e: dict, columns: set[str]) -> str | None:
     return None
 
 
-def _witness(backend, expectations: list[dict], columns: list[str]):
-    """Per column: min, max, a NULL if any, and up to WITNESSES distinct values outside its
-    expected set; padded by repeating the first value (repeats change no row-wise verdict)."""
-    import pandas as pd
-
+def _column_summary_sql(columns: list[str]) -> list[str]:
     from dp_core.sql_text import ident
 
-    from dp_core.bounding import INPUT_NAME
+    out = []
+    for k, col in enumerate(columns):
+        c = ident(col)
+        out += [f"min({c}) AS lo{k}", f"max({c}) AS hi{k}", f"count(*) FILTER (WHERE {c} IS NULL) AS nulls{k}"]
+    return out
 
-    in_sets = {e["kwargs"]["column"]: e["kwargs"]["value_set"] for e in expectations
+
+def _witness(backend, expectations: list[dict], columns: list[str], summary, counts: dict):
+    """Per column: min, max, a NULL if any, and (for an in-set column with unexpected values) up
+    to WITNESSES distinct values outside the set; padded by repeating the first value (repeats
+    change no row-wise verdict)."""
+    import pandas as pd
+
+    from dp_core.bounding import INPUT_NAME
+    from dp_core.sql_text import ident
+
+    in_sets = {e["kwargs"]["column"]: (i, e["kwargs"]["value_set"]) for i, e in enumerate(expectations)
                if e["type"] == "expect_column_values_to_be_in_set"}
     values: dict[str, list] = {}
-    for col in columns:
-        c = ident(col)
-        row = backend.run(f"SELECT min({c}) AS lo, max({c}) AS hi, count(*) FILTER (WHERE {c} IS NULL) AS nulls "
-                          f"FROM {INPUT_NAME}").iloc[0]
-        vals = [v for v in (row["lo"], row["hi"]) if not pd.isna(v) or isinstance(v, float)]
+    for k, col in enumerate(columns):
+        vals = [v for v in (summary[f"lo{k}"], summary[f"hi{k}"]) if not pd.isna(v) or isinstance(v, float)]
         if col in in_sets:
-            allowed = ", ".join(_sql_literal(str(v)) for v in in_sets[col]) or "NULL"
-            odd = backend.run(f"SELECT DISTINCT {c} AS v FROM {INPUT_NAME} WHERE {c} IS NOT NULL AND "
-                              f"CAST({c} AS VARCHAR) NOT IN ({allowed}) LIMIT {WITNESSES}")
-            vals += list(odd["v"])
+            index, allowed_values = in_sets[col]
+            if counts.get(index, 0) > 0:  # only a failing column needs a scan for its odd values
+                c = ident(col)
+                allowed = ", ".join(_sql_literal(str(v)) for v in allowed_values) or "NULL"
+                odd = backend.run(f"SELECT DISTINCT {c} AS v FROM {INPUT_NAME} WHERE {c} IS NOT NULL AND "
+                                  f"CAST({c} AS VARCHAR) NOT IN ({allowed}) LIMIT {WITNESSES}")
+                vals += list(odd["v"])
             vals = [str(v) for v in vals]  # the set holds the values as text (registration)
-        if int(row["nulls"]) > 0:
+        if int(summary[f"nulls{k}"]) > 0:
             vals.append(None)
         values[col] = vals or [None]
     length = max(len(v) for v in values.values()) if values else 0
@@ -161,8 +171,9 @@ def _witness(backend, expectations: list[dict], columns: list[str]):
 
 
 def validate(data, expectations: list[dict], progress: Callable[[str], None] | None = None) -> CheckReport:
-    """Run the suite on `data` (any engine input: a RecordBatchReader of decrypted batches, a
-    DataFrame, an Arrow table, a path). The rows go to the engine, never to pandas."""
+    """Run the suite on `data` (any engine input: the escrow's replayable stream of decrypted
+    batches, a DataFrame, an Arrow table, a path). The rows go to the engine, never to pandas:
+    one scan computes every count and every column's min, max and nulls."""
     from dp_core.backend import DuckDBBackend
     from dp_core.bounding import INPUT_NAME
 
@@ -171,13 +182,11 @@ def validate(data, expectations: list[dict], progress: Callable[[str], None] | N
     try:
         columns = list(backend.schema())
         counted = {i: sql for i, e in enumerate(expectations) if (sql := _unexpected_sql(e, set(columns)))}
-        say(f"data checks: {len(counted)} aggregate(s) in one scan")
-        counts = {}
-        if counted:
-            row = backend.run("SELECT " + ", ".join(f"{sql} AS c{i}" for i, sql in counted.items())
-                              + f" FROM {INPUT_NAME}").iloc[0]
-            counts = {i: int(row[f"c{i}"]) for i in counted}
-        witness = _witness(backend, expectations, columns)
+        say(f"data checks: {len(counted)} expectation count(s) and {len(columns)} column summaries in one scan")
+        select = [f"{sql} AS c{i}" for i, sql in counted.items()] + _column_summary_sql(columns)
+        summary = backend.run(f"SELECT {', '.join(select)} FROM {INPUT_NAME}").iloc[0]
+        counts = {i: int(summary[f"c{i}"]) for i in counted}
+        witness = _witness(backend, expectations, columns, summary, counts)
     finally:
         backend.close()
     say("data checks: great-expectations on the engine's aggregates")

@@ -68,28 +68,32 @@ def load_frame(platform: Platform, dataset_name: str) -> tuple[object, pd.DataFr
 
 
 def with_rows(platform: Platform, dataset_name: str, use, label: str):
-    """Call `use(reader)` with the dataset's rows as a RecordBatchReader decrypted batch by batch
-    (progress counted per batch). A chunk failing authentication is reported as the escrow's
-    error even when the engine wrapped it."""
+    """Call `use(rows)` on the dataset's rows: an `escrow.EscrowRows`, a replayable Arrow stream
+    the engine scans as often as it needs, decrypting and decoding one row group at a time (no
+    plaintext file, no pandas copy, never the whole dataset in memory). Progress counts the rows
+    read over all scans. A chunk failing authentication is reported as the escrow's error even
+    when the engine wrapped it."""
+    import time
+
     ds = platform.store.get_dataset(dataset_name)
-    key = platform.escrow_key()
-    total = escrow.blob_row_count(Path(ds.blob_path), key, ds.fingerprint)
-    failures: list = []
-    with progress.track(f"{label} {dataset_name}", total, "rows") as advance:
-        reader = escrow.open_batches(Path(ds.blob_path), key, ds.fingerprint, ds.file_format,
-                                     on_batch=lambda batch: advance(batch.num_rows), failures=failures)
+    started = time.monotonic()
+    with progress.track(f"{label}: {dataset_name}", None, "rows read") as advance:
+        rows = escrow.EscrowRows(Path(ds.blob_path), platform.escrow_key(), ds.fingerprint, ds.file_format,
+                                 on_batch=lambda batch: advance(batch.num_rows))
         try:
-            return use(reader)
+            result = use(rows)
         except dp.DPError:
-            if failures:
-                raise failures[0] from None
+            if rows.failures:
+                raise rows.failures[0] from None
             raise
+    progress.note(f"{label}: done in {time.monotonic() - started:.1f} s")
+    return result
 
 
 def check_data(platform: Platform, dataset_name: str) -> checks.CheckReport:
     ds = platform.store.get_dataset(dataset_name)
     return with_rows(platform, dataset_name, lambda rows: checks.validate(
-        rows, json.loads(ds.expectations_json), progress=progress.note), "data checks: reading")
+        rows, json.loads(ds.expectations_json), progress=progress.note), "data checks")
 
 
 # -- 3: plan -------------------------------------------------------------------------------------
@@ -158,7 +162,7 @@ def choose_epsilon(platform: Platform, planned: Plan) -> EpsilonDecision:
             if planned.sql:
                 raise ReleaseError("PRI data mode needs a query spec, not SQL; use public mode or a `query:` spec")
             choice = with_rows(platform, req.dataset, lambda rows: pri.choose_epsilon_data(
-                planned.query, rows, p, spent=spent, cap=cap), "PRI data mode: reading")
+                planned.query, rows, p, spent=spent, cap=cap), "PRI data mode")
         return EpsilonDecision(choice.epsilon, "pri", f"chosen from the privacy risk indicator (p = {p:g}, "
                                f"{mode} mode): {choice.guarantee}", pri_choice=choice)
     r = req.risk
@@ -196,15 +200,14 @@ def compute_sealed(platform: Platform, release_id: str, planned: Plan, decision:
     if planned.sql:
         result = with_rows(platform, planned.request.dataset, lambda rows: run_sql(
             planned.sql, {planned.request.dataset: Table(rows, query.privacy_unit)}, epsilon=decision.epsilon,
-            delta=query.delta, max_partitions_contributed=query.max_partitions_contributed), "compute: reading")
+            delta=query.delta, max_partitions_contributed=query.max_partitions_contributed), "compute")
     else:
-        result = with_rows(platform, planned.request.dataset, lambda rows: dp.execute(query, rows),
-                           "compute: reading")
+        result = with_rows(platform, planned.request.dataset, lambda rows: dp.execute(query, rows), "compute")
     if decision.pri_choice is not None:
         result = replace(result, epsilon_choice=replace(decision.pri_choice, controller_only=()))
         if not planned.sql:  # the controller's view: PRI ranges of the real data per candidate
             contrib = with_rows(platform, planned.request.dataset, lambda rows: pri.contributions(query, rows),
-                                "compute (PRI ranges): reading")
+                                "compute (PRI ranges)")
             cache: dict = {}
             p = decision.pri_choice.p
             ranges = tuple(pri.pri_range(contrib, e, p, cache) for e in decision.pri_choice.candidates)

@@ -9,6 +9,7 @@ from .blobs import (
     BLOB_SUFFIX,
     LEGACY_SUFFIX,
     SUFFIX_FORMATS,
+    EscrowRows,
     SealedBlob,
     SourceReader,
     blob_row_count,
@@ -27,7 +28,7 @@ from .errors import EscrowError
 from .keys import KEY_HINT, load_or_create_key
 
 __all__ = [
-    "BATCH_ROWS", "BLOB_SUFFIX", "KEY_HINT", "LEGACY_SUFFIX", "SUFFIX_FORMATS", "EscrowError", "SealedBlob",
+    "BATCH_ROWS", "BLOB_SUFFIX", "EscrowRows", "KEY_HINT", "LEGACY_SUFFIX", "SUFFIX_FORMATS", "EscrowError", "SealedBlob",
     "SourceReader", "blob_row_count", "file_fingerprint", "file_format_of", "fingerprint", "load_frame",
     "load_or_create_key", "open_batches", "open_blob", "parse_bytes", "read_source", "seal_file", "seal_source",
 ]

@@ -253,6 +253,38 @@ def open_batches(blob_path: Path | str, key: bytes, expected_fingerprint: str, f
     return pa.RecordBatchReader.from_batches(schema, batches)
 
 
+class EscrowRows:
+    """A dataset's rows as a replayable Arrow stream (the Arrow PyCapsule stream protocol): every
+    consumer call (DuckDB calls once per scan) gets a fresh RecordBatchReader that decrypts and
+    decodes one row group at a time. The engine scans its input several times; this way no scan
+    needs a copy of the dataset in memory, and nothing is ever written out. The key and the
+    fingerprint are checked when it is made, before any engine work."""
+
+    def __init__(self, blob_path: Path | str, key: bytes, expected_fingerprint: str, file_format: str = "parquet",
+                 on_batch: Callable[[pa.RecordBatch], None] | None = None, failures: list | None = None):
+        self.blob_path = Path(blob_path)
+        self._args = (self.blob_path, key, expected_fingerprint, file_format)
+        self._on_batch = on_batch
+        self.failures = failures if failures is not None else []
+        self._legacy: pa.Table | None = None
+        if self.blob_path.exists() and not stream.is_stream_blob(self.blob_path):
+            self._legacy = _legacy_table(open_blob(self.blob_path, key, expected_fingerprint), file_format)
+            self.schema = self._legacy.schema
+        else:
+            self.schema = open_batches(*self._args).schema  # checks key and fingerprint now
+
+    def reader(self) -> pa.RecordBatchReader:
+        if self._legacy is not None:
+            batches = iter(self._legacy.to_batches(max_chunksize=BATCH_ROWS))
+            if self._on_batch is not None:
+                batches = _observed(batches, self._on_batch)
+            return pa.RecordBatchReader.from_batches(self.schema, batches)
+        return open_batches(*self._args, on_batch=self._on_batch, failures=self.failures)
+
+    def __arrow_c_stream__(self, requested_schema=None):
+        return self.reader().__arrow_c_stream__(requested_schema)
+
+
 def _observed(batches: Iterator[pa.RecordBatch], on_batch) -> Iterator[pa.RecordBatch]:
     for batch in batches:
         on_batch(batch)
