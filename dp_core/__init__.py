@@ -7,8 +7,6 @@
     result.controller_only   # partition and clamping loss: controller only, not DP
 """
 
-from .bounds import BoundsError
-from .engine import execute
 from .errors import DPError, InvalidDataError, InvalidQueryError, UnsupportedError
 from .query import (
     Aggregate,
@@ -24,7 +22,20 @@ from .query import (
     sum_,
     var,
 )
-from .result import ControllerOnly, DPResult
+
+# imported on first use (PEP 562): the engine pulls in DuckDB, pandas and numpy, and `import
+# dp_core` (and every CLI start) must stay fast
+_LAZY = {"execute": "engine", "BoundsError": "bounds", "ControllerOnly": "result", "DPResult": "result"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'dp_core' has no attribute {name!r}")
 
 __all__ = [
     "Aggregate", "BoundsError", "ControllerOnly", "DPError", "DPResult", "InvalidDataError", "InvalidQueryError",

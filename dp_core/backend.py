@@ -1,8 +1,11 @@
 """The data engine behind one narrow interface: register the input, describe it, run SQL.
 
 DuckDB (in-process) now; the plan's SQL is dialect-portable (bounding.render) so another backend
-can run it later. Accepted inputs: a pandas DataFrame, a pyarrow Table, a CSV or Parquet path, or
-a DuckDB relation (run on its own connection, nothing copied).
+can run it later. Accepted inputs: a pandas DataFrame, a pyarrow Table, a pyarrow RecordBatchReader
+(a one-shot stream: read once into DuckDB's own columnar memory), any object with
+`__arrow_c_stream__` that gives a fresh stream per call (scanned afresh by each query, never
+copied: how the platform feeds decrypted batches), a CSV or Parquet path, or a DuckDB relation (run
+on its own connection, nothing copied).
 """
 
 from __future__ import annotations
@@ -136,10 +139,31 @@ def _register(con, name: str, data) -> None:
         except duckdb.Error as err:
             first = str(err).splitlines()[0]
             raise InvalidDataError(f"cannot read {path} as {kind}: {first}") from None
+    elif _is_batch_stream(data):
+        _load_stream(con, name, data)
     elif isinstance(data, pd.DataFrame) or type(data).__module__.startswith("pyarrow"):
+        con.register(name, data)
+    elif hasattr(data, "__arrow_c_stream__"):  # a replayable Arrow stream: each scan reads it afresh
         con.register(name, data)
     else:
         raise InvalidDataError(
             f"unsupported input type {type(data).__name__}: give a pandas DataFrame, a pyarrow "
-            "Table, a CSV/Parquet path or a DuckDB relation"
+            "Table or RecordBatchReader, a CSV/Parquet path or a DuckDB relation"
         )
+
+
+def _is_batch_stream(data) -> bool:
+    return type(data).__name__ == "RecordBatchReader" and type(data).__module__.startswith("pyarrow")
+
+
+def _load_stream(con, name: str, reader) -> None:
+    """A RecordBatchReader can be scanned once and a plan scans its input several times: DuckDB
+    reads it batch by batch into an in-memory table (never spilled: see _connect)."""
+    stream_name = f"_stream_{name}"
+    con.register(stream_name, reader)
+    try:
+        con.execute(f"CREATE TEMP TABLE {ident(name)} AS SELECT * FROM {ident(stream_name)}")
+    except duckdb.Error as err:
+        raise InvalidDataError(f"cannot read the input stream: {str(err).splitlines()[0]}") from None
+    finally:
+        con.unregister(stream_name)

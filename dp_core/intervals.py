@@ -16,7 +16,6 @@ too small for the linearisation to hold. No interval covers clamping bias or dro
 from __future__ import annotations
 
 import numpy as np
-from scipy.stats import norm
 
 _MIN_SCALE_RATIO = 1.01  # scales closer than this are spread apart upwards (conservative)
 
@@ -77,7 +76,7 @@ def laplace_sum_halfwidth(scales: np.ndarray, alpha: float) -> np.ndarray:
 def gaussian_sum_halfwidth(sigmas: np.ndarray, alpha: float) -> np.ndarray:
     """Half-width for a sum of independent Gaussians: z_(1 - alpha/2) * sqrt(sum sigma_i^2)."""
     sigmas = np.atleast_2d(np.asarray(sigmas, dtype=np.float64))
-    return norm.isf(alpha / 2.0) * np.sqrt((sigmas**2).sum(axis=1))
+    return _normal_isf(alpha / 2.0) * np.sqrt((sigmas**2).sum(axis=1))
 
 
 def sum_halfwidth(noise: str, scales: np.ndarray, alpha: float) -> np.ndarray:
@@ -93,3 +92,11 @@ def sum_sd(noise: str, scales: np.ndarray) -> np.ndarray:
     scales = np.atleast_2d(np.asarray(scales, dtype=np.float64))
     factor = 1.0 if noise == "gaussian" else 2.0
     return np.sqrt(factor * (scales**2).sum(axis=1))
+
+
+def _normal_isf(tail: float) -> float:
+    """z with P(N(0,1) > z) = tail (scipy.stats.norm.isf), imported when first needed: scipy.stats
+    takes about half a second to import and dp_core must start fast."""
+    from scipy.stats import norm
+
+    return float(norm.isf(tail))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
 from . import checks, escrow
@@ -34,35 +33,77 @@ DEFAULT_RISK_PROFILE = {"sensitivity": "medium", "trust": "low", "n": 2, "max_ri
 def register_dataset(settings: Settings, name: str, path: Path, privacy_unit: str, epsilon_cap: float,
                      delta_cap: float = 1e-5, expectations: list[dict] | None = None, add_row_id: bool = False,
                      risk_profile: dict | None = None):
-    """Encrypt the file into the escrow, record its fingerprint, schema, caps and checks.
+    """Seal the file into the escrow (Parquet, chunked AEAD, streamed), record its fingerprint,
+    schema, caps and checks.
 
-    add_row_id: the file has one row per person and no id; the unit column is added as the row
-    number, in memory, and the result (Parquet) is what gets sealed. risk_profile: sensitivity,
-    trust, n (values of the sensitive attribute), max_risk: the numbers behind the noise-against-
-    risk chart of every controller summary (defaults: DEFAULT_RISK_PROFILE)."""
+    Atomic: everything that can be refused (profile, key, file type, columns, name) is refused
+    before anything is written; the blob is new for this registration (never shared with another
+    dataset) and is removed again if recording the dataset fails, so a failed registration leaves
+    the escrow and the store as they were. add_row_id: the file has one row per person and no id;
+    the unit column is added as the row number while sealing. risk_profile: sensitivity, trust, n
+    (values of the sensitive attribute), max_risk: the numbers behind the noise-against-risk chart
+    of every controller summary (defaults: DEFAULT_RISK_PROFILE)."""
     from dp_core import risk
+
+    from . import progress
+    from .store import StoreError
 
     profile = {**DEFAULT_RISK_PROFILE, **(risk_profile or {})}
     for field in ("sensitivity", "trust", "max_risk"):
         risk.level_value(profile[field])  # refuses unknown levels before anything is sealed
     key = escrow.load_or_create_key(settings, create=False)
-    if add_row_id:
-        frame = escrow.parse_bytes(Path(path).read_bytes(), escrow.file_format_of(Path(path)))
-        if privacy_unit in frame.columns:
-            raise escrow.EscrowError(f"{path} already has a column {privacy_unit!r}: drop --add-row-id")
-        frame.insert(0, privacy_unit, range(len(frame)))
-        buffer = io.BytesIO()
-        frame.to_parquet(buffer, index=False)
-        blob, fingerprint, file_format = escrow.seal_bytes(buffer.getvalue(), "parquet", settings, key)
-    else:
-        blob, fingerprint, file_format = escrow.seal_file(Path(path), settings, key)
-    frame = escrow.load_frame(blob, key, fingerprint, file_format)
-    if privacy_unit not in frame.columns:
-        blob.unlink()
-        raise escrow.EscrowError(f"the privacy unit column {privacy_unit!r} is not in {path} (columns: {list(frame.columns)})")
-    schema = {c: str(t) for c, t in frame.dtypes.items()}
-    suite = expectations if expectations is not None else checks.default_expectations(frame, privacy_unit)
     store = Store(settings.store_url)
-    return store.add_dataset(name, privacy_unit=privacy_unit, blob_path=blob, fingerprint=fingerprint,
-                             file_format=file_format, schema=schema, epsilon_cap=epsilon_cap, delta_cap=delta_cap,
-                             expectations=suite, risk_profile=profile)
+    if name in {d.name for d in store.list_datasets()}:
+        raise StoreError(f"dataset {name!r} is already registered: choose another name")
+    path = Path(path)
+    source = escrow.read_source(path)
+    try:
+        columns = list(source.schema.names)
+        if add_row_id and privacy_unit in columns:
+            raise escrow.EscrowError(f"{path} already has a column {privacy_unit!r}: drop --add-row-id")
+        if not add_row_id and privacy_unit not in columns:
+            raise escrow.EscrowError(f"the privacy unit column {privacy_unit!r} is not in {path} (columns: {columns})")
+        size = path.stat().st_size
+        with progress.track(f"fingerprint {path.name}", size, "bytes") as advance:
+            fingerprint = escrow.file_fingerprint(path, advance)
+    except BaseException:
+        source.close()
+        raise
+    unit_column = privacy_unit if add_row_id else None
+    schema = source.schema if unit_column is None else source.schema.insert(0, _int64_field(unit_column))
+    data_profile = checks.DatasetProfile.for_schema(schema)
+    with progress.track(f"seal {path.name} (Parquet, encrypted)", source.total_rows, "rows") as advance:
+        def observe(batch) -> None:
+            data_profile.add(batch)
+            advance(batch.num_rows)
+
+        sealed = escrow.seal_source(path, source, fingerprint, settings, key, row_number_column=unit_column,
+                                    on_batch=observe)
+    try:
+        suite = expectations if expectations is not None else data_profile.expectations(privacy_unit)
+        return store.add_dataset(name, privacy_unit=privacy_unit, blob_path=sealed.path, fingerprint=fingerprint,
+                                 file_format=sealed.file_format, schema=_schema_names(sealed.schema),
+                                 epsilon_cap=epsilon_cap, delta_cap=delta_cap, expectations=suite,
+                                 risk_profile=profile)
+    except BaseException:
+        sealed.path.unlink(missing_ok=True)  # this registration's own blob, shared with no one
+        raise
+
+
+def _int64_field(name: str):
+    import pyarrow as pa
+
+    return pa.field(name, pa.int64(), nullable=False)
+
+
+def _schema_names(schema) -> dict[str, str]:
+    """Column -> the pandas dtype name its Arrow type maps to (what the store has always held)."""
+    import numpy as np
+
+    out = {}
+    for f in schema:
+        try:
+            out[f.name] = str(np.dtype(f.type.to_pandas_dtype()))
+        except (NotImplementedError, TypeError):
+            out[f.name] = "object"
+    return out

@@ -1,19 +1,30 @@
 """Data checks with great-expectations before anything is computed (platform.md, step 2).
 
-An expectation suite is stored with each dataset at registration (`default_expectations`): the
-column set, a non-null privacy unit, finite numeric columns, and the categories of low-cardinality
-text columns. A failure ends the release with the validation summary; nothing is spent.
+An expectation suite is stored with each dataset at registration (`DatasetProfile`, built batch
+by batch while the file is sealed): the column set, a non-null privacy unit, finite numeric
+columns, and the categories of low-cardinality text columns. A failure ends the release with the
+validation summary; nothing is spent.
+
+At scale the rows never reach pandas: the data engine (DuckDB, fed the decrypted Arrow batches)
+computes one aggregate per expectation in a single scan (null, out-of-range and out-of-set
+counts) and a small *witness* table holding, per column, its minimum, maximum, a NULL when it
+has any, and its distinct values outside the expected set (a few). great-expectations then runs
+the suite on the witness table: for these row-wise expectations the verdict on the witness equals
+the verdict on the whole data (every value lies between min and max; every unexpected value has a
+representative), and the counts shown are the engine's exact ones.
 great-expectations takes seconds to import, so it is imported inside `validate`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import pandas as pd
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 MAX_CATEGORIES = 50
 FINITE = 1.7976931348623157e308  # the largest float: anything beyond is infinite
+WITNESSES = 20  # distinct unexpected values kept per column for great-expectations to see
+SUPPORTED = ("expect_table_columns_to_match_set", "expect_column_values_to_not_be_null",
+             "expect_column_values_to_be_between", "expect_column_values_to_be_in_set")
 
 
 @dataclass(frozen=True)
@@ -26,30 +37,186 @@ class CheckReport:
         return "\n".join([head, *self.lines])
 
 
-def default_expectations(df: pd.DataFrame, privacy_unit: str) -> list[dict]:
-    """The suite registered with a dataset (controller side: it may hold category values)."""
-    out: list[dict] = [
-        {"type": "expect_table_columns_to_match_set", "kwargs": {"column_set": list(df.columns), "exact_match": True}},
-        {"type": "expect_column_values_to_not_be_null", "kwargs": {"column": privacy_unit}},
-    ]
-    for col in df.columns:
-        if col == privacy_unit:
-            continue
-        if pd.api.types.is_numeric_dtype(df[col]) and not pd.api.types.is_bool_dtype(df[col]):
-            out.append({"type": "expect_column_values_to_be_between",
-                        "kwargs": {"column": col, "min_value": -FINITE, "max_value": FINITE}})
-        elif df[col].nunique(dropna=True) <= MAX_CATEGORIES:
-            values = sorted(str(v) for v in df[col].dropna().unique())
-            out.append({"type": "expect_column_values_to_be_in_set", "kwargs": {"column": col, "value_set": values}})
+# -- the suite registered with a dataset ---------------------------------------------------------
+
+@dataclass
+class DatasetProfile:
+    """What registration learns about the columns, one Arrow batch at a time (bounded memory:
+    at most MAX_CATEGORIES + 1 values kept per text column)."""
+
+    columns: list[str] = field(default_factory=list)
+    numeric: set[str] = field(default_factory=set)
+    categories: dict[str, set | None] = field(default_factory=dict)  # None: too many values
+
+    @classmethod
+    def for_schema(cls, schema) -> DatasetProfile:
+        import pyarrow as pa
+
+        profile = cls(columns=list(schema.names))
+        for f in schema:
+            if (pa.types.is_integer(f.type) or pa.types.is_floating(f.type) or pa.types.is_decimal(f.type)):
+                profile.numeric.add(f.name)
+            else:
+                profile.categories[f.name] = set()
+        return profile
+
+    def add(self, batch) -> None:
+        import pyarrow.compute as pc
+
+        for name, seen in self.categories.items():
+            if seen is None:
+                continue
+            seen.update(str(v) for v in pc.unique(batch.column(name).drop_null()).to_pylist())
+            if len(seen) > MAX_CATEGORIES:
+                self.categories[name] = None
+
+    def expectations(self, privacy_unit: str) -> list[dict]:
+        out: list[dict] = [
+            {"type": "expect_table_columns_to_match_set", "kwargs": {"column_set": list(self.columns), "exact_match": True}},
+            {"type": "expect_column_values_to_not_be_null", "kwargs": {"column": privacy_unit}},
+        ]
+        for col in self.columns:
+            if col == privacy_unit:
+                continue
+            if col in self.numeric:
+                out.append({"type": "expect_column_values_to_be_between",
+                            "kwargs": {"column": col, "min_value": -FINITE, "max_value": FINITE}})
+            elif self.categories.get(col) is not None:
+                out.append({"type": "expect_column_values_to_be_in_set",
+                            "kwargs": {"column": col, "value_set": sorted(self.categories[col])}})
+        return out
+
+
+def default_expectations(df, privacy_unit: str) -> list[dict]:
+    """The suite for a DataFrame or Arrow table held in memory (small data; registration streams)."""
+    import pyarrow as pa
+
+    table = df if isinstance(df, pa.Table) else pa.Table.from_pandas(df, preserve_index=False)
+    profile = DatasetProfile.for_schema(table.schema)
+    for batch in table.to_batches():
+        profile.add(batch)
+    return profile.expectations(privacy_unit)
+
+
+# -- validation: aggregates in the engine, verdicts by great-expectations --------------------------
+
+def _sql_literal(value) -> str:
+    from dp_core.sql_text import literal
+
+    return literal(value)
+
+
+def _unexpected_sql(e: dict, columns: set[str]) -> str | None:
+    """SQL for the count of rows breaking a row-wise expectation (None: nothing to count)."""
+    from dp_core.sql_text import ident
+
+    kind, kw = e["type"], e["kwargs"]
+    col = kw.get("column")
+    if col is not None and col not in columns:
+        return None
+    if kind == "expect_column_values_to_not_be_null":
+        return f"count(*) FILTER (WHERE {ident(col)} IS NULL)"
+    if kind == "expect_column_values_to_be_between":
+        tests = []
+        if kw.get("min_value") is not None:
+            tests.append(f"{ident(col)} >= {_sql_literal(kw['min_value'])}")
+        if kw.get("max_value") is not None:
+            tests.append(f"{ident(col)} <= {_sql_literal(kw['max_value'])}")
+        inside = " AND ".join(tests) or "true"
+        return f"count(*) FILTER (WHERE {ident(col)} IS NOT NULL AND NOT ({inside}))"
+    if kind == "expect_column_values_to_be_in_set":
+        values = ", ".join(_sql_literal(str(v)) for v in kw["value_set"]) or "NULL"
+        return f"count(*) FILTER (WHERE {ident(col)} IS NOT NULL AND CAST({ident(col)} AS VARCHAR) NOT IN ({values}))"
+    return None
+
+
+def _column_summary_sql(columns: list[str]) -> list[str]:
+    from dp_core.sql_text import ident
+
+    out = []
+    for k, col in enumerate(columns):
+        c = ident(col)
+        out += [f"min({c}) AS lo{k}", f"max({c}) AS hi{k}", f"count(*) FILTER (WHERE {c} IS NULL) AS nulls{k}"]
     return out
 
 
-def validate(df: pd.DataFrame, expectations: list[dict]) -> CheckReport:
-    """Run the suite on an in-memory DataFrame (an ephemeral context: nothing written to disk)."""
+def _witness(backend, expectations: list[dict], columns: list[str], summary, counts: dict):
+    """Per column: min, max, a NULL if any, and (for an in-set column with unexpected values) up
+    to WITNESSES distinct values outside the set; padded by repeating the first value (repeats
+    change no row-wise verdict)."""
+    import pandas as pd
+
+    from dp_core.bounding import INPUT_NAME
+    from dp_core.sql_text import ident
+
+    in_sets = {e["kwargs"]["column"]: (i, e["kwargs"]["value_set"]) for i, e in enumerate(expectations)
+               if e["type"] == "expect_column_values_to_be_in_set"}
+    values: dict[str, list] = {}
+    for k, col in enumerate(columns):
+        vals = [v for v in (summary[f"lo{k}"], summary[f"hi{k}"]) if not pd.isna(v) or isinstance(v, float)]
+        if col in in_sets:
+            index, allowed_values = in_sets[col]
+            if counts.get(index, 0) > 0:  # only a failing column needs a scan for its odd values
+                c = ident(col)
+                allowed = ", ".join(_sql_literal(str(v)) for v in allowed_values) or "NULL"
+                odd = backend.run(f"SELECT DISTINCT {c} AS v FROM {INPUT_NAME} WHERE {c} IS NOT NULL AND "
+                                  f"CAST({c} AS VARCHAR) NOT IN ({allowed}) LIMIT {WITNESSES}")
+                vals += list(odd["v"])
+            vals = [str(v) for v in vals]  # the set holds the values as text (registration)
+        if int(summary[f"nulls{k}"]) > 0:
+            vals.append(None)
+        values[col] = vals or [None]
+    length = max(len(v) for v in values.values()) if values else 0
+    return pd.DataFrame({c: (v + [v[0]] * (length - len(v))) for c, v in values.items()}, columns=columns)
+
+
+def validate(data, expectations: list[dict], progress: Callable[[str], None] | None = None) -> CheckReport:
+    """Run the suite on `data` (any engine input: the escrow's replayable stream of decrypted
+    batches, a DataFrame, an Arrow table, a path). The rows go to the engine, never to pandas:
+    one scan computes every count and every column's min, max and nulls."""
+    from dp_core.backend import DuckDBBackend
+    from dp_core.bounding import INPUT_NAME
+
+    say = progress or (lambda _msg: None)
+    backend = DuckDBBackend.for_input(data)
+    try:
+        columns = list(backend.schema())
+        counted = {i: sql for i, e in enumerate(expectations) if (sql := _unexpected_sql(e, set(columns)))}
+        say(f"data checks: {len(counted)} expectation count(s) and {len(columns)} column summaries in one scan")
+        select = [f"{sql} AS c{i}" for i, sql in counted.items()] + _column_summary_sql(columns)
+        summary = backend.run(f"SELECT {', '.join(select)} FROM {INPUT_NAME}").iloc[0]
+        counts = {i: int(summary[f"c{i}"]) for i in counted}
+        witness = _witness(backend, expectations, columns, summary, counts)
+    finally:
+        backend.close()
+    say("data checks: great-expectations on the engine's aggregates")
+    results = _run_great_expectations(witness, expectations)
+    lines, success = [], True
+    for i, (e, r) in enumerate(zip(expectations, results, strict=True)):
+        target = e["kwargs"].get("column", "table")
+        ok = bool(r.success) and counts.get(i, 0) == 0
+        detail = ""
+        if not ok:
+            if i in counts:
+                detail = f": {counts[i]} unexpected value(s)"
+            elif e["type"] not in SUPPORTED:
+                detail = ": not supported at scale (checked on the engine's per-column summary only)"
+            else:
+                detail = f": observed {r.result.get('observed_value')}"
+        success &= ok
+        lines.append(f"{'ok  ' if ok else 'FAIL'} {e['type']} [{target}]{detail}")
+    return CheckReport(success, tuple(lines))
+
+
+def _run_great_expectations(witness, expectations: list[dict]) -> list:
+    """The suite on the witness table (an ephemeral context: nothing written to disk)."""
+    import logging
+
     import great_expectations as gx
     from great_expectations.data_context.types.base import ProgressBarsConfig
     from great_expectations.expectations.expectation_configuration import ExpectationConfiguration
 
+    logging.getLogger("great_expectations").setLevel(logging.WARNING)
     context = gx.get_context(mode="ephemeral")
     context.variables.progress_bars = ProgressBarsConfig(globally=False, metric_calculations=False)
     batch = context.data_sources.add_pandas("dprelease").add_dataframe_asset("data").add_batch_definition_whole_dataframe("all")
@@ -58,14 +225,12 @@ def validate(df: pd.DataFrame, expectations: list[dict]) -> CheckReport:
         suite.add_expectation_configuration(ExpectationConfiguration(type=e["type"], kwargs=e["kwargs"]))
     suite = context.suites.add(suite)
     definition = context.validation_definitions.add(gx.ValidationDefinition(name="checks", data=batch, suite=suite))
-    result = definition.run(batch_parameters={"dataframe": df}, result_format="SUMMARY")
-    lines = []
-    for r in result.results:
-        cfg = r.expectation_config
-        target = cfg.kwargs.get("column", "table")
-        detail = ""
-        if not r.success:
-            n = r.result.get("unexpected_count")
-            detail = f": {n} unexpected value(s)" if n is not None else f": observed {r.result.get('observed_value')}"
-        lines.append(f"{'ok  ' if r.success else 'FAIL'} {cfg.type} [{target}]{detail}")
-    return CheckReport(bool(result.success), tuple(lines))
+    result = definition.run(batch_parameters={"dataframe": witness}, result_format="SUMMARY")
+    pending = list(result.results)
+    ordered = []
+    for e in expectations:  # match each expectation to its result (type and column)
+        target = (e["type"], e["kwargs"].get("column"))
+        match = next(r for r in pending if (r.expectation_config.type, r.expectation_config.kwargs.get("column")) == target)
+        pending.remove(match)
+        ordered.append(match)
+    return ordered

@@ -1,8 +1,9 @@
 """The steps of a release (platform.md, "The release flow"), as plain functions. Prefect tasks
 call these; nothing here imports Prefect, so every step can be tested and reused on its own.
 
-Raw data never leaves memory: each step that needs it decrypts the escrow blob itself (no
-DataFrame is passed between tasks, so no orchestration layer can persist it). The DP result is
+Raw data never leaves memory: each step that needs it decrypts the escrow blob itself, as a
+stream of Arrow batches that the engine (DuckDB) reads (`open_rows`: no pandas copy, no plaintext
+file; nothing is passed between tasks, so no orchestration layer can persist it). The DP result is
 sealed (pickled, encrypted with the escrow key) in the controller's archive under the release id:
 a retried or resumed run finds it and never draws noise twice.
 """
@@ -25,7 +26,7 @@ import dp_core as dp
 from dp_core import pri, risk
 from dp_core.sql import Table, compile_statement_for, run_sql
 
-from . import checks, escrow
+from . import checks, escrow, progress
 from .reporting import data_files, pages, signing
 from .requests import ReleaseRequest, query_from_spec
 from .settings import Settings
@@ -60,15 +61,39 @@ def now() -> str:
 # -- 1-2: load and check -----------------------------------------------------------------------
 
 def load_frame(platform: Platform, dataset_name: str) -> tuple[object, pd.DataFrame]:
-    """The dataset's record and its rows, decrypted into memory only."""
+    """The dataset's record and its rows as a DataFrame (small data only; steps use `with_rows`)."""
     ds = platform.store.get_dataset(dataset_name)
     frame = escrow.load_frame(Path(ds.blob_path), platform.escrow_key(), ds.fingerprint, ds.file_format)
     return ds, frame
 
 
+def with_rows(platform: Platform, dataset_name: str, use, label: str):
+    """Call `use(rows)` on the dataset's rows: an `escrow.EscrowRows`, a replayable Arrow stream
+    the engine scans as often as it needs, decrypting and decoding one row group at a time (no
+    plaintext file, no pandas copy, never the whole dataset in memory). Progress counts the rows
+    read over all scans. A chunk failing authentication is reported as the escrow's error even
+    when the engine wrapped it."""
+    import time
+
+    ds = platform.store.get_dataset(dataset_name)
+    started = time.monotonic()
+    with progress.track(f"{label}: {dataset_name}", None, "rows read") as advance:
+        rows = escrow.EscrowRows(Path(ds.blob_path), platform.escrow_key(), ds.fingerprint, ds.file_format,
+                                 on_batch=lambda batch: advance(batch.num_rows))
+        try:
+            result = use(rows)
+        except dp.DPError:
+            if rows.failures:
+                raise rows.failures[0] from None
+            raise
+    progress.note(f"{label}: done in {time.monotonic() - started:.1f} s")
+    return result
+
+
 def check_data(platform: Platform, dataset_name: str) -> checks.CheckReport:
-    ds, frame = load_frame(platform, dataset_name)
-    return checks.validate(frame, json.loads(ds.expectations_json))
+    ds = platform.store.get_dataset(dataset_name)
+    return with_rows(platform, dataset_name, lambda rows: checks.validate(
+        rows, json.loads(ds.expectations_json), progress=progress.note), "data checks")
 
 
 # -- 3: plan -------------------------------------------------------------------------------------
@@ -153,8 +178,8 @@ def choose_epsilon(platform: Platform, planned: Plan) -> EpsilonDecision:
         else:
             if planned.sql:
                 raise ReleaseError("PRI data mode needs a query spec, not SQL; use public mode or a `query:` spec")
-            _, frame = load_frame(platform, req.dataset)
-            choice = pri.choose_epsilon_data(planned.query, frame, p, spent=spent, cap=cap)
+            choice = with_rows(platform, req.dataset, lambda rows: pri.choose_epsilon_data(
+                planned.query, rows, p, spent=spent, cap=cap), "PRI data mode")
         return EpsilonDecision(choice.epsilon, "pri", f"chosen from the privacy risk indicator (p = {p:g}, "
                                f"{mode} mode): {choice.guarantee}", pri_choice=choice)
     return choose_epsilon_from_risk(platform, planned)
@@ -229,18 +254,19 @@ def compute_sealed(platform: Platform, release_id: str, planned: Plan, decision:
         if stored_digest != digest:
             raise ReleaseError(f"release {release_id} was sealed for another request: refusing to recompute")
         return result
-    _, frame = load_frame(platform, planned.request.dataset)
     query = replace(planned.query, epsilon=decision.epsilon)
     if planned.sql:
-        result = run_sql(planned.sql, {planned.request.dataset: Table(frame, query.privacy_unit)},
-                         epsilon=decision.epsilon, delta=query.delta,
-                         max_partitions_contributed=query.max_partitions_contributed, confidence=query.confidence)
+        result = with_rows(platform, planned.request.dataset, lambda rows: run_sql(
+            planned.sql, {planned.request.dataset: Table(rows, query.privacy_unit)}, epsilon=decision.epsilon,
+            delta=query.delta, max_partitions_contributed=query.max_partitions_contributed,
+            confidence=query.confidence), "compute")
     else:
-        result = dp.execute(query, frame)
+        result = with_rows(platform, planned.request.dataset, lambda rows: dp.execute(query, rows), "compute")
     if decision.pri_choice is not None:
         result = replace(result, epsilon_choice=replace(decision.pri_choice, controller_only=()))
         if not planned.sql:  # the controller's view: PRI ranges of the real data per candidate
-            contrib = pri.contributions(query, frame)
+            contrib = with_rows(platform, planned.request.dataset, lambda rows: pri.contributions(query, rows),
+                                "compute (PRI ranges)")
             cache: dict = {}
             p = decision.pri_choice.p
             ranges = tuple(pri.pri_range(contrib, e, p, cache) for e in decision.pri_choice.candidates)

@@ -1,5 +1,6 @@
 """The escrow (invariant 6): round trips for every format, ciphertext only on disk, wrong key and
-tampering refused, key file handling, and no plaintext temp file when loading."""
+tampering refused (every chunk-level attack on the streaming format), legacy Fernet blobs still
+readable, key file handling, and no plaintext temp file when loading."""
 
 from __future__ import annotations
 
@@ -13,7 +14,16 @@ import pytest
 from cryptography.fernet import Fernet
 
 from dprelease import escrow
-from dprelease.escrow import EscrowError, fingerprint, load_frame, load_or_create_key, open_blob, seal_file
+from dprelease.escrow import (
+    EscrowError,
+    file_fingerprint,
+    load_frame,
+    load_or_create_key,
+    open_batches,
+    open_blob,
+    seal_file,
+    stream,
+)
 from dprelease.settings import Settings
 
 MARKER = "Zebulon-Quixotic-7731"  # a value that must never appear in ciphertext
@@ -45,15 +55,18 @@ def test_round_trip_and_ciphertext_only(tmp_path, filename, file_format):
     source = _write(_frame(), tmp_path / filename)
 
     blob, digest, fmt = seal_file(source, settings, key)
-    assert fmt == file_format
-    assert digest == fingerprint(source.read_bytes())
-    assert blob == settings.escrow_dir / f"{digest}.fernet"
+    assert fmt == "parquet"  # at rest: Parquet, whatever the source format (file_format is the source's)
+    assert file_format in ("csv", "csv.gz", "parquet")
+    assert digest == file_fingerprint(source) == escrow.fingerprint(source.read_bytes())
+    assert blob.parent == settings.escrow_dir and blob.name.startswith(digest) and blob.suffix == ".escrow"
     sealed = blob.read_bytes()
     assert MARKER.encode() not in sealed and b"carol" not in sealed and b"person_id" not in sealed
     assert [p.name for p in settings.escrow_dir.iterdir()] == [blob.name]  # no temp file left behind
 
-    assert open_blob(blob, key, digest) == source.read_bytes()
+    assert open_blob(blob, key, digest).startswith(b"PAR1")
     pd.testing.assert_frame_equal(load_frame(blob, key, digest, fmt), _frame(), check_dtype=False)
+    again, _, _ = seal_file(source, settings, key)
+    assert again != blob and again.read_bytes() != sealed  # each registration: its own blob and nonces
 
 
 def test_unsupported_suffix_and_misnamed_file_refused(tmp_path):
@@ -79,18 +92,15 @@ def test_wrong_key_and_tampering_refused(tmp_path):
     with pytest.raises(EscrowError, match="wrong escrow key"):
         open_blob(blob, Fernet.generate_key(), digest)
 
-    token = bytearray(blob.read_bytes())
-    token[len(token) // 2] = ord("A") if token[len(token) // 2] != ord("A") else ord("B")
-    tampered = tmp_path / "tampered.fernet"
-    tampered.write_bytes(bytes(token))
-    with pytest.raises(EscrowError, match="wrong escrow key or the blob was altered"):
-        load_frame(tampered, key, digest, fmt)
-
-    # a validly encrypted blob of other bytes (swapped blob) fails the fingerprint check
-    swapped = tmp_path / "swapped.fernet"
-    swapped.write_bytes(Fernet(key).encrypt(b"person_id\n1\n"))
+    # a validly encrypted blob of another file (swapped blob) fails the fingerprint check
+    other, other_digest, _ = seal_file(_write(_frame().head(1), tmp_path / "other.csv"), settings, key)
     with pytest.raises(EscrowError, match="does not match the registered fingerprint"):
-        open_blob(swapped, key, digest)
+        open_blob(other, key, digest)
+    with pytest.raises(EscrowError, match="wrong escrow key or the blob was altered"):  # header changed
+        data = bytearray(blob.read_bytes())
+        data[stream.FIXED_SIZE + 3] ^= 1
+        (tmp_path / "header.escrow").write_bytes(bytes(data))
+        open_blob(tmp_path / "header.escrow", key, digest)
 
     with pytest.raises(EscrowError, match="missing"):
         open_blob(tmp_path / "gone.fernet", key, digest)
@@ -176,14 +186,81 @@ def test_parse_bytes_rejects_unknown_format():
         escrow.parse_bytes(b"", "xlsx")
 
 
-def test_seal_bytes_round_trip_without_a_source_file(tmp_path):
+def test_legacy_fernet_blobs_stay_readable(tmp_path):
+    """Blobs of the first format (one Fernet token over the source file) still open."""
     settings = _settings(tmp_path)
     key = load_or_create_key(settings, create=True)
-    data = _frame().to_parquet(index=False)
-    blob, digest, fmt = escrow.seal_bytes(data, "parquet", settings, key)
-    assert (fmt, digest) == ("parquet", fingerprint(data)) and MARKER.encode() not in blob.read_bytes()
-    pd.testing.assert_frame_equal(load_frame(blob, key, digest, fmt), _frame())
-    with pytest.raises(EscrowError, match="unknown file format 'xlsx'"):
-        escrow.seal_bytes(data, "xlsx", settings, key)
-    with pytest.raises(EscrowError, match="not a Parquet file"):
-        escrow.seal_bytes(b"a,b\n1,2\n", "parquet", settings, key)
+    for name in ("d.csv", "d.parquet"):
+        source = _write(_frame(), tmp_path / name)
+        legacy = tmp_path / f"{name}.fernet"
+        legacy.write_bytes(Fernet(key).encrypt(source.read_bytes()))
+        fmt = escrow.file_format_of(source)
+        digest = escrow.fingerprint(source.read_bytes())
+        pd.testing.assert_frame_equal(load_frame(legacy, key, digest, fmt), _frame(), check_dtype=False)
+        assert open_batches(legacy, key, digest, fmt).read_all().num_rows == 3
+
+
+CHUNK = 64  # tiny chunks, so a three-row file spans many
+
+
+def _chunked_blob(tmp_path):
+    settings = _settings(tmp_path)
+    key = load_or_create_key(settings, create=True)
+    blob, digest, _ = seal_file(_write(_frame(), tmp_path / "d.csv"), settings, key, chunk_size=CHUNK)
+    data = blob.read_bytes()
+    header, body = data[:stream.HEADER_SIZE], data[stream.HEADER_SIZE:]
+    size = CHUNK + stream.TAG_SIZE
+    chunks = [body[i:i + size] for i in range(0, len(body), size)]
+    assert len(chunks) > 4
+    return key, digest, header, chunks
+
+
+def _tampered(chunks, attack: str) -> list[bytes]:
+    out = list(chunks)
+    if attack == "changed chunk":
+        out[2] = bytes([out[2][0] ^ 1]) + out[2][1:]
+    elif attack == "changed tag only":
+        out[1] = out[1][:-1] + bytes([out[1][-1] ^ 0x80])
+    elif attack == "dropped chunk":
+        del out[2]
+    elif attack == "dropped final chunk":
+        del out[-1]
+    elif attack == "reordered chunks":
+        out[1], out[2] = out[2], out[1]
+    elif attack == "truncated chunk":
+        out[-1] = out[-1][:-5]
+    elif attack == "appended chunk":
+        out.append(out[1])
+    elif attack == "duplicated chunk":
+        out.insert(2, out[2])
+    return out
+
+
+ATTACKS = ["changed chunk", "changed tag only", "dropped chunk", "dropped final chunk", "reordered chunks",
+           "truncated chunk", "appended chunk", "duplicated chunk"]
+
+
+@pytest.mark.parametrize("attack", ATTACKS)
+def test_every_chunk_attack_is_refused_with_one_message(tmp_path, attack):
+    key, digest, header, chunks = _chunked_blob(tmp_path)
+    blob = tmp_path / "attacked.escrow"
+    blob.write_bytes(header + b"".join(chunks))
+    assert load_frame(blob, key, digest, "parquet")["name"].tolist()[0] == MARKER  # intact: opens
+    blob.write_bytes(header + b"".join(_tampered(chunks, attack)))
+    for read in (lambda: open_blob(blob, key, digest), lambda: load_frame(blob, key, digest, "parquet")):
+        with pytest.raises(EscrowError) as caught:
+            read()
+        assert "failed authentication at chunk" in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_release_from_an_attacked_blob_reports_the_escrow_error(tmp_path):
+    """Through the engine (DuckDB reading the batches), the escrow's message comes out."""
+    import dp_core as dp
+
+    key, digest, header, chunks = _chunked_blob(tmp_path)
+    blob = tmp_path / "attacked.escrow"
+    blob.write_bytes(header + b"".join(_tampered(chunks, "changed chunk")))
+    failures: list = []
+    query = dp.Query([dp.count(upper=1)], privacy_unit="person_id", epsilon=1.0)
+    with pytest.raises((dp.InvalidDataError, EscrowError), match="failed authentication at chunk"):
+        dp.execute(query, open_batches(blob, key, digest, failures=failures))

@@ -272,7 +272,7 @@ def test_no_plaintext_copy_of_the_dataset_on_disk(platform_env):
             assert RAW_FRAGMENT not in data, path  # a CSV copy
             assert not (data.startswith(b"PAR1") and b"Bachelors" in data), path  # a Parquet copy
     blobs = list(platform_env.escrow_dir.iterdir())
-    assert blobs and all(b.suffix == ".fernet" for b in blobs)
+    assert blobs and all(b.suffix == ".escrow" for b in blobs)
 
 
 def test_scheduled_publication_needs_a_standing_policy(platform_env, tmp_path):

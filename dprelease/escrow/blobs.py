@@ -1,9 +1,15 @@
-"""Blobs: registered datasets encrypted at rest (Fernet), decrypted only into memory.
+"""Blobs: registered datasets encrypted at rest, decrypted only into memory, batch by batch.
 
-- `seal_file` (or `seal_bytes`, for data already in memory) encrypts a CSV, CSV.gz or Parquet file
-  into `<escrow_dir>/<fingerprint>.fernet` (written atomically; nothing but ciphertext is written).
-- `open_blob` / `load_frame` decrypt into memory and check the plaintext's SHA-256 fingerprint;
-  parsing reads from an in-memory buffer, never a temporary plaintext file (invariant 6).
+- `seal_file` converts a CSV, CSV.gz or Parquet file to Parquet (DuckDB's CSV reader, the
+  engine's own parsing) batch by batch and encrypts the Parquet bytes as they are written
+  (`stream`: chunked AES-256-GCM) into `<escrow_dir>/<fingerprint>-<random>.escrow`, through a
+  temporary name in the same directory: only ciphertext is ever written, the source is never
+  held in memory whole, and every registration gets its own blob (no blob is shared between
+  datasets, so removing one never harms another).
+- `open_batches` gives the rows back as a pyarrow RecordBatchReader that decrypts and decodes one
+  row group at a time (no plaintext file, no pandas copy): the engine's input.
+- Blobs of the first format (one Fernet token over the whole source file, `.fernet`) stay
+  readable: `open_batches` / `open_blob` / `load_frame` tell the formats apart by their header.
 """
 
 from __future__ import annotations
@@ -11,20 +17,28 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import secrets
 import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 from cryptography.fernet import Fernet, InvalidToken
 
 from dprelease.settings import Settings
 
+from . import stream
 from .errors import EscrowError
 from .keys import _checked_key
 
 # suffix (lower case) -> file_format recorded in the store; longest suffixes first
 SUFFIX_FORMATS = ((".csv.gz", "csv.gz"), (".csv", "csv"), (".parquet", "parquet"), (".pq", "parquet"))
-BLOB_SUFFIX = ".fernet"
+BLOB_SUFFIX = ".escrow"  # chunked AEAD blobs (stream.py)
+LEGACY_SUFFIX = ".fernet"  # the first format: one Fernet token, read only
+BATCH_ROWS = 1_000_000  # rows per Parquet row group at rest = rows per batch read back
 
 
 def _fernet(key: bytes) -> Fernet:
@@ -50,61 +64,255 @@ def file_format_of(path: Path) -> str:
     raise EscrowError(f"cannot register {path.name}: unsupported file type; accepted suffixes are {accepted}")
 
 
-def _check_magic(data: bytes, file_format: str, label: str) -> None:
-    """Cheap content check so a misnamed file is refused at registration, not at release time."""
-    if file_format == "csv.gz" and not data.startswith(b"\x1f\x8b"):
-        raise EscrowError(f"{label} is declared csv.gz but is not gzip-compressed: rename it or compress it")
-    if file_format == "parquet" and not (data.startswith(b"PAR1") and data.endswith(b"PAR1")):
-        raise EscrowError(f"{label} is declared parquet but is not a Parquet file: rename it or convert it")
+def file_fingerprint(path: Path, on_bytes: Callable[[int], None] | None = None) -> str:
+    """SHA-256 hex of a file, read in 8 MiB blocks (the registered source's identity)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(8 << 20):
+            digest.update(block)
+            if on_bytes is not None:
+                on_bytes(len(block))
+    return digest.hexdigest()
 
 
-def _write_atomically(target: Path, payload: bytes) -> None:
-    """Write to a temporary name in the target's directory, fsync, then rename over the target."""
-    fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+def _check_file_magic(path: Path, file_format: str) -> None:
+    """Cheap content check so a misnamed file is refused before anything is written."""
+    with open(path, "rb") as handle:
+        head = handle.read(4)
+        handle.seek(max(0, path.stat().st_size - 4))
+        tail = handle.read(4)
+    if file_format == "csv.gz" and not head.startswith(b"\x1f\x8b"):
+        raise EscrowError(f"{path} is declared csv.gz but is not gzip-compressed: rename it or compress it")
+    if file_format == "parquet" and not (head == b"PAR1" and tail == b"PAR1"):
+        raise EscrowError(f"{path} is declared parquet but is not a Parquet file: rename it or convert it")
+
+
+def _csv_reader_sql(path: Path) -> str:
+    """The engine's CSV dialect (dp_core.backend): a header row, comma, double quotes, strict."""
+    quoted = "'" + str(path).replace("'", "''") + "'"
+    return (f"SELECT * FROM read_csv({quoted}, header = true, delim = ',', quote = '\"', escape = '\"', "
+            "strict_mode = true)")
+
+
+@dataclass
+class SourceReader:
+    """The rows of a source file as Arrow batches, with the schema known before any is read."""
+
+    schema: pa.Schema
+    batches: Iterator[pa.RecordBatch]
+    total_rows: int | None  # known for Parquet sources
+    _close: Callable[[], None]
+
+    def close(self) -> None:
+        self._close()
+
+
+def read_source(path: Path, batch_rows: int | None = None, threads: int | None = None) -> SourceReader:
+    """Open a CSV / CSV.gz / Parquet file for streaming (batch_rows: rows per batch, default
+    BATCH_ROWS); EscrowError for what cannot be read."""
+    path = Path(path)
+    batch_rows = batch_rows or BATCH_ROWS
+    file_format = file_format_of(path)
+    if not path.exists():
+        raise EscrowError(f"cannot register {path}: no such file")
+    if path.is_dir():
+        raise EscrowError(f"cannot register {path}: it is a directory, give a file")
+    _check_file_magic(path, file_format)
+    if file_format == "parquet":
+        try:
+            parquet = pq.ParquetFile(path)
+        except (pa.ArrowException, OSError) as err:
+            raise EscrowError(f"cannot read {path} as Parquet: {str(err).splitlines()[0]}") from None
+        return SourceReader(parquet.schema_arrow, parquet.iter_batches(batch_size=batch_rows),
+                            parquet.metadata.num_rows, parquet.close)
+    import duckdb
+
+    con = duckdb.connect(":memory:", config={"temp_directory": ""})
+    if threads:
+        con.execute(f"SET threads = {int(threads)}")
+    try:
+        reader = con.sql(_csv_reader_sql(path)).to_arrow_reader(batch_rows)
+    except duckdb.Error as err:
+        con.close()
+        raise EscrowError(f"cannot read {path} as CSV with a header row: {str(err).splitlines()[0]}") from None
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        try:
+            yield from reader
+        except (duckdb.Error, pa.ArrowException) as err:
+            raise EscrowError(f"cannot read {path} as CSV with a header row: {str(err).splitlines()[0]}") from None
+
+    return SourceReader(reader.schema, batches(), None, con.close)
+
+
+@dataclass(frozen=True)
+class SealedBlob:
+    path: Path
+    fingerprint: str  # SHA-256 of the source file
+    file_format: str  # of the plaintext at rest: always parquet
+    schema: pa.Schema
+    rows: int
+    row_groups: int
+
+
+def seal_source(path: Path, source: SourceReader, fingerprint_hex: str, settings: Settings, key: bytes, *,
+                row_number_column: str | None = None,
+                on_batch: Callable[[pa.RecordBatch], None] | None = None,
+                chunk_size: int = stream.CHUNK_SIZE) -> SealedBlob:
+    """Write the source's batches as Parquet (one row group per batch) through the encrypting
+    sink into a new blob; `row_number_column` prepends a 0-based row number. The blob appears
+    under its final name only when complete; on any failure nothing is left behind."""
+    _fernet(key)  # a bad key fails before anything is written
+    schema = source.schema
+    if row_number_column is not None:
+        schema = schema.insert(0, pa.field(row_number_column, pa.int64(), nullable=False))
+    settings.escrow_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    blob = settings.escrow_dir / f"{fingerprint_hex}-{secrets.token_hex(6)}{BLOB_SUFFIX}"
+    fd, tmp_name = tempfile.mkstemp(dir=blob.parent, prefix=f".{blob.name}.", suffix=".tmp")
+    rows = groups = 0
     try:
         with os.fdopen(fd, "wb") as handle:
-            handle.write(payload)
+            sink = stream.EncryptingWriter(handle, key, fingerprint_hex, chunk_size=chunk_size)
+            writer = pq.ParquetWriter(sink, schema, compression="zstd")
+            for batch in source.batches:
+                if row_number_column is not None:
+                    numbers = pa.array(range(rows, rows + batch.num_rows), type=pa.int64())
+                    batch = pa.RecordBatch.from_arrays([numbers, *batch.columns], schema=schema)
+                if batch.num_rows == 0:
+                    continue
+                writer.write_batch(batch)
+                rows += batch.num_rows
+                groups += 1
+                if on_batch is not None:
+                    on_batch(batch)
+            writer.close()
+            sink.finish()
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(tmp_name, target)
+        os.replace(tmp_name, blob)
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
         raise
+    finally:
+        source.close()
+    return SealedBlob(blob, fingerprint_hex, "parquet", schema, rows, groups)
 
 
-def _seal(data: bytes, file_format: str, settings: Settings, key: bytes) -> tuple[Path, str, str]:
-    """Encrypt checked plaintext into `<escrow_dir>/<fingerprint>.fernet` (ciphertext only)."""
-    digest = fingerprint(data)
-    token = _fernet(key).encrypt(data)
-    settings.escrow_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    blob = settings.escrow_dir / f"{digest}{BLOB_SUFFIX}"
-    _write_atomically(blob, token)
-    return blob, digest, file_format
-
-
-def seal_bytes(data: bytes, file_format: str, settings: Settings, key: bytes) -> tuple[Path, str, str]:
-    """Encrypt plaintext already in memory into the escrow; return (blob path, fingerprint, format)."""
-    if file_format not in {fmt for _, fmt in SUFFIX_FORMATS}:
-        raise EscrowError(f"unknown file format {file_format!r}: expected one of csv, csv.gz, parquet")
-    _check_magic(data, file_format, "the data")
-    return _seal(data, file_format, settings, key)
-
-
-def seal_file(path: Path, settings: Settings, key: bytes) -> tuple[Path, str, str]:
+def seal_file(path: Path, settings: Settings, key: bytes, **options) -> tuple[Path, str, str]:
     """Encrypt a CSV / CSV.gz / Parquet file into the escrow; return (blob path, fingerprint, format)."""
     path = Path(path)
-    file_format = file_format_of(path)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError as exc:
-        raise EscrowError(f"cannot register {path}: no such file") from exc
-    _check_magic(data, file_format, str(path))
-    return _seal(data, file_format, settings, key)
+    source = read_source(path)
+    sealed = seal_source(path, source, file_fingerprint(path), settings, key, **options)
+    return sealed.path, sealed.fingerprint, sealed.file_format
+
+
+def open_batches(blob_path: Path | str, key: bytes, expected_fingerprint: str, file_format: str = "parquet",
+                 on_batch: Callable[[pa.RecordBatch], None] | None = None,
+                 failures: list | None = None) -> pa.RecordBatchReader:
+    """The dataset's rows as a RecordBatchReader: one row group decrypted and decoded at a time
+    (legacy Fernet blobs: decrypted whole, then batched). An EscrowError met while a consumer
+    reads (a chunk failing authentication) is also appended to `failures`, so the caller can
+    report it even when the consumer (DuckDB) wraps it in its own error."""
+    blob_path = Path(blob_path)
+    if not blob_path.exists():
+        raise EscrowError(f"the escrow blob {blob_path} is missing: register the dataset again")
+    if not stream.is_stream_blob(blob_path):
+        table = _legacy_table(open_blob(blob_path, key, expected_fingerprint), file_format)
+        batches = iter(table.to_batches(max_chunksize=BATCH_ROWS))
+        schema = table.schema
+    else:
+        plain = stream.DecryptingFile(blob_path, _checked_key(key, "the caller"), expected_fingerprint)
+        try:
+            parquet = pq.ParquetFile(plain)
+        except pa.ArrowException as err:
+            plain.close()
+            raise EscrowError(f"the escrow blob {blob_path} holds no readable Parquet data ({err}): "
+                              "register the dataset again") from None
+        schema = parquet.schema_arrow
+
+        def decrypted() -> Iterator[pa.RecordBatch]:
+            try:
+                for group in range(parquet.num_row_groups):
+                    yield from parquet.read_row_group(group).to_batches()
+            except EscrowError as err:
+                if failures is not None:
+                    failures.append(err)
+                raise
+            except pa.ArrowException as err:
+                failure = EscrowError(f"the escrow blob {blob_path} holds unreadable Parquet data ({err}): "
+                                      "register the dataset again")
+                if failures is not None:
+                    failures.append(failure)
+                raise failure from None
+            finally:
+                plain.close()
+
+        batches = decrypted()
+    if on_batch is not None:
+        batches = _observed(batches, on_batch)
+    return pa.RecordBatchReader.from_batches(schema, batches)
+
+
+class EscrowRows:
+    """A dataset's rows as a replayable Arrow stream (the Arrow PyCapsule stream protocol): every
+    consumer call (DuckDB calls once per scan) gets a fresh RecordBatchReader that decrypts and
+    decodes one row group at a time. The engine scans its input several times; this way no scan
+    needs a copy of the dataset in memory, and nothing is ever written out. The key and the
+    fingerprint are checked when it is made, before any engine work."""
+
+    def __init__(self, blob_path: Path | str, key: bytes, expected_fingerprint: str, file_format: str = "parquet",
+                 on_batch: Callable[[pa.RecordBatch], None] | None = None, failures: list | None = None):
+        self.blob_path = Path(blob_path)
+        self._args = (self.blob_path, key, expected_fingerprint, file_format)
+        self._on_batch = on_batch
+        self.failures = failures if failures is not None else []
+        self._legacy: pa.Table | None = None
+        if self.blob_path.exists() and not stream.is_stream_blob(self.blob_path):
+            self._legacy = _legacy_table(open_blob(self.blob_path, key, expected_fingerprint), file_format)
+            self.schema = self._legacy.schema
+        else:
+            self.schema = open_batches(*self._args).schema  # checks key and fingerprint now
+
+    def reader(self) -> pa.RecordBatchReader:
+        if self._legacy is not None:
+            batches = iter(self._legacy.to_batches(max_chunksize=BATCH_ROWS))
+            if self._on_batch is not None:
+                batches = _observed(batches, self._on_batch)
+            return pa.RecordBatchReader.from_batches(self.schema, batches)
+        return open_batches(*self._args, on_batch=self._on_batch, failures=self.failures)
+
+    def __arrow_c_stream__(self, requested_schema=None):
+        return self.reader().__arrow_c_stream__(requested_schema)
+
+
+def _observed(batches: Iterator[pa.RecordBatch], on_batch) -> Iterator[pa.RecordBatch]:
+    for batch in batches:
+        on_batch(batch)
+        yield batch
+
+
+def _legacy_table(data: bytes, file_format: str) -> pa.Table:
+    return pa.Table.from_pandas(parse_bytes(data, file_format), preserve_index=False)
+
+
+def blob_row_count(blob_path: Path | str, key: bytes, expected_fingerprint: str) -> int | None:
+    """Rows in a v1 blob, from the Parquet footer (None for a legacy blob)."""
+    if not stream.is_stream_blob(Path(blob_path)):
+        return None
+    with stream.DecryptingFile(blob_path, _checked_key(key, "the caller"), expected_fingerprint) as plain:
+        return pq.ParquetFile(plain).metadata.num_rows
 
 
 def open_blob(blob_path: Path | str, key: bytes, expected_fingerprint: str) -> bytes:
-    """Decrypt an escrow blob into memory and check it is the registered plaintext."""
+    """Decrypt a whole escrow blob into memory (small data and tests only; releases use
+    `open_batches`). v1: the Parquet at rest, every chunk authenticated in order; legacy: the
+    source file's bytes, checked against the fingerprint."""
     blob_path = Path(blob_path)
+    if blob_path.exists() and stream.is_stream_blob(blob_path):
+        with stream.DecryptingFile(blob_path, _checked_key(key, "the caller"), expected_fingerprint) as plain:
+            plain.verify_all()
+            plain.seek(0)
+            return plain.read()
     try:
         token = blob_path.read_bytes()
     except FileNotFoundError as exc:
@@ -136,5 +344,5 @@ def parse_bytes(data: bytes, file_format: str) -> pd.DataFrame:
 
 
 def load_frame(blob_path: Path | str, key: bytes, fingerprint: str, file_format: str) -> pd.DataFrame:
-    """Decrypt a registered dataset and parse it, all in memory."""
-    return parse_bytes(open_blob(blob_path, key, fingerprint), file_format)
+    """Decrypt a registered dataset into a DataFrame (small data only: releases stream batches)."""
+    return open_batches(blob_path, key, fingerprint, file_format).read_all().to_pandas()

@@ -1,0 +1,178 @@
+"""Platform at scale (issue 14): register + release of the engine benchmark's workload through the CLI.
+
+For each size (default 10M and 50M rows; bench/workload.py: 1M units, 10k Zipf-like partitions):
+  1. `dprelease dataset register` of the workload file (Parquet, or CSV with --csv),
+  2. `dprelease release <request> --approve-as bench` (DP COUNT + SUM by partition, C_u = 4,
+     epsilon 1, delta 1e-6: the engine benchmark's query), the approval answered at once,
+  3. the data checks alone (`pipeline.check_data` on the registered dataset),
+  4. the engine alone (`dp_core.execute` on the plaintext file) in a fresh process, same query,
+each a separate process tree; printed: wall time and peak memory of the whole process tree
+(the sum of the RSS of the process and its descendants, sampled every 20 ms). A tiny run (10k rows)
+measures the fixed costs (interpreter, imports, Prefect's temporary server, great-expectations)
+in the same run, so the size-dependent overhead can be told apart from them.
+
+Targets: 50M rows under 4 GB peak and under 60 s end to end; 10M rows under 1.5 GB; platform
+overhead (all but the engine's compute) under 2x the engine's time at 10M rows.
+Run: python bench/platform_scale.py [--rows 10000000 50000000] [--csv]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).parent))
+import workload  # noqa: E402
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+REQUEST = {"dataset": "workload", "title": "platform scale benchmark", "epsilon": 1.0, "delta": 1e-6,
+           "max_partitions_contributed": 4,
+           "query": {"group_by": ["part"], "aggregates": [{"kind": "count", "upper": 10, "name": "rows"},
+                                                          {"kind": "sum", "column": "val", "lower": 0,
+                                                           "upper": 1000, "name": "total"}]}}
+CHECKS = """
+import json, time
+from dprelease import pipeline
+from dprelease.settings import Settings
+platform = pipeline.Platform.open(Settings.from_env())
+t0 = time.perf_counter()
+report = pipeline.check_data(platform, "workload")
+print(json.dumps({"checks_s": time.perf_counter() - t0, "success": report.success}))
+"""
+ENGINE = """
+import json, sys, time
+start = time.perf_counter()
+import dp_core as dp
+query = dp.Query([dp.count(upper=10), dp.sum_("val", 0, 1000)], privacy_unit="uid", group_by=("part",),
+                 epsilon=1.0, delta=1e-6, max_partitions_contributed=4)
+t0 = time.perf_counter()
+result = dp.execute(query, sys.argv[1])
+print(json.dumps({"compute_s": time.perf_counter() - t0, "released": len(result.table)}))
+"""
+
+
+def _tree_rss(root: int) -> int:
+    """Bytes resident in `root` and all its descendants now (from /proc)."""
+    children: dict[int, list[int]] = {}
+    rss: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        pid, ppid = int(entry), int(fields[1])
+        children.setdefault(ppid, []).append(pid)
+        rss[pid] = int(fields[21]) * PAGE
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        total += rss.get(pid, 0)
+        todo.extend(children.get(pid, []))
+    return total
+
+
+def measure(cmd: list[str], env: dict) -> dict:
+    """Run a command; its wall time, whole-tree peak RSS, exit code and output."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    peak = [0]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], _tree_rss(proc.pid))
+            time.sleep(0.02)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    out, err = proc.communicate()
+    wall = time.perf_counter() - start
+    done.set()
+    sampler.join()
+    if proc.returncode != 0:
+        print(f"FAILED ({proc.returncode}): {' '.join(cmd)}\n{out[-2000:]}\n{err[-4000:]}", file=sys.stderr)
+    return {"wall_s": wall, "peak_gb": peak[0] / 1e9, "code": proc.returncode, "out": out}
+
+
+def source_file(rows: int, csv: bool) -> Path:
+    units = min(workload.UNITS, max(rows // 10, 1))
+    partitions = min(workload.PARTITIONS, max(rows // 100, 10))
+    path = workload.make_workload(rows, units, partitions)
+    if not csv:
+        return path
+    target = path.with_suffix(".csv")
+    if not target.exists():
+        import duckdb
+
+        tmp = target.with_suffix(".tmp.csv")
+        duckdb.sql(f"COPY (SELECT * FROM read_parquet('{path}')) TO '{tmp}' (HEADER)")
+        tmp.rename(target)
+    return target
+
+
+def run_size(rows: int, csv: bool, python: str, prefect_home: Path) -> dict:
+    data = source_file(rows, csv)
+    home = Path(tempfile.mkdtemp(prefix="dprelease-scale-"))
+    env = dict(os.environ, DPRELEASE_HOME=str(home), PREFECT_HOME=str(prefect_home),
+               PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_LOGGING_LEVEL="WARNING",
+               PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="300",
+               DPRELEASE_PROGRESS="log", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("PREFECT_API_URL", None)
+    cli = [python, "-c", "from cli.app import app; app()"]
+    subprocess.run(cli + ["init"], env=env, check=True, capture_output=True, cwd=ROOT)
+    request = home / "request.json"
+    request.write_text(json.dumps(REQUEST))
+    register = measure(cli + ["dataset", "register", "workload", str(data), "--unit", "uid", "--epsilon-cap", "10"], env)
+    release = measure(cli + ["release", str(request), "--approve-as", "bench"], env)
+    checks = measure([python, "-c", CHECKS], env)
+    engine = measure([python, "-c", ENGINE, str(data)], env)
+    engine_s = json.loads(engine["out"].strip().splitlines()[-1])["compute_s"] if engine["code"] == 0 else float("nan")
+    return {"rows": rows, "file": data.name, "file_gb": data.stat().st_size / 1e9, "register": register,
+            "release": release, "engine": engine, "engine_compute_s": engine_s, "checks": checks,
+            "checks_s": json.loads(checks["out"].strip().splitlines()[-1])["checks_s"] if checks["code"] == 0
+            else float("nan")}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, nargs="+", default=[10_000_000, 50_000_000])
+    ap.add_argument("--csv", action="store_true", help="register a CSV copy of the workload instead of Parquet")
+    args = ap.parse_args()
+    python = sys.executable
+    prefect_home = Path(tempfile.mkdtemp(prefix="dprelease-scale-prefect-"))  # one controller's, reused
+    tiny = run_size(10_000, args.csv, python, prefect_home)
+    fixed = tiny["register"]["wall_s"] + tiny["release"]["wall_s"]
+    print(f"fixed costs (10k rows): register {tiny['register']['wall_s']:.1f} s, release "
+          f"{tiny['release']['wall_s']:.1f} s (interpreters, imports, Prefect server, checks)")
+    for rows in args.rows:
+        r = run_size(rows, args.csv, python, prefect_home)
+        total = r["register"]["wall_s"] + r["release"]["wall_s"]
+        peak = max(r["register"]["peak_gb"], r["release"]["peak_gb"])
+        engine_s = r["engine_compute_s"]
+        overhead = total - engine_s
+        scaling = total - fixed - engine_s
+        print(f"\n{rows:,} rows ({r['file']}, {r['file_gb']:.2f} GB)")
+        print(f"  register  {r['register']['wall_s']:7.1f} s   peak {r['register']['peak_gb']:.2f} GB")
+        print(f"  release   {r['release']['wall_s']:7.1f} s   peak {r['release']['peak_gb']:.2f} GB")
+        print(f"  data checks alone (decrypt, engine aggregates, great-expectations): {r['checks_s']:.1f} s "
+              f"(process {r['checks']['wall_s']:.1f} s, peak {r['checks']['peak_gb']:.2f} GB)")
+        print(f"  engine alone: compute {engine_s:.2f} s (process {r['engine']['wall_s']:.1f} s, "
+              f"peak {r['engine']['peak_gb']:.2f} GB)")
+        print(f"  end to end {total:.1f} s, peak {peak:.2f} GB; platform overhead {overhead:.1f} s = "
+              f"{overhead / engine_s:.1f}x the engine; beyond the fixed costs {scaling:.1f} s = "
+              f"{scaling / engine_s:.1f}x the engine")
+
+
+if __name__ == "__main__":
+    main()

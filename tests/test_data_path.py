@@ -1,0 +1,137 @@
+"""The data path at scale (issue 14) and atomic registration (issue 12, item 3): a failed
+registration harms no other dataset; a release decrypts batch by batch into the engine, writes no
+plaintext anywhere, and never holds the whole dataset in one batch."""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dprelease import admin, escrow, pipeline
+from dprelease.pipeline import EpsilonDecision, Platform
+from dprelease.requests import parse_request
+from dprelease.settings import Settings
+from dprelease.store import StoreError
+
+MARKER = "Plaintext-Marker-5521"  # must never appear in any file on disk
+
+
+@pytest.fixture()
+def home(tmp_path, monkeypatch):
+    watched_tmp = tmp_path / "tmp"
+    watched_tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(watched_tmp))
+    monkeypatch.setenv("TMPDIR", str(watched_tmp))
+    settings = Settings(home=tmp_path / "home", store_url=f"sqlite:///{tmp_path / 'home' / 'store.db'}",
+                        key_dir=tmp_path / "keys")
+    admin.init(settings)
+    return settings
+
+
+def _data(path: Path, rows: int) -> Path:
+    uid = np.arange(rows) // 2
+    # the marker sits in a many-valued text column: a few-valued one is kept in the data-check suite
+    df = pd.DataFrame({"uid": uid, "grp": np.where(uid % 3 == 0, "x", "y"), "val": uid % 7,
+                       "note": [f"{MARKER}-{i}" for i in range(rows)]})
+    df.to_csv(path, index=False)
+    return path
+
+
+def _release(settings: Settings, dataset: str, release_id: str = "r1"):
+    platform = Platform.open(settings)
+    request = parse_request({"dataset": dataset, "query": {"group_by": ["grp"], "aggregates": [
+        {"kind": "count", "upper": 2}, {"kind": "sum", "column": "val", "lower": 0, "upper": 6}]}, "epsilon": 1.0})
+    planned = pipeline.plan(platform, request)
+    return pipeline.compute_sealed(platform, release_id, planned, EpsilonDecision(1.0, "fixed", "test"))
+
+
+def test_failed_registration_of_the_same_file_leaves_the_first_dataset_releasable(home, tmp_path):
+    data = _data(tmp_path / "data.csv", 1000)
+    admin.register_dataset(home, "A", data, "uid", epsilon_cap=5.0)
+    blobs_before = sorted(home.escrow_dir.iterdir())
+    with pytest.raises(escrow.EscrowError, match="'typo' is not in"):
+        admin.register_dataset(home, "B", data, "typo", epsilon_cap=5.0)
+    with pytest.raises((StoreError, ValueError)):  # refused by the store after sealing: B's own blob goes, A's stays
+        admin.register_dataset(home, "B", data, "uid", epsilon_cap=-1.0)
+    with pytest.raises(StoreError, match="already registered"):
+        admin.register_dataset(home, "A", data, "uid", epsilon_cap=5.0)
+    assert sorted(home.escrow_dir.iterdir()) == blobs_before
+    assert pipeline.check_data(Platform.open(home), "A").success
+    assert set(_release(home, "A").table["grp"]) <= {"x", "y"}
+
+
+def _files_with_marker(roots: list[Path]) -> list[Path]:
+    found = []
+    for root in roots:
+        for path in root.rglob("*"):
+            try:
+                if path.is_file() and MARKER.encode() in path.read_bytes():
+                    found.append(path)
+            except OSError:  # vanished while scanning
+                pass
+    return found
+
+
+def test_release_streams_batches_and_writes_no_plaintext(home, tmp_path, monkeypatch):
+    monkeypatch.setattr(escrow.blobs, "BATCH_ROWS", 20_000)
+    rows = 200_000
+    (tmp_path / "source").mkdir()
+    source = _data(tmp_path / "source" / "big.csv", rows)
+    admin.register_dataset(home, "big", source, "uid", epsilon_cap=5.0)
+    watched = [home.home, Path(tempfile.gettempdir())]
+
+    batches: list[int] = []
+    original = escrow.blobs.open_batches
+
+    def counting(*args, **kwargs):
+        inner = kwargs.pop("on_batch", None)
+
+        def observe(batch):
+            batches.append(batch.num_rows)
+            if inner is not None:
+                inner(batch)
+        return original(*args, on_batch=observe, **kwargs)
+
+    monkeypatch.setattr(escrow.blobs, "open_batches", counting)
+    seen: list[Path] = []
+    stop = threading.Event()
+
+    def scan():
+        while not stop.is_set():
+            seen.extend(_files_with_marker(watched))
+
+    scanner = threading.Thread(target=scan)
+    scanner.start()
+    try:
+        assert pipeline.check_data(Platform.open(home), "big").success
+        result = _release(home, "big")
+    finally:
+        stop.set()
+        scanner.join()
+    assert seen == [] and _files_with_marker(watched) == []
+    assert set(result.table["grp"]) == {"x", "y"}
+    # the checks and the compute step each scan the rows (some steps more than once), always in
+    # bounded batches: no batch holds more than a tenth of the rows
+    assert sum(batches) >= 2 * rows and sum(batches) % rows == 0
+    assert len(batches) >= 20 and max(batches) <= 20_000
+
+
+def test_import_dp_core_and_cli_help_stay_light():
+    """Heavy libraries load only where used (issue 14: start fast)."""
+    import subprocess
+    import sys
+
+    heavy = ("scipy", "prefect", "great_expectations", "pyspark", "matplotlib")
+    probe = ("import sys; sys.argv = ['dprelease', '--help']\nfrom cli.app import app\n"
+             "try:\n    app()\nexcept SystemExit:\n    pass\n")
+    engine = ("pandas", "duckdb", "sqlglot", "pyarrow")  # loaded by the first query, not by the import
+    for code, refused in (("import dp_core", heavy + engine), (probe, heavy + engine)):
+        out = subprocess.run([sys.executable, "-c", code + "\nimport sys\nprint(' '.join(sorted(sys.modules)))"],
+                             capture_output=True, text=True, check=True).stdout.split()
+        loaded = {m.split(".")[0] for m in out}
+        assert not loaded & set(refused), (code, sorted(loaded & set(refused)))
