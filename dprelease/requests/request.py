@@ -110,12 +110,18 @@ def parse_request(data: dict) -> ReleaseRequest:
 
 def load_request(path: Path) -> ReleaseRequest:
     """A request from a .yaml/.yml/.json file, or a .sql file (then dataset/epsilon come separately)."""
-    text = Path(path).read_text()
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise RequestError(f"{path}: not UTF-8 text: a request is a .yaml or .json file") from None
     try:
         data = json.loads(text) if str(path).endswith(".json") else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as err:
         raise RequestError(f"{path}: not valid YAML/JSON: {err}") from None
-    return parse_request(data)
+    try:
+        return parse_request(data)
+    except RequestError as err:  # say where: the request file
+        raise RequestError(f"{path}: {err}") from None
 
 
 def query_from_spec(spec: dict, privacy_unit: str, epsilon: float, **fields) -> Query:
