@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
-import numpy as np
 import pandas as pd
 
 from .bounding import INPUT_NAME
+from . import input_checks
 from .errors import InvalidDataError
 from .sql_text import ident, literal
 
@@ -29,7 +29,7 @@ class DuckDBBackend:
 
     connection: duckdb.DuckDBPyConnection | None
     relation: duckdb.DuckDBPyRelation | None = None
-    frame: pd.DataFrame | None = None  # a pandas input: DuckDB reads its NaN as NULL
+    frame: pd.DataFrame | None = None  # a pandas input
     frames: dict | None = None  # pandas tables of a SQL query, by name
     dialect: str = "duckdb"
 
@@ -84,20 +84,6 @@ class DuckDBBackend:
         described = self.run(f"DESCRIBE SELECT * FROM {INPUT_NAME}")
         return dict(zip(described["column_name"], described["column_type"]))
 
-    def count_nan(self, column: str) -> int:
-        """NaN values of a pandas float column (DuckDB's scan turns them into NULL, hiding them).
-        For SQL queries over several tables: every pandas table's column of that name."""
-        frames = [self.frame] if self.frame is not None else list((self.frames or {}).values())
-        total = 0
-        for frame in frames:
-            if column not in frame:
-                continue
-            values = frame[column]
-            if isinstance(values.dtype, np.dtype) and values.dtype.kind == "f":
-                # nullable dtypes keep NA (missing) apart from NaN, which SQL then sees
-                total += int(np.isnan(values.to_numpy()).sum())
-        return total
-
     def close(self) -> None:
         if self.connection is not None:
             self.connection.close()
@@ -116,8 +102,7 @@ def _register(con, name: str, data) -> None:
     """Register one input under `name`: a DataFrame or Arrow table in place, a file as a view."""
     if isinstance(data, (str, Path)):
         path = Path(data)
-        if not path.exists():
-            raise InvalidDataError(f"input file not found: {path}")
+        input_checks.check_file(path)  # the shared file rules (same verdict as registration)
         suffix = path.name.lower()
         if suffix.endswith(".parquet"):
             reader, kind = f"read_parquet({literal(str(path))})", "Parquet"
@@ -131,13 +116,16 @@ def _register(con, name: str, data) -> None:
         else:
             raise InvalidDataError(f"cannot read {path}: give a .csv, .csv.gz, .tsv or .parquet file")
         try:
-            con.execute(f"CREATE VIEW {ident(name)} AS SELECT * FROM {reader}")
+            con.execute(f"CREATE VIEW {ident(name)} AS {input_checks.missing_as_null(con, 'SELECT * FROM ' + reader)}")
             con.execute(f"SELECT count(*) FROM {ident(name)}").fetchall()
         except duckdb.Error as err:
             first = str(err).splitlines()[0]
             raise InvalidDataError(f"cannot read {path} as {kind}: {first}") from None
     elif isinstance(data, pd.DataFrame) or type(data).__module__.startswith("pyarrow"):
-        con.register(name, data)
+        input_checks.check_frame(data)
+        raw = f"_input_{name}"
+        con.register(raw, data)  # the view below reads NaN as NULL (DuckDB does so for pandas, not Arrow)
+        con.execute(f"CREATE VIEW {ident(name)} AS {input_checks.missing_as_null(con, 'SELECT * FROM ' + ident(raw))}")
     else:
         raise InvalidDataError(
             f"unsupported input type {type(data).__name__}: give a pandas DataFrame, a pyarrow "

@@ -40,8 +40,9 @@ def register_dataset(settings: Settings, name: str, path: Path, privacy_unit: st
     number, in memory, and the result (Parquet) is what gets sealed. risk_profile: sensitivity,
     trust, n (values of the sensitive attribute), max_risk: the numbers behind the noise-against-
     risk chart of every controller summary (defaults: DEFAULT_RISK_PROFILE)."""
-    from dp_core import risk
+    from dp_core import input_checks, risk
 
+    input_checks.check_file(path)  # the engine's file rules, before anything is sealed
     profile = {**DEFAULT_RISK_PROFILE, **(risk_profile or {})}
     for field in ("sensitivity", "trust", "max_risk"):
         risk.level_value(profile[field])  # refuses unknown levels before anything is sealed

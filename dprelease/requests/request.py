@@ -24,6 +24,7 @@ from pathlib import Path
 import yaml
 
 from dp_core import Aggregate, InvalidQueryError, Query
+from dp_core.input_checks import check_epsilon
 from dp_core.query import AggregateKind
 
 
@@ -92,9 +93,10 @@ def parse_request(data: dict) -> ReleaseRequest:
         else:
             raise RequestError("epsilon must be a number, {pri: {p: ...}} or {risk: {trust: ..., ...}}")
     elif eps is not None:
-        fixed = _number(eps, "epsilon")
-        if fixed <= 0:
-            raise RequestError(f"epsilon must be > 0, got {fixed}")
+        try:
+            fixed = check_epsilon(eps)  # the engine's rule, the engine's message
+        except InvalidQueryError as err:
+            raise RequestError(str(err)) from None
     delta = _number(data.get("delta", 1e-6), "delta")
     cu = data.get("max_partitions_contributed", 1)
     if isinstance(cu, bool) or not isinstance(cu, int) or cu < 1:
