@@ -271,9 +271,13 @@ def utility(
     from dprelease.requests import load_request
 
     try:
+        evaluator_params = json.loads(params)
+    except json.JSONDecodeError as err:
+        _fail(f"--params is not valid JSON ({err}): give an object, e.g. '{{\"column\": \"people\"}}'")
+    try:
         request = load_request(spec)
         check_request(_settings(), request, evaluator)
-        result = run_utility_interactively(_settings(), request, evaluator, json.loads(params), timeout=timeout)
+        result = run_utility_interactively(_settings(), request, evaluator, evaluator_params, timeout=timeout)
     except (DPError, json.JSONDecodeError) as err:
         _fail(str(err))
     console.print(result)

@@ -98,6 +98,8 @@ def parse_request(data: dict) -> ReleaseRequest:
         except InvalidQueryError as err:
             raise RequestError(str(err)) from None
     delta = _number(data.get("delta", 1e-6), "delta")
+    if not 0.0 <= delta < 1.0:
+        raise RequestError(f"delta must be in [0, 1), got {delta!r}")
     cu = data.get("max_partitions_contributed", 1)
     if isinstance(cu, bool) or not isinstance(cu, int) or cu < 1:
         raise RequestError(f"max_partitions_contributed must be a whole number >= 1, got {cu!r}")
