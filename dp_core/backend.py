@@ -14,7 +14,7 @@ import duckdb
 import pandas as pd
 
 from .bounding import INPUT_NAME
-from . import input_checks
+from .input_checks import check_file, check_frame, missing_as_null
 from .errors import InvalidDataError
 from .sql_text import ident, literal
 
@@ -102,7 +102,7 @@ def _register(con, name: str, data) -> None:
     """Register one input under `name`: a DataFrame or Arrow table in place, a file as a view."""
     if isinstance(data, (str, Path)):
         path = Path(data)
-        input_checks.check_file(path)  # the shared file rules (same verdict as registration)
+        check_file(path)  # the shared file rules (same verdict as registration)
         suffix = path.name.lower()
         if suffix.endswith(".parquet"):
             reader, kind = f"read_parquet({literal(str(path))})", "Parquet"
@@ -116,16 +116,16 @@ def _register(con, name: str, data) -> None:
         else:
             raise InvalidDataError(f"cannot read {path}: give a .csv, .csv.gz, .tsv or .parquet file")
         try:
-            con.execute(f"CREATE VIEW {ident(name)} AS {input_checks.missing_as_null(con, 'SELECT * FROM ' + reader)}")
+            con.execute(f"CREATE VIEW {ident(name)} AS {missing_as_null(con, 'SELECT * FROM ' + reader)}")
             con.execute(f"SELECT count(*) FROM {ident(name)}").fetchall()
         except duckdb.Error as err:
             first = str(err).splitlines()[0]
             raise InvalidDataError(f"cannot read {path} as {kind}: {first}") from None
     elif isinstance(data, pd.DataFrame) or type(data).__module__.startswith("pyarrow"):
-        input_checks.check_frame(data)
+        check_frame(data)
         raw = f"_input_{name}"
         con.register(raw, data)  # the view below reads NaN as NULL (DuckDB does so for pandas, not Arrow)
-        con.execute(f"CREATE VIEW {ident(name)} AS {input_checks.missing_as_null(con, 'SELECT * FROM ' + ident(raw))}")
+        con.execute(f"CREATE VIEW {ident(name)} AS {missing_as_null(con, 'SELECT * FROM ' + ident(raw))}")
     else:
         raise InvalidDataError(
             f"unsupported input type {type(data).__name__}: give a pandas DataFrame, a pyarrow "

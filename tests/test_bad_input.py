@@ -312,12 +312,19 @@ def test_unused_nested_columns_do_not_break_registration_or_release(home, tmp_pa
 # --- real processes: no traceback, no library noise -------------------------------------------------
 
 
-def run_cli(root: Path, *args, env: dict | None = None) -> subprocess.CompletedProcess:
+def start_cli(root: Path, *args, env: dict | None = None) -> subprocess.Popen:
+    """A real `dprelease` process on the home under `root` (its own temporary Prefect server)."""
     cli = Path(sys.executable).with_name("dprelease")
     full_env = {**os.environ, "DPRELEASE_HOME": str(root / "home"), "PYTHONPATH": str(ROOT), **(env or {})}
     full_env.pop("PREFECT_API_URL", None)
-    return subprocess.run([str(cli), *map(str, args)], env=full_env, stdin=subprocess.DEVNULL, capture_output=True,
-                          text=True, timeout=600)
+    return subprocess.Popen([str(cli), *map(str, args)], env=full_env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def run_cli(root: Path, *args, env: dict | None = None) -> subprocess.CompletedProcess:
+    process = start_cli(root, *args, env=env)
+    out, err = process.communicate(timeout=600)
+    return subprocess.CompletedProcess(process.args, process.returncode, out, err)
 
 
 def assert_one_clean_line(done: subprocess.CompletedProcess, words: str) -> None:
@@ -335,24 +342,60 @@ def test_process_register_duplicate_columns_is_one_line(home):
 
 
 @pytest.mark.slow
-def test_process_corrupted_blob_and_wrong_key_are_one_line_after_the_flow_starts(tmp_path):
+def test_process_corrupted_blob_and_wrong_key_file_are_one_line_after_the_flow_starts(home):
     """Failures inside the flow (Prefect's temporary server running, DuckDB loaded): one line each,
-    nothing reserved, nothing published. A home of its own: the blob is damaged on purpose."""
+    nothing reserved, nothing published. Dataset `fragile` has a blob of its own, damaged on purpose;
+    the wrong key is a valid key file of another home. Both processes run at once."""
     from cryptography.fernet import Fernet
 
-    (tmp_path / "fragile.csv").write_text(GOOD_CSV.replace("uid,", "uid,", 1) + "999,a,1,t0\n")
-    assert run_cli(tmp_path, "init").returncode == 0
-    done = run_cli(tmp_path, "dataset", "register", "small", tmp_path / "fragile.csv", "--unit", "uid", "--epsilon-cap", "5")
-    assert done.returncode == 0, done.stderr
-    request = tmp_path / "good.yaml"
-    request.write_text(f"dataset: small\nsql: {SQL}\nepsilon: 1\n")
-    before = state(tmp_path)
-    wrong = Fernet.generate_key().decode()
-    done = run_cli(tmp_path, "release", request, "--approve-as", "alice", env={"DPRELEASE_ESCROW_KEY": wrong})
-    assert_one_clean_line(done, "cannot decrypt")
-    blob = next((tmp_path / "home" / "escrow").glob("*.fernet"))
-    blob.write_bytes(b"garbage")
-    done = run_cli(tmp_path, "release", request, "--approve-as", "alice")
-    assert_one_clean_line(done, "cannot decrypt")
-    budgets, published = state(tmp_path)
-    assert (budgets, published) == before
+    (home / "fragile.csv").write_text(GOOD_CSV + "999,a,1,t0\n")
+    code, _, err = invoke("dataset", "register", "fragile", home / "fragile.csv", "--unit", "uid", "--epsilon-cap", "5")
+    assert code == 0, err
+    from dprelease.settings import Settings
+    from dprelease.store import Store
+
+    settings = Settings.from_env({"DPRELEASE_HOME": str(home / "home")})
+    Path(Store(settings.store_url).get_dataset("fragile").blob_path).write_bytes(b"garbage")
+    other_keys = home / "other-keys"
+    other_keys.mkdir(mode=0o700)
+    (other_keys / "escrow.key").write_bytes(Fernet.generate_key())
+    (other_keys / "escrow.key").chmod(0o600)
+    (home / "fragile.yaml").write_text(f"dataset: fragile\nsql: {SQL.replace('small', 'fragile')}\nepsilon: 1\n")
+    before = state(home)
+    runs = [start_cli(home, "release", home / "fragile.yaml", "--approve-as", "alice"),
+            start_cli(home, "release", home / "requests" / "good.yaml", "--approve-as", "alice",
+                      env={"DPRELEASE_KEY_DIR": str(other_keys)})]
+    for process in runs:
+        out, err = process.communicate(timeout=600)
+        assert_one_clean_line(subprocess.CompletedProcess(process.args, process.returncode, out, err), "cannot decrypt")
+    assert state(home) == before
+
+
+# --- safe outputs -----------------------------------------------------------------------------------
+
+
+def test_results_csv_neutralises_formula_cells_and_keeps_numbers(tmp_path):
+    """A partition key a spreadsheet would execute gets a leading quote in results.csv (OWASP);
+    numbers, negative ones included, stay numbers; results.json keeps the exact key."""
+    import csv
+    import json
+
+    import dp_core as dp
+    from dprelease.reporting.data_files import write_data_files
+
+    keys = ['=HYPERLINK("http://x")', "+1", "-2", "@SUM(A1)", "\tTab", "\rCR", "plain", "a-b"]
+    df = pd.DataFrame({"uid": range(len(keys) * 3), "k": keys * 3, "x": [-5.0] * (len(keys) * 3)})
+    query = dp.Query([dp.sum_("x", -10, 0, name="total")], privacy_unit="uid", epsilon=1.0, group_by=("k",),
+                     public_partitions=keys)
+    result = dp.execute(query, df)
+    write_data_files(result, tmp_path)
+    with (tmp_path / "results.csv").open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    released = {row["k"] for row in rows}
+    assert released == {"'" + k if k[0] in "=+-@\t\r" else k for k in keys}
+    for row in rows:
+        float(row["total"])  # a number, never quoted
+    assert any(float(row["total"]) < 0 for row in rows), "negative numbers stay numbers"
+    text = (tmp_path / "results.json").read_text()
+    json.loads(text)
+    assert '"=HYPERLINK(\\"http://x\\")"' in text and "'=HYPERLINK" not in text  # exact, JSON-escaped

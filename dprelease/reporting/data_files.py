@@ -9,6 +9,7 @@ keeps every value exact (JSON is not executed), and the HTML report escapes it (
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 
 import pandas as pd
@@ -42,6 +43,8 @@ def write_data_files(result, directory: Path) -> list[Path]:
     directory.mkdir(parents=True, exist_ok=True)
     csv_path = directory / "results.csv"
     json_path = directory / "results.json"
-    safe_for_spreadsheets(result.table).to_csv(csv_path, index=False, lineterminator="\n")
+    # text quoted (a key holding a line break stays one cell), numbers bare (they stay numbers)
+    safe_for_spreadsheets(result.table).to_csv(csv_path, index=False, lineterminator="\n",
+                                               quoting=csv.QUOTE_NONNUMERIC)
     json_path.write_text(result.to_json(indent=2) + "\n", encoding="utf-8")
     return [csv_path, json_path]
