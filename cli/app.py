@@ -14,13 +14,15 @@ import sys
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 from rich.table import Table as RichTable
 
 from dprelease.settings import Settings
 
+from .errors import CommandLine, fail
 from .interactive import console, run_release_interactively, run_utility_interactively
 
-app = typer.Typer(help="Differentially private releases: register data, request, approve, publish, verify.",
+app = CommandLine(help="Differentially private releases: register data, request, approve, publish, verify.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
 dataset_app = typer.Typer(help="Register and list datasets (encrypted in the escrow).", no_args_is_help=True)
 app.add_typer(dataset_app, name="dataset")
@@ -29,13 +31,17 @@ policy_app = typer.Typer(help="Standing policies: what a request may ask, and wh
 app.add_typer(policy_app, name="policy")
 
 
+@app.callback()
+def global_options(debug: bool = typer.Option(False, "--debug", help="show tracebacks and library logs")) -> None:
+    """Differentially private releases: register data, request, approve, publish, verify."""
+
+
 def _settings() -> Settings:
     return Settings.from_env()
 
 
 def _fail(message: str) -> None:
-    console.print(f"[red]error:[/red] {message}")
-    raise typer.Exit(2)
+    fail(message)  # one line on stderr, exit 2 (cli.errors)
 
 
 @app.command()
@@ -67,15 +73,12 @@ def dataset_register(
     Example: dprelease dataset register adult adult.csv.gz --unit person_id --add-row-id --epsilon-cap 10"""
     from dprelease import admin
 
-    try:
-        profile = {"sensitivity": _level(sensitivity), "trust": _level(trust), "n": sensitive_values,
-                   "max_risk": _level(max_risk)}
-        ds = admin.register_dataset(_settings(), name, path, unit, epsilon_cap, delta_cap, add_row_id=add_row_id,
-                                    risk_profile=profile)
-    except Exception as err:  # noqa: BLE001 - every registration problem is reported the same way
-        _fail(str(err))
-    console.print(f"registered {ds.name!r}: fingerprint {ds.fingerprint[:16]}..., unit {ds.privacy_unit!r}, "
-                  f"epsilon cap {ds.epsilon_cap:g}, delta cap {ds.delta_cap:g}")
+    profile = {"sensitivity": _level(sensitivity), "trust": _level(trust), "n": sensitive_values,
+               "max_risk": _level(max_risk)}
+    ds = admin.register_dataset(_settings(), name, path, unit, epsilon_cap, delta_cap, add_row_id=add_row_id,
+                                risk_profile=profile)  # its errors: one line from the boundary (cli.errors)
+    console.print(escape(f"registered {ds.name!r}: fingerprint {ds.fingerprint[:16]}..., unit {ds.privacy_unit!r}, "
+                  f"epsilon cap {ds.epsilon_cap:g}, delta cap {ds.delta_cap:g}"))
 
 
 def _level(text: str) -> str | float:
@@ -227,10 +230,12 @@ def release(
 
     Example: dprelease release examples/request.yaml"""
     from dp_core import DPError
+    from dprelease.preflight import check_request
     from dprelease.requests import load_request
 
     try:
         request = load_request(spec)
+        check_request(_settings(), request)  # refused before any flow starts (quick, same message)
         result = run_release_interactively(_settings(), request, approve_as=approve_as, timeout=timeout)
     except DPError as err:
         _fail(str(err))
@@ -262,11 +267,17 @@ def utility(
     import json
 
     from dp_core import DPError
+    from dprelease.preflight import check_request
     from dprelease.requests import load_request
 
     try:
+        evaluator_params = json.loads(params)
+    except json.JSONDecodeError as err:
+        _fail(f"--params is not valid JSON ({err}): give an object, e.g. '{{\"column\": \"people\"}}'")
+    try:
         request = load_request(spec)
-        result = run_utility_interactively(_settings(), request, evaluator, json.loads(params), timeout=timeout)
+        check_request(_settings(), request, evaluator)
+        result = run_utility_interactively(_settings(), request, evaluator, evaluator_params, timeout=timeout)
     except (DPError, json.JSONDecodeError) as err:
         _fail(str(err))
     console.print(result)

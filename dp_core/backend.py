@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
-import numpy as np
 import pandas as pd
 
 from .bounding import INPUT_NAME
+from .input_checks import check_file, check_frame, missing_as_null
 from .errors import InvalidDataError
 from .sql_text import ident, literal
 
@@ -32,7 +32,7 @@ class DuckDBBackend:
 
     connection: duckdb.DuckDBPyConnection | None
     relation: duckdb.DuckDBPyRelation | None = None
-    frame: pd.DataFrame | None = None  # a pandas input: DuckDB reads its NaN as NULL
+    frame: pd.DataFrame | None = None  # a pandas input
     frames: dict | None = None  # pandas tables of a SQL query, by name
     dialect: str = "duckdb"
 
@@ -87,20 +87,6 @@ class DuckDBBackend:
         described = self.run(f"DESCRIBE SELECT * FROM {INPUT_NAME}")
         return dict(zip(described["column_name"], described["column_type"]))
 
-    def count_nan(self, column: str) -> int:
-        """NaN values of a pandas float column (DuckDB's scan turns them into NULL, hiding them).
-        For SQL queries over several tables: every pandas table's column of that name."""
-        frames = [self.frame] if self.frame is not None else list((self.frames or {}).values())
-        total = 0
-        for frame in frames:
-            if column not in frame:
-                continue
-            values = frame[column]
-            if isinstance(values.dtype, np.dtype) and values.dtype.kind == "f":
-                # nullable dtypes keep NA (missing) apart from NaN, which SQL then sees
-                total += int(np.isnan(values.to_numpy()).sum())
-        return total
-
     def close(self) -> None:
         if self.connection is not None:
             self.connection.close()
@@ -119,8 +105,7 @@ def _register(con, name: str, data) -> None:
     """Register one input under `name`: a DataFrame or Arrow table in place, a file as a view."""
     if isinstance(data, (str, Path)):
         path = Path(data)
-        if not path.exists():
-            raise InvalidDataError(f"input file not found: {path}")
+        check_file(path)  # the shared file rules (same verdict as registration)
         suffix = path.name.lower()
         if suffix.endswith(".parquet"):
             reader, kind = f"read_parquet({literal(str(path))})", "Parquet"
@@ -134,7 +119,7 @@ def _register(con, name: str, data) -> None:
         else:
             raise InvalidDataError(f"cannot read {path}: give a .csv, .csv.gz, .tsv or .parquet file")
         try:
-            con.execute(f"CREATE VIEW {ident(name)} AS SELECT * FROM {reader}")
+            con.execute(f"CREATE VIEW {ident(name)} AS {missing_as_null(con, 'SELECT * FROM ' + reader)}")
             con.execute(f"SELECT count(*) FROM {ident(name)}").fetchall()
         except duckdb.Error as err:
             first = str(err).splitlines()[0]
@@ -142,14 +127,28 @@ def _register(con, name: str, data) -> None:
     elif _is_batch_stream(data):
         _load_stream(con, name, data)
     elif isinstance(data, pd.DataFrame) or type(data).__module__.startswith("pyarrow"):
-        con.register(name, data)
+        check_frame(data)
+        raw = f"_input_{name}"
+        con.register(raw, data)  # the view below reads NaN as NULL (DuckDB does so for pandas, not Arrow)
+        con.execute(f"CREATE VIEW {ident(name)} AS {missing_as_null(con, 'SELECT * FROM ' + ident(raw))}")
     elif hasattr(data, "__arrow_c_stream__"):  # a replayable Arrow stream: each scan reads it afresh
-        con.register(name, data)
+        if hasattr(data, "schema"):
+            check_frame(_Names(data.schema.names))
+        raw = f"_input_{name}"
+        con.register(raw, data)
+        con.execute(f"CREATE VIEW {ident(name)} AS {missing_as_null(con, 'SELECT * FROM ' + ident(raw))}")
     else:
         raise InvalidDataError(
             f"unsupported input type {type(data).__name__}: give a pandas DataFrame, a pyarrow "
             "Table or RecordBatchReader, a CSV/Parquet path or a DuckDB relation"
         )
+
+
+class _Names:
+    """Column names in the shape `input_checks.check_frame` reads (an Arrow schema's names)."""
+
+    def __init__(self, names) -> None:
+        self.column_names = list(names)
 
 
 def _is_batch_stream(data) -> bool:
@@ -159,10 +158,12 @@ def _is_batch_stream(data) -> bool:
 def _load_stream(con, name: str, reader) -> None:
     """A RecordBatchReader can be scanned once and a plan scans its input several times: DuckDB
     reads it batch by batch into an in-memory table (never spilled: see _connect)."""
+    check_frame(_Names(reader.schema.names), "the input stream")
     stream_name = f"_stream_{name}"
     con.register(stream_name, reader)
     try:
-        con.execute(f"CREATE TEMP TABLE {ident(name)} AS SELECT * FROM {ident(stream_name)}")
+        source = missing_as_null(con, f"SELECT * FROM {ident(stream_name)}")
+        con.execute(f"CREATE TEMP TABLE {ident(name)} AS {source}")
     except duckdb.Error as err:
         raise InvalidDataError(f"cannot read the input stream: {str(err).splitlines()[0]}") from None
     finally:

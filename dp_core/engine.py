@@ -224,12 +224,13 @@ def check_public_keys(query: Query, backend: DuckDBBackend, schema: dict[str, st
 
 
 def check_values(query: Query, backend: DuckDBBackend, schema: dict[str, str]) -> None:
-    """One scan: the input is not empty, no unit id is null, no numeric input is NaN or infinite."""
+    """One scan: the input is not empty, no unit id is null, no numeric input is infinite (a NaN
+    is missing, skipped like NULL: dp_core.input_checks)."""
     unit = ident(query.privacy_unit)
     floats = sorted({a.column for a in query.aggregates if a.kind in NUMERIC_KINDS
                      and schema[a.column].upper() in ("FLOAT", "DOUBLE", "REAL")})
     checks = ["count(*) AS n", f"count(*) - count({unit}) AS null_units"]
-    checks += [f"count(*) FILTER (WHERE NOT isfinite({ident(c)})) AS bad{i}" for i, c in enumerate(floats)]
+    checks += [f"count(*) FILTER (WHERE isinf({ident(c)})) AS bad{i}" for i, c in enumerate(floats)]
     row = backend.run(f"SELECT {', '.join(checks)} FROM {INPUT_NAME}").iloc[0]
     if row["n"] == 0:
         raise InvalidDataError("the input has no rows: nothing can be released")
@@ -239,11 +240,11 @@ def check_values(query: Query, backend: DuckDBBackend, schema: dict[str, str]) -
             "null): every row must belong to a unit; fix or drop those rows"
         )
     for i, c in enumerate(floats):
-        bad = int(row[f"bad{i}"]) + backend.count_nan(c)
+        bad = int(row[f"bad{i}"])
         if bad:
             raise InvalidDataError(
-                f"column {c!r} has {bad} NaN or infinite value(s): clean them (drop the rows, or "
-                "make them explicit missing values) before a DP aggregate reads it"
+                f"column {c!r} has {bad} infinite value(s): drop those rows or make them missing (an empty "
+                "cell, NULL or NaN, which aggregates skip) before a DP aggregate reads it"
             )
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from .errors import InvalidQueryError
+from .input_checks import check_epsilon
 
 AggregateKind = Literal["count", "count_units", "sum", "avg", "var", "stddev", "quantile"]
 NoiseKind = Literal["laplace", "gaussian"]
@@ -204,8 +205,7 @@ class Query:
             raise InvalidQueryError("the query has no aggregates: add at least one (e.g. count())")
         if not isinstance(self.privacy_unit, str) or not self.privacy_unit:
             raise InvalidQueryError("privacy_unit must name the column that identifies each person/unit")
-        if not (_finite(self.epsilon) and self.epsilon > 0):
-            raise InvalidQueryError(f"epsilon must be a finite number > 0, got {self.epsilon!r}")
+        check_epsilon(self.epsilon)  # finite, > 0, at most MAX_EPSILON (input_checks)
         if not (_finite(self.delta) and 0.0 <= self.delta < 1.0):
             raise InvalidQueryError(f"delta must be in [0, 1), got {self.delta!r}")
         if self.private_partitions and self.delta == 0.0:

@@ -43,11 +43,12 @@ def register_dataset(settings: Settings, name: str, path: Path, privacy_unit: st
     the unit column is added as the row number while sealing. risk_profile: sensitivity, trust, n
     (values of the sensitive attribute), max_risk: the numbers behind the noise-against-risk chart
     of every controller summary (defaults: DEFAULT_RISK_PROFILE)."""
-    from dp_core import risk
+    from dp_core import input_checks, risk
 
     from . import progress
     from .store import StoreError
 
+    input_checks.check_file(path)  # the engine's file rules, before anything is sealed
     profile = {**DEFAULT_RISK_PROFILE, **(risk_profile or {})}
     for field in ("sensitivity", "trust", "max_risk"):
         risk.level_value(profile[field])  # refuses unknown levels before anything is sealed
@@ -59,6 +60,7 @@ def register_dataset(settings: Settings, name: str, path: Path, privacy_unit: st
     source = escrow.read_source(path)
     try:
         columns = list(source.schema.names)
+        input_checks.check_column_names(columns, str(path))  # duplicate or empty names: the engine's rule
         if add_row_id and privacy_unit in columns:
             raise escrow.EscrowError(f"{path} already has a column {privacy_unit!r}: drop --add-row-id")
         if not add_row_id and privacy_unit not in columns:

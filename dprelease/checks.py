@@ -54,6 +54,8 @@ class DatasetProfile:
 
         profile = cls(columns=list(schema.names))
         for f in schema:
+            if pa.types.is_nested(f.type):
+                continue  # lists and structs: carried along, checked by the column set only
             if (pa.types.is_integer(f.type) or pa.types.is_floating(f.type) or pa.types.is_decimal(f.type)):
                 profile.numeric.add(f.name)
             else:
@@ -153,7 +155,8 @@ def _witness(backend, expectations: list[dict], columns: list[str], summary, cou
                if e["type"] == "expect_column_values_to_be_in_set"}
     values: dict[str, list] = {}
     for k, col in enumerate(columns):
-        vals = [v for v in (summary[f"lo{k}"], summary[f"hi{k}"]) if not pd.isna(v) or isinstance(v, float)]
+        vals = [v for v in (summary[f"lo{k}"], summary[f"hi{k}"])
+                if not _nested_value(v) and (not pd.isna(v) or isinstance(v, float))]
         if col in in_sets:
             index, allowed_values = in_sets[col]
             if counts.get(index, 0) > 0:  # only a failing column needs a scan for its odd values
@@ -168,6 +171,13 @@ def _witness(backend, expectations: list[dict], columns: list[str], summary, cou
         values[col] = vals or [None]
     length = max(len(v) for v in values.values()) if values else 0
     return pd.DataFrame({c: (v + [v[0]] * (length - len(v))) for c, v in values.items()}, columns=columns)
+
+
+def _nested_value(value) -> bool:
+    """A list, struct or array value (a nested column's min/max): no scalar to witness."""
+    import numpy as np
+
+    return isinstance(value, (list, tuple, dict, np.ndarray))
 
 
 def validate(data, expectations: list[dict], progress: Callable[[str], None] | None = None) -> CheckReport:

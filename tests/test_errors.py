@@ -66,10 +66,26 @@ def test_null_unit_ids_are_refused():
         run(bad)
 
 
-@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
-def test_non_finite_values_are_refused(value):
-    with pytest.raises(InvalidDataError, match="'x' has 1 NaN or infinite"):
+@pytest.mark.parametrize("value", [np.inf, -np.inf])
+def test_infinite_values_are_refused(value):
+    with pytest.raises(InvalidDataError, match="'x' has 1 infinite value"):
         run(DF.assign(x=[1.0, value, 3.0]))
+
+
+def test_nan_is_missing_like_null_in_every_input_form(tmp_path):
+    """NaN and NULL are both missing (skipped by SUM): a DataFrame, an Arrow table, a CSV with an
+    empty cell or a literal NaN all give the same exact sum (1 + 3), never a clamped NaN."""
+    import pyarrow as pa
+
+    csv_empty, csv_nan = tmp_path / "empty.csv", tmp_path / "nan.csv"
+    csv_empty.write_text("uid,g,x,s\n1,a,1.0,p\n2,b,,q\n3,a,3.0,r\n")
+    csv_nan.write_text("uid,g,x,s\n1,a,1.0,p\n2,b,NaN,q\n3,a,3.0,r\n")
+    with_nan = DF.assign(x=[1.0, np.nan, 3.0])
+    inputs = [with_nan, DF.assign(x=pd.array([1.0, None, 3.0], dtype="Float64")), pa.table({**{c: DF[c] for c in DF}, "x": pa.array([1.0, np.nan, 3.0], from_pandas=False)}),
+              csv_empty, csv_nan]
+    for data in inputs:
+        exact = run(data).controller_only.exact
+        assert float(exact["sum_x"].iloc[0]) == 4.0, data
 
 
 def test_nan_in_a_column_no_aggregate_reads_is_fine():

@@ -17,7 +17,7 @@ SQL = "SELECT WITH ANONYMIZATION ANON_COUNT(*, 1) FROM adult"
     ({"sql": SQL}, "registered dataset"),
     ({"dataset": "adult"}, "exactly one of `sql`"),
     ({"dataset": "adult", "sql": SQL, "query": {}}, "exactly one of `sql`"),
-    ({"dataset": "adult", "sql": SQL, "epsilon": -1}, "epsilon must be > 0"),
+    ({"dataset": "adult", "sql": SQL, "epsilon": -1}, "epsilon must be a finite number > 0"),
     ({"dataset": "adult", "sql": SQL, "epsilon": "lots"}, "epsilon must be a finite number"),
     ({"dataset": "adult", "sql": SQL, "epsilon": {"magic": 1}}, "epsilon must be a number"),
     ({"dataset": "adult", "sql": SQL, "epsilon": {"risk": {"trust": "low"}}}, "epsilon.risk needs"),

@@ -24,6 +24,7 @@ from pathlib import Path
 import yaml
 
 from dp_core import Aggregate, InvalidQueryError, Query
+from dp_core.input_checks import check_epsilon
 from dp_core.query import AggregateKind
 
 
@@ -92,10 +93,13 @@ def parse_request(data: dict) -> ReleaseRequest:
         else:
             raise RequestError("epsilon must be a number, {pri: {p: ...}} or {risk: {trust: ..., ...}}")
     elif eps is not None:
-        fixed = _number(eps, "epsilon")
-        if fixed <= 0:
-            raise RequestError(f"epsilon must be > 0, got {fixed}")
+        try:
+            fixed = check_epsilon(eps)  # the engine's rule, the engine's message
+        except InvalidQueryError as err:
+            raise RequestError(str(err)) from None
     delta = _number(data.get("delta", 1e-6), "delta")
+    if not 0.0 <= delta < 1.0:
+        raise RequestError(f"delta must be in [0, 1), got {delta!r}")
     cu = data.get("max_partitions_contributed", 1)
     if isinstance(cu, bool) or not isinstance(cu, int) or cu < 1:
         raise RequestError(f"max_partitions_contributed must be a whole number >= 1, got {cu!r}")
@@ -110,12 +114,18 @@ def parse_request(data: dict) -> ReleaseRequest:
 
 def load_request(path: Path) -> ReleaseRequest:
     """A request from a .yaml/.yml/.json file, or a .sql file (then dataset/epsilon come separately)."""
-    text = Path(path).read_text()
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise RequestError(f"{path}: not UTF-8 text: a request is a .yaml or .json file") from None
     try:
         data = json.loads(text) if str(path).endswith(".json") else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as err:
         raise RequestError(f"{path}: not valid YAML/JSON: {err}") from None
-    return parse_request(data)
+    try:
+        return parse_request(data)
+    except RequestError as err:  # say where: the request file
+        raise RequestError(f"{path}: {err}") from None
 
 
 def query_from_spec(spec: dict, privacy_unit: str, epsilon: float, **fields) -> Query:

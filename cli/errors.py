@@ -1,0 +1,110 @@
+"""The command line's one error boundary: every expected failure becomes one line on stderr
+(`error: <what>, <where>: <how to fix>`) and a non-zero exit; no traceback unless `--debug`.
+
+Expected failures are the project's own error classes (a refused request, an unknown name, a
+store, escrow or signing problem, a file that cannot be read). Anything else is a bug: one line
+that says so and how to see the traceback (exit 1). Library logs and warnings are silenced for
+the command (`cli.quiet`); user text is escaped before Rich sees it, so `[uid]` prints as is.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+import typer
+from rich.console import Console
+from rich.markup import escape
+from typer.core import TyperGroup
+
+from .quiet import quiet_libraries, silence_shutdown_noise
+
+#: exit code of a refused command (bad input, unknown name, failed check); 1 is left to bugs and
+#: to commands whose answer is "no" (verify FAILED)
+EXIT_REFUSED = 2
+EXIT_BUG = 1
+
+#: the project's error classes, by module: one is caught only if its module was loaded (an error
+#: of a class can only exist once its module is imported), so the boundary imports nothing heavy
+EXPECTED_ERRORS = (
+    ("dp_core.errors", "DPError"),  # requests, queries, data, releases (RequestError, ReleaseError, ...)
+    ("dprelease.store.errors", "StoreError"),  # unknown dataset / release, budget exceeded
+    ("dprelease.escrow.errors", "EscrowError"),  # keys, blobs, registration
+    ("dprelease.reporting.signing", "SigningError"),
+    ("prefect.exceptions", "FlowPauseTimeout"),  # nobody answered in time
+)
+#: standard errors that are about the user's input or environment, not a bug
+EXPECTED_BUILTINS = (OSError, ValueError)
+
+err_console = Console(stderr=True, soft_wrap=True, highlight=False)
+
+
+def one_line(text: str) -> str:
+    """The message on one line (a multi-line message joined with '; ')."""
+    lines = [" ".join(line.split()) for line in str(text).splitlines()]
+    return "; ".join(line for line in lines if line)
+
+
+def print_error(message: str) -> None:
+    """`error: <message>` on stderr, on one line, user text escaped for Rich."""
+    err_console.print(f"[red]error:[/red] {escape(one_line(message))}")
+
+
+def fail(message: str, code: int = EXIT_REFUSED) -> None:
+    """Refuse the command with one line on stderr."""
+    print_error(message)
+    raise typer.Exit(code)
+
+
+def _expected_classes() -> tuple[type, ...]:
+    found = []
+    for module_name, class_name in EXPECTED_ERRORS:
+        module = sys.modules.get(module_name)
+        if module is not None and isinstance(getattr(module, class_name, None), type):
+            found.append(getattr(module, class_name))
+    return tuple(found)
+
+
+def describe(err: BaseException) -> tuple[str, int]:
+    """The one line and the exit code for an error that reached the boundary."""
+    if isinstance(err, OSError) and err.filename is not None:
+        reason = err.strerror or type(err).__name__
+        return f"{err.filename}: {reason.lower()}", EXIT_REFUSED
+    if isinstance(err, _expected_classes()):
+        return str(err) or type(err).__name__, EXIT_REFUSED
+    if isinstance(err, EXPECTED_BUILTINS):
+        return str(err) or type(err).__name__, EXIT_REFUSED
+    return (f"unexpected {type(err).__name__}: {err} (a bug: run again with --debug for the traceback, "
+            "and report it)"), EXIT_BUG
+
+
+class ErrorBoundary(TyperGroup):
+    """The top-level command group: runs every command inside the error boundary and with library
+    output silenced. `--debug` (read from the parsed options) lets the traceback and logs through."""
+
+    def invoke(self, ctx: click.Context):
+        debug = bool(ctx.params.get("debug"))
+        with quiet_libraries(debug):
+            try:
+                return super().invoke(ctx)
+            except (typer.Exit, click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
+                raise
+            except Exception as err:  # noqa: BLE001 - the boundary: every error ends here
+                if debug:
+                    raise
+                message, code = describe(err)
+                print_error(message)
+                raise typer.Exit(code) from None
+
+
+class CommandLine(typer.Typer):
+    """The `dprelease` app: a Typer whose top group is the error boundary. Run as a program (the
+    console script calls the app), it also keeps native libraries' shutdown noise off the terminal."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(cls=ErrorBoundary, **kwargs)
+
+    def __call__(self, *args, **kwargs):
+        if "--debug" not in sys.argv[1:]:
+            silence_shutdown_noise()
+        return super().__call__(*args, **kwargs)

@@ -1,0 +1,54 @@
+"""What a release request can be refused for before any flow starts: an unknown dataset, a query
+that does not fit the dataset's columns, a policy that does not allow it, a fixed epsilon beyond
+the remaining budget, an escrow key that cannot be used. Data-free and quick (no Prefect, no
+decryption); the flow checks all of it again (and reserves the budget atomically), so this is a
+courtesy, never the guard."""
+
+from __future__ import annotations
+
+from . import pipeline
+from .requests import ReleaseRequest
+from .settings import Settings
+
+
+def check_request(settings: Settings, request: ReleaseRequest, evaluator: str | None = None) -> None:
+    """Raise the error the release flow would raise first, with the same message."""
+    platform = pipeline.Platform.open(settings)
+    planned = pipeline.plan(platform, request)  # unknown dataset, unknown column, bad SQL or spec
+    if not planned.sql:
+        _check_columns(platform, planned)  # a spec's columns exist and have the types it needs
+    platform.escrow_key()  # no key, a malformed key, a key file others can read
+    pipeline.check_policy(platform, request, request.epsilon, evaluator)
+    if request.epsilon is None:
+        return
+    budget = platform.store.budget(request.dataset)
+    for param, asked in (("epsilon", request.epsilon), ("delta", planned.query.delta)):
+        cap, spent, reserved = budget[f"{param}_cap"], budget[f"{param}_committed"], budget[f"{param}_reserved"]
+        remaining = cap - spent - reserved
+        if asked > remaining * (1 + 1e-9) + 1e-15:
+            raise pipeline.ReleaseError(
+                f"budget: budget exceeded for dataset {request.dataset!r}: {param} cap {cap:g}, committed {spent:g}, "
+                f"reserved {reserved:g}, requested {asked:g} (remaining {max(0.0, remaining):g}); "
+                "ask for less, wait for pending releases to be refunded, or raise the cap"
+            )
+
+
+def _check_columns(platform: pipeline.Platform, planned: pipeline.Plan) -> None:
+    """The engine's column checks (dp_core.engine.check_columns) against the registered schema,
+    on an empty frame of the registered types: no data is read."""
+    import json
+
+    import pandas as pd
+
+    from dp_core.backend import DuckDBBackend
+    from dp_core.engine import check_columns
+
+    ds = platform.store.get_dataset(planned.request.dataset)
+    types = pipeline._pandas_types(ds)
+    empty = pd.DataFrame({c: pd.Series(dtype="string" if types[c] == "object" else types[c])
+                          for c in json.loads(ds.schema_json)})
+    backend = DuckDBBackend.for_input(empty)
+    try:
+        check_columns(planned.query, backend.schema())
+    finally:
+        backend.close()
