@@ -12,10 +12,13 @@ by the sweep each command runs first (dprelease.recovery).
 
 from __future__ import annotations
 
+import atexit
 import fcntl
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 from contextlib import contextmanager
@@ -26,6 +29,8 @@ from dprelease.settings import Settings
 from dprelease.store import StoreError
 
 SERVER_START_TIMEOUT_S = 300
+PREFECT_DB_ENV = "PREFECT_API_DATABASE_CONNECTION_URL"
+_private_dirs: list[Path] = []  # this process's private Prefect databases (removed at exit)
 SIGNAL_NAMES = {signal.SIGINT: "SIGINT", signal.SIGTERM: "SIGTERM"}
 
 
@@ -44,26 +49,51 @@ def _raise_interrupted(signum, frame) -> None:
 
 
 def prefect_api_ready(settings: Settings) -> None:
-    """Make sure the Prefect API answers. Without PREFECT_API_URL each command starts a temporary
-    server on the Prefect database of PREFECT_HOME: commands started at once take turns (a file
-    lock), since two servers migrating one new database at the same time fail."""
-    from prefect import get_client
+    """Make sure the Prefect API answers. With PREFECT_API_URL (a shared server, the setup for
+    several controllers) there is nothing to do. Without it, this command starts a temporary server
+    on a private copy of a migrated, empty Prefect database: temporary servers of commands started
+    at once never share a SQLite database (two Prefect servers on one SQLite file fail with
+    "database is locked"), and the copy spares each command the migrations."""
+    from prefect.server.api.server import SubprocessASGIServer
     from prefect.settings import PREFECT_API_URL, PREFECT_HOME
 
-    if PREFECT_API_URL.value():
+    if PREFECT_API_URL.value() or os.environ.get(PREFECT_DB_ENV):
         return
     home = Path(PREFECT_HOME.value()).expanduser()
     home.mkdir(parents=True, exist_ok=True)
-    with open(home / ".dprelease-server-start.lock", "w") as lock:
+    template = home / "dprelease-empty-prefect.db"
+    with open(home / ".dprelease-template.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            from prefect.server.api.server import SubprocessASGIServer
+        if not template.exists():
+            _build_template(template)
+    private = Path(tempfile.mkdtemp(prefix="dprelease-prefect-")) / "prefect.db"
+    shutil.copyfile(template, private)
+    _private_dirs.append(private.parent)
+    atexit.register(shutil.rmtree, private.parent, True)
+    os.environ[PREFECT_DB_ENV] = f"sqlite+aiosqlite:///{private}"
+    SubprocessASGIServer().start(timeout=SERVER_START_TIMEOUT_S)
 
-            SubprocessASGIServer().start(timeout=SERVER_START_TIMEOUT_S)  # a busy machine migrates slowly
-            with get_client(sync_client=True) as client:
-                client.hello()
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+
+def _build_template(template: Path) -> None:
+    """An empty Prefect database with every migration applied (a temporary server creates it)."""
+    import sqlite3
+
+    from prefect.server.api.server import SubprocessASGIServer
+
+    partial = template.with_suffix(".partial")
+    for leftover in partial.parent.glob(partial.name + "*"):
+        leftover.unlink()
+    os.environ[PREFECT_DB_ENV] = f"sqlite+aiosqlite:///{partial}"
+    try:
+        server = SubprocessASGIServer()
+        server.start(timeout=SERVER_START_TIMEOUT_S)
+        server.stop()
+    finally:
+        del os.environ[PREFECT_DB_ENV]
+    with sqlite3.connect(partial) as db:  # one self-contained file: fold the write-ahead log in
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        db.execute("PRAGMA journal_mode=DELETE")
+    partial.replace(template)
 
 
 def stop_temporary_server() -> None:
@@ -75,6 +105,8 @@ def stop_temporary_server() -> None:
             server.stop()
     except Exception:  # noqa: BLE001 - the process is ending anyway
         pass
+    for directory in _private_dirs:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 class OwnRun:
