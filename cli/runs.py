@@ -151,7 +151,8 @@ def own_run(settings: Settings, flow_obj, params: dict, request):
     from prefect.flow_engine import run_flow
 
     platform = pipeline.Platform.open(settings)
-    previous = {sig: signal.signal(sig, _raise_interrupted) for sig in SIGNAL_NAMES}
+    in_main_thread = threading.current_thread() is threading.main_thread()  # only it may handle signals
+    previous = {sig: signal.signal(sig, _raise_interrupted) for sig in SIGNAL_NAMES} if in_main_thread else {}
     run = None
     try:
         prefect_api_ready(settings)
@@ -170,6 +171,8 @@ def own_run(settings: Settings, flow_obj, params: dict, request):
         worker = threading.Thread(target=work, name="flow-run", daemon=True)
         worker.start()
         run = OwnRun(settings, str(flow_run.id), worker, out)
+        threading.Thread(target=_watch_cancellation, args=(platform, run, request), name="cancel-watch",
+                         daemon=True).start()
         yield run
     except Interrupted as stop:
         _stop_and_exit(platform, run, request, stop.signum)
@@ -178,12 +181,28 @@ def own_run(settings: Settings, flow_obj, params: dict, request):
             signal.signal(sig, handler)
 
 
-def _stop_and_exit(platform: pipeline.Platform, run: OwnRun | None, request, signum: int) -> None:
-    """The one way an interrupted command ends (module docstring)."""
-    name = SIGNAL_NAMES.get(signum, str(signum))
+def _watch_cancellation(platform: pipeline.Platform, run: OwnRun, request, every_s: float = 2.0) -> None:
+    """Cancel from the Prefect UI: a run in this process has no worker to stop it, so this command
+    watches its run's state and, once it is cancelling or cancelled, stops the release (exit 1)."""
+    from prefect import get_client
+
+    while run.worker.is_alive():
+        time.sleep(every_s)
+        try:
+            with get_client(sync_client=True) as client:
+                state = client.read_flow_run(run.flow_run_id).state
+        except Exception:  # noqa: BLE001 - an unreachable server is not a cancellation
+            continue
+        if state is not None and (state.is_cancelling() or state.is_cancelled()):
+            _stop_and_exit(platform, run, request, None)
+
+
+def _stop_and_exit(platform: pipeline.Platform, run: OwnRun | None, request, signum: int | None) -> None:
+    """The one way an interrupted (signum) or cancelled (None) command ends (module docstring)."""
+    name = SIGNAL_NAMES.get(signum, str(signum)) if signum is not None else "cancelled in the Prefect UI"
     if run is None:
         _exit(f"interrupted ({name}) before the release started: nothing was reserved", signum)
-    reason = f"interrupted by {name} at the command line"
+    reason = f"interrupted by {name} at the command line" if signum is not None else "cancelled in the Prefect UI"
     store = platform.store
     try:
         store.get_release(run.release_id)
@@ -219,11 +238,17 @@ def _cancel_flow_run(flow_run_id: str, reason: str, wait_s: float = 5.0) -> None
     thread.join(wait_s)
 
 
-def _exit(message: str, signum: int) -> None:
+_exiting = threading.Lock()
+
+
+def _exit(message: str, signum: int | None) -> None:
     """Print the one line, stop the temporary server, and end the process at once (the flow's
-    thread with it)."""
+    thread with it): 128 + the signal number, or 1 for a cancellation."""
+    if not _exiting.acquire(blocking=False):  # a signal and a cancellation at once: the first one speaks
+        while True:
+            time.sleep(60)
     print(f"dprelease: {message}", file=sys.stderr, flush=True)
     sys.stdout.flush()
     stop_temporary_server()
-    os._exit(128 + signum)
+    os._exit(1 if signum is None else 128 + signum)
 

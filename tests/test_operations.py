@@ -188,6 +188,25 @@ def test_an_interrupt_at_the_compute_step_or_the_prompt_stops_refunds_and_says_s
     assert store.budget("adult") == before
 
 
+def test_cancel_from_the_prefect_ui_stops_a_command_at_its_prompt(ops):
+    """The UI's Cancel sets the run Cancelling; the command that runs it stops the release."""
+    from prefect import get_client
+    from prefect.states import Cancelling
+
+    store = _store(ops)
+    before = store.budget("adult")
+    prompting = Command(ops, "ui-cancel", "release", str(ops["request"]), tty=True)
+    release_id = _until(lambda: _at_prompt(prompting), "the prompt", commands=[prompting])
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(release_id, Cancelling(message="cancelled in the UI"), force=True)
+    assert prompting.wait(120) == 1
+    assert "Traceback" not in prompting.text()
+    assert "cancelled in the Prefect UI" in prompting.err.read_text() and "refunded" in prompting.err.read_text()
+    assert store.get_release(release_id).status == "failed"
+    _assert_untouched(ops, release_id)
+    assert store.budget("adult") == before
+
+
 def test_kill_9_at_each_step_then_recovery_leaves_the_budget_exact(ops):
     """A command killed (SIGKILL) after the checks, after reserving, after sealing, while paused,
     and during publication; `approve` on the dead paused run says so; `recover` ends the rest."""
@@ -212,13 +231,13 @@ def test_kill_9_at_each_step_then_recovery_leaves_the_budget_exact(ops):
     assert all(ids.values()), ids
 
     # approve on a paused run whose process is gone: the truth, non-zero, and the budget refunded
-    done = subprocess.run([CLI, "approve", ids["paused"], "--reviewer", "alice"], env=ops["env"],
+    done = subprocess.run([CLI, "approve", ids["paused"], "--reviewer", "alice"], check=False, env=ops["env"],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "nothing was approved" in done.stdout and "refunded" in done.stdout, done.stdout
     assert store.get_release(ids["paused"]).status == "failed"
 
-    done = subprocess.run([CLI, "recover"], env=ops["env"], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([CLI, "recover"], check=False, env=ops["env"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "Traceback" not in done.stdout + done.stderr, done.stdout + done.stderr
     for step in ("after_checks", "after_reserve", "after_seal", "during_publication"):
         assert ids[step] in done.stdout, (step, done.stdout)
@@ -243,5 +262,5 @@ def test_kill_9_at_each_step_then_recovery_leaves_the_budget_exact(ops):
     after = store.budget("adult")
     assert after["epsilon_reserved"] == 0
     assert after["epsilon_committed"] == pytest.approx(before["epsilon_committed"] + EPSILON)
-    again = subprocess.run([CLI, "recover"], env=ops["env"], capture_output=True, text=True, timeout=300)
+    again = subprocess.run([CLI, "recover"], check=False, env=ops["env"], capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and "0 release(s) recovered" in again.stdout, again.stdout
