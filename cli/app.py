@@ -4,6 +4,7 @@
     dprelease dataset register adult adult.csv --unit person_id --epsilon-cap 10
     dprelease release request.yaml            # runs the release flow; asks for approval here
     dprelease pending | approve ID --reviewer alice | reject ID --reviewer alice
+    dprelease recover                         # end the releases whose process died (refund or finish)
     dprelease budget | verify DIR | server | demo
 """
 
@@ -186,9 +187,15 @@ def pending() -> None:
     """Releases waiting for a controller's decision."""
     from dprelease.store import Store
 
-    table = RichTable("release id", "dataset", "created", "flow run")
-    for rel in Store(_settings().store_url).list_releases(status="awaiting_approval"):
-        table.add_row(rel.id, rel.dataset, str(rel.created_at)[:19], rel.flow_run_id or "")
+    from dprelease import recovery
+
+    store = Store(_settings().store_url)
+    store.create_all()
+    table = RichTable("release id", "dataset", "created", "flow run", "run")
+    for rel in store.list_releases(status="awaiting_approval"):
+        alive, why = recovery.run_is_alive(store, rel)
+        table.add_row(rel.id, rel.dataset, str(rel.created_at)[:19], rel.flow_run_id or "",
+                      why if alive else f"dead: {why} (dprelease recover)")
     console.print(table)
 
 
