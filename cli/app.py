@@ -185,9 +185,8 @@ def verify(directory: Path, key: Path = typer.Option(None, help="the trusted pub
 @app.command()
 def pending() -> None:
     """Releases waiting for a controller's decision."""
-    from dprelease.store import Store
-
     from dprelease import recovery
+    from dprelease.store import Store
 
     store = Store(_settings().store_url)
     store.create_all()

@@ -40,8 +40,9 @@ def _running(platform, release_id: str, epsilon: float = 1.0, pid: int | None = 
     platform.store.take_lease(release_id, host or recovery.this_host(), pid or os.getpid(),
                               recovery._process_started(pid or os.getpid()))
     if heartbeat_age_s:
-        from dprelease.store.tables import Lease
         from sqlmodel import Session
+
+        from dprelease.store.tables import Lease
 
         with Session(platform.store.engine) as session, session.begin():
             lease = session.get(Lease, release_id)
