@@ -4,6 +4,7 @@
     dprelease dataset register adult adult.csv --unit person_id --epsilon-cap 10
     dprelease release request.yaml            # runs the release flow; asks for approval here
     dprelease pending | approve ID --reviewer alice | reject ID --reviewer alice
+    dprelease recover                         # end the releases whose process died (refund or finish)
     dprelease budget | verify DIR | server | demo
 """
 
@@ -187,25 +188,91 @@ def verify(directory: Path, key: Path = typer.Option(None, help="the trusted pub
 @app.command()
 def pending() -> None:
     """Releases waiting for a controller's decision."""
+    from dprelease import recovery
     from dprelease.store import Store
 
-    table = RichTable("release id", "dataset", "created", "flow run")
-    for rel in Store(_settings().store_url).list_releases(status="awaiting_approval"):
-        table.add_row(rel.id, rel.dataset, str(rel.created_at)[:19], rel.flow_run_id or "")
+    store = Store(_settings().store_url)
+    store.create_all()
+    table = RichTable("release id", "dataset", "created", "flow run", "run")
+    for rel in store.list_releases(status="awaiting_approval"):
+        alive, why = recovery.run_is_alive(store, rel)
+        table.add_row(rel.id, rel.dataset, str(rel.created_at)[:19], rel.flow_run_id or "",
+                      why if alive else f"dead: {why} (dprelease recover)")
     console.print(table)
 
 
 def _resume(release_id: str, decision: str, reviewer: str, comment: str) -> None:
-    from dprelease.store import Store
-    from flows.approvals import answer
+    from dprelease import pipeline, recovery
+    from dprelease.store import StoreError
+    from flows.approvals import answer, cancel_flow_run
 
-    rel = Store(_settings().store_url).get_release(release_id)
+    platform = pipeline.Platform.open(_settings())
+    try:
+        rel = platform.store.get_release(release_id)
+    except StoreError as err:
+        _fail(str(err))
     if rel.status != "awaiting_approval" or not rel.flow_run_id:
         _fail(f"release {release_id} is {rel.status}, not awaiting approval")
     if not reviewer.strip():
         _fail("name the reviewer: --reviewer NAME")
+    alive, why = recovery.run_is_alive(platform.store, rel)
+    if not alive:  # a pause with no process behind it: resuming it would do nothing
+        done = recovery.stop(platform, release_id, f"its run is dead ({why}); found by `{decision}`")
+        cancel_flow_run(rel.flow_run_id, done.reason)
+        console.print(f"[red]error:[/red] nothing was {decision}d: {done.line()}", highlight=False)
+        raise typer.Exit(1)
+    from prefect.settings import PREFECT_API_URL
+
+    if not PREFECT_API_URL.value():
+        _fail(f"release {release_id} waits in the command that runs it ({why}), on that command's temporary "
+              "Prefect server: answer at its prompt; to answer from another terminal, run a shared server "
+              "(`dprelease server`) and set PREFECT_API_URL for every command")
     answer(rel.flow_run_id, decision, reviewer, comment)
-    console.print(f"{decision}d release {release_id} (the flow run continues on the Prefect server)")
+    final = _outcome(platform, release_id)
+    if final is None:
+        console.print(f"{decision}d release {release_id}: its flow run continues (status: "
+                      f"{platform.store.get_release(release_id).status})")
+    elif final.status in ("published", "rejected"):
+        where = f" to {platform.settings.publication_dir / release_id}" if final.status == "published" else ""
+        console.print(f"{decision}d release {release_id}: {final.status}{where}")
+    else:
+        console.print(f"[red]error:[/red] {decision}d release {release_id}, but it ended {final.status}: "
+                      f"{final.decision_comment or ''}", highlight=False)
+        raise typer.Exit(1)
+
+
+def _outcome(platform, release_id: str, wait_s: float = 120.0):
+    """The release once its run has acted on the decision (a final status), or None if it takes longer."""
+    import time
+
+    from dprelease.store import FINAL_STATUSES
+
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        rel = platform.store.get_release(release_id)
+        if rel.status in FINAL_STATUSES:
+            return rel
+        time.sleep(0.5)
+    return None
+
+
+@app.command()
+def recover() -> None:
+    """End the releases whose run died (a killed worker or command): refund and mark them failed,
+    or finish a publication the controller had approved. Runs that are alive are left alone.
+
+    Example: dprelease recover"""
+    from dprelease import pipeline, recovery
+    from flows.approvals import cancel_flow_run
+
+    platform = pipeline.Platform.open(_settings())
+    done = recovery.sweep(platform)
+    for item in done:
+        console.print(f"recovered {item.line()}", highlight=False, markup=False)
+        if item.flow_run_id and item.outcome != "published":
+            cancel_flow_run(item.flow_run_id, item.reason)
+    alive = [r for r in recovery.unfinished(platform.store) if recovery.run_is_alive(platform.store, r)[0]]
+    console.print(f"{len(done)} release(s) recovered; {len(alive)} running", highlight=False)
 
 
 @app.command()

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
-import time
 
 import typer
 from rich.console import Console
@@ -17,56 +15,32 @@ from dprelease.settings import Settings
 console = Console()
 
 
-def _in_background(fn) -> tuple[threading.Thread, dict]:
-    """Run a flow call in a thread (as a worker would); its result or error lands in the dict."""
-    out: dict = {}
-
-    def run() -> None:
-        try:
-            out["result"] = fn()
-        except BaseException as err:  # noqa: BLE001 - re-raised by _collect
-            out["error"] = err
-
-    worker = threading.Thread(target=run, daemon=True)
-    worker.start()
-    return worker, out
-
-
-def _collect(worker: threading.Thread, out: dict) -> dict:
-    worker.join()
-    if "error" in out:
-        raise out["error"]
-    return out["result"]
-
-
 def run_release_interactively(settings: Settings, request, *, approve_as: str | None, timeout: int,
                               no_terminal_reviewer: str | None = None) -> dict:
     """Start the flow in this process, show the controller summary, and take the decision here:
-    from `approve_as`, a terminal prompt, or (no terminal) `no_terminal_reviewer`."""
-    from dprelease.store import Store
+    from `approve_as`, a terminal prompt, or (no terminal) `no_terminal_reviewer`. The flow run is
+    created first, so this CLI knows its own release (the flow run id) and answers only that one;
+    SIGINT or SIGTERM stops it (cli/runs.py)."""
     from flows.approvals import answer
     from flows.release import release_flow
 
-    store = Store(settings.store_url)
-    before = {r.id for r in store.list_releases()}
-    worker, out = _in_background(lambda: release_flow(
+    from . import runs
+
+    params = dict(
         dataset=request.dataset, sql=request.sql, query=request.query, title=request.title,
         epsilon=request.epsilon, pri_p=request.pri.get("p") if request.epsilon_mode == "pri" else None,
         pri_mode=request.pri.get("mode", "public"), pri_beta=float(request.pri.get("beta", 0.5)),
         risk=request.risk or None, delta=request.delta,
         max_partitions_contributed=request.max_partitions_contributed, requested_by=request.requested_by,
-        approval_timeout=timeout, poll_interval=1))
-    waiting = None
-    while worker.is_alive() and waiting is None:
-        waiting = next((r for r in store.list_releases(status="awaiting_approval") if r.id not in before), None)
-        time.sleep(0.3)
-    if waiting is not None:
-        summary_file = settings.archive_dir / waiting.id / "controller" / "controller.html"
-        console.print(Markdown(_summary_markdown(settings, waiting.id)))
-        console.print(f"[dim]controller report (signed, archive only): {summary_file}[/dim]")
-        decision, reviewer, comment = _ask(approve_as, no_terminal_reviewer)
-        answer(waiting.flow_run_id, decision, reviewer, comment)
-    return _collect(worker, out)
+        approval_timeout=timeout, poll_interval=1)
+    with runs.own_run(settings, release_flow, params, request) as run:
+        if run.wait_for_approval():
+            summary_file = settings.archive_dir / run.release_id / "controller" / "controller.html"
+            console.print(Markdown(_summary_markdown(settings, run.release_id)))
+            console.print(f"[dim]controller report (signed, archive only): {summary_file}[/dim]")
+            decision, reviewer, comment = _ask(approve_as, no_terminal_reviewer)
+            answer(run.flow_run_id, decision, reviewer, comment)
+        return run.result()
 
 
 def _summary_markdown(settings: Settings, release_id: str) -> str:
@@ -90,32 +64,24 @@ def _ask(approve_as: str | None, no_terminal_reviewer: str | None) -> tuple[str,
 
 def run_utility_interactively(settings: Settings, request, evaluator: str, params: dict, *, timeout: int,
                               no_terminal_reviewer: str | None = None) -> dict:
-    """The utility flow in this process; every pause is answered at a prompt (or automatically
-    as `no_terminal_reviewer` without a terminal)."""
-    from dprelease.store import Store
-    from flows.approvals import answer, wait_until_paused
+    """The utility flow in this process; every pause of *its own* run is answered at a prompt (or
+    automatically as `no_terminal_reviewer` without a terminal)."""
+    from flows.approvals import answer
     from flows.utility import utility_flow
 
-    store = Store(settings.store_url)
-    before = {r.id for r in store.list_releases()}
-    worker, out = _in_background(lambda: utility_flow(
+    from . import runs
+
+    flow_params = dict(
         dataset=request.dataset, evaluator=evaluator, evaluator_params=params, sql=request.sql,
         query=request.query, title=request.title, epsilon=request.epsilon, delta=request.delta,
         max_partitions_contributed=request.max_partitions_contributed, requested_by=request.requested_by,
-        approval_timeout=timeout, poll_interval=1))
-    while worker.is_alive():
-        waiting = next((r for r in store.list_releases(status="awaiting_approval") if r.id not in before), None)
-        if waiting is None:
-            time.sleep(0.3)
-            continue
-        try:
-            wait_until_paused(waiting.flow_run_id, timeout)
-        except RuntimeError:
-            break
-        console.print(Markdown(_pause_description(waiting.flow_run_id)))
-        decision, reviewer, comment = _ask(None, no_terminal_reviewer)
-        answer(waiting.flow_run_id, decision, reviewer, comment)
-    return _collect(worker, out)
+        approval_timeout=timeout, poll_interval=1)
+    with runs.own_run(settings, utility_flow, flow_params, request) as run:
+        while run.wait_for_approval():
+            console.print(Markdown(_pause_description(run.flow_run_id)))
+            decision, reviewer, comment = _ask(None, no_terminal_reviewer)
+            answer(run.flow_run_id, decision, reviewer, comment)
+        return run.result()
 
 
 def _pause_description(flow_run_id: str) -> str:

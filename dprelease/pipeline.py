@@ -27,6 +27,7 @@ from dp_core import pri, risk
 from dp_core.sql import Table, compile_statement_for, run_sql
 
 from . import checks, escrow, progress
+from .faults import pause_point
 from .reporting import data_files, pages, signing
 from .requests import ReleaseRequest, query_from_spec
 from .settings import Settings
@@ -92,8 +93,10 @@ def with_rows(platform: Platform, dataset_name: str, use, label: str):
 
 def check_data(platform: Platform, dataset_name: str) -> checks.CheckReport:
     ds = platform.store.get_dataset(dataset_name)
-    return with_rows(platform, dataset_name, lambda rows: checks.validate(
+    report = with_rows(platform, dataset_name, lambda rows: checks.validate(
         rows, json.loads(ds.expectations_json), progress=progress.note), "data checks")
+    pause_point("after_checks")
+    return report
 
 
 # -- 3: plan -------------------------------------------------------------------------------------
@@ -275,6 +278,7 @@ def compute_sealed(platform: Platform, release_id: str, planned: Plan, decision:
     tmp = path.with_suffix(".tmp")
     tmp.write_bytes(fernet.encrypt(pickle.dumps((digest, result))))
     tmp.replace(path)
+    pause_point("after_seal")
     return result
 
 
@@ -472,12 +476,14 @@ def reserve(platform: Platform, release_id: str, dataset: str, epsilon: float, d
         platform.store.reserve(dataset, release_id, epsilon, delta)
     except BudgetExceeded as err:
         raise ReleaseError(f"budget: {err}") from None
+    pause_point("after_reserve")
 
 
 def publish(platform: Platform, release_id: str, planned: Plan, decision: EpsilonDecision, result: dp.DPResult,
             approved_by: str, comment: str = "") -> Path:
-    """Commit the budget, then write the analyst report and data files, sign them, update the index."""
-    platform.store.commit(release_id)
+    """Write the analyst report and data files in a staging folder and sign them; then commit the
+    budget (a refunded reservation refuses: nothing appears) and move the folder into place. A run
+    killed after the commit is completed by `recovery.finish_publication`."""
     ds = platform.store.get_dataset(planned.request.dataset)
     directory = platform.settings.publication_dir / release_id
     staging = _staging(platform, release_id)
@@ -490,6 +496,12 @@ def publish(platform: Platform, release_id: str, planned: Plan, decision: Epsilo
         "epsilon_mode": decision.mode, "approved_by": approved_by, "published_at": ctx.decided_at,
     }
     manifest = signing.sign_directory(staging, facts, signing.load_private_key(platform.settings.signing_key_file))
+    try:
+        platform.store.commit(release_id)
+    except StoreError:  # refunded meanwhile (the run was stopped): nothing may appear
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    pause_point("during_publication")
     _swap_in(staging, directory)
     platform.store.update_release(release_id, status="published", decision_by=approved_by, decision_comment=comment,
                                   decided_at=datetime.now(UTC),

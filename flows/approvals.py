@@ -38,3 +38,16 @@ def answer(flow_run_id: str, decision: str, reviewer: str, comment: str = "", ti
             if state is None or not state.is_paused():
                 return
             time.sleep(0.1)
+
+
+def cancel_flow_run(flow_run_id: str, reason: str) -> None:
+    """Mark a flow run Cancelled (its process is gone or stopping): the UI then shows the truth
+    instead of a run Running or Paused forever. Best effort: an unreachable server is ignored."""
+    from prefect import get_client
+    from prefect.states import Cancelled
+
+    try:
+        with get_client(sync_client=True) as client:
+            client.set_flow_run_state(flow_run_id, Cancelled(message=reason[:200]), force=True)
+    except Exception:  # noqa: BLE001 - the store already holds the truth; the UI is a view of it
+        pass

@@ -17,7 +17,7 @@ from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
 from prefect.runtime import flow_run
 
-from dprelease import pipeline
+from dprelease import pipeline, recovery
 from dprelease.requests import parse_request
 from dprelease.settings import Settings
 from dprelease.store import StoreError
@@ -32,7 +32,27 @@ class ReleaseDecision(RunInput):
     comment: str = ""
 
 
-@flow(name="dp-release", log_prints=True)
+def _run_ended(flow_obj, run, state) -> None:
+    """Completion and failure hooks: the run's process no longer holds its release."""
+    recovery.release_lease(str(run.id))
+
+
+def _run_stopped(flow_obj, run, state) -> None:
+    """Cancellation and crash hooks (the UI's Cancel, a killed worker's run marked Crashed): refund
+    and mark the release at once, instead of waiting for a recovery sweep."""
+    release_id = str(run.id)
+    recovery.release_lease(release_id)
+    try:
+        recovery.stop(pipeline.Platform.open(Settings.from_env()), release_id, f"the flow run was {state.name.lower()}")
+    except StoreError:  # the run ended before it recorded a release
+        pass
+
+
+RUN_HOOKS = {"on_completion": [_run_ended], "on_failure": [_run_ended], "on_cancellation": [_run_stopped],
+             "on_crashed": [_run_stopped]}
+
+
+@flow(name="dp-release", log_prints=True, **RUN_HOOKS)
 def release_flow(
     dataset: str,
     sql: str | None = None,
@@ -141,9 +161,13 @@ def request_fields(dataset, sql, query, title, epsilon, pri, risk, delta, cu, re
 
 
 def record(platform: pipeline.Platform, release_id: str, request) -> None:
-    """The release's row in the store (kept as it is when a run is retried or resumed)."""
+    """The release's row in the store (kept as it is when a run is retried or resumed), held by
+    this process's lease; first, the releases of dead runs are recovered (recovery.sweep)."""
+    for done in recovery.sweep(platform):
+        get_run_logger().warning("recovered %s", done.line())
     try:
         platform.store.get_release(release_id)
     except StoreError:  # a first run: record it
         platform.store.add_release(request.dataset, request.to_json(), release_id=release_id,
                                    flow_run_id=str(flow_run.id) if flow_run.id else None)
+    recovery.hold_lease(platform.store, release_id, str(flow_run.id) if flow_run.id else None)

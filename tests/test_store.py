@@ -321,3 +321,42 @@ def test_policies(any_store):
         any_store.add_policy("p", "adult", max_epsilon_per_release=1.0, approval="sometimes")
     with pytest.raises(ValueError, match="max_epsilon_per_release"):
         any_store.add_policy("p", "adult", max_epsilon_per_release=0.0)
+
+
+def test_fifty_concurrent_reservations_against_a_cap_for_ten(any_store, monkeypatch):
+    """Issue 12: 50 releases at once, the cap allows 10: never over the cap, exactly 10 pass."""
+    _register(any_store, epsilon_cap=10.0)
+    _slow_totals(monkeypatch)
+    ok, refused, other, samples = _race(any_store, threads=50)
+    assert other == []
+    assert len(ok) == 10 and len(refused) == 40
+    assert samples and max(samples) <= 10.0
+    assert any_store.budget("adult")["epsilon_remaining"] == 0.0
+
+
+def test_abandon_refunds_and_marks_once_and_a_finished_release_reserves_nothing(any_store):
+    _register(any_store, epsilon_cap=10.0)
+    any_store.add_release("adult", "{}", release_id="r1")
+    any_store.reserve("adult", "r1", 2.0, 0.0)
+    assert any_store.abandon("r1", "failed", "interrupted") == "refunded"
+    assert any_store.abandon("r1", "failed", "again") == "refunded"  # idempotent
+    rel = any_store.get_release("r1")
+    assert rel.status == "failed" and rel.decision_comment == "interrupted"
+    assert any_store.budget("adult")["epsilon_reserved"] == 0.0
+    any_store.add_release("adult", "{}", release_id="r2", status="failed")
+    with pytest.raises(StoreError, match="is failed: a finished release reserves nothing"):
+        any_store.reserve("adult", "r2", 1.0, 0.0)
+    any_store.add_release("adult", "{}", release_id="r3")
+    any_store.reserve("adult", "r3", 1.0, 0.0)
+    any_store.commit("r3")
+    assert any_store.abandon("r3", "failed", "too late") == "committed"  # approved: left to publish
+    assert any_store.get_release("r3").status == "pending"
+    any_store.add_release("adult", "{}", release_id="r4")
+    assert any_store.abandon("r4", "failed", "before reserving") == "none"
+    with pytest.raises(StoreError, match="unknown release"):
+        any_store.abandon("nope")
+    any_store.take_lease("r3", "host", 123, 4.0, "flow")
+    any_store.renew_lease("r3")
+    assert any_store.get_lease("r3").pid == 123
+    any_store.end_lease("r3")
+    assert any_store.get_lease("r3") is None

@@ -13,9 +13,11 @@ from .tables import (
     APPROVALS,
     DECISION_STATUSES,
     FILE_FORMATS,
+    FINAL_STATUSES,
     LEDGER_STATUSES,
     RELEASE_STATUSES,
     Dataset,
+    Lease,
     LedgerEntry,
     Policy,
     Release,
@@ -23,6 +25,6 @@ from .tables import (
 )
 
 __all__ = [
-    "APPROVALS", "CAP_TOLERANCE", "DECISION_STATUSES", "FILE_FORMATS", "LEDGER_STATUSES", "RELEASE_STATUSES",
-    "BudgetExceeded", "Dataset", "LedgerEntry", "Policy", "Release", "Store", "StoreError", "make_engine", "utcnow",
+    "APPROVALS", "CAP_TOLERANCE", "DECISION_STATUSES", "FILE_FORMATS", "FINAL_STATUSES", "LEDGER_STATUSES", "RELEASE_STATUSES",
+    "BudgetExceeded", "Dataset", "Lease", "LedgerEntry", "Policy", "Release", "Store", "StoreError", "make_engine", "utcnow",
 ]

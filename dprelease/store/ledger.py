@@ -25,8 +25,10 @@ from .tables import (
     APPROVALS,
     DECISION_STATUSES,
     FILE_FORMATS,
+    FINAL_STATUSES,
     RELEASE_STATUSES,
     Dataset,
+    Lease,
     LedgerEntry,
     Policy,
     Release,
@@ -94,7 +96,7 @@ class Store:
     def create_all(self) -> None:
         """Create the tables that do not exist yet (safe to call on every start)."""
         SQLModel.metadata.create_all(
-            self.engine, tables=[m.__table__ for m in (Dataset, LedgerEntry, Release, Policy)]
+            self.engine, tables=[m.__table__ for m in (Dataset, LedgerEntry, Release, Policy, Lease)]
         )
 
     def close(self) -> None:
@@ -174,6 +176,9 @@ class Store:
         try:
             with self._transaction() as session:
                 ds = self._dataset(session, dataset, lock=True)
+                release = session.exec(select(Release).where(Release.id == release_id).with_for_update()).first()
+                if release is not None and release.status in FINAL_STATUSES:
+                    raise StoreError(f"release {release_id!r} is {release.status}: a finished release reserves nothing")
                 if self._entry(session, release_id, missing_ok=True) is not None:
                     raise StoreError(
                         f"release {release_id!r} already has a budget reservation: a release reserves once"
@@ -212,6 +217,67 @@ class Store:
             entry.updated_at = utcnow()
             session.add(entry)
             return entry
+
+    def abandon(self, release_id: str, status: str = "failed", comment: str = "", by: str | None = None) -> str:
+        """End a release that will not publish, in one transaction: refund its reservation and mark it
+        `status` (a final status). Returns what its ledger entry is now: "refunded", "none" (nothing
+        was reserved) or "committed" (it was approved and is publishing: then nothing is changed).
+        A release already final keeps its status; an unknown one raises StoreError."""
+        if _check_choice(status, RELEASE_STATUSES, "status") not in FINAL_STATUSES:
+            raise ValueError(f"abandon marks a final status ({', '.join(FINAL_STATUSES)}), not {status!r}")
+        with self._transaction() as session:
+            release = session.exec(select(Release).where(Release.id == release_id).with_for_update()).first()
+            if release is None:
+                raise StoreError(f"unknown release {release_id!r}: list them with `dprelease pending`")
+            entry = self._entry(session, release_id, lock=True, missing_ok=True)
+            if entry is not None and entry.status == "committed":
+                return "committed"
+            if entry is not None and entry.status == "reserved":
+                entry.status, entry.updated_at = "refunded", utcnow()
+                session.add(entry)
+            if release.status not in FINAL_STATUSES:
+                release.status, release.decision_comment, release.decided_at = status, comment[:500], utcnow()
+                release.decision_by = by
+                session.add(release)
+            return "none" if entry is None else entry.status
+
+    # --- leases: which process runs a release -------------------------------------------------------
+
+    def take_lease(self, release_id: str, host: str, pid: int, process_started: float = 0.0,
+                   flow_run_id: str | None = None) -> Lease:
+        """Record (or take over, when a run is resumed elsewhere) the process that runs a release."""
+        with self._transaction() as session:
+            lease = session.get(Lease, release_id) or Lease(release_id=release_id, host=host, pid=pid)
+            lease.host, lease.pid, lease.process_started = host, pid, process_started
+            lease.flow_run_id, lease.heartbeat_at = flow_run_id, utcnow()
+            session.add(lease)
+            return lease
+
+    def renew_lease(self, release_id: str) -> None:
+        """The owner's heartbeat: the run is alive now."""
+        with self._transaction() as session:
+            lease = session.get(Lease, release_id)
+            if lease is not None:
+                lease.heartbeat_at = utcnow()
+                session.add(lease)
+
+    def end_lease(self, release_id: str) -> None:
+        """The run is over (whatever its outcome): forget its owner."""
+        with self._transaction() as session:
+            lease = session.get(Lease, release_id)
+            if lease is not None:
+                session.delete(lease)
+
+    def get_lease(self, release_id: str) -> Lease | None:
+        """The lease of a release, None when no process holds it."""
+        with self._transaction() as session:
+            return session.get(Lease, release_id)
+
+    def reserved_entries(self) -> list[LedgerEntry]:
+        """Every reservation not yet committed nor refunded, oldest first."""
+        with self._transaction() as session:
+            query = select(LedgerEntry).where(LedgerEntry.status == "reserved").order_by(LedgerEntry.id)
+            return list(session.exec(query).all())
 
     def ledger_entry(self, release_id: str) -> LedgerEntry:
         """The ledger entry of a release; StoreError naming it when there is none."""

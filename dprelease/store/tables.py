@@ -16,6 +16,7 @@ from sqlmodel import Field, SQLModel
 FILE_FORMATS = ("csv", "csv.gz", "parquet")
 LEDGER_STATUSES = ("reserved", "committed", "refunded")
 RELEASE_STATUSES = ("pending", "awaiting_approval", "approved", "rejected", "expired", "failed", "published")
+FINAL_STATUSES = ("rejected", "expired", "failed", "published")  # a run in one of these is over
 DECISION_STATUSES = ("approved", "rejected", "expired")  # these stamp decided_at when it is not given
 APPROVALS = ("manual", "auto")
 
@@ -94,6 +95,20 @@ class Release(SQLModel, table=True):
     decided_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     flow_run_id: str | None = None
     artifacts_json: str = "{}"  # JSON object: path -> sha256
+
+
+class Lease(SQLModel, table=True):
+    """Who runs a release: the process (host, pid, its start time) and its last heartbeat. A
+    reservation whose run has no live lease is refunded by the recovery sweep (dprelease.recovery)."""
+
+    __tablename__ = "leases"
+
+    release_id: str = Field(primary_key=True)
+    host: str
+    pid: int
+    process_started: float = 0.0  # the owner's start time (seconds since boot), so a reused pid is not mistaken
+    flow_run_id: str | None = None
+    heartbeat_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
 
 
 class Policy(SQLModel, table=True):

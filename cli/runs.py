@@ -1,0 +1,254 @@
+"""A flow run that belongs to this command: created up front (so the command knows its own
+release: the release id is the flow run id), run in a thread of this process, and stopped cleanly
+by SIGINT or SIGTERM whatever step it is at.
+
+An interrupt always ends the same way: the release is stopped (its reservation refunded and the
+release marked failed in one store transaction; a release the controller had already approved,
+whose budget is committed, finishes publishing instead), its Prefect flow run is marked Cancelled,
+one line is printed on stderr, and the command exits with 128 + the signal number (130 for SIGINT,
+143 for SIGTERM). Releases left by commands that died without that chance (kill -9) are recovered
+by the sweep each command runs first (dprelease.recovery).
+"""
+
+from __future__ import annotations
+
+import atexit
+import fcntl
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+from dprelease import pipeline, recovery
+from dprelease.settings import Settings
+from dprelease.store import StoreError
+
+SERVER_START_TIMEOUT_S = 300
+PREFECT_DB_ENV = "PREFECT_API_DATABASE_CONNECTION_URL"
+_private_dirs: list[Path] = []  # this process's private Prefect databases (removed at exit)
+SIGNAL_NAMES = {signal.SIGINT: "SIGINT", signal.SIGTERM: "SIGTERM"}
+
+
+class Interrupted(Exception):
+    """SIGINT or SIGTERM reached this command."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(SIGNAL_NAMES.get(signum, str(signum)))
+        self.signum = signum
+
+
+def _raise_interrupted(signum, frame) -> None:
+    for sig in SIGNAL_NAMES:  # one stop: a second Ctrl-C does not interrupt the cleanup
+        signal.signal(sig, signal.SIG_IGN)
+    raise Interrupted(signum)
+
+
+def prefect_api_ready(settings: Settings) -> None:
+    """Make sure the Prefect API answers. With PREFECT_API_URL (a shared server, the setup for
+    several controllers) there is nothing to do. Without it, this command starts a temporary server
+    on a private copy of a migrated, empty Prefect database: temporary servers of commands started
+    at once never share a SQLite database (two Prefect servers on one SQLite file fail with
+    "database is locked"), and the copy spares each command the migrations."""
+    from prefect.server.api.server import SubprocessASGIServer
+    from prefect.settings import PREFECT_API_URL, PREFECT_HOME
+
+    if PREFECT_API_URL.value() or os.environ.get(PREFECT_DB_ENV):
+        return
+    home = Path(PREFECT_HOME.value()).expanduser()
+    home.mkdir(parents=True, exist_ok=True)
+    template = home / "dprelease-empty-prefect.db"
+    with open(home / ".dprelease-template.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not template.exists():
+            _build_template(template)
+    private = Path(tempfile.mkdtemp(prefix="dprelease-prefect-")) / "prefect.db"
+    shutil.copyfile(template, private)
+    _private_dirs.append(private.parent)
+    atexit.register(shutil.rmtree, private.parent, True)
+    os.environ[PREFECT_DB_ENV] = f"sqlite+aiosqlite:///{private}"
+    SubprocessASGIServer().start(timeout=SERVER_START_TIMEOUT_S)
+
+
+def _build_template(template: Path) -> None:
+    """An empty Prefect database with every migration applied (a temporary server creates it)."""
+    import sqlite3
+
+    from prefect.server.api.server import SubprocessASGIServer
+
+    partial = template.with_suffix(".partial")
+    for leftover in partial.parent.glob(partial.name + "*"):
+        leftover.unlink()
+    os.environ[PREFECT_DB_ENV] = f"sqlite+aiosqlite:///{partial}"
+    try:
+        server = SubprocessASGIServer()
+        server.start(timeout=SERVER_START_TIMEOUT_S)
+        server.stop()
+    finally:
+        del os.environ[PREFECT_DB_ENV]
+    with sqlite3.connect(partial) as db:  # one self-contained file: fold the write-ahead log in
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        db.execute("PRAGMA journal_mode=DELETE")
+    partial.replace(template)
+
+
+def stop_temporary_server() -> None:
+    """Stop this process's temporary Prefect server, if it started one (before os._exit)."""
+    try:
+        from prefect.server.api.server import SubprocessASGIServer
+
+        for server in list(SubprocessASGIServer._instances.values()):
+            server.stop()
+    except Exception:  # noqa: BLE001 - the process is ending anyway
+        pass
+    for directory in _private_dirs:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+class OwnRun:
+    """The flow run this command started: its id, its thread, and what it returned or raised."""
+
+    def __init__(self, settings: Settings, flow_run_id: str, worker: threading.Thread, out: dict) -> None:
+        self.settings, self.flow_run_id, self.worker, self.out = settings, flow_run_id, worker, out
+        self.release_id = flow_run_id
+        self.platform = pipeline.Platform.open(settings)
+
+    def wait_for_approval(self) -> bool:
+        """Wait until this run pauses for a decision (True), or ends (False)."""
+        from flows.approvals import wait_until_paused
+
+        while self.worker.is_alive():
+            try:
+                status = self.platform.store.get_release(self.release_id).status
+            except StoreError:  # not recorded yet
+                status = None
+            if status == "awaiting_approval":
+                try:
+                    wait_until_paused(self.flow_run_id, timeout=120)
+                    return True
+                except RuntimeError:  # the run ended instead of pausing
+                    return False
+            time.sleep(0.3)
+        return False
+
+    def result(self) -> dict:
+        while self.worker.is_alive():  # joined in short steps, so that a signal is handled at once
+            self.worker.join(0.3)
+        if "error" in self.out:
+            raise self.out["error"]
+        return self.out["result"]
+
+
+@contextmanager
+def own_run(settings: Settings, flow_obj, params: dict, request):
+    """Recover dead runs, create this command's flow run, run it in a thread, and stop it on
+    SIGINT/SIGTERM (exits the process: see the module docstring)."""
+    from prefect import get_client
+    from prefect.flow_engine import run_flow
+
+    platform = pipeline.Platform.open(settings)
+    in_main_thread = threading.current_thread() is threading.main_thread()  # only it may handle signals
+    previous = {sig: signal.signal(sig, _raise_interrupted) for sig in SIGNAL_NAMES} if in_main_thread else {}
+    run = None
+    try:
+        prefect_api_ready(settings)
+        for done in recovery.sweep(platform):
+            print(f"dprelease: recovered {done.line()}", file=sys.stderr, flush=True)
+        with get_client(sync_client=True) as client:
+            flow_run = client.create_flow_run(flow_obj, parameters=params)
+        out: dict = {}
+
+        def work() -> None:
+            try:
+                out["result"] = run_flow(flow_obj, flow_run=flow_run, parameters=params)
+            except BaseException as err:  # noqa: BLE001 - re-raised by OwnRun.result
+                out["error"] = err
+
+        worker = threading.Thread(target=work, name="flow-run", daemon=True)
+        worker.start()
+        run = OwnRun(settings, str(flow_run.id), worker, out)
+        threading.Thread(target=_watch_cancellation, args=(platform, run, request), name="cancel-watch",
+                         daemon=True).start()
+        yield run
+    except Interrupted as stop:
+        _stop_and_exit(platform, run, request, stop.signum)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _watch_cancellation(platform: pipeline.Platform, run: OwnRun, request, every_s: float = 2.0) -> None:
+    """Cancel from the Prefect UI: a run in this process has no worker to stop it, so this command
+    watches its run's state and, once it is cancelling or cancelled, stops the release (exit 1)."""
+    from prefect import get_client
+
+    while run.worker.is_alive():
+        time.sleep(every_s)
+        try:
+            with get_client(sync_client=True) as client:
+                state = client.read_flow_run(run.flow_run_id).state
+        except Exception:  # noqa: BLE001 - an unreachable server is not a cancellation
+            continue
+        if state is not None and (state.is_cancelling() or state.is_cancelled()):
+            _stop_and_exit(platform, run, request, None)
+
+
+def _stop_and_exit(platform: pipeline.Platform, run: OwnRun | None, request, signum: int | None) -> None:
+    """The one way an interrupted (signum) or cancelled (None) command ends (module docstring)."""
+    name = SIGNAL_NAMES.get(signum, str(signum)) if signum is not None else "cancelled in the Prefect UI"
+    if run is None:
+        _exit(f"interrupted ({name}) before the release started: nothing was reserved", signum)
+    reason = f"interrupted by {name} at the command line" if signum is not None else "cancelled in the Prefect UI"
+    store = platform.store
+    try:
+        store.get_release(run.release_id)
+    except StoreError:  # not recorded yet: record it as failed, so the run can reserve nothing
+        try:
+            store.add_release(request.dataset, request.to_json(), release_id=run.release_id, status="failed",
+                              flow_run_id=run.flow_run_id)
+            store.update_release(run.release_id, decision_comment=reason)
+        except StoreError:  # recorded meanwhile by the run itself
+            pass
+    ledger = store.abandon(run.release_id, "failed", reason)
+    if ledger == "committed":  # approved and publishing: let the publication finish
+        run.worker.join(120)
+    done = recovery.stop(platform, run.release_id, reason)
+    _cancel_flow_run(run.flow_run_id, reason)
+    status = store.get_release(run.release_id).status
+    if done.outcome == "published" or status == "published":
+        message = f"interrupted ({name}) after the release {run.release_id} was approved: it is published"
+    elif done.outcome == "refunded" or ledger == "refunded":
+        message = (f"interrupted ({name}): release {run.release_id} stopped, epsilon {done.epsilon:g} refunded, "
+                   f"marked {status}")
+    else:
+        message = f"interrupted ({name}): release {run.release_id} stopped before reserving budget, marked {status}"
+    _exit(message, signum)
+
+
+def _cancel_flow_run(flow_run_id: str, reason: str, wait_s: float = 5.0) -> None:
+    """Mark the Prefect flow run Cancelled (best effort, a few seconds at most)."""
+    from flows.approvals import cancel_flow_run
+
+    thread = threading.Thread(target=cancel_flow_run, args=(flow_run_id, reason), daemon=True)
+    thread.start()
+    thread.join(wait_s)
+
+
+_exiting = threading.Lock()
+
+
+def _exit(message: str, signum: int | None) -> None:
+    """Print the one line, stop the temporary server, and end the process at once (the flow's
+    thread with it): 128 + the signal number, or 1 for a cancellation."""
+    if not _exiting.acquire(blocking=False):  # a signal and a cancellation at once: the first one speaks
+        while True:
+            time.sleep(60)
+    print(f"dprelease: {message}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    stop_temporary_server()
+    os._exit(1 if signum is None else 128 + signum)
+

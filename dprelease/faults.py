@@ -1,0 +1,27 @@
+"""Test-only pause points, to kill a run at a precise step (tests/test_interrupts.py).
+
+The one place outside `settings` that reads the environment, and only for this: when
+DPRELEASE_TEST_PAUSE_AT names the step a run reaches, the run writes its pid and the step to the
+file DPRELEASE_TEST_PAUSE_MARKER and sleeps until it is killed. Unset, a pause point does nothing.
+Steps: after_checks, after_reserve, after_seal, during_publication (budget committed, the signed
+publication staged, not yet in place).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+STEPS = ("after_checks", "after_reserve", "after_seal", "during_publication")
+
+
+def pause_point(step: str) -> None:
+    """Sleep here forever if a test asked to stop the run at `step`."""
+    if os.environ.get("DPRELEASE_TEST_PAUSE_AT") != step:
+        return
+    marker = os.environ.get("DPRELEASE_TEST_PAUSE_MARKER")
+    if marker:
+        Path(marker).write_text(f"{os.getpid()} {step}\n")
+    while True:
+        time.sleep(3600)

@@ -1,0 +1,103 @@
+"""The recovery sweep in process (fast): which runs are dead, what is refunded, what is finished.
+The same paths with real processes and signals: tests/test_operations.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from dprelease import pipeline, recovery
+from dprelease.reporting import signing
+
+
+@pytest.fixture()
+def platform(tmp_path):
+    from dprelease import admin
+    from dprelease.settings import Settings
+
+    settings = Settings.from_env({"DPRELEASE_HOME": str(tmp_path / "home")})
+    admin.init(settings)
+    p = pipeline.Platform.open(settings)
+    p.store.add_dataset("d", privacy_unit="u", blob_path="/nowhere", fingerprint="0" * 64, file_format="csv",
+                        schema={"u": "int"}, epsilon_cap=10.0, delta_cap=1e-5)
+    return p
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def _running(platform, release_id: str, epsilon: float = 1.0, pid: int | None = None, host: str | None = None,
+             heartbeat_age_s: float = 0.0) -> None:
+    platform.store.add_release("d", "{}", release_id=release_id)
+    platform.store.reserve("d", release_id, epsilon, 0.0)
+    platform.store.take_lease(release_id, host or recovery.this_host(), pid or os.getpid(),
+                              recovery._process_started(pid or os.getpid()))
+    if heartbeat_age_s:
+        from sqlmodel import Session
+
+        from dprelease.store.tables import Lease
+
+        with Session(platform.store.engine) as session, session.begin():
+            lease = session.get(Lease, release_id)
+            lease.heartbeat_at = datetime.now(UTC) - timedelta(seconds=heartbeat_age_s)
+            session.add(lease)
+
+
+def test_only_dead_runs_are_recovered_and_refunded(platform):
+    _running(platform, "alive")
+    _running(platform, "dead", epsilon=2.0, pid=_dead_pid())
+    _running(platform, "far-alive", host="elsewhere", heartbeat_age_s=5)
+    _running(platform, "far-silent", host="elsewhere", heartbeat_age_s=recovery.LEASE_TTL_S + 5)
+    staging = platform.settings.publication_dir / ".staging-dead"
+    staging.mkdir(parents=True)
+    (staging / "index.html").write_text("half written")
+    done = {d.release_id: d for d in recovery.sweep(platform)}
+    assert set(done) == {"dead", "far-silent"}
+    assert done["dead"].outcome == "refunded" and done["dead"].epsilon == 2.0 and "has ended" in done["dead"].reason
+    assert "silent" in done["far-silent"].reason
+    for rid in done:
+        assert platform.store.get_release(rid).status == "failed"
+        assert platform.store.ledger_entry(rid).status == "refunded"
+    assert not staging.exists()
+    assert platform.store.budget("d")["epsilon_reserved"] == 2.0  # the two live runs keep theirs
+    assert recovery.sweep(platform) == []  # idempotent
+
+
+def test_a_release_without_a_lease_is_dead_only_after_the_start_grace(platform):
+    platform.store.add_release("d", "{}", release_id="starting")
+    assert recovery.sweep(platform) == []
+    later = datetime.now(UTC) + timedelta(seconds=recovery.START_GRACE_S + 1)
+    assert [d.outcome for d in recovery.sweep(platform, now=later)] == ["marked"]
+
+
+def test_an_approved_run_killed_during_publication_is_finished_and_committed_once(platform):
+    _running(platform, "approved", epsilon=1.5, pid=_dead_pid())
+    staging = platform.settings.publication_dir / ".staging-approved"
+    staging.mkdir(parents=True)
+    (staging / "index.html").write_text("<html>report</html>")
+    signing.sign_directory(staging, {"release_id": "approved", "dataset": "d", "approved_by": "alice",
+                                     "epsilon": 1.5, "delta": 0.0, "published_at": "now"},
+                           signing.load_private_key(platform.settings.signing_key_file))
+    platform.store.commit("approved")
+    [done] = recovery.sweep(platform)
+    assert done.outcome == "published"
+    directory = platform.settings.publication_dir / "approved"
+    assert signing.verify_directory(directory, platform.settings.public_key_file).ok
+    rel = platform.store.get_release("approved")
+    assert rel.status == "published" and rel.decision_by == "alice"
+    assert platform.store.budget("d")["epsilon_committed"] == 1.5
+    assert not staging.exists()
+
+
+def test_a_reused_pid_is_not_the_owner(platform):
+    _running(platform, "reused")
+    platform.store.take_lease("reused", recovery.this_host(), os.getpid(), 12345.0)  # another start time
+    alive, why = recovery.run_is_alive(platform.store, platform.store.get_release("reused"))
+    assert not alive and "has ended" in why
