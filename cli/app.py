@@ -152,33 +152,35 @@ def budget(dataset: str = typer.Argument(None, help="one dataset (default: all)"
 
 
 @app.command()
-def verify(directory: Path, key: Path = typer.Option(None, help="the trusted public key (PEM)")) -> None:
+def verify(directory: Path, key: Path = typer.Option(None, help="the publisher's public key (PEM), obtained out of "
+                                                               "band; a key inside the publication is never trusted")) -> None:
     """Check a published release: signature, every file's digest, nothing added or removed.
 
-    Example: dprelease verify ~/.dprelease/published/<release id> --key signing_ed25519.pub.pem"""
+    Without --key the files can only be checked against the key shipped with them, which proves
+    integrity but not who signed: the command says so and exits 1.
+
+    Example: dprelease verify ~/.dprelease/published/<release id> --key publisher.pub.pem"""
     from dprelease.reporting import signing
 
-    trusted = key
-    if trusted is None:
-        for candidate in (directory.parent / signing.PUBLIC_KEY, _settings().public_key_file):
-            if candidate.exists():
-                trusted = candidate
-                break
     try:
-        report = signing.verify_directory(directory, trusted)
+        report = signing.verify_directory(directory, key)
+        shipped = directory / signing.PUBLIC_KEY
+        shipped_fp = signing.key_fingerprint(shipped) if shipped.is_file() else None
     except signing.SigningError as err:
         _fail(str(err))
-    if report.ok and trusted is None:
-        console.print(f"[yellow]INTACT, SIGNER UNKNOWN[/yellow] {directory}: the files match a signature made with the "
-                      "key inside the directory; give --key with the publisher's public key to check who signed")
+    if not report.ok:
+        console.print(f"[red]FAILED[/red] {directory}")
+        for problem in report.problems:
+            console.print(f"  - {problem}")
         raise typer.Exit(1)
-    if report.ok:
-        console.print(f"[green]OK[/green] {directory}: signed by the trusted key {trusted}, every file intact")
-        return
-    console.print(f"[red]FAILED[/red] {directory}")
-    for problem in report.problems:
-        console.print(f"  - {problem}")
-    raise typer.Exit(1)
+    if key is None:
+        console.print(f"[yellow]intact, signer not established[/yellow] {directory}: the files match a signature "
+                      f"made with the key shipped inside the publication (fingerprint {shipped_fp}), which anyone "
+                      "could have replaced. Get the publisher's public key out of band, check its fingerprint, and "
+                      f"pin it: dprelease verify {directory} --key PUBLISHER_KEY.pem")
+        raise typer.Exit(1)
+    console.print(f"[green]OK[/green] {directory}: signed by the key you gave ({signing.key_fingerprint(key)}), "
+                  "every file intact")
 
 
 @app.command()

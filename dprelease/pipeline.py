@@ -401,8 +401,9 @@ def _published_context(platform, release_id, planned, decision, approved_by, ds,
     release = platform.store.get_release(release_id)
     ctx = report_context(release_id, planned, decision, approved_by=approved_by, decided_at=now(),
                          created_at=release.created_at.isoformat(timespec="seconds"))
-    hint = f"dprelease verify {directory} --key <the publisher's public key, {signing.PUBLIC_KEY} at the publication root>"
-    return replace(ctx, dataset_fingerprint=public_fingerprint(platform, ds.fingerprint), verify_hint=hint)
+    hint = f"dprelease verify {directory} --key <the publisher's public key, obtained from the publisher>"
+    return replace(ctx, dataset_fingerprint=public_fingerprint(platform, ds.fingerprint), verify_hint=hint,
+                   signer_fingerprint=signing.key_fingerprint(platform.settings.public_key_file))
 
 
 def write_index(platform: Platform) -> Path:

@@ -78,6 +78,7 @@ class ReleaseContext:
     risk_summary: str | None = None  # one sentence (risk mode), public parameters only
     charts: dict[str, str] = field(default_factory=dict)  # name -> SVG text (controller report)
     verify_hint: str = "dprelease verify <release directory>"
+    signer_fingerprint: str = ""  # the publisher's key fingerprint (readers pin the key they got out of band)
     utility: dict | None = None  # utility signal (name, description, params, f_dp, f_raw, status)
 
 

@@ -15,6 +15,7 @@ from .tables import (
     FILE_FORMATS,
     LEDGER_STATUSES,
     RELEASE_STATUSES,
+    Controller,
     Dataset,
     LedgerEntry,
     Policy,
@@ -24,5 +25,5 @@ from .tables import (
 
 __all__ = [
     "APPROVALS", "CAP_TOLERANCE", "DECISION_STATUSES", "FILE_FORMATS", "LEDGER_STATUSES", "RELEASE_STATUSES",
-    "BudgetExceeded", "Dataset", "LedgerEntry", "Policy", "Release", "Store", "StoreError", "make_engine", "utcnow",
+    "BudgetExceeded", "Controller", "Dataset", "LedgerEntry", "Policy", "Release", "Store", "StoreError", "make_engine", "utcnow",
 ]

@@ -26,6 +26,7 @@ from .tables import (
     DECISION_STATUSES,
     FILE_FORMATS,
     RELEASE_STATUSES,
+    Controller,
     Dataset,
     LedgerEntry,
     Policy,
@@ -94,7 +95,7 @@ class Store:
     def create_all(self) -> None:
         """Create the tables that do not exist yet (safe to call on every start)."""
         SQLModel.metadata.create_all(
-            self.engine, tables=[m.__table__ for m in (Dataset, LedgerEntry, Release, Policy)]
+            self.engine, tables=[m.__table__ for m in (Dataset, LedgerEntry, Release, Policy, Controller)]
         )
 
     def close(self) -> None:
@@ -327,8 +328,10 @@ class Store:
         analyst: str | None = None,
         approval: str = "manual",
         evaluators: list | str | None = None,
+        deployment: str | None = None,
     ) -> Policy:
-        """Record a policy for a dataset (analyst None: applies to every analyst); names are unique."""
+        """Record a policy for a dataset (analyst None: applies to every analyst); names are unique.
+        deployment: the Prefect deployment whose scheduled runs an automatic policy approves."""
         policy = Policy(
             name=name,
             dataset=dataset,
@@ -336,6 +339,7 @@ class Store:
             max_epsilon_per_release=_check_epsilon(max_epsilon_per_release, "max_epsilon_per_release"),
             approval=_check_choice(approval, APPROVALS, "approval"),
             evaluators_json=_as_json([] if evaluators is None else evaluators),
+            deployment=deployment or None,
         )
         try:
             with self._transaction() as session:
@@ -363,6 +367,32 @@ class Store:
         """Every policy of a dataset, whoever it covers (a dataset with none is open to requests)."""
         with self._transaction() as session:
             return list(session.exec(select(Policy).where(Policy.dataset == dataset).order_by(Policy.name)).all())
+
+
+    # --- controllers ------------------------------------------------------------------------------
+
+    def add_controller(self, name: str, public_key_pem: str) -> Controller:
+        """Register a controller's public key (names are unique; a key is registered once)."""
+        with self._transaction() as session:
+            if session.get(Controller, name) is not None:
+                raise StoreError(f"controller {name!r} is already registered")
+            if session.exec(select(Controller).where(Controller.public_key_pem == public_key_pem)).first():
+                raise StoreError("this public key is already registered to another controller")
+            controller = Controller(name=name, public_key_pem=public_key_pem)
+            session.add(controller)
+            return controller
+
+    def get_controller(self, name: str) -> Controller:
+        """The registered controller; StoreError naming them when unknown."""
+        with self._transaction() as session:
+            controller = session.get(Controller, name)
+            if controller is None:
+                raise StoreError(f"{name!r} is not a registered controller (dprelease controller add NAME)")
+            return controller
+
+    def list_controllers(self) -> list[Controller]:
+        with self._transaction() as session:
+            return list(session.exec(select(Controller).order_by(Controller.name)).all())
 
 
 # --- budget arithmetic (module level so tests can slow it down to widen race windows) -------------
