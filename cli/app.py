@@ -3,7 +3,9 @@
     dprelease init
     dprelease dataset register adult adult.csv --unit person_id --epsilon-cap 10
     dprelease release request.yaml            # runs the release flow; asks for approval here
-    dprelease pending | approve ID --reviewer alice | reject ID --reviewer alice
+    dprelease controller add alice --private-key alice.pem     # the administrator
+    dprelease pending | approve ID --key alice.pem | reject ID --key alice.pem --reason ...
+    dprelease request submit request.yaml --as ana              # an analyst
     dprelease budget | verify DIR | server | demo
 """
 
@@ -194,29 +196,144 @@ def pending() -> None:
     console.print(table)
 
 
-def _resume(release_id: str, decision: str, reviewer: str, comment: str) -> None:
+def _decide(release_id: str, decision: str, key: Path | None, reason: str, override_risk: str) -> None:
+    from dprelease import decisions
+
+    from .deciding import decide
+
+    key = key or _settings().controller_key
+    if key is None:
+        _fail("a decision is signed with your controller key: give --key YOUR_KEY.pem (or set DPRELEASE_CONTROLLER_KEY)")
+    try:
+        status = decide(_settings(), release_id, decision, key, reason, override_risk)
+    except (decisions.DecisionRefused, Exception) as err:  # noqa: BLE001 - one line for every refusal
+        _fail(f"decision refused: {err}")
+    console.print(f"{decision} of release {release_id} accepted (status now {status}; the run continues on the "
+                  "Prefect server)")
+
+
+_KEY_HELP = "your controller private key (default: DPRELEASE_CONTROLLER_KEY)"
+
+
+@app.command()
+def approve(release_id: str, key: Path = typer.Option(None, help=_KEY_HELP),
+            reason: str = typer.Option("", "--reason", "--comment", help="why (recorded in the archive)"),
+            override_risk: str = typer.Option("", help="required when the risk is above your tolerable risk: "
+                                              "the reason for approving anyway (recorded)")) -> None:
+    """Approve a pending release with your signed decision (its flow run publishes it).
+
+    Example: dprelease approve 3f2a... --key ~/.dprelease-controller/alice.pem --reason "checked" """
+    _decide(release_id, "approve", key, reason, override_risk)
+
+
+@app.command()
+def reject(release_id: str, key: Path = typer.Option(None, help=_KEY_HELP),
+           reason: str = typer.Option("", "--reason", "--comment", help="why (recorded in the archive)")) -> None:
+    """Reject a pending release with your signed decision: nothing is published, the budget is refunded.
+
+    Example: dprelease reject 3f2a... --key ~/.dprelease-controller/alice.pem --reason "too fine" """
+    _decide(release_id, "reject", key, reason, "")
+
+
+decision_app = typer.Typer(help="Signed decisions (for the Prefect UI's Resume form).", no_args_is_help=True)
+app.add_typer(decision_app, name="decision")
+
+
+@decision_app.command("sign")
+def decision_sign(release_id: str, decision: str = typer.Argument(..., help="approve or reject"),
+                  key: Path = typer.Option(None, help=_KEY_HELP), reason: str = typer.Option("", help="why"),
+                  override_risk: str = typer.Option("", help="reason for approving a risk above the tolerable risk")) -> None:
+    """Print your signed decision, to paste into the Resume form of the paused run in the Prefect UI.
+
+    Example: dprelease decision sign 3f2a... approve --key alice.pem --reason checked"""
+    from dprelease import decisions
+
+    key = key or _settings().controller_key
+    if key is None:
+        _fail("give --key YOUR_KEY.pem (or set DPRELEASE_CONTROLLER_KEY)")
+    try:
+        print(decisions.sign_for_release(_settings(), release_id, decision, key, reason, override_risk))
+    except Exception as err:  # noqa: BLE001 - one line for every refusal
+        _fail(str(err))
+
+
+controller_app = typer.Typer(help="Controllers: who may decide releases (administrator).", no_args_is_help=True)
+app.add_typer(controller_app, name="controller")
+
+
+@controller_app.command("add")
+def controller_add(name: str,
+                   private_key: Path = typer.Option(None, help="write a new key pair here (the controller keeps it)"),
+                   public_key: Path = typer.Option(None, help="or register this existing public key (PEM)")) -> None:
+    """Register a controller: their public key goes into the store; only they can sign decisions.
+
+    Example: dprelease controller add alice --private-key ~/.dprelease-controller/alice.pem"""
+    from dprelease import decisions
+
+    if (private_key is None) == (public_key is None):
+        _fail("give one of --private-key PATH (create a key pair) or --public-key PATH (register a key)")
+    try:
+        if private_key is not None:
+            fingerprint = decisions.create_controller(_settings(), name, private_key)
+        else:
+            fingerprint = decisions.register_controller(_settings(), name, public_key)
+    except Exception as err:  # noqa: BLE001 - one line for every registration problem
+        _fail(str(err))
+    where = f"; private key {private_key} (keep it to yourself)" if private_key else ""
+    console.print(f"controller {name!r} registered: key {fingerprint}{where}")
+
+
+@controller_app.command("list")
+def controller_list() -> None:
+    """The registered controllers and their key fingerprints."""
+    from dprelease.reporting import signing
     from dprelease.store import Store
-    from flows.approvals import answer
 
-    rel = Store(_settings().store_url).get_release(release_id)
-    if rel.status != "awaiting_approval" or not rel.flow_run_id:
-        _fail(f"release {release_id} is {rel.status}, not awaiting approval")
-    if not reviewer.strip():
-        _fail("name the reviewer: --reviewer NAME")
-    answer(rel.flow_run_id, decision, reviewer, comment)
-    console.print(f"{decision}d release {release_id} (the flow run continues on the Prefect server)")
+    table = RichTable("name", "key fingerprint", "added")
+    for c in Store(_settings().store_url).list_controllers():
+        table.add_row(c.name, signing.key_fingerprint(c.public_key_pem.encode()), str(c.added_at)[:19])
+    console.print(table)
 
 
-@app.command()
-def approve(release_id: str, reviewer: str = typer.Option(..., help="who decides"), comment: str = "") -> None:
-    """Approve a pending release (its flow run, on the Prefect server of PREFECT_API_URL, publishes it)."""
-    _resume(release_id, "approve", reviewer, comment)
+request_app = typer.Typer(help="Analysts' channel: submit a request to the controllers' inbox.", no_args_is_help=True)
+app.add_typer(request_app, name="request")
 
 
-@app.command()
-def reject(release_id: str, reviewer: str = typer.Option(..., help="who decides"), comment: str = "") -> None:
-    """Reject a pending release: nothing is published and the budget is refunded."""
-    _resume(release_id, "reject", reviewer, comment)
+@request_app.command("submit")
+def request_submit(spec: Path = typer.Argument(..., help="a release request (.yaml or .json)"),
+                   requested_by: str = typer.Option(..., "--as", help="your name (the analyst)")) -> None:
+    """Submit a request to the inbox; a controller runs it (`dprelease release INBOX_FILE`) and
+    decides. Submitting can neither approve nor read anything of the controller's.
+
+    Example: dprelease request submit request.yaml --as ana"""
+    import json
+    import uuid
+
+    from dprelease.requests import load_request
+
+    try:
+        request = load_request(spec)
+    except Exception as err:  # noqa: BLE001 - one line for every bad request
+        _fail(str(err))
+    settings = _settings()
+    settings.inbox_dir.mkdir(parents=True, exist_ok=True)
+    fields = json.loads(request.to_json())
+    fields["requested_by"] = requested_by
+    path = settings.inbox_dir / f"{uuid.uuid4().hex[:12]}.json"
+    path.write_text(json.dumps(fields, indent=2))
+    console.print(f"submitted {path.name} to the controllers' inbox")
+
+
+@request_app.command("list")
+def request_list() -> None:
+    """The requests waiting in the inbox (controllers run them with `dprelease release FILE`)."""
+    import json
+
+    table = RichTable("file", "dataset", "title", "requested by")
+    for path in sorted(_settings().inbox_dir.glob("*.json")):
+        fields = json.loads(path.read_text())
+        table.add_row(str(path), fields.get("dataset", ""), fields.get("title", ""), fields.get("requested_by") or "")
+    console.print(table)
 
 
 @app.command()
@@ -274,11 +391,25 @@ def utility(
     console.print(result)
 
 
+_LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
 @app.command()
-def server(port: int = 4200) -> None:
-    """Start a local Prefect server (analytics off); the UI is the controllers' console."""
+def server(port: int = 4200, host: str = typer.Option("127.0.0.1", help="address to listen on")) -> None:
+    """Start a Prefect server (analytics off); its UI is the controllers' console. Beyond localhost
+    it must be protected: set PREFECT_SERVER_API_AUTH_STRING=user:password (Prefect's basic auth)
+    and give controllers PREFECT_API_AUTH_STRING.
+
+    Example: dprelease server --port 4200"""
+    from prefect.settings import get_current_settings
+
+    auth = get_current_settings().server.api.auth_string
+    if host not in _LOCAL_HOSTS and not (auth and auth.get_secret_value()):
+        _fail(f"refusing to listen on {host} without authentication: anyone reaching the console could start "
+              "and decide releases. Set PREFECT_SERVER_API_AUTH_STRING=user:password, or listen on 127.0.0.1")
     env = dict(os.environ, PREFECT_SERVER_ANALYTICS_ENABLED="false")
-    os.execvpe(sys.executable, [sys.executable, "-m", "prefect", "server", "start", "--port", str(port)], env)
+    os.execvpe(sys.executable, [sys.executable, "-m", "prefect", "server", "start", "--host", host, "--port", str(port)],
+               env)
 
 
 @app.command()

@@ -3,10 +3,10 @@ controller's summary and take the decision here (a flag, a prompt, or the no-ter
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import time
+from pathlib import Path
 
 import typer
 from rich.console import Console
@@ -40,11 +40,13 @@ def _collect(worker: threading.Thread, out: dict) -> dict:
 
 
 def run_release_interactively(settings: Settings, request, *, approve_as: str | None, timeout: int,
-                              no_terminal_reviewer: str | None = None) -> dict:
-    """Start the flow in this process, show the controller summary, and take the decision here:
-    from `approve_as`, a terminal prompt, or (no terminal) `no_terminal_reviewer`."""
+                              no_terminal_reviewer: str | None = None, controller_key: Path | None = None,
+                              risk_override: str = "") -> dict:
+    """Start the flow in this process, show the controller summary, and take the decision here,
+    signed with the controller's key (`controller_key`, else DPRELEASE_CONTROLLER_KEY): approve
+    right away (`approve_as`), a terminal prompt, or (no terminal) approve when
+    `no_terminal_reviewer` is given. Without a key the run waits for a decision from elsewhere."""
     from dprelease.store import Store
-    from flows.approvals import answer
     from flows.release import release_flow
 
     store = Store(settings.store_url)
@@ -55,7 +57,7 @@ def run_release_interactively(settings: Settings, request, *, approve_as: str | 
         pri_mode=request.pri.get("mode", "public"), pri_beta=float(request.pri.get("beta", 0.5)),
         risk=request.risk or None, delta=request.delta,
         max_partitions_contributed=request.max_partitions_contributed, requested_by=request.requested_by,
-        approval_timeout=timeout, poll_interval=1))
+        approval_timeout=timeout))
     waiting = None
     while worker.is_alive() and waiting is None:
         waiting = next((r for r in store.list_releases(status="awaiting_approval") if r.id not in before), None)
@@ -64,9 +66,41 @@ def run_release_interactively(settings: Settings, request, *, approve_as: str | 
         summary_file = settings.archive_dir / waiting.id / "controller" / "controller.html"
         console.print(Markdown(_summary_markdown(settings, waiting.id)))
         console.print(f"[dim]controller report (signed, archive only): {summary_file}[/dim]")
-        decision, reviewer, comment = _ask(approve_as, no_terminal_reviewer)
-        answer(waiting.flow_run_id, decision, reviewer, comment)
+        _decide_here(settings, waiting.id, controller_key or settings.controller_key, approve_as,
+                     no_terminal_reviewer, risk_override)
     return _collect(worker, out)
+
+
+def _decide_here(settings: Settings, release_id: str, key: Path | None, approve_as: str | None,
+                 no_terminal_reviewer: str | None, risk_override: str = "") -> bool:
+    """Ask, sign with the controller's key and send the decision; re-ask when the run refuses it.
+    False when nothing was decided here (no key, or no terminal to ask)."""
+    from dprelease import decisions
+
+    from .deciding import decide
+
+    context = decisions.read_context(settings, release_id)
+    if context.get("above_tolerance"):
+        console.print(f"[bold red]Above your tolerable risk[/bold red]: risk {context['risk']:.2f} > tolerable "
+                      f"{context['max_risk']}; approving needs an override with a reason.")
+    if key is None:
+        console.print(f"[yellow]no controller key (--key or DPRELEASE_CONTROLLER_KEY): decide in the Prefect UI or "
+                      f"with `dprelease approve {release_id} --key YOUR_KEY`; waiting for the run[/yellow]")
+        return False
+    while True:
+        decision, comment, override = _ask(approve_as, no_terminal_reviewer, bool(context.get("above_tolerance")),
+                                           risk_override)
+        if decision is None:
+            console.print(f"[yellow]no terminal to ask: decide with `dprelease approve|reject {release_id} "
+                          "--key YOUR_KEY`; waiting for the run[/yellow]")
+            return False
+        try:
+            decide(settings, release_id, decision, key, comment, override)
+            return True
+        except decisions.DecisionRefused as err:
+            console.print(f"[red]decision refused:[/red] {err}")
+            if approve_as or not sys.stdin.isatty():
+                raise
 
 
 def _summary_markdown(settings: Settings, release_id: str) -> str:
@@ -74,26 +108,35 @@ def _summary_markdown(settings: Settings, release_id: str) -> str:
     return path.read_text() if path.exists() else f"Release {release_id} awaits approval."
 
 
-def _ask(approve_as: str | None, no_terminal_reviewer: str | None) -> tuple[str, str, str]:
+def _ask(approve_as: str | None, no_terminal_reviewer: str | None, above_tolerance: bool = False,
+         risk_override: str = "") -> tuple[str | None, str, str]:
+    """(decision, reason, risk override): no default; only approve or reject is accepted (asked
+    again otherwise); an approval above the tolerable risk needs an override reason."""
     if approve_as:
-        return "approve", approve_as, "approved on the command line"
+        return "approve", "approved on the command line", risk_override
     if not sys.stdin.isatty():
         if no_terminal_reviewer:
             console.print(f"[yellow]no terminal: approved automatically as {no_terminal_reviewer!r}[/yellow]")
-            return "approve", no_terminal_reviewer, "no terminal: approved automatically"
-        return "reject", "cli", "no terminal to ask and no --approve-as: rejected"
-    answer = typer.prompt("Approve this release? [approve/reject]", default="approve").strip().lower()
-    reviewer = typer.prompt("Your name (reviewer)", default=os.environ.get("USER", "controller"))
-    comment = typer.prompt("Comment", default="")
-    return ("approve" if answer.startswith("a") else "reject"), reviewer, comment
+            return "approve", "no terminal: approved automatically", risk_override
+        return None, "", ""
+    while True:
+        answer = typer.prompt("Approve or reject this release? (type approve or reject)").strip().lower()
+        if answer in ("approve", "reject"):
+            break
+        console.print("please type approve or reject")
+    comment = typer.prompt("Reason (recorded)", default="", show_default=False)
+    override = ""
+    while answer == "approve" and above_tolerance and not override.strip():
+        override = typer.prompt("The risk is above your tolerable risk. Reason for approving anyway (override)")
+    return answer, comment, override
 
 
 def run_utility_interactively(settings: Settings, request, evaluator: str, params: dict, *, timeout: int,
-                              no_terminal_reviewer: str | None = None) -> dict:
+                              no_terminal_reviewer: str | None = None, controller_key: Path | None = None) -> dict:
     """The utility flow in this process; every pause is answered at a prompt (or automatically
     as `no_terminal_reviewer` without a terminal)."""
     from dprelease.store import Store
-    from flows.approvals import answer, wait_until_paused
+    from flows.approvals import wait_until_paused
     from flows.utility import utility_flow
 
     store = Store(settings.store_url)
@@ -113,8 +156,9 @@ def run_utility_interactively(settings: Settings, request, evaluator: str, param
         except RuntimeError:
             break
         console.print(Markdown(_pause_description(waiting.flow_run_id)))
-        decision, reviewer, comment = _ask(None, no_terminal_reviewer)
-        answer(waiting.flow_run_id, decision, reviewer, comment)
+        if not _decide_here(settings, waiting.id, controller_key or settings.controller_key, None,
+                            no_terminal_reviewer):
+            break
     return _collect(worker, out)
 
 

@@ -113,6 +113,13 @@ def risk_above_tolerance(profile: dict) -> bool:
     return float(profile["risk"]) > risk.level_value(profile["max_risk"]) + 1e-12
 
 
+def risk_notice(profile: dict) -> str:
+    """The warning shown (in words and in red) when the risk is above the tolerable risk."""
+    return (f"🔴 **Above your tolerable risk**: the risk at this epsilon is {float(profile['risk']):.2f}, above the "
+            f"tolerable {risk.level_value(profile['max_risk']):g}. Approving requires an explicit override with a "
+            "reason (`dprelease approve ID --key YOUR_KEY --override-risk REASON`), recorded in the archive.")
+
+
 def write_context(settings: Settings, release_id: str, question: str, profile: dict) -> dict:
     """Record what is being asked, so a controller's tool signs for exactly this question."""
     context = {"release_id": release_id, "question": question,

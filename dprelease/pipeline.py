@@ -259,10 +259,20 @@ def write_controller_report(platform: Platform, release_id: str, planned: Plan, 
         stale.unlink()
     ctx = report_context(release_id, planned, decision, approved_by=None, decided_at=None)
     ctx.charts.update(_controller_charts(platform, planned, decision))
+    ctx.risk_warning = _risk_warning(platform, planned, decision)
     (directory / "controller.html").write_text(pages.render_controller_report(result, ctx))
     signing.sign_directory(directory, {"release_id": release_id, "kind": "controller-report"},
                            signing.load_private_key(platform.settings.signing_key_file))
     return directory
+
+
+def _risk_warning(platform: Platform, planned: Plan, decision: EpsilonDecision) -> str:
+    """Words for the controller report when the risk is above the tolerable risk (else empty)."""
+    from . import decisions
+
+    profile = risk_profile(platform, planned, decision)
+    return decisions.risk_notice(profile).replace("🔴 ", "").replace("**", "").replace("`", "") \
+        if decisions.risk_above_tolerance(profile) else ""
 
 
 def risk_profile(platform: Platform, planned: Plan, decision: EpsilonDecision) -> dict:

@@ -8,6 +8,7 @@ published.
 
 from __future__ import annotations
 
+import time
 import uuid
 from typing import Literal
 
@@ -16,23 +17,38 @@ from prefect.exceptions import FlowPauseTimeout
 from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
 from prefect.runtime import flow_run
+from pydantic import Field
 
-from dprelease import pipeline
+from dprelease import decisions, pipeline
 from dprelease.requests import parse_request
 from dprelease.settings import Settings
 from dprelease.store import StoreError
 from tasks import release_steps as steps
 
+#: seconds between the paused run's checks for an answer (an internal setting, not a form field)
+APPROVAL_POLL_SECONDS = 2
+
 
 class ReleaseDecision(RunInput):
-    """The controller's answer: the form shown in the Prefect UI's Resume dialog."""
+    """The controller's answer: the form shown in the Prefect UI's Resume dialog. Only the signed
+    decision counts: its signature must verify with the registered key of the controller named."""
 
-    decision: Literal["approve", "reject"]
-    reviewer: str
-    comment: str = ""
+    decision: Literal["approve", "reject"] = Field(description="approve: publish the analyst report; "
+                                                   "reject: publish nothing and refund the budget")
+    reviewer: str = Field(min_length=1, pattern=r"\S", description="your registered controller name")
+    comment: str = Field("", description="the reason for your decision (recorded in the archive)")
+    signed_decision: str = Field(min_length=1, description="your signed decision: the output of "
+                                 "`dprelease decision sign RELEASE_ID approve|reject --key YOUR_KEY`")
 
 
-@flow(name="dp-release", log_prints=True)
+def _run_name() -> str:
+    """Runs are named after the request's title (else the dataset), so the UI lists what they are."""
+    params = flow_run.parameters or {}
+    title = str(params.get("title") or "").strip()
+    return (title or f"release of {params.get('dataset', 'a dataset')}")[:120]
+
+
+@flow(name="dp-release", log_prints=True, flow_run_name=_run_name)
 def release_flow(
     dataset: str,
     sql: str | None = None,
@@ -46,18 +62,15 @@ def release_flow(
     delta: float = 1e-6,
     max_partitions_contributed: int = 1,
     requested_by: str | None = None,
-    auto_approve_policy: bool = False,
-    require_policy: bool = False,
     approval_timeout: int = 3600,
-    poll_interval: int = 10,
 ) -> dict:
-    """Release DP statistics of a registered dataset after the controller approves.
+    """Release DP statistics of a registered dataset after a controller approves.
 
     epsilon: a fixed value; or pri_p (choose it from the privacy risk indicator; pri_mode public,
     the default, is data-free; pri_beta its quantile); or risk (trust, sensitivity, max_risk,
-    max_noise, n: choose it from the risk model).
-    auto_approve_policy / require_policy: let a standing policy with automatic approval decide
-    (and refuse without one): for schedules only; otherwise the controller always decides."""
+    max_noise, n: choose it from the risk model). A controller always decides, unless this run was
+    created by the schedule of a deployment that a standing automatic policy names (read from
+    Prefect's record of the run, never from a parameter)."""
     settings = Settings.from_env()
     pri = {"p": pri_p, "mode": pri_mode, "beta": pri_beta} if pri_p is not None else None
     request = parse_request(request_fields(dataset, sql, query, title, epsilon, pri, risk, delta,
@@ -70,8 +83,7 @@ def release_flow(
     except Exception as err:  # refused before anything was computed: recorded as such
         platform.store.update_release(release_id, status="failed", decision_comment=str(err)[:500])
         raise
-    planned, decision, verdict = prepare_and_decide(
-        settings, platform, release_id, request, auto_approve_policy, require_policy, approval_timeout, poll_interval)
+    planned, decision, verdict = prepare_and_decide(settings, platform, release_id, request, approval_timeout)
     if verdict.decision == "approve":
         where = steps.publish(settings, release_id, planned, decision, verdict.reviewer, verdict.comment)
         return {"release_id": release_id, "status": "published", "directory": where}
@@ -79,8 +91,7 @@ def release_flow(
     return {"release_id": release_id, "status": "rejected"}
 
 
-def prepare_and_decide(settings, platform, release_id, request, auto_approve_policy, require_policy, timeout,
-                       poll_interval):
+def prepare_and_decide(settings, platform, release_id, request, timeout, poll_interval=APPROVAL_POLL_SECONDS):
     """Steps 2-9: everything up to the controller's decision; refunds on any failure."""
     try:
         steps.check_data(settings, request.dataset)
@@ -89,17 +100,22 @@ def prepare_and_decide(settings, platform, release_id, request, auto_approve_pol
         steps.reserve_budget(settings, release_id, planned, decision.epsilon)
         steps.compute(settings, release_id, planned, decision)
         summary = steps.summarise(settings, release_id, planned, decision)
-        policy = pipeline.covering_policy(platform, request, decision.epsilon) if auto_approve_policy else None
-        if policy is not None:
-            get_run_logger().info("auto-approved by policy %s", policy.name)
-            verdict = ReleaseDecision(decision="approve", reviewer=f"policy:{policy.name}", comment="standing policy")
-        elif require_policy:
-            raise pipeline.ReleaseError(
-                f"no standing policy with automatic approval covers epsilon {decision.epsilon:g} on dataset "
-                f"{request.dataset!r}: a scheduled release needs one (dprelease policy add ...)"
-            )
+        profile = pipeline.risk_profile(platform, planned, decision)
+        deployment = scheduled_deployment()
+        policy = decisions.standing_approval(platform.store, request.dataset, request.requested_by, decision.epsilon,
+                                             deployment)
+        if policy is not None and not decisions.risk_above_tolerance(profile):
+            get_run_logger().info("auto-approved by policy %s (scheduled run of %s)", policy.name, deployment)
+            verdict = ReleaseDecision.model_construct(decision="approve", reviewer=f"policy:{policy.name}",
+                                                      comment=f"standing policy; scheduled run of {deployment}",
+                                                      signed_decision="")
+            decisions.record(settings, release_id, {
+                "release_id": release_id, "decision": "approve", "controller": f"policy:{policy.name}",
+                "decided_at": pipeline.now(), "reason": verdict.comment,
+                "report_fingerprint": decisions.report_fingerprint(settings, release_id)}, None)
         else:
-            verdict = ask_controller(platform, release_id, summary, f"approval-{release_id}", timeout, poll_interval)
+            verdict = ask_controller(platform, release_id, summary, f"approval-{release_id}", timeout, poll_interval,
+                                     profile=profile)
     except FlowPauseTimeout:
         steps.refund(settings, release_id, "expired", None, "nobody answered in time")
         raise
@@ -109,19 +125,89 @@ def prepare_and_decide(settings, platform, release_id, request, auto_approve_pol
     return planned, decision, verdict
 
 
-def ask_controller(platform, release_id: str, description: str, key: str, timeout: int, poll_interval: int,
-                   answered: str = "pending") -> ReleaseDecision:
-    """Pause for the controller's typed decision (the UI's Resume form, or `dprelease approve`);
-    the release's status is `awaiting_approval` during the pause and `answered` after it."""
+def scheduled_deployment() -> str | None:
+    """The deployment's name when this run (or the run it is part of) was created by that
+    deployment's schedule, else None. Read from Prefect's own record of the root run (its
+    `created_by` is a SCHEDULE and `auto_scheduled` is set only by the server's scheduler), so no
+    form field or API parameter can claim it."""
+    from prefect import get_client
+
+    root = flow_run.root_flow_run_id
+    if not root:
+        return None
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(root)
+        created = run.created_by
+        if not (run.auto_scheduled and run.deployment_id and created is not None and created.type == "SCHEDULE"):
+            return None
+        return client.read_deployment(run.deployment_id).name
+
+
+def ask_controller(platform, release_id: str, description: str, key: str, timeout: int,
+                   poll_interval: int = APPROVAL_POLL_SECONDS, answered: str = "pending",
+                   profile: dict | None = None) -> ReleaseDecision:
+    """Pause until a controller's signed decision counts (the UI's Resume form, or `dprelease
+    approve`); a decision that does not verify is refused, recorded, and the run asks again. The
+    release's status is `awaiting_approval` during the pause and `answered` after it."""
+    settings = platform.settings
+    profile = profile or {}
+    context = decisions.write_context(settings, release_id, key, profile)
+    deadline = time.monotonic() + timeout
+    refused: list[str] = []
     platform.store.update_release(release_id, status="awaiting_approval")
-    form = ReleaseDecision.with_initial_data(description=description, reviewer="")  # no decision preselected
     try:
-        answer = pause_flow_run(wait_for_input=form, timeout=timeout, poll_interval=poll_interval, key=key)
+        for attempt in range(1000):
+            remaining = int(deadline - time.monotonic())
+            if remaining <= 0:
+                raise FlowPauseTimeout(f"no valid decision within {timeout} s")
+            text = waiting_message(release_id, description, profile, refused)
+            form = ReleaseDecision.with_initial_data(description=text)
+            answer = pause_flow_run(wait_for_input=form, timeout=remaining, poll_interval=poll_interval,
+                                    key=key if attempt == 0 else f"{key}-{attempt}")
+            try:
+                signed = decisions.check(platform.store, answer.signed_decision, release_id=release_id, question=key,
+                                         fingerprint=context["report_fingerprint"],
+                                         above_tolerance=context["above_tolerance"], form_decision=answer.decision,
+                                         form_controller=answer.reviewer)
+            except decisions.DecisionRefused as err:
+                get_run_logger().warning("decision refused: %s", err)
+                decisions.record_refusal(settings, release_id, str(err), answer.signed_decision)
+                refused.append(str(err))
+                continue
+            decisions.record(settings, release_id, signed, answer.signed_decision)
+            comment = signed.reason + (f" [risk override: {signed.risk_override}]" if signed.risk_override else "")
+            return ReleaseDecision.model_construct(decision=signed.decision, reviewer=signed.controller,
+                                                   comment=comment, signed_decision=answer.signed_decision)
+        raise pipeline.ReleaseError("too many refused decisions")
     finally:  # answered, timed out or cancelled: the release no longer awaits anything
         platform.store.update_release(release_id, status=answered)
-    if not answer.reviewer.strip():  # the UI may drop field constraints: validate here
-        raise pipeline.ReleaseError("the decision must name the reviewer")
-    return answer
+
+
+def waiting_message(release_id: str, summary: str, profile: dict, refused: list[str]) -> str:
+    """The markdown above the Resume form: an approval is waiting, where the summary is, and the
+    risk warning when the risk is above the tolerable risk."""
+    where = (f"The controller summary is below and in the artifact [{summary_artifact_key(release_id)}]"
+             f"({summary_link(release_id)}). Sign your decision with "
+             f"`dprelease decision sign {release_id} approve|reject --key YOUR_KEY` and paste it below, or run "
+             f"`dprelease approve {release_id} --key YOUR_KEY`.")
+    lines = [f"# An approval is waiting: release `{release_id}`", where]
+    if decisions.risk_above_tolerance(profile):
+        lines.append(decisions.risk_notice(profile))
+    if refused:
+        lines.append(f"**The last decision was refused:** {refused[-1]}")
+    return "\n\n".join(lines + [summary])
+
+
+def summary_artifact_key(release_id: str) -> str:
+    return f"release-{release_id[:12].lower()}"
+
+
+def summary_link(release_id: str) -> str:
+    """The summary artifact's page on the Prefect UI (relative when the UI address is unknown)."""
+    from prefect.settings import PREFECT_UI_URL
+
+    base = (PREFECT_UI_URL.value() or "").rstrip("/")
+    return f"{base}/artifacts/key/{summary_artifact_key(release_id)}"
 
 
 def request_fields(dataset, sql, query, title, epsilon, pri, risk, delta, cu, requested_by) -> dict:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from prefect import task
 from prefect.artifacts import create_markdown_artifact
 
-from dprelease import pipeline
+from dprelease import decisions, pipeline
 from dprelease.requests import ReleaseRequest
 from dprelease.settings import Settings
 
@@ -78,8 +78,10 @@ def summarise(settings: Settings, release_id: str, planned: pipeline.Plan, decis
     """The controller's summary: a markdown artifact in the Prefect UI and the signed controller report."""
     platform = _platform(settings)
     result = pipeline.open_sealed(platform, release_id, planned, decision)
-    markdown = pipeline.controller_summary(release_id, planned, decision, result,
-                                           pipeline.risk_profile(platform, planned, decision))
+    profile = pipeline.risk_profile(platform, planned, decision)
+    markdown = pipeline.controller_summary(release_id, planned, decision, result, profile)
+    if decisions.risk_above_tolerance(profile):  # a decision, not a label: said first, in words and red
+        markdown = decisions.risk_notice(profile) + "\n\n" + markdown
     create_markdown_artifact(markdown, key=f"release-{release_id[:12].lower()}", description="controller summary")
     pipeline.save_summary(platform, release_id, markdown)
     pipeline.write_controller_report(platform, release_id, planned, decision, result)

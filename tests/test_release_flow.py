@@ -32,7 +32,14 @@ def platform_env(tmp_path_factory):
     settings = Settings.from_env()
     admin.init(settings)
     data = Path(__file__).resolve().parents[1] / "examples" / "data" / "adult.csv.gz"
-    admin.register_dataset(settings, "adult", data, "person_id", epsilon_cap=10, add_row_id=True)
+    admin.register_dataset(settings, "adult", data, "person_id", epsilon_cap=10, add_row_id=True,
+                           risk_profile={"max_risk": 0.5})  # epsilon 1 is within this tolerance
+    from dprelease import decisions
+
+    keys = tmp_path_factory.mktemp("controller-keys")
+    decisions.create_controller(settings, "alice", keys / "alice.pem")
+    decisions.create_controller(settings, "bob", keys / "bob.pem")
+    os.environ["DPRELEASE_TEST_CONTROLLER_KEYS"] = str(keys)
     admin.register_dataset(settings, "strict", data, "person_id", epsilon_cap=10, add_row_id=True,
                            expectations=[{"type": "expect_column_values_to_be_in_set",
                                           "kwargs": {"column": "sex", "value_set": ["Male"]}}])
@@ -53,7 +60,7 @@ def start_release(**params):
 
     def run():
         try:
-            box["result"] = release_flow(**{"dataset": "adult", "sql": SQL, "epsilon": 1.0, "poll_interval": 1,
+            box["result"] = release_flow(**{"dataset": "adult", "sql": SQL, "epsilon": 1.0,
                                             "approval_timeout": 60, **params})
         except BaseException as err:  # noqa: BLE001
             box["error"] = err
@@ -75,16 +82,23 @@ def wait_for_approval(store, known: set, timeout=120, thread=None, box=None):
     raise AssertionError("no release reached the approval step")
 
 
-def decide(platform_env, decision, **params):
+def controller_key(name="alice") -> Path:
+    return Path(os.environ["DPRELEASE_TEST_CONTROLLER_KEYS"]) / f"{name}.pem"
+
+
+def decide(platform_env, decision, override="", **params):
+    """Start a release and answer it as the controller alice (her signed decision)."""
+    from cli.deciding import decide as send
     from dprelease.pipeline import Platform
-    from flows.approvals import answer, wait_until_paused
+    from flows.approvals import wait_until_paused
 
     platform = Platform.open(platform_env)
     known = {r.id for r in platform.store.list_releases()}
     thread, box = start_release(**params)
     rel = wait_for_approval(platform.store, known, thread=thread, box=box)
     if decision is not None:
-        answer(rel.flow_run_id, decision, "alice", "checked")
+        wait_until_paused(rel.flow_run_id)
+        send(platform_env, rel.id, decision, controller_key(), "checked", override)
     else:
         wait_until_paused(rel.flow_run_id)
     thread.join(180)
@@ -348,9 +362,114 @@ def test_epsilon_chosen_by_the_pri_in_public_mode(platform_env):
     # a fresh dataset (the odometer only lets candidates above what is spent through) whose cap
     # keeps the whole grid: the search then stops at 2 in the median, the spec's figure
     sql = "SELECT WITH ANONYMIZATION ANON_COUNT(*, 1) AS people FROM fresh WHERE age > 60"
-    platform, rel, box = decide(platform_env, "approve", dataset="fresh", sql=sql, epsilon=None, pri_p=50)
+    platform, rel, box = decide(platform_env, "approve", dataset="fresh", sql=sql, epsilon=None, pri_p=50,
+                                override="the spec's figure, accepted for the test")
     report = signing.verify_directory(Path(box["result"]["directory"]), platform_env.public_key_file)
     assert report.ok and report.facts["epsilon_mode"] == "pri"
     assert report.facts["epsilon"] == pytest.approx(2.0)  # the spec's figure for a count at p = 50
     text = (Path(box["result"]["directory"]) / "index.html").read_text()
     assert "end to end" in text  # the guarantee of public mode is stated to the analyst
+
+
+def _refusals(platform_env, release_id) -> int:
+    from dprelease import decisions
+
+    path = platform_env.archive_dir / release_id / decisions.REFUSED_FILE
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def _send_raw(platform_env, rel, token, decision="approve", reviewer="alice"):
+    """Resume the paused run with a hand-made answer, as anyone with the console could; wait
+    until the run has refused it and paused again."""
+    from flows.approvals import answer, wait_until_paused
+
+    before = _refusals(platform_env, rel.id)
+    answer(rel.flow_run_id, decision, reviewer, "", signed_decision=token)
+    deadline = time.monotonic() + 60
+    while _refusals(platform_env, rel.id) == before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _refusals(platform_env, rel.id) == before + 1
+    wait_until_paused(rel.flow_run_id)
+
+
+def test_only_a_registered_controllers_signed_decision_publishes(platform_env, tmp_path):
+    """No identity, another controller's identity, an analyst's key: refused, nothing published,
+    the run still waits; then alice's signed decision publishes and the archive records it."""
+    from prefect.flow_runs import resume_flow_run
+
+    from cli.deciding import decide as send
+    from dprelease import decisions, pipeline
+    from dprelease.reporting import signing
+    from flows.approvals import wait_until_paused
+
+    platform = pipeline.Platform.open(platform_env)
+    known = {r.id for r in platform.store.list_releases()}
+    thread, box = start_release(approval_timeout=300, title="Education, checked by alice")
+    rel = wait_for_approval(platform.store, known, thread=thread, box=box)
+    wait_until_paused(rel.flow_run_id)
+    # no identity: the form refuses a missing signature and a blank reviewer
+    with pytest.raises(RuntimeError, match="Cannot resume"):
+        resume_flow_run(rel.flow_run_id, run_input={"decision": "approve", "reviewer": "alice", "comment": ""})
+    with pytest.raises(RuntimeError, match="Cannot resume"):
+        resume_flow_run(rel.flow_run_id, run_input={"decision": "approve", "reviewer": " ", "comment": "",
+                                                     "signed_decision": "x"})
+    _send_raw(platform_env, rel, "approved, trust me")  # a token that is no signature at all
+    # another controller's identity: a decision naming alice, signed with bob's key
+    context = decisions.read_context(platform_env, rel.id)
+    forged = decisions.Decision(release_id=rel.id, question=context["question"], decision="approve",
+                                controller="alice", report_fingerprint=context["report_fingerprint"],
+                                decided_at=pipeline.now())
+    _send_raw(platform_env, rel, decisions.sign(forged, signing.load_private_key(controller_key("bob"))))
+    # an analyst: their own key, registered nowhere
+    signing.generate_keypair(tmp_path / "ana.pem", tmp_path / "ana.pub.pem")
+    with pytest.raises(decisions.DecisionRefused, match="no registered controller"):
+        send(platform_env, rel.id, "approve", tmp_path / "ana.pem")
+    as_ana = decisions.Decision(**{**forged.__dict__, "controller": "ana"})
+    _send_raw(platform_env, rel, decisions.sign(as_ana, signing.load_private_key(tmp_path / "ana.pem")), reviewer="ana")
+    refused = (platform_env.archive_dir / rel.id / decisions.REFUSED_FILE).read_text()
+    assert "does not verify with the registered key of 'alice'" in refused and "not a registered controller" in refused
+    assert not (platform_env.publication_dir / rel.id).exists()
+    assert platform.store.get_release(rel.id).status == "awaiting_approval"
+    assert platform.store.ledger_entry(rel.id).status == "reserved"
+    # alice decides
+    send(platform_env, rel.id, "approve", controller_key("alice"), "numbers look right")
+    thread.join(180)
+    assert box["result"]["status"] == "published", box
+    (entry,) = decisions.recorded(platform_env, rel.id)
+    assert entry["controller"] == "alice" and entry["decision"] == "approve" and entry["reason"] == "numbers look right"
+    assert entry["report_fingerprint"] == decisions.report_fingerprint(platform_env, rel.id) and entry["decided_at"]
+    assert platform.store.get_release(rel.id).decision_by == "alice"
+
+
+def test_risk_above_tolerance_needs_an_override_with_a_reason(platform_env):
+    """The default profile tolerates 0.2; epsilon 1 gives about 0.31: the summary says so in
+    words, approving without an override is refused, with one the reason is archived."""
+    from cli.deciding import decide as send
+    from dprelease import admin, decisions, pipeline
+    from flows.approvals import wait_until_paused
+
+    data = Path(__file__).resolve().parents[1] / "examples" / "data" / "adult.csv.gz"
+    admin.register_dataset(platform_env, "risky", data, "person_id", epsilon_cap=10, add_row_id=True)
+    platform = pipeline.Platform.open(platform_env)
+    known = {r.id for r in platform.store.list_releases()}
+    thread, box = start_release(dataset="risky", sql=SQL.replace("FROM adult", "FROM risky"))
+    rel = wait_for_approval(platform.store, known, thread=thread, box=box)
+    wait_until_paused(rel.flow_run_id)
+    assert "Above your tolerable risk" in (platform_env.archive_dir / rel.id / "summary.md").read_text()
+    controller_html = (platform_env.archive_dir / rel.id / "controller" / "controller.html").read_text()
+    assert "risk-above" in controller_html and "Above your tolerable risk" in controller_html
+    with pytest.raises(decisions.DecisionRefused, match="override"):
+        send(platform_env, rel.id, "approve", controller_key(), "fine")
+    # a decision signed without the override (bypassing the CLI's check) is refused by the run
+    context = decisions.read_context(platform_env, rel.id)
+    from dprelease.reporting import signing
+
+    bare = decisions.Decision(release_id=rel.id, question=context["question"], decision="approve", controller="alice",
+                              report_fingerprint=context["report_fingerprint"], decided_at=pipeline.now())
+    _send_raw(platform_env, rel, decisions.sign(bare, signing.load_private_key(controller_key())))
+    assert not (platform_env.publication_dir / rel.id).exists()
+    send(platform_env, rel.id, "approve", controller_key(), "fine", "aggregate table, recipient under contract")
+    thread.join(180)
+    assert box["result"]["status"] == "published", box
+    (entry,) = decisions.recorded(platform_env, rel.id)
+    assert entry["risk_override"] == "aggregate table, recipient under contract"

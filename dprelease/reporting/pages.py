@@ -78,7 +78,8 @@ class ReleaseContext:
     risk_summary: str | None = None  # one sentence (risk mode), public parameters only
     charts: dict[str, str] = field(default_factory=dict)  # name -> SVG text (controller report)
     verify_hint: str = "dprelease verify <release directory>"
-    signer_fingerprint: str = ""  # the publisher's key fingerprint (readers pin the key they got out of band)
+    signer_fingerprint: str = ""
+    risk_warning: str = ""  # controller report: the risk is above the tolerable risk (words, shown in red)  # the publisher's key fingerprint (readers pin the key they got out of band)
     utility: dict | None = None  # utility signal (name, description, params, f_dp, f_raw, status)
 
 
