@@ -289,24 +289,65 @@ def test_no_plaintext_copy_of_the_dataset_on_disk(platform_env):
     assert blobs and all(b.suffix == ".fernet" for b in blobs)
 
 
-def test_scheduled_publication_needs_a_standing_policy(platform_env, tmp_path):
-    from dprelease import pipeline
+def _scheduled_and_manual_runs(spec: Path):
+    """A deployment of the publication flow with a schedule, one run created by that schedule (the
+    server's scheduler endpoint) and one created on demand from the same deployment."""
+    from datetime import timedelta
+
+    from prefect import get_client
+    from prefect.client.schemas.actions import DeploymentScheduleCreate
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+    from prefect.client.schemas.schedules import IntervalSchedule
+
+    with get_client(sync_client=True) as client:
+        flow_id = client.create_flow_from_name("dp-scheduled-publication")
+        deployment_id = client.create_deployment(
+            flow_id=flow_id, name="dp-monthly-publication", parameters={"request_file": str(spec)},
+            schedules=[DeploymentScheduleCreate(schedule=IntervalSchedule(interval=timedelta(seconds=1)))])
+        client._client.post(f"/deployments/{deployment_id}/schedule", json={"max_runs": 1}).raise_for_status()
+        runs = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])))
+        scheduled = [r for r in runs if r.auto_scheduled][0]
+        manual = client.create_flow_run_from_deployment(deployment_id, parameters={"request_file": str(spec)})
+    assert scheduled.created_by.type == "SCHEDULE" and not manual.auto_scheduled
+    return scheduled, manual
+
+
+def test_only_scheduled_runs_of_the_named_deployment_are_approved_automatically(platform_env, tmp_path):
+    """The scheduled run of the deployment a standing auto policy names publishes by itself; a run
+    of the same deployment started on demand waits for a controller (and is rejected here)."""
+    from prefect.flow_engine import run_flow
+
+    from cli.deciding import decide as send
+    from dprelease import decisions, pipeline
     from dprelease.reporting import signing
+    from flows.approvals import wait_until_paused
     from flows.publication import publication_flow
 
     platform = pipeline.Platform.open(platform_env)
     spec = tmp_path / "monthly.yaml"
     spec.write_text("dataset: adult\ntitle: monthly\nsql: |\n  SELECT WITH ANONYMIZATION sex, ANON_COUNT(*, 1) AS n "
                     "FROM adult GROUP BY sex\nepsilon: 0.1\n")
-    before = platform.store.budget("adult")
-    with pytest.raises(Exception, match="no standing policy"):
-        publication_flow(str(spec))
-    assert platform.store.budget("adult") == before  # refused and refunded
-    platform.store.add_policy("monthly", "adult", max_epsilon_per_release=0.1, approval="auto")
-    out = publication_flow(str(spec))
+    platform.store.add_policy("monthly", "adult", max_epsilon_per_release=0.1, approval="auto",
+                              deployment="dp-monthly-publication")
+    scheduled, manual = _scheduled_and_manual_runs(spec)
+    out = run_flow(publication_flow, flow_run=scheduled, parameters={"request_file": str(spec)})
     assert out["status"] == "published"
     report = signing.verify_directory(Path(out["directory"]), platform_env.public_key_file)
     assert report.ok and report.facts["approved_by"] == "policy:monthly"
+    (entry,) = decisions.recorded(platform_env, out["release_id"])
+    assert entry["controller"] == "policy:monthly" and "dp-monthly-publication" in entry["reason"]
+
+    known = {r.id for r in platform.store.list_releases()}
+    box: dict = {}
+    thread = threading.Thread(target=lambda: box.update(result=run_flow(
+        publication_flow, flow_run=manual, parameters={"request_file": str(spec)})), daemon=True)
+    thread.start()
+    rel = wait_for_approval(platform.store, known, thread=thread, box=box)
+    wait_until_paused(rel.flow_run_id)
+    send(platform_env, rel.id, "reject", controller_key(), "on demand: not this month")
+    thread.join(120)
+    assert box["result"]["status"] == "rejected"
+    assert not (platform_env.publication_dir / rel.id).exists()
 
 
 def test_deployments_in_prefect_yaml_point_at_flows_with_typed_forms():
@@ -328,14 +369,21 @@ def test_deployments_in_prefect_yaml_point_at_flows_with_typed_forms():
 
 
 def test_release_flow_never_auto_approves_and_later_steps_never_recompute(platform_env):
-    """A standing auto policy approves schedules only: an on-demand release still waits for the
-    controller. And after the compute step, a missing seal is an error, not a new draw."""
+    """A standing auto policy approves schedules only: an on-demand release with every form field
+    set as a user could still waits for the controller. And after the compute step, a missing
+    seal is an error, not a new draw."""
     from dprelease import pipeline
     from dprelease.requests import parse_request
+    from flows.release import release_flow
 
+    props = release_flow.parameters.model_dump()["properties"]
+    assert not {"auto_approve_policy", "require_policy", "poll_interval"} & set(props)
     platform = pipeline.Platform.open(platform_env)
-    platform.store.add_policy("auto-any", "adult", max_epsilon_per_release=5.0, approval="auto")
-    platform, rel, box = decide(platform_env, "reject")
+    platform.store.add_policy("auto-any", "adult", max_epsilon_per_release=5.0, approval="auto",
+                              deployment="dp-release")
+    every_field = {"title": "all fields", "delta": 1e-6, "max_partitions_contributed": 1, "requested_by": "mallory",
+                   "approval_timeout": 60}
+    platform, rel, box = decide(platform_env, "reject", **every_field)
     assert box["result"]["status"] == "rejected"  # it paused and the controller decided
     planned = pipeline.plan(platform, parse_request({"dataset": "adult", "sql": SQL, "epsilon": 1.0}))
     decision = pipeline.choose_epsilon(platform, planned)
