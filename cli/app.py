@@ -106,22 +106,29 @@ def policy_add(
     approval: str = typer.Option("manual", help="manual (the controller decides) or auto (approved when within)"),
     analyst: str = typer.Option(None, help="the analyst it covers (default: any)"),
     evaluator: list[str] = typer.Option([], help="an evaluation function the analyst may use (repeatable)"),
+    deployment: str = typer.Option(None, help="auto approval: the Prefect deployment whose scheduled runs it approves"),
 ) -> None:
-    """Add a standing policy. Example: dprelease policy add monthly --dataset adult --max-epsilon 0.1 --approval auto
+    """Add a standing policy. Example: dprelease policy add monthly --dataset adult --max-epsilon 0.1 --approval auto --deployment dp-monthly-publication
 
     Example: dprelease policy add ana --dataset adult --analyst ana --max-epsilon 1 --evaluator spearman_rank"""
     from dprelease.evaluators import catalogue
     from dprelease.store import Store, StoreError
 
+    if approval == "auto" and not deployment:
+        _fail("an automatic policy approves only the scheduled runs of one deployment: give --deployment NAME "
+              "(e.g. dp-monthly-publication)")
     unknown = set(evaluator) - set(catalogue())
     if unknown:
         _fail(f"unknown evaluator(s) {sorted(unknown)}; the catalogue: {sorted(catalogue())}")
     try:
         Store(_settings().store_url).add_policy(name, dataset, max_epsilon_per_release=max_epsilon,
-                                                analyst=analyst, approval=approval, evaluators=list(evaluator))
+                                                analyst=analyst, approval=approval, evaluators=list(evaluator),
+                                                deployment=deployment)
     except (StoreError, ValueError) as err:
         _fail(str(err))
-    console.print(f"policy {name!r}: dataset {dataset!r}, at most epsilon {max_epsilon:g} per release, {approval} approval")
+    scope = f" of the scheduled runs of {deployment!r}" if approval == "auto" else ""
+    console.print(f"policy {name!r}: dataset {dataset!r}, at most epsilon {max_epsilon:g} per release, "
+                  f"{approval} approval{scope}")
 
 
 @policy_app.command("list")
@@ -133,7 +140,8 @@ def policy_list(dataset: str) -> None:
 
     table = RichTable("name", "analyst", "max epsilon", "approval", "evaluators")
     for p in Store(_settings().store_url).all_policies(dataset):
-        table.add_row(p.name, p.analyst or "any", f"{p.max_epsilon_per_release:g}", p.approval,
+        table.add_row(p.name, p.analyst or "any", f"{p.max_epsilon_per_release:g}",
+                      f"{p.approval} ({p.deployment})" if p.deployment else p.approval,
                       ", ".join(json.loads(p.evaluators_json or "[]")))
     console.print(table)
 

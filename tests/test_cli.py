@@ -35,6 +35,9 @@ def test_init_register_budget_policy(env):
     code, out = run("budget")
     assert code == 0 and "adult" in out and "3" in out
     code, out = run("policy", "add", "monthly", "--dataset", "adult", "--max-epsilon", "0.1", "--approval", "auto")
+    assert code == 2 and "--deployment" in out
+    code, out = run("policy", "add", "monthly", "--dataset", "adult", "--max-epsilon", "0.1", "--approval", "auto",
+                    "--deployment", "dp-monthly-publication")
     assert code == 0
     code, out = run("policy", "list", "adult")
     assert "monthly" in out and "auto" in out
