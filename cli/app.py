@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import typer
+from rich.markdown import Markdown
 from rich.table import Table as RichTable
 
 from dprelease.settings import Settings
@@ -347,8 +348,11 @@ def request_list() -> None:
 @app.command()
 def release(
     spec: Path = typer.Argument(..., help="a release request (.yaml or .json)"),
-    approve_as: str = typer.Option(None, help="approve right away as this reviewer (no prompt)"),
+    approve_as: str = typer.Option(None, help="approve right away (no prompt), signed with --key"),
     timeout: int = typer.Option(3600, help="seconds to wait for the decision"),
+    key: Path = typer.Option(None, help=_KEY_HELP),
+    override_risk: str = typer.Option("", help="with --approve-as: the reason for approving a risk above the "
+                                      "tolerable risk"),
 ) -> None:
     """Run the release flow for a request and decide here (a prompt), or from the Prefect UI.
 
@@ -358,10 +362,26 @@ def release(
 
     try:
         request = load_request(spec)
-        result = run_release_interactively(_settings(), request, approve_as=approve_as, timeout=timeout)
+        _print_preview(request)
+        result = run_release_interactively(_settings(), request, approve_as=approve_as, timeout=timeout,
+                                           controller_key=key, risk_override=override_risk)
     except DPError as err:
         _fail(str(err))
     console.print(result)
+
+
+def _print_preview(request) -> None:
+    """The accuracy preview before the flow reserves anything (epsilon chosen without the data;
+    in PRI data mode the preview is in the summary instead)."""
+    from dprelease import pipeline
+    from dprelease.preview import preview_markdown
+
+    if request.epsilon_mode == "pri" and request.pri.get("mode") == "data":
+        return
+    platform = pipeline.Platform.open(_settings())
+    planned = pipeline.plan(platform, request)
+    decision = pipeline.choose_epsilon(platform, planned)
+    console.print(Markdown(preview_markdown(planned.query, decision.epsilon)))
 
 
 @app.command()

@@ -31,6 +31,7 @@ def prepare_environment() -> Path:
     os.environ.setdefault("PREFECT_HOME", str(home / "prefect"))
     os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")  # a busy machine starts it slowly
     return home
 
 

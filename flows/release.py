@@ -86,8 +86,10 @@ def release_flow(
     planned, decision, verdict = prepare_and_decide(settings, platform, release_id, request, approval_timeout)
     if verdict.decision == "approve":
         where = steps.publish(settings, release_id, planned, decision, verdict.reviewer, verdict.comment)
+        steps.budget_view(settings, request.dataset)
         return {"release_id": release_id, "status": "published", "directory": where}
     steps.refund(settings, release_id, "rejected", verdict.reviewer, verdict.comment)
+    steps.budget_view(settings, request.dataset)
     return {"release_id": release_id, "status": "rejected"}
 
 
@@ -97,6 +99,7 @@ def prepare_and_decide(settings, platform, release_id, request, timeout, poll_in
         steps.check_data(settings, request.dataset)
         planned = steps.plan(settings, request)
         decision = steps.choose_epsilon(settings, planned)
+        steps.preview(settings, release_id, planned, decision.epsilon)  # before anything is spent
         steps.reserve_budget(settings, release_id, planned, decision.epsilon)
         steps.compute(settings, release_id, planned, decision)
         summary = steps.summarise(settings, release_id, planned, decision)
@@ -195,7 +198,13 @@ def waiting_message(release_id: str, summary: str, profile: dict, refused: list[
         lines.append(decisions.risk_notice(profile))
     if refused:
         lines.append(f"**The last decision was refused:** {refused[-1]}")
-    return "\n\n".join(lines + [summary])
+    return "\n\n".join(lines + [summary, preview_text(release_id)])
+
+
+def preview_text(release_id: str) -> str:
+    """The accuracy preview saved before the reservation (empty when there is none)."""
+    path = Settings.from_env().archive_dir / release_id / "preview.md"
+    return path.read_text() if path.exists() else ""
 
 
 def summary_artifact_key(release_id: str) -> str:

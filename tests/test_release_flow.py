@@ -306,7 +306,7 @@ def _scheduled_and_manual_runs(spec: Path):
             schedules=[DeploymentScheduleCreate(schedule=IntervalSchedule(interval=timedelta(seconds=1)))])
         client._client.post(f"/deployments/{deployment_id}/schedule", json={"max_runs": 1}).raise_for_status()
         runs = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])))
-        scheduled = [r for r in runs if r.auto_scheduled][0]
+        scheduled = next(r for r in runs if r.auto_scheduled)
         manual = client.create_flow_run_from_deployment(deployment_id, parameters={"request_file": str(spec)})
     assert scheduled.created_by.type == "SCHEDULE" and not manual.auto_scheduled
     return scheduled, manual
@@ -455,6 +455,16 @@ def test_only_a_registered_controllers_signed_decision_publishes(platform_env, t
     thread, box = start_release(approval_timeout=300, title="Education, checked by alice")
     rel = wait_for_approval(platform.store, known, thread=thread, box=box)
     wait_until_paused(rel.flow_run_id)
+    # the paused run says an approval is waiting, links the summary, previews the accuracy
+    from prefect import get_client
+
+    from cli.interactive import _pause_description
+
+    message = _pause_description(rel.flow_run_id)
+    assert "An approval is waiting" in message and "/artifacts/key/release-" in message
+    assert "Accuracy preview" in message and "before any budget is spent" in message
+    with get_client(sync_client=True) as client:
+        assert client.read_flow_run(rel.flow_run_id).name == "Education, checked by alice"
     # no identity: the form refuses a missing signature and a blank reviewer
     with pytest.raises(RuntimeError, match="Cannot resume"):
         resume_flow_run(rel.flow_run_id, run_input={"decision": "approve", "reviewer": "alice", "comment": ""})

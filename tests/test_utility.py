@@ -50,8 +50,8 @@ def env(tmp_path_factory):
 
 def run_utility(env, answers, **params):
     """Start the utility flow and give the answers in order (approve/reject), one per pause."""
-    from dprelease.pipeline import Platform
     from cli.deciding import decide
+    from dprelease.pipeline import Platform
     from flows.approvals import wait_until_paused
     from flows.utility import utility_flow
 
