@@ -401,6 +401,7 @@ def utility(
     evaluator: str = typer.Option(..., help="an evaluator the policy enables (see `dprelease evaluators`)"),
     params: str = typer.Option("{}", help="the evaluator's parameters as JSON"),
     timeout: int = typer.Option(3600, help="seconds to wait for each decision"),
+    key: Path = typer.Option(None, help=_KEY_HELP),
 ) -> None:
     """Utility signaling: a DP release, then f(DP output) and f(raw output) with three approvals.
     Each decision is asked here (or answered from the Prefect UI / `dprelease approve`).
@@ -413,7 +414,8 @@ def utility(
 
     try:
         request = load_request(spec)
-        result = run_utility_interactively(_settings(), request, evaluator, json.loads(params), timeout=timeout)
+        result = run_utility_interactively(_settings(), request, evaluator, json.loads(params), timeout=timeout,
+                                           controller_key=key)
     except (DPError, json.JSONDecodeError) as err:
         _fail(str(err))
     console.print(result)

@@ -47,17 +47,17 @@ def run_release_interactively(settings: Settings, request, *, approve_as: str | 
     right away (`approve_as`), a terminal prompt, or (no terminal) approve when
     `no_terminal_reviewer` is given. Without a key the run waits for a decision from elsewhere."""
     from dprelease.store import Store
-    from flows.release import release_flow
+    from flows.release import outcome, release_flow
 
     store = Store(settings.store_url)
     before = {r.id for r in store.list_releases()}
-    worker, out = _in_background(lambda: release_flow(
+    worker, out = _in_background(lambda: outcome(release_flow(
         dataset=request.dataset, sql=request.sql, query=request.query, title=request.title,
         epsilon=request.epsilon, pri_p=request.pri.get("p") if request.epsilon_mode == "pri" else None,
         pri_mode=request.pri.get("mode", "public"), pri_beta=float(request.pri.get("beta", 0.5)),
         risk=request.risk or None, delta=request.delta,
         max_partitions_contributed=request.max_partitions_contributed, requested_by=request.requested_by,
-        approval_timeout=timeout))
+        approval_timeout=timeout, return_state=True)))
     waiting = None
     while worker.is_alive() and waiting is None:
         waiting = next((r for r in store.list_releases(status="awaiting_approval") if r.id not in before), None)

@@ -17,6 +17,7 @@ from prefect.exceptions import FlowPauseTimeout
 from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
 from prefect.runtime import flow_run
+from prefect.states import Cancelled
 from pydantic import Field
 
 from dprelease import decisions, pipeline
@@ -75,8 +76,8 @@ def release_flow(
     pri = {"p": pri_p, "mode": pri_mode, "beta": pri_beta} if pri_p is not None else None
     request = parse_request(request_fields(dataset, sql, query, title, epsilon, pri, risk, delta,
                                            max_partitions_contributed, requested_by))
-    release_id = str(flow_run.id or uuid.uuid4())
     platform = pipeline.Platform.open(settings)
+    release_id = attempt_release_id(platform)
     record(platform, release_id, request)
     try:
         steps.check_policy(settings, request)
@@ -90,7 +91,17 @@ def release_flow(
         return {"release_id": release_id, "status": "published", "directory": where}
     steps.refund(settings, release_id, "rejected", verdict.reviewer, verdict.comment)
     steps.budget_view(settings, request.dataset)
-    return {"release_id": release_id, "status": "rejected"}
+    return Cancelled(name="Rejected", message=f"rejected by {verdict.reviewer}: {verdict.comment}"[:500],
+                     data={"release_id": release_id, "status": "rejected"})
+
+
+def outcome(state) -> dict:
+    """The release's outcome from the flow run's final state (call the flow with return_state=True):
+    a rejected release ends in its own state, "Rejected" (Cancelled, not a green Completed), which
+    still carries the outcome; any other failure is raised."""
+    if state.is_cancelled() and state.name == "Rejected":
+        return state.result(raise_on_failure=False)
+    return state.result()
 
 
 def prepare_and_decide(settings, platform, release_id, request, timeout, poll_interval=APPROVAL_POLL_SECONDS):
@@ -233,6 +244,22 @@ def request_fields(dataset, sql, query, title, epsilon, pri, risk, delta, cu, re
     elif epsilon is not None:
         fields["epsilon"] = epsilon
     return fields
+
+
+def attempt_release_id(platform: pipeline.Platform) -> str:
+    """The release id of this run: the flow run's id; after Retry of a run whose release ended
+    (failed, expired: refunded, nothing published) a new release of that run, so the retry
+    reserves its own budget instead of failing on the old, refunded reservation."""
+    base = str(flow_run.id or uuid.uuid4())
+    try:
+        previous = platform.store.get_release(base)
+    except StoreError:
+        return base
+    attempts = [r for r in platform.store.list_releases() if r.id == base or r.id.startswith(f"{base}-retry")]
+    latest = max(attempts, key=lambda r: r.created_at) if attempts else previous
+    if latest.status in ("failed", "expired", "rejected"):
+        return f"{base}-retry{len(attempts)}"
+    return latest.id
 
 
 def record(platform: pipeline.Platform, release_id: str, request) -> None:

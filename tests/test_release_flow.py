@@ -54,14 +54,15 @@ def platform_env(tmp_path_factory):
 
 def start_release(**params):
     """Run the flow in a thread (as a worker would); returns (thread, box with result or error)."""
-    from flows.release import release_flow
+    from flows.release import outcome, release_flow
 
     box: dict = {}
 
     def run():
         try:
-            box["result"] = release_flow(**{"dataset": "adult", "sql": SQL, "epsilon": 1.0,
-                                            "approval_timeout": 60, **params})
+            box["state"] = release_flow(**{"dataset": "adult", "sql": SQL, "epsilon": 1.0,
+                                           "approval_timeout": 60, **params}, return_state=True)
+            box["result"] = outcome(box["state"])
         except BaseException as err:  # noqa: BLE001
             box["error"] = err
 
@@ -161,6 +162,7 @@ def test_reject_publishes_nothing_and_refunds(platform_env):
     before = pipeline.Platform.open(platform_env).store.budget("adult")
     platform, rel, box = decide(platform_env, "reject")
     assert box["result"]["status"] == "rejected"
+    assert box["state"].name == "Rejected" and not box["state"].is_completed()  # not a green Completed
     assert not (platform_env.publication_dir / rel.id).exists()
     after = platform.store.budget("adult")
     assert after["epsilon_committed"] == before["epsilon_committed"] and after["epsilon_reserved"] == before["epsilon_reserved"]
@@ -322,12 +324,17 @@ def test_only_scheduled_runs_of_the_named_deployment_are_approved_automatically(
     from dprelease.reporting import signing
     from flows.approvals import wait_until_paused
     from flows.publication import publication_flow
+    from flows.release import outcome
 
+    from dprelease import admin
+
+    data = Path(__file__).resolve().parents[1] / "examples" / "data" / "adult.csv.gz"
+    admin.register_dataset(platform_env, "monthly", data, "person_id", epsilon_cap=10, add_row_id=True)
     platform = pipeline.Platform.open(platform_env)
     spec = tmp_path / "monthly.yaml"
-    spec.write_text("dataset: adult\ntitle: monthly\nsql: |\n  SELECT WITH ANONYMIZATION sex, ANON_COUNT(*, 1) AS n "
-                    "FROM adult GROUP BY sex\nepsilon: 0.1\n")
-    platform.store.add_policy("monthly", "adult", max_epsilon_per_release=0.1, approval="auto",
+    spec.write_text("dataset: monthly\ntitle: monthly\nsql: |\n  SELECT WITH ANONYMIZATION sex, ANON_COUNT(*, 1) AS n "
+                    "FROM monthly GROUP BY sex\nepsilon: 0.1\n")
+    platform.store.add_policy("monthly", "monthly", max_epsilon_per_release=0.1, approval="auto",
                               deployment="dp-monthly-publication")
     scheduled, manual = _scheduled_and_manual_runs(spec)
     out = run_flow(publication_flow, flow_run=scheduled, parameters={"request_file": str(spec)})
@@ -339,8 +346,9 @@ def test_only_scheduled_runs_of_the_named_deployment_are_approved_automatically(
 
     known = {r.id for r in platform.store.list_releases()}
     box: dict = {}
-    thread = threading.Thread(target=lambda: box.update(result=run_flow(
-        publication_flow, flow_run=manual, parameters={"request_file": str(spec)})), daemon=True)
+    thread = threading.Thread(target=lambda: box.update(result=outcome(run_flow(
+        publication_flow, flow_run=manual, parameters={"request_file": str(spec)}, return_type="state"))),
+        daemon=True)
     thread.start()
     rel = wait_for_approval(platform.store, known, thread=thread, box=box)
     wait_until_paused(rel.flow_run_id)
@@ -531,3 +539,37 @@ def test_risk_above_tolerance_needs_an_override_with_a_reason(platform_env):
     assert box["result"]["status"] == "published", box
     (entry,) = decisions.recorded(platform_env, rel.id)
     assert entry["risk_override"] == "aggregate table, recipient under contract"
+
+
+def test_retry_after_expiry_asks_again_with_its_own_reservation(platform_env):
+    """Retry (the UI's button: the failed run is set to AwaitingRetry and run again) of a release
+    that expired and was refunded: the retry reserves afresh, waits for a decision, and ends in
+    its own Rejected state when rejected; the refunded attempt stays refunded."""
+    from prefect import get_client
+    from prefect.flow_engine import run_flow
+    from prefect.states import AwaitingRetry
+
+    from cli.deciding import decide as send
+    from flows.approvals import wait_until_paused
+    from flows.release import outcome, release_flow
+
+    platform, rel, box = decide(platform_env, None, approval_timeout=3)
+    assert platform.store.get_release(rel.id).status == "expired"
+    params = {"dataset": "adult", "sql": SQL, "epsilon": 1.0, "approval_timeout": 60}
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(rel.flow_run_id, AwaitingRetry(), force=True)
+        again = client.read_flow_run(rel.flow_run_id)
+    known = {r.id for r in platform.store.list_releases()}
+    retry: dict = {}
+    thread = threading.Thread(target=lambda: retry.update(result=outcome(run_flow(
+        release_flow, flow_run=again, parameters=params, return_type="state"))), daemon=True)
+    thread.start()
+    second = wait_for_approval(platform.store, known, thread=thread, box=retry)
+    assert second.id.startswith(rel.id) and second.id != rel.id
+    assert platform.store.ledger_entry(second.id).status == "reserved"
+    wait_until_paused(second.flow_run_id)
+    send(platform_env, second.id, "reject", controller_key(), "retried, still no")
+    thread.join(120)
+    assert retry["result"]["status"] == "rejected"
+    assert platform.store.ledger_entry(rel.id).status == "refunded"
+    assert platform.store.ledger_entry(second.id).status == "refunded"
