@@ -318,7 +318,7 @@ def report_context(release_id: str, planned: Plan, decision: EpsilonDecision, ap
         request_text=req.text, requested_by=req.requested_by, approved_by=approved_by, decided_at=decided_at,
         created_at=created_at or now(), epsilon_mode=decision.mode, epsilon_explanation=decision.explanation,
         risk_summary=decision.risk_choice.summary if decision.risk_choice is not None else None, charts={},
-        verify_hint="dprelease verify <this directory>",
+        verify_hint="dprelease verify <this directory>", title=req.title,
     )
 
 
