@@ -67,11 +67,25 @@ def release_flow(
 ) -> dict:
     """Release DP statistics of a registered dataset after a controller approves.
 
-    epsilon: a fixed value; or pri_p (choose it from the privacy risk indicator; pri_mode public,
-    the default, is data-free; pri_beta its quantile); or risk (trust, sensitivity, max_risk,
-    max_noise, n: choose it from the risk model). A controller always decides, unless this run was
-    created by the schedule of a deployment that a standing automatic policy names (read from
-    Prefect's record of the run, never from a parameter)."""
+    A controller always decides, unless this run was created by the schedule of a deployment that a
+    standing automatic policy names (read from Prefect's record of the run, never from a parameter).
+    Choose epsilon in one way only: `epsilon`, or `pri_p` (with pri_mode, pri_beta), or `risk`.
+
+    Args:
+        dataset: the registered dataset to query (see `dprelease dataset list`)
+        sql: the query, in SQL with ANONYMIZATION (give sql or query, not both)
+        query: the query as a release spec (aggregates, group_by), instead of sql
+        title: a title for the release: the run's name and the report's heading
+        epsilon: choose epsilon as a fixed value (leave empty to choose it with pri_p or risk)
+        pri_p: choose epsilon from the privacy risk indicator: the share p (percent) of people whose risk is bounded
+        pri_mode: with pri_p: public (data-free, the default) or data (reads the data)
+        pri_beta: with pri_p in public mode: the quantile of the simulated pass probability
+        risk: choose epsilon from the risk model: trust, sensitivity, max_risk, max_noise, n (m, p optional)
+        delta: the delta of the release (Gaussian noise and partition selection)
+        max_partitions_contributed: how many groups one person may contribute to
+        requested_by: the analyst who asked (their policy applies)
+        approval_timeout: seconds to wait for a controller's decision before refunding the budget
+    """
     settings = Settings.from_env()
     pri = {"p": pri_p, "mode": pri_mode, "beta": pri_beta} if pri_p is not None else None
     request = parse_request(request_fields(dataset, sql, query, title, epsilon, pri, risk, delta,
