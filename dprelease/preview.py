@@ -76,9 +76,9 @@ def accuracy_preview(query: dp.Query, epsilon: float) -> list[dict]:
 def preview_markdown(query: dp.Query, epsilon: float) -> str:
     """The preview as a short markdown section (the CLI and the Prefect UI show it)."""
     level = f"{query.confidence:.0%}"
-    lines = [f"## Accuracy preview at epsilon {epsilon:.4g} (before any budget is spent)",
-             f"Expected {level} interval of each released value, from the plan's public facts only "
-             "(bounds, groups per person, the budget split); no data was read.", "",
+    intro = (f"Expected {level} interval of each released value, from the plan's public facts only "
+             "(bounds, groups per person, the budget split); no data was read.")
+    lines = [f"## Accuracy preview at epsilon {epsilon:.4g} (before any budget is spent)", intro, "",
              "| statistic | expected interval | note |", "|---|---|---|"]
     for row in accuracy_preview(query, epsilon):
         if row["halfwidth"] is not None:

@@ -15,7 +15,7 @@ GUIDE = ROOT / "docs" / "controller-guide.md"
 
 
 def guide_commands() -> list[str]:
-    blocks = re.findall(r"^```\n(.*?)^```", GUIDE.read_text(), flags=re.S | re.M)
+    blocks = re.findall(r"^```\n(.*?)^```", GUIDE.read_text(), flags=re.DOTALL | re.MULTILINE)
     return [line.strip() for block in blocks for line in block.splitlines() if line.strip().startswith("dprelease ")]
 
 

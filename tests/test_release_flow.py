@@ -320,13 +320,11 @@ def test_only_scheduled_runs_of_the_named_deployment_are_approved_automatically(
     from prefect.flow_engine import run_flow
 
     from cli.deciding import decide as send
-    from dprelease import decisions, pipeline
+    from dprelease import admin, decisions, pipeline
     from dprelease.reporting import signing
     from flows.approvals import wait_until_paused
     from flows.publication import publication_flow
     from flows.release import outcome
-
-    from dprelease import admin
 
     data = Path(__file__).resolve().parents[1] / "examples" / "data" / "adult.csv.gz"
     admin.register_dataset(platform_env, "monthly", data, "person_id", epsilon_cap=10, add_row_id=True)
@@ -553,7 +551,7 @@ def test_retry_after_expiry_asks_again_with_its_own_reservation(platform_env):
     from flows.approvals import wait_until_paused
     from flows.release import outcome, release_flow
 
-    platform, rel, box = decide(platform_env, None, approval_timeout=3)
+    platform, rel, _ = decide(platform_env, None, approval_timeout=3)
     assert platform.store.get_release(rel.id).status == "expired"
     params = {"dataset": "adult", "sql": SQL, "epsilon": 1.0, "approval_timeout": 60}
     with get_client(sync_client=True) as client:
