@@ -97,6 +97,7 @@ class Store:
         SQLModel.metadata.create_all(
             self.engine, tables=[m.__table__ for m in (Dataset, LedgerEntry, Release, Policy, Controller)]
         )
+        _add_policy_deployment_column(self.engine)
 
     def close(self) -> None:
         """Release the engine's connections (tests, and before deleting a SQLite file)."""
@@ -393,6 +394,16 @@ class Store:
     def list_controllers(self) -> list[Controller]:
         with self._transaction() as session:
             return list(session.exec(select(Controller).order_by(Controller.name)).all())
+
+
+def _add_policy_deployment_column(engine) -> None:
+    """Stores created before policies named a deployment gain the (nullable) column."""
+    from sqlalchemy import inspect, text
+
+    columns = {c["name"] for c in inspect(engine).get_columns("policies")}
+    if "deployment" not in columns:
+        with engine.begin() as connection:
+            connection.execute(text("ALTER TABLE policies ADD COLUMN deployment VARCHAR"))
 
 
 # --- budget arithmetic (module level so tests can slow it down to widen race windows) -------------
