@@ -117,3 +117,10 @@ def test_the_data_engine_never_spills_to_disk():
 
     backend = DuckDBBackend.for_input(pd.DataFrame({"a": [1]}))
     assert backend.run("SELECT current_setting('temp_directory') AS t")["t"].iloc[0] == ""
+
+
+def test_server_refuses_to_listen_beyond_localhost_without_auth(monkeypatch):
+    monkeypatch.delenv("PREFECT_SERVER_API_AUTH_STRING", raising=False)
+    code, out = run("server", "--host", "0.0.0.0")
+    assert code == 2 and "refusing to listen on 0.0.0.0 without authentication" in out.replace("\n", " ")
+    assert "PREFECT_SERVER_API_AUTH_STRING" in out.replace("\n", "")
