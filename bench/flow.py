@@ -34,13 +34,17 @@ def main() -> None:
 
     from dprelease import admin, pipeline
     from dprelease.settings import Settings
-    from flows.approvals import answer
+    from cli.deciding import decide
+    from dprelease import decisions
+    from flows.approvals import wait_until_paused
     from flows.release import release_flow
 
     settings = Settings.from_env()
     admin.init(settings)
     admin.register_dataset(settings, "adult", ROOT / "examples" / "data" / "adult.csv.gz", "person_id",
-                           epsilon_cap=100, add_row_id=True)
+                           epsilon_cap=100, add_row_id=True, risk_profile={"max_risk": 0.5})
+    key = settings.key_dir / "controllers" / "bench.pem"
+    decisions.create_controller(settings, "bench", key)
     timings = {}
     originals = {}
     for name in ("check_data", "plan", "choose_epsilon", "reserve", "compute_sealed", "controller_summary",
@@ -66,14 +70,15 @@ def main() -> None:
             box = {}
             start = time.perf_counter()
             thread = threading.Thread(target=lambda: box.update(r=release_flow(
-                dataset="adult", sql=SQL, epsilon=1.0, poll_interval=1, approval_timeout=120)))
+                dataset="adult", sql=SQL, epsilon=1.0, approval_timeout=120)))
             thread.start()
             waiting_since = None
             while thread.is_alive():
                 rel = next((r for r in platform.store.list_releases(status="awaiting_approval") if r.id not in known), None)
                 if rel is not None:
                     waiting_since = time.perf_counter()
-                    answer(rel.flow_run_id, "approve", "bench")
+                    wait_until_paused(rel.flow_run_id)
+                    decide(settings, rel.id, "approve", key, "bench")
                     waited = time.perf_counter() - waiting_since
                     break
                 time.sleep(0.05)

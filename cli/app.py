@@ -3,7 +3,9 @@
     dprelease init
     dprelease dataset register adult adult.csv --unit person_id --epsilon-cap 10
     dprelease release request.yaml            # runs the release flow; asks for approval here
-    dprelease pending | approve ID --reviewer alice | reject ID --reviewer alice
+    dprelease controller add alice --private-key alice.pem     # the administrator
+    dprelease pending | approve ID --key alice.pem | reject ID --key alice.pem --reason ...
+    dprelease request submit request.yaml --as ana              # an analyst
     dprelease recover                         # end the releases whose process died (refund or finish)
     dprelease budget | verify DIR | server | demo
 """
@@ -16,6 +18,7 @@ from pathlib import Path
 
 import typer
 from rich.markup import escape
+from rich.markdown import Markdown
 from rich.table import Table as RichTable
 
 from dprelease.settings import Settings
@@ -108,22 +111,29 @@ def policy_add(
     approval: str = typer.Option("manual", help="manual (the controller decides) or auto (approved when within)"),
     analyst: str = typer.Option(None, help="the analyst it covers (default: any)"),
     evaluator: list[str] = typer.Option([], help="an evaluation function the analyst may use (repeatable)"),
+    deployment: str = typer.Option(None, help="auto approval: the Prefect deployment whose scheduled runs it approves"),
 ) -> None:
-    """Add a standing policy. Example: dprelease policy add monthly --dataset adult --max-epsilon 0.1 --approval auto
+    """Add a standing policy. Example: dprelease policy add monthly --dataset adult --max-epsilon 0.1 --approval auto --deployment dp-monthly-publication
 
     Example: dprelease policy add ana --dataset adult --analyst ana --max-epsilon 1 --evaluator spearman_rank"""
     from dprelease.evaluators import catalogue
     from dprelease.store import Store, StoreError
 
+    if approval == "auto" and not deployment:
+        _fail("an automatic policy approves only the scheduled runs of one deployment: give --deployment NAME "
+              "(e.g. dp-monthly-publication)")
     unknown = set(evaluator) - set(catalogue())
     if unknown:
         _fail(f"unknown evaluator(s) {sorted(unknown)}; the catalogue: {sorted(catalogue())}")
     try:
         Store(_settings().store_url).add_policy(name, dataset, max_epsilon_per_release=max_epsilon,
-                                                analyst=analyst, approval=approval, evaluators=list(evaluator))
+                                                analyst=analyst, approval=approval, evaluators=list(evaluator),
+                                                deployment=deployment)
     except (StoreError, ValueError) as err:
         _fail(str(err))
-    console.print(f"policy {name!r}: dataset {dataset!r}, at most epsilon {max_epsilon:g} per release, {approval} approval")
+    scope = f" of the scheduled runs of {deployment!r}" if approval == "auto" else ""
+    console.print(f"policy {name!r}: dataset {dataset!r}, at most epsilon {max_epsilon:g} per release, "
+                  f"{approval} approval{scope}")
 
 
 @policy_app.command("list")
@@ -135,7 +145,8 @@ def policy_list(dataset: str) -> None:
 
     table = RichTable("name", "analyst", "max epsilon", "approval", "evaluators")
     for p in Store(_settings().store_url).all_policies(dataset):
-        table.add_row(p.name, p.analyst or "any", f"{p.max_epsilon_per_release:g}", p.approval,
+        table.add_row(p.name, p.analyst or "any", f"{p.max_epsilon_per_release:g}",
+                      f"{p.approval} ({p.deployment})" if p.deployment else p.approval,
                       ", ".join(json.loads(p.evaluators_json or "[]")))
     console.print(table)
 
@@ -156,33 +167,35 @@ def budget(dataset: str = typer.Argument(None, help="one dataset (default: all)"
 
 
 @app.command()
-def verify(directory: Path, key: Path = typer.Option(None, help="the trusted public key (PEM)")) -> None:
+def verify(directory: Path, key: Path = typer.Option(None, help="the publisher's public key (PEM), obtained out of "
+                                                               "band; a key inside the publication is never trusted")) -> None:
     """Check a published release: signature, every file's digest, nothing added or removed.
 
-    Example: dprelease verify ~/.dprelease/published/<release id> --key signing_ed25519.pub.pem"""
+    Without --key the files can only be checked against the key shipped with them, which proves
+    integrity but not who signed: the command says so and exits 1.
+
+    Example: dprelease verify ~/.dprelease/published/<release id> --key publisher.pub.pem"""
     from dprelease.reporting import signing
 
-    trusted = key
-    if trusted is None:
-        for candidate in (directory.parent / signing.PUBLIC_KEY, _settings().public_key_file):
-            if candidate.exists():
-                trusted = candidate
-                break
     try:
-        report = signing.verify_directory(directory, trusted)
+        report = signing.verify_directory(directory, key)
+        shipped = directory / signing.PUBLIC_KEY
+        shipped_fp = signing.key_fingerprint(shipped) if shipped.is_file() else None
     except signing.SigningError as err:
         _fail(str(err))
-    if report.ok and trusted is None:
-        console.print(f"[yellow]INTACT, SIGNER UNKNOWN[/yellow] {directory}: the files match a signature made with the "
-                      "key inside the directory; give --key with the publisher's public key to check who signed")
+    if not report.ok:
+        console.print(f"[red]FAILED[/red] {directory}")
+        for problem in report.problems:
+            console.print(f"  - {problem}")
         raise typer.Exit(1)
-    if report.ok:
-        console.print(f"[green]OK[/green] {directory}: signed by the trusted key {trusted}, every file intact")
-        return
-    console.print(f"[red]FAILED[/red] {directory}")
-    for problem in report.problems:
-        console.print(f"  - {problem}")
-    raise typer.Exit(1)
+    if key is None:
+        console.print(f"[yellow]intact, signer not established[/yellow] {directory}: the files match a signature "
+                      f"made with the key shipped inside the publication (fingerprint {shipped_fp}), which anyone "
+                      "could have replaced. Get the publisher's public key out of band, check its fingerprint, and "
+                      f"pin it: dprelease verify {directory} --key PUBLISHER_KEY.pem")
+        raise typer.Exit(1)
+    console.print(f"[green]OK[/green] {directory}: signed by the key you gave ({signing.key_fingerprint(key)}), "
+                  "every file intact")
 
 
 @app.command()
@@ -201,25 +214,30 @@ def pending() -> None:
     console.print(table)
 
 
-def _resume(release_id: str, decision: str, reviewer: str, comment: str) -> None:
-    from dprelease import pipeline, recovery
+def _decide(release_id: str, decision: str, key: Path | None, reason: str, override_risk: str) -> None:
+    """Sign and send a decision on exactly this release; say the truth when no process runs it."""
+    from dprelease import decisions, pipeline, recovery
     from dprelease.store import StoreError
-    from flows.approvals import answer, cancel_flow_run
+    from flows.approvals import cancel_flow_run
 
-    platform = pipeline.Platform.open(_settings())
+    from .deciding import decide
+
+    settings = _settings()
+    platform = pipeline.Platform.open(settings)
     try:
         rel = platform.store.get_release(release_id)
     except StoreError as err:
         _fail(str(err))
     if rel.status != "awaiting_approval" or not rel.flow_run_id:
         _fail(f"release {release_id} is {rel.status}, not awaiting approval")
-    if not reviewer.strip():
-        _fail("name the reviewer: --reviewer NAME")
+    key = key or settings.controller_key
+    if key is None:
+        _fail("a decision is signed with your controller key: give --key YOUR_KEY.pem (or set DPRELEASE_CONTROLLER_KEY)")
     alive, why = recovery.run_is_alive(platform.store, rel)
     if not alive:  # a pause with no process behind it: resuming it would do nothing
         done = recovery.stop(platform, release_id, f"its run is dead ({why}); found by `{decision}`")
         cancel_flow_run(rel.flow_run_id, done.reason)
-        console.print(f"[red]error:[/red] nothing was {decision}d: {done.line()}", highlight=False)
+        console.print(f"[red]error:[/red] nothing was {decision}d: {escape(done.line())}", highlight=False)
         raise typer.Exit(1)
     from prefect.settings import PREFECT_API_URL
 
@@ -227,17 +245,20 @@ def _resume(release_id: str, decision: str, reviewer: str, comment: str) -> None
         _fail(f"release {release_id} waits in the command that runs it ({why}), on that command's temporary "
               "Prefect server: answer at its prompt; to answer from another terminal, run a shared server "
               "(`dprelease server`) and set PREFECT_API_URL for every command")
-    answer(rel.flow_run_id, decision, reviewer, comment)
+    try:
+        decide(settings, release_id, decision, key, reason, override_risk)
+    except (decisions.DecisionRefused, Exception) as err:  # noqa: BLE001 - one line for every refusal
+        _fail(f"decision refused: {err}")
     final = _outcome(platform, release_id)
     if final is None:
-        console.print(f"{decision}d release {release_id}: its flow run continues (status: "
+        console.print(f"{decision} of release {release_id} accepted: its flow run continues (status: "
                       f"{platform.store.get_release(release_id).status})")
     elif final.status in ("published", "rejected"):
         where = f" to {platform.settings.publication_dir / release_id}" if final.status == "published" else ""
-        console.print(f"{decision}d release {release_id}: {final.status}{where}")
+        console.print(f"{decision} of release {release_id} accepted: {final.status}{where}", highlight=False)
     else:
-        console.print(f"[red]error:[/red] {decision}d release {release_id}, but it ended {final.status}: "
-                      f"{final.decision_comment or ''}", highlight=False)
+        console.print(f"[red]error:[/red] {decision} of release {release_id} accepted, but it ended {final.status}: "
+                      f"{escape(final.decision_comment or '')}", highlight=False)
         raise typer.Exit(1)
 
 
@@ -275,23 +296,138 @@ def recover() -> None:
     console.print(f"{len(done)} release(s) recovered; {len(alive)} running", highlight=False)
 
 
-@app.command()
-def approve(release_id: str, reviewer: str = typer.Option(..., help="who decides"), comment: str = "") -> None:
-    """Approve a pending release (its flow run, on the Prefect server of PREFECT_API_URL, publishes it)."""
-    _resume(release_id, "approve", reviewer, comment)
+_KEY_HELP = "your controller private key (default: DPRELEASE_CONTROLLER_KEY)"
 
 
 @app.command()
-def reject(release_id: str, reviewer: str = typer.Option(..., help="who decides"), comment: str = "") -> None:
-    """Reject a pending release: nothing is published and the budget is refunded."""
-    _resume(release_id, "reject", reviewer, comment)
+def approve(release_id: str, key: Path = typer.Option(None, help=_KEY_HELP),
+            reason: str = typer.Option("", "--reason", "--comment", help="why (recorded in the archive)"),
+            override_risk: str = typer.Option("", help="required when the risk is above your tolerable risk: "
+                                              "the reason for approving anyway (recorded)")) -> None:
+    """Approve a pending release with your signed decision (its flow run publishes it).
+
+    Example: dprelease approve 3f2a... --key ~/.dprelease-controller/alice.pem --reason "checked" """
+    _decide(release_id, "approve", key, reason, override_risk)
+
+
+@app.command()
+def reject(release_id: str, key: Path = typer.Option(None, help=_KEY_HELP),
+           reason: str = typer.Option("", "--reason", "--comment", help="why (recorded in the archive)")) -> None:
+    """Reject a pending release with your signed decision: nothing is published, the budget is refunded.
+
+    Example: dprelease reject 3f2a... --key ~/.dprelease-controller/alice.pem --reason "too fine" """
+    _decide(release_id, "reject", key, reason, "")
+
+
+decision_app = typer.Typer(help="Signed decisions (for the Prefect UI's Resume form).", no_args_is_help=True)
+app.add_typer(decision_app, name="decision")
+
+
+@decision_app.command("sign")
+def decision_sign(release_id: str, decision: str = typer.Argument(..., help="approve or reject"),
+                  key: Path = typer.Option(None, help=_KEY_HELP), reason: str = typer.Option("", help="why"),
+                  override_risk: str = typer.Option("", help="reason for approving a risk above the tolerable risk")) -> None:
+    """Print your signed decision, to paste into the Resume form of the paused run in the Prefect UI.
+
+    Example: dprelease decision sign 3f2a... approve --key alice.pem --reason checked"""
+    from dprelease import decisions
+
+    key = key or _settings().controller_key
+    if key is None:
+        _fail("give --key YOUR_KEY.pem (or set DPRELEASE_CONTROLLER_KEY)")
+    try:
+        print(decisions.sign_for_release(_settings(), release_id, decision, key, reason, override_risk))
+    except Exception as err:  # noqa: BLE001 - one line for every refusal
+        _fail(str(err))
+
+
+controller_app = typer.Typer(help="Controllers: who may decide releases (administrator).", no_args_is_help=True)
+app.add_typer(controller_app, name="controller")
+
+
+@controller_app.command("add")
+def controller_add(name: str,
+                   private_key: Path = typer.Option(None, help="write a new key pair here (the controller keeps it)"),
+                   public_key: Path = typer.Option(None, help="or register this existing public key (PEM)")) -> None:
+    """Register a controller: their public key goes into the store; only they can sign decisions.
+
+    Example: dprelease controller add alice --private-key ~/.dprelease-controller/alice.pem"""
+    from dprelease import decisions
+
+    if (private_key is None) == (public_key is None):
+        _fail("give one of --private-key PATH (create a key pair) or --public-key PATH (register a key)")
+    try:
+        if private_key is not None:
+            fingerprint = decisions.create_controller(_settings(), name, private_key)
+        else:
+            fingerprint = decisions.register_controller(_settings(), name, public_key)
+    except Exception as err:  # noqa: BLE001 - one line for every registration problem
+        _fail(str(err))
+    where = f"; private key {private_key} (keep it to yourself)" if private_key else ""
+    console.print(f"controller {name!r} registered: key {fingerprint}{where}")
+
+
+@controller_app.command("list")
+def controller_list() -> None:
+    """The registered controllers and their key fingerprints."""
+    from dprelease.reporting import signing
+    from dprelease.store import Store
+
+    table = RichTable("name", "key fingerprint", "added")
+    for c in Store(_settings().store_url).list_controllers():
+        table.add_row(c.name, signing.key_fingerprint(c.public_key_pem.encode()), str(c.added_at)[:19])
+    console.print(table)
+
+
+request_app = typer.Typer(help="Analysts' channel: submit a request to the controllers' inbox.", no_args_is_help=True)
+app.add_typer(request_app, name="request")
+
+
+@request_app.command("submit")
+def request_submit(spec: Path = typer.Argument(..., help="a release request (.yaml or .json)"),
+                   requested_by: str = typer.Option(..., "--as", help="your name (the analyst)")) -> None:
+    """Submit a request to the inbox; a controller runs it (`dprelease release INBOX_FILE`) and
+    decides. Submitting can neither approve nor read anything of the controller's.
+
+    Example: dprelease request submit request.yaml --as ana"""
+    import json
+    import uuid
+
+    from dprelease.requests import load_request
+
+    try:
+        request = load_request(spec)
+    except Exception as err:  # noqa: BLE001 - one line for every bad request
+        _fail(str(err))
+    settings = _settings()
+    settings.inbox_dir.mkdir(parents=True, exist_ok=True)
+    fields = json.loads(request.to_json())
+    fields["requested_by"] = requested_by
+    path = settings.inbox_dir / f"{uuid.uuid4().hex[:12]}.json"
+    path.write_text(json.dumps(fields, indent=2))
+    console.print(f"submitted {path.name} to the controllers' inbox")
+
+
+@request_app.command("list")
+def request_list() -> None:
+    """The requests waiting in the inbox (controllers run them with `dprelease release FILE`)."""
+    import json
+
+    table = RichTable("file", "dataset", "title", "requested by")
+    for path in sorted(_settings().inbox_dir.glob("*.json")):
+        fields = json.loads(path.read_text())
+        table.add_row(str(path), fields.get("dataset", ""), fields.get("title", ""), fields.get("requested_by") or "")
+    console.print(table)
 
 
 @app.command()
 def release(
     spec: Path = typer.Argument(..., help="a release request (.yaml or .json)"),
-    approve_as: str = typer.Option(None, help="approve right away as this reviewer (no prompt)"),
+    approve_as: str = typer.Option(None, help="approve right away (no prompt), signed with --key"),
     timeout: int = typer.Option(3600, help="seconds to wait for the decision"),
+    key: Path = typer.Option(None, help=_KEY_HELP),
+    override_risk: str = typer.Option("", help="with --approve-as: the reason for approving a risk above the "
+                                      "tolerable risk"),
 ) -> None:
     """Run the release flow for a request and decide here (a prompt), or from the Prefect UI.
 
@@ -303,10 +439,26 @@ def release(
     try:
         request = load_request(spec)
         check_request(_settings(), request)  # refused before any flow starts (quick, same message)
-        result = run_release_interactively(_settings(), request, approve_as=approve_as, timeout=timeout)
+        _print_preview(request)
+        result = run_release_interactively(_settings(), request, approve_as=approve_as, timeout=timeout,
+                                           controller_key=key, risk_override=override_risk)
     except DPError as err:
         _fail(str(err))
     console.print(result)
+
+
+def _print_preview(request) -> None:
+    """The accuracy preview before the flow reserves anything (epsilon chosen without the data;
+    in PRI data mode the preview is in the summary instead)."""
+    from dprelease import pipeline
+    from dprelease.preview import preview_markdown
+
+    if request.epsilon_mode == "pri" and request.pri.get("mode") == "data":
+        return
+    platform = pipeline.Platform.open(_settings())
+    planned = pipeline.plan(platform, request)
+    decision = pipeline.choose_epsilon(platform, planned)
+    console.print(Markdown(preview_markdown(planned.query, decision.epsilon)))
 
 
 @app.command()
@@ -326,6 +478,7 @@ def utility(
     evaluator: str = typer.Option(..., help="an evaluator the policy enables (see `dprelease evaluators`)"),
     params: str = typer.Option("{}", help="the evaluator's parameters as JSON"),
     timeout: int = typer.Option(3600, help="seconds to wait for each decision"),
+    key: Path = typer.Option(None, help=_KEY_HELP),
 ) -> None:
     """Utility signaling: a DP release, then f(DP output) and f(raw output) with three approvals.
     Each decision is asked here (or answered from the Prefect UI / `dprelease approve`).
@@ -344,17 +497,32 @@ def utility(
     try:
         request = load_request(spec)
         check_request(_settings(), request, evaluator)
-        result = run_utility_interactively(_settings(), request, evaluator, evaluator_params, timeout=timeout)
+        result = run_utility_interactively(_settings(), request, evaluator, evaluator_params, timeout=timeout,
+                                           controller_key=key)
     except (DPError, json.JSONDecodeError) as err:
         _fail(str(err))
     console.print(result)
 
 
+_LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
 @app.command()
-def server(port: int = 4200) -> None:
-    """Start a local Prefect server (analytics off); the UI is the controllers' console."""
+def server(port: int = 4200, host: str = typer.Option("127.0.0.1", help="address to listen on")) -> None:
+    """Start a Prefect server (analytics off); its UI is the controllers' console. Beyond localhost
+    it must be protected: set PREFECT_SERVER_API_AUTH_STRING=user:password (Prefect's basic auth)
+    and give controllers PREFECT_API_AUTH_STRING.
+
+    Example: dprelease server --port 4200"""
+    from prefect.settings import get_current_settings
+
+    auth = get_current_settings().server.api.auth_string
+    if host not in _LOCAL_HOSTS and not (auth and auth.get_secret_value()):
+        _fail(f"refusing to listen on {host} without authentication: anyone reaching the console could start "
+              "and decide releases. Set PREFECT_SERVER_API_AUTH_STRING=user:password, or listen on 127.0.0.1")
     env = dict(os.environ, PREFECT_SERVER_ANALYTICS_ENABLED="false")
-    os.execvpe(sys.executable, [sys.executable, "-m", "prefect", "server", "start", "--port", str(port)], env)
+    os.execvpe(sys.executable, [sys.executable, "-m", "prefect", "server", "start", "--host", host, "--port", str(port)],
+               env)
 
 
 @app.command()

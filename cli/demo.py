@@ -41,6 +41,7 @@ def prepare_environment() -> Path:
     os.environ.setdefault("PREFECT_HOME", str(home / "prefect"))
     os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")  # a busy machine starts it slowly
     return home
 
 
@@ -57,13 +58,19 @@ def run_demo(console) -> dict:
     console.rule("dprelease demo")
     for line in admin.init(settings):
         console.print(f"  {line}")
+    from dprelease import decisions
+
+    controller_key = settings.key_dir / "controllers" / "demo.pem"
+    fingerprint = decisions.create_controller(settings, "demo", controller_key)
+    console.print(f"  controller 'demo' registered (key {fingerprint}); decisions are signed with {controller_key}")
     ds = admin.register_dataset(settings, "adult", DATA, "person_id", epsilon_cap=5.0, delta_cap=1e-5, add_row_id=True)
     console.print(f"  dataset 'adult' encrypted into the escrow ({ds.fingerprint[:16]}...); epsilon cap 5")
     request = parse_request(REQUEST)
     console.print("  request: epsilon chosen by the risk model for the whole plan (trust low, sensitivity high, "
                   "tolerable risk 0.2; the count of people within +-10 of the truth with 90% probability)")
     console.rule("controller summary")
-    result = run_release_interactively(settings, request, approve_as=None, timeout=600, no_terminal_reviewer="demo")
+    result = run_release_interactively(settings, request, approve_as=None, timeout=600, no_terminal_reviewer="demo",
+                                       controller_key=controller_key)
     console.rule("result")
     if result.get("status") != "published":
         console.print(f"release {result['release_id']}: {result['status']} (nothing published)")
@@ -76,5 +83,6 @@ def run_demo(console) -> dict:
     console.print(f"controller report (archive, not published): "
                   f"{settings.archive_dir / result['release_id'] / 'controller' / 'controller.html'}")
     console.print(f"verify: {'OK, signature and every file intact' if report.ok else report}")
+    console.print(f"publisher's key fingerprint: {signing.key_fingerprint(settings.public_key_file)}")
     console.print(f"run again with: dprelease verify {directory} --key {settings.public_key_file}")
     return result

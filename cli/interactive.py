@@ -1,10 +1,11 @@
-"""Running a flow from a terminal: start it in this process, wait for *its own* pause, show the
-controller's summary and take the decision here (a flag, a prompt, or the no-terminal rule)."""
+"""Running a flow from a terminal: create *its own* flow run, wait for its pause, show the
+controller's summary and take the decision here, signed with the controller's key (a flag, a
+prompt, or the no-terminal rule). SIGINT, SIGTERM or a cancel from the UI stop it (cli/runs.py)."""
 
 from __future__ import annotations
 
-import os
 import sys
+from pathlib import Path
 
 import typer
 from rich.console import Console
@@ -16,12 +17,14 @@ console = Console()
 
 
 def run_release_interactively(settings: Settings, request, *, approve_as: str | None, timeout: int,
-                              no_terminal_reviewer: str | None = None) -> dict:
-    """Start the flow in this process, show the controller summary, and take the decision here:
-    from `approve_as`, a terminal prompt, or (no terminal) `no_terminal_reviewer`. The flow run is
-    created first, so this CLI knows its own release (the flow run id) and answers only that one;
-    SIGINT or SIGTERM stops it (cli/runs.py)."""
-    from flows.approvals import answer
+                              no_terminal_reviewer: str | None = None, controller_key: Path | None = None,
+                              risk_override: str = "") -> dict:
+    """Start the flow in this process, show the controller summary, and take the decision here,
+    signed with the controller's key (`controller_key`, else DPRELEASE_CONTROLLER_KEY): approve
+    right away (`approve_as`), a terminal prompt, or (no terminal) approve when
+    `no_terminal_reviewer` is given. Without a key the run waits for a decision from elsewhere.
+    The flow run is created first, so this command knows its own release (the flow run id) and
+    answers only that one."""
     from flows.release import release_flow
 
     from . import runs
@@ -32,15 +35,47 @@ def run_release_interactively(settings: Settings, request, *, approve_as: str | 
         pri_mode=request.pri.get("mode", "public"), pri_beta=float(request.pri.get("beta", 0.5)),
         risk=request.risk or None, delta=request.delta,
         max_partitions_contributed=request.max_partitions_contributed, requested_by=request.requested_by,
-        approval_timeout=timeout, poll_interval=1)
+        approval_timeout=timeout)
     with runs.own_run(settings, release_flow, params, request) as run:
         if run.wait_for_approval():
             summary_file = settings.archive_dir / run.release_id / "controller" / "controller.html"
             console.print(Markdown(_summary_markdown(settings, run.release_id)))
             console.print(f"[dim]controller report (signed, archive only): {summary_file}[/dim]")
-            decision, reviewer, comment = _ask(approve_as, no_terminal_reviewer)
-            answer(run.flow_run_id, decision, reviewer, comment)
+            _decide_here(settings, run.release_id, controller_key or settings.controller_key, approve_as,
+                         no_terminal_reviewer, risk_override)
         return run.result()
+
+
+def _decide_here(settings: Settings, release_id: str, key: Path | None, approve_as: str | None,
+                 no_terminal_reviewer: str | None, risk_override: str = "") -> bool:
+    """Ask, sign with the controller's key and send the decision; re-ask when the run refuses it.
+    False when nothing was decided here (no key, or no terminal to ask)."""
+    from dprelease import decisions
+
+    from .deciding import decide
+
+    context = decisions.read_context(settings, release_id)
+    if context.get("above_tolerance"):
+        console.print(f"[bold red]Above your tolerable risk[/bold red]: risk {context['risk']:.2f} > tolerable "
+                      f"{context['max_risk']}; approving needs an override with a reason.")
+    if key is None:
+        console.print(f"[yellow]no controller key (--key or DPRELEASE_CONTROLLER_KEY): decide in the Prefect UI or "
+                      f"with `dprelease approve {release_id} --key YOUR_KEY`; waiting for the run[/yellow]")
+        return False
+    while True:
+        decision, comment, override = _ask(approve_as, no_terminal_reviewer, bool(context.get("above_tolerance")),
+                                           risk_override)
+        if decision is None:
+            console.print(f"[yellow]no terminal to ask: decide with `dprelease approve|reject {release_id} "
+                          "--key YOUR_KEY`; waiting for the run[/yellow]")
+            return False
+        try:
+            decide(settings, release_id, decision, key, comment, override)
+            return True
+        except decisions.DecisionRefused as err:
+            console.print(f"[red]decision refused:[/red] {err}")
+            if approve_as or not sys.stdin.isatty():
+                raise
 
 
 def _summary_markdown(settings: Settings, release_id: str) -> str:
@@ -48,25 +83,33 @@ def _summary_markdown(settings: Settings, release_id: str) -> str:
     return path.read_text() if path.exists() else f"Release {release_id} awaits approval."
 
 
-def _ask(approve_as: str | None, no_terminal_reviewer: str | None) -> tuple[str, str, str]:
+def _ask(approve_as: str | None, no_terminal_reviewer: str | None, above_tolerance: bool = False,
+         risk_override: str = "") -> tuple[str | None, str, str]:
+    """(decision, reason, risk override): no default; only approve or reject is accepted (asked
+    again otherwise); an approval above the tolerable risk needs an override reason."""
     if approve_as:
-        return "approve", approve_as, "approved on the command line"
+        return "approve", "approved on the command line", risk_override
     if not sys.stdin.isatty():
         if no_terminal_reviewer:
             console.print(f"[yellow]no terminal: approved automatically as {no_terminal_reviewer!r}[/yellow]")
-            return "approve", no_terminal_reviewer, "no terminal: approved automatically"
-        return "reject", "cli", "no terminal to ask and no --approve-as: rejected"
-    answer = typer.prompt("Approve this release? [approve/reject]", default="approve").strip().lower()
-    reviewer = typer.prompt("Your name (reviewer)", default=os.environ.get("USER", "controller"))
-    comment = typer.prompt("Comment", default="")
-    return ("approve" if answer.startswith("a") else "reject"), reviewer, comment
+            return "approve", "no terminal: approved automatically", risk_override
+        return None, "", ""
+    while True:
+        answer = typer.prompt("Approve or reject this release? (type approve or reject)").strip().lower()
+        if answer in ("approve", "reject"):
+            break
+        console.print("please type approve or reject")
+    comment = typer.prompt("Reason (recorded)", default="", show_default=False)
+    override = ""
+    while answer == "approve" and above_tolerance and not override.strip():
+        override = typer.prompt("The risk is above your tolerable risk. Reason for approving anyway (override)")
+    return answer, comment, override
 
 
 def run_utility_interactively(settings: Settings, request, evaluator: str, params: dict, *, timeout: int,
-                              no_terminal_reviewer: str | None = None) -> dict:
-    """The utility flow in this process; every pause of *its own* run is answered at a prompt (or
-    automatically as `no_terminal_reviewer` without a terminal)."""
-    from flows.approvals import answer
+                              no_terminal_reviewer: str | None = None, controller_key: Path | None = None) -> dict:
+    """The utility flow in this process; every pause of *its own* run is answered here, signed
+    with the controller's key (or automatically as `no_terminal_reviewer` without a terminal)."""
     from flows.utility import utility_flow
 
     from . import runs
@@ -79,8 +122,9 @@ def run_utility_interactively(settings: Settings, request, evaluator: str, param
     with runs.own_run(settings, utility_flow, flow_params, request) as run:
         while run.wait_for_approval():
             console.print(Markdown(_pause_description(run.flow_run_id)))
-            decision, reviewer, comment = _ask(None, no_terminal_reviewer)
-            answer(run.flow_run_id, decision, reviewer, comment)
+            if not _decide_here(settings, run.release_id, controller_key or settings.controller_key, None,
+                                no_terminal_reviewer):
+                break
         return run.result()
 
 

@@ -150,6 +150,8 @@ def own_run(settings: Settings, flow_obj, params: dict, request):
     from prefect import get_client
     from prefect.flow_engine import run_flow
 
+    from flows.release import outcome
+
     platform = pipeline.Platform.open(settings)
     in_main_thread = threading.current_thread() is threading.main_thread()  # only it may handle signals
     previous = {sig: signal.signal(sig, _raise_interrupted) for sig in SIGNAL_NAMES} if in_main_thread else {}
@@ -164,7 +166,8 @@ def own_run(settings: Settings, flow_obj, params: dict, request):
 
         def work() -> None:
             try:
-                out["result"] = run_flow(flow_obj, flow_run=flow_run, parameters=params)
+                # a rejected release ends in its own final state, "Rejected" (flows.release.outcome)
+                out["result"] = outcome(run_flow(flow_obj, flow_run=flow_run, parameters=params, return_type="state"))
             except BaseException as err:  # noqa: BLE001 - re-raised by OwnRun.result
                 out["error"] = err
 
@@ -193,6 +196,8 @@ def _watch_cancellation(platform: pipeline.Platform, run: OwnRun, request, every
                 state = client.read_flow_run(run.flow_run_id).state
         except Exception:  # noqa: BLE001 - an unreachable server is not a cancellation
             continue
+        if state is not None and state.name == "Rejected":  # the controller's rejection, not a cancel
+            return
         if state is not None and (state.is_cancelling() or state.is_cancelled()):
             _stop_and_exit(platform, run, request, None)
 

@@ -359,10 +359,20 @@ def write_controller_report(platform: Platform, release_id: str, planned: Plan, 
         stale.unlink()
     ctx = report_context(release_id, planned, decision, approved_by=None, decided_at=None)
     ctx.charts.update(_controller_charts(platform, planned, decision))
+    ctx.risk_warning = _risk_warning(platform, planned, decision)
     (directory / "controller.html").write_text(pages.render_controller_report(result, ctx))
     signing.sign_directory(directory, {"release_id": release_id, "kind": "controller-report"},
                            signing.load_private_key(platform.settings.signing_key_file))
     return directory
+
+
+def _risk_warning(platform: Platform, planned: Plan, decision: EpsilonDecision) -> str:
+    """Words for the controller report when the risk is above the tolerable risk (else empty)."""
+    from . import decisions
+
+    profile = risk_profile(platform, planned, decision)
+    return decisions.risk_notice(profile).replace("🔴 ", "").replace("**", "").replace("`", "") \
+        if decisions.risk_above_tolerance(profile) else ""
 
 
 def risk_profile(platform: Platform, planned: Plan, decision: EpsilonDecision) -> dict:
@@ -433,7 +443,7 @@ def report_context(release_id: str, planned: Plan, decision: EpsilonDecision, ap
         created_at=created_at or now(), epsilon_mode=decision.mode, epsilon_explanation=decision.explanation,
         risk_summary=decision.risk_choice.summary if decision.risk_choice is not None else None, charts={},
         promise=decision.risk_choice,
-        verify_hint="dprelease verify <this directory>",
+        verify_hint="dprelease verify <this directory>", title=req.title,
     )
 
 
@@ -534,8 +544,9 @@ def _published_context(platform, release_id, planned, decision, approved_by, ds,
     release = platform.store.get_release(release_id)
     ctx = report_context(release_id, planned, decision, approved_by=approved_by, decided_at=now(),
                          created_at=release.created_at.isoformat(timespec="seconds"))
-    hint = f"dprelease verify {directory} --key <the publisher's public key, {signing.PUBLIC_KEY} at the publication root>"
-    return replace(ctx, dataset_fingerprint=public_fingerprint(platform, ds.fingerprint), verify_hint=hint)
+    hint = f"dprelease verify {directory} --key <the publisher's public key, obtained from the publisher>"
+    return replace(ctx, dataset_fingerprint=public_fingerprint(platform, ds.fingerprint), verify_hint=hint,
+                   signer_fingerprint=signing.key_fingerprint(platform.settings.public_key_file))
 
 
 def write_index(platform: Platform) -> Path:

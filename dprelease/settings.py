@@ -5,6 +5,7 @@ then passed down; no other module reads the environment.
     DPRELEASE_STORE_URL   SQLAlchemy URL of the store (default: SQLite file in the home)
     DPRELEASE_ESCROW_KEY  Fernet key (urlsafe base64) for the escrow; else the key file
     DPRELEASE_KEY_DIR     where key files live (default <home>/keys; keep it off the data disk)
+    DPRELEASE_CONTROLLER_KEY  the controller's own private key (signs decisions; default: none)
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ class Settings:
     store_url: str
     key_dir: Path
     escrow_key: str | None = None  # from the environment; takes precedence over the key file
+    controller_key: Path | None = None  # this controller's private key (decisions are signed with it)
 
     @property
     def escrow_dir(self) -> Path:
@@ -35,6 +37,11 @@ class Settings:
     def publication_dir(self) -> Path:
         """What the public and analysts receive: approved, signed releases and the index."""
         return self.home / "published"
+
+    @property
+    def inbox_dir(self) -> Path:
+        """Requests submitted by analysts, waiting for a controller to run them."""
+        return self.home / "inbox"
 
     @property
     def escrow_key_file(self) -> Path:
@@ -54,7 +61,9 @@ class Settings:
         home = Path(env.get("DPRELEASE_HOME", Path.home() / ".dprelease")).expanduser().resolve()
         store = env.get("DPRELEASE_STORE_URL") or f"sqlite:///{home / 'store.db'}"
         key_dir = Path(env.get("DPRELEASE_KEY_DIR", home / "keys")).expanduser().resolve()
-        return cls(home, store, key_dir, env.get("DPRELEASE_ESCROW_KEY") or None)
+        controller_key = env.get("DPRELEASE_CONTROLLER_KEY")
+        return cls(home, store, key_dir, env.get("DPRELEASE_ESCROW_KEY") or None,
+                   Path(controller_key).expanduser().resolve() if controller_key else None)
 
     def ensure_dirs(self) -> None:
         for d in (self.home, self.escrow_dir, self.archive_dir, self.publication_dir, self.key_dir):

@@ -23,14 +23,17 @@ def wait_until_paused(flow_run_id: str, timeout: float = 60.0) -> None:
             time.sleep(0.2)
 
 
-def answer(flow_run_id: str, decision: str, reviewer: str, comment: str = "", timeout: float = 60.0) -> None:
-    """Resume the paused flow run with a decision ("approve" or "reject"), then wait until the
-    run has left the pause (so that a next pause is not mistaken for this one)."""
+def answer(flow_run_id: str, decision: str, reviewer: str, comment: str = "", timeout: float = 60.0,
+           signed_decision: str = "") -> None:
+    """Resume the paused flow run with a decision ("approve" or "reject") and the controller's
+    signed decision (the only part that counts), then wait until the run has left the pause (so
+    that a next pause is not mistaken for this one)."""
     from prefect import get_client
     from prefect.flow_runs import resume_flow_run
 
     wait_until_paused(flow_run_id, timeout)
-    resume_flow_run(flow_run_id, run_input={"decision": decision, "reviewer": reviewer, "comment": comment})
+    resume_flow_run(flow_run_id, run_input={"decision": decision, "reviewer": reviewer, "comment": comment,
+                                               "signed_decision": signed_decision})
     deadline = time.monotonic() + timeout
     with get_client(sync_client=True) as client:
         while time.monotonic() < deadline:

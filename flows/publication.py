@@ -1,7 +1,8 @@
 """Periodic publication: the release flow on a schedule, approved by a standing policy.
 
-Each run is its own release with its own budget entry; without a covering policy (automatic
-approval, epsilon within its limit) the run refuses and refunds. The publication directory keeps
+Each run is its own release with its own budget entry. A run created by this deployment's schedule
+is approved by a standing automatic policy that names the deployment (epsilon within its limit,
+risk within the tolerable risk); any other run, or one no policy covers, waits for a controller. The publication directory keeps
 the index of every release."""
 
 from __future__ import annotations
@@ -9,19 +10,24 @@ from __future__ import annotations
 from pathlib import Path
 
 from prefect import flow
+from prefect.states import Cancelled
 
 from dprelease.requests import load_request
-from flows.release import release_flow
+from flows.release import outcome, release_flow
 
 
 @flow(name="dp-scheduled-publication", log_prints=True)
 def publication_flow(request_file: str) -> dict:
     """Release the statistics of a request file under its dataset's standing policy."""
     request = load_request(Path(request_file))
-    return release_flow(
+    state = release_flow(
         dataset=request.dataset, sql=request.sql, query=request.query, title=request.title,
         epsilon=request.epsilon, pri_p=request.pri.get("p") if request.epsilon_mode == "pri" else None,
         pri_mode=request.pri.get("mode", "public"), pri_beta=float(request.pri.get("beta", 0.5)),
         risk=request.risk or None, delta=request.delta, max_partitions_contributed=request.max_partitions_contributed,
-        requested_by=request.requested_by or "schedule", auto_approve_policy=True, require_policy=True,
+        requested_by=request.requested_by or "schedule", return_state=True,
     )
+    result = outcome(state)
+    if result["status"] == "rejected":  # the scheduled run ends in the same Rejected state
+        return Cancelled(name="Rejected", message=state.message, data=result)
+    return result

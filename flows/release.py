@@ -8,6 +8,7 @@ published.
 
 from __future__ import annotations
 
+import time
 import uuid
 from typing import Literal
 
@@ -16,43 +17,70 @@ from prefect.exceptions import FlowPauseTimeout
 from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
 from prefect.runtime import flow_run
+from prefect.states import Cancelled
+from pydantic import Field
 
-from dprelease import pipeline, recovery
+from dprelease import decisions, pipeline, recovery
 from dprelease.requests import parse_request
 from dprelease.settings import Settings
 from dprelease.store import StoreError
 from tasks import release_steps as steps
 
+#: seconds between the paused run's checks for an answer (an internal setting, not a form field)
+APPROVAL_POLL_SECONDS = 2
+
 
 class ReleaseDecision(RunInput):
-    """The controller's answer: the form shown in the Prefect UI's Resume dialog."""
+    """The controller's answer: the form shown in the Prefect UI's Resume dialog. Only the signed
+    decision counts: its signature must verify with the registered key of the controller named."""
 
-    decision: Literal["approve", "reject"]
-    reviewer: str
-    comment: str = ""
+    decision: Literal["approve", "reject"] = Field(description="approve: publish the analyst report; "
+                                                   "reject: publish nothing and refund the budget")
+    reviewer: str = Field(min_length=1, pattern=r"\S", description="your registered controller name")
+    comment: str = Field("", description="the reason for your decision (recorded in the archive)")
+    signed_decision: str = Field(min_length=1, description="your signed decision: the output of "
+                                 "`dprelease decision sign RELEASE_ID approve|reject --key YOUR_KEY`")
+
+
+def _run_release_ids(platform: pipeline.Platform, run) -> list[str]:
+    """The releases a flow run made: its own id, and `<id>-retryN` after a Retry (attempt_release_id)."""
+    base = str(run.id)
+    return [r.id for r in platform.store.list_releases() if r.id == base or r.id.startswith(f"{base}-retry")]
 
 
 def _run_ended(flow_obj, run, state) -> None:
-    """Completion and failure hooks: the run's process no longer holds its release."""
+    """Completion and failure hooks: the run's process no longer holds its releases."""
     recovery.release_lease(str(run.id))
+    for release_id in _run_release_ids(pipeline.Platform.open(Settings.from_env()), run):
+        recovery.release_lease(release_id)
 
 
 def _run_stopped(flow_obj, run, state) -> None:
     """Cancellation and crash hooks (the UI's Cancel, a killed worker's run marked Crashed): refund
-    and mark the release at once, instead of waiting for a recovery sweep."""
-    release_id = str(run.id)
-    recovery.release_lease(release_id)
-    try:
-        recovery.stop(pipeline.Platform.open(Settings.from_env()), release_id, f"the flow run was {state.name.lower()}")
-    except StoreError:  # the run ended before it recorded a release
-        pass
+    and mark the release at once, instead of waiting for a recovery sweep. A rejected release ends
+    in a Cancelled state named Rejected too: it is already refunded and final, and stays so."""
+    platform = pipeline.Platform.open(Settings.from_env())
+    recovery.release_lease(str(run.id))
+    for release_id in _run_release_ids(platform, run):
+        recovery.release_lease(release_id)
+        try:
+            recovery.stop(platform, release_id, f"the flow run was {state.name.lower()}")
+        except StoreError:  # the run ended before it recorded a release
+            pass
 
 
 RUN_HOOKS = {"on_completion": [_run_ended], "on_failure": [_run_ended], "on_cancellation": [_run_stopped],
              "on_crashed": [_run_stopped]}
 
 
-@flow(name="dp-release", log_prints=True, **RUN_HOOKS)
+def _run_name() -> str:
+    """Runs are named after the request's title (else the dataset), so the UI lists what they are."""
+    params = flow_run.parameters or {}
+    title = str(params.get("title") or "").strip()
+    return (title or f"release of {params.get('dataset', 'a dataset')}")[:120]
+
+
+@flow(name="dp-release", log_prints=True, flow_run_name=_run_name, **RUN_HOOKS)
 def release_flow(
     dataset: str,
     sql: str | None = None,
@@ -66,60 +94,87 @@ def release_flow(
     delta: float = 1e-6,
     max_partitions_contributed: int = 1,
     requested_by: str | None = None,
-    auto_approve_policy: bool = False,
-    require_policy: bool = False,
     approval_timeout: int = 3600,
-    poll_interval: int = 10,
 ) -> dict:
-    """Release DP statistics of a registered dataset after the controller approves.
+    """Release DP statistics of a registered dataset after a controller approves.
 
-    epsilon: a fixed value; or pri_p (choose it from the privacy risk indicator; pri_mode public,
-    the default, is data-free; pri_beta its quantile); or risk (trust, sensitivity, max_risk,
-    max_noise, n: choose it from the risk model).
-    auto_approve_policy / require_policy: let a standing policy with automatic approval decide
-    (and refuse without one): for schedules only; otherwise the controller always decides."""
+    A controller always decides, unless this run was created by the schedule of a deployment that a
+    standing automatic policy names (read from Prefect's record of the run, never from a parameter).
+    Choose epsilon in one way only: `epsilon`, or `pri_p` (with pri_mode, pri_beta), or `risk`.
+
+    Args:
+        dataset: the registered dataset to query (see `dprelease dataset list`)
+        sql: the query, in SQL with ANONYMIZATION (give sql or query, not both)
+        query: the query as a release spec (aggregates, group_by), instead of sql
+        title: a title for the release: the run's name and the report's heading
+        epsilon: choose epsilon as a fixed value (leave empty to choose it with pri_p or risk)
+        pri_p: choose epsilon from the privacy risk indicator: the share p (percent) of people whose risk is bounded
+        pri_mode: with pri_p: public (data-free, the default) or data (reads the data)
+        pri_beta: with pri_p in public mode: the quantile of the simulated pass probability
+        risk: choose epsilon from the risk model: trust, sensitivity, max_risk, max_noise, n (m, p optional)
+        delta: the delta of the release (Gaussian noise and partition selection)
+        max_partitions_contributed: how many groups one person may contribute to
+        requested_by: the analyst who asked (their policy applies)
+        approval_timeout: seconds to wait for a controller's decision before refunding the budget
+    """
     settings = Settings.from_env()
     pri = {"p": pri_p, "mode": pri_mode, "beta": pri_beta} if pri_p is not None else None
     request = parse_request(request_fields(dataset, sql, query, title, epsilon, pri, risk, delta,
                                            max_partitions_contributed, requested_by))
-    release_id = str(flow_run.id or uuid.uuid4())
     platform = pipeline.Platform.open(settings)
+    release_id = attempt_release_id(platform)
     record(platform, release_id, request)
     try:
         steps.check_policy(settings, request)
     except Exception as err:  # refused before anything was computed: recorded as such
         platform.store.update_release(release_id, status="failed", decision_comment=str(err)[:500])
         raise
-    planned, decision, verdict = prepare_and_decide(
-        settings, platform, release_id, request, auto_approve_policy, require_policy, approval_timeout, poll_interval)
+    planned, decision, verdict = prepare_and_decide(settings, platform, release_id, request, approval_timeout)
     if verdict.decision == "approve":
         where = steps.publish(settings, release_id, planned, decision, verdict.reviewer, verdict.comment)
+        steps.budget_view(settings, request.dataset)
         return {"release_id": release_id, "status": "published", "directory": where}
     steps.refund(settings, release_id, "rejected", verdict.reviewer, verdict.comment)
-    return {"release_id": release_id, "status": "rejected"}
+    steps.budget_view(settings, request.dataset)
+    return Cancelled(name="Rejected", message=f"rejected by {verdict.reviewer}: {verdict.comment}"[:500],
+                     data={"release_id": release_id, "status": "rejected"})
 
 
-def prepare_and_decide(settings, platform, release_id, request, auto_approve_policy, require_policy, timeout,
-                       poll_interval):
+def outcome(state) -> dict:
+    """The release's outcome from the flow run's final state (call the flow with return_state=True):
+    a rejected release ends in its own state, "Rejected" (Cancelled, not a green Completed), which
+    still carries the outcome; any other failure is raised."""
+    if state.is_cancelled() and state.name == "Rejected":
+        return state.result(raise_on_failure=False)
+    return state.result()
+
+
+def prepare_and_decide(settings, platform, release_id, request, timeout, poll_interval=APPROVAL_POLL_SECONDS):
     """Steps 2-9: everything up to the controller's decision; refunds on any failure."""
     try:
         steps.check_data(settings, request.dataset)
         planned = steps.plan(settings, request)
         decision = steps.choose_epsilon(settings, planned)
+        steps.preview(settings, release_id, planned, decision.epsilon)  # before anything is spent
         steps.reserve_budget(settings, release_id, planned, decision.epsilon)
         steps.compute(settings, release_id, planned, decision)
         summary = steps.summarise(settings, release_id, planned, decision)
-        policy = pipeline.covering_policy(platform, request, decision.epsilon) if auto_approve_policy else None
-        if policy is not None:
-            get_run_logger().info("auto-approved by policy %s", policy.name)
-            verdict = ReleaseDecision(decision="approve", reviewer=f"policy:{policy.name}", comment="standing policy")
-        elif require_policy:
-            raise pipeline.ReleaseError(
-                f"no standing policy with automatic approval covers epsilon {decision.epsilon:g} on dataset "
-                f"{request.dataset!r}: a scheduled release needs one (dprelease policy add ...)"
-            )
+        profile = pipeline.risk_profile(platform, planned, decision)
+        deployment = scheduled_deployment()
+        policy = decisions.standing_approval(platform.store, request.dataset, request.requested_by, decision.epsilon,
+                                             deployment)
+        if policy is not None and not decisions.risk_above_tolerance(profile):
+            get_run_logger().info("auto-approved by policy %s (scheduled run of %s)", policy.name, deployment)
+            verdict = ReleaseDecision.model_construct(decision="approve", reviewer=f"policy:{policy.name}",
+                                                      comment=f"standing policy; scheduled run of {deployment}",
+                                                      signed_decision="")
+            decisions.record(settings, release_id, {
+                "release_id": release_id, "decision": "approve", "controller": f"policy:{policy.name}",
+                "decided_at": pipeline.now(), "reason": verdict.comment,
+                "report_fingerprint": decisions.report_fingerprint(settings, release_id)}, None)
         else:
-            verdict = ask_controller(platform, release_id, summary, f"approval-{release_id}", timeout, poll_interval)
+            verdict = ask_controller(platform, release_id, summary, f"approval-{release_id}", timeout, poll_interval,
+                                     profile=profile)
     except FlowPauseTimeout:
         steps.refund(settings, release_id, "expired", None, "nobody answered in time")
         raise
@@ -129,19 +184,95 @@ def prepare_and_decide(settings, platform, release_id, request, auto_approve_pol
     return planned, decision, verdict
 
 
-def ask_controller(platform, release_id: str, description: str, key: str, timeout: int, poll_interval: int,
-                   answered: str = "pending") -> ReleaseDecision:
-    """Pause for the controller's typed decision (the UI's Resume form, or `dprelease approve`);
-    the release's status is `awaiting_approval` during the pause and `answered` after it."""
+def scheduled_deployment() -> str | None:
+    """The deployment's name when this run (or the run it is part of) was created by that
+    deployment's schedule, else None. Read from Prefect's own record of the root run (its
+    `created_by` is a SCHEDULE and `auto_scheduled` is set only by the server's scheduler), so no
+    form field or API parameter can claim it."""
+    from prefect import get_client
+
+    root = flow_run.root_flow_run_id
+    if not root:
+        return None
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(root)
+        created = run.created_by
+        if not (run.auto_scheduled and run.deployment_id and created is not None and created.type == "SCHEDULE"):
+            return None
+        return client.read_deployment(run.deployment_id).name
+
+
+def ask_controller(platform, release_id: str, description: str, key: str, timeout: int,
+                   poll_interval: int = APPROVAL_POLL_SECONDS, answered: str = "pending",
+                   profile: dict | None = None) -> ReleaseDecision:
+    """Pause until a controller's signed decision counts (the UI's Resume form, or `dprelease
+    approve`); a decision that does not verify is refused, recorded, and the run asks again. The
+    release's status is `awaiting_approval` during the pause and `answered` after it."""
+    settings = platform.settings
+    profile = profile or {}
+    context = decisions.write_context(settings, release_id, key, profile)
+    deadline = time.monotonic() + timeout
+    refused: list[str] = []
     platform.store.update_release(release_id, status="awaiting_approval")
-    form = ReleaseDecision.with_initial_data(description=description, reviewer="")  # no decision preselected
     try:
-        answer = pause_flow_run(wait_for_input=form, timeout=timeout, poll_interval=poll_interval, key=key)
+        for attempt in range(1000):
+            remaining = int(deadline - time.monotonic())
+            if remaining <= 0:
+                raise FlowPauseTimeout(f"no valid decision within {timeout} s")
+            text = waiting_message(release_id, description, profile, refused)
+            form = ReleaseDecision.with_initial_data(description=text)
+            answer = pause_flow_run(wait_for_input=form, timeout=remaining, poll_interval=poll_interval,
+                                    key=key if attempt == 0 else f"{key}-{attempt}")
+            try:
+                signed = decisions.check(platform.store, answer.signed_decision, release_id=release_id, question=key,
+                                         fingerprint=context["report_fingerprint"],
+                                         above_tolerance=context["above_tolerance"], form_decision=answer.decision,
+                                         form_controller=answer.reviewer)
+            except decisions.DecisionRefused as err:
+                get_run_logger().warning("decision refused: %s", err)
+                decisions.record_refusal(settings, release_id, str(err), answer.signed_decision)
+                refused.append(str(err))
+                continue
+            decisions.record(settings, release_id, signed, answer.signed_decision)
+            comment = signed.reason + (f" [risk override: {signed.risk_override}]" if signed.risk_override else "")
+            return ReleaseDecision.model_construct(decision=signed.decision, reviewer=signed.controller,
+                                                   comment=comment, signed_decision=answer.signed_decision)
+        raise pipeline.ReleaseError("too many refused decisions")
     finally:  # answered, timed out or cancelled: the release no longer awaits anything
         platform.store.update_release(release_id, status=answered)
-    if not answer.reviewer.strip():  # the UI may drop field constraints: validate here
-        raise pipeline.ReleaseError("the decision must name the reviewer")
-    return answer
+
+
+def waiting_message(release_id: str, summary: str, profile: dict, refused: list[str]) -> str:
+    """The markdown above the Resume form: an approval is waiting, where the summary is, and the
+    risk warning when the risk is above the tolerable risk."""
+    where = (f"The controller summary is below and in the artifact [{summary_artifact_key(release_id)}]"
+             f"({summary_link(release_id)}). Sign your decision with "
+             f"`dprelease decision sign {release_id} approve|reject --key YOUR_KEY` and paste it below, or run "
+             f"`dprelease approve {release_id} --key YOUR_KEY`.")
+    lines = [f"# An approval is waiting: release `{release_id}`", where]
+    if decisions.risk_above_tolerance(profile):
+        lines.append(decisions.risk_notice(profile))
+    if refused:
+        lines.append(f"**The last decision was refused:** {refused[-1]}")
+    return "\n\n".join(lines + [summary, preview_text(release_id)])
+
+
+def preview_text(release_id: str) -> str:
+    """The accuracy preview saved before the reservation (empty when there is none)."""
+    path = Settings.from_env().archive_dir / release_id / "preview.md"
+    return path.read_text() if path.exists() else ""
+
+
+def summary_artifact_key(release_id: str) -> str:
+    return f"release-{release_id[:12].lower()}"
+
+
+def summary_link(release_id: str) -> str:
+    """The summary artifact's page on the Prefect UI (relative when the UI address is unknown)."""
+    from prefect.settings import PREFECT_UI_URL
+
+    base = (PREFECT_UI_URL.value() or "").rstrip("/")
+    return f"{base}/artifacts/key/{summary_artifact_key(release_id)}"
 
 
 def request_fields(dataset, sql, query, title, epsilon, pri, risk, delta, cu, requested_by) -> dict:
@@ -158,6 +289,22 @@ def request_fields(dataset, sql, query, title, epsilon, pri, risk, delta, cu, re
     elif epsilon is not None:
         fields["epsilon"] = epsilon
     return fields
+
+
+def attempt_release_id(platform: pipeline.Platform) -> str:
+    """The release id of this run: the flow run's id; after Retry of a run whose release ended
+    (failed, expired: refunded, nothing published) a new release of that run, so the retry
+    reserves its own budget instead of failing on the old, refunded reservation."""
+    base = str(flow_run.id or uuid.uuid4())
+    try:
+        previous = platform.store.get_release(base)
+    except StoreError:
+        return base
+    attempts = [r for r in platform.store.list_releases() if r.id == base or r.id.startswith(f"{base}-retry")]
+    latest = max(attempts, key=lambda r: r.created_at) if attempts else previous
+    if latest.status in ("failed", "expired", "rejected"):
+        return f"{base}-retry{len(attempts)}"
+    return latest.id
 
 
 def record(platform: pipeline.Platform, release_id: str, request) -> None:

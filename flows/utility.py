@@ -49,7 +49,7 @@ def utility_flow(
     record(platform, release_id, request)
 
     planned, decision, verdict = prepare_and_decide(                                    # 1-2
-        settings, platform, release_id, request, False, False, approval_timeout, poll_interval)
+        settings, platform, release_id, request, approval_timeout, poll_interval)
     if verdict.decision != "approve":
         steps.refund(settings, release_id, "rejected", verdict.reviewer, verdict.comment)
         return {"release_id": release_id, "status": "rejected", "stopped_at": 1}

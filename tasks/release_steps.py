@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from prefect import task
 from prefect.artifacts import create_markdown_artifact
 
-from dprelease import pipeline
+from dprelease import decisions, pipeline
 from dprelease.requests import ReleaseRequest
 from dprelease.settings import Settings
 
@@ -55,6 +55,34 @@ def choose_epsilon(settings: Settings, planned: pipeline.Plan) -> pipeline.Epsil
     return decision
 
 
+@task(name="accuracy-preview")
+def preview(settings: Settings, release_id: str, planned: pipeline.Plan, epsilon: float) -> str:
+    """The expected interval of each statistic at this epsilon, from the plan only (before the
+    budget is reserved): an artifact in the UI and a file beside the summary."""
+    from dprelease.preview import preview_markdown
+
+    markdown = preview_markdown(planned.query, epsilon)
+    create_markdown_artifact(markdown, key=f"preview-{release_id[:12].lower()}", description="accuracy preview")
+    path = settings.archive_dir / release_id / "preview.md"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(markdown)
+    return markdown
+
+
+@task(name="budget-view")
+def budget_view(settings: Settings, dataset: str) -> None:
+    """The dataset's budget as a table artifact (one key per dataset: the UI's budget view)."""
+    import re
+
+    from prefect.artifacts import create_table_artifact
+
+    b = _platform(settings).store.budget(dataset)
+    rows = [{"": "epsilon", "cap": b["epsilon_cap"], "committed": b["epsilon_committed"],
+             "reserved": b["epsilon_reserved"], "remaining": b["epsilon_remaining"]}]
+    key = "budget-" + re.sub(r"[^a-z0-9-]+", "-", dataset.lower()).strip("-")
+    create_table_artifact(rows, key=key[:60] or "budget", description=f"privacy budget of dataset {dataset}")
+
+
 @task(name="reserve-budget")
 def reserve_budget(settings: Settings, release_id: str, planned: pipeline.Plan, epsilon: float) -> None:
     pipeline.reserve(_platform(settings), release_id, planned.request.dataset, epsilon, planned.query.delta)
@@ -78,8 +106,10 @@ def summarise(settings: Settings, release_id: str, planned: pipeline.Plan, decis
     """The controller's summary: a markdown artifact in the Prefect UI and the signed controller report."""
     platform = _platform(settings)
     result = pipeline.open_sealed(platform, release_id, planned, decision)
-    markdown = pipeline.controller_summary(release_id, planned, decision, result,
-                                           pipeline.risk_profile(platform, planned, decision))
+    profile = pipeline.risk_profile(platform, planned, decision)
+    markdown = pipeline.controller_summary(release_id, planned, decision, result, profile)
+    if decisions.risk_above_tolerance(profile):  # a decision, not a label: said first, in words and red
+        markdown = decisions.risk_notice(profile) + "\n\n" + markdown
     create_markdown_artifact(markdown, key=f"release-{release_id[:12].lower()}", description="controller summary")
     pipeline.save_summary(platform, release_id, markdown)
     pipeline.write_controller_report(platform, release_id, planned, decision, result)

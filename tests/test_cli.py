@@ -35,6 +35,9 @@ def test_init_register_budget_policy(env):
     code, out = run("budget")
     assert code == 0 and "adult" in out and "3" in out
     code, out = run("policy", "add", "monthly", "--dataset", "adult", "--max-epsilon", "0.1", "--approval", "auto")
+    assert code == 2 and "--deployment" in out
+    code, out = run("policy", "add", "monthly", "--dataset", "adult", "--max-epsilon", "0.1", "--approval", "auto",
+                    "--deployment", "dp-monthly-publication")
     assert code == 0
     code, out = run("policy", "list", "adult")
     assert "monthly" in out and "auto" in out
@@ -78,12 +81,33 @@ def test_verify_without_a_trusted_key_does_not_claim_who_signed(env, tmp_path, m
     signing.generate_keypair(tmp_path / "k.pem", tmp_path / "k.pub.pem")
     signing.sign_directory(release, {"release_id": "r1"}, signing.load_private_key(tmp_path / "k.pem"))
     code, out = run("verify", str(release))
-    assert code == 1 and "SIGNER UNKNOWN" in out
-    # with the publisher's key at the publication root, a release re-signed by someone else fails
-    signing.generate_keypair(tmp_path / "pub_key.pem", tmp_path / "pub_key.pub.pem")
-    (tmp_path / "pub" / "public_key.pem").write_bytes((tmp_path / "pub_key.pub.pem").read_bytes())
+    assert code == 1 and "intact, signer not established" in out
+    assert signing.key_fingerprint(tmp_path / "k.pub.pem") in out.replace("\n", "")
+    code, out = run("verify", str(release), "--key", str(tmp_path / "k.pub.pem"))
+    assert code == 0 and "OK" in out
+
+
+def test_a_forged_publication_fails_verify_with_and_without_key(env, tmp_path):
+    """A number changed, the manifest re-signed with a new key, that key put at the publication
+    root (and in the release): never OK, never exit 0."""
+    from dprelease.reporting import signing
+
+    signing.generate_keypair(tmp_path / "publisher.pem", tmp_path / "publisher.pub.pem")
+    root = tmp_path / "published"
+    release = root / "r1"
+    release.mkdir(parents=True)
+    (release / "results.csv").write_text("group,people\nA,1203\n")
+    signing.sign_directory(release, {"release_id": "r1"}, signing.load_private_key(tmp_path / "publisher.pem"))
+    (root / "public_key.pem").write_bytes((tmp_path / "publisher.pub.pem").read_bytes())
+    # the forgery
+    (release / "results.csv").write_text("group,people\nA,9203\n")
+    signing.generate_keypair(tmp_path / "forger.pem", tmp_path / "forger.pub.pem")
+    signing.sign_directory(release, {"release_id": "r1"}, signing.load_private_key(tmp_path / "forger.pem"))
+    (root / "public_key.pem").write_bytes((tmp_path / "forger.pub.pem").read_bytes())
     code, out = run("verify", str(release))
-    assert code == 1 and "FAILED" in out
+    assert code == 1 and "OK" not in out and "signer not established" in out
+    code, out = run("verify", str(release), "--key", str(tmp_path / "publisher.pub.pem"))
+    assert code == 1 and "FAILED" in out and "not the trusted key" in out
 
 
 def test_the_data_engine_never_spills_to_disk():
@@ -93,3 +117,10 @@ def test_the_data_engine_never_spills_to_disk():
 
     backend = DuckDBBackend.for_input(pd.DataFrame({"a": [1]}))
     assert backend.run("SELECT current_setting('temp_directory') AS t")["t"].iloc[0] == ""
+
+
+def test_server_refuses_to_listen_beyond_localhost_without_auth(monkeypatch):
+    monkeypatch.delenv("PREFECT_SERVER_API_AUTH_STRING", raising=False)
+    code, out = run("server", "--host", "0.0.0.0")
+    assert code == 2 and "refusing to listen on 0.0.0.0 without authentication" in out.replace("\n", " ")
+    assert "PREFECT_SERVER_API_AUTH_STRING" in out.replace("\n", "")

@@ -32,7 +32,14 @@ def platform_env(tmp_path_factory):
     settings = Settings.from_env()
     admin.init(settings)
     data = Path(__file__).resolve().parents[1] / "examples" / "data" / "adult.csv.gz"
-    admin.register_dataset(settings, "adult", data, "person_id", epsilon_cap=10, add_row_id=True)
+    admin.register_dataset(settings, "adult", data, "person_id", epsilon_cap=10, add_row_id=True,
+                           risk_profile={"max_risk": 0.5})  # epsilon 1 is within this tolerance
+    from dprelease import decisions
+
+    keys = tmp_path_factory.mktemp("controller-keys")
+    decisions.create_controller(settings, "alice", keys / "alice.pem")
+    decisions.create_controller(settings, "bob", keys / "bob.pem")
+    os.environ["DPRELEASE_TEST_CONTROLLER_KEYS"] = str(keys)
     admin.register_dataset(settings, "strict", data, "person_id", epsilon_cap=10, add_row_id=True,
                            expectations=[{"type": "expect_column_values_to_be_in_set",
                                           "kwargs": {"column": "sex", "value_set": ["Male"]}}])
@@ -47,14 +54,15 @@ def platform_env(tmp_path_factory):
 
 def start_release(**params):
     """Run the flow in a thread (as a worker would); returns (thread, box with result or error)."""
-    from flows.release import release_flow
+    from flows.release import outcome, release_flow
 
     box: dict = {}
 
     def run():
         try:
-            box["result"] = release_flow(**{"dataset": "adult", "sql": SQL, "epsilon": 1.0, "poll_interval": 1,
-                                            "approval_timeout": 60, **params})
+            box["state"] = release_flow(**{"dataset": "adult", "sql": SQL, "epsilon": 1.0,
+                                           "approval_timeout": 60, **params}, return_state=True)
+            box["result"] = outcome(box["state"])
         except BaseException as err:  # noqa: BLE001
             box["error"] = err
 
@@ -75,16 +83,23 @@ def wait_for_approval(store, known: set, timeout=120, thread=None, box=None):
     raise AssertionError("no release reached the approval step")
 
 
-def decide(platform_env, decision, **params):
+def controller_key(name="alice") -> Path:
+    return Path(os.environ["DPRELEASE_TEST_CONTROLLER_KEYS"]) / f"{name}.pem"
+
+
+def decide(platform_env, decision, override="", **params):
+    """Start a release and answer it as the controller alice (her signed decision)."""
+    from cli.deciding import decide as send
     from dprelease.pipeline import Platform
-    from flows.approvals import answer, wait_until_paused
+    from flows.approvals import wait_until_paused
 
     platform = Platform.open(platform_env)
     known = {r.id for r in platform.store.list_releases()}
     thread, box = start_release(**params)
     rel = wait_for_approval(platform.store, known, thread=thread, box=box)
     if decision is not None:
-        answer(rel.flow_run_id, decision, "alice", "checked")
+        wait_until_paused(rel.flow_run_id)
+        send(platform_env, rel.id, decision, controller_key(), "checked", override)
     else:
         wait_until_paused(rel.flow_run_id)
     thread.join(180)
@@ -147,6 +162,7 @@ def test_reject_publishes_nothing_and_refunds(platform_env):
     before = pipeline.Platform.open(platform_env).store.budget("adult")
     platform, rel, box = decide(platform_env, "reject")
     assert box["result"]["status"] == "rejected"
+    assert box["state"].name == "Rejected" and not box["state"].is_completed()  # not a green Completed
     assert not (platform_env.publication_dir / rel.id).exists()
     after = platform.store.budget("adult")
     assert after["epsilon_committed"] == before["epsilon_committed"] and after["epsilon_reserved"] == before["epsilon_reserved"]
@@ -275,24 +291,69 @@ def test_no_plaintext_copy_of_the_dataset_on_disk(platform_env):
     assert blobs and all(b.suffix == ".escrow" for b in blobs)
 
 
-def test_scheduled_publication_needs_a_standing_policy(platform_env, tmp_path):
-    from dprelease import pipeline
-    from dprelease.reporting import signing
-    from flows.publication import publication_flow
+def _scheduled_and_manual_runs(spec: Path):
+    """A deployment of the publication flow with a schedule, one run created by that schedule (the
+    server's scheduler endpoint) and one created on demand from the same deployment."""
+    from datetime import timedelta
 
+    from prefect import get_client
+    from prefect.client.schemas.actions import DeploymentScheduleCreate
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+    from prefect.client.schemas.schedules import IntervalSchedule
+
+    with get_client(sync_client=True) as client:
+        flow_id = client.create_flow_from_name("dp-scheduled-publication")
+        deployment_id = client.create_deployment(
+            flow_id=flow_id, name="dp-monthly-publication", parameters={"request_file": str(spec)},
+            schedules=[DeploymentScheduleCreate(schedule=IntervalSchedule(interval=timedelta(seconds=1)))])
+        client._client.post(f"/deployments/{deployment_id}/schedule", json={"max_runs": 1}).raise_for_status()
+        runs = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])))
+        scheduled = next(r for r in runs if r.auto_scheduled)
+        manual = client.create_flow_run_from_deployment(deployment_id, parameters={"request_file": str(spec)})
+    assert scheduled.created_by.type == "SCHEDULE" and not manual.auto_scheduled
+    return scheduled, manual
+
+
+def test_only_scheduled_runs_of_the_named_deployment_are_approved_automatically(platform_env, tmp_path):
+    """The scheduled run of the deployment a standing auto policy names publishes by itself; a run
+    of the same deployment started on demand waits for a controller (and is rejected here)."""
+    from prefect.flow_engine import run_flow
+
+    from cli.deciding import decide as send
+    from dprelease import admin, decisions, pipeline
+    from dprelease.reporting import signing
+    from flows.approvals import wait_until_paused
+    from flows.publication import publication_flow
+    from flows.release import outcome
+
+    data = Path(__file__).resolve().parents[1] / "examples" / "data" / "adult.csv.gz"
+    admin.register_dataset(platform_env, "monthly", data, "person_id", epsilon_cap=10, add_row_id=True)
     platform = pipeline.Platform.open(platform_env)
     spec = tmp_path / "monthly.yaml"
-    spec.write_text("dataset: adult\ntitle: monthly\nsql: |\n  SELECT WITH ANONYMIZATION sex, ANON_COUNT(*, 1) AS n "
-                    "FROM adult GROUP BY sex\nepsilon: 0.1\n")
-    before = platform.store.budget("adult")
-    with pytest.raises(Exception, match="no standing policy"):
-        publication_flow(str(spec))
-    assert platform.store.budget("adult") == before  # refused and refunded
-    platform.store.add_policy("monthly", "adult", max_epsilon_per_release=0.1, approval="auto")
-    out = publication_flow(str(spec))
+    spec.write_text("dataset: monthly\ntitle: monthly\nsql: |\n  SELECT WITH ANONYMIZATION sex, ANON_COUNT(*, 1) AS n "
+                    "FROM monthly GROUP BY sex\nepsilon: 0.1\n")
+    platform.store.add_policy("monthly", "monthly", max_epsilon_per_release=0.1, approval="auto",
+                              deployment="dp-monthly-publication")
+    scheduled, manual = _scheduled_and_manual_runs(spec)
+    out = run_flow(publication_flow, flow_run=scheduled, parameters={"request_file": str(spec)})
     assert out["status"] == "published"
     report = signing.verify_directory(Path(out["directory"]), platform_env.public_key_file)
     assert report.ok and report.facts["approved_by"] == "policy:monthly"
+    (entry,) = decisions.recorded(platform_env, out["release_id"])
+    assert entry["controller"] == "policy:monthly" and "dp-monthly-publication" in entry["reason"]
+
+    known = {r.id for r in platform.store.list_releases()}
+    box: dict = {}
+    thread = threading.Thread(target=lambda: box.update(result=outcome(run_flow(
+        publication_flow, flow_run=manual, parameters={"request_file": str(spec)}, return_type="state"))),
+        daemon=True)
+    thread.start()
+    rel = wait_for_approval(platform.store, known, thread=thread, box=box)
+    wait_until_paused(rel.flow_run_id)
+    send(platform_env, rel.id, "reject", controller_key(), "on demand: not this month")
+    thread.join(120)
+    assert box["result"]["status"] == "rejected"
+    assert not (platform_env.publication_dir / rel.id).exists()
 
 
 def test_deployments_in_prefect_yaml_point_at_flows_with_typed_forms():
@@ -314,14 +375,21 @@ def test_deployments_in_prefect_yaml_point_at_flows_with_typed_forms():
 
 
 def test_release_flow_never_auto_approves_and_later_steps_never_recompute(platform_env):
-    """A standing auto policy approves schedules only: an on-demand release still waits for the
-    controller. And after the compute step, a missing seal is an error, not a new draw."""
+    """A standing auto policy approves schedules only: an on-demand release with every form field
+    set as a user could still waits for the controller. And after the compute step, a missing
+    seal is an error, not a new draw."""
     from dprelease import pipeline
     from dprelease.requests import parse_request
+    from flows.release import release_flow
 
+    props = release_flow.parameters.model_dump()["properties"]
+    assert not {"auto_approve_policy", "require_policy", "poll_interval"} & set(props)
     platform = pipeline.Platform.open(platform_env)
-    platform.store.add_policy("auto-any", "adult", max_epsilon_per_release=5.0, approval="auto")
-    platform, rel, box = decide(platform_env, "reject")
+    platform.store.add_policy("auto-any", "adult", max_epsilon_per_release=5.0, approval="auto",
+                              deployment="dp-release")
+    every_field = {"title": "all fields", "delta": 1e-6, "max_partitions_contributed": 1, "requested_by": "mallory",
+                   "approval_timeout": 60}
+    platform, rel, box = decide(platform_env, "reject", **every_field)
     assert box["result"]["status"] == "rejected"  # it paused and the controller decided
     planned = pipeline.plan(platform, parse_request({"dataset": "adult", "sql": SQL, "epsilon": 1.0}))
     decision = pipeline.choose_epsilon(platform, planned)
@@ -348,9 +416,158 @@ def test_epsilon_chosen_by_the_pri_in_public_mode(platform_env):
     # a fresh dataset (the odometer only lets candidates above what is spent through) whose cap
     # keeps the whole grid: the search then stops at 2 in the median, the spec's figure
     sql = "SELECT WITH ANONYMIZATION ANON_COUNT(*, 1) AS people FROM fresh WHERE age > 60"
-    platform, rel, box = decide(platform_env, "approve", dataset="fresh", sql=sql, epsilon=None, pri_p=50)
+    platform, rel, box = decide(platform_env, "approve", dataset="fresh", sql=sql, epsilon=None, pri_p=50,
+                                override="the spec's figure, accepted for the test")
     report = signing.verify_directory(Path(box["result"]["directory"]), platform_env.public_key_file)
     assert report.ok and report.facts["epsilon_mode"] == "pri"
     assert report.facts["epsilon"] == pytest.approx(2.0)  # the spec's figure for a count at p = 50
     text = (Path(box["result"]["directory"]) / "index.html").read_text()
     assert "end to end" in text  # the guarantee of public mode is stated to the analyst
+
+
+def _refusals(platform_env, release_id) -> int:
+    from dprelease import decisions
+
+    path = platform_env.archive_dir / release_id / decisions.REFUSED_FILE
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def _send_raw(platform_env, rel, token, decision="approve", reviewer="alice"):
+    """Resume the paused run with a hand-made answer, as anyone with the console could; wait
+    until the run has refused it and paused again."""
+    from flows.approvals import answer, wait_until_paused
+
+    before = _refusals(platform_env, rel.id)
+    answer(rel.flow_run_id, decision, reviewer, "", signed_decision=token)
+    deadline = time.monotonic() + 60
+    while _refusals(platform_env, rel.id) == before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _refusals(platform_env, rel.id) == before + 1
+    wait_until_paused(rel.flow_run_id)
+
+
+def test_only_a_registered_controllers_signed_decision_publishes(platform_env, tmp_path):
+    """No identity, another controller's identity, an analyst's key: refused, nothing published,
+    the run still waits; then alice's signed decision publishes and the archive records it."""
+    from prefect.flow_runs import resume_flow_run
+
+    from cli.deciding import decide as send
+    from dprelease import decisions, pipeline
+    from dprelease.reporting import signing
+    from flows.approvals import wait_until_paused
+
+    platform = pipeline.Platform.open(platform_env)
+    known = {r.id for r in platform.store.list_releases()}
+    thread, box = start_release(approval_timeout=300, title="Education, checked by alice")
+    rel = wait_for_approval(platform.store, known, thread=thread, box=box)
+    wait_until_paused(rel.flow_run_id)
+    # the paused run says an approval is waiting, links the summary, previews the accuracy
+    from prefect import get_client
+
+    from cli.interactive import _pause_description
+
+    message = _pause_description(rel.flow_run_id)
+    assert "An approval is waiting" in message and "/artifacts/key/release-" in message
+    assert "Accuracy preview" in message and "before any budget is spent" in message
+    with get_client(sync_client=True) as client:
+        assert client.read_flow_run(rel.flow_run_id).name == "Education, checked by alice"
+    # no identity: the form refuses a missing signature and a blank reviewer
+    with pytest.raises(RuntimeError, match="Cannot resume"):
+        resume_flow_run(rel.flow_run_id, run_input={"decision": "approve", "reviewer": "alice", "comment": ""})
+    with pytest.raises(RuntimeError, match="Cannot resume"):
+        resume_flow_run(rel.flow_run_id, run_input={"decision": "approve", "reviewer": " ", "comment": "",
+                                                     "signed_decision": "x"})
+    _send_raw(platform_env, rel, "approved, trust me")  # a token that is no signature at all
+    # another controller's identity: a decision naming alice, signed with bob's key
+    context = decisions.read_context(platform_env, rel.id)
+    forged = decisions.Decision(release_id=rel.id, question=context["question"], decision="approve",
+                                controller="alice", report_fingerprint=context["report_fingerprint"],
+                                decided_at=pipeline.now())
+    _send_raw(platform_env, rel, decisions.sign(forged, signing.load_private_key(controller_key("bob"))))
+    # an analyst: their own key, registered nowhere
+    signing.generate_keypair(tmp_path / "ana.pem", tmp_path / "ana.pub.pem")
+    with pytest.raises(decisions.DecisionRefused, match="no registered controller"):
+        send(platform_env, rel.id, "approve", tmp_path / "ana.pem")
+    as_ana = decisions.Decision(**{**forged.__dict__, "controller": "ana"})
+    _send_raw(platform_env, rel, decisions.sign(as_ana, signing.load_private_key(tmp_path / "ana.pem")), reviewer="ana")
+    refused = (platform_env.archive_dir / rel.id / decisions.REFUSED_FILE).read_text()
+    assert "does not verify with the registered key of 'alice'" in refused and "not a registered controller" in refused
+    assert not (platform_env.publication_dir / rel.id).exists()
+    assert platform.store.get_release(rel.id).status == "awaiting_approval"
+    assert platform.store.ledger_entry(rel.id).status == "reserved"
+    # alice decides
+    send(platform_env, rel.id, "approve", controller_key("alice"), "numbers look right")
+    thread.join(180)
+    assert box["result"]["status"] == "published", box
+    (entry,) = decisions.recorded(platform_env, rel.id)
+    assert entry["controller"] == "alice" and entry["decision"] == "approve" and entry["reason"] == "numbers look right"
+    assert entry["report_fingerprint"] == decisions.report_fingerprint(platform_env, rel.id) and entry["decided_at"]
+    assert platform.store.get_release(rel.id).decision_by == "alice"
+
+
+def test_risk_above_tolerance_needs_an_override_with_a_reason(platform_env):
+    """The default profile tolerates 0.2; epsilon 1 gives about 0.31: the summary says so in
+    words, approving without an override is refused, with one the reason is archived."""
+    from cli.deciding import decide as send
+    from dprelease import admin, decisions, pipeline
+    from flows.approvals import wait_until_paused
+
+    data = Path(__file__).resolve().parents[1] / "examples" / "data" / "adult.csv.gz"
+    admin.register_dataset(platform_env, "risky", data, "person_id", epsilon_cap=10, add_row_id=True)
+    platform = pipeline.Platform.open(platform_env)
+    known = {r.id for r in platform.store.list_releases()}
+    thread, box = start_release(dataset="risky", sql=SQL.replace("FROM adult", "FROM risky"))
+    rel = wait_for_approval(platform.store, known, thread=thread, box=box)
+    wait_until_paused(rel.flow_run_id)
+    assert "Above your tolerable risk" in (platform_env.archive_dir / rel.id / "summary.md").read_text()
+    controller_html = (platform_env.archive_dir / rel.id / "controller" / "controller.html").read_text()
+    assert "risk-above" in controller_html and "Above your tolerable risk" in controller_html
+    with pytest.raises(decisions.DecisionRefused, match="override"):
+        send(platform_env, rel.id, "approve", controller_key(), "fine")
+    # a decision signed without the override (bypassing the CLI's check) is refused by the run
+    context = decisions.read_context(platform_env, rel.id)
+    from dprelease.reporting import signing
+
+    bare = decisions.Decision(release_id=rel.id, question=context["question"], decision="approve", controller="alice",
+                              report_fingerprint=context["report_fingerprint"], decided_at=pipeline.now())
+    _send_raw(platform_env, rel, decisions.sign(bare, signing.load_private_key(controller_key())))
+    assert not (platform_env.publication_dir / rel.id).exists()
+    send(platform_env, rel.id, "approve", controller_key(), "fine", "aggregate table, recipient under contract")
+    thread.join(180)
+    assert box["result"]["status"] == "published", box
+    (entry,) = decisions.recorded(platform_env, rel.id)
+    assert entry["risk_override"] == "aggregate table, recipient under contract"
+
+
+def test_retry_after_expiry_asks_again_with_its_own_reservation(platform_env):
+    """Retry (the UI's button: the failed run is set to AwaitingRetry and run again) of a release
+    that expired and was refunded: the retry reserves afresh, waits for a decision, and ends in
+    its own Rejected state when rejected; the refunded attempt stays refunded."""
+    from prefect import get_client
+    from prefect.flow_engine import run_flow
+    from prefect.states import AwaitingRetry
+
+    from cli.deciding import decide as send
+    from flows.approvals import wait_until_paused
+    from flows.release import outcome, release_flow
+
+    platform, rel, _ = decide(platform_env, None, approval_timeout=3)
+    assert platform.store.get_release(rel.id).status == "expired"
+    params = {"dataset": "adult", "sql": SQL, "epsilon": 1.0, "approval_timeout": 60}
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(rel.flow_run_id, AwaitingRetry(), force=True)
+        again = client.read_flow_run(rel.flow_run_id)
+    known = {r.id for r in platform.store.list_releases()}
+    retry: dict = {}
+    thread = threading.Thread(target=lambda: retry.update(result=outcome(run_flow(
+        release_flow, flow_run=again, parameters=params, return_type="state"))), daemon=True)
+    thread.start()
+    second = wait_for_approval(platform.store, known, thread=thread, box=retry)
+    assert second.id.startswith(rel.id) and second.id != rel.id
+    assert platform.store.ledger_entry(second.id).status == "reserved"
+    wait_until_paused(second.flow_run_id)
+    send(platform_env, second.id, "reject", controller_key(), "retried, still no")
+    thread.join(120)
+    assert retry["result"]["status"] == "rejected"
+    assert platform.store.ledger_entry(rel.id).status == "refunded"
+    assert platform.store.ledger_entry(second.id).status == "refunded"

@@ -103,7 +103,7 @@ def test_analyst_report_has_the_public_facts(result, analyst_html):
     assert "dprelease verify releases/rel-0007" in page
     # every released group and its value with the confidence interval
     readable = result.readable_table()
-    for row in readable.itertuples(index=False):
+    for row in readable.drop(columns=["people"]).itertuples(index=False):  # counts: as integers (below)
         for cell in row:
             assert f">{html.escape(str(cell))}<" in page, cell
     # CI columns of the numeric table and the caveats
@@ -122,7 +122,9 @@ def test_analyst_report_has_the_public_facts(result, analyst_html):
     # bounds, inferred bounds with their DP histogram (inline SVG)
     inferred = result.inferred_bounds[0]
     assert "APPROX_BOUNDS" in page and f"bounds chosen: [{inferred.lower:g}, {inferred.upper:g}]" in page
-    assert page.count("<svg") == len(result.inferred_bounds) >= 1
+    # one histogram per inferred bound, one released-values chart per statistic
+    assert page.count("<svg") == len(result.inferred_bounds) + len(result.query.aggregates)
+    assert len(result.inferred_bounds) >= 1
     # plain words: posterior guessing bound for a yes/no attribute at this epsilon
     q = 100 * risk_model.guessing_bound(result.epsilon_spent, 2)
     assert f"cannot be more than {q:.1f}% sure" in page and "73.1%" in page
@@ -318,3 +320,18 @@ def test_chromium_renders_the_analyst_report(analyst_html, tmp_path):
     dark = float((rgb.mean(axis=1) < 0.35).mean())
     assert 0.001 < dark < 0.5, dark  # some text, not a black page
     assert math.isfinite(dark)
+
+
+def test_analyst_report_heading_chart_integer_counts_glossary(result):
+    """The title as heading, a chart of released values with intervals, counts as integers, a
+    glossary of the mechanism table, the publisher's key fingerprint with how to pin it."""
+    import re as _re
+
+    page = pages.render_analyst_report(result, make_ctx(title="Age by education", signer_fingerprint="SHA256:ab12"))
+    assert "<h1>Age by education</h1>" in page
+    assert page.count('class="released-chart"') == len(result.query.aggregates)
+    results = page[page.index('id="results"'):page.index("<details>", page.index('id="results"'))]
+    people_cells = _re.findall(r'<td class="n">([^<]*)</td>', results)[0::len(result.query.aggregates)]
+    assert people_cells and all(_re.fullmatch(r"[\d,]+ \[-?[\d,]+, [\d,]+\]|[\d,]+", c) for c in people_cells), people_cells
+    assert 'class="glossary"' in page and "Noise scale" in page and "Groups per person" in page
+    assert "SHA256:ab12" in page and "out of band" in page

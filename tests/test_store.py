@@ -360,3 +360,20 @@ def test_abandon_refunds_and_marks_once_and_a_finished_release_reserves_nothing(
     assert any_store.get_lease("r3").pid == 123
     any_store.end_lease("r3")
     assert any_store.get_lease("r3") is None
+
+
+def test_an_older_store_gains_the_policy_deployment_column(tmp_path):
+    """A store created before policies named a deployment opens and takes such policies."""
+    import sqlalchemy as sa
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    engine = sa.create_engine(url)
+    with engine.begin() as c:
+        c.execute(sa.text("CREATE TABLE policies (id INTEGER PRIMARY KEY, name VARCHAR UNIQUE, dataset VARCHAR, "
+                          "analyst VARCHAR, max_epsilon_per_release FLOAT, approval VARCHAR, evaluators_json VARCHAR, "
+                          "created_at DATETIME)"))
+    engine.dispose()
+    store = Store(url)
+    store.create_all()
+    assert "deployment" in {c["name"] for c in sa.inspect(store.engine).get_columns("policies")}
+    store.close()

@@ -33,7 +33,11 @@ def env(tmp_path_factory):
 
     settings = Settings.from_env()
     admin.init(settings)
-    admin.register_dataset(settings, "adult", DATA, "person_id", epsilon_cap=20, add_row_id=True)
+    admin.register_dataset(settings, "adult", DATA, "person_id", epsilon_cap=20, add_row_id=True,
+                           risk_profile={"max_risk": 0.5})
+    from dprelease import decisions
+
+    decisions.create_controller(settings, "carla", home / "carla.pem")
     Store(settings.store_url).add_policy("analysts", "adult", max_epsilon_per_release=2.0, analyst="ana",
                                         evaluators=["spearman_rank", "top_k_groups"])
     with prefect_test_harness(server_startup_timeout=120):
@@ -46,8 +50,9 @@ def env(tmp_path_factory):
 
 def run_utility(env, answers, **params):
     """Start the utility flow and give the answers in order (approve/reject), one per pause."""
+    from cli.deciding import decide
     from dprelease.pipeline import Platform
-    from flows.approvals import answer, wait_until_paused
+    from flows.approvals import wait_until_paused
     from flows.utility import utility_flow
 
     platform = Platform.open(env)
@@ -71,7 +76,7 @@ def run_utility(env, answers, **params):
             break
         wait_until_paused(rel.flow_run_id)  # this pause (resuming sets the run Running at once)
         snapshots.append(_analyst_text(env, rel.id))
-        answer(rel.flow_run_id, decision, "carla", f"step {len(snapshots)}")
+        decide(env, rel.id, decision, env.home / "carla.pem", f"step {len(snapshots)}")
     thread.join(180)
     return box, snapshots
 

@@ -78,6 +78,9 @@ class ReleaseContext:
     risk_summary: str | None = None  # one sentence (risk mode), public parameters only
     charts: dict[str, str] = field(default_factory=dict)  # name -> SVG text (controller report)
     verify_hint: str = "dprelease verify <release directory>"
+    signer_fingerprint: str = ""  # the publisher's key fingerprint (readers pin the key they got out of band)
+    risk_warning: str = ""  # controller report: the risk is above the tolerable risk (words, shown in red)
+    title: str = ""  # the request's title: the report's heading
     utility: dict | None = None  # utility signal (name, description, params, f_dp, f_raw, status)
     promise: object | None = None  # dp_core.risk.PlanRiskChoice when the risk model chose epsilon (public)
 
@@ -272,6 +275,11 @@ def _results(result) -> tuple[list[str], list[list[str]], list[str], list[list[s
     """The readable table (value [low, high]) and the numeric one (value, low, high, noise sd)."""
     keys = list(result.query.group_by)
     readable = result.readable_table()
+    for a in result.query.aggregates:  # counts are whole numbers: shown as integers, never "42.00"
+        if a.kind in ("count", "count_units"):
+            t = result.table
+            readable[a.label] = [_integer_cell(v, lo, hi) for v, lo, hi in
+                                 zip(t[a.label], t[f"{a.label}_ci_low"], t[f"{a.label}_ci_high"])]
     r_head = list(readable.columns)
     r_rows = [[_cell(v) for v in row] for row in readable.itertuples(index=False, name=None)]
     table = result.table
@@ -316,6 +324,60 @@ def promise_rows(result, choice) -> list[dict]:
     return rows
 
 
+def _integer_cell(value, low, high) -> str:
+    def whole(x) -> str:
+        return f"{round(float(x)):,d}"
+
+    return whole(value) if math.isnan(float(low)) else f"{whole(value)} [{whole(low)}, {whole(high)}]"
+
+
+#: what the columns of the mechanism table mean (shown under it in the analyst report)
+MECHANISM_GLOSSARY = (
+    ("Mechanism", "how the noise is drawn: Laplace or Gaussian noise on a fine grid, or a threshold that keeps "
+                  "only groups with enough people"),
+    ("Sensitivity per group", "how much one person can change one group's value, after the bounds below"),
+    ("Groups per person", "how many groups one person may appear in (the rest of their rows are left out)"),
+    ("Sensitivity", "how much one person can change all released values together: what the noise must hide"),
+    ("Noise scale", "the spread of the noise: the Laplace scale b, or the Gaussian σ, in the statistic's units; "
+                    "larger means more privacy and less accuracy"),
+    ("epsilon, delta", "this statistic's share of the release's privacy budget (the shares add up to the total)"),
+)
+
+
+def released_values_svg(name: str, groups: list[str], released: list[float], low: list[float],
+                        high: list[float], limit: int = 30) -> str:
+    """Public: the released value of each group with its interval (the largest `limit` groups)."""
+    order = np.argsort(np.nan_to_num(np.asarray(released, dtype=float), nan=-np.inf))[::-1][:limit]
+    groups = [groups[i] for i in order]
+    rel = np.asarray(released, dtype=float)[order]
+    lo, hi = np.asarray(low, dtype=float)[order], np.asarray(high, dtype=float)[order]
+    n = len(groups)
+    fig = Figure(figsize=(max(6.0, min(0.4 * n + 2, 14.0)), 3.6))
+    ax = fig.subplots()
+    x = np.arange(n)
+    has_ci = np.isfinite(lo) & np.isfinite(hi)
+    yerr = np.vstack([np.where(has_ci, np.maximum(rel - lo, 0), 0), np.where(has_ci, np.maximum(hi - rel, 0), 0)])
+    ax.bar(x, rel, 0.6, color=_PALETTE["blue"], edgecolor=_PALETTE["dark"], linewidth=0.3, yerr=yerr,
+           ecolor=_PALETTE["dark"], capsize=2, label="released value with its interval")
+    ax.set_xticks(x)
+    ax.set_xticklabels(groups, rotation=45, ha="right", fontsize=8)
+    ax.set_ylabel(name)
+    ax.set_title(f"{name}: released value and interval per group", fontsize=10)
+    return svg_text(fig)
+
+
+def _released_charts(result) -> list[dict]:
+    """One chart per aggregate of a grouped release (public numbers only)."""
+    keys = list(result.query.group_by)
+    t = result.table
+    if not keys or t.empty:
+        return []
+    groups = [_group_label(row, keys) for _, row in t.iterrows()]
+    return [{"name": a.label, "svg": Markup(released_values_svg(
+        a.label, groups, t[a.label].tolist(), t[f"{a.label}_ci_low"].tolist(), t[f"{a.label}_ci_high"].tolist()))}
+        for a in result.query.aggregates if f"{a.label}_ci_low" in t.columns]
+
+
 def _public_context(result, ctx: ReleaseContext) -> dict:
     """Everything the analyst report shows. Reads no field of `result.controller_only`."""
     eps = float(result.epsilon_spent)
@@ -332,7 +394,9 @@ def _public_context(result, ctx: ReleaseContext) -> dict:
                   for b in result.inferred_bounds]
     return {
         "ctx": ctx,
-        "title": f"Release {ctx.release_id}",
+        "title": ctx.title or f"Release {ctx.release_id}",
+        "released_charts": _released_charts(result),
+        "glossary": MECHANISM_GLOSSARY,
         "epsilon": eps,
         "delta": float(result.delta_spent),
         "confidence": result.query.confidence,
@@ -451,7 +515,7 @@ def render_controller_report(result, ctx: ReleaseContext) -> str:
     """The controller report: the analyst report plus raw-data numbers (NOT DP, controller only)."""
     data = _public_context(result, ctx)
     data["controller"] = _controller_context(result, ctx)
-    data["title"] = f"Release {ctx.release_id} — controller report"
+    data["title"] = f"{ctx.title or 'Release ' + ctx.release_id} — controller report"
     return environment().get_template("controller.html").render(**data)
 
 

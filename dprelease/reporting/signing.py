@@ -85,6 +85,14 @@ def public_key_pem(key: Ed25519PublicKey) -> bytes:
     return key.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
 
 
+def key_fingerprint(key: PublicKeySource) -> str:
+    """A public key's fingerprint: "SHA256:" and the hex SHA-256 of its raw 32 bytes, in groups of
+    four. Readers compare it with the one the publisher announced out of band, then pin that key."""
+    raw = load_public_key(key).public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    digest = hashlib.sha256(raw).hexdigest()
+    return "SHA256:" + ":".join(digest[i:i + 4] for i in range(0, len(digest), 4))
+
+
 def load_private_key(path: Path) -> Ed25519PrivateKey:
     """Read an unencrypted PEM Ed25519 private key, with a clear error if missing or malformed."""
     path = Path(path)

@@ -16,6 +16,7 @@ from .tables import (
     FINAL_STATUSES,
     LEDGER_STATUSES,
     RELEASE_STATUSES,
+    Controller,
     Dataset,
     Lease,
     LedgerEntry,
@@ -25,6 +26,7 @@ from .tables import (
 )
 
 __all__ = [
-    "APPROVALS", "CAP_TOLERANCE", "DECISION_STATUSES", "FILE_FORMATS", "FINAL_STATUSES", "LEDGER_STATUSES", "RELEASE_STATUSES",
-    "BudgetExceeded", "Dataset", "Lease", "LedgerEntry", "Policy", "Release", "Store", "StoreError", "make_engine", "utcnow",
+    "APPROVALS", "CAP_TOLERANCE", "DECISION_STATUSES", "FILE_FORMATS", "FINAL_STATUSES", "LEDGER_STATUSES",
+    "RELEASE_STATUSES", "BudgetExceeded", "Controller", "Dataset", "Lease", "LedgerEntry", "Policy", "Release", "Store",
+    "StoreError", "make_engine", "utcnow",
 ]

@@ -27,6 +27,7 @@ from .tables import (
     FILE_FORMATS,
     FINAL_STATUSES,
     RELEASE_STATUSES,
+    Controller,
     Dataset,
     Lease,
     LedgerEntry,
@@ -96,8 +97,9 @@ class Store:
     def create_all(self) -> None:
         """Create the tables that do not exist yet (safe to call on every start)."""
         SQLModel.metadata.create_all(
-            self.engine, tables=[m.__table__ for m in (Dataset, LedgerEntry, Release, Policy, Lease)]
+            self.engine, tables=[m.__table__ for m in (Dataset, LedgerEntry, Release, Policy, Lease, Controller)]
         )
+        _add_policy_deployment_column(self.engine)
 
     def close(self) -> None:
         """Release the engine's connections (tests, and before deleting a SQLite file)."""
@@ -393,8 +395,10 @@ class Store:
         analyst: str | None = None,
         approval: str = "manual",
         evaluators: list | str | None = None,
+        deployment: str | None = None,
     ) -> Policy:
-        """Record a policy for a dataset (analyst None: applies to every analyst); names are unique."""
+        """Record a policy for a dataset (analyst None: applies to every analyst); names are unique.
+        deployment: the Prefect deployment whose scheduled runs an automatic policy approves."""
         policy = Policy(
             name=name,
             dataset=dataset,
@@ -402,6 +406,7 @@ class Store:
             max_epsilon_per_release=_check_epsilon(max_epsilon_per_release, "max_epsilon_per_release"),
             approval=_check_choice(approval, APPROVALS, "approval"),
             evaluators_json=_as_json([] if evaluators is None else evaluators),
+            deployment=deployment or None,
         )
         try:
             with self._transaction() as session:
@@ -429,6 +434,42 @@ class Store:
         """Every policy of a dataset, whoever it covers (a dataset with none is open to requests)."""
         with self._transaction() as session:
             return list(session.exec(select(Policy).where(Policy.dataset == dataset).order_by(Policy.name)).all())
+
+
+    # --- controllers ------------------------------------------------------------------------------
+
+    def add_controller(self, name: str, public_key_pem: str) -> Controller:
+        """Register a controller's public key (names are unique; a key is registered once)."""
+        with self._transaction() as session:
+            if session.get(Controller, name) is not None:
+                raise StoreError(f"controller {name!r} is already registered")
+            if session.exec(select(Controller).where(Controller.public_key_pem == public_key_pem)).first():
+                raise StoreError("this public key is already registered to another controller")
+            controller = Controller(name=name, public_key_pem=public_key_pem)
+            session.add(controller)
+            return controller
+
+    def get_controller(self, name: str) -> Controller:
+        """The registered controller; StoreError naming them when unknown."""
+        with self._transaction() as session:
+            controller = session.get(Controller, name)
+            if controller is None:
+                raise StoreError(f"{name!r} is not a registered controller (dprelease controller add NAME)")
+            return controller
+
+    def list_controllers(self) -> list[Controller]:
+        with self._transaction() as session:
+            return list(session.exec(select(Controller).order_by(Controller.name)).all())
+
+
+def _add_policy_deployment_column(engine) -> None:
+    """Stores created before policies named a deployment gain the (nullable) column."""
+    from sqlalchemy import inspect, text
+
+    columns = {c["name"] for c in inspect(engine).get_columns("policies")}
+    if "deployment" not in columns:
+        with engine.begin() as connection:
+            connection.execute(text("ALTER TABLE policies ADD COLUMN deployment VARCHAR"))
 
 
 # --- budget arithmetic (module level so tests can slow it down to widen race windows) -------------

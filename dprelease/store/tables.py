@@ -123,4 +123,16 @@ class Policy(SQLModel, table=True):
     max_epsilon_per_release: float
     approval: str = "manual"  # one of APPROVALS
     evaluators_json: str = "[]"
+    deployment: str | None = None  # auto approval: only scheduled runs of this Prefect deployment
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
+class Controller(SQLModel, table=True):
+    """A data controller who may decide releases: their registered Ed25519 public key (PEM). A
+    decision counts only if its signature verifies with this key (dprelease.decisions)."""
+
+    __tablename__ = "controllers"
+
+    name: str = Field(primary_key=True)
+    public_key_pem: str
+    added_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)

@@ -1,0 +1,43 @@
+"""A controller's decision from the command line: sign it with the controller's own key, hand it
+to the paused run, and report whether the run accepted it (the run checks the signature against
+the registered key; a refused decision leaves the release waiting)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from dprelease import decisions
+from dprelease.settings import Settings
+
+
+def decide(settings: Settings, release_id: str, decision: str, key: Path, reason: str = "", risk_override: str = "",
+           timeout: float = 120.0) -> str:
+    """Sign and send a decision; returns the release's status after the run took it. Raises
+    DecisionRefused when the decision cannot be signed or the run refuses it."""
+    from dprelease.store import Store
+    from flows.approvals import answer
+
+    store = Store(settings.store_url)
+    release = store.get_release(release_id)
+    if release.status != "awaiting_approval" or not release.flow_run_id:
+        raise decisions.DecisionRefused(f"release {release_id} is {release.status}, not awaiting a decision")
+    token = decisions.sign_for_release(settings, release_id, decision, key, reason, risk_override)
+    signed, _, _ = decisions.parse(token)
+    refused_file = settings.archive_dir / release_id / decisions.REFUSED_FILE
+    refused_before = _lines(refused_file)
+    answer(release.flow_run_id, decision, signed.controller, reason, signed_decision=token)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        refused = _lines(refused_file)
+        if len(refused) > len(refused_before):
+            raise decisions.DecisionRefused(json.loads(refused[-1])["why"])
+        if any(d.get("signed_decision") == token for d in decisions.recorded(settings, release_id)):
+            return store.get_release(release_id).status
+        time.sleep(0.2)
+    raise decisions.DecisionRefused(f"the run of release {release_id} did not take the decision within {timeout:g} s")
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
