@@ -67,14 +67,14 @@ def selection_advice(query, budget, table: pd.DataFrame, selection) -> tuple[str
         return ()
     n = estimated_units(query, table, selection)
     if n is None:
-        return ("Selection advice: add COUNT(DISTINCT unit) or COUNT(*) to the query to see how many groups each "
-                "partition selection would release at this budget.",)
+        return (("Selection advice: add COUNT(DISTINCT unit) or COUNT(*) to the query to see how many groups each "
+                "partition selection would release at this budget."),)
     expected = expected_releases(n, budget.selection_share, query.effective_max_partitions, query.epsilon)
     listed = ", ".join(f"{name} {value:,.0f}" for name, value in expected.items())
     return (
-        f"Selection advice (from the released noisy counts, no extra privacy cost): of the {len(table):,} groups "
+        (f"Selection advice (from the released noisy counts, no extra privacy cost): of the {len(table):,} groups "
         f"released by {budget.selection}, the expected number each mechanism would release at this budget is "
         f"{listed}; mad (MaxAdaptiveDegree) releases at least about as many as weighted_gaussian when units share "
         "popular groups. Groups not released leave no number to judge from, so this ranks the mechanisms; it "
-        "does not count the extra groups the better ones would find.",
+        "does not count the extra groups the better ones would find."),
     )

@@ -49,9 +49,11 @@ def mad_rows(backend, query, plan, share: Share, key_types: dict | None) -> pd.D
     name = f"_mad_bounded_{secrets.token_hex(6)}"
     backend.connection.execute(f"CREATE TEMP TABLE {name} AS WITH {', '.join(plan.ctes[: at + 1])} SELECT * FROM _bounded")
     try:
-        unit, cu = ident(query.privacy_unit), query.effective_max_partitions
-        cut = (f"_cut AS (SELECT {unit}, any_value(_deg_c) - {cu} AS _over FROM _bounded WHERE _deg_c > {cu} "
-               f"GROUP BY {unit})")  # the plan's _cut for every unit that kept a row (the bounding loss)
+        cu = query.effective_max_partitions
+        # the plan's bounding loss without grouping by unit again: a unit over C_u keeps exactly C_u
+        # rows (fewer only on a 64-bit hash tie), so its C_u rows add up its dropped pairs
+        cut = (f"_cut AS (SELECT CAST(round(sum((_deg_c - {cu}) / {cu})) AS BIGINT) AS _over FROM _bounded "
+               f"WHERE _deg_c > {cu})")
         with_clause = "WITH " + ",\n".join([f"_bounded AS (SELECT * FROM {name})", cut, *plan.ctes[at + 1 :]])
         rows = backend.run(f"{with_clause}\n{plan.body}")
         return mad_second_round(backend, query, plan, rows, share, key_types, with_clause)

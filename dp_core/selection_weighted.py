@@ -44,18 +44,24 @@ paper (excess weight computed from the exact histogram) was not built: its sensi
 could not be checked against the paper's text here, and a naive version's sensitivity grows with
 C_u (the rerouted weight of every unit sharing a partition with u changes when u is added).
 
+Citations name papers and their results, not lemma numbers: neither paper's full text could be
+retrieved while this was written, and a wrong number is worse than none. The proof below is
+self-contained.
+
 Privacy proof sketch (user level, add/remove one unit u; D' = D + u). Let N be the partitions in
 which u is the only unit ("new" partitions: empty in D, never released on D).
   (1) Gaussian part. On the partitions that exist in both D and D', each round is a Gaussian
-      mechanism of L2 sensitivity 1 (weights in steps: 2^16) with noise from the discrete Gaussian
-      of sigma = 1 / sqrt(2 rho_k) (in weight units): rho_k-zCDP (Canonne, Kamath, Steinke,
-      NeurIPS 2020, Theorem 4, for the discrete Gaussian; zCDP of the adaptive composition of the
-      two rounds adds up: Bun and Steinke, TCC 2016, Lemma 2.3), so rho_1 + rho_2 = rho, which is
-      (eps_g, delta_g)-DP by Bun-Steinke Prop. 1.3 (accounting.rho_from_eps_delta).
+      mechanism of L2 sensitivity 1 (weights in steps: 2^16) with independent discrete Gaussian
+      noise of sigma = 1 / sqrt(2 rho_k) (in weight units) per partition. An integer shift m of
+      one coordinate costs Renyi divergence alpha m^2 / (2 sigma^2) (Canonne, Kamath, Steinke,
+      "The discrete Gaussian for differential privacy", NeurIPS 2020), independent coordinates add
+      up, so a round is rho_k-zCDP; zCDP composes adaptively by adding rho (Bun and Steinke, TCC
+      2016), so both rounds are rho-zCDP, which is (eps, delta_g)-DP by the conversion in
+      accounting.rho_from_eps_delta_tight (Canonne, Kamath, Steinke 2020).
   (2) Threshold part. u's weights in N are at most 1/sqrt(k) on each of k <= C_u new partitions in
       either round, so a new partition shows up with probability at most
-      delta_new(T) = max_k 1 - (1 - P[K >= T - q_k])^k per round (Gopi et al.'s threshold rule,
-      their weighted Gaussian theorem), with P[K >= m] <= Phi_bar((m - 1) / sigma) for the discrete
+      delta_new(T) = max_k 1 - (1 - P[K >= T - q_k])^k per round (the threshold rule of Gopi et
+      al.'s weighted Gaussian, with the exact integer weights), with P[K >= m] <= Phi_bar((m - 1) / sigma) for the discrete
       Gaussian K (compare its mass with the integral from m - 1 and its normaliser with
       sqrt(2 pi) sigma). Both rounds together: delta_new_1 + delta_new_2.
   (3) Couple M(D') with M'(D'), which never releases a new partition: they differ only when a new

@@ -208,7 +208,11 @@ def test_mad_releases_at_least_weighted_gaussian_at_least_truncated_geometric():
     expect_wg = norm.sf((rnd["threshold"] - w1) / rnd["sigma"]).sum()
     assert expect_wg > expect_tg * 1.05
     # MAD: its release count from the engine, several runs (round 1 is random)
-    mad = [len(dp.execute(replace(q, selection="mad"), df).table) for _ in range(4)]
+    runs = [dp.execute(replace(q, selection="mad"), df) for _ in range(4)]
+    mad = [len(r.table) for r in runs]
+    # the bounding loss MAD reports (from its materialised rows) is the default plan's
+    tg = dp.execute(replace(q, selection="truncated-geometric"), df).controller_only
+    assert runs[0].controller_only.pairs_dropped_by_bounding == tg.pairs_dropped_by_bounding > 0
     sd = math.sqrt(max(expect_wg, 1.0))  # a sum of independent Bernoullis: variance <= mean
     assert np.mean(mad) > expect_wg + 3 * sd / 2, (mad, expect_wg, expect_tg)
 
