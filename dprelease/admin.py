@@ -31,7 +31,7 @@ def init(settings: Settings) -> list[str]:
 DEFAULT_RISK_PROFILE = {"sensitivity": "medium", "trust": "low", "n": 2, "max_risk": 0.2}
 
 
-def register_dataset(settings: Settings, name: str, path: Path, privacy_unit: str, epsilon_cap: float,
+def register_dataset(settings: Settings, name: str, path: Path, privacy_unit: str | None, epsilon_cap: float,
                      delta_cap: float = 1e-5, expectations: list[dict] | None = None, add_row_id: bool = False,
                      risk_profile: dict | None = None):
     """Encrypt the file into the escrow, record its fingerprint, schema, caps and checks.
@@ -39,12 +39,17 @@ def register_dataset(settings: Settings, name: str, path: Path, privacy_unit: st
     add_row_id: the file has one row per person and no id; the unit column is added as the row
     number, in memory, and the result (Parquet) is what gets sealed. risk_profile: sensitivity,
     trust, n (values of the sensitive attribute), max_risk: the numbers behind the noise-against-
-    risk chart of every controller summary (defaults: DEFAULT_RISK_PROFILE)."""
+    risk chart of every controller summary (defaults: DEFAULT_RISK_PROFILE). privacy_unit None
+    registers a public table (no one's rows: DP SQL may join it and outer queries may read it; it
+    is never charged); it is stored with an empty unit."""
     from dp_core import risk
 
     profile = {**DEFAULT_RISK_PROFILE, **(risk_profile or {})}
     for field in ("sensitivity", "trust", "max_risk"):
         risk.level_value(profile[field])  # refuses unknown levels before anything is sealed
+    public = not privacy_unit
+    if public and add_row_id:
+        raise escrow.EscrowError("a public dataset has no privacy unit: drop --add-row-id")
     key = escrow.load_or_create_key(settings, create=False)
     if add_row_id:
         frame = escrow.parse_bytes(Path(path).read_bytes(), escrow.file_format_of(Path(path)))
@@ -57,12 +62,13 @@ def register_dataset(settings: Settings, name: str, path: Path, privacy_unit: st
     else:
         blob, fingerprint, file_format = escrow.seal_file(Path(path), settings, key)
     frame = escrow.load_frame(blob, key, fingerprint, file_format)
-    if privacy_unit not in frame.columns:
+    if not public and privacy_unit not in frame.columns:
         blob.unlink()
         raise escrow.EscrowError(f"the privacy unit column {privacy_unit!r} is not in {path} (columns: {list(frame.columns)})")
     schema = {c: str(t) for c, t in frame.dtypes.items()}
-    suite = expectations if expectations is not None else checks.default_expectations(frame, privacy_unit)
+    suite = expectations if expectations is not None else [
+        e for e in checks.default_expectations(frame, privacy_unit or "") if e["kwargs"].get("column", True) != ""]
     store = Store(settings.store_url)
-    return store.add_dataset(name, privacy_unit=privacy_unit, blob_path=blob, fingerprint=fingerprint,
+    return store.add_dataset(name, privacy_unit=privacy_unit or "", blob_path=blob, fingerprint=fingerprint,
                              file_format=file_format, schema=schema, epsilon_cap=epsilon_cap, delta_cap=delta_cap,
                              expectations=suite, risk_profile=profile)

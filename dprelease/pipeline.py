@@ -88,8 +88,11 @@ def plan(platform: Platform, request: ReleaseRequest) -> Plan:
     placeholder = request.epsilon or 1.0
     columns = list(json.loads(ds.schema_json))
     empty = pd.DataFrame({c: pd.Series(dtype=t) for c, t in _pandas_types(ds).items()})[columns]
+    if not ds.privacy_unit:
+        raise ReleaseError(f"dataset {ds.name!r} is public (no privacy unit): there is nothing to protect; a DP "
+                           "release reads a protected dataset (public ones may be joined in its SQL)")
     if request.sql:
-        statement = compile_statement_for(request.sql, {ds.name: Table(empty, ds.privacy_unit)}, epsilon=placeholder,
+        statement = compile_statement_for(request.sql, _sql_tables(platform, ds, empty), epsilon=placeholder,
                                           delta=request.delta, max_partitions_contributed=request.max_partitions_contributed)
         if not statement.parts:
             raise ReleaseError("the SQL has no DP SELECT: nothing to release")
@@ -101,6 +104,20 @@ def plan(platform: Platform, request: ReleaseRequest) -> Plan:
                                 max_partitions_contributed=request.max_partitions_contributed)
         sql = None
     return Plan(request, query, sql)
+
+
+def _sql_tables(platform: Platform, ds, frame: pd.DataFrame) -> dict[str, Table]:
+    """The tables a SQL request may read: its dataset (protected) and every public dataset (empty
+    stand-ins of the registered schema while planning, their rows when computing)."""
+    tables = {ds.name: Table(frame, ds.privacy_unit)}
+    for other in platform.store.list_datasets():
+        if not other.privacy_unit and other.name != ds.name:
+            if len(frame):
+                _, data = load_frame(platform, other.name)
+            else:
+                data = pd.DataFrame({c: pd.Series(dtype=t) for c, t in _pandas_types(other).items()})
+            tables[other.name] = Table(data)
+    return tables
 
 
 def _pandas_types(ds) -> dict[str, str]:
@@ -158,7 +175,7 @@ def statement_epsilon(platform: Platform, planned: Plan, epsilon: float) -> floa
         return epsilon
     ds = platform.store.get_dataset(planned.request.dataset)
     empty = pd.DataFrame({c: pd.Series(dtype=t) for c, t in _pandas_types(ds).items()})
-    return compile_statement_for(planned.sql, {ds.name: Table(empty, ds.privacy_unit)}, epsilon=epsilon,
+    return compile_statement_for(planned.sql, _sql_tables(platform, ds, empty), epsilon=epsilon,
                                  delta=planned.request.delta).epsilon
 
 
@@ -189,7 +206,8 @@ def compute_sealed(platform: Platform, release_id: str, planned: Plan, decision:
     _, frame = load_frame(platform, planned.request.dataset)
     query = replace(planned.query, epsilon=decision.epsilon)
     if planned.sql:
-        result = run_sql(planned.sql, {planned.request.dataset: Table(frame, query.privacy_unit)},
+        ds = platform.store.get_dataset(planned.request.dataset)
+        result = run_sql(planned.sql, _sql_tables(platform, ds, frame),
                          epsilon=decision.epsilon, delta=query.delta,
                          max_partitions_contributed=query.max_partitions_contributed)
     else:
