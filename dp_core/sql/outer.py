@@ -52,6 +52,8 @@ def released_table(result: DPResult, part: CompiledQuery, with_ci: bool) -> pd.D
                 if f"{name}{suffix}" in result.table.columns:
                     columns.append(_ident(name + suffix))
     sql = f"SELECT {', '.join(columns)} FROM __released"
+    if part.having:
+        sql += f" WHERE {part.having}"
     if part.order_by:
         sql += " ORDER BY " + ", ".join(f"{_ident(c)} {'DESC' if d else 'ASC'}" for c, d in part.order_by)
     if part.limit is not None:
@@ -149,7 +151,8 @@ def check_executable(compiled: CompiledStatement, backend: DuckDBBackend) -> Non
         outputs = ", ".join(f"{sql} AS {_ident(name)}" for name, sql in part.outputs)
         try:
             con.execute(f"CREATE OR REPLACE TEMP TABLE __released AS SELECT {', '.join(columns)} LIMIT 0")
-            con.execute(f"CREATE OR REPLACE TEMP TABLE {released_name(i)} AS SELECT {outputs} FROM __released")
+            having = f" WHERE {part.having}" if part.having else ""
+            con.execute(f"CREATE OR REPLACE TEMP TABLE {released_name(i)} AS SELECT {outputs} FROM __released{having}")
         except Exception as err:
             raise InvalidQueryError(f"DP SELECT {i + 1}: its select list cannot be computed: {_first_line(err)}") from None
     if compiled.outer is not None:
