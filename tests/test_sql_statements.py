@@ -301,7 +301,7 @@ def statements(draw):
     return sql
 
 
-@settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", 1500)), deadline=None, derandomize=True,
+@settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "1500")), deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(sql=statements())
 def test_grammar_fuzz_every_statement_compiles_or_raises_our_error(tables, sql):

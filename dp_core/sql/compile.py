@@ -122,7 +122,7 @@ class Compiler:
     # -- aggregates ------------------------------------------------------------------------
     def aggregate(self, call: exp.Anonymous, alias: str | None, scope: Scope, syntax: str) -> q.Aggregate:
         fname = str(call.name).upper()
-        shown = fname[5:] if fname.startswith("__DP_") else fname
+        shown = fname.removeprefix("__DP_")
         args = list(call.expressions)
         where = f"{shown}(...)"
         if fname in UNSUPPORTED_FUNCTIONS:
@@ -240,9 +240,7 @@ class Compiler:
 
     @staticmethod
     def _bound_pair(node: exp.Expression, where: str) -> tuple[exp.Expression, exp.Expression]:
-        if isinstance(node, exp.Tuple):
-            items = node.expressions
-        elif isinstance(node, exp.Struct):
+        if isinstance(node, (exp.Tuple, exp.Struct)):
             items = node.expressions
         else:
             raise InvalidQueryError(f"{where}: contribution bounds need a pair (L, U)")
@@ -292,7 +290,7 @@ class Compiler:
         if where is not None:
             self.checker.check_condition(where.this, scope, "WHERE")
 
-        keys, outputs = self._group_keys(select, scope)
+        keys, _ = self._group_keys(select, scope)
         key_sql = [quote(k) for k in keys]
         self.key_names = [None] * len(keys)
         items = []  # (kind, name, payload) in select-list order

@@ -71,13 +71,13 @@ def mark_of(select: exp.Expression) -> int | None:
 class _Tokenizer(Tokenizer):
     """sqlglot's tokenizer, with BigQuery's backquoted identifiers as well as double-quoted ones."""
 
-    IDENTIFIERS = ['"', "`"]
+    IDENTIFIERS = ['"', "`"]  # noqa: RUF012 - sqlglot's own attribute
 
 
 def _tokens(sql: str):
     try:
         return _Tokenizer().tokenize(sql)
-    except Exception as err:  # sqlglot raises TokenError, and sometimes ValueError, on broken input
+    except Exception as err:  # noqa: BLE001 - sqlglot raises TokenError, and sometimes ValueError
         raise InvalidQueryError(f"the query is not valid SQL: {str(err).splitlines()[0] if str(err) else err!r}") from None
 
 
@@ -226,7 +226,7 @@ def _parse(text: str) -> exp.Expression:
     for dialect in ("duckdb", "bigquery"):
         try:
             trees = [t for t in sqlglot.parse(text, read=dialect) if t is not None]
-        except Exception as err:  # sqlglot raises ParseError, TokenError, and at times other errors
+        except Exception as err:  # noqa: BLE001 - sqlglot raises ParseError, TokenError, and at times others
             errors.append(str(err).splitlines()[0] if str(err) else repr(err))
             continue
         if len(trees) != 1:
