@@ -63,8 +63,9 @@ def init() -> None:
 def dataset_register(
     name: str = typer.Argument(..., help="a name for the dataset"),
     path: Path = typer.Argument(..., help="a .csv, .csv.gz or .parquet file"),
-    unit: str = typer.Option(..., "--unit", help="the privacy-unit column (one person, device, ...)"),
-    epsilon_cap: float = typer.Option(..., help="total epsilon this dataset may ever spend"),
+    unit: str = typer.Option(None, "--unit", help="the privacy-unit column (one person, device, ...)"),
+    public: bool = typer.Option(False, "--public", help="a public table (no privacy unit, never charged): DP SQL may join it"),
+    epsilon_cap: float = typer.Option(None, help="total epsilon this dataset may ever spend"),
     delta_cap: float = typer.Option(1e-5, help="total delta this dataset may ever spend"),
     add_row_id: bool = typer.Option(False, help="add the unit column as a row number (one row per person)"),
     sensitivity: str = typer.Option("medium", help="harm if the data were exploited: very low ... very high, or 0-1"),
@@ -77,10 +78,19 @@ def dataset_register(
     Example: dprelease dataset register adult adult.csv.gz --unit person_id --add-row-id --epsilon-cap 10"""
     from dprelease import admin
 
+    if public == bool(unit):
+        _fail("give --unit <column> for a protected dataset, or --public for a public table (not both)")
+    if not public and epsilon_cap is None:
+        _fail("a protected dataset needs --epsilon-cap (the total epsilon it may ever spend)")
     profile = {"sensitivity": _level(sensitivity), "trust": _level(trust), "n": sensitive_values,
                "max_risk": _level(max_risk)}
-    ds = admin.register_dataset(_settings(), name, path, unit, epsilon_cap, delta_cap, add_row_id=add_row_id,
+    ds = admin.register_dataset(_settings(), name, path, None if public else unit,
+                                1.0 if epsilon_cap is None else epsilon_cap, delta_cap, add_row_id=add_row_id,
                                 risk_profile=profile)  # its errors: one line from the boundary (cli.errors)
+    if public:
+        console.print(escape(f"registered {ds.name!r}: fingerprint {ds.fingerprint[:16]}..., public (no privacy "
+                             "unit, never charged)"))
+        return
     console.print(escape(f"registered {ds.name!r}: fingerprint {ds.fingerprint[:16]}..., unit {ds.privacy_unit!r}, "
                   f"epsilon cap {ds.epsilon_cap:g}, delta cap {ds.delta_cap:g}"))
 
@@ -99,6 +109,9 @@ def dataset_list() -> None:
 
     table = RichTable("name", "unit", "format", "fingerprint", "epsilon cap", "delta cap")
     for ds in Store(_settings().store_url).list_datasets():
+        if not ds.privacy_unit:  # a public table: never charged
+            table.add_row(ds.name, "public", ds.file_format, ds.fingerprint[:16], "-", "-")
+            continue
         table.add_row(ds.name, ds.privacy_unit, ds.file_format, ds.fingerprint[:16], f"{ds.epsilon_cap:g}", f"{ds.delta_cap:g}")
     console.print(table)
 

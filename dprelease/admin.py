@@ -30,7 +30,7 @@ def init(settings: Settings) -> list[str]:
 DEFAULT_RISK_PROFILE = {"sensitivity": "medium", "trust": "low", "n": 2, "max_risk": 0.2}
 
 
-def register_dataset(settings: Settings, name: str, path: Path, privacy_unit: str, epsilon_cap: float,
+def register_dataset(settings: Settings, name: str, path: Path, privacy_unit: str | None, epsilon_cap: float,
                      delta_cap: float = 1e-5, expectations: list[dict] | None = None, add_row_id: bool = False,
                      risk_profile: dict | None = None):
     """Seal the file into the escrow (Parquet, chunked AEAD, streamed), record its fingerprint,
@@ -42,7 +42,9 @@ def register_dataset(settings: Settings, name: str, path: Path, privacy_unit: st
     the escrow and the store as they were. add_row_id: the file has one row per person and no id;
     the unit column is added as the row number while sealing. risk_profile: sensitivity, trust, n
     (values of the sensitive attribute), max_risk: the numbers behind the noise-against-risk chart
-    of every controller summary (defaults: DEFAULT_RISK_PROFILE)."""
+    of every controller summary (defaults: DEFAULT_RISK_PROFILE). privacy_unit None registers a
+    public table (no one's rows: DP SQL may join it and outer queries may read it; it is never
+    charged); it is stored with an empty unit."""
     from dp_core import input_checks, risk
 
     from . import progress
@@ -52,6 +54,9 @@ def register_dataset(settings: Settings, name: str, path: Path, privacy_unit: st
     profile = {**DEFAULT_RISK_PROFILE, **(risk_profile or {})}
     for field in ("sensitivity", "trust", "max_risk"):
         risk.level_value(profile[field])  # refuses unknown levels before anything is sealed
+    public = not privacy_unit
+    if public and add_row_id:
+        raise escrow.EscrowError("a public dataset has no privacy unit: drop --add-row-id")
     key = escrow.load_or_create_key(settings, create=False)
     store = Store(settings.store_url)
     if name in {d.name for d in store.list_datasets()}:
@@ -63,7 +68,7 @@ def register_dataset(settings: Settings, name: str, path: Path, privacy_unit: st
         input_checks.check_column_names(columns, str(path))  # duplicate or empty names: the engine's rule
         if add_row_id and privacy_unit in columns:
             raise escrow.EscrowError(f"{path} already has a column {privacy_unit!r}: drop --add-row-id")
-        if not add_row_id and privacy_unit not in columns:
+        if not public and not add_row_id and privacy_unit not in columns:
             raise escrow.EscrowError(f"the privacy unit column {privacy_unit!r} is not in {path} (columns: {columns})")
         size = path.stat().st_size
         with progress.track(f"fingerprint {path.name}", size, "bytes") as advance:
@@ -82,8 +87,9 @@ def register_dataset(settings: Settings, name: str, path: Path, privacy_unit: st
         sealed = escrow.seal_source(path, source, fingerprint, settings, key, row_number_column=unit_column,
                                     on_batch=observe)
     try:
-        suite = expectations if expectations is not None else data_profile.expectations(privacy_unit)
-        return store.add_dataset(name, privacy_unit=privacy_unit, blob_path=sealed.path, fingerprint=fingerprint,
+        suite = expectations if expectations is not None else [
+            e for e in data_profile.expectations(privacy_unit or "") if e["kwargs"].get("column", True) != ""]
+        return store.add_dataset(name, privacy_unit=privacy_unit or "", blob_path=sealed.path, fingerprint=fingerprint,
                                  file_format=sealed.file_format, schema=_schema_names(sealed.schema),
                                  epsilon_cap=epsilon_cap, delta_cap=delta_cap, expectations=suite,
                                  risk_profile=profile)

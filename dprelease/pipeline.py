@@ -117,10 +117,13 @@ def plan(platform: Platform, request: ReleaseRequest) -> Plan:
     options = risk_confidence(request)
     columns = list(json.loads(ds.schema_json))
     empty = pd.DataFrame({c: pd.Series(dtype=t) for c, t in _pandas_types(ds).items()})[columns]
+    if not ds.privacy_unit:
+        raise ReleaseError(f"dataset {ds.name!r} is public (no privacy unit): there is nothing to protect; a DP "
+                           "release reads a protected dataset (public ones may be joined in its SQL)")
     if request.sql:
-        statement = compile_statement_for(request.sql, {ds.name: Table(empty, ds.privacy_unit)}, epsilon=placeholder,
-                                          delta=request.delta, max_partitions_contributed=request.max_partitions_contributed,
-                                          **options)
+        statement = compile_statement_for(request.sql, _sql_tables(platform, ds, empty, planning=True),
+                                          epsilon=placeholder, delta=request.delta,
+                                          max_partitions_contributed=request.max_partitions_contributed, **options)
         if not statement.parts:
             raise ReleaseError("the SQL has no DP SELECT: nothing to release")
         # the ledger is charged the statement's total (the sum over its DP SELECTs)
@@ -142,6 +145,20 @@ def risk_confidence(request: ReleaseRequest) -> dict:
 def integer_columns(ds) -> frozenset[str]:
     """The dataset's integer-typed columns (a SUM over one of them is noised on the integers)."""
     return frozenset(c for c, kind in json.loads(ds.schema_json).items() if kind.startswith(("int", "uint")))
+
+
+def _sql_tables(platform: Platform, ds, data, planning: bool = False) -> dict[str, Table]:
+    """The tables a SQL request may read: its dataset (protected) and every public dataset (empty
+    stand-ins of the registered schema while planning, their rows when computing)."""
+    tables = {ds.name: Table(data, ds.privacy_unit)}
+    for other in platform.store.list_datasets():
+        if not other.privacy_unit and other.name != ds.name:
+            if planning:
+                rows = pd.DataFrame({c: pd.Series(dtype=t) for c, t in _pandas_types(other).items()})
+            else:
+                _, rows = load_frame(platform, other.name)  # public tables: small, read whole
+            tables[other.name] = Table(rows)
+    return tables
 
 
 def _pandas_types(ds) -> dict[str, str]:
@@ -229,7 +246,7 @@ def statement_epsilon(platform: Platform, planned: Plan, epsilon: float) -> floa
         return epsilon
     ds = platform.store.get_dataset(planned.request.dataset)
     empty = pd.DataFrame({c: pd.Series(dtype=t) for c, t in _pandas_types(ds).items()})
-    return compile_statement_for(planned.sql, {ds.name: Table(empty, ds.privacy_unit)}, epsilon=epsilon,
+    return compile_statement_for(planned.sql, _sql_tables(platform, ds, empty, planning=True), epsilon=epsilon,
                                  delta=planned.request.delta).epsilon
 
 
@@ -259,8 +276,9 @@ def compute_sealed(platform: Platform, release_id: str, planned: Plan, decision:
         return result
     query = replace(planned.query, epsilon=decision.epsilon)
     if planned.sql:
+        ds = platform.store.get_dataset(planned.request.dataset)
         result = with_rows(platform, planned.request.dataset, lambda rows: run_sql(
-            planned.sql, {planned.request.dataset: Table(rows, query.privacy_unit)}, epsilon=decision.epsilon,
+            planned.sql, _sql_tables(platform, ds, rows), epsilon=decision.epsilon,
             delta=query.delta, max_partitions_contributed=query.max_partitions_contributed,
             confidence=query.confidence), "compute")
     else:

@@ -92,6 +92,9 @@ ACCEPTED = {
         f"WITH young AS (SELECT dept FROM people WHERE age < 40) {DP.format(e=EPS)} dept, {C1} AS n "
         "FROM (SELECT dept FROM young) y GROUP BY dept ORDER BY dept",
         "SELECT dept, count(*) AS n FROM people WHERE age < 40 GROUP BY dept ORDER BY dept"),
+    "HAVING on released values (and on a select-list alias)": (
+        f"{DP.format(e=EPS)} dept, {C1} AS n FROM people GROUP BY dept HAVING n > 600 AND {C1} < 10000 ORDER BY dept",
+        "SELECT dept, count(*) AS n FROM people GROUP BY dept HAVING count(*) > 600 ORDER BY dept"),
     "WITH ANONYMIZATION, OPTIONS and CLAMPED BETWEEN": (
         f"SELECT WITH ANONYMIZATION OPTIONS (epsilon = {EPS}, delta = 1e-6, kappa = 1) dept, "
         "ANON_SUM(age CLAMPED BETWEEN 0 AND 100) AS s FROM people GROUP BY dept ORDER BY dept",
@@ -298,7 +301,7 @@ def statements(draw):
     return sql
 
 
-@settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", 1500)), deadline=None, derandomize=True,
+@settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "1500")), deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(sql=statements())
 def test_grammar_fuzz_every_statement_compiles_or_raises_our_error(tables, sql):

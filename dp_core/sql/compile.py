@@ -53,6 +53,7 @@ class CompiledQuery:
     limit: int | None
     outputs: tuple[tuple[str, str], ...] = ()  # (name, DuckDB SQL over the released table), in order
     plain: bool = True  # the select list is keys and DP aggregates only (the released table as is)
+    having: str | None = None  # HAVING: a filter on the released values (DuckDB SQL), post-processing
 
     def source_sql(self, dialect: str = "duckdb") -> str:
         return self.source.sql(dialect=dialect)
@@ -121,7 +122,7 @@ class Compiler:
     # -- aggregates ------------------------------------------------------------------------
     def aggregate(self, call: exp.Anonymous, alias: str | None, scope: Scope, syntax: str) -> q.Aggregate:
         fname = str(call.name).upper()
-        shown = fname[5:] if fname.startswith("__DP_") else fname
+        shown = fname.removeprefix("__DP_")
         args = list(call.expressions)
         where = f"{shown}(...)"
         if fname in UNSUPPORTED_FUNCTIONS:
@@ -239,9 +240,7 @@ class Compiler:
 
     @staticmethod
     def _bound_pair(node: exp.Expression, where: str) -> tuple[exp.Expression, exp.Expression]:
-        if isinstance(node, exp.Tuple):
-            items = node.expressions
-        elif isinstance(node, exp.Struct):
+        if isinstance(node, (exp.Tuple, exp.Struct)):
             items = node.expressions
         else:
             raise InvalidQueryError(f"{where}: contribution bounds need a pair (L, U)")
@@ -256,11 +255,6 @@ class Compiler:
         select.set("expressions", [e for e in select.expressions if mark_of_item(e) is None])
         if select.args.get("distinct"):
             raise InvalidQueryError("SELECT DISTINCT in a DP SELECT is not supported (its groups are the GROUP BY)")
-        if select.args.get("having") is not None:
-            raise InvalidQueryError(
-                f"HAVING ({quote(select.args['having'])!r}) would filter on exact aggregates: not allowed in a DP "
-                "SELECT; filter its results in an outer query instead"
-            )
         for node in select.walk(prune=lambda n: n is not select and is_subquery(n)):
             if isinstance(node, exp.Window):
                 raise InvalidQueryError(f"{quote(node)!r} is a window function: not allowed in a DP SELECT")
@@ -296,7 +290,7 @@ class Compiler:
         if where is not None:
             self.checker.check_condition(where.this, scope, "WHERE")
 
-        keys, outputs = self._group_keys(select, scope)
+        keys, _ = self._group_keys(select, scope)
         key_sql = [quote(k) for k in keys]
         self.key_names = [None] * len(keys)
         items = []  # (kind, name, payload) in select-list order
@@ -316,6 +310,18 @@ class Compiler:
                 items.append(("key", name, i))
                 continue
             items.append(("expr", alias, self._post_expression(inner, item, keys, key_sql, calls, scope, clause.syntax)))
+        having = None
+        if select.args.get("having") is not None:  # a filter on the released (noisy) values: post-processing
+            cond = select.args["having"].this.copy()
+            aliases = {e.alias.lower(): _inner(e) for e in select.expressions if isinstance(e, exp.Alias)}
+            for col in list(cond.find_all(exp.Column)):
+                if not col.table and col.name.lower() in aliases and quote(col) not in key_sql:
+                    new = aliases[col.name.lower()].copy()
+                    if col is cond:
+                        cond = new
+                    else:
+                        col.replace(new)
+            having = self._post_expression(cond, select.args["having"], keys, key_sql, calls, scope, clause.syntax)
         self.key_names = [n or (k.name if isinstance(k, exp.Column) and k.name else f"key{i}")
                           for i, (n, k) in enumerate(zip(self.key_names, keys))]
         if len({n.lower() for n in self.key_names}) != len(self.key_names):
@@ -330,7 +336,7 @@ class Compiler:
             # GROUP BY only: release the groups; the selection's noisy count of units (no extra budget)
             aggregates.append(q.Aggregate("count_units", name="__groups"))
         labels = [a.label for a in aggregates]
-        plain = not any(a.name == "__groups" for a in aggregates) and all(kind != "expr" for kind, _, _ in items) and all(
+        plain = having is None and not any(a.name == "__groups" for a in aggregates) and all(kind != "expr" for kind, _, _ in items) and all(
             kind != "key" or name is None or name == self.key_names[p] for kind, name, p in items)
         out: list[tuple[str, str]] = []
         for pos, (kind, name, payload) in enumerate(items):
@@ -339,12 +345,7 @@ class Compiler:
             elif kind == "agg":
                 out.append((labels[payload], _ident(labels[payload])))
             else:
-                sql = payload.sql("duckdb")
-                for i, label in enumerate(labels):
-                    sql = sql.replace(f'"__aggref{i}"', _ident(label))
-                for i, key in enumerate(self.key_names):
-                    sql = sql.replace(f'"__keyref{i}"', _ident(key))
-                out.append((name or f"_col{pos}", sql))
+                out.append((name or f"_col{pos}", self._render(payload, labels)))
         names = [n.lower() for n, _ in out]
         if len(set(names)) != len(names):
             raise InvalidQueryError(f"the DP SELECT's output names must be unique: {[n for n, _ in out]}")
@@ -363,9 +364,10 @@ class Compiler:
                        exp.With(expressions=[w.copy() for w in with_items]))
 
         order_by, limit = self._post_processing(select, [n for n, _ in out])
-        eps = clause.options.get("epsilon", epsilon)
-        dlt = clause.options.get("delta", delta)
-        cu = clause.options.get("max_groups_contributed", max_partitions_contributed)
+        given = {k: v for k, v in clause.options.items() if v is not None}  # NULL: the default
+        eps = given.get("epsilon", epsilon)
+        dlt = given.get("delta", delta)
+        cu = given.get("max_groups_contributed", max_partitions_contributed)
         if eps is None:
             raise InvalidQueryError("no epsilon: give it in OPTIONS (epsilon = ...) or with the request")
         if clause.options.get("group_selection_strategy"):
@@ -378,7 +380,17 @@ class Compiler:
             max_partitions_contributed=1 if cu is None else cu, **options,
         )
         query.validate()
-        return CompiledQuery(query, source, clause.syntax, order_by, limit, tuple(out), plain)
+        return CompiledQuery(query, source, clause.syntax, order_by, limit, tuple(out), plain,
+                             None if having is None else self._render(having, labels))
+
+    def _render(self, expr: exp.Expression, labels: list[str]) -> str:
+        """DuckDB SQL of a post-processing expression over the released table's columns."""
+        sql = expr.sql("duckdb")
+        for i, label in enumerate(labels):
+            sql = sql.replace(f'"__aggref{i}"', _ident(label))
+        for i, key in enumerate(self.key_names):
+            sql = sql.replace(f'"__keyref{i}"', _ident(key))
+        return sql
 
     def _group_keys(self, select: exp.Select, scope: Scope):
         """GROUP BY keys as expressions: ordinals and select-list aliases resolved (BigQuery allows both)."""
@@ -426,8 +438,11 @@ class Compiler:
         replaced = []
         for node in list(expr.walk(prune=lambda n: is_dp_call(n))):
             if is_dp_call(node):
-                calls.append((node.copy(), None))
-                replaced.append((node, exp.column(f"__aggref{len(calls) - 1}", quoted=True)))
+                same = [i for i, (c, _) in enumerate(calls) if quote(c) == quote(node)]
+                if not same:  # the same DP aggregate twice is computed (and paid for) once
+                    calls.append((node.copy(), None))
+                at = same[0] if same else len(calls) - 1
+                replaced.append((node, exp.column(f"__aggref{at}", quoted=True)))
             elif isinstance(node, exp.AggFunc):
                 raise InvalidQueryError(
                     f"{quote(item)!r}: {quote(node)!r} is not a DP aggregate: use "

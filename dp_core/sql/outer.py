@@ -7,6 +7,7 @@ private as the DP SELECTs' (post-processing). The total spent is the sum over th
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import pandas as pd
@@ -28,7 +29,7 @@ class StatementResult(DPResult):
     parts: tuple[DPResult, ...] = ()
 
     def readable_table(self) -> pd.DataFrame:
-        return self.table.map(lambda v: _fmt(v) if isinstance(v, float) and v == v else v)
+        return self.table.map(lambda v: _fmt(v) if isinstance(v, float) and not math.isnan(v) else v)
 
     def __str__(self) -> str:
         head = (f"DP release of {len(self.parts)} DP SELECT(s): epsilon={self.epsilon_spent:.6g}, "
@@ -52,6 +53,8 @@ def released_table(result: DPResult, part: CompiledQuery, with_ci: bool) -> pd.D
                 if f"{name}{suffix}" in result.table.columns:
                     columns.append(_ident(name + suffix))
     sql = f"SELECT {', '.join(columns)} FROM __released"
+    if part.having:
+        sql += f" WHERE {part.having}"
     if part.order_by:
         sql += " ORDER BY " + ", ".join(f"{_ident(c)} {'DESC' if d else 'ASC'}" for c, d in part.order_by)
     if part.limit is not None:
@@ -81,7 +84,7 @@ def run_statement(compiled: CompiledStatement, data: dict, *, threads: int | Non
         backend = DuckDBBackend.for_tables({**{n: data[n] for n in compiled.public_tables}, **frames}, threads=threads)
         try:
             table = backend.run(compiled.outer_sql())
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001 - DuckDB's errors, reported as the query's
             raise InvalidQueryError(f"the outer query could not run on the DP results: {str(err).splitlines()[0]}") from None
         finally:
             backend.close()
@@ -138,7 +141,7 @@ def check_executable(compiled: CompiledStatement, backend: DuckDBBackend) -> Non
     for i, part in enumerate(compiled.parts):
         try:
             described = con.execute(f"DESCRIBE SELECT * FROM ({part.source_sql('duckdb')}) AS s").fetchall()
-        except Exception as err:  # duckdb.Error and its binder/catalog/parser subclasses
+        except Exception as err:  # noqa: BLE001 - duckdb.Error and its binder/catalog/parser subclasses
             raise InvalidQueryError(f"DP SELECT {i + 1}: {_first_line(err)}") from None
         types = {row[0]: row[1] for row in described}
         columns = [f"CAST(NULL AS {types.get(k, 'VARCHAR')}) AS {_ident(k)}" for k in part.query.group_by]
@@ -149,13 +152,14 @@ def check_executable(compiled: CompiledStatement, backend: DuckDBBackend) -> Non
         outputs = ", ".join(f"{sql} AS {_ident(name)}" for name, sql in part.outputs)
         try:
             con.execute(f"CREATE OR REPLACE TEMP TABLE __released AS SELECT {', '.join(columns)} LIMIT 0")
-            con.execute(f"CREATE OR REPLACE TEMP TABLE {released_name(i)} AS SELECT {outputs} FROM __released")
-        except Exception as err:
+            having = f" WHERE {part.having}" if part.having else ""
+            con.execute(f"CREATE OR REPLACE TEMP TABLE {released_name(i)} AS SELECT {outputs} FROM __released{having}")
+        except Exception as err:  # noqa: BLE001 - DuckDB's errors
             raise InvalidQueryError(f"DP SELECT {i + 1}: its select list cannot be computed: {_first_line(err)}") from None
     if compiled.outer is not None:
         try:
             con.execute(f"DESCRIBE {compiled.outer_sql()}")
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001 - DuckDB's errors
             raise InvalidQueryError(f"the outer query: {_first_line(err)}") from None
 
 

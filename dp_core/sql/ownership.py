@@ -106,7 +106,7 @@ def _arg(node: exp.Expression, name: str):
 def quote(sql: exp.Expression) -> str:
     try:
         return sql.sql("duckdb")
-    except Exception:  # rendering is for messages only
+    except Exception:  # noqa: BLE001 - rendering is for messages only
         return type(sql).__name__
 
 
@@ -115,7 +115,7 @@ def is_dp_call(node: exp.Expression) -> bool:
 
 
 def is_subquery(node: exp.Expression) -> bool:
-    return isinstance(node, (exp.Subquery, exp.Exists)) or isinstance(node, exp.Query)
+    return isinstance(node, (exp.Subquery, exp.Exists, exp.Query))
 
 
 SET_OPERATIONS = (exp.Union, exp.Intersect, exp.Except)

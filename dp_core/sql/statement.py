@@ -206,4 +206,4 @@ def _outer_query(tree: exp.Expression, catalog: dict[str, TableInfo], kinds: dic
     return outer, tuple(sorted(public))
 
 
-__all__ = ["CompiledStatement", "compile_statement", "released_name", "UnsupportedError"]
+__all__ = ["CompiledStatement", "UnsupportedError", "compile_statement", "released_name"]

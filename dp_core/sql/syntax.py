@@ -74,19 +74,20 @@ def mark_of(select: exp.Expression) -> int | None:
 class _Tokenizer(Tokenizer):
     """sqlglot's tokenizer, with BigQuery's backquoted identifiers as well as double-quoted ones."""
 
-    IDENTIFIERS = ['"', "`"]
+    IDENTIFIERS = ['"', "`"]  # noqa: RUF012 - sqlglot's own attribute
 
 
 def _tokens(sql: str):
     try:
         return _Tokenizer().tokenize(sql)
-    except Exception as err:  # sqlglot raises TokenError, and sometimes ValueError, on broken input
+    except Exception as err:  # noqa: BLE001 - sqlglot raises TokenError, and sometimes ValueError
         raise InvalidQueryError(f"the query is not valid SQL: {str(err).splitlines()[0] if str(err) else err!r}") from None
 
 
-def _parse_options(tokens, start: int, syntax: str) -> tuple[dict, int]:
+def _parse_options(sql: str, tokens, start: int, syntax: str) -> tuple[dict, int]:
     """OPTIONS (name = value, ...) starting at tokens[start] ('('); returns the options and the
-    index after the closing parenthesis."""
+    index after the closing parenthesis. A value is every token up to the next ',' or ')' at its
+    depth (so `.01`, `-1`, `1e-5`, `t.uid`, `(uid)` all read as written)."""
     if start >= len(tokens) or tokens[start].token_type != TokenType.L_PAREN:
         raise InvalidQueryError("OPTIONS must be followed by a parenthesised list: OPTIONS (epsilon = 1, ...)")
     allowed = OPTION_NAMES[syntax]
@@ -100,32 +101,43 @@ def _parse_options(tokens, start: int, syntax: str) -> tuple[dict, int]:
             raise InvalidQueryError(f"unknown OPTIONS entry {tokens[i].text!r} for {clause}: allowed are {', '.join(allowed)}")
         if i + 2 >= len(tokens) or tokens[i + 1].token_type != TokenType.EQ:
             raise InvalidQueryError(f"OPTIONS entry {name!r} needs '= value'")
-        j = i + 2
-        text, kind = tokens[j].text, tokens[j].token_type
-        j += 1
-        if kind in (TokenType.DASH, TokenType.PLUS) and j < len(tokens):  # a signed number
-            text, kind = (("-" if kind == TokenType.DASH else "") + tokens[j].text), tokens[j].token_type
+        j, depth = i + 2, 0
+        while j < len(tokens):
+            tt = tokens[j].token_type
+            if tt == TokenType.L_PAREN:
+                depth += 1
+            elif tt == TokenType.R_PAREN:
+                if depth == 0:
+                    break
+                depth -= 1
+            elif tt == TokenType.COMMA and depth == 0:
+                break
             j += 1
-        while (name == "privacy_unit_column" and j + 1 < len(tokens) and tokens[j].token_type == TokenType.DOT):
-            text += "." + tokens[j + 1].text  # a qualified column: alias.column
-            j += 2
+        value_tokens = tokens[i + 2:j]
+        if not value_tokens:
+            raise InvalidQueryError(f"OPTIONS entry {name!r} needs a value")
         key = "max_groups_contributed" if name == "kappa" else name
         if key in options:
             raise InvalidQueryError(f"OPTIONS gives {key!r} twice")
-        options[key] = _option_value(key, text, kind)
+        options[key] = _option_value(key, sql, value_tokens)
         i = j
         if i < len(tokens) and tokens[i].token_type == TokenType.COMMA:
             i += 1
-        elif i < len(tokens) and tokens[i].token_type != TokenType.R_PAREN:
-            raise InvalidQueryError(f"OPTIONS: expected ',' or ')' after {name!r}, got {tokens[i].text!r}")
     if i >= len(tokens):
         raise InvalidQueryError("OPTIONS ( ... is not closed")
     return options, i + 1
 
 
-def _option_value(name: str, text: str, token_type) -> object:
+def _option_value(name: str, sql: str, value_tokens) -> object:
+    while (len(value_tokens) >= 2 and value_tokens[0].token_type == TokenType.L_PAREN
+           and value_tokens[-1].token_type == TokenType.R_PAREN):
+        value_tokens = value_tokens[1:-1]  # (uid) is uid
+    if not value_tokens:
+        raise InvalidQueryError(f"OPTIONS {name} needs a value")
+    text = sql[value_tokens[0].start:value_tokens[-1].end + 1].strip()
+    types = {t.token_type for t in value_tokens}
     if name == "partition_selection":  # a name: OPTIONS (partition_selection = 'mad'); checked by the Query
-        return text
+        return text.strip("'\"")
     if name == "group_selection_strategy":
         if text.upper() == "LAPLACE_THRESHOLD":
             return "laplace-threshold"
@@ -134,20 +146,26 @@ def _option_value(name: str, text: str, token_type) -> object:
                                    "groups with the request (public_partitions)")
         raise InvalidQueryError(f"OPTIONS group_selection_strategy must be LAPLACE_THRESHOLD or PUBLIC_GROUPS, got {text!r}")
     if name == "privacy_unit_column":
-        if token_type not in (TokenType.VAR, TokenType.IDENTIFIER) or not text.strip():
+        parts = [t for t in value_tokens if t.token_type != TokenType.DOT]
+        path = (all(t.token_type not in (TokenType.STRING, TokenType.NUMBER, TokenType.L_PAREN, TokenType.R_PAREN,
+                                         TokenType.COMMA) for t in value_tokens)
+                and all(t.token_type == TokenType.DOT for t in value_tokens[1::2])
+                and len(parts) == (len(value_tokens) + 1) // 2)
+        if not path:
             raise InvalidQueryError(f"OPTIONS privacy_unit_column must be a path expression naming a column "
-                                    f"(privacy_unit_column = uid or t.uid, not a string), got {text!r}")
-        return text
-    if token_type not in (TokenType.NUMBER,):
-        if token_type == TokenType.NULL:
-            return None  # BigQuery: NULL means "the default"
+                                    f"(privacy_unit_column = uid or t.uid, not a string or expression), got {text!r}")
+        return ".".join(t.text for t in parts)
+    if types == {TokenType.NULL}:
+        return None  # BigQuery: NULL means "the default"
+    if types & {TokenType.STRING, TokenType.VAR, TokenType.IDENTIFIER}:
         raise InvalidQueryError(f"OPTIONS {name} must be a number, got {text!r}")
     try:
-        value = float(text)
+        value = float(text.replace(" ", ""))
     except ValueError:
         raise InvalidQueryError(f"OPTIONS {name} must be a number, got {text!r}") from None
     if name == "max_groups_contributed":
-        if not value.is_integer() or not 1 <= value <= 2**31 - 1 or not text.lstrip("-").isdigit():
+        digits = text.replace(" ", "").lstrip("+")
+        if not digits.isdigit() or not 1 <= value <= 2**31 - 1:
             raise InvalidQueryError(f"OPTIONS max_groups_contributed must be a whole number in [1, 2147483647] "
                                     f"(an INT64 literal), got {text}")
         return int(value)
@@ -169,10 +187,29 @@ def _select_list_edits(tokens, start: int, syntax: str) -> list[tuple[int, int, 
             depth -= 1
             if depth < 0:
                 break
-        elif depth == 0 and tt in (TokenType.FROM, TokenType.SEMICOLON, TokenType.UNION, TokenType.INTERSECT,
-                                   TokenType.EXCEPT, TokenType.WHERE, TokenType.GROUP_BY, TokenType.ORDER_BY,
-                                   TokenType.LIMIT):
+        elif depth == 0 and tt in (TokenType.SEMICOLON, TokenType.UNION, TokenType.INTERSECT, TokenType.EXCEPT,
+                                   TokenType.ORDER_BY, TokenType.LIMIT, TokenType.QUALIFY, TokenType.WINDOW):
             break
+        elif depth == 0 and tt in (TokenType.FROM, TokenType.WHERE, TokenType.GROUP_BY):
+            # FROM ... GROUP BY: nothing to rename; the DP SELECT's HAVING holds DP aggregates again
+            i += 1
+            while i < len(tokens):
+                t2 = tokens[i].token_type
+                if t2 == TokenType.L_PAREN:
+                    depth += 1
+                elif t2 == TokenType.R_PAREN:
+                    depth -= 1
+                    if depth < 0:
+                        return edits
+                elif depth == 0 and t2 in (TokenType.HAVING, TokenType.SEMICOLON, TokenType.UNION, TokenType.INTERSECT,
+                                           TokenType.EXCEPT, TokenType.ORDER_BY, TokenType.LIMIT, TokenType.QUALIFY,
+                                           TokenType.WINDOW):
+                    break
+                i += 1
+            if i >= len(tokens) or tokens[i].token_type != TokenType.HAVING:
+                break
+            i += 1
+            continue
         elif (t.text.upper() in DP_FUNCTIONS_BQ and i + 1 < len(tokens)
               and tokens[i + 1].token_type == TokenType.L_PAREN
               and (i == 0 or tokens[i - 1].token_type != TokenType.DOT)):
@@ -194,7 +231,7 @@ def _parse(text: str) -> exp.Expression:
     for dialect in ("duckdb", "bigquery"):
         try:
             trees = [t for t in sqlglot.parse(text, read=dialect) if t is not None]
-        except Exception as err:  # sqlglot raises ParseError, TokenError, and at times other errors
+        except Exception as err:  # noqa: BLE001 - sqlglot raises ParseError, TokenError, and at times others
             errors.append(str(err).splitlines()[0] if str(err) else repr(err))
             continue
         if len(trees) != 1:
@@ -225,7 +262,7 @@ def parse_statement(sql: str) -> ParsedStatement:
         options: dict = {}
         after = at + 3
         if after < len(tokens) and tokens[after].text.upper() == "OPTIONS":
-            options, after = _parse_options(tokens, after + 1, syntax)
+            options, after = _parse_options(sql, tokens, after + 1, syntax)
         cut_to = tokens[after - 1].end + 1
         edits.append((tokens[at + 1].start, cut_to, f" {MARK}{n}() AS {MARK}{n},"))
         edits += _select_list_edits(tokens, after, syntax)

@@ -1,0 +1,84 @@
+"""DP SQL on the platform (issue 16): a statement is charged its total (the sum over its DP
+SELECTs), a refused statement charges nothing, public datasets are joinable and never charged."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import dp_core as dp
+
+DP = "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = {e}, delta = 1e-7, privacy_unit_column = person_id)"
+TWO = (f"WITH a AS ({DP.format(e=0.3)} education, COUNT(*, contribution_bounds_per_group => (0, 1)) AS n "
+       "FROM adult GROUP BY education), "
+       f"b AS ({DP.format(e=0.4)} education, AVG(age, contribution_bounds_per_group => (17, 90)) AS mean_age "
+       "FROM adult GROUP BY education) "
+       "SELECT a.education, level, n, mean_age FROM a JOIN b USING (education) JOIN levels USING (education)")
+
+
+@pytest.fixture(scope="module")
+def platform(tmp_path_factory):
+    home = tmp_path_factory.mktemp("home")
+    saved = os.environ.get("DPRELEASE_HOME")
+    os.environ["DPRELEASE_HOME"] = str(home)
+    from dprelease import admin, pipeline
+    from dprelease.settings import Settings
+
+    settings = Settings.from_env()
+    admin.init(settings)
+    data = Path(__file__).resolve().parents[1] / "examples" / "data" / "adult.csv.gz"
+    admin.register_dataset(settings, "adult", data, "person_id", epsilon_cap=10, add_row_id=True)
+    levels = home / "levels.csv"
+    education = pd.read_csv(data, usecols=["education"])["education"].dropna().unique()
+    pd.DataFrame({"education": education, "level": range(len(education))}).to_csv(levels, index=False)
+    admin.register_dataset(settings, "levels", levels, None, epsilon_cap=1.0)
+    yield pipeline.Platform.open(settings)
+    if saved is None:
+        os.environ.pop("DPRELEASE_HOME", None)
+    else:
+        os.environ["DPRELEASE_HOME"] = saved
+
+
+def spent(platform) -> float:
+    b = platform.store.budget("adult")
+    return b["epsilon_committed"] + b["epsilon_reserved"]
+
+
+def test_a_statement_with_two_dp_selects_is_charged_exactly_their_sum(platform):
+    from dprelease import pipeline
+    from dprelease.requests import parse_request
+
+    before = spent(platform)
+    planned = pipeline.plan(platform, parse_request({"dataset": "adult", "sql": TWO, "epsilon": 1.0}))
+    decision = pipeline.choose_epsilon(platform, planned)
+    assert decision.epsilon == pytest.approx(0.7) and planned.query.delta == pytest.approx(2e-7)
+    pipeline.reserve(platform, "two-selects", "adult", decision.epsilon, planned.query.delta)
+    assert spent(platform) - before == pytest.approx(0.7)
+    result = pipeline.compute_sealed(platform, "two-selects", planned, decision)
+    assert result.epsilon_spent == pytest.approx(0.7)
+    assert {"education", "level", "n", "mean_age"} <= set(result.table.columns) and len(result.table) > 5
+
+
+def test_a_refused_statement_charges_nothing(platform):
+    from dprelease import pipeline
+    from dprelease.requests import parse_request
+
+    before = spent(platform)
+    for sql in ("SELECT * FROM adult", f"{DP.format(e=1)} SUM(*) FROM adult",
+                f"SELECT * FROM ({DP.format(e=1)} COUNT(*) AS n FROM adult) x JOIN adult ON true"):
+        with pytest.raises(dp.DPError):
+            pipeline.plan(platform, parse_request({"dataset": "adult", "sql": sql, "epsilon": 1.0}))
+    assert spent(platform) == before
+
+
+def test_a_public_dataset_is_listed_public_and_cannot_be_released(platform):
+    from dprelease import pipeline
+    from dprelease.requests import parse_request
+
+    levels = platform.store.get_dataset("levels")
+    assert levels.privacy_unit == ""
+    with pytest.raises(pipeline.ReleaseError, match="public"):
+        pipeline.plan(platform, parse_request({"dataset": "levels", "sql": "SELECT * FROM levels", "epsilon": 1.0}))
