@@ -312,3 +312,15 @@ def test_a_misspelt_risk_field_is_refused_by_name(platform):
     request = dict(REQUEST, epsilon={"risk": dict(REQUEST["epsilon"]["risk"], headine="people")})
     with pytest.raises(pipeline.ReleaseError, match=r"unknown field\(s\) \['headine'\]"):
         pipeline.choose_epsilon(platform, pipeline.plan(platform, parse_request(request)))
+
+
+def test_sql_options_epsilon_and_the_risk_model_are_refused_together(platform):
+    from cli.demo import REQUEST
+    from dprelease import pipeline
+    from dprelease.requests import parse_request
+
+    sql = ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 2, privacy_unit_column = person_id) education, "
+           "COUNT(*) AS people FROM adult GROUP BY education")
+    planned = pipeline.plan(platform, parse_request(dict(REQUEST, sql=sql)))
+    with pytest.raises(pipeline.ReleaseError, match="fixes epsilon in its OPTIONS"):
+        pipeline.choose_epsilon(platform, planned)
