@@ -220,6 +220,9 @@ def choose_epsilon_from_risk(platform: Platform, planned: Plan) -> EpsilonDecisi
     if unknown:
         raise ReleaseError(f"epsilon.risk: unknown field(s) {sorted(unknown)} (allowed: {sorted(RISK_FIELDS)}); "
                            "nothing was computed")
+    if planned.sql and planned.query.epsilon != (planned.request.epsilon or 1.0):
+        raise ReleaseError("the SQL fixes epsilon in its OPTIONS, so the risk model cannot choose it: remove "
+                           "epsilon from OPTIONS, or drop `epsilon: {risk: ...}`; nothing was computed")
     ds = platform.store.get_dataset(planned.request.dataset)
     try:
         choice = risk.choose_epsilon_for_plan(
@@ -348,6 +351,10 @@ def promise_lines(decision: EpsilonDecision, result: dp.DPResult) -> list[str]:
     if decision.risk_choice is None:
         return []
     lines = []
+    chosen = decision.risk_choice.epsilon
+    if abs(result.epsilon_spent - chosen) > 1e-9 * chosen:  # e.g. the SQL's OPTIONS set another epsilon
+        lines.append(f"- **WARNING**: this release spends epsilon {result.epsilon_spent:.4g}, not the chosen "
+                     f"{chosen:.4g}: the promise below does not describe it; reject and fix the request")
     for row in pages.promise_rows(result, decision.risk_choice):
         lines.append(f"- {row['name']}: promised {row['promised']}; delivered {row['delivered']}")
     return lines

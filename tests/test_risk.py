@@ -312,3 +312,27 @@ def test_a_misspelt_risk_field_is_refused_by_name(platform):
     request = dict(REQUEST, epsilon={"risk": dict(REQUEST["epsilon"]["risk"], headine="people")})
     with pytest.raises(pipeline.ReleaseError, match=r"unknown field\(s\) \['headine'\]"):
         pipeline.choose_epsilon(platform, pipeline.plan(platform, parse_request(request)))
+
+
+def test_sql_options_epsilon_and_the_risk_model_are_refused_together(platform):
+    from cli.demo import REQUEST
+    from dprelease import pipeline
+    from dprelease.requests import parse_request
+
+    sql = ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 2, privacy_unit_column = person_id) education, "
+           "COUNT(*) AS people FROM adult GROUP BY education")
+    planned = pipeline.plan(platform, parse_request(dict(REQUEST, sql=sql)))
+    with pytest.raises(pipeline.ReleaseError, match="fixes epsilon in its OPTIONS"):
+        pipeline.choose_epsilon(platform, planned)
+
+
+def test_promise_holds_beside_an_aggregate_with_inferred_bounds(people):
+    """APPROX_BOUNDS takes part of its aggregate's share: the count's promise still equals the report."""
+    query = dp.Query([dp.count(name="rows", upper=2), dp.sum_("x", 0, None, name="total_x")], privacy_unit="unit",
+                     epsilon=1.0, group_by=("g",), max_partitions_contributed=2, confidence=0.9)
+    eps = accuracy.smallest_epsilon(query, {"rows": 12})
+    promise = {s.name: s for s in accuracy.statistic_intervals(query, eps)}
+    assert not promise["total_x"].promised
+    result = dp.execute(replace(query, epsilon=eps), people)
+    shown = ((result.table["rows_ci_high"] - result.table["rows_ci_low"]) / 2.0).max()
+    assert shown == pytest.approx(promise["rows"].halfwidth, rel=1e-12) and shown == 12
