@@ -95,7 +95,7 @@ def dataset_list() -> None:
 
     table = RichTable("name", "unit", "format", "fingerprint", "epsilon cap", "delta cap")
     for ds in Store(_settings().store_url).list_datasets():
-        table.add_row(ds.name, ds.privacy_unit, ds.file_format, ds.fingerprint[:16], f"{ds.epsilon_cap:g}", f"{ds.delta_cap:g}")
+        table.add_row(escape(ds.name), escape(ds.privacy_unit), ds.file_format, ds.fingerprint[:16], f"{ds.epsilon_cap:g}", f"{ds.delta_cap:g}")
     console.print(table)
 
 
@@ -122,7 +122,7 @@ def policy_add(
                                                 analyst=analyst, approval=approval, evaluators=list(evaluator))
     except (StoreError, ValueError) as err:
         _fail(str(err))
-    console.print(f"policy {name!r}: dataset {dataset!r}, at most epsilon {max_epsilon:g} per release, {approval} approval")
+    console.print(escape(f"policy {name!r}: dataset {dataset!r}, at most epsilon {max_epsilon:g} per release, {approval} approval"))
 
 
 @policy_app.command("list")
@@ -134,7 +134,7 @@ def policy_list(dataset: str) -> None:
 
     table = RichTable("name", "analyst", "max epsilon", "approval", "evaluators")
     for p in Store(_settings().store_url).all_policies(dataset):
-        table.add_row(p.name, p.analyst or "any", f"{p.max_epsilon_per_release:g}", p.approval,
+        table.add_row(escape(p.name), escape(p.analyst or "any"), f"{p.max_epsilon_per_release:g}", p.approval,
                       ", ".join(json.loads(p.evaluators_json or "[]")))
     console.print(table)
 
@@ -149,7 +149,7 @@ def budget(dataset: str = typer.Argument(None, help="one dataset (default: all)"
     table = RichTable("dataset", "epsilon cap", "committed", "reserved", "remaining", "delta remaining")
     for name in names:
         b = store.budget(name)
-        table.add_row(name, f"{b['epsilon_cap']:g}", f"{b['epsilon_committed']:g}", f"{b['epsilon_reserved']:g}",
+        table.add_row(escape(name), f"{b['epsilon_cap']:g}", f"{b['epsilon_committed']:g}", f"{b['epsilon_reserved']:g}",
                       f"{b['epsilon_remaining']:g}", f"{b['delta_remaining']:.3g}")
     console.print(table)
 
@@ -172,15 +172,15 @@ def verify(directory: Path, key: Path = typer.Option(None, help="the trusted pub
     except signing.SigningError as err:
         _fail(str(err))
     if report.ok and trusted is None:
-        console.print(f"[yellow]INTACT, SIGNER UNKNOWN[/yellow] {directory}: the files match a signature made with the "
+        console.print(f"[yellow]INTACT, SIGNER UNKNOWN[/yellow] {escape(str(directory))}: the files match a signature made with the "
                       "key inside the directory; give --key with the publisher's public key to check who signed")
         raise typer.Exit(1)
     if report.ok:
-        console.print(f"[green]OK[/green] {directory}: signed by the trusted key {trusted}, every file intact")
+        console.print(f"[green]OK[/green] {escape(str(directory))}: signed by the trusted key {escape(str(trusted))}, every file intact")
         return
-    console.print(f"[red]FAILED[/red] {directory}")
+    console.print(f"[red]FAILED[/red] {escape(str(directory))}")
     for problem in report.problems:
-        console.print(f"  - {problem}")
+        console.print(f"  - {escape(str(problem))}")
     raise typer.Exit(1)
 
 
@@ -191,7 +191,7 @@ def pending() -> None:
 
     table = RichTable("release id", "dataset", "created", "flow run")
     for rel in Store(_settings().store_url).list_releases(status="awaiting_approval"):
-        table.add_row(rel.id, rel.dataset, str(rel.created_at)[:19], rel.flow_run_id or "")
+        table.add_row(escape(rel.id), escape(rel.dataset), str(rel.created_at)[:19], rel.flow_run_id or "")
     console.print(table)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 
 MAX_CATEGORIES = 50
@@ -49,7 +50,7 @@ def default_expectations(df: pd.DataFrame, privacy_unit: str) -> list[dict]:
 def _nested(values: pd.Series) -> bool:
     """A column of lists, arrays or dicts (Parquet list/struct): no categories to check."""
     sample = values.dropna().head(100)
-    return any(isinstance(v, (list, dict, tuple)) or hasattr(v, "__array__") for v in sample)
+    return any(isinstance(v, (list, dict, tuple, np.ndarray)) for v in sample)
 
 
 def validate(df: pd.DataFrame, expectations: list[dict]) -> CheckReport:
