@@ -110,9 +110,9 @@ def dataset_list() -> None:
     table = RichTable("name", "unit", "format", "fingerprint", "epsilon cap", "delta cap")
     for ds in Store(_settings().store_url).list_datasets():
         if not ds.privacy_unit:  # a public table: never charged
-            table.add_row(ds.name, "public", ds.file_format, ds.fingerprint[:16], "-", "-")
+            table.add_row(escape(ds.name), "public", ds.file_format, ds.fingerprint[:16], "-", "-")
             continue
-        table.add_row(ds.name, ds.privacy_unit, ds.file_format, ds.fingerprint[:16], f"{ds.epsilon_cap:g}", f"{ds.delta_cap:g}")
+        table.add_row(escape(ds.name), escape(ds.privacy_unit), ds.file_format, ds.fingerprint[:16], f"{ds.epsilon_cap:g}", f"{ds.delta_cap:g}")
     console.print(table)
 
 
@@ -145,8 +145,8 @@ def policy_add(
     except (StoreError, ValueError) as err:
         _fail(str(err))
     scope = f" of the scheduled runs of {deployment!r}" if approval == "auto" else ""
-    console.print(f"policy {name!r}: dataset {dataset!r}, at most epsilon {max_epsilon:g} per release, "
-                  f"{approval} approval{scope}")
+    console.print(escape(f"policy {name!r}: dataset {dataset!r}, at most epsilon {max_epsilon:g} per release, "
+                         f"{approval} approval{scope}"))
 
 
 @policy_app.command("list")
@@ -158,7 +158,7 @@ def policy_list(dataset: str) -> None:
 
     table = RichTable("name", "analyst", "max epsilon", "approval", "evaluators")
     for p in Store(_settings().store_url).all_policies(dataset):
-        table.add_row(p.name, p.analyst or "any", f"{p.max_epsilon_per_release:g}",
+        table.add_row(escape(p.name), escape(p.analyst or "any"), f"{p.max_epsilon_per_release:g}",
                       f"{p.approval} ({p.deployment})" if p.deployment else p.approval,
                       ", ".join(json.loads(p.evaluators_json or "[]")))
     console.print(table)
@@ -174,7 +174,7 @@ def budget(dataset: str = typer.Argument(None, help="one dataset (default: all)"
     table = RichTable("dataset", "epsilon cap", "committed", "reserved", "remaining", "delta remaining")
     for name in names:
         b = store.budget(name)
-        table.add_row(name, f"{b['epsilon_cap']:g}", f"{b['epsilon_committed']:g}", f"{b['epsilon_reserved']:g}",
+        table.add_row(escape(name), f"{b['epsilon_cap']:g}", f"{b['epsilon_committed']:g}", f"{b['epsilon_reserved']:g}",
                       f"{b['epsilon_remaining']:g}", f"{b['delta_remaining']:.3g}")
     console.print(table)
 
@@ -197,9 +197,9 @@ def verify(directory: Path, key: Path = typer.Option(None, help="the publisher's
     except signing.SigningError as err:
         _fail(str(err))
     if not report.ok:
-        console.print(f"[red]FAILED[/red] {directory}")
+        console.print(f"[red]FAILED[/red] {escape(str(directory))}")
         for problem in report.problems:
-            console.print(f"  - {problem}")
+            console.print(f"  - {escape(str(problem))}")
         raise typer.Exit(1)
     if key is None:
         console.print(f"[yellow]intact, signer not established[/yellow] {directory}: the files match a signature "
@@ -222,7 +222,7 @@ def pending() -> None:
     table = RichTable("release id", "dataset", "created", "flow run", "run")
     for rel in store.list_releases(status="awaiting_approval"):
         alive, why = recovery.run_is_alive(store, rel)
-        table.add_row(rel.id, rel.dataset, str(rel.created_at)[:19], rel.flow_run_id or "",
+        table.add_row(escape(rel.id), escape(rel.dataset), str(rel.created_at)[:19], rel.flow_run_id or "",
                       why if alive else f"dead: {why} (dprelease recover)")
     console.print(table)
 

@@ -89,7 +89,7 @@ class ErrorBoundary(TyperGroup):
                 return super().invoke(ctx)
             except (typer.Exit, click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
                 raise
-            except Exception as err:  # noqa: BLE001 - the boundary: every error ends here
+            except Exception as err:  # the boundary: every error ends here
                 if debug:
                     raise
                 message, code = describe(err)

@@ -17,8 +17,8 @@ import duckdb
 import pandas as pd
 
 from .bounding import INPUT_NAME
-from .input_checks import check_file, check_frame, missing_as_null
 from .errors import InvalidDataError
+from .input_checks import check_file, check_frame, missing_as_null
 from .sql_text import ident, literal
 
 NUMERIC_TYPES = ("TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT",

@@ -36,6 +36,12 @@ class CheckReport:
         head = "Data checks passed" if self.success else "Data checks FAILED"
         return "\n".join([head, *self.lines])
 
+    def failure(self, dataset: str) -> str:
+        """One line: which checks failed on which dataset, and what to do (the CLI prints it as is)."""
+        failed = "; ".join(line.removeprefix("FAIL").strip() for line in self.lines if line.startswith("FAIL"))
+        return (f"Data checks FAILED on dataset {dataset!r}: {failed}. Nothing was computed: register the data "
+                "again with checks that fit it, or fix the data")
+
 
 # -- the suite registered with a dataset ---------------------------------------------------------
 

@@ -31,7 +31,7 @@ def check_data(settings: Settings, dataset: str) -> str:
     """Great-expectations checks on the decrypted data; fails the run with the summary."""
     report = pipeline.check_data(_platform(settings), dataset)
     if not report.success:
-        raise pipeline.ReleaseError(report.summary())
+        raise pipeline.ReleaseError(report.failure(dataset))
     return report.summary()
 
 

@@ -111,27 +111,27 @@ BAD_REQUESTS = {
     "unknown dataset": (f"dataset: nosuch\nsql: {SQL.replace('small', 'nosuch')}\nepsilon: 1\n",
                         "unknown dataset 'nosuch'"),
     "over the budget": (f"dataset: small\nsql: {SQL}\nepsilon: 6\n", "budget exceeded for dataset 'small'"),
-    "sql unknown column": ("dataset: small\nsql: SELECT WITH ANONYMIZATION nope, ANON_COUNT(*, 1) AS n FROM small "
-                           "GROUP BY nope\nepsilon: 1\n", "unknown column 'nope'"),
+    "sql unknown column": (("dataset: small\nsql: SELECT WITH ANONYMIZATION nope, ANON_COUNT(*, 1) AS n FROM small "
+                           "GROUP BY nope\nepsilon: 1\n"), "unknown column 'nope'"),
     "sql syntax": ("dataset: small\nsql: SELEKT WITH ANONYMIZATION g FROM small\nepsilon: 1\n", "not valid SQL"),
-    "sql unknown table": ("dataset: small\nsql: SELECT WITH ANONYMIZATION g, ANON_COUNT(*, 1) AS n FROM other "
-                          "GROUP BY g\nepsilon: 1\n", "other"),
-    "sql groups by the unit": ("dataset: small\nsql: SELECT WITH ANONYMIZATION uid, ANON_COUNT(*, 1) AS n FROM small "
-                               "GROUP BY uid\nepsilon: 1\n", "privacy unit"),
-    "spec average of text": ("dataset: small\nquery: {aggregates: [{kind: avg, column: s, lower: 0, upper: 1}]}\n"
-                             "epsilon: 1\n", "needs a numeric column, but 's' has type VARCHAR"),
-    "spec unknown column": ("dataset: small\nquery: {aggregates: [{kind: sum, column: y, lower: 0, upper: 1}]}\n"
-                            "epsilon: 1\n", "column 'y' is not in the input"),
-    "sql bounds reversed": ("dataset: small\nsql: SELECT WITH ANONYMIZATION g, ANON_SUM(x, 5, 1) AS t FROM small "
-                            "GROUP BY g\nepsilon: 1\n", "exceeds upper bound"),
+    "sql unknown table": (("dataset: small\nsql: SELECT WITH ANONYMIZATION g, ANON_COUNT(*, 1) AS n FROM other "
+                          "GROUP BY g\nepsilon: 1\n"), "other"),
+    "sql groups by the unit": (("dataset: small\nsql: SELECT WITH ANONYMIZATION uid, ANON_COUNT(*, 1) AS n FROM small "
+                               "GROUP BY uid\nepsilon: 1\n"), "privacy unit"),
+    "spec average of text": (("dataset: small\nquery: {aggregates: [{kind: avg, column: s, lower: 0, upper: 1}]}\n"
+                             "epsilon: 1\n"), "needs a numeric column, but 's' has type VARCHAR"),
+    "spec unknown column": (("dataset: small\nquery: {aggregates: [{kind: sum, column: y, lower: 0, upper: 1}]}\n"
+                            "epsilon: 1\n"), "column 'y' is not in the input"),
+    "sql bounds reversed": (("dataset: small\nsql: SELECT WITH ANONYMIZATION g, ANON_SUM(x, 5, 1) AS t FROM small "
+                            "GROUP BY g\nepsilon: 1\n"), "exceeds upper bound"),
     "spec without aggregates": ("dataset: small\nquery: {aggregates: []}\nepsilon: 1\n", "non-empty list `aggregates`"),
     "spec unknown kind": ("dataset: small\nquery: {aggregates: [{kind: median, column: x}]}\nepsilon: 1\n", "median"),
     "spec unknown aggregate field": ("dataset: small\nquery: {aggregates: [{kind: count, colour: red}]}\nepsilon: 1\n",
                                      "unknown field(s) ['colour']"),
-    "spec quantile out of range": ("dataset: small\nquery: {aggregates: [{kind: quantile, column: x, q: 2, lower: 0, "
-                                   "upper: 9}]}\nepsilon: 1\n", "q must be in [0, 1]"),
-    "spec public keys without group_by": ("dataset: small\nquery: {aggregates: [{kind: count}], public_partitions: "
-                                          "[a]}\nepsilon: 1\n", "no group_by"),
+    "spec quantile out of range": (("dataset: small\nquery: {aggregates: [{kind: quantile, column: x, q: 2, lower: 0, "
+                                   "upper: 9}]}\nepsilon: 1\n"), "q must be in [0, 1]"),
+    "spec public keys without group_by": (("dataset: small\nquery: {aggregates: [{kind: count}], public_partitions: "
+                                          "[a]}\nepsilon: 1\n"), "no group_by"),
     "spec unknown option": ("dataset: small\nquery: {aggregates: [{kind: count}], order_by: [g]}\nepsilon: 1\n",
                             "unknown field(s) ['order_by']"),
 }
@@ -158,7 +158,7 @@ def home(tmp_path_factory):
     (requests / "latin1.yaml").write_bytes("dataset: Köln\n".encode("latin-1"))
     (requests / "good.yaml").write_text(f"dataset: small\nsql: {SQL}\nepsilon: 1\n")
     assert invoke("init")[0] == 0
-    code, out, err = invoke("dataset", "register", "small", str(root / "small.csv"), "--unit", "uid", "--epsilon-cap", "5")
+    code, _, err = invoke("dataset", "register", "small", str(root / "small.csv"), "--unit", "uid", "--epsilon-cap", "5")
     assert code == 0, err
     yield root
     if saved is None:
@@ -212,7 +212,7 @@ def test_bad_file_is_refused_at_registration_and_by_the_engine_alike(home, case,
 @pytest.mark.parametrize("case", list(BAD_REQUESTS), ids=list(BAD_REQUESTS))
 def test_bad_request_is_refused_before_any_flow(home, case):
     index = list(BAD_REQUESTS).index(case)
-    text, words = BAD_REQUESTS[case]
+    words = BAD_REQUESTS[case][1]
     line = refused(home, "release", home / "requests" / f"r{index}.yaml", "--approve-as", "alice", words=words)
     if case not in ("unknown dataset", "over the budget") and "sql" not in case and "spec" not in case:
         assert f"r{index}.yaml" in line, "a malformed request names its file"
@@ -271,6 +271,15 @@ def test_unusable_escrow_key_is_one_line(home, env, words, command):
 def test_debug_shows_the_traceback(home):
     result = CliRunner().invoke(app, ["--debug", "budget", "nosuch"])
     assert result.exit_code != 0 and "unknown dataset" in str(result.exception)
+
+
+def test_an_unexpected_error_is_one_line_that_says_it_is_a_bug():
+    from cli.errors import EXIT_BUG, describe, one_line
+
+    message, code = describe(TypeError("unhashable type: 'numpy.ndarray'"))
+    assert code == EXIT_BUG and "a bug" in message and "--debug" in message
+    assert one_line("Data checks FAILED\nFAIL expect_column_values_to_not_be_null [uid]: 2") == (
+        "Data checks FAILED; FAIL expect_column_values_to_not_be_null [uid]: 2")
 
 
 # --- data rules of the engine API -------------------------------------------------------------------
@@ -348,9 +357,11 @@ def test_process_corrupted_blob_and_wrong_key_file_are_one_line_after_the_flow_s
     the wrong key is a valid key file of another home. Both processes run at once."""
     from cryptography.fernet import Fernet
 
-    (home / "fragile.csv").write_text(GOOD_CSV + "999,a,1,t0\n")
-    code, _, err = invoke("dataset", "register", "fragile", home / "fragile.csv", "--unit", "uid", "--epsilon-cap", "5")
-    assert code == 0, err
+    for name, extra in (("fragile", "999,a,1,t0\n"), ("locked", "998,b,2,t1\n")):  # blobs of their own
+        (home / f"{name}.csv").write_text(GOOD_CSV + extra)
+        code, _, err = invoke("dataset", "register", name, home / f"{name}.csv", "--unit", "uid", "--epsilon-cap", "5")
+        assert code == 0, err
+        (home / f"{name}.yaml").write_text(f"dataset: {name}\nsql: {SQL.replace('small', name)}\nepsilon: 1\n")
     from dprelease.settings import Settings
     from dprelease.store import Store
 
@@ -360,10 +371,9 @@ def test_process_corrupted_blob_and_wrong_key_file_are_one_line_after_the_flow_s
     other_keys.mkdir(mode=0o700)
     (other_keys / "escrow.key").write_bytes(Fernet.generate_key())
     (other_keys / "escrow.key").chmod(0o600)
-    (home / "fragile.yaml").write_text(f"dataset: fragile\nsql: {SQL.replace('small', 'fragile')}\nepsilon: 1\n")
     before = state(home)
     runs = [start_cli(home, "release", home / "fragile.yaml", "--approve-as", "alice"),
-            start_cli(home, "release", home / "requests" / "good.yaml", "--approve-as", "alice",
+            start_cli(home, "release", home / "locked.yaml", "--approve-as", "alice",
                       env={"DPRELEASE_KEY_DIR": str(other_keys)})]
     for process in runs:
         out, err = process.communicate(timeout=600)
