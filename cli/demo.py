@@ -19,6 +19,8 @@ SQL = """SELECT WITH ANONYMIZATION education,
        ANON_AVG(hours_per_week, 1, 99) AS weekly_hours
 FROM adult
 GROUP BY education"""
+#: how long the demo waits for its temporary Prefect server to answer /health
+DEMO_SERVER_STARTUP_TIMEOUT_S = 180
 
 #: the demo's release request: epsilon from the risk model, the smallest total epsilon at which the
 #: count of people per education level is within +-10 at 90% (the attacker's target: a person's
@@ -41,7 +43,9 @@ def prepare_environment() -> Path:
     os.environ.setdefault("PREFECT_HOME", str(home / "prefect"))
     os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")  # a busy machine starts it slowly
+    # Prefect polls its temporary server's /health until it answers; its default patience (20 s of
+    # polling) is too short on a loaded machine, where the first start can take longer
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", str(DEMO_SERVER_STARTUP_TIMEOUT_S))
     return home
 
 

@@ -132,17 +132,53 @@ def test_approve_publishes_a_verifiable_report_and_commits_once(platform_env):
     assert not list(platform_env.publication_dir.rglob("controller*"))
 
 
+#: labels under which the controller report shows raw-data numbers (case-insensitive)
+CONTROLLER_LABELS = ("controller only", "not differentially private", "partition loss", "clamping loss",
+                     "contribution bounding", "exact against released", "raw against private", "pri range",
+                     "controller_only", "controller report")
+
+
+def _published_text(directory: Path) -> str:
+    return "\n".join(p.read_bytes().decode("utf-8", "replace") for p in sorted(directory.rglob("*")) if p.is_file())
+
+
 def test_analyst_outputs_hold_no_controller_only_numbers(platform_env):
+    """The folder that is actually published (every file, not the renderer's output) holds no
+    controller-only label, field or exact value; the controller report stays in the archive."""
+    from dprelease.reporting import pages
+
     platform, rel, box = decide(platform_env, "approve")
     directory = Path(box["result"]["directory"])
-    planned_result = _sealed_result(platform, rel.id)
-    exact = planned_result.controller_only.exact
-    published = b"".join(p.read_bytes() for p in directory.rglob("*") if p.is_file())
-    text = published.decode()
-    for word in ("partition loss", "clamping loss", "controller_only", "pairs_dropped", "PRI range"):
-        assert word not in text, word
-    for value in exact["avg_age"]:  # exact means have many digits: none may appear
-        assert f"{value:.6f}" not in text
+    sealed = _sealed_result(platform, rel.id)
+    published = _published_text(directory).lower() + "\n" + (platform_env.publication_dir / "index.html").read_text().lower()
+    for label in CONTROLLER_LABELS:
+        assert label not in published, f"controller-only label {label!r} published"
+    for key in sealed.controller_only.summary():  # field names (their plain-words labels are above)
+        assert "_" not in key or key.lower() not in published, key
+    # the archived controller report is what a leak would look like: no published file equals it or
+    # shares its controller-only section
+    controller_page = (platform_env.archive_dir / rel.id / "controller" / "controller.html").read_text()
+    assert "controller only" in controller_page.lower()  # the scan above looks for the right thing
+    for path in directory.rglob("*"):
+        if path.is_file():
+            assert path.read_bytes() != controller_page.encode(), f"{path.name} is the controller report"
+    # exact values: every exact aggregate of a released group, as the controller report prints it and
+    # at full precision, where it differs from what was released
+    exact = sealed.controller_only.exact
+    released = sealed.table
+    keys = list(sealed.query.group_by)
+    merged = exact.merge(released[keys], on=keys)
+    assert len(merged) == len(released)
+    leaked = []
+    for column in ("avg_age",):  # exact means have many digits: a coincidence is negligible
+        for value in merged[column]:
+            if round(value, 3) == value:
+                continue  # a round mean (tiny group) could coincide with another number
+            for shown in (f"{value:.6f}", repr(float(value))):
+                if shown.lower() in published:
+                    leaked.append(shown)
+    assert not leaked, f"exact values published: {leaked[:5]}"
+    assert pages.fmt_number(merged["avg_age"].iloc[0]) in controller_page  # the controller does see them
 
 
 def _sealed_result(platform, release_id):
