@@ -22,11 +22,20 @@ from .noise import secure_uniform
 from .release import MechanismRecord
 
 
+def _present(m) -> bool:
+    """A partition's {bin: count} map holds counts (None or pandas NA: a partition with no rows,
+    e.g. a public partition absent from the data)."""
+    try:
+        return bool(m)
+    except TypeError:  # pandas NA is neither true nor false
+        return False
+
+
 def dense_histograms(maps: list, bins: int) -> np.ndarray:
     """Per-partition {bin: count} maps (None when empty) to a dense (P, bins) count matrix."""
     out = np.zeros((len(maps), bins), dtype=np.float64)
     for row, m in enumerate(maps):
-        if m:
+        if _present(m):
             items = m.items() if isinstance(m, dict) else zip(m["key"], m["value"])
             for b, c in items:
                 out[row, int(b)] += c

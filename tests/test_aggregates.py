@@ -59,3 +59,16 @@ def test_public_keys_are_compared_in_the_column_type():
         dp.execute(dp.Query([dp.count()], privacy_unit="uid", group_by=("g",), epsilon=1.0, public_partitions=[1, "1"]), df)
     with pytest.raises(dp.InvalidQueryError, match="do not fit"):
         dp.execute(dp.Query([dp.count()], privacy_unit="uid", group_by=("g",), epsilon=1.0, public_partitions=["x"]), df)
+
+
+def test_quantile_over_a_public_partition_with_no_rows_is_released():
+    """A public partition absent from the data still gets its quantile (the exponential mechanism
+    over an empty histogram: uniform over [L, U]), instead of failing on the missing histogram."""
+    import dp_core as dp
+
+    df = pd.DataFrame({"u": range(100), "g": ["a"] * 100, "x": range(100)})
+    query = dp.Query([dp.median("x", 0, 100)], privacy_unit="u", group_by=("g",), epsilon=1.0,
+                     public_partitions=["a", "b"])
+    table = dp.execute(query, df).table.set_index("g")
+    assert set(table.index) == {"a", "b"}
+    assert 0 <= table.loc["b", "median_x"] <= 100

@@ -186,13 +186,13 @@ def _compile_or_refuse(company, sql):
         pass
 
 
-@settings(max_examples=int(__import__("os").environ.get("FUZZ_EXAMPLES", 150)), deadline=2000, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=int(__import__("os").environ.get("FUZZ_EXAMPLES", 150)), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.sampled_from(FRAGMENTS), min_size=1, max_size=25))
 def test_fuzz_generated_sql_compiles_or_raises_our_error(company, words):
     _compile_or_refuse(company, " ".join(words))
 
 
-@settings(max_examples=int(__import__("os").environ.get("FUZZ_EXAMPLES", 150)), deadline=2000, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=int(__import__("os").environ.get("FUZZ_EXAMPLES", 150)), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(base=st.sampled_from(VALID + [s for s, _ in FORBIDDEN]), cut=st.integers(0, 400), insert=st.sampled_from(FRAGMENTS),
        drop=st.integers(0, 12))
 def test_fuzz_mutated_sql_compiles_or_raises_our_error(company, base, cut, insert, drop):
