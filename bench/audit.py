@@ -17,10 +17,9 @@ from pathlib import Path
 AUDIT_DIR = Path(__file__).resolve().parents[1] / "tests" / "audit"
 sys.path.insert(0, str(AUDIT_DIR))
 
-import pytest  # noqa: E402
-
-import cases  # noqa: E402
-import test_audit  # noqa: E402
+import cases
+import pytest
+import test_audit
 
 
 def run_broken(variant: str, runs: int):

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+import harness
 import numpy as np
 import pandas as pd
 
@@ -20,8 +21,6 @@ from dp_core import pri
 from dp_core.accounting import plan_budget
 from dp_core.backend import DuckDBBackend
 from dp_core.sql import Table, compile_for
-
-import harness
 
 STAR_PARTITIONS = ("p0", "p1", "p2", "p3", "p4", "n0", "n1", "n2")
 BASE_PARTITIONS = tuple(f"p{i}" for i in range(6))

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import cases
 import numpy as np
 import pytest
 
-import cases
 import dp_core.aggregates as aggregates_module
 import dp_core.bounds as bounds_module
 import dp_core.engine as engine_module
