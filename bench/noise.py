@@ -18,7 +18,7 @@ import numpy as np
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from dp_core import noise  # noqa: E402
+from dp_core import noise
 
 REPEATS = 5
 
@@ -65,8 +65,8 @@ def main() -> None:
         ("gaussian", noise.discrete_gaussian, float_discrete_gaussian, (0.5, 3.3, 100.0, 2.0**16, 2.0**24)),
     ):
         for scale in scales:
-            r_exact = rate(lambda n: exact(scale, n), args.n)
-            r_old = rate(lambda n: old(scale, n), args.n)
+            r_exact = rate(lambda n, f=exact, s=scale: f(s, n), args.n)
+            r_old = rate(lambda n, f=old, s=scale: f(s, n), args.n)
             print(f"{name:<10} {scale:>9.4g} {r_exact / 1e6:>10.2f} {r_old / 1e6:>10.2f} {r_exact / r_old:>12.2f}")
 
 

@@ -1,7 +1,7 @@
 """The audited mechanisms: for each, a pair of neighbouring datasets that stresses it, the query,
 and the epsilon (and delta) it claims. Shared by tests/audit/ (CI) and bench/audit.py (long runs).
 
-Neighbours: D1 is a small base population (60 units, 1-3 rows each in partitions p0..p5); D2 adds
+Neighbours: D1 is a small base population (600 units, 1-3 rows each in partitions p0..p5); D2 adds
 ONE unit, `star`, with 12 rows in each of 8 partitions (p0..p4 and three that only it has,
 n0..n2), and extreme values (10^6, far above every upper bound; 2^20 for APPROX_BOUNDS, which
 moves the inferred upper bound). The bounding key is fixed, so both neighbours bound alike.
@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+import harness
 import numpy as np
 import pandas as pd
 
@@ -21,14 +22,13 @@ from dp_core.accounting import plan_budget
 from dp_core.backend import DuckDBBackend
 from dp_core.sql import Table, compile_for
 
-import harness
-
 STAR_PARTITIONS = ("p0", "p1", "p2", "p3", "p4", "n0", "n1", "n2")
 BASE_PARTITIONS = tuple(f"p{i}" for i in range(6))
 
 
-def base_frame(units: int = 60) -> pd.DataFrame:
-    """Deterministic base data: unit u has 1-3 rows in one or two partitions, values in [0, 59]."""
+def base_frame(units: int = 600) -> pd.DataFrame:
+    """Deterministic base data: unit u has 1-3 rows in one or two partitions, values in [0, 59]
+    (about 130 units per partition, so that private partitions are selected)."""
     rows = []
     for u in range(units):
         for r in range(1 + u % 3):
@@ -74,10 +74,10 @@ class Case:
     kind: str = "release"  # release | bounds | sql
     sql: str | None = None
     claimed: float | None = None  # default: the query's epsilon
-    note: str = ""
+    base_units: int = 600
 
     def data(self):
-        d1 = base_frame()
+        d1 = base_frame(self.base_units)
         if self.kind == "bounds":
             return bounds_neighbours(self.query)
         return d1.astype({"value": "float64"}), with_star(d1)
@@ -124,7 +124,10 @@ def cases() -> dict[str, Case]:
                                                     max_partitions_contributed=1, epsilon=2.0)),
         Case("AVG, private partitions", q([dp.avg("value", 0, 100)], epsilon=2.0)),
         Case("VAR, public partitions", q([dp.var("value", 0, 100)], public_partitions=PUBLIC, epsilon=2.0)),
-        Case("MEDIAN, private partitions", q([dp.median("value", 0, 100)], epsilon=2.0)),
+        # public partitions that all hold data (an empty public partition breaks MEDIAN today:
+        # dense_histograms meets pd.NA), a small base and 64 bins: the histograms are dense (runs x bins)
+        Case("MEDIAN, public partitions", q([dp.median("value", 0, 100)], epsilon=2.0, quantile_bins=64,
+                                            public_partitions=tuple((k,) for k in BASE_PARTITIONS)), base_units=60),
         Case("COUNT + SUM, Gaussian (zCDP pooled)", q([dp.count(5), dp.sum_("value", 0, 100)], noise="gaussian",
                                                        public_partitions=PUBLIC, epsilon=2.0)),
         Case("APPROX_BOUNDS, dataset", q([dp.sum_("value", 0, None)], public_partitions=PUBLIC, epsilon=2.0),

@@ -43,7 +43,8 @@ from dp_core.query import Query
 
 REPORT_ALPHA = 0.005  # each side: the pair holds at 99%
 GATE_ALPHA = 5e-8  # each side: the pair holds at 1 - 1e-7
-TRAIN_ALPHA = 0.05  # only ranks events on the training half
+TRAIN_ALPHA = GATE_ALPHA  # ranks events on the training half as the gate will judge them (favours events with mass)
+CHUNK = 50_000  # releases tiled into one engine call
 #: the bounding key, fixed for both neighbours; with it the star (C_u = 2) keeps one existing
 #: partition (p0) and one that only it has (n2), so values and selection are both stressed
 SEED = 1
@@ -78,8 +79,13 @@ class AuditResult:
 
 
 def exact_rows(query: Query, data, seed: int = SEED) -> engine.ExactStatistics:
-    """The deterministic, data-dependent part of the release (bounding key fixed)."""
-    return engine.exact_statistics(query, data, bounding_seed=seed, budget=plan_budget(query))
+    """The deterministic, data-dependent part of the release (bounding key fixed). The quantile's
+    choice of a unit's row uses DuckDB's random(): it is coupled across the neighbours too (one
+    thread, a fixed DuckDB seed, D2's extra rows last), so common units read the same rows."""
+    backend = data if isinstance(data, DuckDBBackend) else DuckDBBackend.for_input(data, threads=1)
+    backend.connection.execute("SET threads = 1").fetchall()
+    backend.connection.execute(f"SELECT setseed({(seed % 1000) / 1000.0})").fetchall()
+    return engine.exact_statistics(query, backend, bounding_seed=seed, budget=plan_budget(query))
 
 
 def tiled_release(stats: engine.ExactStatistics, runs: int) -> pd.DataFrame:
@@ -163,9 +169,16 @@ def release_samples(query: Query, d1, d2, runs: int) -> tuple[np.ndarray, np.nda
     """Released values of `runs` releases on each neighbour (same feature layout)."""
     s1, s2 = exact_rows(query, d1), exact_rows(query, d2)
     keys = differing_partitions(s1, s2)
-    x1, names = features(tiled_release(restrict(s1, keys), runs), s1.query, keys, runs)
-    x2, _ = features(tiled_release(restrict(s2, keys), runs), s2.query, keys, runs)
+    r1, r2 = restrict(s1, keys), restrict(s2, keys)
+    names = features(tiled_release(r1, 1), s1.query, keys, 1)[1]
+    x1 = np.vstack([features(tiled_release(r1, n), s1.query, keys, n)[0] for n in chunks(runs)])
+    x2 = np.vstack([features(tiled_release(r2, n), s2.query, keys, n)[0] for n in chunks(runs)])
     return x1, x2, names
+
+
+def chunks(runs: int, size: int = CHUNK) -> list[int]:
+    """Run counts of at most `size` adding up to `runs` (bounded memory for long runs)."""
+    return [size] * (runs // size) + ([runs % size] if runs % size else [])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -226,6 +239,11 @@ def bounds_value(layout, first: int, last: int, integer: bool) -> tuple[float, f
 def bounds_samples(query: Query, index: int, hists: dict, keys: list, integer: bool, signed: bool,
                    runs: int) -> np.ndarray:
     """(runs, 2 x partitions): first and last bin above the threshold (-1: none), R releases."""
+    return np.vstack([_bounds_chunk(query, index, hists, keys, integer, signed, n) for n in chunks(runs)])
+
+
+def _bounds_chunk(query: Query, index: int, hists: dict, keys: list, integer: bool, signed: bool,
+                  runs: int) -> np.ndarray:
     share = plan_budget(query).bounds_shares[index]
     cu = query.effective_max_partitions
     layout = bounds_module.bin_layout(integer, signed)
@@ -327,7 +345,7 @@ def _statistics(x: np.ndarray, train1: np.ndarray, train2: np.ndarray) -> tuple[
     usable = np.isfinite(m1) & np.isfinite(m2) & (sd > 0) & present_any.all(axis=0)
     if usable.sum() > 1:
         sign = np.sign(m2 - m1)
-        z = (x[:, usable] - np.nanmean(both, axis=0)[usable]) / sd[usable]
+        z = (x[:, usable] - np.nanmean(both[:, usable], axis=0)) / sd[usable]
         stats_.append(np.nansum(z * sign[usable], axis=1))
         names.append("aligned sum")
     return stats_, names

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import cases
 import numpy as np
 import pytest
 
-import cases
 import dp_core.aggregates as aggregates_module
 import dp_core.bounds as bounds_module
 import dp_core.engine as engine_module
@@ -103,3 +103,23 @@ def test_broken_variant_is_caught(variant, monkeypatch):
     result = cases.audit(cases.cases()[case_name], RUNS)
     print(f"[{variant}] {result.line()}")
     assert result.violated, f"{variant} was not caught: {result.line()}"
+
+
+def test_approx_bounds_bins_follow_the_noisy_counts(monkeypatch):
+    """Issue 19's defect class, as behaviour: with a noisy histogram that disagrees with the exact
+    one, the bounds are read off the noisy counts (and the published counts are those)."""
+    from dp_core.accounting import Share
+
+    layout = bounds_module.bin_layout(True, False)
+    share = Share("bounds", 1.0)
+    k = bounds_module.discrete_threshold(1.0, 1, len(layout), 1e-9)
+    exact = {(False, 3): 10 * k, (False, 10): 10 * k}  # exact: bins 3 and 10 stand out
+    noisy = np.zeros(len(layout))
+    noisy[[2, 6]] = k + 1  # noisy: bins 2 and 6 do, 3 and 10 do not
+    real = bounds_module.add_noise
+    monkeypatch.setattr(bounds_module, "add_noise",
+                        lambda values, **kw: replace(real(values, **kw), values=noisy.copy()))
+    got = bounds_module.infer_bounds(exact, label="x", integer=True, signed=False, share=share, max_partitions=1,
+                                     failure=1e-9, need_lower=True, need_upper=True)
+    assert (got.lower, got.upper) == (layout[2][2], layout[6][3] - 1)
+    assert list(got.noisy_counts) == list(noisy)
