@@ -141,9 +141,8 @@ def _register(con, name: str, data) -> None:
             raise InvalidDataError(f"cannot read {path} as {kind}: {first}") from None
     elif _is_batch_stream(data):
         _load_stream(con, name, data)
-    elif isinstance(data, pd.DataFrame) or type(data).__module__.startswith("pyarrow"):
-        con.register(name, data)
-    elif hasattr(data, "__arrow_c_stream__"):  # a replayable Arrow stream: each scan reads it afresh
+    elif (isinstance(data, pd.DataFrame) or type(data).__module__.startswith("pyarrow")
+          or hasattr(data, "__arrow_c_stream__")):  # the last: a replayable Arrow stream, read afresh per scan
         con.register(name, data)
     else:
         raise InvalidDataError(
