@@ -28,7 +28,7 @@ def _logger():
             from prefect.logging import get_run_logger
 
             return get_run_logger()
-        except Exception:  # noqa: BLE001 - outside a flow or task run: the module logger
+        except Exception:  # noqa: BLE001, S110 - outside a flow or task run: the module logger
             pass
     if not _log.handlers and not logging.getLogger().handlers:
         handler = logging.StreamHandler(sys.stderr)

@@ -135,3 +135,16 @@ def test_import_dp_core_and_cli_help_stay_light():
                              capture_output=True, text=True, check=True).stdout.split()
         loaded = {m.split(".")[0] for m in out}
         assert not loaded & set(refused), (code, sorted(loaded & set(refused)))
+
+
+def test_register_and_checks_report_progress(home, tmp_path, caplog, monkeypatch):
+    """Without a terminal, every long step logs its progress (lines, not silence)."""
+    import logging
+
+    monkeypatch.setenv("DPRELEASE_PROGRESS", "log")
+    caplog.set_level(logging.INFO, logger="dprelease.progress")
+    admin.register_dataset(home, "p", _data(tmp_path / "p.csv", 1000), "uid", epsilon_cap=5.0)
+    assert pipeline.check_data(Platform.open(home), "p").success
+    text = caplog.text
+    assert "seal p.csv (Parquet, encrypted): 1,000 rows, done in" in text
+    assert "data checks: p: 1,000 rows read" in text and "great-expectations" in text

@@ -87,13 +87,13 @@ def test_unsupported_suffix_and_misnamed_file_refused(tmp_path):
 def test_wrong_key_and_tampering_refused(tmp_path):
     settings = _settings(tmp_path)
     key = load_or_create_key(settings, create=True)
-    blob, digest, fmt = seal_file(_write(_frame(), tmp_path / "d.csv"), settings, key)
+    blob, digest, _ = seal_file(_write(_frame(), tmp_path / "d.csv"), settings, key)
 
     with pytest.raises(EscrowError, match="wrong escrow key"):
         open_blob(blob, Fernet.generate_key(), digest)
 
     # a validly encrypted blob of another file (swapped blob) fails the fingerprint check
-    other, other_digest, _ = seal_file(_write(_frame().head(1), tmp_path / "other.csv"), settings, key)
+    other, _, _ = seal_file(_write(_frame().head(1), tmp_path / "other.csv"), settings, key)
     with pytest.raises(EscrowError, match="does not match the registered fingerprint"):
         open_blob(other, key, digest)
     with pytest.raises(EscrowError, match="wrong escrow key or the blob was altered"):  # header changed

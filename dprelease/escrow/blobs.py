@@ -7,7 +7,8 @@
   held in memory whole, and every registration gets its own blob (no blob is shared between
   datasets, so removing one never harms another).
 - `open_batches` gives the rows back as a pyarrow RecordBatchReader that decrypts and decodes one
-  row group at a time (no plaintext file, no pandas copy): the engine's input.
+  row group at a time (no plaintext file, no pandas copy); `EscrowRows` is the replayable form
+  the engine scans (a fresh reader per scan).
 - Blobs of the first format (one Fernet token over the whole source file, `.fernet`) stay
   readable: `open_batches` / `open_blob` / `load_frame` tell the formats apart by their header.
 """
@@ -37,7 +38,6 @@ from .keys import _checked_key
 # suffix (lower case) -> file_format recorded in the store; longest suffixes first
 SUFFIX_FORMATS = ((".csv.gz", "csv.gz"), (".csv", "csv"), (".parquet", "parquet"), (".pq", "parquet"))
 BLOB_SUFFIX = ".escrow"  # chunked AEAD blobs (stream.py)
-LEGACY_SUFFIX = ".fernet"  # the first format: one Fernet token, read only
 BATCH_ROWS = 1_000_000  # rows per Parquet row group at rest = rows per batch read back
 
 
@@ -293,14 +293,6 @@ def _observed(batches: Iterator[pa.RecordBatch], on_batch) -> Iterator[pa.Record
 
 def _legacy_table(data: bytes, file_format: str) -> pa.Table:
     return pa.Table.from_pandas(parse_bytes(data, file_format), preserve_index=False)
-
-
-def blob_row_count(blob_path: Path | str, key: bytes, expected_fingerprint: str) -> int | None:
-    """Rows in a v1 blob, from the Parquet footer (None for a legacy blob)."""
-    if not stream.is_stream_blob(Path(blob_path)):
-        return None
-    with stream.DecryptingFile(blob_path, _checked_key(key, "the caller"), expected_fingerprint) as plain:
-        return pq.ParquetFile(plain).metadata.num_rows
 
 
 def open_blob(blob_path: Path | str, key: bytes, expected_fingerprint: str) -> bytes:

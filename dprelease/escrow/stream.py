@@ -147,7 +147,7 @@ class DecryptingFile(io.RawIOBase):
         super().__init__()
         self.path = Path(path)
         try:
-            self._file = open(self.path, "rb")
+            self._file = open(self.path, "rb")  # noqa: SIM115 - held open until close()
         except FileNotFoundError:
             raise EscrowError(f"the escrow blob {self.path} is missing: register the dataset again") from None
         header = self._file.read(HEADER_SIZE)
@@ -155,7 +155,7 @@ class DecryptingFile(io.RawIOBase):
         if len(header) < HEADER_SIZE or not header.startswith(MAGIC):
             self._file.close()
             raise EscrowError(f"{self.path} is not an escrow blob (bad header): register the dataset again")
-        magic, version, chunk_size, salt, self._prefix = _FIXED.unpack(header[:FIXED_SIZE])
+        _magic, version, chunk_size, salt, self._prefix = _FIXED.unpack(header[:FIXED_SIZE])
         if version != VERSION:
             self._file.close()
             raise EscrowError(f"the escrow blob {self.path} has format version {version}; this dprelease reads "
