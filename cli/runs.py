@@ -103,6 +103,10 @@ def stop_temporary_server() -> None:
         from prefect.server.api.server import SubprocessASGIServer
 
         for server in list(SubprocessASGIServer._instances.values()):
+            if server.server_process is not None:  # its database is private and about to go: no
+                server.server_process.kill()       # graceful shutdown (which prints tracebacks)
+                server.server_process.wait(5)
+                server.server_process = None
             server.stop()
     except Exception:  # noqa: BLE001 - the process is ending anyway
         pass
