@@ -81,7 +81,7 @@ class Command:
         if tty:
             os.close(slave)
 
-    def wait(self, timeout: float = 600) -> int:
+    def wait(self, timeout: float = 1500) -> int:
         try:
             return self.proc.wait(timeout)
         finally:
