@@ -30,6 +30,7 @@ from dprelease.store import StoreError
 
 SERVER_START_TIMEOUT_S = 300
 PREFECT_DB_ENV = "PREFECT_API_DATABASE_CONNECTION_URL"
+_stopping = threading.Lock()  # held by the one thread that stops this command's run
 _private_dirs: list[Path] = []  # this process's private Prefect databases (removed at exit)
 SIGNAL_NAMES = {signal.SIGINT: "SIGINT", signal.SIGTERM: "SIGTERM"}
 
@@ -102,6 +103,10 @@ def stop_temporary_server() -> None:
         from prefect.server.api.server import SubprocessASGIServer
 
         for server in list(SubprocessASGIServer._instances.values()):
+            if server.server_process is not None:  # its database is private and about to go: no
+                server.server_process.kill()       # graceful shutdown (which prints tracebacks)
+                server.server_process.wait(5)
+                server.server_process = None
             server.stop()
     except Exception:  # noqa: BLE001 - the process is ending anyway
         pass
@@ -204,6 +209,9 @@ def _watch_cancellation(platform: pipeline.Platform, run: OwnRun, request, every
 
 def _stop_and_exit(platform: pipeline.Platform, run: OwnRun | None, request, signum: int | None) -> None:
     """The one way an interrupted (signum) or cancelled (None) command ends (module docstring)."""
+    if not _stopping.acquire(blocking=False):  # a signal and a cancellation at once: the first one acts
+        while True:
+            time.sleep(60)
     name = SIGNAL_NAMES.get(signum, str(signum)) if signum is not None else "cancelled in the Prefect UI"
     if run is None:
         _exit(f"interrupted ({name}) before the release started: nothing was reserved", signum)
@@ -243,15 +251,9 @@ def _cancel_flow_run(flow_run_id: str, reason: str, wait_s: float = 5.0) -> None
     thread.join(wait_s)
 
 
-_exiting = threading.Lock()
-
-
 def _exit(message: str, signum: int | None) -> None:
     """Print the one line, stop the temporary server, and end the process at once (the flow's
     thread with it): 128 + the signal number, or 1 for a cancellation."""
-    if not _exiting.acquire(blocking=False):  # a signal and a cancellation at once: the first one speaks
-        while True:
-            time.sleep(60)
     print(f"dprelease: {message}", file=sys.stderr, flush=True)
     sys.stdout.flush()
     stop_temporary_server()

@@ -45,10 +45,15 @@ def answer(flow_run_id: str, decision: str, reviewer: str, comment: str = "", ti
 
 def cancel_flow_run(flow_run_id: str, reason: str) -> None:
     """Mark a flow run Cancelled (its process is gone or stopping): the UI then shows the truth
-    instead of a run Running or Paused forever. Best effort: an unreachable server is ignored."""
+    instead of a run Running or Paused forever. Best effort: an unreachable server is ignored.
+    Without PREFECT_API_URL there is no shared server to correct (a command's temporary server keeps
+    its runs in a private database that ends with it)."""
     from prefect import get_client
+    from prefect.settings import PREFECT_API_URL
     from prefect.states import Cancelled
 
+    if not PREFECT_API_URL.value():
+        return
     try:
         with get_client(sync_client=True) as client:
             client.set_flow_run_state(flow_run_id, Cancelled(message=reason[:200]), force=True)

@@ -51,7 +51,7 @@ def ops(tmp_path_factory):
     admin.init(settings)
     admin.register_dataset(settings, "adult", DATA, "person_id", epsilon_cap=100.0, add_row_id=True)
     (root / "request.yaml").write_text(REQUEST)
-    with prefect_test_harness(server_startup_timeout=180):
+    with prefect_test_harness(server_startup_timeout=300):
         env = {k: v for k, v in os.environ.items() if not k.startswith(("DPRELEASE_", "PREFECT_"))}
         env.update(DPRELEASE_HOME=str(settings.home), PREFECT_API_URL=PREFECT_API_URL.value(),
                    PREFECT_HOME=str(root / "prefect"), PREFECT_SERVER_ANALYTICS_ENABLED="false",
@@ -81,7 +81,7 @@ class Command:
         if tty:
             os.close(slave)
 
-    def wait(self, timeout: float = 600) -> int:
+    def wait(self, timeout: float = 1500) -> int:
         try:
             return self.proc.wait(timeout)
         finally:
