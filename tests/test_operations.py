@@ -49,15 +49,29 @@ def ops(tmp_path_factory):
     root = tmp_path_factory.mktemp("ops")
     settings = Settings.from_env({"DPRELEASE_HOME": str(root / "home")})
     admin.init(settings)
-    admin.register_dataset(settings, "adult", DATA, "person_id", epsilon_cap=100.0, add_row_id=True)
+    admin.register_dataset(settings, "adult", DATA, "person_id", epsilon_cap=100.0, add_row_id=True,
+                           risk_profile={"max_risk": 0.5})
     (root / "request.yaml").write_text(REQUEST)
+    operator_key = _controller_key(settings, root, "operator")
     with prefect_test_harness(server_startup_timeout=300):
         env = {k: v for k, v in os.environ.items() if not k.startswith(("DPRELEASE_", "PREFECT_"))}
         env.update(DPRELEASE_HOME=str(settings.home), PREFECT_API_URL=PREFECT_API_URL.value(),
                    PREFECT_HOME=str(root / "prefect"), PREFECT_SERVER_ANALYTICS_ENABLED="false",
                    PREFECT_LOGGING_LEVEL="WARNING", PYTHONPATH=str(ROOT),
-                   PREFECT_CLIENT_MAX_RETRIES="10")  # the module's one SQLite-backed server is busy
+                   PREFECT_CLIENT_MAX_RETRIES="10",  # the module's one SQLite-backed server is busy
+                   DPRELEASE_CONTROLLER_KEY=str(operator_key))  # decisions are signed (issue 13)
         yield {"settings": settings, "env": env, "root": root, "request": root / "request.yaml"}
+
+
+def _controller_key(settings, root: Path, name: str) -> Path:
+    """A registered controller's private key (created once per name): commands sign with it."""
+    from dprelease import decisions
+
+    key = root / "controllers" / f"{name}.pem"
+    if not key.exists():
+        key.parent.mkdir(exist_ok=True)
+        decisions.create_controller(settings, name, key)
+    return key
 
 
 class Command:
@@ -68,6 +82,9 @@ class Command:
         self.out, self.err = ops["root"] / f"{name}.out", ops["root"] / f"{name}.err"
         self.marker = ops["root"] / f"{name}.marker"
         env = dict(ops["env"])
+        if "--approve-as" in args:  # approving as NAME: signed with NAME's own registered key
+            approver = args[args.index("--approve-as") + 1]
+            env["DPRELEASE_CONTROLLER_KEY"] = str(_controller_key(ops["settings"], ops["root"], approver))
         if pause_at:
             env.update(DPRELEASE_TEST_PAUSE_AT=pause_at, DPRELEASE_TEST_PAUSE_MARKER=str(self.marker))
         self.terminal = None
@@ -127,7 +144,7 @@ def _until(predicate, what: str, timeout: float = 600, commands=()):
 def _at_prompt(command: Command) -> str | None:
     """The release id once the command shows the approval prompt for its paused run."""
     release_id = command.release_id()
-    if release_id and "Approve this release?" in command.out.read_text():
+    if release_id and "Approve or reject this release?" in command.out.read_text():
         return release_id
     return None
 
@@ -232,7 +249,7 @@ def test_kill_9_at_each_step_then_recovery_leaves_the_budget_exact(ops):
     assert all(ids.values()), ids
 
     # approve on a paused run whose process is gone: the truth, non-zero, and the budget refunded
-    done = subprocess.run([CLI, "approve", ids["paused"], "--reviewer", "alice"], check=False, env=ops["env"],
+    done = subprocess.run([CLI, "approve", ids["paused"], "--reason", "checked"], check=False, env=ops["env"],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "nothing was approved" in done.stdout and "refunded" in done.stdout, done.stdout
