@@ -1,0 +1,21 @@
+"""The benchmarks run in CI at a small size, so that they keep working between the full runs whose
+figures the README reports (the figures themselves come from full runs, never from here)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_engine_benchmark_with_the_selection_comparison_runs_small():
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "engine.py"), "--rows", "20000", "--units", "2000", "--partitions", "40",
+         "--selections", "1"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    out = done.stdout
+    assert "ratio c/b" in out and "peak memory" in out
+    assert "selection comparison" in out and "MAD / truncated geometric" in out
