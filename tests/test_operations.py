@@ -273,7 +273,10 @@ def test_kill_9_at_each_step_then_recovery_leaves_the_budget_exact(ops):
     from cryptography.fernet import Fernet
 
     sealed = pickle.loads(Fernet(platform.escrow_key()).decrypt(pipeline.sealed_path(platform, published).read_bytes()))[1]
-    assert (directory / "results.csv").read_text() == sealed.table.to_csv(index=False, lineterminator="\n")
+    import pandas as pd
+
+    published_table = pd.read_csv(directory / "results.csv")  # text cells are quoted (spreadsheet-safe CSV)
+    pd.testing.assert_frame_equal(published_table, sealed.table.reset_index(drop=True), check_dtype=False)
     assert published in (ops["settings"].publication_dir / "index.html").read_text()
     assert not list(ops["settings"].publication_dir.glob(".staging-*"))
 
