@@ -18,7 +18,7 @@ import pandas as pd
 
 from .bounding import INPUT_NAME
 from .errors import InvalidDataError
-from .input_checks import check_file, check_frame, missing_as_null
+from .input_checks import check_column_names, check_file, check_frame, missing_as_null
 from .sql_text import ident, literal
 
 NUMERIC_TYPES = ("TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT",
@@ -126,29 +126,20 @@ def _register(con, name: str, data) -> None:
             raise InvalidDataError(f"cannot read {path} as {kind}: {first}") from None
     elif _is_batch_stream(data):
         _load_stream(con, name, data)
-    elif isinstance(data, pd.DataFrame) or type(data).__module__.startswith("pyarrow"):
-        check_frame(data)
+    elif (isinstance(data, pd.DataFrame) or type(data).__module__.startswith("pyarrow")
+          or hasattr(data, "__arrow_c_stream__")):  # the last: a replayable Arrow stream, read afresh per scan
+        if isinstance(data, pd.DataFrame) or hasattr(data, "column_names"):
+            check_frame(data)
+        elif hasattr(data, "schema"):
+            check_column_names(data.schema.names)
         raw = f"_input_{name}"
         con.register(raw, data)  # the view below reads NaN as NULL (DuckDB does so for pandas, not Arrow)
-        con.execute(f"CREATE VIEW {ident(name)} AS {missing_as_null(con, 'SELECT * FROM ' + ident(raw))}")
-    elif hasattr(data, "__arrow_c_stream__"):  # a replayable Arrow stream: each scan reads it afresh
-        if hasattr(data, "schema"):
-            check_frame(_Names(data.schema.names))
-        raw = f"_input_{name}"
-        con.register(raw, data)
         con.execute(f"CREATE VIEW {ident(name)} AS {missing_as_null(con, 'SELECT * FROM ' + ident(raw))}")
     else:
         raise InvalidDataError(
             f"unsupported input type {type(data).__name__}: give a pandas DataFrame, a pyarrow "
             "Table or RecordBatchReader, a CSV/Parquet path or a DuckDB relation"
         )
-
-
-class _Names:
-    """Column names in the shape `input_checks.check_frame` reads (an Arrow schema's names)."""
-
-    def __init__(self, names) -> None:
-        self.column_names = list(names)
 
 
 def _is_batch_stream(data) -> bool:
@@ -158,7 +149,7 @@ def _is_batch_stream(data) -> bool:
 def _load_stream(con, name: str, reader) -> None:
     """A RecordBatchReader can be scanned once and a plan scans its input several times: DuckDB
     reads it batch by batch into an in-memory table (never spilled: see _connect)."""
-    check_frame(_Names(reader.schema.names), "the input stream")
+    check_column_names(reader.schema.names, "the input stream")
     stream_name = f"_stream_{name}"
     con.register(stream_name, reader)
     try:
