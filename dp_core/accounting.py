@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from .errors import InvalidQueryError
 
@@ -70,6 +71,7 @@ def zcdp_delta(rho: float, epsilon: float) -> float:
     return math.exp(min(log_delta(grid[best]), log_delta((lo + hi) / 2.0)))
 
 
+@lru_cache(maxsize=256)
 def rho_from_eps_delta_tight(epsilon: float, delta: float) -> float:
     """The largest rho (to 1e-9 relative) whose zCDP implies (epsilon, delta)-DP by `zcdp_delta`;
     never below `rho_from_eps_delta` (the simple conversion, also valid). At (1/3, 5e-7): 0.00289
@@ -132,7 +134,7 @@ class BudgetPlan:
         return sum(s.delta for s in self.shares)
 
 
-GAUSSIAN_SELECTIONS = ("weighted_gaussian", "mad")  # selection_weighted.py; kept here to avoid an import cycle
+GAUSSIAN_SELECTIONS = ("weighted_gaussian", "mad")  # the selections of selection_weighted.py
 
 
 def _gaussian_selection_share(eps: dict, dlt: dict, weights: dict, gaussian: set, rho_pool: float | None):

@@ -22,11 +22,12 @@ from dataclasses import dataclass
 
 import sqlglot
 
+from .accounting import GAUSSIAN_SELECTIONS
 from .aggregates import AggregatePlan, plan_aggregate
 from .errors import UnsupportedError
 from .query import Query
 from .row_filter import compile_filter
-from .selection_weighted import GAUSSIAN_SELECTIONS, weight_sql
+from .selection_weighted import weight_sql
 from .sql_text import ident, literal
 
 INPUT_NAME = "dp_input"

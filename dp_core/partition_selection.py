@@ -164,7 +164,7 @@ def select_mad(n_units: np.ndarray, share: Share, max_partitions: int, confidenc
     first = rows["_mad_r1"].to_numpy(dtype=bool)
     weights = _weights(rows, "_w2")
     second = noisy_pass(weights, rounds[1])
-    keep = first | (second & ~first)
+    keep = first | second
     return Selection(
         "mad", keep, None, rounds[1]["threshold"] / WEIGHT_ONE,
         f"MaxAdaptiveDegree, two rounds (Chen et al. 2025): round 1 weighted Gaussian with {rounds[0]['rho'] / share.rho:.0%} "

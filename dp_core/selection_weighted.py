@@ -78,19 +78,20 @@ which u is the only unit ("new" partitions: empty in D, never released on D).
 from __future__ import annotations
 
 import math
+from fractions import Fraction
+from functools import lru_cache
 
 import numpy as np
 from scipy.stats import norm
 
 from .accounting import Share
-from .noise import discrete_gaussian
+from .noise import discrete_gaussian, gaussian_parameters
 
 #: weights are integers in units of 2^-16 (a unit of weight 1 is 65,536 steps)
 WEIGHT_BITS = 16
 WEIGHT_ONE = 1 << WEIGHT_BITS
 #: the share of the selection's rho spent in MAD's first round (the rest goes to the second)
 MAD_ROUND_ONE_SHARE = 0.08
-GAUSSIAN_SELECTIONS = ("weighted_gaussian", "mad")
 
 
 def unit_weights(max_partitions: int) -> tuple[int, ...]:
@@ -121,6 +122,7 @@ def new_partition_probability(threshold: int, sigma: float, max_partitions: int)
     return worst
 
 
+@lru_cache(maxsize=256)
 def gaussian_threshold(sigma: float, delta_new: float, max_partitions: int) -> int:
     """The smallest integer threshold T (weight steps) with new_partition_probability <= delta_new."""
     guess = WEIGHT_ONE + 1 + sigma * float(norm.isf(delta_new / max_partitions))
@@ -145,16 +147,19 @@ def selection_rounds(strategy: str, share: Share, max_partitions: int, epsilon_q
     rounds = []
     for f in fractions:
         rho = share.rho * f
-        sigma = WEIGHT_ONE / math.sqrt(2.0 * rho)
-        rounds.append({"rho": rho, "sigma": sigma, "delta_new": delta_new,
+        # the law the sampler draws: its variance is the exact 4^16 / (2 rho) rounded up (noise.py);
+        # the threshold is set for that (wider) noise, so delta_new is not understated
+        law = gaussian_parameters(Fraction(WEIGHT_ONE * WEIGHT_ONE) / (2 * Fraction(rho)))
+        variance = Fraction(law.a * 4**law.j, 1 << law.r)
+        sigma = math.sqrt(variance)
+        rounds.append({"rho": rho, "sigma": sigma, "variance": variance, "delta_new": delta_new,
                        "threshold": gaussian_threshold(sigma, delta_new, max_partitions)})
     return rounds
 
 
 def noisy_pass(weights: np.ndarray, rnd: dict) -> np.ndarray:
     """One Gaussian round: integer weights plus discrete Gaussian noise, kept when >= threshold."""
-    noisy = weights.astype(np.float64) + discrete_gaussian(rnd["sigma"], weights.size)
-    return noisy >= rnd["threshold"]
+    return weights + discrete_gaussian(rnd["sigma"], weights.size, variance=rnd["variance"]) >= rnd["threshold"]
 
 
 def round_one(rows, share: Share, max_partitions: int, epsilon_query: float) -> np.ndarray:
