@@ -227,8 +227,8 @@ def _stop_and_exit(platform: pipeline.Platform, run: OwnRun | None, request, sig
         except StoreError:  # recorded meanwhile by the run itself
             pass
     ledger = store.abandon(run.release_id, "failed", reason)
-    if ledger == "committed":  # approved and publishing: let the publication finish
-        run.worker.join(120)
+    if ledger == "committed":  # approved and publishing: let the run finish it (never two writers)
+        run.worker.join()
     done = recovery.stop(platform, run.release_id, reason)
     _cancel_flow_run(run.flow_run_id, reason)
     status = store.get_release(run.release_id).status

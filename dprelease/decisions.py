@@ -101,8 +101,8 @@ def controller_of_key(store: Store, private_key) -> str:
 def report_fingerprint(settings: Settings, release_id: str) -> str:
     """SHA-256 of the controller report's signed manifest (it lists every file of the report)."""
     manifest = settings.archive_dir / release_id / "controller" / signing.MANIFEST
-    if not manifest.exists():
-        return hashlib.sha256(b"").hexdigest()
+    if not manifest.exists():  # a decision must be bound to the report it was made on
+        raise DecisionRefused(f"release {release_id} has no signed controller report to decide on")
     return hashlib.sha256(manifest.read_bytes()).hexdigest()
 
 

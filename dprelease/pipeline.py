@@ -498,14 +498,6 @@ def check_policy(platform: Platform, request: ReleaseRequest, epsilon: float | N
                                f"(enabled: {sorted(enabled) or 'none'}): nothing was computed")
 
 
-def covering_policy(platform: Platform, request: ReleaseRequest, epsilon: float):
-    """A standing policy with automatic approval that allows this epsilon, if any."""
-    for policy in platform.store.policies_for(request.dataset, request.requested_by):
-        if policy.approval == "auto" and epsilon <= policy.max_epsilon_per_release + 1e-12:
-            return policy
-    return None
-
-
 def reserve(platform: Platform, release_id: str, dataset: str, epsilon: float, delta: float) -> None:
     try:
         platform.store.reserve(dataset, release_id, epsilon, delta)
@@ -594,14 +586,9 @@ def write_index(platform: Platform) -> Path:
 
 
 def refund(platform: Platform, release_id: str, status: str, by: str | None, comment: str = "") -> None:
-    """Reject or expiry: give the reservation back, record the decision, publish nothing."""
-    try:
-        platform.store.refund(release_id)
-    except StoreError as err:  # no reservation yet: nothing to give back
-        if "no budget reservation" not in str(err):
-            raise
-    platform.store.update_release(release_id, status=status, decision_by=by, decision_comment=comment,
-                                  decided_at=datetime.now(UTC))
+    """Reject or expiry: give the reservation back and record the decision, in one transaction
+    (Store.abandon: a release already final, or already committed, is left as it is)."""
+    platform.store.abandon(release_id, status, comment, by)
 
 
 # -- utility signaling (pri.md, "Utility signaling protocol") -----------------------------------

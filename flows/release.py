@@ -42,17 +42,16 @@ class ReleaseDecision(RunInput):
                                  "`dprelease decision sign RELEASE_ID approve|reject --key YOUR_KEY`")
 
 
-def _run_release_ids(platform: pipeline.Platform, run) -> list[str]:
+def run_releases(platform: pipeline.Platform, flow_run_id: str) -> list:
     """The releases a flow run made: its own id, and `<id>-retryN` after a Retry (attempt_release_id)."""
-    base = str(run.id)
-    return [r.id for r in platform.store.list_releases() if r.id == base or r.id.startswith(f"{base}-retry")]
+    return [r for r in platform.store.list_releases() if r.id == flow_run_id or r.id.startswith(f"{flow_run_id}-retry")]
 
 
 def _run_ended(flow_obj, run, state) -> None:
     """Completion and failure hooks: the run's process no longer holds its releases."""
     recovery.release_lease(str(run.id))
-    for release_id in _run_release_ids(pipeline.Platform.open(Settings.from_env()), run):
-        recovery.release_lease(release_id)
+    for release in run_releases(pipeline.Platform.open(Settings.from_env()), str(run.id)):
+        recovery.release_lease(release.id)
 
 
 def _run_stopped(flow_obj, run, state) -> None:
@@ -61,10 +60,10 @@ def _run_stopped(flow_obj, run, state) -> None:
     in a Cancelled state named Rejected too: it is already refunded and final, and stays so."""
     platform = pipeline.Platform.open(Settings.from_env())
     recovery.release_lease(str(run.id))
-    for release_id in _run_release_ids(platform, run):
-        recovery.release_lease(release_id)
+    for release in run_releases(platform, str(run.id)):
+        recovery.release_lease(release.id)
         try:
-            recovery.stop(platform, release_id, f"the flow run was {state.name.lower()}")
+            recovery.stop(platform, release.id, f"the flow run was {state.name.lower()}")
         except StoreError:  # the run ended before it recorded a release
             pass
 
@@ -296,12 +295,10 @@ def attempt_release_id(platform: pipeline.Platform) -> str:
     (failed, expired: refunded, nothing published) a new release of that run, so the retry
     reserves its own budget instead of failing on the old, refunded reservation."""
     base = str(flow_run.id or uuid.uuid4())
-    try:
-        previous = platform.store.get_release(base)
-    except StoreError:
+    attempts = run_releases(platform, base)
+    if not attempts:
         return base
-    attempts = [r for r in platform.store.list_releases() if r.id == base or r.id.startswith(f"{base}-retry")]
-    latest = max(attempts, key=lambda r: r.created_at) if attempts else previous
+    latest = max(attempts, key=lambda r: r.created_at)
     if latest.status in ("failed", "expired", "rejected"):
         return f"{base}-retry{len(attempts)}"
     return latest.id

@@ -178,6 +178,13 @@ def test_analyst_outputs_hold_no_controller_only_numbers(platform_env):
                 if shown.lower() in published:
                     leaked.append(shown)
     assert not leaked, f"exact values published: {leaked[:5]}"
+    # what is published is the sealed DP result itself (not the exact values in its place)
+    import pandas as pd
+
+    pd.testing.assert_frame_equal(pd.read_csv(directory / "results.csv"), released.reset_index(drop=True),
+                                  check_dtype=False)
+    page = (directory / "index.html").read_text()
+    assert all(pages.fmt_number(v) in page for v in released["avg_age"])
     assert pages.fmt_number(merged["avg_age"].iloc[0]) in controller_page  # the controller does see them
 
 
