@@ -191,13 +191,13 @@ def bernoulli_exp_neg_int(v: np.ndarray) -> np.ndarray:
     floor(exp(-v) 2^32); W below is a success, above a failure; equal (probability 2^-32) is
     refined with more bits (`_uniform_below_exp_neg`)."""
     v = np.asarray(v, dtype=np.int64)
-    words = random_halfwords(v.size)
-    thresholds = _EXP_NEG_TABLE[np.minimum(v, 31)]
-    out = words < thresholds
-    out[v == 0] = True
-    tie = np.flatnonzero((v > 0) & (words == thresholds))
-    for i in tie:
-        out[i] = _uniform_below_exp_neg(int(v[i]), int(words[i]), _HALF_BITS)
+    out = np.ones(v.size, dtype=bool)  # exp(-0) = 1: no randomness spent
+    positive = np.flatnonzero(v > 0)
+    words = random_halfwords(positive.size)
+    thresholds = _EXP_NEG_TABLE[np.minimum(v[positive], 31)]
+    out[positive] = words < thresholds
+    for k in np.flatnonzero(words == thresholds):
+        out[positive[k]] = _uniform_below_exp_neg(int(v[positive[k]]), int(words[k]), _HALF_BITS)
     return out
 
 
@@ -228,30 +228,73 @@ def _geometric_slow(prefix: int, bits: int) -> int:
 
 
 def _one_in(k: int, n: int) -> np.ndarray:
-    """Bernoulli(1 / k), n times: a uniform integer below k (32-bit words, rejection) is 0."""
+    """Bernoulli(1 / k), n times: a uniform integer below k (rejection from words of 8, 16 or 32
+    bits, the narrowest that holds k - 1: the CSPRNG's bytes are the sampler's cost) is 0."""
     if k == 1:
         return np.ones(n, dtype=bool)
     if k >= 2**31:
         return uniform_below(k, n) == 0
     bits = (k - 1).bit_length()
+    width = 8 if bits <= 8 else 16 if bits <= 16 else 32
+    dtype = {8: np.uint8, 16: np.uint16, 32: np.uint32}[width]
     out = np.empty(n, dtype=bool)
     filled = 0
     while filled < n:
         want = n - filled
-        draw = random_halfwords(want + want // 2 + 8) >> np.uint32(32 - bits)
+        count = want + want // 2 + 8
+        draw = np.frombuffer(os.urandom(count * width // 8), dtype=dtype) >> dtype(width - bits)
         draw = draw[draw < k][:want]
         out[filled : filled + draw.size] = draw == 0
         filled += draw.size
     return out
 
 
+def _floor_times_pow2_over(numerator: np.ndarray, denominator: int, bits: int) -> np.ndarray:
+    """floor(num * 2^bits / den) exactly for int64 0 <= num < den < 2^62.
+
+    den = 2^e d with d odd: floor(num 2^bits / den) = floor(num 2^(bits - e) / d) when e <= bits
+    (one int64 division while num 2^(bits - e) < 2^63, i.e. d <= 2^(62 - bits)), and
+    floor(floor(num / 2^(e - bits)) / d) when e > bits (nested floors of positive integers).
+    Otherwise long division in chunks of (62 - bit_length(den)) bits, no product leaving int64."""
+    e = (denominator & -denominator).bit_length() - 1
+    odd = denominator >> e
+    if e >= bits:
+        return (numerator >> (e - bits)) // odd
+    if odd.bit_length() <= 62 - bits:
+        return (numerator << (bits - e)) // odd
+    chunk = 62 - denominator.bit_length()
+    quotient = np.zeros(numerator.size, dtype=np.int64)
+    remainder = numerator.astype(np.int64, copy=True)
+    done = 0
+    while done < bits:
+        step = min(chunk, bits - done)
+        shifted = remainder << step
+        quotient = (quotient << step) + shifted // denominator
+        remainder = shifted % denominator
+        done += step
+    return quotient
+
+
 def bernoulli_ratio(numerator: np.ndarray, denominator: int) -> np.ndarray:
-    """Bernoulli(num / den) per entry, 0 <= num < den: `bits_below` when den is a power of two,
-    else a uniform integer below den (rejection) compared with num."""
+    """Bernoulli(num / den) per entry, 0 <= num < den, exactly, with one 32-bit word per draw.
+
+    A power-of-two den goes to `bits_below`. Otherwise the uniform U on [0, 1) is compared with
+    num / den through their first 32 bits: W = floor(U 2^32) against th = floor(num 2^32 / den);
+    W < th is a success, W > th a failure. On a tie (probability 2^-32) U < num / den iff the rest
+    of U, uniform on [0, 1), is below frac(num 2^32 / den) = ((num 2^32) mod den) / den: one more
+    exact draw below den."""
     numerator = np.asarray(numerator)
     if denominator & (denominator - 1) == 0 and numerator.dtype == np.int64:
         return bits_below(numerator, denominator.bit_length() - 1)
-    return np.asarray(uniform_below(denominator, numerator.size) < numerator, dtype=bool)
+    if numerator.dtype != np.int64 or denominator >= 2**61:  # Python integers: exact, rare, slow
+        return np.asarray(uniform_below(denominator, numerator.size) < numerator, dtype=bool)
+    thresholds = _floor_times_pow2_over(numerator, denominator, _HALF_BITS).astype(np.uint32)  # < 2^32
+    words = random_halfwords(numerator.size)
+    out = words < thresholds
+    for i in np.flatnonzero(words == thresholds):
+        rest = (int(numerator[i]) << _HALF_BITS) % denominator
+        out[i] = secrets.randbelow(denominator) < rest
+    return out
 
 
 def bernoulli_exp_neg_ratio(numerator: np.ndarray, denominator: int) -> np.ndarray:
@@ -332,10 +375,12 @@ def _discrete_laplace_exact(params: LaplaceParameters, n: int) -> np.ndarray:
     while filled < n:
         want = n - filled
         count = int(want / acceptance * 1.05) + 32
-        if b < 32:  # U and the sign from one 32-bit word
-            words = random_halfwords(count)
-            u = (words & np.uint32((1 << b) - 1)).astype(np.int64)
-            negative = (words >> np.uint32(31)).astype(bool)
+        if b < 32:  # U and the sign from one word of 8, 16 or 32 bits, the narrowest that holds b + 1
+            width = 8 if b < 8 else 16 if b < 16 else 32
+            dtype = {8: np.uint8, 16: np.uint16, 32: np.uint32}[width]
+            words = np.frombuffer(os.urandom(count * width // 8), dtype=dtype)
+            u = (words & dtype((1 << b) - 1)).astype(np.int64)
+            negative = words >> dtype(width - 1) == 1
         else:
             words = random_words(count)
             u = (words & mask).astype(np.int64)

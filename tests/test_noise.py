@@ -136,7 +136,8 @@ def test_bernoulli_and_geometric_building_blocks():
     for v in (1, 3, 30):
         hits = noise.bernoulli_exp_neg_int(np.full(N, v)).sum()
         assert stats.binomtest(int(hits), N, math.exp(-v)).pvalue > SIGNIFICANCE
-    for num, den in ((3, 7), (5, 8), (0, 5), (2**40 - 1, 2**40)):
+    # odd, power-of-two, 2^e * odd (one division) and large odd (chunked long division) denominators
+    for num, den in ((3, 7), (5, 8), (0, 5), (2**40 - 1, 2**40), (2**45 + 1, 3 * 2**44), (10**15, 10**15 + 7)):
         hits = noise.bernoulli_exp_neg_ratio(np.full(N, num, dtype=np.int64), den).sum()
         assert stats.binomtest(int(hits), N, math.exp(-num / den)).pvalue > SIGNIFICANCE
     v = noise.geometric_exp_neg_one(N)
@@ -144,6 +145,26 @@ def test_bernoulli_and_geometric_building_blocks():
     expected = np.exp(-np.arange(9.0)) - np.exp(-np.arange(1.0, 10.0))
     expected[-1] = math.exp(-8)  # pooled tail P(V >= 8)
     assert stats.chisquare(observed, expected * N).pvalue > SIGNIFICANCE
+
+
+def test_word_thresholds_and_one_in_k_are_exact():
+    rng = np.random.default_rng(7)  # test inputs only; the samplers never use numpy.random
+    for den in (3, 6, 7 * 2**40, 3 * 2**33, (2**21 + 1) * 2**20, 10**15 + 7, 2**61 - 1):
+        nums = np.concatenate([rng.integers(0, den, 3_000, dtype=np.int64), [0, den - 1]])
+        assert noise._floor_times_pow2_over(nums, den, 32).tolist() == [(int(x) << 32) // den for x in nums]
+    for k in (2, 3, 200, 257, 40_000, 70_000):  # 8-, 16- and 32-bit words
+        hits = int(noise._one_in(k, N).sum())
+        assert stats.binomtest(hits, N, 1 / k).pvalue > SIGNIFICANCE
+
+
+def test_ratio_ties_are_refined_with_an_exact_draw(monkeypatch):
+    """A word equal to floor(num 2^32 / den) decides nothing: the rest of U is compared exactly."""
+    num, den = 5, 7
+    tie = (num << 32) // den
+    monkeypatch.setattr(noise, "random_halfwords", lambda n: np.full(n, tie, dtype=np.uint32))
+    hits = int(noise.bernoulli_ratio(np.full(4_000, num, dtype=np.int64), den).sum())
+    p_rest = ((num << 32) % den) / den  # P(U < 5/7 | U's first 32 bits equal 5/7's)
+    assert stats.binomtest(hits, 4_000, p_rest).pvalue > SIGNIFICANCE
 
 
 def test_ties_with_the_expansion_are_refined_not_rounded(monkeypatch):

@@ -118,6 +118,8 @@ def cases() -> dict[str, Case]:
     items = [
         Case("COUNT, private partitions (truncated geometric)", q([dp.count(5)])),
         Case("COUNT(DISTINCT unit), Laplace threshold (reused count)", q([dp.count_units()], epsilon=1.0)),
+        Case("COUNT, weighted Gaussian selection", q([dp.count(5)], selection="weighted_gaussian")),
+        Case("COUNT, MaxAdaptiveDegree selection", q([dp.count(5)], selection="mad")),
         Case("SUM, public partitions", q([dp.sum_("value", 0, 100)], public_partitions=PUBLIC)),
         Case("SUM, no GROUP BY", q([dp.sum_("value", 0, 100)], group_by=(), max_partitions_contributed=1, delta=0.0)),
         Case("COUNT, C_u = 1, public partitions", q([dp.count(5)], public_partitions=PUBLIC,
@@ -143,6 +145,9 @@ def cases() -> dict[str, Case]:
 def samples(case: Case, runs: int) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
     """Runs of the case's release on both neighbours: (x1, x2, notes)."""
     d1, d2 = case.data()
+    if case.kind == "release" and case.query.selection == "mad":
+        x1, x2, _ = harness.mad_release_samples(case.query, d1, d2, runs)
+        return x1, x2, ("MAD round 1 drawn per run; round 2's weights by the product's SQL per round-1 outcome",)
     if case.kind == "release":
         x1, x2, _ = harness.release_samples(case.query, d1, d2, runs)
         return x1, x2, ()

@@ -35,7 +35,7 @@ import pandas as pd
 from scipy import stats
 
 import dp_core.bounds as bounds_module
-from dp_core import aggregates, engine
+from dp_core import aggregates, engine, selection_mad
 from dp_core.accounting import plan_budget
 from dp_core.backend import DuckDBBackend
 from dp_core.bounding import build_plan
@@ -88,14 +88,21 @@ def exact_rows(query: Query, data, seed: int = SEED) -> engine.ExactStatistics:
     return engine.exact_statistics(query, backend, bounding_seed=seed, budget=plan_budget(query))
 
 
-def tiled_release(stats: engine.ExactStatistics, runs: int) -> pd.DataFrame:
-    """R independent releases of these exact rows through `engine.release`, as one table with
-    a `_run` column (partitions not selected in a run are absent from it)."""
-    query = stats.query
-    budget = plan_budget(query)
-    rows = stats.rows
+def tile(rows: pd.DataFrame, runs: int) -> pd.DataFrame:
+    """`rows` repeated `runs` times, run by run, under a leading `_run` column."""
     tiled = rows.iloc[np.tile(np.arange(len(rows)), runs)].reset_index(drop=True)
     tiled.insert(0, "_run", np.repeat(np.arange(runs), len(rows)))
+    return tiled
+
+
+def tiled_release(stats: engine.ExactStatistics, runs: int, tiled: pd.DataFrame | None = None) -> pd.DataFrame:
+    """R independent releases of these exact rows through `engine.release`, as one table with
+    a `_run` column (partitions not selected in a run are absent from it). `tiled`: the R copies
+    already made (MAD, whose rows differ per run)."""
+    query = stats.query
+    budget = plan_budget(query)
+    if tiled is None:
+        tiled = tile(stats.rows, runs)
     tiled_query = replace(query, group_by=("_run", *query.group_by))
     real_bounds, real_halfwidth = engine._released_bounds, aggregates.sum_halfwidth
     if not stats.bounds:  # it would return () anyway, after a per-row Python loop over R copies
@@ -173,6 +180,64 @@ def release_samples(query: Query, d1, d2, runs: int) -> tuple[np.ndarray, np.nda
     names = features(tiled_release(r1, 1), s1.query, keys, 1)[1]
     x1 = np.vstack([features(tiled_release(r1, n), s1.query, keys, n)[0] for n in chunks(runs)])
     x2 = np.vstack([features(tiled_release(r2, n), s2.query, keys, n)[0] for n in chunks(runs)])
+    return x1, x2, names
+
+
+def mad_release_samples(query: Query, d1, d2, runs: int) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """MaxAdaptiveDegree: round 1's noise is drawn in the data engine step (its outcome decides
+    round 2's weights, computed by SQL), so the engine's exact rows carry ONE round-1 draw. Each
+    run needs its own: round 1 is drawn per run with the product's `round_one` on the tiled `_w1`,
+    and each distinct round-1 outcome gets its round-2 weights from the product's `round_two_sql`
+    on the dataset's own connection (memoised per outcome); then `engine.release` runs round 2,
+    the noise and the rest on the R copies. Features are the differing partitions' values (a
+    marginal of the output: a valid lower bound); all partitions are released, since round 2's
+    weights of one partition depend on the others' round-1 outcomes."""
+    budget = plan_budget(query)
+    share, cu = budget.selection_share, query.effective_max_partitions
+    sides = []
+    for data in (d1, d2):
+        backend = DuckDBBackend.for_input(data, threads=1)
+        close, backend.close = backend.close, lambda: None  # kept open for round 2's SQL
+        try:
+            stats = engine.exact_statistics(query, backend, bounding_seed=SEED, budget=budget)
+            schema = backend.schema()
+            base = stats.rows.drop(columns=["_mad_r1", "_w2"])
+            # the bounded rows once, as the product's mad_rows does (same seed: the same rows)
+            at = next(i for i, cte in enumerate(stats.plan.ctes) if cte.startswith("_bounded AS ("))
+            backend.connection.execute("CREATE TEMP TABLE _audit_bounded AS WITH "
+                                       f"{', '.join(stats.plan.ctes[: at + 1])} SELECT * FROM _bounded")
+            with_clause = "WITH _bounded AS (SELECT * FROM _audit_bounded)"
+            memo: dict[tuple, np.ndarray] = {}
+
+            def round_two_weights(released: tuple, base=base, backend=backend, schema=schema, memo=memo,
+                                  with_clause=with_clause):
+                if released not in memo:
+                    keys = list(query.group_by)
+                    chosen = [tuple(selection_mad._plain(v) for v in row)
+                              for row in base.loc[list(released), keys].itertuples(index=False)]
+                    if not chosen:
+                        memo[released] = base["_w1"].to_numpy(dtype=np.int64)
+                    else:
+                        w2 = backend.run(selection_mad.round_two_sql(with_clause, query, chosen, schema))
+                        merged = base[keys].merge(w2, on=keys, how="left", sort=False)
+                        memo[released] = merged["_w2"].fillna(0).to_numpy(dtype=np.int64)
+                return memo[released]
+
+            out = []
+            for n in chunks(runs):
+                tiled = tile(base, n)
+                r1 = selection_mad.round_one(tiled, share, cu, query.epsilon).reshape(n, len(base))
+                w2 = np.vstack([round_two_weights(tuple(np.flatnonzero(row))) for row in r1])
+                tiled["_mad_r1"] = r1.ravel()
+                tiled["_w2"] = w2.ravel()
+                out.append(tiled_release(stats, n, tiled))
+            sides.append((stats, out))
+        finally:
+            close()
+    keys = differing_partitions(sides[0][0], sides[1][0])
+    names = features(sides[0][1][0].iloc[:0], sides[0][0].query, keys, 0)[1]
+    x1, x2 = (np.vstack([features(t, stats.query, keys, n)[0] for t, n in zip(out, chunks(runs))])
+              for stats, out in sides)
     return x1, x2, names
 
 
