@@ -44,7 +44,7 @@ class ReleaseDecision(RunInput):
 
 def run_releases(platform: pipeline.Platform, flow_run_id: str) -> list:
     """The releases a flow run made: its own id, and `<id>-retryN` after a Retry (attempt_release_id)."""
-    return [r for r in platform.store.list_releases() if r.id == flow_run_id or r.id.startswith(f"{flow_run_id}-retry")]
+    return platform.store.releases_of_run(flow_run_id)
 
 
 def _run_ended(flow_obj, run, state) -> None:

@@ -198,6 +198,18 @@ def test_legacy_fernet_blobs_stay_readable(tmp_path):
         digest = escrow.fingerprint(source.read_bytes())
         pd.testing.assert_frame_equal(load_frame(legacy, key, digest, fmt), _frame(), check_dtype=False)
         assert open_batches(legacy, key, digest, fmt).read_all().num_rows == 3
+        # a validly encrypted legacy blob of another file (swapped), a wrong key, an altered token
+        with pytest.raises(EscrowError, match="does not match the registered fingerprint"):
+            load_frame(legacy, key, escrow.fingerprint(b"another file"), fmt)
+        with pytest.raises(EscrowError, match="does not match the registered fingerprint"):
+            open_batches(legacy, key, escrow.fingerprint(b"another file"), fmt).read_all()
+        with pytest.raises(EscrowError, match="wrong escrow key or the blob was altered"):
+            load_frame(legacy, Fernet.generate_key(), digest, fmt)
+        token = bytearray(legacy.read_bytes())
+        token[-5] = ord("A") if token[-5] != ord("A") else ord("B")  # base64 text: stays decodable
+        legacy.write_bytes(bytes(token))
+        with pytest.raises(EscrowError, match="wrong escrow key or the blob was altered"):
+            load_frame(legacy, key, digest, fmt)
 
 
 CHUNK = 64  # tiny chunks, so a three-row file spans many

@@ -298,12 +298,22 @@ def test_release_crud(any_store):
     assert [x.id for x in any_store.list_releases(status="approved")] == [fixed.id]
     assert {x.id for x in any_store.list_releases()} == {r.id, fixed.id}
 
+
     with pytest.raises(StoreError, match="nonsense"):
         any_store.update_release(fixed.id, nonsense=1)
     with pytest.raises(ValueError, match="status"):
         any_store.update_release(fixed.id, status="done")
     with pytest.raises(StoreError, match="'missing'"):
         any_store.get_release("missing")
+
+
+def test_releases_of_a_run_are_its_own_and_its_retries_only(any_store):
+    _register(any_store)
+    for release_id in ("run-a", "run-a-retry1", "run-a-retry2", "run-ab", "run-a-retried", "run-b-retry1", "run"):
+        any_store.add_release("adult", "{}", release_id=release_id)
+    assert [x.id for x in any_store.releases_of_run("run-a")] == ["run-a", "run-a-retry1", "run-a-retry2"]
+    assert [x.id for x in any_store.releases_of_run("run-b")] == ["run-b-retry1"]
+    assert any_store.releases_of_run("missing") == []
 
 
 def test_policies(any_store):

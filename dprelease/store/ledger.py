@@ -384,6 +384,16 @@ class Store:
         with self._transaction() as session:
             return list(session.exec(query).all())
 
+    def releases_of_run(self, flow_run_id: str) -> list[Release]:
+        """The releases one flow run made: its own id, and `<id>-retryN` after a Retry (an indexed
+        primary-key range, not a scan of every release)."""
+        prefix = f"{flow_run_id}-retry"
+        query = (select(Release)
+                 .where((Release.id == flow_run_id) | ((Release.id >= prefix) & (Release.id < prefix + "\uffff")))
+                 .order_by(Release.created_at, Release.id))
+        with self._transaction() as session:
+            return [r for r in session.exec(query).all() if r.id == flow_run_id or r.id.startswith(prefix)]
+
     # --- policies ---------------------------------------------------------------------------------
 
     def add_policy(
