@@ -221,6 +221,17 @@ def weighted_bounding_ctes(unit: str, cu: int, pieces: dict) -> list[str]:
     ]
 
 
+def cut_from_bounded_cte(cu: int) -> str:
+    """`_cut` (the bounding loss, one `_over` total) re-derived from the Gaussian selections'
+    `_bounded` alone, for a plan that reads `_bounded` from a materialised table: a unit with
+    `_deg_c` > C_u partitions keeps C_u rows, each carrying `_deg_c`, so its rows add up to
+    C_u (`_deg_c` - C_u) / C_u = its dropped pairs without grouping by unit again. On a 64-bit
+    hash tie at the cutoff the unit keeps fewer rows and the loss is understated by that unit's
+    share: a controller-only diagnostic, never an input to noise or selection."""
+    return (f"_cut AS (SELECT CAST(round(sum((_deg_c - {cu}) / {cu})) AS BIGINT) AS _over FROM _bounded "
+            f"WHERE _deg_c > {cu})")
+
+
 def _final_defaults(plans: tuple[AggregatePlan, ...]):
     """Each final column with its value for an empty public partition (0; NULL for histograms)."""
     yield "_n_units", "0"

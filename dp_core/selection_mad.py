@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from .accounting import Share
-from .bounding import _plain, _same_key, public_keys_sql
+from .bounding import _plain, _same_key, cut_from_bounded_cte, public_keys_sql
 from .selection_weighted import round_one, weight_sql
 from .sql_text import ident
 
@@ -49,11 +49,7 @@ def mad_rows(backend, query, plan, share: Share, key_types: dict | None) -> pd.D
     name = f"_mad_bounded_{secrets.token_hex(6)}"
     backend.connection.execute(f"CREATE TEMP TABLE {name} AS WITH {', '.join(plan.ctes[: at + 1])} SELECT * FROM _bounded")
     try:
-        cu = query.effective_max_partitions
-        # the plan's bounding loss without grouping by unit again: a unit over C_u keeps exactly C_u
-        # rows (fewer only on a 64-bit hash tie), so its C_u rows add up its dropped pairs
-        cut = (f"_cut AS (SELECT CAST(round(sum((_deg_c - {cu}) / {cu})) AS BIGINT) AS _over FROM _bounded "
-               f"WHERE _deg_c > {cu})")
+        cut = cut_from_bounded_cte(query.effective_max_partitions)
         with_clause = "WITH " + ",\n".join([f"_bounded AS (SELECT * FROM {name})", cut, *plan.ctes[at + 1 :]])
         rows = backend.run(f"{with_clause}\n{plan.body}")
         return mad_second_round(backend, query, plan, rows, share, key_types, with_clause)
