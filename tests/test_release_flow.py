@@ -43,7 +43,7 @@ def platform_env(tmp_path_factory):
     admin.register_dataset(settings, "strict", data, "person_id", epsilon_cap=10, add_row_id=True,
                            expectations=[{"type": "expect_column_values_to_be_in_set",
                                           "kwargs": {"column": "sex", "value_set": ["Male"]}}])
-    with prefect_test_harness(server_startup_timeout=120):
+    with prefect_test_harness(server_startup_timeout=300):
         yield settings
     for k, v in saved.items():
         if v is None:

@@ -40,7 +40,7 @@ def env(tmp_path_factory):
     decisions.create_controller(settings, "carla", home / "carla.pem")
     Store(settings.store_url).add_policy("analysts", "adult", max_epsilon_per_release=2.0, analyst="ana",
                                         evaluators=["spearman_rank", "top_k_groups"])
-    with prefect_test_harness(server_startup_timeout=120):
+    with prefect_test_harness(server_startup_timeout=300):
         yield settings
     if saved is None:
         os.environ.pop("DPRELEASE_HOME", None)
