@@ -108,6 +108,7 @@ class Plan:
     request: ReleaseRequest
     query: dp.Query
     sql: str | None  # the compiled source when the request is SQL
+    options_epsilon: bool = False  # a DP SELECT of the SQL fixes its own epsilon in OPTIONS
 
 
 def plan(platform: Platform, request: ReleaseRequest) -> Plan:
@@ -129,11 +130,12 @@ def plan(platform: Platform, request: ReleaseRequest) -> Plan:
         # the ledger is charged the statement's total (the sum over its DP SELECTs)
         query = replace(statement.parts[0].query, epsilon=statement.epsilon, delta=statement.delta)
         sql = request.sql
+        options_epsilon = statement.options_epsilon
     else:
         query = query_from_spec(request.query, ds.privacy_unit, placeholder, delta=request.delta,
                                 max_partitions_contributed=request.max_partitions_contributed, **options)
-        sql = None
-    return Plan(request, query, sql)
+        sql, options_epsilon = None, False
+    return Plan(request, query, sql, options_epsilon)
 
 
 def risk_confidence(request: ReleaseRequest) -> dict:
@@ -189,6 +191,10 @@ def choose_epsilon(platform: Platform, planned: Plan) -> EpsilonDecision:
             raise ReleaseError("the request fixes no epsilon: give epsilon, or choose it with {pri: ...} or {risk: ...}")
         total = statement_epsilon(platform, planned, req.epsilon)
         return EpsilonDecision(total, "fixed", f"epsilon {total:g} was fixed by the request")
+    if planned.options_epsilon:
+        chooser = "privacy risk indicator" if req.epsilon_mode == "pri" else "risk model"
+        raise ReleaseError(f"the SQL fixes epsilon in its OPTIONS, so the {chooser} cannot choose it: remove "
+                           f"epsilon from every DP SELECT's OPTIONS, or give a fixed `epsilon:`; nothing was computed")
     if req.epsilon_mode == "pri":
         p, mode = float(req.pri.get("p", 50)), req.pri.get("mode", "public")
         spent, cap = budget["epsilon_committed"] + budget["epsilon_reserved"], budget["epsilon_cap"]
@@ -220,9 +226,6 @@ def choose_epsilon_from_risk(platform: Platform, planned: Plan) -> EpsilonDecisi
     if unknown:
         raise ReleaseError(f"epsilon.risk: unknown field(s) {sorted(unknown)} (allowed: {sorted(RISK_FIELDS)}); "
                            "nothing was computed")
-    if planned.sql and planned.query.epsilon != (planned.request.epsilon or 1.0):
-        raise ReleaseError("the SQL fixes epsilon in its OPTIONS, so the risk model cannot choose it: remove "
-                           "epsilon from OPTIONS, or drop `epsilon: {risk: ...}`; nothing was computed")
     ds = platform.store.get_dataset(planned.request.dataset)
     try:
         choice = risk.choose_epsilon_for_plan(

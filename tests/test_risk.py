@@ -322,8 +322,20 @@ def test_sql_options_epsilon_and_the_risk_model_are_refused_together(platform):
     sql = ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 2, privacy_unit_column = person_id) education, "
            "COUNT(*) AS people FROM adult GROUP BY education")
     planned = pipeline.plan(platform, parse_request(dict(REQUEST, sql=sql)))
-    with pytest.raises(pipeline.ReleaseError, match="fixes epsilon in its OPTIONS"):
+    with pytest.raises(pipeline.ReleaseError, match="fixes epsilon in its OPTIONS, so the risk model"):
         pipeline.choose_epsilon(platform, planned)
+    # the PRI cannot choose it either: it would charge its own choice while the SQL spends the OPTIONS'
+    # (also when OPTIONS happen to say 1, the request's default, and in one of two DP SELECTs)
+    one = sql.replace("epsilon = 2", "epsilon = 1")
+    shared = ("WITH a AS (SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (privacy_unit_column = person_id) education, "
+              "COUNT(*) AS n FROM adult GROUP BY education), b AS (" + sql.replace("epsilon = 2", "epsilon = 0.5")
+              + ") SELECT * FROM a JOIN b USING (education)")
+    before = platform.store.budget("adult")
+    for text in (sql, one, shared):
+        planned = pipeline.plan(platform, parse_request(dict(REQUEST, sql=text, epsilon={"pri": {"p": 50}})))
+        with pytest.raises(pipeline.ReleaseError, match="fixes epsilon in its OPTIONS, so the privacy risk indicator"):
+            pipeline.choose_epsilon(platform, planned)
+    assert platform.store.budget("adult") == before
 
 
 def test_promise_holds_beside_an_aggregate_with_inferred_bounds(people):

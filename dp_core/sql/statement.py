@@ -37,6 +37,7 @@ class CompiledStatement:
     parts: tuple[CompiledQuery, ...]
     outer: exp.Expression | None  # None: the statement is one DP SELECT, released as is
     public_tables: tuple[str, ...]  # catalog names the outer query reads
+    options_epsilon: bool = False  # some DP SELECT fixes its own epsilon in OPTIONS (not the request's)
 
     @property
     def epsilon(self) -> float:
@@ -138,6 +139,7 @@ def compile_statement(sql: str, catalog: dict[str, TableInfo], *, epsilon=None, 
             kept.append(cte)
 
     eps = _share(parsed.clauses, "epsilon", epsilon)
+    fixed_epsilon = any(c.options.get("epsilon") is not None for c in parsed.clauses.values())
     dlt = _share(parsed.clauses, "delta", delta, default=1e-6)
     parts = []
     for s in marked:
@@ -147,9 +149,9 @@ def compile_statement(sql: str, catalog: dict[str, TableInfo], *, epsilon=None, 
             max_partitions_contributed=max_partitions_contributed, **options))
 
     if any(s is tree for s in marked) and parts[0].plain:
-        return CompiledStatement(tuple(parts), None, ())
+        return CompiledStatement(tuple(parts), None, (), options_epsilon=fixed_epsilon)
     outer, public = _outer_query(tree, catalog, kinds)
-    return CompiledStatement(tuple(parts), outer, public)
+    return CompiledStatement(tuple(parts), outer, public, options_epsilon=fixed_epsilon)
 
 
 def _outer_query(tree: exp.Expression, catalog: dict[str, TableInfo], kinds: dict[str, str]):
