@@ -459,7 +459,7 @@ def test_epsilon_chosen_by_the_pri_in_public_mode(platform_env):
     # a fresh dataset (the odometer only lets candidates above what is spent through) whose cap
     # keeps the whole grid: the search then stops at 2 in the median, the spec's figure
     sql = "SELECT WITH ANONYMIZATION ANON_COUNT(*, 1) AS people FROM fresh WHERE age > 60"
-    platform, rel, box = decide(platform_env, "approve", dataset="fresh", sql=sql, epsilon=None, pri_p=50,
+    platform, rel, box = decide(platform_env, "approve", dataset="fresh", sql=sql, epsilon={"pri": {"p": 50}},
                                 override="the spec's figure, accepted for the test")
     report = signing.verify_directory(Path(box["result"]["directory"]), platform_env.public_key_file)
     assert report.ok and report.facts["epsilon_mode"] == "pri"
