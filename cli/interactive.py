@@ -25,15 +25,18 @@ def run_release_interactively(settings: Settings, request, *, approve_as: str | 
     `no_terminal_reviewer` is given. Without a key the run waits for a decision from elsewhere.
     The flow run is created first, so this command knows its own release (the flow run id) and
     answers only that one."""
+    from dprelease.pipeline import ReleaseError
+    from dprelease.requests.epsilon import to_parameter
     from flows.release import release_flow
 
     from . import runs
 
+    epsilon = to_parameter(request)
+    if epsilon is None:  # the pipeline's own words, before any flow run is created
+        raise ReleaseError("the request fixes no epsilon: give epsilon, or choose it with {pri: ...} or {risk: ...}")
     params = dict(
-        dataset=request.dataset, sql=request.sql, query=request.query, title=request.title,
-        epsilon=request.epsilon, pri_p=request.pri.get("p") if request.epsilon_mode == "pri" else None,
-        pri_mode=request.pri.get("mode", "public"), pri_beta=float(request.pri.get("beta", 0.5)),
-        risk=request.risk or None, delta=request.delta,
+        dataset=request.dataset, sql=request.sql, query=request.query, title=request.title, epsilon=epsilon,
+        delta=request.delta,
         max_partitions_contributed=request.max_partitions_contributed, requested_by=request.requested_by,
         approval_timeout=timeout)
     with runs.own_run(settings, release_flow, params, request) as run:

@@ -155,7 +155,7 @@ def own_run(settings: Settings, flow_obj, params: dict, request):
     from prefect import get_client
     from prefect.flow_engine import run_flow
 
-    from flows.release import outcome
+    from flows.outcomes import outcome
 
     platform = pipeline.Platform.open(settings)
     in_main_thread = threading.current_thread() is threading.main_thread()  # only it may handle signals
@@ -171,7 +171,7 @@ def own_run(settings: Settings, flow_obj, params: dict, request):
 
         def work() -> None:
             try:
-                # a rejected release ends in its own final state, "Rejected" (flows.release.outcome)
+                # a rejected release ends in its own final state, "Rejected" (flows.outcomes)
                 out["result"] = outcome(run_flow(flow_obj, flow_run=flow_run, parameters=params, return_type="state"))
             except BaseException as err:  # noqa: BLE001 - re-raised by OwnRun.result
                 out["error"] = err
@@ -194,6 +194,8 @@ def _watch_cancellation(platform: pipeline.Platform, run: OwnRun, request, every
     watches its run's state and, once it is cancelling or cancelled, stops the release (exit 1)."""
     from prefect import get_client
 
+    from flows.outcomes import is_rejected
+
     while run.worker.is_alive():
         time.sleep(every_s)
         try:
@@ -201,7 +203,7 @@ def _watch_cancellation(platform: pipeline.Platform, run: OwnRun, request, every
                 state = client.read_flow_run(run.flow_run_id).state
         except Exception:  # noqa: BLE001 - an unreachable server is not a cancellation
             continue
-        if state is not None and state.name == "Rejected":  # the controller's rejection, not a cancel
+        if is_rejected(state):  # the controller's rejection, not a cancel
             return
         if state is not None and (state.is_cancelling() or state.is_cancelled()):
             _stop_and_exit(platform, run, request, None)

@@ -10,10 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from prefect import flow
-from prefect.states import Cancelled
 
 from dprelease.requests import load_request
-from flows.release import outcome, release_flow
+from dprelease.requests.epsilon import to_parameter
+from flows.outcomes import is_rejected, outcome, rejected
+from flows.release import release_flow
 
 
 @flow(name="dp-scheduled-publication", log_prints=True)
@@ -22,12 +23,10 @@ def publication_flow(request_file: str) -> dict:
     request = load_request(Path(request_file))
     state = release_flow(
         dataset=request.dataset, sql=request.sql, query=request.query, title=request.title,
-        epsilon=request.epsilon, pri_p=request.pri.get("p") if request.epsilon_mode == "pri" else None,
-        pri_mode=request.pri.get("mode", "public"), pri_beta=float(request.pri.get("beta", 0.5)),
-        risk=request.risk or None, delta=request.delta, max_partitions_contributed=request.max_partitions_contributed,
+        epsilon=to_parameter(request), delta=request.delta, max_partitions_contributed=request.max_partitions_contributed,
         requested_by=request.requested_by or "schedule", return_state=True,
     )
     result = outcome(state)
-    if result["status"] == "rejected":  # the scheduled run ends in the same Rejected state
-        return Cancelled(name="Rejected", message=state.message, data=result)
+    if is_rejected(state):  # the scheduled run ends in the same Rejected state
+        return rejected(state.message or "rejected", result)
     return result

@@ -17,13 +17,14 @@ from prefect.exceptions import FlowPauseTimeout
 from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
 from prefect.runtime import flow_run
-from prefect.states import Cancelled
 from pydantic import Field
 
 from dprelease import decisions, pipeline, recovery
 from dprelease.requests import parse_request
+from dprelease.requests.epsilon import EpsilonChoice
 from dprelease.settings import Settings
 from dprelease.store import StoreError
+from flows.outcomes import is_rejected, outcome, rejected  # noqa: F401 - outcome: callers import it from here
 from tasks import release_steps as steps
 
 #: seconds between the paused run's checks for an answer (an internal setting, not a form field)
@@ -62,6 +63,8 @@ def _run_stopped(flow_obj, run, state) -> None:
     recovery.release_lease(str(run.id))
     for release in run_releases(platform, str(run.id)):
         recovery.release_lease(release.id)
+        if is_rejected(state):  # decided, refunded and final: nothing to stop
+            continue
         try:
             recovery.stop(platform, release.id, f"the flow run was {state.name.lower()}")
         except StoreError:  # the run ended before it recorded a release
@@ -85,11 +88,8 @@ def release_flow(
     sql: str | None = None,
     query: dict | None = None,
     title: str = "",
-    epsilon: float | None = None,
-    pri_p: float | None = None,
-    pri_mode: Literal["public", "data"] = "public",
-    pri_beta: float = 0.5,
-    risk: dict | None = None,
+    *,
+    epsilon: EpsilonChoice,
     delta: float = 1e-6,
     max_partitions_contributed: int = 1,
     requested_by: str | None = None,
@@ -99,27 +99,24 @@ def release_flow(
 
     A controller always decides, unless this run was created by the schedule of a deployment that a
     standing automatic policy names (read from Prefect's record of the run, never from a parameter).
-    Choose epsilon in one way only: `epsilon`, or `pri_p` (with pri_mode, pri_beta), or `risk`.
+    Epsilon is one choice: a fixed value, the privacy risk indicator, or the risk model, each with
+    only its own fields (dprelease.requests.epsilon; a number or a request file's `epsilon:` is
+    accepted too).
 
     Args:
         dataset: the registered dataset to query (see `dprelease dataset list`)
         sql: the query, in SQL with ANONYMIZATION (give sql or query, not both)
         query: the query as a release spec (aggregates, group_by), instead of sql
         title: a title for the release: the run's name and the report's heading
-        epsilon: choose epsilon as a fixed value (leave empty to choose it with pri_p or risk)
-        pri_p: choose epsilon from the privacy risk indicator: the share p (percent) of people whose risk is bounded
-        pri_mode: with pri_p: public (data-free, the default) or data (reads the data)
-        pri_beta: with pri_p in public mode: the quantile of the simulated pass probability
-        risk: choose epsilon from the risk model: trust, sensitivity, max_risk, max_noise, n (m, p optional)
+        epsilon: how epsilon is chosen: a fixed value, from the privacy risk indicator (PRI), or from the risk model (pick one: only its fields apply)
         delta: the delta of the release (Gaussian noise and partition selection)
         max_partitions_contributed: how many groups one person may contribute to
         requested_by: the analyst who asked (their policy applies)
         approval_timeout: seconds to wait for a controller's decision before refunding the budget
     """
     settings = Settings.from_env()
-    pri = {"p": pri_p, "mode": pri_mode, "beta": pri_beta} if pri_p is not None else None
-    request = parse_request(request_fields(dataset, sql, query, title, epsilon, pri, risk, delta,
-                                           max_partitions_contributed, requested_by))
+    request = parse_request(request_fields(dataset, sql, query, title, epsilon, delta, max_partitions_contributed,
+                                           requested_by))
     platform = pipeline.Platform.open(settings)
     release_id = attempt_release_id(platform)
     record(platform, release_id, request)
@@ -135,17 +132,8 @@ def release_flow(
         return {"release_id": release_id, "status": "published", "directory": where}
     steps.refund(settings, release_id, "rejected", verdict.reviewer, verdict.comment)
     steps.budget_view(settings, request.dataset)
-    return Cancelled(name="Rejected", message=f"rejected by {verdict.reviewer}: {verdict.comment}"[:500],
-                     data={"release_id": release_id, "status": "rejected"})
-
-
-def outcome(state) -> dict:
-    """The release's outcome from the flow run's final state (call the flow with return_state=True):
-    a rejected release ends in its own state, "Rejected" (Cancelled, not a green Completed), which
-    still carries the outcome; any other failure is raised."""
-    if state.is_cancelled() and state.name == "Rejected":
-        return state.result(raise_on_failure=False)
-    return state.result()
+    return rejected(f"rejected by {verdict.reviewer}: {verdict.comment}",
+                    {"release_id": release_id, "status": "rejected"})
 
 
 def prepare_and_decide(settings, platform, release_id, request, timeout, poll_interval=APPROVAL_POLL_SECONDS):
@@ -274,19 +262,11 @@ def summary_link(release_id: str) -> str:
     return f"{base}/artifacts/key/{summary_artifact_key(release_id)}"
 
 
-def request_fields(dataset, sql, query, title, epsilon, pri, risk, delta, cu, requested_by) -> dict:
+def request_fields(dataset, sql, query, title, epsilon, delta, cu, requested_by) -> dict:
+    """The flow's parameters as a request (parse_request judges them, as it judges a request file)."""
     fields = {"dataset": dataset, "title": title, "delta": delta, "max_partitions_contributed": cu,
-              "requested_by": requested_by}
+              "requested_by": requested_by, "epsilon": epsilon.to_spec() if hasattr(epsilon, "to_spec") else epsilon}
     fields.update({"sql": sql} if sql else {"query": query})
-    chosen = [x for x in (epsilon, pri, risk) if x is not None]
-    if len(chosen) > 1:
-        raise pipeline.ReleaseError("give one of epsilon, pri_p or risk")
-    if pri is not None:
-        fields["epsilon"] = {"pri": pri}
-    elif risk is not None:
-        fields["epsilon"] = {"risk": risk}
-    elif epsilon is not None:
-        fields["epsilon"] = epsilon
     return fields
 
 

@@ -35,3 +35,14 @@ def test_the_guides_commands_run_as_written(tmp_path, monkeypatch):
         assert result.exit_code == 0, f"{command}\n{result.output}"
     assert (tmp_path / "controller-keys" / "alice.pem").exists()
     assert list((tmp_path / "home" / "inbox").glob("*.json"))
+
+
+def test_the_guides_screenshots_exist_and_the_script_retakes_each_one():
+    """Every image the guide shows is in docs/img, and docs/screenshots.py writes each Prefect one."""
+    images = re.findall(r"!\[[^\]]*\]\((img/[^)]+)\)", GUIDE.read_text())
+    assert len(images) >= 4
+    script = (ROOT / "docs" / "screenshots.py").read_text()
+    for image in images:
+        assert (GUIDE.parent / image).stat().st_size > 10_000, image
+        if Path(image).name.startswith("prefect-"):
+            assert f'"{Path(image).stem}' in script, f"docs/screenshots.py does not retake {image}"

@@ -3,6 +3,7 @@ the platform invariants (platform.md) each with a test that fails if it breaks."
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import threading
@@ -459,7 +460,7 @@ def test_epsilon_chosen_by_the_pri_in_public_mode(platform_env):
     # a fresh dataset (the odometer only lets candidates above what is spent through) whose cap
     # keeps the whole grid: the search then stops at 2 in the median, the spec's figure
     sql = "SELECT WITH ANONYMIZATION ANON_COUNT(*, 1) AS people FROM fresh WHERE age > 60"
-    platform, rel, box = decide(platform_env, "approve", dataset="fresh", sql=sql, epsilon=None, pri_p=50,
+    platform, rel, box = decide(platform_env, "approve", dataset="fresh", sql=sql, epsilon={"pri": {"p": 50}},
                                 override="the spec's figure, accepted for the test")
     report = signing.verify_directory(Path(box["result"]["directory"]), platform_env.public_key_file)
     assert report.ok and report.facts["epsilon_mode"] == "pri"
@@ -614,3 +615,87 @@ def test_retry_after_expiry_asks_again_with_its_own_reservation(platform_env):
     assert retry["result"]["status"] == "rejected"
     assert platform.store.ledger_entry(rel.id).status == "refunded"
     assert platform.store.ledger_entry(second.id).status == "refunded"
+
+
+def test_forged_and_replayed_decisions_are_refused_and_spend_nothing(platform_env, tmp_path):
+    """Genuine signatures used where they do not belong: alice's approval of another release
+    replayed here, her approval of an older version of this report, her signed *reject* sent as an
+    approve, a key no controller holds, an analyst's own key. Each is refused and recorded; nothing
+    is published and the budget holds exactly this release's reservation; then alice's reject
+    refunds it to the last digit."""
+    import hashlib
+
+    from cli.deciding import decide as send
+    from dprelease import decisions, pipeline
+    from dprelease.reporting import signing
+    from flows.approvals import answer, wait_until_paused
+
+    platform = pipeline.Platform.open(platform_env)
+    budget_before = platform.store.budget("adult")
+    known = {r.id for r in platform.store.list_releases()}
+    other_thread, other_box = start_release(approval_timeout=300, title="the other release")
+    other = wait_for_approval(platform.store, known, thread=other_thread, box=other_box)
+    thread, box = start_release(approval_timeout=300, title="this release")
+    rel = wait_for_approval(platform.store, known | {other.id}, thread=thread, box=box)
+    wait_until_paused(other.flow_run_id)
+    wait_until_paused(rel.flow_run_id)
+    alice = signing.load_private_key(controller_key("alice"))
+    context = decisions.read_context(platform_env, rel.id)
+
+    def signed_by(key, **changes) -> str:
+        fields = {"release_id": rel.id, "question": context["question"], "decision": "approve", "controller": "alice",
+                  "report_fingerprint": context["report_fingerprint"], "decided_at": pipeline.now(), **changes}
+        return decisions.sign(decisions.Decision(**fields), key)
+
+    # 1. alice's genuine approval of the other release, replayed on this one
+    replayed = decisions.sign_for_release(platform_env, other.id, "approve", controller_key("alice"), "fine")
+    _send_raw(platform_env, rel, replayed)
+    # 2. alice's approval of an older version of this controller report
+    manifest = (platform_env.archive_dir / rel.id / "controller" / signing.MANIFEST).read_bytes()
+    older = hashlib.sha256(manifest.replace(b'"', b"'", 1)).hexdigest()
+    _send_raw(platform_env, rel, signed_by(alice, report_fingerprint=older))
+    # 3. alice's signed reject, sent as an approve
+    reject = decisions.sign_for_release(platform_env, rel.id, "reject", controller_key("alice"), "no")
+    _send_raw(platform_env, rel, reject, decision="approve")
+    # 4. a key no controller holds, claiming to be alice, and claiming a name of its own
+    signing.generate_keypair(tmp_path / "stray.pem", tmp_path / "stray.pub.pem")
+    stray = signing.load_private_key(tmp_path / "stray.pem")
+    _send_raw(platform_env, rel, signed_by(stray))
+    _send_raw(platform_env, rel, signed_by(stray, controller="carol"), reviewer="carol")
+    # 5. an analyst: the CLI will not sign with a key that is not a controller's, and the run refuses
+    #    a decision the analyst signed by hand
+    signing.generate_keypair(tmp_path / "ana.pem", tmp_path / "ana.pub.pem")
+    with pytest.raises(decisions.DecisionRefused, match="no registered controller"):
+        send(platform_env, rel.id, "approve", tmp_path / "ana.pem", "looks fine to me")
+    _send_raw(platform_env, rel, signed_by(signing.load_private_key(tmp_path / "ana.pem"), controller="ana"),
+              reviewer="ana")
+    refused = [json.loads(line)["why"] for line in
+               (platform_env.archive_dir / rel.id / decisions.REFUSED_FILE).read_text().splitlines()]
+    assert len(refused) == 6
+    assert f"for release {other.id}" in refused[0]
+    assert "another version of the controller report" in refused[1]
+    assert "the form says 'approve' but the signed decision says 'reject'" in refused[2]
+    assert "does not verify with the registered key of 'alice'" in refused[3]
+    assert "not a controller's decision" in refused[4] and "not a controller's decision" in refused[5]
+    assert decisions.recorded(platform_env, rel.id) == []
+    assert not (platform_env.publication_dir / rel.id).exists()
+    assert platform.store.get_release(rel.id).status == "awaiting_approval"
+    assert platform.store.ledger_entry(rel.id).status == "reserved"
+    held = platform.store.budget("adult")
+    assert held["epsilon_committed"] == budget_before["epsilon_committed"]
+    assert held["epsilon_reserved"] == budget_before["epsilon_reserved"] + 2.0  # the two releases' 1.0 each, no more
+    # the other release was not touched by the replay, and takes the token it was meant for
+    assert platform.store.get_release(other.id).status == "awaiting_approval"
+    answer(other.flow_run_id, "approve", "alice", "fine", signed_decision=replayed)
+    other_thread.join(180)
+    assert other_box["result"]["status"] == "published", other_box
+    # alice rejects this one: refunded, the budget exactly as before plus the other's commitment
+    send(platform_env, rel.id, "reject", controller_key("alice"), "forgeries seen")
+    thread.join(180)
+    assert box["result"]["status"] == "rejected", box
+    after = platform.store.budget("adult")
+    assert after["epsilon_reserved"] == budget_before["epsilon_reserved"]
+    assert after["epsilon_committed"] == budget_before["epsilon_committed"] + 1.0
+    (entry,) = decisions.recorded(platform_env, rel.id)
+    assert entry["controller"] == "alice" and entry["decision"] == "reject"
+    assert not (platform_env.publication_dir / rel.id).exists()

@@ -34,7 +34,7 @@ def test_malformed_requests_are_refused_by_name(data, words):
 
 def test_request_modes_and_round_trip(tmp_path):
     r = parse_request({"dataset": "adult", "sql": SQL, "epsilon": {"pri": {"p": 30}}})
-    assert r.epsilon_mode == "pri" and r.pri == {"p": 30, "mode": "public"}
+    assert r.epsilon_mode == "pri" and r.pri == {"p": 30, "mode": "public", "beta": 0.5}
     assert type(r).from_json(r.to_json()) == r
     spec = tmp_path / "r.yaml"
     spec.write_text("dataset: adult\nquery:\n  group_by: [sex]\n  aggregates:\n    - {kind: count, upper: 1, name: n}\nepsilon: 0.5\n")

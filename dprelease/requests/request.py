@@ -27,6 +27,8 @@ from dp_core import Aggregate, InvalidQueryError, Query
 from dp_core.input_checks import check_epsilon
 from dp_core.query import AggregateKind
 
+from . import epsilon as epsilon_choice
+
 
 class RequestError(InvalidQueryError):
     """The release request is malformed; the message names the field."""
@@ -79,22 +81,11 @@ def parse_request(data: dict) -> ReleaseRequest:
         raise RequestError("give exactly one of `sql` (a DP SQL query) or `query` (group_by and aggregates)")
     eps = data.get("epsilon")
     mode, pri, risk, fixed = "fixed", {}, {}, None
-    if isinstance(eps, dict):
-        if set(eps) == {"pri"} and isinstance(eps["pri"], dict):
-            mode, pri = "pri", dict(eps["pri"])
-            pri.setdefault("p", 50)
-            pri.setdefault("mode", "public")
-            _number(pri["p"], "epsilon.pri.p")
-        elif set(eps) == {"risk"} and isinstance(eps["risk"], dict):
-            mode, risk = "risk", dict(eps["risk"])
-            missing = {"trust", "sensitivity", "max_risk", "max_noise", "n"} - set(risk)
-            if missing:
-                raise RequestError(f"epsilon.risk needs {sorted(missing)}")
-        else:
-            raise RequestError("epsilon must be a number, {pri: {p: ...}} or {risk: {trust: ..., ...}}")
-    elif eps is not None:
+    if eps is not None:  # checked by the same models as the release form's choice
+        mode, fixed, pri, risk = epsilon_choice.parse_spec(eps, RequestError)
+    if fixed is not None:
         try:
-            fixed = check_epsilon(eps)  # the engine's rule, the engine's message
+            fixed = check_epsilon(eps if isinstance(eps, (int, float)) else fixed)  # the engine's rule, the engine's message
         except InvalidQueryError as err:
             raise RequestError(str(err)) from None
     delta = _number(data.get("delta", 1e-6), "delta")

@@ -1,0 +1,185 @@
+"""The Prefect console as a user meets it, for the browser test and the guide's screenshots
+(docs/screenshots.py): a real `prefect server start` with its UI, the dp-release deployment of
+prefect.yaml, the run form filled in as a user does, and the run it creates executed as a worker
+would (the engine, with the parameters the form sent)."""
+
+from __future__ import annotations
+
+import contextvars
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import yaml
+from browser import by_text, in_field
+
+ROOT = Path(__file__).resolve().parents[1]
+SQL = "SELECT WITH ANONYMIZATION education, ANON_COUNT(*, 1) AS people FROM adult GROUP BY education"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_prefect_server(workdir: Path) -> tuple[subprocess.Popen, str]:
+    """`prefect server start` (UI included) on a free port, on a copy of the migrated empty Prefect
+    database the CLI keeps (cli/runs.py), so that no migration runs here. Returns (process, UI url)."""
+    import fcntl
+
+    import httpx
+    from prefect.settings import PREFECT_HOME
+
+    from cli import runs
+
+    home = Path(PREFECT_HOME.value()).expanduser()
+    home.mkdir(parents=True, exist_ok=True)
+    template = home / "dprelease-empty-prefect.db"
+    with open(home / ".dprelease-template.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not template.exists():
+            runs._build_template(template)
+    db = workdir / "prefect.db"
+    shutil.copyfile(template, db)
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(PREFECT_HOME=str(workdir / "prefect-home"), PREFECT_API_DATABASE_CONNECTION_URL=f"sqlite+aiosqlite:///{db}",
+               PREFECT_UI_API_URL=f"{url}/api", PREFECT_SERVER_ANALYTICS_ENABLED="false",
+               PREFECT_LOGGING_LEVEL="WARNING")
+    proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port",
+                             str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/api/health", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None:
+            break
+        time.sleep(0.3)
+    stop_process_group(proc)
+    raise RuntimeError("the Prefect server did not start")
+
+
+def drain_prefect_workers() -> None:
+    """Send the logs and events this process still holds to the server while it is up (as
+    prefect_test_harness does): a worker left holding them for a stopped server would make the
+    next harness in this process wait for it forever."""
+    import inspect
+
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+    from prefect.utilities.asyncutils import run_coro_as_sync
+
+    async def drain() -> None:
+        try:
+            result = APILogWorker.instance().drain()
+            if inspect.isawaitable(result):
+                await result
+        except RuntimeError:  # never started
+            pass
+        result = EventsWorker.drain_all()
+        if inspect.isawaitable(result):
+            await result
+
+    run_coro_as_sync(drain())
+
+
+def stop_process_group(proc: subprocess.Popen) -> None:
+    """Stop the server this test started (its own process group, by its id)."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+
+
+def deploy_release_flow() -> str:
+    """Register the dp-release deployment of prefect.yaml as `prefect deploy` does (its parameter
+    schema is the flow's); returns its id. Needs PREFECT_API_URL set to the server."""
+    from prefect import get_client
+
+    from flows.release import release_flow
+
+    spec = next(d for d in yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"] if d["name"] == "dp-release")
+    with get_client(sync_client=True) as client:
+        return str(client.create_deployment(
+            flow_id=client.create_flow_from_name(release_flow.name), name=spec["name"], entrypoint=spec["entrypoint"],
+            parameters=spec["parameters"], parameter_openapi_schema=release_flow.parameters.model_dump(),
+            enforce_parameter_schema=True))
+
+
+def fill_release_form(page, title: str, method: str, fields: dict) -> None:
+    """Every field of the run form, as a user sets it: text typed, toggles and lists clicked."""
+    page.wait_for_text("approval_timeout", 60)
+    page.type_into(in_field("dataset"), "adult")
+    page.click(in_field("sql", "button", "str"), "sql: str")
+    page.type_into(in_field("sql"), SQL)
+    page.type_into(in_field("title"), title)
+    page.click(in_field("epsilon", "button", method), f"epsilon: {method}")
+    for label, value in fields.items():
+        if isinstance(value, tuple):  # (toggle, value): a level from the list, or a number
+            page.click(in_field(label, "button", value[0]), f"{label}: {value[0]}")
+            if value[0] == "level":
+                page.click(in_field(label, "button[aria-haspopup=listbox]"), f"{label}: the list")
+                page.click(by_text(value[1], "[role=option]"), f"{label}: {value[1]}")
+                page.wait_for("![...document.querySelectorAll('[role=option]')].some(e => e.offsetParent)",
+                              what="the list to close")
+            else:
+                page.type_into(in_field(label), str(value[1]), what=label)
+        else:
+            page.type_into(in_field(label), str(value), what=label)
+    page.type_into(in_field("delta"), "0.000001")
+    page.type_into(in_field("max_partitions_contributed"), "1")
+    page.click(in_field("requested_by", "button", "str"), "requested_by: str")
+    page.type_into(in_field("requested_by"), "mallory")
+    page.type_into(in_field("approval_timeout"), "300")
+
+
+def submit_and_run(browser, url: str, deployment_id: str, title: str, method: str, fields: dict, before_submit=None):
+    """Submit the form in the browser, then execute the run it created as a worker would (the
+    engine, with the parameters the form sent). Returns (flow run, thread, box)."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterDeploymentId
+    from prefect.flow_engine import run_flow
+
+    from flows.release import outcome, release_flow
+
+    page = browser.open(f"{url}/v2/deployments/deployment/{deployment_id}/run")
+    fill_release_form(page, title, method, fields)
+    if before_submit is not None:
+        before_submit(page)
+    with get_client(sync_client=True) as client:
+        flt = FlowRunFilter(deployment_id=FlowRunFilterDeploymentId(any_=[deployment_id]))
+        before = {r.id for r in client.read_flow_runs(flow_run_filter=flt)}
+        page.click_text("Submit", "button")
+        deadline = time.monotonic() + 30
+        while not (created := [r for r in client.read_flow_runs(flow_run_filter=flt) if r.id not in before]):
+            assert time.monotonic() < deadline, f"the form created no run; the page shows:\n{page.text()[:1500]}"
+            time.sleep(0.3)
+    run = created[0]
+    box: dict = {}
+
+    def work():
+        try:
+            box["result"] = outcome(run_flow(release_flow, flow_run=run, parameters=run.parameters,
+                                             return_type="state"))
+        except BaseException as err:  # noqa: BLE001 - the test reads it
+            box["error"] = err
+
+    thread = threading.Thread(target=contextvars.copy_context().run, args=(work,), daemon=True)
+    thread.start()
+    page.close()
+    return run, thread, box

@@ -1,0 +1,36 @@
+"""A rejection is its own final state (Cancelled, named Rejected), read in one place: flows.outcomes."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from prefect.states import Cancelled, Completed, Failed
+
+from flows.outcomes import REJECTED, is_rejected, outcome, rejected
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_a_rejection_is_neither_a_success_nor_a_cancel():
+    state = rejected("rejected by alice: no", {"release_id": "r1", "status": "rejected"})
+    assert state.name == REJECTED and state.is_cancelled() and not state.is_completed()
+    assert is_rejected(state) and outcome(state) == {"release_id": "r1", "status": "rejected"}
+    for other in (Cancelled(message="cancelled in the UI"), Completed(data={}), Failed(message="x"), None):
+        assert not is_rejected(other)
+    with pytest.raises(BaseException, match="cancelled in the UI"):  # a cancel is not an outcome
+        outcome(Cancelled(message="cancelled in the UI"))
+    assert outcome(Completed(data={"status": "published"})) == {"status": "published"}
+
+
+def test_every_place_that_reads_an_outcome_asks_the_one_helper():
+    """No module names the Rejected state itself (a scattered check would drift from the helper)."""
+    scattered = []
+    for path in [*ROOT.glob("flows/*.py"), *ROOT.glob("cli/*.py"), *ROOT.glob("tasks/*.py"), *ROOT.glob("dprelease/**/*.py")]:
+        if path.name == "outcomes.py":
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if re.search(r"""name\s*==\s*["']Rejected|name\s*=\s*["']Rejected""", line):
+                scattered.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert not scattered, scattered

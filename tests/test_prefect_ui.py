@@ -1,0 +1,122 @@
+"""The release form in the Prefect UI, in a real browser against a real Prefect server: an on-demand
+run submitted through the dp-release deployment's form, with every field set as a user could, waits
+for a controller's decision (Paused, with the waiting message) -- also when a standing automatic
+policy names the deployment, since only the runs of its schedule are approved automatically.
+
+Headless Chromium over the DevTools protocol (tests/browser.py); the run is executed as a worker
+would (the engine, with the parameters the form sent).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pandas as pd
+import pytest
+from browser import CHROMIUM, Chromium
+from prefect_console import (ROOT, deploy_release_flow, drain_prefect_workers, start_prefect_server, stop_process_group,
+                             submit_and_run)
+
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium); "
+                                "CI installs it (.ci/run)")
+
+
+@pytest.fixture(scope="module")
+def console(tmp_path_factory):
+    """A dprelease home with Adult and a registered controller, a real Prefect server with the
+    dp-release deployment of prefect.yaml, and a headless Chromium."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from dprelease import admin, decisions
+    from dprelease.settings import Settings
+
+    work = tmp_path_factory.mktemp("ui")
+    saved = os.environ.get("DPRELEASE_HOME")
+    os.environ["DPRELEASE_HOME"] = str(work / "home")
+    settings = Settings.from_env()
+    admin.init(settings)
+    sample = work / "adult-sample.csv"  # a few thousand rows keep the run short; the form is what is tested
+    pd.read_csv(ROOT / "examples" / "data" / "adult.csv.gz", nrows=3000).to_csv(sample, index=False)
+    admin.register_dataset(settings, "adult", sample, "person_id", epsilon_cap=10, add_row_id=True)
+    decisions.create_controller(settings, "alice", work / "alice.pem")
+    proc, url = start_prefect_server(work)
+    try:
+        with temporary_settings(updates={PREFECT_API_URL: f"{url}/api"}):
+            deployment_id = deploy_release_flow()
+            try:
+                with Chromium(width=1280, height=1100) as browser:
+                    yield {"settings": settings, "url": url, "deployment_id": str(deployment_id), "browser": browser,
+                           "key": work / "alice.pem"}
+            finally:
+                drain_prefect_workers()  # while the server is up
+    finally:
+        stop_process_group(proc)
+        if saved is None:
+            os.environ.pop("DPRELEASE_HOME", None)
+        else:
+            os.environ["DPRELEASE_HOME"] = saved
+
+
+def assert_waiting(console, run, thread, box) -> None:
+    """The run is Paused for a decision, with the waiting message, in the API and on its page;
+    its budget is reserved and nothing is published."""
+    from prefect import get_client
+
+    from cli.interactive import _pause_description
+    from dprelease.pipeline import Platform
+    from flows.approvals import wait_until_paused
+
+    try:
+        wait_until_paused(str(run.id), timeout=120)
+    except (RuntimeError, TimeoutError) as err:
+        raise AssertionError(f"{err}: {box}") from None
+    assert thread.is_alive()
+    with get_client(sync_client=True) as client:
+        state = client.read_flow_run(run.id).state
+    assert state.is_paused() and state.name == "Paused"
+    message = _pause_description(str(run.id))
+    assert message.startswith("# An approval is waiting") and "/artifacts/key/release-" in message
+    store = Platform.open(console["settings"]).store
+    assert store.get_release(str(run.id)).status == "awaiting_approval"
+    assert store.ledger_entry(str(run.id)).status == "reserved"
+    assert not (console["settings"].publication_dir / str(run.id)).exists()
+    page = console["browser"].open(f"{console['url']}/v2/runs/flow-run/{run.id}")
+    page.wait_for_text("Paused", 60)
+    page.close()
+
+
+def test_an_on_demand_run_from_the_form_waits_for_the_controller(console):
+    started = time.monotonic()
+    from prefect import get_client
+
+    from cli.deciding import decide
+    from dprelease.pipeline import Platform
+
+    settings = console["settings"]
+    store = Platform.open(settings).store
+    budget_before = store.budget("adult")
+    first = submit_and_run(console["browser"], console["url"], console["deployment_id"], "Education, from the form", "Fixed value", {"Epsilon": 0.5})
+    assert first[0].parameters["epsilon"] == {"epsilon": 0.5}  # only the chosen method's fields
+    assert_waiting(console, *first)
+    print(f"first run paused after {time.monotonic() - started:.1f} s")
+    # a standing automatic policy naming this very deployment: an on-demand run still waits
+    store.add_policy("monthly", "adult", max_epsilon_per_release=5.0, approval="auto", deployment="dp-release")
+    second = submit_and_run(console["browser"], console["url"], console["deployment_id"], "Education, with a policy present", "Risk model", {
+        "Trust": ("level", "low"), "Sensitivity": ("level", "high"), "Max Risk": ("number in [0, 1]", 0.2),
+        "Max Noise": 10, "N": 16, "M": 2, "Confidence": 0.9})
+    sent = second[0].parameters
+    assert sent["epsilon"]["trust"] == "low" and sent["epsilon"]["n"] == 16 and "p" not in sent["epsilon"]
+    assert sent["requested_by"] == "mallory" and sent["title"] == "Education, with a policy present"
+    assert_waiting(console, *second)
+    print(f"second run paused after {time.monotonic() - started:.1f} s")
+    with get_client(sync_client=True) as client:
+        assert client.read_flow_run(second[0].id).name == "Education, with a policy present"  # named after the title
+    for run, thread, box in (first, second):
+        decide(settings, str(run.id), "reject", console["key"], "a browser test")
+        thread.join(120)
+        assert box.get("result", {}).get("status") == "rejected", box
+    budget_after = store.budget("adult")
+    assert budget_after["epsilon_committed"] == budget_before["epsilon_committed"]
+    assert budget_after["epsilon_reserved"] == budget_before["epsilon_reserved"]
+    assert not any(settings.publication_dir.glob(f"{first[0].id}*"))
