@@ -206,6 +206,24 @@ def budget(dataset: str = typer.Argument(None, help="one dataset (default: all)"
         table.add_row(escape(name), f"{b['epsilon_cap']:g}", f"{b['epsilon_committed']:g}", f"{b['epsilon_reserved']:g}",
                       f"{b['epsilon_remaining']:g}", f"{b['delta_remaining']:.3g}")
     console.print(table)
+    if not dataset:
+        _series_budgets(store)
+
+
+def _series_budgets(store) -> None:
+    """The series' budgets: per period (parallel composition) or one cap for all (sequential)."""
+    from dprelease.store import series as store_series
+
+    store.create_all()
+    table = RichTable("series", "budget", "epsilon cap", "periods", "total epsilon", "remaining")
+    for s in store_series.list_series(store):
+        b = store_series.series_budget(store, s.name)
+        per_period = b["mode"] == "per_snapshot"
+        table.add_row(escape(s.name), "per period (parallel)" if per_period else "series cap (sequential)",
+                      f"{b['epsilon_cap']:g}" + (" each" if per_period else ""), str(len(b["per_period"])),
+                      f"{b['epsilon_total']:g}", "-" if per_period else f"{b['epsilon_remaining']:g}")
+    if table.row_count:
+        console.print(table)
 
 
 @app.command()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -142,7 +143,9 @@ def test_a_year_of_monthly_releases_once_each_with_the_signed_series_page(series
     assert cli.returncode == 0, cli.stdout + cli.stderr
     assert "series/visits/index.html" in (settings.publication_dir / "index.html").read_text()
     _check_no_controller_only_fields(page_dir)
-    _render_in_chromium(page_dir / "index.html", tmp_path)
+    png = _render_in_chromium(page_dir / "index.html", tmp_path)
+    if os.environ.get("DPRELEASE_SAVE_GUIDE_SCREENSHOTS"):  # the controller guide's picture of the page
+        shutil.copyfile(png, ROOT / "docs" / "img" / "series-page.png")
 
     # a second run for a published snapshot (a back-fill of 2026-03), a missing snapshot: refused, nothing spent
     before = _ledger(platform.store)

@@ -184,3 +184,34 @@ def test_a_snapshot_with_a_changed_schema_is_refused_the_same_by_api_and_cli(tmp
     assert other.exit_code == 2 and "keeps its unit and budget" in " ".join(other.output.split())
     ok = CliRunner().invoke(app, ["dataset", "register", "visits", str(feb_path), "--snapshot", feb])
     assert ok.exit_code == 0 and "visits@2026-02" in ok.output
+    budget = CliRunner().invoke(app, ["budget"])
+    assert budget.exit_code == 0 and "(parallel)" in budget.output and "1 each" in budget.output
+
+
+def test_a_store_made_before_series_gains_the_series_tables_on_open(tmp_path):
+    """Existing stores migrate by addition: the series tables are new tables, created on open
+    (Store.create_all, which Platform.open calls); the datasets and ledger already there are kept."""
+    from sqlalchemy import inspect
+    from sqlmodel import SQLModel
+
+    from dprelease.store import Controller, Dataset, Lease, LedgerEntry, Policy, Release
+
+    old = Store(f"sqlite:///{tmp_path / 'old.db'}")
+    SQLModel.metadata.create_all(old.engine, tables=[m.__table__ for m in (Dataset, LedgerEntry, Release, Policy,
+                                                                           Lease, Controller)])
+    old.add_dataset("visits@2026-01", privacy_unit="person_id", blob_path="-", fingerprint="-", file_format="parquet",
+                    schema={"person_id": "int64"}, epsilon_cap=1.0, delta_cap=1e-5)
+    from sqlmodel import Session
+
+    with Session(old.engine) as session:  # an entry the old code reserved
+        session.add(LedgerEntry(dataset="visits@2026-01", release_id="r0", epsilon=0.25, delta=0.0))
+        session.commit()
+    assert "series_claims" not in inspect(old.engine).get_table_names()
+    old.create_all()
+    assert {"series", "series_snapshots", "series_claims"} <= set(inspect(old.engine).get_table_names())
+    assert old.budget("visits@2026-01")["epsilon_reserved"] == 0.25
+    store_series.add_series(old, "visits", privacy_unit="person_id", schema={"person_id": "int64"},
+                            budget_mode="series_cap", epsilon_cap=1.0, delta_cap=1e-5)
+    store_series.add_snapshot(old, "visits", "2026-01", "visits@2026-01")
+    assert store_series.series_budget(old, "visits")["epsilon_reserved"] == 0.25
+    old.close()
