@@ -209,3 +209,26 @@ def test_the_monthly_deployment_names_the_series_and_the_snapshot_rule_typed_and
     for name in ("request_file", "series", "snapshot"):
         assert props[name].get("description"), name
     assert props["snapshot"]["default"] == "latest" and props["snapshot"]["pattern"]
+
+
+def test_the_series_page_escapes_names_and_draws_a_band_per_drawn_group(tmp_path):
+    """Rendering alone (no Prefect): group names are text, never markup; each chart draws the same
+    groups in the same colours, each with its interval band; the CSV neutralises formula cells."""
+    from dprelease.reporting.series_page import Period, render_series_page
+    from dprelease.series import _write_series_data
+
+    rows = [{"region": "<script>alert(1)</script>", "n": 10.0, "n_ci_low": 8.0, "n_ci_high": 12.0},
+            {"region": "=HYPERLINK(\"x\")", "n": 20.0, "n_ci_low": 18.0, "n_ci_high": 22.0}]
+    periods = [Period(snapshot=f"2026-0{i}", release_id=f"r{i}", path=f"../../r{i}/index.html", epsilon=0.5,
+                      delta=0.0, published_at="2026-01-01", approved_by="policy:p", manifest_sha256="0" * 64,
+                      rows=rows) for i in (1, 2, 3)]
+    budget = {"composition": "sequential", "epsilon_cap": 2.0, "epsilon_total": 1.5, "delta_total": 0.0,
+              "epsilon_remaining": 0.5, "per_period": {}}
+    html = render_series_page("visits", "Visits", periods, ["region"], ["n"], budget, [], 0.95, "dprelease verify x")
+    assert "<script>alert" not in html and "&lt;script&gt;" in html
+    assert html.count("<svg") == 1 and "sequential composition" in html and "Remaining" in html
+    svg = html[html.index("<svg"):html.index("</svg>")]
+    assert svg.count("<path") >= 4  # two lines and two bands at least
+    _write_series_data(tmp_path, "visits", "Visits", periods, ["region"], ["n"], budget)
+    assert "'=HYPERLINK" in (tmp_path / "series.csv").read_text()
+    assert json.loads((tmp_path / "series.json").read_text())["periods"][0]["rows"] == rows

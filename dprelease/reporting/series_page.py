@@ -65,12 +65,23 @@ def _series_values(periods: list[Period], keys: list[str], statistic: str) -> di
     return out
 
 
-def series_chart_svg(statistic: str, labels: list[str], values: dict[str, list[tuple]]) -> str:
-    """A statistic over the periods: a line per group, its confidence interval as a shaded band."""
+def drawn_groups(values: dict[str, list[tuple]]) -> list[str]:
+    """The groups a chart draws: the MAX_LINES largest by their mean released value."""
+    def mean(group: str) -> float:
+        finite = [v[0] for v in values[group] if np.isfinite(v[0])]
+        return float(np.mean(finite)) if finite else -np.inf
+
+    return sorted(values, key=lambda g: (-mean(g), g))[:MAX_LINES]
+
+
+def series_chart_svg(statistic: str, labels: list[str], values: dict[str, list[tuple]],
+                     groups: list[str] | None = None) -> str:
+    """A statistic over the periods: a line per group, its confidence interval as a shaded band.
+    `groups`: the groups to draw, in colour order (the same colour for a group in every chart)."""
     fig = Figure(figsize=(8.5, 3.8))
     ax = fig.subplots()
     x = np.arange(len(labels))
-    order = sorted(values, key=lambda g: -np.nanmean([v[0] for v in values[g]] or [0]))[:MAX_LINES]
+    order = [g for g in (groups or drawn_groups(values)) if g in values]
     for colour, group in zip(_LINE_COLOURS, order):
         value, low, high = (np.asarray(c, dtype=float) for c in zip(*values[group]))
         band = np.isfinite(low) & np.isfinite(high)
@@ -92,10 +103,11 @@ def render_series_page(name: str, title: str, periods: list[Period], keys: list[
                        budget: dict, refusals: list[dict], confidence: float | None, verify_hint: str) -> str:
     """The series page (self-contained HTML: inline CSS and SVG, no scripts)."""
     labels = [p.snapshot for p in periods]
-    charts, tables = [], []
+    charts, tables, groups = [], [], None
     for statistic in statistics:
         values = _series_values(periods, keys, statistic)
-        charts.append({"name": statistic, "svg": Markup(series_chart_svg(statistic, labels, values))})
+        groups = groups or drawn_groups(values)  # the first statistic's largest groups, in every chart
+        charts.append({"name": statistic, "svg": Markup(series_chart_svg(statistic, labels, values, groups))})
         tables.append({"name": statistic, "rows": [
             {"snapshot": period.snapshot, "group": group, "value": values[group][i][0], "low": values[group][i][1],
              "high": values[group][i][2]}
