@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 
 import typer
-from rich.markup import escape
 from rich.markdown import Markdown
+from rich.markup import escape
 from rich.table import Table as RichTable
 
 from dprelease.settings import Settings
@@ -72,12 +72,26 @@ def dataset_register(
     trust: str = typer.Option("low", help="trust in the recipients of releases: very low ... very high, or 0-1"),
     sensitive_values: int = typer.Option(2, help="values a person's sensitive attribute can take (risk model's n)"),
     max_risk: str = typer.Option("0.2", help="the tolerable risk (level or 0-1)"),
+    snapshot: str = typer.Option(None, help="register the file as this period of the series NAME (e.g. 2026-11)"),
+    series_budget: str = typer.Option(None, help="with the first --snapshot: per_snapshot (disjoint people each "
+                                      "period: --epsilon-cap per period) or series_cap (the same people: "
+                                      "--epsilon-cap for all periods together)"),
 ) -> None:
     """Encrypt a file into the escrow and record its fingerprint, unit, caps and data checks.
 
-    Example: dprelease dataset register adult adult.csv.gz --unit person_id --add-row-id --epsilon-cap 10"""
+    Example: dprelease dataset register adult adult.csv.gz --unit person_id --add-row-id --epsilon-cap 10
+
+    Example: dprelease dataset register visits visits-2026-11.csv --snapshot 2026-11"""
     from dprelease import admin
 
+    if snapshot is not None:
+        profile = {"sensitivity": _level(sensitivity), "trust": _level(trust), "n": sensitive_values,
+                   "max_risk": _level(max_risk)}
+        default = {"sensitivity": "medium", "trust": "low", "n": 2, "max_risk": 0.2}
+        _register_snapshot(name, path, snapshot, unit, epsilon_cap, delta_cap, add_row_id, series_budget,
+                           None if profile == default else profile)  # None: a later snapshot keeps the series'
+
+        return
     if public == bool(unit):
         _fail("give --unit <column> for a protected dataset, or --public for a public table (not both)")
     if not public and epsilon_cap is None:
@@ -93,6 +107,18 @@ def dataset_register(
         return
     console.print(escape(f"registered {ds.name!r}: fingerprint {ds.fingerprint[:16]}..., unit {ds.privacy_unit!r}, "
                   f"epsilon cap {ds.epsilon_cap:g}, delta cap {ds.delta_cap:g}"))
+
+
+def _register_snapshot(name, path, snapshot, unit, epsilon_cap, delta_cap, add_row_id, series_budget, profile):
+    """`dataset register NAME FILE --snapshot LABEL`: one period of the series NAME (dprelease.series);
+    the default delta cap means 'the series' own' for a later snapshot."""
+    from dprelease import series
+
+    ds = series.register_snapshot(_settings(), name, path, snapshot, privacy_unit=unit, budget_mode=series_budget,
+                                  epsilon_cap=epsilon_cap, delta_cap=None if delta_cap == 1e-5 else delta_cap,
+                                  add_row_id=add_row_id, risk_profile=profile)
+    console.print(escape(f"registered snapshot {snapshot} of series {name!r} as dataset {ds.name!r}: fingerprint "
+                         f"{ds.fingerprint[:16]}..., unit {ds.privacy_unit!r}"))
 
 
 def _level(text: str) -> str | float:
@@ -119,7 +145,7 @@ def dataset_list() -> None:
 @policy_app.command("add")
 def policy_add(
     name: str,
-    dataset: str = typer.Option(..., help="the dataset it covers"),
+    dataset: str = typer.Option(..., help="the dataset it covers (a series: every snapshot, from the latest on)"),
     max_epsilon: float = typer.Option(..., help="the largest epsilon one release may spend"),
     approval: str = typer.Option("manual", help="manual (the controller decides) or auto (approved when within)"),
     analyst: str = typer.Option(None, help="the analyst it covers (default: any)"),
@@ -138,7 +164,10 @@ def policy_add(
     unknown = set(evaluator) - set(catalogue())
     if unknown:
         _fail(f"unknown evaluator(s) {sorted(unknown)}; the catalogue: {sorted(catalogue())}")
+    from dprelease.series import dataset_for_policy
+
     try:
+        dataset = dataset_for_policy(Store(_settings().store_url), dataset)  # a series: its snapshots
         Store(_settings().store_url).add_policy(name, dataset, max_epsilon_per_release=max_epsilon,
                                                 analyst=analyst, approval=approval, evaluators=list(evaluator),
                                                 deployment=deployment)
@@ -177,6 +206,24 @@ def budget(dataset: str = typer.Argument(None, help="one dataset (default: all)"
         table.add_row(escape(name), f"{b['epsilon_cap']:g}", f"{b['epsilon_committed']:g}", f"{b['epsilon_reserved']:g}",
                       f"{b['epsilon_remaining']:g}", f"{b['delta_remaining']:.3g}")
     console.print(table)
+    if not dataset:
+        _series_budgets(store)
+
+
+def _series_budgets(store) -> None:
+    """The series' budgets: per period (parallel composition) or one cap for all (sequential)."""
+    from dprelease.store import series as store_series
+
+    store.create_all()
+    table = RichTable("series", "budget", "epsilon cap", "periods", "total epsilon", "remaining")
+    for s in store_series.list_series(store):
+        b = store_series.series_budget(store, s.name)
+        per_period = b["mode"] == "per_snapshot"
+        table.add_row(escape(s.name), "per period (parallel)" if per_period else "series cap (sequential)",
+                      f"{b['epsilon_cap']:g}" + (" each" if per_period else ""), str(len(b["per_period"])),
+                      f"{b['epsilon_total']:g}", "-" if per_period else f"{b['epsilon_remaining']:g}")
+    if table.row_count:
+        console.print(table)
 
 
 @app.command()

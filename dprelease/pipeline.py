@@ -32,6 +32,7 @@ from .reporting import data_files, pages, signing
 from .requests import ReleaseRequest, query_from_spec
 from .settings import Settings
 from .store import BudgetExceeded, Store, StoreError
+from .store import series as store_series
 
 
 class ReleaseError(dp.DPError):
@@ -153,6 +154,9 @@ def _sql_tables(platform: Platform, ds, data, planning: bool = False) -> dict[st
     """The tables a SQL request may read: its dataset (protected) and every public dataset (empty
     stand-ins of the registered schema while planning, their rows when computing)."""
     tables = {ds.name: Table(data, ds.privacy_unit)}
+    series_name = store_series.series_name_of(platform.store, ds.name)
+    if series_name:  # a snapshot of a series: the series' SQL names the series, whatever the period
+        tables[series_name] = tables[ds.name]
     for other in platform.store.list_datasets():
         if not other.privacy_unit and other.name != ds.name:
             if planning:
@@ -582,7 +586,9 @@ def write_index(platform: Platform) -> Path:
                         "path": f"{rel.id}/index.html"})
     entries.sort(key=lambda e: e["published_at"], reverse=True)
     path = platform.settings.publication_dir / "index.html"
-    path.write_text(pages.render_index(entries))
+    from .series import index_entries  # the series pages (periodic publication)
+
+    path.write_text(pages.render_index(entries, series=index_entries(platform)))
     key = platform.settings.publication_dir / signing.PUBLIC_KEY  # the trusted key, published once
     key.write_bytes(platform.settings.public_key_file.read_bytes())
     return path

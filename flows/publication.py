@@ -3,30 +3,108 @@
 Each run is its own release with its own budget entry. A run created by this deployment's schedule
 is approved by a standing automatic policy that names the deployment (epsilon within its limit,
 risk within the tolerable risk); any other run, or one no policy covers, waits for a controller. The publication directory keeps
-the index of every release."""
+the index of every release.
+
+With `series`, a run publishes one snapshot of a dataset series (the latest, or the one named for a
+back-fill), exactly once: the snapshot is claimed in the store before any budget is reserved (a
+second run for it is refused by the claim's primary key, nothing spent); a missing snapshot fails
+the run with nothing spent. After each run the series page is published again (signed), showing
+every released period and any run that was refused.
+"""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
+from typing import Annotated
 
-from prefect import flow
+from prefect import flow, get_run_logger
+from prefect.runtime import flow_run
+from pydantic import Field
 
+from dprelease import pipeline
 from dprelease.requests import load_request
 from dprelease.requests.epsilon import to_parameter
+from dprelease.series import note_refusal, publish_series_page
+from dprelease.settings import Settings
+from dprelease.store import series as store_series
 from flows.outcomes import is_rejected, outcome, rejected
-from flows.release import release_flow
+from flows.release import RUN_HOOKS, attempt_release_id, prepare_and_decide, record, release_flow
+from tasks import release_steps as steps
+
+#: the snapshot rule's default: the newest registered snapshot of the series
+LATEST = "latest"
 
 
-@flow(name="dp-scheduled-publication", log_prints=True)
-def publication_flow(request_file: str) -> dict:
-    """Release the statistics of a request file under its dataset's standing policy."""
+def _run_name() -> str:
+    """A series run is named after the series and its snapshot rule, so the UI lists what it published."""
+    params = flow_run.parameters or {}
+    if params.get("series"):
+        return f"{params['series']} ({params.get('snapshot') or LATEST})"[:120]
+    return f"publication of {Path(str(params.get('request_file', 'a request'))).stem}"[:120]
+
+
+@flow(name="dp-scheduled-publication", log_prints=True, flow_run_name=_run_name, **RUN_HOOKS)
+def publication_flow(
+    request_file: str,
+    series: str | None = None,
+    snapshot: Annotated[str, Field(pattern=r"^[0-9A-Za-z][0-9A-Za-z._-]{0,31}$")] = LATEST,
+    approval_timeout: Annotated[int, Field(gt=0)] = 3600,
+) -> dict:
+    """Release the statistics of a request file under its dataset's standing policy; with `series`,
+    release one snapshot of the series once and publish the series page again.
+
+    Args:
+        request_file: the release request (.yaml/.json) published each period; for a series, its SQL reads the series by its name
+        series: the dataset series to publish (empty: the request's own dataset, republished each run)
+        snapshot: which snapshot of the series: latest (the newest registered, what the schedule uses) or a label such as 2026-11 (a back-fill)
+        approval_timeout: seconds to wait for a controller when no standing policy approves the run (then the budget is refunded)
+    """
     request = load_request(Path(request_file))
+    if series:
+        return publish_snapshot(request, series, snapshot, approval_timeout)
     state = release_flow(
         dataset=request.dataset, sql=request.sql, query=request.query, title=request.title,
         epsilon=to_parameter(request), delta=request.delta, max_partitions_contributed=request.max_partitions_contributed,
-        requested_by=request.requested_by or "schedule", return_state=True,
+        requested_by=request.requested_by or "schedule", approval_timeout=approval_timeout, return_state=True,
     )
     result = outcome(state)
     if is_rejected(state):  # the scheduled run ends in the same Rejected state
         return rejected(state.message or "rejected", result)
     return result
+
+
+def publish_snapshot(request, series: str, rule: str, approval_timeout: int = 3600):
+    """The series path: resolve the snapshot, claim it, then the release steps (flows.release) on
+    the snapshot's dataset. This run's id is the release id, so the run hooks refund it if the
+    run is cancelled or crashes (which gives the snapshot back)."""
+    settings = Settings.from_env()
+    platform = pipeline.Platform.open(settings)
+    try:
+        snap = store_series.resolve(platform.store, series, rule)
+    except store_series.SnapshotRefused as err:
+        note_refusal(platform, series, rule, str(err), flow_run.id, public=True)  # shown on the series page
+        pipeline.write_index(platform)
+        raise
+    request = replace(request, dataset=snap.dataset, requested_by=request.requested_by or "schedule",
+                      title=f"{request.title or series}: {snap.snapshot}")
+    release_id = attempt_release_id(platform)
+    record(platform, release_id, request)
+    try:
+        store_series.claim(platform.store, series, snap.snapshot, release_id)
+        steps.check_policy(settings, request)
+    except Exception as err:  # refused before anything was reserved: recorded as such, nothing spent
+        platform.store.update_release(release_id, status="failed", decision_comment=str(err)[:500])
+        note_refusal(platform, series, snap.snapshot, str(err), flow_run.id)
+        raise
+    get_run_logger().info("publishing snapshot %s of series %s (release %s)", snap.snapshot, series, release_id)
+    planned, decision, verdict = prepare_and_decide(settings, platform, release_id, request, approval_timeout)
+    if verdict.decision == "approve":
+        where = steps.publish(settings, release_id, planned, decision, verdict.reviewer, verdict.comment)
+        page = publish_series_page(platform, series)
+        steps.budget_view(settings, request.dataset)
+        return {"release_id": release_id, "status": "published", "directory": where, "series": series,
+                "snapshot": snap.snapshot, "series_page": str(page)}
+    steps.refund(settings, release_id, "rejected", verdict.reviewer, verdict.comment)
+    return rejected(f"rejected by {verdict.reviewer}: {verdict.comment}",
+                    {"release_id": release_id, "status": "rejected", "series": series, "snapshot": snap.snapshot})

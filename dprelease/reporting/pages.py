@@ -522,7 +522,7 @@ def render_controller_report(result, ctx: ReleaseContext) -> str:
 _SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:")
 
 
-def render_index(entries: list[dict]) -> str:
+def render_index(entries: list[dict], series: list[dict] | None = None) -> str:
     """The publication index: one row per published release, in the order given.
 
     Each entry: release_id, dataset, title, epsilon, delta, published_at, path (a relative link to
@@ -536,4 +536,8 @@ def render_index(entries: list[dict]) -> str:
         rows.append({"release_id": str(e["release_id"]), "dataset": str(e["dataset"]), "title": str(e["title"]),
                      "epsilon": e["epsilon"], "delta": e["delta"], "published_at": str(e["published_at"]),
                      "path": path})
-    return environment().get_template("index.html").render(title="Published releases", entries=rows)
+    for s in series or []:  # the series pages: relative links too
+        if _SCHEME.match(s["path"]) or s["path"].startswith(("/", "\\")):
+            raise ValueError(f"series {s.get('name')!r}: path must be relative, got {s['path']!r}")
+    return environment().get_template("index.html").render(title="Published releases", entries=rows,
+                                                           series=series or [])

@@ -19,6 +19,7 @@ from sqlmodel import Session, SQLModel, select
 
 from dprelease.settings import Settings
 
+from . import series as _series
 from .database import make_engine
 from .errors import BudgetExceeded, StoreError
 from .tables import (
@@ -99,6 +100,7 @@ class Store:
         SQLModel.metadata.create_all(
             self.engine, tables=[m.__table__ for m in (Dataset, LedgerEntry, Release, Policy, Lease, Controller)]
         )
+        SQLModel.metadata.create_all(self.engine, tables=_series.TABLES)  # dataset series (new tables only)
         _add_policy_deployment_column(self.engine)
 
     def close(self) -> None:
@@ -187,6 +189,7 @@ class Store:
                     )
                 totals = _totals(session, dataset)
                 _check_fits(ds, totals, epsilon, delta)
+                _series.check_series_fits(session, dataset, epsilon, delta)  # a series_cap series: its cap too
                 entry = LedgerEntry(dataset=dataset, release_id=release_id, epsilon=epsilon, delta=delta)
                 session.add(entry)
         except IntegrityError as exc:  # unique release_id raced past the check
@@ -218,6 +221,8 @@ class Store:
             entry.status = target
             entry.updated_at = utcnow()
             session.add(entry)
+            if target == "refunded":
+                _series.drop_claim(session, release_id)  # a snapshot not published may be published later
             return entry
 
     def abandon(self, release_id: str, status: str = "failed", comment: str = "", by: str | None = None) -> str:
@@ -234,6 +239,7 @@ class Store:
             entry = self._entry(session, release_id, lock=True, missing_ok=True)
             if entry is not None and entry.status == "committed":
                 return "committed"
+            _series.drop_claim(session, release_id)  # a snapshot not published may be published later
             if entry is not None and entry.status == "reserved":
                 entry.status, entry.updated_at = "refunded", utcnow()
                 session.add(entry)

@@ -136,3 +136,49 @@ class Controller(SQLModel, table=True):
     name: str = Field(primary_key=True)
     public_key_pem: str
     added_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
+# --- dataset series (periodic publication): dprelease.store.series -----------------------------------
+
+SERIES_BUDGETS = ("per_snapshot", "series_cap")  # parallel over disjoint snapshots | sequential over all
+
+
+class Series(SQLModel, table=True):
+    """A dataset published periodically: every snapshot has this schema and unit. budget_mode
+    per_snapshot: the snapshots hold disjoint people, each may spend `epsilon_cap` (parallel
+    composition); series_cap: the same people in every snapshot, all together may spend `epsilon_cap`
+    (sequential composition)."""
+
+    __tablename__ = "series"
+
+    name: str = Field(primary_key=True)
+    privacy_unit: str
+    schema_text: str  # JSON object: column -> type, the contract every snapshot must meet
+    budget_mode: str  # one of SERIES_BUDGETS
+    epsilon_cap: float
+    delta_cap: float
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
+class Snapshot(SQLModel, table=True):
+    """One period of a series: its own registered (escrowed, checked) dataset."""
+
+    __tablename__ = "series_snapshots"
+
+    series: str = Field(foreign_key="series.name", primary_key=True)
+    snapshot: str = Field(primary_key=True)  # the period's label, e.g. 2026-11 (sorts in time order)
+    dataset: str = Field(foreign_key="datasets.name", unique=True)
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
+class SnapshotClaim(SQLModel, table=True):
+    """The scheduled publication of one snapshot: its primary key makes it happen once. Taken before
+    any budget is reserved; removed in the transaction that refunds the release (a run that did not
+    publish gives the snapshot back)."""
+
+    __tablename__ = "series_claims"
+
+    series: str = Field(foreign_key="series.name", primary_key=True)
+    snapshot: str = Field(primary_key=True)
+    release_id: str = Field(unique=True)
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)

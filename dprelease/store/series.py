@@ -1,0 +1,285 @@
+"""Dataset series in the store: a series, its snapshots (one registered dataset each), the claim
+that makes a snapshot's scheduled publication happen once, and the series' budget.
+
+Budget (how statistical offices state it; dp-engine.md, composition):
+- per_snapshot: the snapshots hold disjoint sets of people (each period's records are its own
+  people), so by parallel composition the series as a whole is (eps, delta)-DP with the largest
+  per-snapshot spend; each snapshot's dataset has the per-snapshot cap and nothing more is checked.
+- series_cap: the same people appear in every snapshot, so by sequential composition the series
+  spends the sum over its snapshots; every reservation on a snapshot is checked, under the series
+  row's lock, against the series cap (committed + reserved over all snapshots + asked <= cap).
+
+The claim (table series_claims, primary key series + snapshot) is inserted before any budget is
+reserved; a second insert fails on the constraint, so of two runs for one snapshot exactly one goes
+on to spend. A refund removes the claim in the same transaction (the snapshot may be published
+by a later run); a committed release keeps it for good.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+from sqlalchemy import delete
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session, select
+
+from .errors import BudgetExceeded, StoreError
+from .tables import SERIES_BUDGETS, LedgerEntry, Policy, Release, Series, Snapshot, SnapshotClaim
+
+#: a snapshot label: letters, digits, '-', '.', '_' (e.g. 2026-11, 2026-W07, 2026q3); sorts as text
+SNAPSHOT_LABEL = re.compile(r"^[0-9A-Za-z][0-9A-Za-z._-]{0,31}$")
+#: what a snapshot's dataset is called: the series name, '@', the label
+SNAPSHOT_SEPARATOR = "@"
+#: release statuses that end a run without publishing: their claim no longer holds the snapshot
+UNPUBLISHED_ENDS = ("failed", "rejected", "expired")
+#: relative slack for float sums against a cap (the ledger's CAP_TOLERANCE: 0.1 + 0.2 fits 0.3)
+CAP_TOLERANCE = 1e-9
+
+
+#: the tables of this module (created by Store.create_all; new tables, so existing stores just gain them)
+TABLES = [Series.__table__, Snapshot.__table__, SnapshotClaim.__table__]
+
+
+class SnapshotRefused(StoreError):
+    """A snapshot that cannot be registered or published: missing, already published, bad label."""
+
+
+def snapshot_dataset_name(series: str, snapshot: str) -> str:
+    """The registered dataset that holds one snapshot of a series."""
+    return f"{series}{SNAPSHOT_SEPARATOR}{snapshot}"
+
+
+def check_label(snapshot: str) -> str:
+    """A snapshot label must be short and plain (it names a dataset, a folder entry and a chart point)."""
+    if not SNAPSHOT_LABEL.match(snapshot or ""):
+        raise SnapshotRefused(f"snapshot label {snapshot!r} is not valid: use letters, digits, '-', '.', '_' "
+                              "(up to 32 characters, e.g. 2026-11)")
+    return snapshot
+
+
+def schema_differences(contract: dict[str, str], found: dict[str, str]) -> list[str]:
+    """What differs between a series' schema and a snapshot's, column by column, in words (columns
+    are matched by name: their order in the file does not matter)."""
+    out = [f"column {c!r} ({t}) is missing" for c, t in contract.items() if c not in found]
+    out += [f"column {c!r} ({t}) is new" for c, t in found.items() if c not in contract]
+    out += [f"column {c!r} is {found[c]}, the series has {t}" for c, t in contract.items()
+            if c in found and found[c] != t]
+    return out
+
+
+# --- series and snapshots ---------------------------------------------------------------------------
+
+
+def add_series(store, name: str, *, privacy_unit: str, schema: dict[str, str], budget_mode: str,
+               epsilon_cap: float, delta_cap: float) -> Series:
+    """Create a series (its schema contract, unit and budget); names are unique."""
+    if budget_mode not in SERIES_BUDGETS:
+        raise ValueError(f"the series budget must be one of {', '.join(SERIES_BUDGETS)}; got {budget_mode!r}")
+    if SNAPSHOT_SEPARATOR in name or not name.strip():
+        raise SnapshotRefused(f"series name {name!r} is not valid: non-blank, without {SNAPSHOT_SEPARATOR!r}")
+    series = Series(name=name, privacy_unit=privacy_unit, schema_text=json.dumps(schema),
+                    budget_mode=budget_mode, epsilon_cap=float(epsilon_cap), delta_cap=float(delta_cap))
+    if not (math.isfinite(series.epsilon_cap) and series.epsilon_cap > 0):
+        raise ValueError(f"the series epsilon must be a finite number > 0, got {epsilon_cap!r}")
+    if not (math.isfinite(series.delta_cap) and 0 <= series.delta_cap < 1):
+        raise ValueError(f"the series delta must be in [0, 1), got {delta_cap!r}")
+    try:
+        with store._transaction() as session:
+            if session.get(Series, name) is not None:
+                raise StoreError(f"series {name!r} already exists")
+            session.add(series)
+    except IntegrityError as exc:
+        raise StoreError(f"series {name!r} already exists") from exc
+    return series
+
+
+def get_series(store, name: str) -> Series:
+    with store._transaction() as session:
+        series = session.get(Series, name)
+        if series is None:
+            raise SnapshotRefused(f"unknown series {name!r}: register its first snapshot with `dprelease dataset "
+                                  f"register {name} FILE --snapshot LABEL --series-budget ...`")
+        return series
+
+
+def find_series(store, name: str) -> Series | None:
+    with store._transaction() as session:
+        return session.get(Series, name)
+
+
+def list_series(store) -> list[Series]:
+    with store._transaction() as session:
+        return list(session.exec(select(Series).order_by(Series.name)).all())
+
+
+def add_snapshot(store, series: str, snapshot: str, dataset: str) -> Snapshot:
+    """Record a registered dataset as a snapshot of a series, and carry the standing policies of
+    the series' latest snapshot over to it (a policy set for the series applies to every period)."""
+    row = Snapshot(series=series, snapshot=check_label(snapshot), dataset=dataset)
+    try:
+        with store._transaction() as session:
+            if session.get(Snapshot, (series, snapshot)) is not None:
+                raise SnapshotRefused(f"snapshot {snapshot} of series {series!r} is already registered")
+            previous = session.exec(select(Snapshot).where(Snapshot.series == series)
+                                    .order_by(Snapshot.snapshot.desc())).first()
+            session.add(row)
+            if previous is not None:
+                for policy in session.exec(select(Policy).where(Policy.dataset == previous.dataset)).all():
+                    base = policy.name.split(SNAPSHOT_SEPARATOR)[0]
+                    session.add(Policy(name=f"{base}{SNAPSHOT_SEPARATOR}{snapshot}", dataset=dataset,
+                                       analyst=policy.analyst, max_epsilon_per_release=policy.max_epsilon_per_release,
+                                       approval=policy.approval, evaluators_json=policy.evaluators_json,
+                                       deployment=policy.deployment))
+    except IntegrityError as exc:
+        raise SnapshotRefused(f"snapshot {snapshot} of series {series!r} is already registered") from exc
+    return row
+
+
+def snapshots(store, series: str) -> list[Snapshot]:
+    """The snapshots of a series, oldest label first."""
+    with store._transaction() as session:
+        return list(session.exec(select(Snapshot).where(Snapshot.series == series).order_by(Snapshot.snapshot)).all())
+
+
+def resolve(store, series: str, rule: str) -> Snapshot:
+    """The snapshot a run publishes: `latest` (the newest label) or a label (a back-fill);
+    SnapshotRefused naming what exists when there is none."""
+    get_series(store, series)
+    known = snapshots(store, series)
+    if rule == "latest":
+        if not known:
+            raise SnapshotRefused(f"series {series!r} has no snapshot yet: register one first")
+        return known[-1]
+    for snap in known:
+        if snap.snapshot == rule:
+            return snap
+    have = ", ".join(s.snapshot for s in known[-6:]) or "none"
+    raise SnapshotRefused(f"snapshot {rule!r} of series {series!r} is missing (latest registered: {have}): "
+                          f"register it with `dprelease dataset register {series} FILE --snapshot {rule}`")
+
+
+def series_of_dataset(session: Session, dataset: str) -> tuple[Series, Snapshot] | None:
+    """The series and snapshot a dataset belongs to, or None for a plain dataset."""
+    snap = session.exec(select(Snapshot).where(Snapshot.dataset == dataset)).first()
+    if snap is None:
+        return None
+    return session.get(Series, snap.series), snap
+
+
+def series_name_of(store, dataset: str) -> str | None:
+    """The series a dataset is a snapshot of (None for a plain dataset)."""
+    with store._transaction() as session:
+        found = series_of_dataset(session, dataset)
+        return None if found is None else found[0].name
+
+
+# --- the once-only claim ----------------------------------------------------------------------------
+
+
+def claim(store, series: str, snapshot: str, release_id: str) -> SnapshotClaim:
+    """Take the snapshot's scheduled publication for `release_id` (before any budget is reserved).
+
+    Refused when another release holds it (published, or still running); a claim left by a run
+    that ended without publishing (failed, rejected, expired) is replaced. The primary key decides
+    between concurrent runs: the second insert fails, whatever either run read before."""
+    taken = SnapshotRefused(f"snapshot {snapshot} of series {series!r} is already published or being published: "
+                            "a snapshot is released once (nothing spent)")
+    try:
+        with store._transaction() as session:
+            if session.get(Snapshot, (series, snapshot)) is None:
+                raise SnapshotRefused(f"snapshot {snapshot!r} of series {series!r} is missing: nothing spent")
+            held = session.exec(select(SnapshotClaim).where(SnapshotClaim.series == series,
+                                                            SnapshotClaim.snapshot == snapshot)
+                                .with_for_update()).first()
+            if held is not None:
+                if held.release_id == release_id:
+                    return held  # the same run, resumed or retried
+                holder = session.get(Release, held.release_id)
+                if holder is None or holder.status not in UNPUBLISHED_ENDS:
+                    raise SnapshotRefused(f"{taken} (release {held.release_id})")
+                session.delete(held)
+                session.flush()
+            row = SnapshotClaim(series=series, snapshot=snapshot, release_id=release_id)
+            session.add(row)
+    except IntegrityError as exc:  # a concurrent run inserted it first
+        raise taken from exc
+    return row
+
+
+def drop_claim(session: Session, release_id: str) -> None:
+    """Give back the snapshot a release claimed (called in the transaction that refunds it)."""
+    session.exec(delete(SnapshotClaim).where(SnapshotClaim.release_id == release_id))
+
+
+def claims(store, series: str) -> dict[str, str]:
+    """snapshot label -> the release id holding it."""
+    with store._transaction() as session:
+        rows = session.exec(select(SnapshotClaim).where(SnapshotClaim.series == series)).all()
+        return {r.snapshot: r.release_id for r in rows}
+
+
+# --- the series budget --------------------------------------------------------------------------------
+
+
+def _series_totals(session: Session, series: str) -> dict[str, dict[str, float]]:
+    rows = session.exec(
+        select(LedgerEntry.status, LedgerEntry.epsilon, LedgerEntry.delta)
+        .join(Snapshot, Snapshot.dataset == LedgerEntry.dataset)
+        .where(Snapshot.series == series, LedgerEntry.status.in_(("reserved", "committed")))
+    ).all()
+    return {param: {status: math.fsum(r[col] for r in rows if r[0] == status) for status in ("committed", "reserved")}
+            for param, col in (("epsilon", 1), ("delta", 2))}
+
+
+def check_series_fits(session: Session, dataset: str, epsilon: float, delta: float) -> None:
+    """In a reservation's transaction: a snapshot of a series_cap series must also fit the series
+    cap (sequential composition over all snapshots). Locks the series row, so reservations on
+    different snapshots of one series are serialised (PostgreSQL; SQLite locks the whole file)."""
+    found = series_of_dataset(session, dataset)
+    if found is None or found[0].budget_mode != "series_cap":
+        return
+    series = session.exec(select(Series).where(Series.name == found[0].name).with_for_update()).one()
+    totals = _series_totals(session, series.name)
+    for param, cap, asked in (("epsilon", series.epsilon_cap, epsilon), ("delta", series.delta_cap, delta)):
+        spent, reserved = totals[param]["committed"], totals[param]["reserved"]
+        if math.fsum((spent, reserved, asked)) > cap + CAP_TOLERANCE * max(cap, 1e-12):
+            raise BudgetExceeded(
+                f"budget exceeded for series {series.name!r} (one cap for all snapshots: the same people in each): "
+                f"{param} cap {cap:g}, committed {spent:g}, reserved {reserved:g}, requested {asked:g} "
+                f"(remaining {max(0.0, cap - spent - reserved):g}); raise the series cap or spend less per period")
+
+
+def series_budget(store, name: str) -> dict:
+    """The series' budget as stated in its page: the mode, the per-period spend and the total
+    guarantee (parallel: the largest period; sequential: the sum) with what remains."""
+    series = get_series(store, name)
+    with store._transaction() as session:
+        rows = session.exec(
+            select(Snapshot.snapshot, LedgerEntry.epsilon, LedgerEntry.delta)
+            .join(LedgerEntry, LedgerEntry.dataset == Snapshot.dataset)
+            .where(Snapshot.series == name, LedgerEntry.status == "committed")).all()
+        totals = _series_totals(session, name)
+    per_period: dict[str, dict[str, float]] = {}
+    for label, eps, dlt in rows:
+        period = per_period.setdefault(label, {"epsilon": 0.0, "delta": 0.0})
+        period["epsilon"] = math.fsum((period["epsilon"], eps))
+        period["delta"] = math.fsum((period["delta"], dlt))
+    out = {"series": name, "mode": series.budget_mode, "epsilon_cap": series.epsilon_cap,
+           "delta_cap": series.delta_cap, "per_period": dict(sorted(per_period.items()))}
+    eps_values = [p["epsilon"] for p in per_period.values()]
+    delta_values = [p["delta"] for p in per_period.values()]
+    if series.budget_mode == "per_snapshot":
+        out["composition"] = "parallel"
+        out["epsilon_total"] = max(eps_values, default=0.0)
+        out["delta_total"] = max(delta_values, default=0.0)
+    else:
+        out["composition"] = "sequential"
+        out["epsilon_total"] = totals["epsilon"]["committed"]
+        out["delta_total"] = totals["delta"]["committed"]
+        out["epsilon_reserved"] = totals["epsilon"]["reserved"]
+        out["epsilon_remaining"] = max(0.0, series.epsilon_cap - totals["epsilon"]["committed"]
+                                       - totals["epsilon"]["reserved"])
+    return out
+

@@ -1,0 +1,234 @@
+"""Periodic publication (issue 21): a year of monthly snapshots released by the schedule, exactly
+once each, the series budget as stated, and the signed series page. Real parts: SQLite (and
+PostgreSQL when DPRELEASE_TEST_PG_URL is set) stores, the escrow, a Prefect API
+(prefect_test_harness) with a deployment whose schedule creates the runs, headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples"))
+from monthly_snapshots import write_snapshots
+
+DEPLOYMENT = "dp-series-publication"
+SQL = ("SELECT WITH ANONYMIZATION region, ANON_COUNT(*, 1) AS people, ANON_AVG(visits, 0, 20) AS avg_visits "
+       "FROM visits GROUP BY region")
+EPSILON = 0.5
+
+
+@pytest.fixture(scope="module")
+def series_env(tmp_path_factory):
+    """A fresh home, 12 monthly snapshot files and a temporary Prefect API for the module."""
+    home = tmp_path_factory.mktemp("home")
+    saved = {k: os.environ.get(k) for k in ("DPRELEASE_HOME", "PREFECT_SERVER_ANALYTICS_ENABLED")}
+    os.environ["DPRELEASE_HOME"] = str(home)
+    os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+    from prefect.testing.utilities import prefect_test_harness
+
+    from dprelease import admin
+    from dprelease.settings import Settings
+
+    settings = Settings.from_env()
+    admin.init(settings)
+    files = write_snapshots(tmp_path_factory.mktemp("snapshots"), months=12, rows=1500)
+    spec = tmp_path_factory.mktemp("requests") / "visits.yaml"
+    spec.write_text(f"dataset: visits\ntitle: Monthly visits by region\nsql: |\n  {SQL}\nepsilon: {EPSILON}\n"
+                    "delta: 1.0e-7\n")
+    with prefect_test_harness(server_startup_timeout=120):
+        yield {"settings": settings, "files": files, "spec": spec}
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def _scheduled_runs(spec: Path, count: int):
+    """A deployment of the publication flow naming the series, whose schedule (the server's
+    scheduler endpoint) creates `count` runs with the snapshot rule `latest`."""
+    from datetime import timedelta
+
+    from prefect import get_client
+    from prefect.client.schemas.actions import DeploymentScheduleCreate
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+    from prefect.client.schemas.schedules import IntervalSchedule
+
+    parameters = {"request_file": str(spec), "series": "visits", "snapshot": "latest", "approval_timeout": 30}
+    with get_client(sync_client=True) as client:
+        flow_id = client.create_flow_from_name("dp-scheduled-publication")
+        deployment_id = client.create_deployment(
+            flow_id=flow_id, name=DEPLOYMENT, parameters=parameters,
+            schedules=[DeploymentScheduleCreate(schedule=IntervalSchedule(interval=timedelta(seconds=1)))])
+        client._client.post(f"/deployments/{deployment_id}/schedule",
+                            json={"min_runs": count, "max_runs": count}).raise_for_status()
+        runs = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])))
+    scheduled = sorted((r for r in runs if r.auto_scheduled), key=lambda r: r.expected_start_time)[:count]
+    assert len(scheduled) == count and all(r.created_by.type == "SCHEDULE" for r in scheduled)
+    return deployment_id, scheduled, parameters
+
+
+def _ledger(store) -> list[tuple]:
+    """Every ledger entry (dataset, release, epsilon, status): what 'nothing spent' compares."""
+    from sqlmodel import Session, select
+
+    from dprelease.store import LedgerEntry
+
+    with Session(store.engine) as session:
+        return sorted((e.dataset, e.release_id, e.epsilon, e.status) for e in session.exec(select(LedgerEntry)).all())
+
+
+def test_a_year_of_monthly_releases_once_each_with_the_signed_series_page(series_env, tmp_path):
+    from prefect.flow_engine import run_flow
+
+    from dprelease import pipeline, series
+    from dprelease.reporting import signing
+    from dprelease.store import series as store_series
+    from flows.publication import publication_flow
+
+    settings, files, spec = series_env["settings"], series_env["files"], series_env["spec"]
+    platform = pipeline.Platform.open(settings)
+    _, scheduled, parameters = _scheduled_runs(spec, len(files))
+    started = time.monotonic()
+    outcomes = []
+    for i, ((label, path), run) in enumerate(zip(files, scheduled)):
+        if i == 0:  # the first snapshot creates the series; the standing policy covers every period
+            series.register_snapshot(settings, "visits", path, label, privacy_unit="person_id",
+                                     budget_mode="per_snapshot", epsilon_cap=EPSILON,
+                                     risk_profile={"max_risk": 0.5})  # epsilon 0.5 is within this tolerance
+            platform.store.add_policy("monthly-visits", series.dataset_for_policy(platform.store, "visits"),
+                                      max_epsilon_per_release=EPSILON, approval="auto", deployment=DEPLOYMENT)
+        else:
+            series.register_snapshot(settings, "visits", path, label)
+        outcomes.append(run_flow(publication_flow, flow_run=run, parameters=parameters))
+    elapsed = time.monotonic() - started
+    print(f"12 scheduled releases: {elapsed:.1f} s ({elapsed / 12:.2f} s each)")
+
+    assert [o["status"] for o in outcomes] == ["published"] * 12
+    assert [o["snapshot"] for o in outcomes] == [label for label, _ in files]
+    for o in outcomes:  # 12 signed releases, each approved by the standing policy
+        report = signing.verify_directory(Path(o["directory"]), settings.public_key_file)
+        assert report.ok and report.facts["approved_by"] == "policy:monthly-visits@" + o["snapshot"] or \
+            report.facts["approved_by"] == "policy:monthly-visits"
+    # budget as stated: each snapshot charged EPSILON once (parallel composition), total = EPSILON
+    ledger = _ledger(platform.store)
+    assert len(ledger) == 12 and all(e[2] == EPSILON and e[3] == "committed" for e in ledger)
+    budget = store_series.series_budget(platform.store, "visits")
+    assert budget["composition"] == "parallel" and budget["epsilon_total"] == EPSILON
+    assert list(budget["per_period"]) == [label for label, _ in files]
+
+    # the series page: signed, verifiable, its values exactly the released ones
+    page_dir = series.series_directory(settings, "visits")
+    verified = signing.verify_directory(page_dir, settings.public_key_file)
+    assert verified.ok, verified.problems
+    assert [p["release_id"] for p in verified.facts["periods"]] == [o["release_id"] for o in outcomes]
+    document = json.loads((page_dir / "series.json").read_text())
+    for period, o in zip(document["periods"], outcomes):
+        released = json.loads((Path(o["directory"]) / "results.json").read_text())["rows"]
+        assert period["rows"] == released and period["epsilon"] == EPSILON
+    html = (page_dir / "index.html").read_text()
+    assert html.count("<svg") == 2 and "parallel composition" in html
+    for o in outcomes:
+        assert f"../../{o['release_id']}/index.html" in html
+    cli = subprocess.run([sys.executable, "-m", "cli.app", "verify", str(page_dir), "--key",
+                          str(settings.public_key_file)], check=False, capture_output=True, text=True, cwd=ROOT)
+    assert cli.returncode == 0, cli.stdout + cli.stderr
+    assert "series/visits/index.html" in (settings.publication_dir / "index.html").read_text()
+    _check_no_controller_only_fields(page_dir)
+    png = _render_in_chromium(page_dir / "index.html", tmp_path)
+    if os.environ.get("DPRELEASE_SAVE_GUIDE_SCREENSHOTS"):  # the controller guide's picture of the page
+        shutil.copyfile(png, ROOT / "docs" / "img" / "series-page.png")
+
+    # a second run for a published snapshot (a back-fill of 2026-03), a missing snapshot: refused, nothing spent
+    before = _ledger(platform.store)
+    from prefect import get_client
+
+    with get_client(sync_client=True) as client:
+        again = client.create_flow_run_from_deployment(scheduled[0].deployment_id,
+                                                       parameters={**parameters, "snapshot": "2026-03"})
+        missing = client.create_flow_run_from_deployment(scheduled[0].deployment_id,
+                                                         parameters={**parameters, "snapshot": "2027-01"})
+    for run, words in ((again, "already published"), (missing, "is missing")):
+        state = run_flow(publication_flow, flow_run=run, parameters={**parameters, "snapshot": run.parameters["snapshot"]},
+                         return_type="state")
+        assert state.is_failed() and words in state.message, state.message  # the Prefect UI's run state
+    assert _ledger(platform.store) == before
+    index = (settings.publication_dir / "index.html").read_text()
+    assert "2027-01" in index and "is missing" in index
+    assert "2027-01" in (page_dir / "index.html").read_text()
+    assert signing.verify_directory(page_dir, settings.public_key_file).ok
+
+
+def _check_no_controller_only_fields(page_dir: Path) -> None:
+    """The series folder holds released values and public parameters only (as the release folders)."""
+    from test_release_flow import CONTROLLER_LABELS
+
+    text = "\n".join(p.read_text(errors="replace") for p in page_dir.rglob("*") if p.is_file()).lower()
+    for label in CONTROLLER_LABELS:
+        assert label not in text, f"controller-only label {label!r} on the series page"
+    for field in ("exact", "partitions_dropped", "clamping", "pri_", "raw"):
+        assert f'"{field}' not in text, field
+
+
+def _render_in_chromium(page: Path, tmp_path: Path) -> Path:
+    """The page as a browser draws it (the report test's way): no console message, the DOM after
+    rendering holds both charts, and the screenshot is a real picture."""
+    from test_reports import CHROMIUM, console_lines, run_chromium
+
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed (apt-get install -y chromium); CI installs it")
+    png = tmp_path / "series.png"
+    run = run_chromium(page, png, tmp_path / "profile")
+    assert run.returncode == 0 and console_lines(run.stderr) == [], run.stderr[-3000:]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    dom = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'dom'}",
+                          "--dump-dom", page.resolve().as_uri()], check=False, capture_output=True, text=True,
+                         timeout=90)
+    assert dom.stdout.count('<figure class="series-chart">') == 2 and dom.stdout.count("<svg") == 2
+    return png
+
+
+def test_the_monthly_deployment_names_the_series_and_the_snapshot_rule_typed_and_described():
+    import yaml
+
+    from flows.publication import publication_flow
+
+    spec = yaml.safe_load((ROOT / "prefect.yaml").read_text())
+    monthly = next(d for d in spec["deployments"] if d["name"] == "dp-monthly-publication")
+    assert monthly["parameters"] == {"request_file": "examples/requests/visits.yaml", "series": "visits",
+                                     "snapshot": "latest"}
+    props = publication_flow.parameters.model_dump()["properties"]
+    for name in ("request_file", "series", "snapshot"):
+        assert props[name].get("description"), name
+    assert props["snapshot"]["default"] == "latest" and props["snapshot"]["pattern"]
+
+
+def test_the_series_page_escapes_names_and_draws_a_band_per_drawn_group(tmp_path):
+    """Rendering alone (no Prefect): group names are text, never markup; each chart draws the same
+    groups in the same colours, each with its interval band; the CSV neutralises formula cells."""
+    from dprelease.reporting.series_page import Period, render_series_page
+    from dprelease.series import _write_series_data
+
+    rows = [{"region": "<script>alert(1)</script>", "n": 10.0, "n_ci_low": 8.0, "n_ci_high": 12.0},
+            {"region": "=HYPERLINK(\"x\")", "n": 20.0, "n_ci_low": 18.0, "n_ci_high": 22.0}]
+    periods = [Period(snapshot=f"2026-0{i}", release_id=f"r{i}", path=f"../../r{i}/index.html", epsilon=0.5,
+                      delta=0.0, published_at="2026-01-01", approved_by="policy:p", manifest_sha256="0" * 64,
+                      rows=rows) for i in (1, 2, 3)]
+    budget = {"composition": "sequential", "epsilon_cap": 2.0, "epsilon_total": 1.5, "delta_total": 0.0,
+              "epsilon_remaining": 0.5, "per_period": {}}
+    html = render_series_page("visits", "Visits", periods, ["region"], ["n"], budget, [], 0.95, "dprelease verify x")
+    assert "<script>alert" not in html and "&lt;script&gt;" in html
+    assert html.count("<svg") == 1 and "sequential composition" in html and "Remaining" in html
+    svg = html[html.index("<svg"):html.index("</svg>")]
+    assert svg.count("<path") >= 4  # two lines and two bands at least
+    _write_series_data(tmp_path, "visits", "Visits", periods, ["region"], ["n"], budget)
+    assert "'=HYPERLINK" in (tmp_path / "series.csv").read_text()
+    assert json.loads((tmp_path / "series.json").read_text())["periods"][0]["rows"] == rows
