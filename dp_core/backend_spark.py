@@ -95,14 +95,66 @@ class SparkBackend:
 
     def spark_sql(self, sql: str) -> str:
         """`sql` (DuckDB syntax, Spark pieces) as Spark SQL over this backend's view."""
-        tree = sqlglot.parse_one(sql, read="duckdb")
-        for table in tree.find_all(exp.Table):
-            if table.name == INPUT_NAME and not table.args.get("db"):
-                table.set("this", exp.to_identifier(self.view))
-        return tree.sql(dialect="spark")
+        return to_spark_sql(sql, {INPUT_NAME: self.view})
 
     def close(self) -> None:
         self.spark.catalog.dropTempView(self.view)
+
+
+def to_spark_sql(sql: str, views: dict[str, str]) -> str:
+    """DuckDB-syntax SQL as Spark SQL, each table named in `views` read from its temporary view."""
+    tree = sqlglot.parse_one(sql, read="duckdb")
+    for table in tree.find_all(exp.Table):
+        if table.name in views and not table.args.get("db"):
+            alias = table.alias
+            table.set("this", exp.to_identifier(views[table.name]))
+            if not alias:
+                table.set("alias", exp.TableAlias(this=exp.to_identifier(table.name)))
+    return tree.sql(dialect="spark")
+
+
+@dataclass
+class SparkTables:
+    """The named tables of a SQL statement on Spark (sql.run_sql with backend="spark"), each a
+    temporary view of its own: empty Arrow stand-ins for the compiler's checks (no rows read),
+    one SparkBackend per DP SELECT over its source, public tables brought back for outer queries."""
+
+    spark: object
+    views: dict[str, str]
+
+    @classmethod
+    def open(cls, tables: dict, spark=None) -> SparkTables:
+        spark = spark or next((d.sparkSession for d in tables.values() if is_spark_input(d)), None) or default_session()
+        views = {}
+        try:
+            for name, data in tables.items():
+                frame = data if is_spark_input(data) else _read(spark, data)
+                check_column_names(frame.columns, f"table {name!r}")
+                views[name] = f"dp_t_{secrets.token_hex(6)}"
+                _missing_as_null(frame).createOrReplaceTempView(views[name])
+        except BaseException:
+            for view in views.values():
+                spark.catalog.dropTempView(view)
+            raise
+        return cls(spark, views)
+
+    def empty(self, name: str):
+        """An empty Arrow table with `name`'s columns and types (for compiling, reads no rows)."""
+        return self.spark.table(self.views[name]).limit(0).toArrow()
+
+    def local(self, name: str):
+        """A public table's rows as Arrow (outer queries join them to the released tables)."""
+        return self.spark.table(self.views[name]).toArrow()
+
+    def backend_for(self, source_sql: str) -> SparkBackend:
+        """A backend whose `dp_input` is one DP SELECT's source (DuckDB syntax) over these tables."""
+        view = f"{INPUT_NAME}_{secrets.token_hex(6)}"
+        self.spark.sql(f"CREATE OR REPLACE TEMPORARY VIEW {view} AS {to_spark_sql(source_sql, self.views)}")
+        return SparkBackend(self.spark, view)
+
+    def close(self) -> None:
+        for view in self.views.values():
+            self.spark.catalog.dropTempView(view)
 
 
 def _duck_type(spark_type: str) -> str:

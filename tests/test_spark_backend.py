@@ -264,3 +264,27 @@ def test_the_engine_imports_and_runs_without_pyspark(tmp_path):
                          env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"}, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "pip install 'dprelease[spark]'" in out.stdout
+
+
+def test_sql_front_end_on_spark_tables_with_a_public_join(spark):
+    """sql(..., backend="spark"): two DP SELECTs over Spark tables (one joined to a public table
+    inside, one outer join), compiled against their schemas, each run on Spark; at epsilon 100 the
+    numbers are the plain SQL's to well under one unit."""
+    from dp_core.sql import Table, run_sql
+
+    rng = np.random.default_rng(3)  # test data only
+    people = pd.DataFrame({"uid": np.arange(600), "dept": rng.choice(["a", "b", "c"], 600), "age": rng.integers(20, 60, 600)})
+    depts = pd.DataFrame({"dept": ["a", "b", "c"], "region": ["N", "S", "N"]})
+    spark.createDataFrame(people).createOrReplaceTempView("people_sql")
+    tables = {"people": Table("people_sql", "uid"), "depts": Table(spark.createDataFrame(depts))}
+    dp_select = "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 100, delta = 1e-6, privacy_unit_column = uid)"
+    sql = (f"WITH a AS ({dp_select} region, COUNT(*, contribution_bounds_per_group => (0, 1)) AS n FROM people p "
+           "JOIN depts d ON p.dept = d.dept GROUP BY region) SELECT a.region, n FROM a ORDER BY a.region")
+    result = run_sql(sql, tables, backend="spark", spark=spark, public_partitions=[("N",), ("S",)])
+    expected = people.merge(depts, on="dept").groupby("region").size()
+    got = result.table.set_index("region")["n"]
+    assert list(got.index) == ["N", "S"]
+    assert np.allclose(got.to_numpy(dtype=float), expected.to_numpy(dtype=float), atol=1.0)
+    with pytest.raises(dp.InvalidQueryError, match="nosuch"):
+        run_sql(f"{dp_select} COUNT(*, contribution_bounds_per_group => (0, 1)) AS n FROM people WHERE nosuch > 1",
+                tables, backend="spark", spark=spark)
