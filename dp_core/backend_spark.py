@@ -178,7 +178,7 @@ def _read(spark, data):
     text = str(data)
     lower = text.lower().rstrip("/")
     try:
-        if lower.endswith((".parquet", ".pq")) or (Path(text).is_dir() and any(Path(text).glob("*.parquet"))):
+        if lower.endswith((".parquet", ".pq")) or "://" in text or Path(text).is_dir():  # a lake folder: Parquet
             if "://" not in text and not Path(text).exists():
                 raise InvalidDataError(f"input file not found: {text}")
             return spark.read.parquet(text)
@@ -189,7 +189,8 @@ def _read(spark, data):
             return spark.read.csv(text, header=True, inferSchema=True, sep=sep, quote='"', escape='"',
                                   mode="FAILFAST", enforceSchema=False)
         if "/" in text or "\\" in text:
-            raise InvalidDataError(f"cannot read {text}: give a table name or a {', '.join(FILE_SUFFIXES)} path")
+            raise InvalidDataError(f"input file not found: {text} (give a table name, a {', '.join(FILE_SUFFIXES)} "
+                                   "file, or a folder or lake URL of Parquet files)")
         return spark.table(text)
     except PySparkException as err:
         what = "table" if not lower.endswith(FILE_SUFFIXES) else "file"

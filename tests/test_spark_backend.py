@@ -25,6 +25,8 @@ from dp_core.errors import InvalidDataError
 from dp_core.quantiles import dense_histograms
 from dp_core.selection_mad import round_two_sql
 
+pytestmark = pytest.mark.xdist_group("spark")  # one worker, one SparkSession (pyproject: --dist loadgroup)
+
 SEED = 424242
 CU = 3
 
@@ -210,15 +212,17 @@ def test_same_randomness_same_release_on_both(spark, frames, monkeypatch, select
     assert_same_frame(tables[0], tables[1], ["part"])
 
 
-def test_execute_on_spark_table_name_and_parquet_path(spark, data, tmp_path):
-    """The public API: a table name or a Parquet path with backend='spark' (session given or active)."""
+def test_execute_on_spark_table_name_and_parquet_folder(spark, data, tmp_path):
+    """The public API: a table name or a Parquet folder with backend='spark' (session given or active)."""
     spark.createDataFrame(data).createOrReplaceTempView("people_visits")
-    path = tmp_path / "visits.parquet"
-    data.to_parquet(path)
+    folder = tmp_path / "visits"  # a folder of Parquet files, as a lake table is laid out
+    folder.mkdir()
+    data.iloc[: len(data) // 2].to_parquet(folder / "part-0.parquet")
+    data.iloc[len(data) // 2:].to_parquet(folder / "part-1.parquet")
     query = dp.Query([dp.count_units(), dp.median("q", 0, 100)], privacy_unit="uid", group_by=("part",), epsilon=2.0,
                      max_partitions_contributed=CU)
     by_name = exact_statistics(query, "people_visits", backend="spark", spark=spark, bounding_seed=SEED)
-    by_path = exact_statistics(query, str(path), backend="spark", bounding_seed=SEED)
+    by_path = exact_statistics(query, str(folder), backend="spark", bounding_seed=SEED)
     assert_same_frame(by_name.rows, by_path.rows, ["part"])  # Spark's own hash: deterministic given the key
     public = dataclasses.replace(query, public_partitions=["p00", "p01", "nowhere"])  # keys checked on Spark too
     result = execute(public, "people_visits", backend="spark", spark=spark)
