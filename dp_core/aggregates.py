@@ -79,6 +79,8 @@ class AggregatePlan:
     components: tuple[Component, ...]
     clamp_columns: tuple[str, str] | None  # (clamped count alias, clamped total alias)
     unit_value: str | None = None  # SQL of one unit's bounded value in a partition (for PRIs)
+    histogram_bin: tuple[str, str] | None = None  # quantiles: (per-unit value column, its bin's SQL)
+    index: int = 0
 
 
 def _is_integer_bound(x: float | None) -> bool:
@@ -110,7 +112,8 @@ def _clamp_loss(prefix: str, expr: str, lower: float | None, upper: float) -> di
 
 
 def plan_aggregate(index: int, agg: Aggregate, integer_columns: set[str], seed_sql: str, bins: int,
-                   partition_bounds: list[tuple[float, float]] | None = None) -> AggregatePlan:
+                   partition_bounds: list[tuple[float, float]] | None = None,
+                   row_draw: str = "random()") -> AggregatePlan:
     """Build the SQL pieces for aggregate number `index` (aliases are `_a{index}_...`).
 
     partition_bounds: the (L, U) of every partition when bounds differ per partition; the SQL
@@ -161,12 +164,14 @@ def plan_aggregate(index: int, agg: Aggregate, integer_columns: set[str], seed_s
     if kind == "quantile":
         # one of the unit's non-null values, each row equally likely (a per-row random key; which
         # value a unit contributes depends on its own rows only, so privacy does not rest on it)
-        partial = {f"{p}_raw": f"arg_min({col}, random()) FILTER (WHERE {col} IS NOT NULL)"}
+        # (row_draw: SQL of a uniform draw per row; Spark wants it drawn in a projection before the GROUP BY)
+        partial = {f"{p}_raw": f"arg_min({col}, {row_draw}) FILTER (WHERE {col} IS NOT NULL)"}
         scaled = f"({_clamp_sql(v, lo, hi)} - {literal(lo)}) * {literal(bins / (hi - lo))}"
         bin_sql = f"least(CAST(floor({scaled}) AS INTEGER), {bins - 1})"
         finals = {f"{p}_hist": f"histogram({bin_sql}) FILTER (WHERE {v} IS NOT NULL)"}
         finals.update(_clamp_loss(p, v, lo, hi))
-        return AggregatePlan(agg, partial, finals, (), (f"{p}_nclamped", f"{p}_clamped"))
+        return AggregatePlan(agg, partial, finals, (), (f"{p}_nclamped", f"{p}_clamped"),
+                             histogram_bin=(v, bin_sql), index=index)
     raise AssertionError(kind)
 
 

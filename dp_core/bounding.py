@@ -101,31 +101,51 @@ DIALECT_PIECES = {
 }
 
 
+#: the 60-bit prefix of an MD5 digest as a BIGINT, per dialect: the same number on every engine
+PORTABLE_DIGEST = {"duckdb": "CAST(('0x' || substr(md5({text}), 1, 15)) AS BIGINT)",
+                   "spark": "CAST(conv(substr(md5({text}), 1, 15), 16, 10) AS BIGINT)"}
+
+
+def portable_hash_sql(dialect: str, columns: list[str], seed_sql: str) -> str:
+    """A keyed hash every engine computes alike (for plans that must match across engines: the
+    same bounding seed then keeps the same rows on DuckDB and Spark). The text hashed is the seed
+    and each column as `length:value` (NULL as `-`), joined by `|`: no two rows share a text.
+    Integer, text and date keys print alike on both engines; MD5 costs more than the native
+    hashes (bench/engine.py), so it is chosen with `portable_hash=True`, not by default."""
+    parts = [f"CAST({seed_sql} AS VARCHAR)"]
+    parts += [f"coalesce(CAST(length(CAST({c} AS VARCHAR)) AS VARCHAR) || ':' || CAST({c} AS VARCHAR), '-')"
+              for c in columns]
+    return PORTABLE_DIGEST[dialect].format(text=" || '|' || ".join(parts))
+
+
 def build_plan(
     query: Query, integer_columns: set[str], seed: int, source: str = INPUT_NAME, dialect: str = "duckdb",
-    key_types: dict[str, str] | None = None, partition_bounds: dict | None = None,
+    key_types: dict[str, str] | None = None, partition_bounds: dict | None = None, transpile: bool = True,
+    portable_hash: bool = False,
 ) -> BoundingPlan:
     """The SQL for `query` over the relation `source` with the per-release hash `seed`.
 
     Written in DuckDB's dialect with the engine-specific pieces of `dialect`, then transpiled by
-    sqlglot (`BoundingPlan.sql` is in `dialect`). DuckDB runs here; the Spark text is produced and
-    parsed in the tests but not yet executed on Spark. partition_bounds: aggregate index ->
+    sqlglot (`BoundingPlan.sql` is in `dialect`; with transpile=False it stays in DuckDB's syntax
+    for a backend that transpiles what it runs, as the Spark backend does, so that the engine can
+    append its own statements to `with_clause`). partition_bounds: aggregate index ->
     DataFrame of (group keys, lo, hi): that aggregate clamps each partition to its own bounds.
     """
     if dialect not in DIALECT_PIECES:
         raise UnsupportedError(f"no SQL dialect {dialect!r}: choose one of {sorted(DIALECT_PIECES)}")
     pieces = DIALECT_PIECES[dialect]
-    if dialect != "duckdb" and any(a.kind == "quantile" for a in query.aggregates):
-        raise UnsupportedError(f"quantiles need DuckDB's histogram() aggregate: not available for {dialect}")
     unit = ident(query.privacy_unit)
     keys = query.group_by
     key_cols = [ident(k) for k in keys]
     cu = query.effective_max_partitions
     seed_sql = f"CAST({int(seed)} AS {SEED_SQL_TYPE[dialect]})"
     partition_bounds = partition_bounds or {}
+    # Spark refuses a random() inside an aggregate: each row's draw for the quantiles is a column of _src
+    row_draw = dialect != "duckdb" and any(a.kind == "quantile" for a in query.aggregates)
     plans = tuple(
         plan_aggregate(i, agg, integer_columns, seed_sql, query.quantile_bins,
-                       list(zip(partition_bounds[i]["lo"], partition_bounds[i]["hi"])) if i in partition_bounds else None)
+                       list(zip(partition_bounds[i]["lo"], partition_bounds[i]["hi"])) if i in partition_bounds else None,
+                       row_draw="_row_draw" if row_draw else "random()")
         for i, agg in enumerate(query.aggregates)
     )
 
@@ -134,7 +154,8 @@ def build_plan(
         conditions.append(f"({compile_filter(query.where)[0]})")
     if query.public_partitions is not None:
         conditions.append(f"EXISTS (SELECT 1 FROM {public_keys_sql(query, key_types)} WHERE {_same_key('_pk', '_s', keys)})")
-    src = f"SELECT * FROM {source} AS _s" + (f" WHERE {' AND '.join(conditions)}" if conditions else "")
+    src = (f"SELECT *{', random() AS _row_draw' if row_draw else ''} FROM {source} AS _s"
+           + (f" WHERE {' AND '.join(conditions)}" if conditions else ""))
 
     partial_cols = [unit, *key_cols]
     for plan in plans:
@@ -142,7 +163,9 @@ def build_plan(
     group_cols = ", ".join([unit, *key_cols])
     needs_bounding = bool(keys)
     if needs_bounding:
-        partial_cols.append(f"{pieces['hash'].format(cols=group_cols, seed=seed_sql)} AS _rk")
+        rank = (portable_hash_sql(dialect, [unit, *key_cols], seed_sql) if portable_hash
+                else pieces["hash"].format(cols=group_cols, seed=seed_sql))
+        partial_cols.append(f"{rank} AS _rk")
     ctes = [f"_src AS ({src})", f"_partial AS (SELECT {', '.join(partial_cols)} FROM _src GROUP BY {group_cols})"]
     weighted = needs_bounding and query.private_partitions and query.selection in GAUSSIAN_SELECTIONS
     if weighted:  # the same cutoff, over every unit, keeping each unit's degree for its weights
@@ -169,8 +192,10 @@ def build_plan(
         dropped = "0"
 
     finals = ["count(*) AS _n_units"]
+    histograms = [] if dialect == "duckdb" else [plan for plan in plans if plan.histogram_bin]
     for plan in plans:
-        finals += [f"{sql} AS {ident(alias)}" for alias, sql in plan.finals.items()]
+        finals += [f"{sql} AS {ident(alias)}" for alias, sql in plan.finals.items()
+                   if not (plan in histograms and alias.endswith("_hist"))]
     if weighted:  # the weighted histogram of the Gaussian selections (selection_weighted.py)
         finals.append(f"CAST(sum({weight_sql('_t', cu, pieces['at'])}) AS BIGINT) AS _w1")
     source_rows = "_bounded"
@@ -188,7 +213,15 @@ def build_plan(
     final = f"SELECT {select_keys + ', ' if keys else ''}{', '.join(finals)} FROM {source_rows}"
     if keys:
         final += f" GROUP BY {select_keys}"
-    ctes.append(f"_final AS ({final})")
+    if histograms:  # engines without DuckDB's histogram(): bin counts per partition, joined on
+        ctes += histogram_ctes(histograms, source_rows, keys)
+        ctes.append(f"_final_sums AS ({final})")
+        joins = " ".join(f"LEFT JOIN _h{plan.index} ON {_same_key(f'_h{plan.index}', '_final_sums', keys) or 'TRUE'}"
+                         for plan in histograms)
+        hist_cols = ", ".join(f"_h{plan.index}._hist AS {ident(f'_a{plan.index}_hist')}" for plan in histograms)
+        ctes.append(f"_final AS (SELECT _final_sums.*, {hist_cols} FROM _final_sums {joins})")
+    else:
+        ctes.append(f"_final AS ({final})")
 
     if query.public_partitions is not None:
         out_cols = [f"_pk.{c}" for c in key_cols]
@@ -198,10 +231,29 @@ def build_plan(
     else:
         body = f"SELECT *, {dropped} AS _dropped_pairs FROM _final"
     with_clause = "WITH " + ",\n".join(ctes)
-    if dialect != "duckdb":
+    if dialect != "duckdb" and transpile:
         with_clause, body = (render(part, dialect) for part in (with_clause + " SELECT 1", body))
         with_clause = with_clause[: -len(" SELECT 1")]
-    return BoundingPlan(with_clause, body, plans, keys, tuple(ctes) if dialect == "duckdb" else ())
+        return BoundingPlan(with_clause, body, plans, keys, ())
+    return BoundingPlan(with_clause, body, plans, keys, tuple(ctes))
+
+
+def histogram_ctes(plans, source_rows: str, keys: tuple[str, ...]) -> list[str]:
+    """Per partition, the {bin: count} map of each quantile's bins (what DuckDB's histogram()
+    gives in one aggregate): count per (keys, bin), then one map per partition. Partition-sized
+    intermediate (at most bins rows per partition)."""
+    key_cols = ", ".join(ident(k) for k in keys)
+    lead = f"{key_cols}, " if keys else ""
+    ctes = []
+    for plan in plans:
+        value, bin_sql = plan.histogram_bin
+        group = f" GROUP BY {key_cols}" if keys else ""
+        ctes.append(
+            f"_hb{plan.index} AS (SELECT {lead}{bin_sql} AS _b, count(*) AS _c FROM {source_rows} "
+            f"WHERE {value} IS NOT NULL GROUP BY {lead}{bin_sql})")
+        ctes.append(f"_h{plan.index} AS (SELECT {lead}map_from_entries(collect_list(struct(_b, _c))) AS _hist "
+                    f"FROM _hb{plan.index}{group})")
+    return ctes
 
 
 def weighted_bounding_ctes(unit: str, cu: int, pieces: dict) -> list[str]:

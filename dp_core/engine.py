@@ -15,9 +15,10 @@ import pandas as pd
 
 from .accounting import BudgetPlan, plan_budget
 from .aggregates import component_sensitivity, finish
-from .backend import INTEGER_TYPES, NUMERIC_TYPES, DuckDBBackend
+from .backend import INTEGER_TYPES, NUMERIC_TYPES
 from .bounding import INPUT_NAME, BoundingPlan, build_plan, public_keys_sql, unit_rows_sql
 from .bounds import BoundsError, InferredBounds, histogram_by_partition_sql, histogram_sql, infer_bounds
+from .engine_backend import Backend, open_backend
 from .errors import InvalidDataError, InvalidQueryError
 from .partition_selection import SELECTION_NOTES, STRATEGIES, Selection
 from .quantiles import dense_histograms, exponential_quantile
@@ -32,8 +33,12 @@ from .sql_text import ident
 NUMERIC_KINDS = ("sum", "avg", "var", "stddev", "quantile")
 
 
-def execute(query: Query, data, *, threads: int | None = None, bounding_seed: int | None = None) -> DPResult:
-    """Run `query` on `data` (DataFrame, Arrow table, CSV/Parquet path or DuckDB relation).
+def execute(query: Query, data, *, threads: int | None = None, bounding_seed: int | None = None,
+            backend: str | None = None, spark=None, portable_hash: bool = False) -> DPResult:
+    """Run `query` on `data` (DataFrame, Arrow table, CSV/Parquet path or DuckDB relation; with
+    backend="spark": a Spark DataFrame, a table name or a Parquet/CSV path, on `spark` or the
+    active SparkSession). portable_hash: bound contributions with the hash every engine computes
+    alike (bounding.portable_hash_sql), so that DuckDB and Spark keep the same rows for one seed.
 
     bounding_seed: the key of the hash that picks each unit's C_u partitions; fresh from the
     CSPRNG by default. Fixing it is for tests (neighbouring datasets bounded alike); privacy does not
@@ -41,7 +46,8 @@ def execute(query: Query, data, *, threads: int | None = None, bounding_seed: in
     """
     query.validate()
     budget = plan_budget(query)
-    stats = exact_statistics(query, data, threads=threads, bounding_seed=bounding_seed, budget=budget)
+    stats = exact_statistics(query, data, threads=threads, bounding_seed=bounding_seed, budget=budget,
+                             backend=backend, spark=spark, portable_hash=portable_hash)
     return release(stats.query, stats.plan, budget, stats.rows, stats.bounds)
 
 
@@ -60,11 +66,13 @@ class ExactStatistics:
 
 
 def exact_statistics(query: Query, data, *, threads: int | None = None, bounding_seed: int | None = None,
-                     with_units: bool = False, budget: BudgetPlan | None = None) -> ExactStatistics:
+                     with_units: bool = False, budget: BudgetPlan | None = None, backend: str | None = None,
+                     spark=None, portable_hash: bool = False) -> ExactStatistics:
     """Check the input against the query, infer missing bounds (APPROX_BOUNDS, with the budget's
-    bounds shares), and run the bounding plan (one SQL statement)."""
+    bounds shares), and run the bounding plan (one SQL statement) on the chosen backend
+    (engine_backend.open_backend)."""
     query.validate()
-    backend = DuckDBBackend.for_input(data, threads=threads)
+    backend = open_backend(data, backend, spark=spark, threads=threads)
     try:
         schema = backend.schema()
         integer_columns = check_columns(query, schema)
@@ -77,14 +85,18 @@ def exact_statistics(query: Query, data, *, threads: int | None = None, bounding
         if any(a.needs_bounds for a in query.aggregates):
             budget = budget or plan_budget(query)
             if query.bounds_scope == "partition":
-                query, bounds, per_partition = infer_partition_bounds(query, backend, schema, integer_columns, seed, budget)
+                query, bounds, per_partition = infer_partition_bounds(query, backend, schema, integer_columns, seed, budget,
+                                                                      portable_hash)
             else:
-                query, bounds = infer_missing_bounds(query, backend, schema, integer_columns, seed, budget)
-        plan = build_plan(query, integer_columns, seed=seed, key_types=schema, partition_bounds=per_partition)
+                query, bounds = infer_missing_bounds(query, backend, schema, integer_columns, seed, budget, portable_hash)
+        plan = build_plan(query, integer_columns, seed=seed, key_types=schema, partition_bounds=per_partition,
+                          dialect=backend.dialect, transpile=False, portable_hash=portable_hash)
         if budget is not None and budget.selection == "mad" and not with_units:  # + its round 1 and round 2's SQL
             rows = mad_rows(backend, query, plan, budget.selection_share, schema)
         else:
             rows = backend.run(plan.sql)
+        if query.group_by:  # one order on every backend: the noise is drawn in row order
+            rows = rows.sort_values(list(query.group_by), na_position="last", kind="stable").reset_index(drop=True)
         if not with_units:
             return ExactStatistics(query, plan, rows, bounds, partition_bounds=per_partition)
         units = backend.run(unit_rows_sql(plan, query))
@@ -94,15 +106,16 @@ def exact_statistics(query: Query, data, *, threads: int | None = None, bounding
         backend.close()
 
 
-def infer_missing_bounds(query: Query, backend: DuckDBBackend, schema: dict[str, str], integer_columns: set[str],
-                         seed: int, budget: BudgetPlan) -> tuple[Query, tuple[InferredBounds, ...]]:
+def infer_missing_bounds(query: Query, backend: Backend, schema: dict[str, str], integer_columns: set[str],
+                         seed: int, budget: BudgetPlan, portable_hash: bool = False) -> tuple[Query, tuple[InferredBounds, ...]]:
     """APPROX_BOUNDS for every aggregate with a missing bound, over the same bounded per-unit
     values the release will use (same bounding seed). Returns the query with the bounds set."""
     placeholder = replace(query, aggregates=tuple(
         replace(a, lower=0 if a.lower is None and a.kind != "count" else a.lower,
                 upper=1 if a.upper is None else a.upper) if a.needs_bounds else a
         for a in query.aggregates))
-    plan = build_plan(placeholder, integer_columns, seed=seed, key_types=schema)
+    plan = build_plan(placeholder, integer_columns, seed=seed, key_types=schema, dialect=backend.dialect, transpile=False,
+                      portable_hash=portable_hash)
     found, aggregates = [], list(query.aggregates)
     for i, agg in enumerate(query.aggregates):
         if not agg.needs_bounds:
@@ -130,8 +143,8 @@ def infer_missing_bounds(query: Query, backend: DuckDBBackend, schema: dict[str,
     return replace(query, aggregates=tuple(aggregates)), tuple(found)
 
 
-def infer_partition_bounds(query: Query, backend: DuckDBBackend, schema: dict[str, str], integer_columns: set[str],
-                           seed: int, budget: BudgetPlan):
+def infer_partition_bounds(query: Query, backend: Backend, schema: dict[str, str], integer_columns: set[str],
+                           seed: int, budget: BudgetPlan, portable_hash: bool = False):
     """APPROX_BOUNDS once per partition (usability.md step 5, the per-partition option). A unit
     adds at most C_u values over all partitions' histograms, so each bin's noise has scale
     C_u / e_b as for one histogram. A partition where no bin stands out gets no bounds and is not
@@ -141,7 +154,8 @@ def infer_partition_bounds(query: Query, backend: DuckDBBackend, schema: dict[st
         replace(a, lower=0 if a.lower is None and a.kind != "count" else a.lower,
                 upper=1 if a.upper is None else a.upper) if a.needs_bounds else a
         for a in query.aggregates))
-    plan = build_plan(placeholder, integer_columns, seed=seed, key_types=schema)
+    plan = build_plan(placeholder, integer_columns, seed=seed, key_types=schema, dialect=backend.dialect, transpile=False,
+                      portable_hash=portable_hash)
     keys = query.group_by
     found, tables, aggregates = [], {}, list(query.aggregates)
     for i, agg in enumerate(query.aggregates):
@@ -152,7 +166,7 @@ def infer_partition_bounds(query: Query, backend: DuckDBBackend, schema: dict[st
         signed = agg.kind != "count" and not column_type.startswith("U")
         counts = backend.run(histogram_by_partition_sql(plan.with_clause, f"_a{i}_raw", integer, keys))
         records = []
-        for key_values, group in counts.groupby(list(keys), dropna=False, sort=False):
+        for key_values, group in counts.groupby(list(keys), dropna=False, sort=True):  # same noise order everywhere
             key_values = key_values if isinstance(key_values, tuple) else (key_values,)
             hist = {(bool(r.neg), int(r.e)): int(r.n) for r in group.itertuples()}
             partition = dict(zip(keys, key_values))
@@ -208,7 +222,7 @@ def check_columns(query: Query, schema: dict[str, str]) -> set[str]:
     return {c for c, t in schema.items() if t.upper() in INTEGER_TYPES}
 
 
-def check_public_keys(query: Query, backend: DuckDBBackend, schema: dict[str, str]) -> None:
+def check_public_keys(query: Query, backend: Backend, schema: dict[str, str]) -> None:
     """Each public key converts to its column's type and no two keys become the same partition."""
     keys = public_keys_sql(query, schema)
     cols = ", ".join(ident(k) for k in query.group_by)
@@ -223,14 +237,15 @@ def check_public_keys(query: Query, backend: DuckDBBackend, schema: dict[str, st
         )
 
 
-def check_values(query: Query, backend: DuckDBBackend, schema: dict[str, str]) -> None:
+def check_values(query: Query, backend: Backend, schema: dict[str, str]) -> None:
     """One scan: the input is not empty, no unit id is null, no numeric input is infinite (a NaN
     is missing, skipped like NULL: dp_core.input_checks)."""
     unit = ident(query.privacy_unit)
     floats = sorted({a.column for a in query.aggregates if a.kind in NUMERIC_KINDS
                      and schema[a.column].upper() in ("FLOAT", "DOUBLE", "REAL")})
     checks = ["count(*) AS n", f"count(*) - count({unit}) AS null_units"]
-    checks += [f"count(*) FILTER (WHERE isinf({ident(c)})) AS bad{i}" for i, c in enumerate(floats)]
+    checks += [f"count(*) FILTER (WHERE abs({ident(c)}) = CAST('Infinity' AS DOUBLE)) AS bad{i}"
+               for i, c in enumerate(floats)]
     row = backend.run(f"SELECT {', '.join(checks)} FROM {INPUT_NAME}").iloc[0]
     if row["n"] == 0:
         raise InvalidDataError("the input has no rows: nothing can be released")

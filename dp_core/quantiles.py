@@ -36,7 +36,7 @@ def dense_histograms(maps: list, bins: int) -> np.ndarray:
     out = np.zeros((len(maps), bins), dtype=np.float64)
     for row, m in enumerate(maps):
         if _present(m):
-            items = m.items() if isinstance(m, dict) else zip(m["key"], m["value"])
+            items = m.items() if isinstance(m, dict) else m if isinstance(m, list) else zip(m["key"], m["value"])
             for b, c in items:
                 out[row, int(b)] += c
     return out

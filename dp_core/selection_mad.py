@@ -18,12 +18,13 @@ import numpy as np
 import pandas as pd
 
 from .accounting import Share
-from .bounding import _plain, _same_key, cut_from_bounded_cte, public_keys_sql
+from .bounding import DIALECT_PIECES, _plain, _same_key, cut_from_bounded_cte, public_keys_sql
 from .selection_weighted import round_one, weight_sql
 from .sql_text import ident
 
 
-def round_two_sql(with_clause: str, query, released_keys: list[tuple], key_types: dict | None) -> str:
+def round_two_sql(with_clause: str, query, released_keys: list[tuple], key_types: dict | None,
+                  dialect: str = "duckdb") -> str:
     """Round 2's weighted histogram: each unit's kept partitions not released in round 1, with
     weight q_r, r the number of such partitions of the unit. One statement over the same plan."""
     unit = ident(query.privacy_unit)
@@ -34,7 +35,7 @@ def round_two_sql(with_clause: str, query, released_keys: list[tuple], key_types
         f"{with_clause},\n_left AS (SELECT {unit}, {cols} FROM _bounded WHERE NOT EXISTS "
         f"(SELECT 1 FROM {released} WHERE {_same_key('_pk', '_bounded', tuple(query.group_by))})),\n"
         f"_ldeg AS (SELECT {unit}, count(*) AS _r FROM _left GROUP BY {unit})\n"
-        f"SELECT {cols}, CAST(sum({weight_sql('_r', query.effective_max_partitions)}) AS BIGINT) AS _w2 "
+        f"SELECT {cols}, CAST(sum({weight_sql('_r', query.effective_max_partitions, DIALECT_PIECES[dialect]['at'])}) AS BIGINT) AS _w2 "
         f"FROM _left JOIN _ldeg USING ({unit}) GROUP BY {cols}"
     )
 
@@ -42,7 +43,7 @@ def round_two_sql(with_clause: str, query, released_keys: list[tuple], key_types
 def mad_rows(backend, query, plan, share: Share, key_types: dict | None) -> pd.DataFrame:
     """The plan's per-partition rows plus MAD's round 1 (`_mad_r1`, noise drawn here, once) and
     round-2 weights (`_w2`; 0 for partitions released in round 1)."""
-    if backend.connection is None or not plan.ctes:
+    if getattr(backend, "connection", None) is None or not plan.ctes:  # Spark, or a DuckDB relation
         rows = backend.run(plan.sql)
         return mad_second_round(backend, query, plan, rows, share, key_types, plan.with_clause)
     at = next(i for i, cte in enumerate(plan.ctes) if cte.startswith("_bounded AS ("))
@@ -60,15 +61,16 @@ def mad_rows(backend, query, plan, share: Share, key_types: dict | None) -> pd.D
 def mad_second_round(backend, query, plan, rows: pd.DataFrame, share: Share, key_types: dict | None,
                      with_clause: str) -> pd.DataFrame:
     """Run MAD's first round on `rows` and the round-2 SQL over `with_clause` (ending in `_bounded`)."""
+    keys = list(query.group_by)  # one order on every backend: round 1's noise is drawn in row order
+    rows = rows.sort_values(keys, na_position="last", kind="stable").reset_index(drop=True)
     r1 = round_one(rows, share, query.effective_max_partitions, query.epsilon)
     out = rows.copy()
     out["_mad_r1"] = r1
     if not r1.any():
         out["_w2"] = out["_w1"].to_numpy(dtype=np.int64)  # nothing released: every unit keeps all
         return out
-    keys = list(query.group_by)
     released = [tuple(_plain(v) for v in row) for row in rows.loc[r1, keys].itertuples(index=False)]
-    w2 = backend.run(round_two_sql(with_clause, query, released, key_types))
+    w2 = backend.run(round_two_sql(with_clause, query, released, key_types, backend.dialect))
     merged = out.merge(w2, on=keys, how="left", sort=False)
     if len(merged) != len(out):  # keys are unique per partition; a mismatch would be a plan bug
         raise RuntimeError("MAD round 2: partition keys did not match the plan's rows")

@@ -103,7 +103,7 @@ def weight_sql(degree_column: str, max_partitions: int, at: str = "list_extract(
     """SQL for the integer weight of one (unit, partition) row of a unit with `degree_column` kept
     partitions (1 <= degree <= C_u)."""
     arr = "[" + ", ".join(str(q) for q in unit_weights(max_partitions)) + "]"
-    return f"CAST({at.format(arr=arr, i=degree_column)} AS BIGINT)"
+    return f"CAST({at.format(arr=arr, i=f'CAST({degree_column} AS INTEGER)')} AS BIGINT)"  # Spark indexes by INT
 
 
 def gaussian_tail_bound(m: float, sigma: float) -> float:

@@ -15,3 +15,14 @@ def adult() -> pd.DataFrame:
     df = pd.read_csv(ADULT)
     df.insert(0, "person_id", range(len(df)))
     return df
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local[2] SparkSession for every Spark test (startup takes ~10 s): few shuffle
+    partitions, no UI, quiet logs. Skipped, with the reason, where Java or pyspark is missing."""
+    from spark_session import local_spark_session
+
+    session = local_spark_session()
+    yield session
+    session.stop()

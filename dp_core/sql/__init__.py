@@ -75,13 +75,37 @@ def compile_sql(sql: str, catalog: dict[str, TableInfo], **request) -> CompiledQ
     return statement.parts[0]
 
 
-def run_sql(sql: str, tables: dict[str, Table], *, threads: int | None = None, **request) -> DPResult:
+def run_sql(sql: str, tables: dict[str, Table], *, threads: int | None = None, backend: str | None = None,
+            spark=None, **request) -> DPResult:
     """Compile and execute a statement. request: epsilon, delta, max_partitions_contributed (the
     statement's totals when its OPTIONS do not give them) and any other Query field (noise,
     public_partitions, selection, confidence, ...). Returns the DPResult of a single plain DP
-    SELECT, else a StatementResult (outer table, summed budget, each part's result)."""
+    SELECT, else a StatementResult (outer table, summed budget, each part's result).
+    backend="spark" (or Spark DataFrames as tables): the tables are Spark DataFrames, table names
+    or lake paths; the statement is compiled against their schemas and each DP SELECT runs on Spark."""
+    from ..backend_spark import is_spark_input
+
+    if backend == "spark" or spark is not None or any(is_spark_input(t.data) for t in tables.values()):
+        return _run_sql_on_spark(sql, tables, spark, **request)
+    if backend not in (None, "duckdb"):
+        raise InvalidQueryError(f"unknown backend {backend!r}: choose one of duckdb, spark")
     compiled = compile_statement_for(sql, tables, **request)
     return run_statement(compiled, {name: t.data for name, t in tables.items()}, threads=threads)
+
+
+def _run_sql_on_spark(sql: str, tables: dict[str, Table], spark, **request) -> DPResult:
+    """Compile against empty stand-ins of the Spark tables (their schemas), run each DP SELECT on
+    Spark, and the outer query (over partition-sized released tables) in DuckDB."""
+    from ..backend_spark import SparkTables
+
+    views = SparkTables.open({name: t.data for name, t in tables.items()}, spark)
+    try:
+        stand_ins = {name: Table(views.empty(name), t.privacy_unit) for name, t in tables.items()}
+        compiled = compile_statement_for(sql, stand_ins, **request)
+        public = {name: views.local(name) for name in compiled.public_tables}
+        return run_statement(compiled, public, part_backend=views.backend_for)
+    finally:
+        views.close()
 
 
 __all__ = ["CompiledQuery", "CompiledStatement", "StatementResult", "Table", "compile_for", "compile_sql",

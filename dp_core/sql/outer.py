@@ -66,12 +66,18 @@ def released_table(result: DPResult, part: CompiledQuery, with_ci: bool) -> pd.D
         backend.close()
 
 
-def run_statement(compiled: CompiledStatement, data: dict, *, threads: int | None = None) -> DPResult:
-    """Execute every DP SELECT (each its own engine run), then the outer query over the results."""
+def run_statement(compiled: CompiledStatement, data: dict, *, threads: int | None = None,
+                  part_backend=None) -> DPResult:
+    """Execute every DP SELECT (each its own engine run), then the outer query over the results.
+    part_backend: source SQL -> backend, for DP SELECTs run elsewhere (Spark); `data` then holds
+    the public tables only."""
     results = []
     for part in compiled.parts:
-        backend = DuckDBBackend.for_tables(data, threads=threads)
-        backend.define_input(part.source_sql("duckdb"))
+        if part_backend is not None:
+            backend = part_backend(part.source_sql("duckdb"))
+        else:
+            backend = DuckDBBackend.for_tables(data, threads=threads)
+            backend.define_input(part.source_sql("duckdb"))
         results.append(execute(part.query, backend))  # closes the backend
     if compiled.simple:
         return postprocess(results[0], compiled.parts[0])

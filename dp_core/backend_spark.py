@@ -1,0 +1,213 @@
+"""The Spark backend: the same bounding plan, run where the data lives (a SparkSession's cluster).
+
+The engine writes its SQL in DuckDB's syntax with the backend's dialect pieces (bounding.DIALECT_PIECES);
+this backend transpiles it to Spark SQL with sqlglot, points `dp_input` at its own temporary view and
+returns the result through Arrow. Every statement the engine sends ends in a GROUP BY partition (or
+a single row), so what reaches the driver is partition-sized, never data-sized.
+
+Inputs: a Spark DataFrame, a table name in the session's catalog, or a Parquet/CSV path (read by
+Spark, so a lake path works too); a pandas DataFrame or Arrow table is shipped to the session (small
+inputs, tests). pyspark is imported here only, so `dp_core` runs without it (the `spark` extra).
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import sqlglot
+from sqlglot import exp
+
+from .bounding import INPUT_NAME
+from .errors import InvalidDataError
+from .input_checks import check_column_names
+
+#: Spark's simple type names -> the DuckDB names the engine's checks speak (schema())
+SPARK_TYPES = {"tinyint": "TINYINT", "smallint": "SMALLINT", "int": "INTEGER", "bigint": "BIGINT",
+               "float": "FLOAT", "double": "DOUBLE", "string": "VARCHAR", "boolean": "BOOLEAN",
+               "date": "DATE", "timestamp": "TIMESTAMP", "timestamp_ntz": "TIMESTAMP", "binary": "BLOB"}
+FILE_SUFFIXES = (".parquet", ".pq", ".csv", ".csv.gz", ".tsv", ".tsv.gz")
+
+
+def is_spark_input(data) -> bool:
+    """A pyspark DataFrame (told by its module, so that pyspark need not be imported)."""
+    return type(data).__module__.startswith("pyspark.sql") and hasattr(data, "createOrReplaceTempView")
+
+
+def default_session():
+    """The active SparkSession, or a clear error when there is none."""
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError:
+        raise InvalidDataError("the Spark backend needs pyspark: pip install 'dprelease[spark]'") from None
+    session = SparkSession.getActiveSession()
+    if session is None:
+        raise InvalidDataError("backend='spark' needs a SparkSession: pass spark=<session> (or start one first)")
+    return session
+
+
+@dataclass
+class SparkBackend:
+    """Runs the engine's SQL on a SparkSession where the input is the temporary view `view`."""
+
+    spark: object
+    view: str
+    dialect: str = "spark"
+
+    @classmethod
+    def for_input(cls, data, spark=None) -> SparkBackend:
+        """Make `data` queryable (nothing is collected): DataFrame, table name, file path, or a
+        pandas/Arrow table shipped to the session."""
+        if isinstance(data, SparkBackend):
+            return data
+        if is_spark_input(data):
+            spark = spark or data.sparkSession
+            frame = data
+        else:
+            spark = spark or default_session()
+            frame = _read(spark, data)
+        check_column_names(frame.columns)
+        view = f"{INPUT_NAME}_{secrets.token_hex(6)}"
+        _missing_as_null(frame).createOrReplaceTempView(view)
+        return cls(spark, view)
+
+    def schema(self) -> dict[str, str]:
+        """Column name -> type name in DuckDB's words (BIGINT, DOUBLE, VARCHAR, DECIMAL(p,s), ...)."""
+        fields = self.spark.table(self.view).schema.fields
+        return {f.name: _duck_type(f.dataType.simpleString()) for f in fields}
+
+    def columns(self, name: str) -> list[str]:
+        return list(self.spark.table(self.view if name == INPUT_NAME else name).columns)
+
+    def run(self, sql: str) -> pd.DataFrame:
+        """Run DuckDB-syntax SQL (transpiled here) and bring its small result back through Arrow."""
+        from pyspark.errors import PySparkException
+
+        text = self.spark_sql(sql)
+        try:
+            table = self.spark.sql(text).toArrow()
+        except PySparkException as err:
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise InvalidDataError(f"the data engine (Spark) could not run the query: {first}") from None
+        return table.to_pandas(maps_as_pydicts="strict")
+
+    def spark_sql(self, sql: str) -> str:
+        """`sql` (DuckDB syntax, Spark pieces) as Spark SQL over this backend's view."""
+        return to_spark_sql(sql, {INPUT_NAME: self.view})
+
+    def close(self) -> None:
+        self.spark.catalog.dropTempView(self.view)
+
+
+def to_spark_sql(sql: str, views: dict[str, str]) -> str:
+    """DuckDB-syntax SQL as Spark SQL, each table named in `views` read from its temporary view."""
+    tree = sqlglot.parse_one(sql, read="duckdb")
+    for table in tree.find_all(exp.Table):
+        if table.name in views and not table.args.get("db"):
+            alias = table.alias
+            table.set("this", exp.to_identifier(views[table.name]))
+            if not alias:
+                table.set("alias", exp.TableAlias(this=exp.to_identifier(table.name)))
+    return tree.sql(dialect="spark")
+
+
+@dataclass
+class SparkTables:
+    """The named tables of a SQL statement on Spark (sql.run_sql with backend="spark"), each a
+    temporary view of its own: empty Arrow stand-ins for the compiler's checks (no rows read),
+    one SparkBackend per DP SELECT over its source, public tables brought back for outer queries."""
+
+    spark: object
+    views: dict[str, str]
+
+    @classmethod
+    def open(cls, tables: dict, spark=None) -> SparkTables:
+        spark = spark or next((d.sparkSession for d in tables.values() if is_spark_input(d)), None) or default_session()
+        views = {}
+        try:
+            for name, data in tables.items():
+                frame = data if is_spark_input(data) else _read(spark, data)
+                check_column_names(frame.columns, f"table {name!r}")
+                views[name] = f"dp_t_{secrets.token_hex(6)}"
+                _missing_as_null(frame).createOrReplaceTempView(views[name])
+        except BaseException:
+            for view in views.values():
+                spark.catalog.dropTempView(view)
+            raise
+        return cls(spark, views)
+
+    def empty(self, name: str):
+        """An empty Arrow table with `name`'s columns and types (for compiling, reads no rows)."""
+        return self.spark.table(self.views[name]).limit(0).toArrow()
+
+    def local(self, name: str):
+        """A public table's rows as Arrow (outer queries join them to the released tables)."""
+        return self.spark.table(self.views[name]).toArrow()
+
+    def backend_for(self, source_sql: str) -> SparkBackend:
+        """A backend whose `dp_input` is one DP SELECT's source (DuckDB syntax) over these tables."""
+        view = f"{INPUT_NAME}_{secrets.token_hex(6)}"
+        self.spark.sql(f"CREATE OR REPLACE TEMPORARY VIEW {view} AS {to_spark_sql(source_sql, self.views)}")
+        return SparkBackend(self.spark, view)
+
+    def close(self) -> None:
+        for view in self.views.values():
+            self.spark.catalog.dropTempView(view)
+
+
+def _duck_type(spark_type: str) -> str:
+    if spark_type.startswith("decimal"):
+        return spark_type.upper()
+    return SPARK_TYPES.get(spark_type, spark_type.upper())
+
+
+def _read(spark, data):
+    """A Spark DataFrame over a path or table name (or a small local frame)."""
+    from pyspark.errors import PySparkException
+
+    if isinstance(data, pd.DataFrame) or type(data).__module__.startswith("pyarrow"):
+        frame = data if isinstance(data, pd.DataFrame) else data.to_pandas()
+        check_column_names(list(frame.columns))
+        return spark.createDataFrame(frame)
+    if not isinstance(data, (str, Path)):
+        raise InvalidDataError(
+            f"unsupported input type {type(data).__name__} for the Spark backend: give a Spark DataFrame, a "
+            "table name, or a Parquet/CSV path")
+    text = str(data)
+    lower = text.lower().rstrip("/")
+    try:
+        if lower.endswith((".parquet", ".pq")) or "://" in text or Path(text).is_dir():  # a lake folder: Parquet
+            if "://" not in text and not Path(text).exists():
+                raise InvalidDataError(f"input file not found: {text}")
+            return spark.read.parquet(text)
+        if lower.endswith((".csv", ".csv.gz", ".tsv", ".tsv.gz")):
+            if "://" not in text and not Path(text).exists():
+                raise InvalidDataError(f"input file not found: {text}")
+            sep = "\t" if ".tsv" in lower else ","
+            return spark.read.csv(text, header=True, inferSchema=True, sep=sep, quote='"', escape='"',
+                                  mode="FAILFAST", enforceSchema=False)
+        if "/" in text or "\\" in text:
+            raise InvalidDataError(f"input file not found: {text} (give a table name, a {', '.join(FILE_SUFFIXES)} "
+                                   "file, or a folder or lake URL of Parquet files)")
+        return spark.table(text)
+    except PySparkException as err:
+        what = "table" if not lower.endswith(FILE_SUFFIXES) else "file"
+        first = str(err).strip().splitlines()[0]
+        if "TABLE_OR_VIEW_NOT_FOUND" in first:
+            raise InvalidDataError(f"no table or view {text!r} in the Spark session's catalog: register it or "
+                                   "give a Parquet/CSV path") from None
+        raise InvalidDataError(f"cannot read {what} {text!r} with Spark: {first}") from None
+
+
+def _missing_as_null(frame):
+    """NaN in float columns becomes NULL (missing), as on DuckDB (input_checks.missing_as_null)."""
+    from pyspark.sql import functions as F
+
+    floats = {f.name for f in frame.schema.fields if f.dataType.simpleString() in ("float", "double")}
+    if not floats:
+        return frame
+    return frame.select(*[
+        F.when(F.isnan(F.col(f"`{c}`")), None).otherwise(F.col(f"`{c}`")).alias(c) if c in floats else F.col(f"`{c}`")
+        for c in frame.columns])
