@@ -48,8 +48,13 @@ def main() -> None:
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     from browser import Chromium
     from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL, temporary_settings
-    from prefect_console import (deploy_release_flow, drain_prefect_workers, start_prefect_server,
-                                 stop_process_group, submit_and_run)
+    from prefect_console import (
+        deploy_release_flow,
+        drain_prefect_workers,
+        start_prefect_server,
+        stop_process_group,
+        submit_and_run,
+    )
 
     from cli.deciding import decide
     from dprelease import admin, decisions
