@@ -82,6 +82,8 @@ def publish_snapshot(request, series: str, rule: str, approval_timeout: int = 36
     platform = pipeline.Platform.open(settings)
     try:
         snap = store_series.resolve(platform.store, series, rule)
+        if rule == LATEST:
+            store_series.check_new(platform.store, series, snap.snapshot)  # no new period: nothing to publish
     except store_series.SnapshotRefused as err:
         note_refusal(platform, series, rule, str(err), flow_run.id, public=True)  # shown on the series page
         pipeline.write_index(platform)

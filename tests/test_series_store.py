@@ -89,11 +89,15 @@ def test_a_refund_gives_the_snapshot_back_and_a_commit_keeps_it(any_store):  # n
     store_series.claim(any_store, "visits", "2026-01", "c")
     any_store.reserve("visits@2026-01", "c", 0.5, 0.0)
     any_store.commit("c")
+    any_store.update_release("c", status="published")
     with pytest.raises(store_series.SnapshotRefused, match="already published"):
         store_series.claim(any_store, "visits", "2026-01", "d")
     with pytest.raises(store_series.SnapshotRefused, match="missing"):
         store_series.claim(any_store, "visits", "2027-01", "d")
     assert store_series.claims(any_store, "visits") == {"2026-01": "c"}
+    with pytest.raises(store_series.SnapshotRefused, match="no new snapshot"):
+        store_series.check_new(any_store, "visits", "2026-01")
+    store_series.check_new(any_store, "visits", "2026-02")  # not published yet: a run may go on
 
 
 def test_series_cap_charges_every_snapshot_against_one_cap_under_concurrency(any_store, monkeypatch):  # noqa: F811

@@ -160,6 +160,18 @@ def resolve(store, series: str, rule: str) -> Snapshot:
                           f"register it with `dprelease dataset register {series} FILE --snapshot {rule}`")
 
 
+def check_new(store, series: str, snapshot: str) -> None:
+    """For the `latest` rule: refuse, naming it, when the newest snapshot is already published (no
+    new period has been registered since). A message only: the claim's key is what enforces once."""
+    with store._transaction() as session:
+        held = session.get(SnapshotClaim, (series, snapshot))
+        if held is not None and (holder := session.get(Release, held.release_id)) is not None \
+                and holder.status == "published":
+            raise SnapshotRefused(f"no new snapshot of series {series!r}: the latest, {snapshot}, is already published "
+                                  f"(nothing spent); register the new period with `dprelease dataset register {series} "
+                                  "FILE --snapshot LABEL`")
+
+
 def series_of_dataset(session: Session, dataset: str) -> tuple[Series, Snapshot] | None:
     """The series and snapshot a dataset belongs to, or None for a plain dataset."""
     snap = session.exec(select(Snapshot).where(Snapshot.dataset == dataset)).first()
