@@ -475,3 +475,20 @@ def test_abandon_defaults_and_its_refusals_are_exact(sqlite_store):
     assert sqlite_store.abandon("r1") == "refunded"
     release = sqlite_store.get_release("r1")
     assert release.status == "failed" and release.decision_comment == "" and release.decision_by is None
+
+
+def test_lease_is_taken_over_and_renewed(sqlite_store):
+    """A lease taken again (a run resumed elsewhere) names the new owner; renewing moves the
+    heartbeat forward; renewing or ending a lease nobody holds is a no-op."""
+    first = sqlite_store.take_lease("r1", "host-a", 11)
+    assert (first.host, first.pid, first.process_started, first.flow_run_id) == ("host-a", 11, 0.0, None)
+    sqlite_store.take_lease("r1", "host-b", 22, 5.0, "flow-2")
+    lease = sqlite_store.get_lease("r1")
+    assert (lease.host, lease.pid, lease.process_started, lease.flow_run_id) == ("host-b", 22, 5.0, "flow-2")
+    before = lease.heartbeat_at
+    time.sleep(0.01)
+    sqlite_store.renew_lease("r1")
+    assert sqlite_store.get_lease("r1").heartbeat_at > before
+    sqlite_store.renew_lease("nobody")
+    sqlite_store.end_lease("nobody")
+    assert sqlite_store.get_lease("nobody") is None
