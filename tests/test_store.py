@@ -492,3 +492,15 @@ def test_lease_is_taken_over_and_renewed(sqlite_store):
     sqlite_store.renew_lease("nobody")
     sqlite_store.end_lease("nobody")
     assert sqlite_store.get_lease("nobody") is None
+
+
+def test_a_new_release_records_its_request_and_run(sqlite_store):
+    """add_release keeps the request (as JSON) and the flow run that carries it; a status outside
+    the vocabulary is refused by name."""
+    _register(sqlite_store)
+    made = sqlite_store.add_release("adult", {"sql": "SELECT 1", "epsilon": 0.5}, flow_run_id="run-7")
+    stored = sqlite_store.get_release(made.id)
+    assert stored.request_json == '{"epsilon": 0.5, "sql": "SELECT 1"}' and stored.flow_run_id == "run-7"
+    with pytest.raises(ValueError) as caught:
+        sqlite_store.add_release("adult", "{}", status="done")
+    assert str(caught.value).startswith("status must be one of pending, ") and str(caught.value).endswith("got 'done'")
