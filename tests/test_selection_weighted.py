@@ -283,7 +283,13 @@ def test_the_release_describes_its_weighted_selection(strategy):
     df = skewed(units=3_000)
     q = dp.Query([dp.count()], privacy_unit="uid", group_by=("part",), epsilon=1.0, delta=1e-6,
                  max_partitions_contributed=4, selection=strategy)
-    text = dp.execute(q, df).partition_selection
+    result = dp.execute(q, df)
+    text = result.partition_selection
+    names = ["weighted histogram"] if strategy == "weighted_gaussian" else ["MAD round 1 weighted histogram",
+                                                                            "MAD round 2 weighted histogram"]
+    records = [m for m in result.mechanisms if m.target.startswith("partition selection: ")]
+    assert [m.target for m in records] == [f"partition selection: {name}" for name in names]
+    assert all(m.max_partitions == 4 and "<= 4 kept partitions" in m.note for m in records)
     rounds = selection_rounds(strategy, plan_budget(q).selection_share, 4, 1.0)
     assert text.startswith(f"{strategy}: ")
     last = f"{rounds[-1]['threshold'] / WEIGHT_ONE:.6g}"

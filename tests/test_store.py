@@ -397,6 +397,7 @@ def test_policy_fields_are_stored_and_listed_by_name(sqlite_store):
     assert by_name["zz-monthly"].deployment == "dp-release/monthly" and by_name["zz-monthly"].approval == "auto"
     assert by_name["aa-anyone"].deployment is None  # an empty deployment names none
     assert by_name["mm-carol"].max_epsilon_per_release == 0.2 and by_name["mm-carol"].analyst == "carol"
+    assert by_name["mm-carol"].evaluators_json == "[]" and by_name["mm-carol"].approval == "manual"
     with pytest.raises(StoreError) as caught:
         sqlite_store.add_policy("mm-carol", "census", max_epsilon_per_release=1.0)
     assert str(caught.value) == "policy 'mm-carol' already exists: choose another name"
@@ -428,6 +429,12 @@ def test_release_listing_order_filters_and_frozen_fields(sqlite_store):
     assert [r.id for r in sqlite_store.list_releases(status="approved", dataset="adult")] == ["a-third"]
     with pytest.raises(ValueError) as caught:
         sqlite_store.list_releases(status="done")
+    assert str(caught.value).startswith("status must be one of ")
+    sqlite_store.update_release(b.id, request_json={"sql": "SELECT 2"}, artifacts_json=["a.html"])
+    assert (sqlite_store.get_release(b.id).request_json, sqlite_store.get_release(b.id).artifacts_json) == (
+        '{"sql": "SELECT 2"}', '["a.html"]')
+    with pytest.raises(ValueError) as caught:
+        sqlite_store.update_release(b.id, status="done")
     assert str(caught.value).startswith("status must be one of ")
     for frozen in ("id", "created_at"):
         with pytest.raises(StoreError, match=f"cannot update release field\\(s\\) \\['{frozen}'\\]"):
@@ -475,6 +482,13 @@ def test_abandon_defaults_and_its_refusals_are_exact(sqlite_store):
     assert sqlite_store.abandon("r1") == "refunded"
     release = sqlite_store.get_release("r1")
     assert release.status == "failed" and release.decision_comment == "" and release.decision_by is None
+    with pytest.raises(ValueError) as caught:
+        sqlite_store.abandon("r1", "pending")
+    assert str(caught.value) == "abandon marks a final status (rejected, expired, failed, published), not 'pending'"
+    sqlite_store.add_release("adult", "{}", release_id="r2")
+    assert sqlite_store.abandon("r2", "rejected", "x" * 600, by="alice") == "none"
+    release = sqlite_store.get_release("r2")
+    assert (release.status, release.decision_comment, release.decision_by) == ("rejected", "x" * 500, "alice")
 
 
 def test_lease_is_taken_over_and_renewed(sqlite_store):
