@@ -382,8 +382,9 @@ def test_an_older_store_gains_the_policy_deployment_column(tmp_path):
 def test_policy_fields_are_stored_and_listed_by_name(sqlite_store):
     """What a policy records is what was given (the deployment an automatic policy names included);
     lists come sorted by name, whatever the order of registration; a repeated name is refused."""
-    _register(sqlite_store)
     _register(sqlite_store, "census")
+    _register(sqlite_store)
+    assert [d.name for d in sqlite_store.list_datasets()] == ["adult", "census"]
     sqlite_store.add_policy("zz-monthly", "adult", max_epsilon_per_release=0.5, approval="auto",
                             deployment="dp-release/monthly")
     sqlite_store.add_policy("aa-anyone", "adult", max_epsilon_per_release=1.0, deployment="")
