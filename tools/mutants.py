@@ -66,9 +66,10 @@ def changed_files(ref: str) -> list[str]:
 def scope(files: list[str]) -> list[str]:
     """The mutated modules among `files`; says which ones are not mutated and why."""
     critical = set(mutated_modules())
+    packages = tuple(f"{source}/" for source in mutmut_config()["source_paths"])
     chosen = [f for f in dict.fromkeys(Path(f).as_posix() for f in files) if f in critical]
     for f in files:
-        if Path(f).as_posix() not in critical and f.endswith(".py"):
+        if Path(f).as_posix() not in critical and f.endswith(".py") and Path(f).as_posix().startswith(packages):
             print(f"mutants: {f} is not mutated (not in [tool.mutmut] only_mutate of pyproject.toml)")
     return chosen
 
