@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test bench mutants clean
 
 setup: $(STAMP)
 
@@ -24,5 +24,15 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/engine.py
 
+# mutation testing (docs/testing.md), not part of `make test`: all critical modules by default, or
+# FILES="dp_core/noise.py ..." or CHANGED=main (the critical modules changed since main); JOBS workers
+JOBS ?= 1
+mutants: $(VENV)/.installed-mutants
+	$(PY) tools/mutants.py --max-children $(JOBS) $(if $(FILES),--files $(FILES)) $(if $(CHANGED),--changed $(CHANGED))
+
+$(VENV)/.installed-mutants: $(STAMP)
+	$(PY) -m pip install --quiet -e '.[test,mutants]'
+	touch $@
+
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache mutants

@@ -163,3 +163,16 @@ def test_per_partition_scope_is_refused_where_it_cannot_work():
     with pytest.raises(dp.InvalidQueryError, match="quantiles"):
         dp.execute(dp.Query([dp.Aggregate("quantile", column="x", q=0.5)], privacy_unit="uid", group_by=("g",),
                             epsilon=1.0, bounds_scope="partition"), df)
+
+
+def test_inferred_bounds_serialise_with_their_histogram():
+    """to_dict (what the release's JSON carries) has every field under its name, one entry per bin."""
+    df = pd.DataFrame({"uid": np.arange(3000), "x": np.linspace(1.0, 100.0, 3000)})
+    r = dp.execute(dp.Query([dp.Aggregate("sum", column="x", name="s")], privacy_unit="uid", epsilon=2.0), df)
+    (b,) = r.inferred_bounds
+    d = b.to_dict()
+    assert set(d) == {"aggregate", "partition", "lower", "upper", "threshold", "outside_share", "bins", "mechanism"}
+    assert (d["aggregate"], d["partition"], d["lower"], d["upper"]) == ("s", None, b.lower, b.upper)
+    assert (d["threshold"], d["outside_share"], d["mechanism"]) == (b.threshold, b.outside_share, b.record.to_dict())
+    assert d["bins"][0] == {"low": b.bin_edges[0][0], "high": b.bin_edges[0][1], "noisy_count": b.noisy_counts[0]}
+    assert len(d["bins"]) == len(b.bin_edges) == len(b.noisy_counts)

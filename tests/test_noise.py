@@ -218,3 +218,19 @@ def test_bad_scales_are_refused():
         noise.discrete_laplace(0.0, 3)
     with pytest.raises(noise.DPError):
         noise.discrete_gaussian(float("nan"), 3)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 7, 20])
+def test_exact_refinements_follow_the_uniform_they_are_given(k):
+    """The rare-path helpers decide from the uniform's known bits exactly: U just below exp(-k)
+    is a Bernoulli(exp(-k)) success and a geometric draw of k; just above, a failure and k - 1;
+    bits equal to exp(-k)'s expansion (a tie) are refined with CSPRNG bits into one of the two."""
+    getcontext().prec = 80
+    t = noise.exp_neg_floor(k, 32)
+    assert t == int((Decimal(-k).exp() * 2**32).to_integral_value(rounding=ROUND_FLOOR))
+    assert noise._geometric_slow(t - 1, 32) == k and noise._uniform_below_exp_neg(k, t - 1, 32)
+    assert noise._geometric_slow(t + 1, 32) == k - 1 and not noise._uniform_below_exp_neg(k, t + 1, 32)
+    assert {noise._geometric_slow(t, 32) for _ in range(40)} <= {k - 1, k}
+    # the 64 refined bits decide by exp(-k)'s next bits: compare with the decimal expansion
+    wide = int((Decimal(-k).exp() * 2**96).to_integral_value(rounding=ROUND_FLOOR))
+    assert noise.exp_neg_floor(k, 96) == wide and wide >> 64 == t

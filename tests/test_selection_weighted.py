@@ -274,3 +274,27 @@ def test_existing_plans_are_unchanged_by_the_weighted_selections():
         assert "_w1" not in sql and "_deg" not in sql
     w = build_plan(replace(base, selection="mad"), {"uid", "part", "x"}, seed=1, key_types=KEY_TYPES).sql
     assert "_w1" in w and str(unit_weights(2)[1]) in w
+
+
+@pytest.mark.parametrize("strategy", ["weighted_gaussian", "mad"])
+def test_the_release_describes_its_weighted_selection(strategy):
+    """The public description of the selection names the mechanism, its sigma and its threshold
+    (the numbers of the rounds actually used), so a reader can check the release."""
+    df = skewed(units=3_000)
+    q = dp.Query([dp.count()], privacy_unit="uid", group_by=("part",), epsilon=1.0, delta=1e-6,
+                 max_partitions_contributed=4, selection=strategy)
+    result = dp.execute(q, df)
+    text = result.partition_selection
+    names = ["weighted histogram"] if strategy == "weighted_gaussian" else ["MAD round 1 weighted histogram",
+                                                                            "MAD round 2 weighted histogram"]
+    records = [m for m in result.mechanisms if m.target.startswith("partition selection: ")]
+    assert [m.target for m in records] == [f"partition selection: {name}" for name in names]
+    assert all(m.max_partitions == 4 and "<= 4 kept partitions" in m.note for m in records)
+    rounds = selection_rounds(strategy, plan_budget(q).selection_share, 4, 1.0)
+    assert text.startswith(f"{strategy}: ")
+    last = f"{rounds[-1]['threshold'] / WEIGHT_ONE:.6g}"
+    assert last in text
+    if strategy == "weighted_gaussian":
+        assert f"sigma {rounds[0]['sigma'] / WEIGHT_ONE:.4g}" in text and "Gopi et al. 2020" in text
+    else:
+        assert f"{rounds[0]['threshold'] / WEIGHT_ONE:.6g}" in text and "Chen et al. 2025" in text

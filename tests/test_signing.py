@@ -363,3 +363,29 @@ def test_signing_usage_errors(tmp_path: Path, keys: tuple[Path, Path]) -> None:
         sign_directory(tmp_path / "r", FACTS, keys[0])  # type: ignore[arg-type]
     with pytest.raises(SigningError, match="does not exist or is not a directory"):
         verify_directory(tmp_path / "missing")
+
+
+def test_verify_report_text_counts_its_problems() -> None:
+    """The report reads as it should for one problem and for several (the CLI prints it as is)."""
+    assert str(VerifyReport(True)) == "verified: signature and all file digests match"
+    assert str(VerifyReport(False, ["a.csv: digest mismatch"])) == (
+        "verification FAILED (1 problem):\n  - a.csv: digest mismatch")
+    assert str(VerifyReport(False, ["a", "b"])) == "verification FAILED (2 problems):\n  - a\n  - b"
+    assert str(VerifyReport(False, [])) == "verification FAILED (0 problems):"
+
+
+def test_key_fingerprint_is_the_grouped_sha256_of_the_raw_key(keys: tuple[Path, Path]) -> None:
+    """The fingerprint a publisher announces out of band: SHA256 of the raw 32-byte key, hex in
+    groups of four; the same from the key object, the PEM bytes and the PEM file."""
+    from cryptography.hazmat.primitives import serialization
+
+    from dprelease.reporting.signing import key_fingerprint
+
+    public = load_public_key(keys[1])
+    raw = public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    digest = hashlib.sha256(raw).hexdigest()
+    expected = "SHA256:" + ":".join(digest[i:i + 4] for i in range(0, 64, 4))
+    assert key_fingerprint(public) == key_fingerprint(keys[1]) == key_fingerprint(public_key_pem(public)) == expected
+    assert len(expected) == len("SHA256:") + 16 * 4 + 15
+    other = Ed25519PrivateKey.generate().public_key()
+    assert key_fingerprint(other) != expected

@@ -387,3 +387,145 @@ def test_an_older_store_gains_the_policy_deployment_column(tmp_path):
     store.create_all()
     assert "deployment" in {c["name"] for c in sa.inspect(store.engine).get_columns("policies")}
     store.close()
+
+
+def test_policy_fields_are_stored_and_listed_by_name(sqlite_store):
+    """What a policy records is what was given (the deployment an automatic policy names included);
+    lists come sorted by name, whatever the order of registration; a repeated name is refused."""
+    _register(sqlite_store, "census")
+    _register(sqlite_store)
+    assert [d.name for d in sqlite_store.list_datasets()] == ["adult", "census"]
+    sqlite_store.add_policy("zz-monthly", "adult", max_epsilon_per_release=0.5, approval="auto",
+                            deployment="dp-release/monthly")
+    sqlite_store.add_policy("aa-anyone", "adult", max_epsilon_per_release=1.0, deployment="")
+    sqlite_store.add_policy("mm-carol", "adult", analyst="carol", max_epsilon_per_release=0.2)
+    sqlite_store.add_policy("census-only", "census", max_epsilon_per_release=2.0)
+    assert [p.name for p in sqlite_store.policies_for("adult")] == ["aa-anyone", "zz-monthly"]
+    assert [p.name for p in sqlite_store.policies_for("adult", "carol")] == ["aa-anyone", "mm-carol", "zz-monthly"]
+    assert [p.name for p in sqlite_store.all_policies("adult")] == ["aa-anyone", "mm-carol", "zz-monthly"]
+    assert [p.name for p in sqlite_store.all_policies("census")] == ["census-only"]
+    by_name = {p.name: p for p in sqlite_store.all_policies("adult")}
+    assert by_name["zz-monthly"].deployment == "dp-release/monthly" and by_name["zz-monthly"].approval == "auto"
+    assert by_name["aa-anyone"].deployment is None  # an empty deployment names none
+    assert by_name["mm-carol"].max_epsilon_per_release == 0.2 and by_name["mm-carol"].analyst == "carol"
+    assert by_name["mm-carol"].evaluators_json == "[]" and by_name["mm-carol"].approval == "manual"
+    with pytest.raises(StoreError) as caught:
+        sqlite_store.add_policy("mm-carol", "census", max_epsilon_per_release=1.0)
+    assert str(caught.value) == "policy 'mm-carol' already exists: choose another name"
+    with pytest.raises(ValueError) as caught:
+        sqlite_store.add_policy("p", "adult", max_epsilon_per_release=-1)
+    assert str(caught.value) == "max_epsilon_per_release must be a finite number > 0, got -1"
+    with pytest.raises(ValueError) as caught:
+        sqlite_store.add_policy("p", "adult", max_epsilon_per_release=1.0, approval="sometimes")
+    assert str(caught.value) == "approval must be one of manual, auto; got 'sometimes'"
+
+
+def test_release_listing_order_filters_and_frozen_fields(sqlite_store):
+    """Releases list oldest first (ties by id), filter by status and by dataset, refuse an unknown
+    status by name, and never let an update change a release's id or creation time."""
+    _register(sqlite_store)
+    _register(sqlite_store, "census")
+    b = sqlite_store.add_release("adult", "{}", release_id="b-second")
+    a = sqlite_store.add_release("adult", "{}", release_id="a-third")
+    c = sqlite_store.add_release("census", "{}", release_id="c-census")
+    same_time = b.created_at
+    sqlite_store.update_release(a.id, status="approved")
+    with store_module.Store._transaction(sqlite_store) as session:  # b and a created at the same instant
+        for rid in (a.id, b.id):
+            session.get(store_module.Release, rid).created_at = same_time
+        session.get(store_module.Release, c.id).created_at = same_time.replace(year=same_time.year - 1)
+    assert [r.id for r in sqlite_store.list_releases()] == ["c-census", "a-third", "b-second"]
+    assert [r.id for r in sqlite_store.list_releases(dataset="adult")] == ["a-third", "b-second"]
+    assert [r.id for r in sqlite_store.list_releases(dataset="census")] == ["c-census"]
+    assert [r.id for r in sqlite_store.list_releases(status="approved", dataset="adult")] == ["a-third"]
+    with pytest.raises(ValueError) as caught:
+        sqlite_store.list_releases(status="done")
+    assert str(caught.value).startswith("status must be one of ")
+    sqlite_store.update_release(b.id, request_json={"sql": "SELECT 2"}, artifacts_json=["a.html"])
+    assert (sqlite_store.get_release(b.id).request_json, sqlite_store.get_release(b.id).artifacts_json) == (
+        '{"sql": "SELECT 2"}', '["a.html"]')
+    with pytest.raises(ValueError) as caught:
+        sqlite_store.update_release(b.id, status="done")
+    assert str(caught.value).startswith("status must be one of ")
+    for frozen in ("id", "created_at"):
+        with pytest.raises(StoreError, match=f"cannot update release field\\(s\\) \\['{frozen}'\\]"):
+            sqlite_store.update_release(b.id, **{frozen: "x"})
+
+
+def test_controllers_and_open_reservations(sqlite_store):
+    """Controllers: registered once by name and once by key, listed by name, unknown ones named.
+    reserved_entries lists only reservations neither committed nor refunded, oldest first."""
+    sqlite_store.add_controller("zoe", "PEM-Z")
+    sqlite_store.add_controller("adam", "PEM-A")
+    assert [c.name for c in sqlite_store.list_controllers()] == ["adam", "zoe"]
+    assert sqlite_store.get_controller("zoe").public_key_pem == "PEM-Z"
+    with pytest.raises(StoreError) as caught:
+        sqlite_store.add_controller("zoe", "PEM-OTHER")
+    assert str(caught.value) == "controller 'zoe' is already registered"
+    with pytest.raises(StoreError) as caught:
+        sqlite_store.add_controller("eve", "PEM-A")
+    assert str(caught.value) == "this public key is already registered to another controller"
+    with pytest.raises(StoreError) as caught:
+        sqlite_store.get_controller("eve")
+    assert str(caught.value) == "'eve' is not a registered controller (dprelease controller add NAME)"
+
+    _register(sqlite_store)
+    for rid in ("r1", "r2", "r3", "r4"):
+        sqlite_store.reserve("adult", rid, 0.1, 0.0)
+    sqlite_store.commit("r2")
+    sqlite_store.refund("r3")
+    assert [(e.release_id, e.status) for e in sqlite_store.reserved_entries()] == [("r1", "reserved"),
+                                                                                    ("r4", "reserved")]
+
+
+def test_abandon_defaults_and_its_refusals_are_exact(sqlite_store):
+    """abandon without a comment records none and marks "failed"; a status that is not a release
+    status, or not a final one, is refused by name and changes nothing."""
+    _register(sqlite_store)
+    sqlite_store.add_release("adult", "{}", release_id="r1")
+    sqlite_store.reserve("adult", "r1", 1.0, 0.0)
+    with pytest.raises(ValueError) as caught:
+        sqlite_store.abandon("r1", "gone")
+    assert str(caught.value).startswith("status must be one of ") and str(caught.value).endswith("; got 'gone'")
+    with pytest.raises(ValueError, match="abandon marks a final status"):
+        sqlite_store.abandon("r1", "pending")
+    assert sqlite_store.ledger_entry("r1").status == "reserved"
+    assert sqlite_store.abandon("r1") == "refunded"
+    release = sqlite_store.get_release("r1")
+    assert release.status == "failed" and release.decision_comment == "" and release.decision_by is None
+    with pytest.raises(ValueError) as caught:
+        sqlite_store.abandon("r1", "pending")
+    assert str(caught.value) == "abandon marks a final status (rejected, expired, failed, published), not 'pending'"
+    sqlite_store.add_release("adult", "{}", release_id="r2")
+    assert sqlite_store.abandon("r2", "rejected", "x" * 600, by="alice") == "none"
+    release = sqlite_store.get_release("r2")
+    assert (release.status, release.decision_comment, release.decision_by) == ("rejected", "x" * 500, "alice")
+
+
+def test_lease_is_taken_over_and_renewed(sqlite_store):
+    """A lease taken again (a run resumed elsewhere) names the new owner; renewing moves the
+    heartbeat forward; renewing or ending a lease nobody holds is a no-op."""
+    first = sqlite_store.take_lease("r1", "host-a", 11)
+    assert (first.host, first.pid, first.process_started, first.flow_run_id) == ("host-a", 11, 0.0, None)
+    sqlite_store.take_lease("r1", "host-b", 22, 5.0, "flow-2")
+    lease = sqlite_store.get_lease("r1")
+    assert (lease.host, lease.pid, lease.process_started, lease.flow_run_id) == ("host-b", 22, 5.0, "flow-2")
+    before = lease.heartbeat_at
+    time.sleep(0.01)
+    sqlite_store.renew_lease("r1")
+    assert sqlite_store.get_lease("r1").heartbeat_at > before
+    sqlite_store.renew_lease("nobody")
+    sqlite_store.end_lease("nobody")
+    assert sqlite_store.get_lease("nobody") is None
+
+
+def test_a_new_release_records_its_request_and_run(sqlite_store):
+    """add_release keeps the request (as JSON) and the flow run that carries it; a status outside
+    the vocabulary is refused by name."""
+    _register(sqlite_store)
+    made = sqlite_store.add_release("adult", {"sql": "SELECT 1", "epsilon": 0.5}, flow_run_id="run-7")
+    stored = sqlite_store.get_release(made.id)
+    assert stored.request_json == '{"epsilon": 0.5, "sql": "SELECT 1"}' and stored.flow_run_id == "run-7"
+    with pytest.raises(ValueError) as caught:
+        sqlite_store.add_release("adult", "{}", status="done")
+    assert str(caught.value).startswith("status must be one of pending, ") and str(caught.value).endswith("got 'done'")

@@ -67,3 +67,24 @@ def test_large_partitions_survive_and_the_laplace_count_is_released_once():
     assert r.mechanisms[0].target.startswith("partition selection")
     half = noise.discrete_laplace_halfwidth(1.0, 0.05)  # scale C_u / eps = 1
     assert np.all(r.table["n_ci_high"] - r.table["n"] == half)
+
+
+def test_laplace_threshold_keeps_a_count_equal_to_the_threshold():
+    """Kept means noisy count >= T (the threshold's derivation): at epsilon 60 the discrete Laplace
+    noise is 0 except with probability below 1e-25, so counts T - 1, T, T + 5 give drop, keep, keep.
+    The public description names the law's scale and the threshold."""
+    share = Share("partition selection", 60.0, 1e-6)
+    threshold = ps.discrete_laplace_threshold(60.0, 1e-6, 1)
+    chosen = ps.select_laplace_threshold(np.array([threshold - 1, threshold, threshold + 5]), share, 1)
+    assert chosen.keep.tolist() == [False, True, True] and chosen.threshold == threshold
+    assert chosen.noisy_units.record.mechanism.startswith("discrete Laplace")
+    assert chosen.description == f"noisy count of units (discrete Laplace, scale {1 / 60:.4g}) >= threshold {threshold}"
+
+
+def test_mad_selection_outside_the_engine_names_what_is_missing():
+    """select_mad needs the first round the plan drew: called without it, one clear error."""
+    share = Share("partition selection", 1.0, 1e-6, 0.01)
+    q = dp.Query([dp.count()], privacy_unit="uid", group_by=("g",), epsilon=1.0, delta=1e-6, selection="mad")
+    for rows in (None, pd.DataFrame({"_w2": [1]})):
+        with pytest.raises(RuntimeError, match="needs its first round"):
+            ps.select_mad(np.array([1]), share, 1, rows=rows, query=q)
