@@ -529,3 +529,27 @@ def test_a_new_release_records_its_request_and_run(sqlite_store):
     with pytest.raises(ValueError) as caught:
         sqlite_store.add_release("adult", "{}", status="done")
     assert str(caught.value).startswith("status must be one of pending, ") and str(caught.value).endswith("got 'done'")
+
+
+def test_a_write_lock_held_past_the_busy_timeout_is_one_clear_store_error(tmp_path, monkeypatch):
+    """Another process holding SQLite's write lock past the busy timeout: the command gets the
+    store's own error (not a driver traceback), and nothing of its step was written."""
+    import sqlite3
+
+    from dprelease.store import database
+
+    monkeypatch.setattr(database, "SQLITE_BUSY_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(store_module, "SQLITE_BUSY_TIMEOUT_S", 0.5)
+    store = Store(f"sqlite:///{tmp_path / 'ledger.db'}")
+    store.create_all()
+    _register(store)
+    holder = sqlite3.connect(tmp_path / "ledger.db", isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # another command's open write transaction
+    try:
+        with pytest.raises(StoreError, match=r"the store was busy for 0.5 s .* changed nothing; run the command again"):
+            store.reserve("adult", "r1", 1.0, 0.0)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert store.budget("adult")["epsilon_reserved"] == 0
+    store.close()

@@ -2,7 +2,7 @@
 
 - PostgreSQL: `SELECT ... FOR UPDATE` on the dataset's row serialises reservations per dataset.
 - SQLite: every transaction starts with `BEGIN IMMEDIATE` (SQLAlchemy's pysqlite recipe), which
-  takes the database's write lock up front; other writers wait (busy timeout 30 s).
+  takes the database's write lock up front; other writers wait (busy timeout 120 s).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from sqlmodel import create_engine
 
 from .errors import StoreError
 
-SQLITE_BUSY_TIMEOUT_S = 30.0
+SQLITE_BUSY_TIMEOUT_S = 120.0  # generous: on an overloaded machine a lock holder may wait its turn for a CPU
 
 
 def _normalise_url(url: str) -> URL:

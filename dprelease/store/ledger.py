@@ -14,13 +14,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlmodel import Session, SQLModel, select
 
 from dprelease.settings import Settings
 
 from . import series as _series
-from .database import make_engine
+from .database import SQLITE_BUSY_TIMEOUT_S, make_engine
 from .errors import BudgetExceeded, StoreError
 from .tables import (
     APPROVALS,
@@ -109,9 +109,18 @@ class Store:
 
     @contextmanager
     def _transaction(self) -> Iterator[Session]:
-        """One session in one transaction: committed on success, rolled back on any error."""
-        with Session(self.engine, expire_on_commit=False) as session, session.begin():
-            yield session
+        """One session in one transaction: committed on success, rolled back on any error. A SQLite
+        write lock not obtained within the busy timeout is the store's own error (nothing changed)."""
+        try:
+            with Session(self.engine, expire_on_commit=False) as session, session.begin():
+                yield session
+        except OperationalError as err:
+            if "database is locked" not in str(err):
+                raise
+            raise StoreError(
+                f"the store was busy for {SQLITE_BUSY_TIMEOUT_S:g} s (other commands held its write lock, "
+                "on an overloaded machine): this step changed nothing; run the command again, or use "
+                "PostgreSQL for many concurrent commands") from None
 
     # --- datasets ---------------------------------------------------------------------------------
 
