@@ -115,8 +115,8 @@ def release_flow(
         approval_timeout: seconds to wait for a controller's decision before refunding the budget
     """
     settings = Settings.from_env()
-    request = parse_request(request_fields(dataset, sql, query, title, epsilon, delta, max_partitions_contributed,
-                                           requested_by))
+    request = parse_request(request_fields(dataset, sql, query, title, epsilon=epsilon, delta=delta,
+                                           cu=max_partitions_contributed, requested_by=requested_by))
     platform = pipeline.Platform.open(settings)
     release_id = attempt_release_id(platform)
     record(platform, release_id, request)
@@ -262,7 +262,7 @@ def summary_link(release_id: str) -> str:
     return f"{base}/artifacts/key/{summary_artifact_key(release_id)}"
 
 
-def request_fields(dataset, sql, query, title, epsilon, delta, cu, requested_by) -> dict:
+def request_fields(dataset, sql, query, title, *, epsilon, delta, cu, requested_by) -> dict:
     """The flow's parameters as a request (parse_request judges them, as it judges a request file)."""
     fields = {"dataset": dataset, "title": title, "delta": delta, "max_partitions_contributed": cu,
               "requested_by": requested_by, "epsilon": epsilon.to_spec() if hasattr(epsilon, "to_spec") else epsilon}

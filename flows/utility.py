@@ -38,8 +38,8 @@ def utility_flow(
 ) -> dict:
     """A DP release followed by a utility signal for one vetted evaluation function."""
     settings = Settings.from_env()
-    request = parse_request(request_fields(dataset, sql, query, title, epsilon, None, None, delta,
-                                           max_partitions_contributed, requested_by))
+    request = parse_request(request_fields(dataset, sql, query, title, epsilon=epsilon, delta=delta,
+                                           cu=max_partitions_contributed, requested_by=requested_by))
     release_id = str(flow_run.id or uuid.uuid4())
     platform = pipeline.Platform.open(settings)
     steps.check_policy(settings, request, evaluator)  # 0: before anything is computed

@@ -68,7 +68,7 @@ def _flow_verdict(epsilon):
     except ParameterTypeError as err:
         return err
     try:
-        return parse_request(request_fields("adult", SQL, None, "", params["epsilon"], 1e-6, 1, None))
+        return parse_request(request_fields("adult", SQL, None, "", epsilon=params["epsilon"], delta=1e-6, cu=1, requested_by=None))
     except RequestError as err:
         return err
 
