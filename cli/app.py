@@ -496,9 +496,12 @@ def release(
     from dprelease.preflight import check_request
     from dprelease.requests import load_request
 
+    from . import prefect_server
+
     try:
         request = load_request(spec)
         check_request(_settings(), request)  # refused before any flow starts (quick, same message)
+        prefect_server.start()  # boots on the other core while the release is planned and previewed
         _print_preview(request)
         result = run_release_interactively(_settings(), request, approve_as=approve_as, timeout=timeout,
                                            controller_key=key, risk_override=override_risk)

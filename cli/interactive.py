@@ -39,7 +39,7 @@ def run_release_interactively(settings: Settings, request, *, approve_as: str | 
         delta=request.delta,
         max_partitions_contributed=request.max_partitions_contributed, requested_by=request.requested_by,
         approval_timeout=timeout)
-    with runs.own_run(settings, release_flow, params, request) as run:
+    with runs.own_run(settings, release_flow, params, request, warm=warm_release_imports) as run:
         if run.wait_for_approval():
             summary_file = settings.archive_dir / run.release_id / "controller" / "controller.html"
             console.print(Markdown(_summary_markdown(settings, run.release_id)))
@@ -47,6 +47,15 @@ def run_release_interactively(settings: Settings, request, *, approve_as: str | 
             _decide_here(settings, run.release_id, controller_key or settings.controller_key, approve_as,
                          no_terminal_reviewer, risk_override)
         return run.result()
+
+
+def warm_release_imports() -> None:
+    """What a release imports on its way (the checks framework, the report renderer), loaded while
+    the temporary Prefect server boots rather than after it."""
+    from dprelease import checks
+    from dprelease.reporting import pages  # noqa: F401
+
+    checks.load_framework()
 
 
 def _decide_here(settings: Settings, release_id: str, key: Path | None, approve_as: str | None,

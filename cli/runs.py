@@ -12,26 +12,21 @@ by the sweep each command runs first (dprelease.recovery).
 
 from __future__ import annotations
 
-import atexit
-import fcntl
 import os
-import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
-from pathlib import Path
 
 from dprelease import pipeline, recovery
 from dprelease.settings import Settings
 from dprelease.store import StoreError
 
-SERVER_START_TIMEOUT_S = 300
-PREFECT_DB_ENV = "PREFECT_API_DATABASE_CONNECTION_URL"
+from . import prefect_server
+
 _stopping = threading.Lock()  # held by the one thread that stops this command's run
-_private_dirs: list[Path] = []  # this process's private Prefect databases (removed at exit)
 SIGNAL_NAMES = {signal.SIGINT: "SIGINT", signal.SIGTERM: "SIGTERM"}
 
 
@@ -47,71 +42,6 @@ def _raise_interrupted(signum, frame) -> None:
     for sig in SIGNAL_NAMES:  # one stop: a second Ctrl-C does not interrupt the cleanup
         signal.signal(sig, signal.SIG_IGN)
     raise Interrupted(signum)
-
-
-def prefect_api_ready(settings: Settings) -> None:
-    """Make sure the Prefect API answers. With PREFECT_API_URL (a shared server, the setup for
-    several controllers) there is nothing to do. Without it, this command starts a temporary server
-    on a private copy of a migrated, empty Prefect database: temporary servers of commands started
-    at once never share a SQLite database (two Prefect servers on one SQLite file fail with
-    "database is locked"), and the copy spares each command the migrations."""
-    from prefect.server.api.server import SubprocessASGIServer
-    from prefect.settings import PREFECT_API_URL, PREFECT_HOME
-
-    if PREFECT_API_URL.value() or os.environ.get(PREFECT_DB_ENV):
-        return
-    home = Path(PREFECT_HOME.value()).expanduser()
-    home.mkdir(parents=True, exist_ok=True)
-    template = home / "dprelease-empty-prefect.db"
-    with open(home / ".dprelease-template.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not template.exists():
-            _build_template(template)
-    private = Path(tempfile.mkdtemp(prefix="dprelease-prefect-")) / "prefect.db"
-    shutil.copyfile(template, private)
-    _private_dirs.append(private.parent)
-    atexit.register(shutil.rmtree, private.parent, True)
-    os.environ[PREFECT_DB_ENV] = f"sqlite+aiosqlite:///{private}"
-    SubprocessASGIServer().start(timeout=SERVER_START_TIMEOUT_S)
-
-
-def _build_template(template: Path) -> None:
-    """An empty Prefect database with every migration applied (a temporary server creates it)."""
-    import sqlite3
-
-    from prefect.server.api.server import SubprocessASGIServer
-
-    partial = template.with_suffix(".partial")
-    for leftover in partial.parent.glob(partial.name + "*"):
-        leftover.unlink()
-    os.environ[PREFECT_DB_ENV] = f"sqlite+aiosqlite:///{partial}"
-    try:
-        server = SubprocessASGIServer()
-        server.start(timeout=SERVER_START_TIMEOUT_S)
-        server.stop()
-    finally:
-        del os.environ[PREFECT_DB_ENV]
-    with sqlite3.connect(partial) as db:  # one self-contained file: fold the write-ahead log in
-        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        db.execute("PRAGMA journal_mode=DELETE")
-    partial.replace(template)
-
-
-def stop_temporary_server() -> None:
-    """Stop this process's temporary Prefect server, if it started one (before os._exit)."""
-    try:
-        from prefect.server.api.server import SubprocessASGIServer
-
-        for server in list(SubprocessASGIServer._instances.values()):
-            if server.server_process is not None:  # its database is private and about to go: no
-                server.server_process.kill()       # graceful shutdown (which prints tracebacks)
-                server.server_process.wait(5)
-                server.server_process = None
-            server.stop()
-    except Exception:  # noqa: BLE001 - the process is ending anyway
-        pass
-    for directory in _private_dirs:
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 class OwnRun:
@@ -149,9 +79,10 @@ class OwnRun:
 
 
 @contextmanager
-def own_run(settings: Settings, flow_obj, params: dict, request):
+def own_run(settings: Settings, flow_obj, params: dict, request, warm: Callable[[], None] | None = None):
     """Recover dead runs, create this command's flow run, run it in a thread, and stop it on
-    SIGINT/SIGTERM (exits the process: see the module docstring)."""
+    SIGINT/SIGTERM (exits the process: see the module docstring). `warm` imports what the flow will
+    need while the Prefect server boots (cli/prefect_server.py)."""
     from prefect import get_client
     from prefect.flow_engine import run_flow
 
@@ -162,7 +93,7 @@ def own_run(settings: Settings, flow_obj, params: dict, request):
     previous = {sig: signal.signal(sig, _raise_interrupted) for sig in SIGNAL_NAMES} if in_main_thread else {}
     run = None
     try:
-        prefect_api_ready(settings)
+        prefect_server.wait_ready(warm)
         for done in recovery.sweep(platform):
             print(f"dprelease: recovered {done.line()}", file=sys.stderr, flush=True)
         with get_client(sync_client=True) as client:
@@ -196,17 +127,17 @@ def _watch_cancellation(platform: pipeline.Platform, run: OwnRun, request, every
 
     from flows.outcomes import is_rejected
 
-    while run.worker.is_alive():
-        time.sleep(every_s)
-        try:
-            with get_client(sync_client=True) as client:
+    with get_client(sync_client=True) as client:  # one client: each new one loads the CA bundle again
+        while run.worker.is_alive():
+            time.sleep(every_s)
+            try:
                 state = client.read_flow_run(run.flow_run_id).state
-        except Exception:  # noqa: BLE001 - an unreachable server is not a cancellation
-            continue
-        if is_rejected(state):  # the controller's rejection, not a cancel
-            return
-        if state is not None and (state.is_cancelling() or state.is_cancelled()):
-            _stop_and_exit(platform, run, request, None)
+            except Exception:  # noqa: BLE001, S112 - an unreachable server is not a cancellation
+                continue
+            if is_rejected(state):  # the controller's rejection, not a cancel
+                return
+            if state is not None and (state.is_cancelling() or state.is_cancelled()):
+                _stop_and_exit(platform, run, request, None)
 
 
 def _stop_and_exit(platform: pipeline.Platform, run: OwnRun | None, request, signum: int | None) -> None:
@@ -258,6 +189,6 @@ def _exit(message: str, signum: int | None) -> None:
     thread with it): 128 + the signal number, or 1 for a cancellation."""
     print(f"dprelease: {message}", file=sys.stderr, flush=True)
     sys.stdout.flush()
-    stop_temporary_server()
+    prefect_server.stop()
     os._exit(1 if signum is None else 128 + signum)
 

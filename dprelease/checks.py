@@ -224,6 +224,13 @@ def validate(data, expectations: list[dict], progress: Callable[[str], None] | N
     return CheckReport(success, tuple(lines))
 
 
+def load_framework() -> None:
+    """Import great-expectations (seconds: it pulls in scipy, altair and, where installed, pyspark)
+    ahead of the checks, e.g. while a Prefect server starts."""
+    import great_expectations  # noqa: F401
+    from great_expectations.expectations.expectation_configuration import ExpectationConfiguration  # noqa: F401
+
+
 def _run_great_expectations(witness, expectations: list[dict]) -> list:
     """The suite on the witness table (an ephemeral context: nothing written to disk)."""
     import logging

@@ -31,21 +31,12 @@ def _free_port() -> int:
 
 def start_prefect_server(workdir: Path) -> tuple[subprocess.Popen, str]:
     """`prefect server start` (UI included) on a free port, on a copy of the migrated empty Prefect
-    database the CLI keeps (cli/runs.py), so that no migration runs here. Returns (process, UI url)."""
-    import fcntl
-
+    database the CLI keeps (cli/prefect_server.py), so that no migration runs here. Returns (process, UI url)."""
     import httpx
-    from prefect.settings import PREFECT_HOME
 
-    from cli import runs
+    from cli import prefect_server
 
-    home = Path(PREFECT_HOME.value()).expanduser()
-    home.mkdir(parents=True, exist_ok=True)
-    template = home / "dprelease-empty-prefect.db"
-    with open(home / ".dprelease-template.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not template.exists():
-            runs._build_template(template)
+    template = prefect_server.template_database()
     db = workdir / "prefect.db"
     shutil.copyfile(template, db)
     port = _free_port()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from dp_core.pri import PRIRange
 from dprelease.reporting import charts
 
@@ -26,3 +28,59 @@ def test_noise_risk_chart_and_surface():
     _check(svg)
     assert "tolerable risk 0.2" in svg and "chosen: epsilon 0.23" in svg
     _check(charts.risk_surface_svg(eps=0.23, n=4, m=2))
+
+
+# --- the release charts, written as SVG directly (dprelease/reporting/svg_chart.py) ---------------
+
+
+def _bars(svg: str) -> list[dict]:
+    """The bars of a chart: their attributes and hover title, parsed as XML (so the SVG is well formed)."""
+    import xml.etree.ElementTree as ET
+
+    ns = "{http://www.w3.org/2000/svg}"
+    root = ET.fromstring(svg)
+    return [dict(r.attrib, title=r.find(f"{ns}title").text) for r in root.iter(f"{ns}rect") if r.find(f"{ns}title") is not None]
+
+
+def test_released_values_chart_draws_each_value_to_scale_with_its_interval():
+    from dprelease.reporting import pages
+
+    svg = pages.released_values_svg("people", ["a", "b", "c"], [100.0, 50.0, 25.0], [90.0, 40.0, float("nan")],
+                                    [110.0, 60.0, float("nan")])
+    _check(svg)
+    bars = _bars(svg)
+    assert [b["title"] for b in bars] == ["a: 100", "b: 50", "c: 25"]  # largest first
+    heights = [float(b["height"]) for b in bars]
+    assert heights[0] / heights[1] == pytest.approx(2.0, rel=1e-3)
+    assert heights[1] / heights[2] == pytest.approx(2.0, rel=1e-3)
+    assert svg.count("<path") == 2  # whiskers where the interval is finite, none for "c"
+    assert svg == pages.released_values_svg("people", ["a", "b", "c"], [100.0, 50.0, 25.0],
+                                            [90.0, 40.0, float("nan")], [110.0, 60.0, float("nan")])  # same bytes
+
+
+def test_chart_text_is_escaped_and_loads_nothing():
+    from dprelease.reporting import pages
+
+    hostile = '<script>alert("x")</script> & <a onclick="steal()">'
+    svg = pages.exact_vs_released_svg(hostile, [hostile, "ok"], [3.0, 4.0], [2.0, 5.0], [1.0, 4.0], [3.0, 6.0])
+    _check(svg)
+    assert "<script" not in svg and "<a " not in svg and "&lt;script&gt;" in svg
+    assert len(_bars(svg)) == 4  # exact and released, per group
+
+
+def test_bounds_histogram_marks_the_threshold_on_a_symmetric_log_axis():
+    from types import SimpleNamespace
+
+    from dprelease.reporting import pages
+
+    edges = [(0, 1)] + [(2 ** k, 2 ** (k + 1)) for k in range(12)]
+    counts = [3, -2, 5, 40, 300, 1200, 800, 60, 7, -4, 1, 0, 2]
+    svg = pages.bounds_histogram_svg(SimpleNamespace(noisy_counts=counts, bin_edges=edges, threshold=25.0, lower=4,
+                                                     upper=64, aggregate="income"))
+    _check(svg)
+    assert "threshold 25" in svg and "bounds chosen: [4, 64]" in svg
+    bars = {b["title"].split(": ")[1]: float(b["height"]) for b in _bars(svg)}
+    # symlog with linear threshold 10: height ~ log10(1 + |y| / 10)
+    import math
+
+    assert bars["1200"] / bars["300"] == pytest.approx(math.log10(121) / math.log10(31), rel=1e-3)

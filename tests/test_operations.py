@@ -29,6 +29,9 @@ CLI = str(Path(sys.executable).with_name("dprelease"))
 #: commands started at once, per round; the issue's stress run (10 rounds of 2 and of 5) sets
 #: DPRELEASE_TEST_CONCURRENT_ROUNDS="2,2,2,2,2,2,2,2,2,2,5,5,5,5,5,5,5,5,5,5" (docs/testing.md)
 CONCURRENT_ROUNDS = tuple(int(n) for n in os.environ.get("DPRELEASE_TEST_CONCURRENT_ROUNDS", "2,5").split(","))
+#: DPRELEASE_TEST_OPERATIONS_ON_PG=1 runs the module on a fresh PostgreSQL schema of
+#: DPRELEASE_TEST_PG_URL instead of the home's SQLite store (the stress run does both)
+ON_POSTGRES = os.environ.get("DPRELEASE_TEST_OPERATIONS_ON_PG") == "1"
 EPSILON = 0.25
 REQUEST = f"""dataset: adult
 title: operations test
@@ -49,7 +52,8 @@ def ops(tmp_path_factory):
     from dprelease.settings import Settings
 
     root = tmp_path_factory.mktemp("ops")
-    settings = Settings.from_env({"DPRELEASE_HOME": str(root / "home")})
+    store_env = {"DPRELEASE_STORE_URL": _fresh_pg_schema()} if ON_POSTGRES else {}
+    settings = Settings.from_env({"DPRELEASE_HOME": str(root / "home"), **store_env})
     admin.init(settings)
     admin.register_dataset(settings, "adult", DATA, "person_id", epsilon_cap=100.0, add_row_id=True,
                            risk_profile={"max_risk": 0.5})
@@ -57,12 +61,31 @@ def ops(tmp_path_factory):
     operator_key = _controller_key(settings, root, "operator")
     with prefect_test_harness(server_startup_timeout=300):
         env = {k: v for k, v in os.environ.items() if not k.startswith(("DPRELEASE_", "PREFECT_"))}
+        env.update(store_env)
         env.update(DPRELEASE_HOME=str(settings.home), PREFECT_API_URL=PREFECT_API_URL.value(),
                    PREFECT_HOME=str(root / "prefect"), PREFECT_SERVER_ANALYTICS_ENABLED="false",
                    PREFECT_LOGGING_LEVEL="WARNING", PYTHONPATH=str(ROOT),
                    PREFECT_CLIENT_MAX_RETRIES="10",  # the module's one SQLite-backed server is busy
                    DPRELEASE_CONTROLLER_KEY=str(operator_key))  # decisions are signed (issue 13)
         yield {"settings": settings, "env": env, "root": root, "request": root / "request.yaml"}
+
+
+def _fresh_pg_schema() -> str:
+    """The store URL of a new, empty schema of DPRELEASE_TEST_PG_URL (left for inspection)."""
+    import uuid
+
+    from sqlalchemy import create_engine, make_url, text
+
+    url = os.environ.get("DPRELEASE_TEST_PG_URL")
+    if not url:
+        pytest.skip("DPRELEASE_TEST_OPERATIONS_ON_PG=1 needs DPRELEASE_TEST_PG_URL")
+    schema = f"dprelease_ops_{uuid.uuid4().hex[:12]}"
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    engine.dispose()
+    return make_url(url).update_query_dict({"options": f"-csearch_path={schema}"}).render_as_string(
+        hide_password=False)
 
 
 def _controller_key(settings, root: Path, name: str) -> Path:

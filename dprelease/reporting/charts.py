@@ -1,4 +1,4 @@
-"""Charts for the controller, as self-contained SVG text (matplotlib, no network resources).
+"""Charts for the controller, as self-contained SVG text (no network resources).
 
 - `pri_ranges_svg`: per candidate epsilon, the range of PRIs (min..max box, median tick) of one
   probe, as in the seed's user study (range plots led to more consistent choices than histograms).
@@ -12,23 +12,41 @@ from __future__ import annotations
 
 import io
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import numpy as np
 
 from dp_core import risk as risk_model
 
-plt.rcParams["svg.fonttype"] = "none"  # text stays text (smaller, selectable)
+from .svg_chart import Chart
+
+_METADATA = {"Creator": None, "Date": None, "Format": None, "Type": None}
 
 
-def _svg(fig) -> str:
+def pyplot():
+    """matplotlib, loaded by the charts that need it (PRI ranges, the risk surface, the series
+    page) and by nothing a plain release draws: it costs about a second to import."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plt.rcParams["svg.fonttype"] = "none"  # text stays text (smaller, selectable)
+    return plt
+
+
+def svg_text(fig) -> str:
+    """A matplotlib figure as inline SVG text: no XML prolog, no metadata, stable ids; closed after."""
+    import matplotlib
+
     buf = io.StringIO()
-    fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Creator": None, "Date": None, "Format": None, "Type": None})
-    plt.close(fig)
+    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "dprelease"}):
+        fig.savefig(buf, format="svg", bbox_inches="tight", metadata=dict(_METADATA))
+    pyplot().close(fig)
+    fig.clear()
     text = buf.getvalue()
-    return text[text.index("<svg"):]  # drop the XML prolog: the SVG is inlined in HTML
+    start = text.find("<svg")
+    return text[start:] if start >= 0 else text
+
+
 
 
 def pri_ranges_svg(ranges, p: float, chosen: float | None = None) -> str:
@@ -41,7 +59,7 @@ def pri_ranges_svg(ranges, p: float, chosen: float | None = None) -> str:
     colours = np.where([r.passed for r in ranges], "#4c9a6a", "#b0b7c3")
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(hi > 0, lo / hi, 1.0)
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7.5, 5.2), sharex=True, height_ratios=[3, 2])
+    fig, (top, bottom) = pyplot().subplots(2, 1, figsize=(7.5, 5.2), sharex=True, height_ratios=[3, 2])
     floor = max(hi.max(initial=1.0) * 1e-6, 1e-12)
     top.vlines(eps, np.maximum(lo, floor), np.maximum(hi, floor), colors=colours, linewidth=6)
     top.scatter(eps, np.maximum(med, floor), marker="_", s=80, color="#111", zorder=3, label="median PRI")
@@ -58,7 +76,7 @@ def pri_ranges_svg(ranges, p: float, chosen: float | None = None) -> str:
         if chosen is not None:
             ax.axvline(chosen, color="#2d6cdf", linestyle=":", linewidth=1.2, label=f"chosen epsilon {chosen:g}")
         ax.legend(loc="lower left", fontsize=8)
-    return _svg(fig)
+    return svg_text(fig)
 
 
 def noise_risk_svg(*, trust, sensitivity, max_risk, n: int, m: int = 1, df: float = 1.0, p: float = 0.9,
@@ -79,31 +97,29 @@ def noise_risk_svg(*, trust, sensitivity, max_risk, n: int, m: int = 1, df: floa
         pct = np.linspace(0.5, 60, 240)  # the seed treats ~50% noise as a practical limit
         eps = np.array([risk_model.laplace_epsilon(x / 100 * example_value, df, p) for x in pct])
     rk = np.array([risk_model.risk(s, t, risk_model.guessing_bound(e, n, m)) for e in eps])
-    fig, ax = plt.subplots(figsize=(7, 3.6))
-    ax.plot(pct, rk, color="#2d6cdf", label="risk")
-    ax.axhline(r, color="#c0392b", linestyle="--", linewidth=1, label=f"tolerable risk {r:g}")
+    chart = Chart(f"Noise against risk (trust {t:g}, sensitivity {s:g}, {n} possible values)",
+                  y_label="risk = s (1 - t) q",
+                  x_label=f"% noise (for {statistic} of {example_value:g}, with {p:.0%} probability)",
+                  y_limits=(0.0, max(s * (1 - t), r) * 1.05 + 1e-9))
+    chart.line(pct, rk, "#2d6cdf", "risk")
+    chart.hline(r, "#c0392b", f"tolerable risk {r:g}")
     if chosen_eps is not None:
         noise = noise_at(chosen_eps) if noise_at is not None else risk_model.laplace_error(chosen_eps, df, p)
         x = 100 * noise / example_value
         y = risk_model.risk(s, t, risk_model.guessing_bound(chosen_eps, n, m))
-        ax.scatter([x], [y], color="#111", zorder=3, label=f"chosen: epsilon {chosen_eps:.3g}, {x:.0f}% noise")
-    ax.set_xlabel(f"% noise (for {statistic} of {example_value:g}, with {p:.0%} probability)")
-    ax.set_ylabel("risk = s (1 - t) q")
-    ax.set_ylim(0, max(s * (1 - t), r) * 1.05 + 1e-9)
-    ax.legend(fontsize=8)
-    ax.set_title(f"Noise against risk (trust {t:g}, sensitivity {s:g}, {n} possible values)")
-    return _svg(fig)
+        chart.points([x], [y], "#111111", f"chosen: epsilon {chosen_eps:.3g}, {x:.0f}% noise")
+    return chart.svg()
 
 
 def risk_surface_svg(*, eps: float, n: int, m: int = 1) -> str:
     """Risk over trust x sensitivity at one epsilon (translucent surface)."""
     q = risk_model.guessing_bound(eps, n, m)
     t, s = np.meshgrid(np.linspace(0, 1, 21), np.linspace(0, 1, 21))
-    fig = plt.figure(figsize=(5.5, 4.2))
+    fig = pyplot().figure(figsize=(5.5, 4.2))
     ax = fig.add_subplot(projection="3d")
     ax.plot_surface(t, s, s * (1 - t) * q, alpha=0.6, cmap="viridis")
     ax.set_xlabel("trust")
     ax.set_ylabel("sensitivity")
     ax.set_zlabel("risk")
     ax.set_title(f"Risk at epsilon {eps:.3g} (q = {q:.2f})")
-    return _svg(fig)
+    return svg_text(fig)

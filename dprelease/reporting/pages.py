@@ -11,32 +11,27 @@ Three audiences (platform.md, "People and what each may see"):
   private, for the trusted controller only.
 - `render_index`: the publication index (one row per published release).
 
-Reports load nothing from the network: CSS is inline, charts are inline SVG made with matplotlib.
+Reports load nothing from the network: CSS is inline, charts are inline SVG (`svg_chart`; the PRI
+ranges chart, matplotlib).
 """
 
 from __future__ import annotations
 
-import io
 import math
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
 import numpy as np
 import pandas as pd
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
 from markupsafe import Markup
-from matplotlib.figure import Figure
 
 from dp_core import risk as risk_model
 
 from . import charts
-
-matplotlib.rcParams["svg.fonttype"] = "none"  # text stays text: smaller, selectable
+from .svg_chart import Chart
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 
@@ -141,18 +136,7 @@ def _cell(x) -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# SVG charts (matplotlib, inline)
-
-
-def svg_text(fig: Figure) -> str:
-    """The figure as inline SVG text: no XML prolog, no metadata; the figure is closed."""
-    buf = io.StringIO()
-    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "dprelease"}):
-        fig.savefig(buf, format="svg", bbox_inches="tight", metadata=dict(_METADATA))
-    fig.clear()  # made with Figure(), not pyplot: nothing is registered globally, this frees it
-    text = buf.getvalue()
-    start = text.find("<svg")
-    return text[start:] if start >= 0 else text
+# SVG charts (inline)
 
 
 def _edge_label(x: float) -> str:
@@ -181,45 +165,23 @@ def bounds_histogram_svg(b) -> str:
     sel = range(first, last + 1)
     y = counts[first:last + 1]
     colours = [_PALETTE["blue"] if counts[i] >= b.threshold else _PALETTE["grey"] for i in sel]
-    fig = Figure(figsize=(7.5, 3.4))
-    ax = fig.subplots()
-    x = np.arange(len(y))
-    ax.bar(x, y, color=colours, edgecolor=_PALETTE["dark"], linewidth=0.3)
-    ax.axhline(b.threshold, color=_PALETTE["red"], linestyle="--", linewidth=1, label=f"threshold {b.threshold:g}")
-    ax.set_yscale("symlog", linthresh=10)
-    ax.set_xticks(x)
-    ax.set_xticklabels([f"[{_edge_label(edges[i][0])}, {_edge_label(edges[i][1])})" for i in sel],
-                       rotation=55, ha="right", fontsize=7)
-    ax.set_ylabel("noisy count of people")
-    ax.set_title(f"Noisy histogram of {b.aggregate} per person (bins double in width); "
-                 f"bounds chosen: [{b.lower:g}, {b.upper:g}]", fontsize=9)
-    ax.legend(fontsize=8, loc="upper right")
-    return svg_text(fig)
+    chart = Chart(f"Noisy histogram of {b.aggregate} per person (bins double in width); "
+                  f"bounds chosen: [{b.lower:g}, {b.upper:g}]", y_label="noisy count of people",
+                  categories=[f"[{_edge_label(edges[i][0])}, {_edge_label(edges[i][1])})" for i in sel],
+                  symlog_threshold=10.0)
+    chart.bars(y, _PALETTE["blue"], colours=colours)
+    chart.hline(b.threshold, _PALETTE["red"], f"threshold {b.threshold:g}")
+    return chart.svg()
 
 
 def exact_vs_released_svg(name: str, groups: list[str], exact: list[float], released: list[float],
                           low: list[float], high: list[float]) -> str:
     """Controller only: per group, the exact value beside the released one (with its interval)."""
-    n = len(groups)
-    fig = Figure(figsize=(max(6.0, min(0.45 * n + 2, 14.0)), 3.8))
-    ax = fig.subplots()
-    x = np.arange(n)
-    w = 0.4
-    rel = np.asarray(released, dtype=float)
-    lo = np.asarray(low, dtype=float)
-    hi = np.asarray(high, dtype=float)
-    ax.bar(x - w / 2, exact, w, color=_PALETTE["grey"], edgecolor=_PALETTE["dark"], linewidth=0.3,
-           label="exact (raw data, not DP)")
-    has_ci = np.isfinite(lo) & np.isfinite(hi)
-    yerr = np.vstack([np.where(has_ci, np.maximum(rel - lo, 0), 0), np.where(has_ci, np.maximum(hi - rel, 0), 0)])
-    ax.bar(x + w / 2, rel, w, color=_PALETTE["blue"], edgecolor=_PALETTE["dark"], linewidth=0.3,
-           yerr=yerr, ecolor=_PALETTE["dark"], capsize=2, label="released (DP) with interval")
-    ax.set_xticks(x)
-    ax.set_xticklabels(groups, rotation=45, ha="right", fontsize=8)
-    ax.set_ylabel(name)
-    ax.set_title(f"{name}: exact against released value per group", fontsize=10)
-    ax.legend(fontsize=8)
-    return svg_text(fig)
+    chart = Chart(f"{name}: exact against released value per group", y_label=name, categories=list(groups),
+                  width=max(600.0, min(45.0 * len(groups) + 200, 1400.0)), height=380.0)
+    chart.bars(exact, _PALETTE["grey"], "exact (raw data, not DP)")
+    chart.bars(released, _PALETTE["blue"], "released (DP) with interval", low=low, high=high)
+    return chart.svg()
 
 
 # --------------------------------------------------------------------------------------------
@@ -351,19 +313,10 @@ def released_values_svg(name: str, groups: list[str], released: list[float], low
     groups = [groups[i] for i in order]
     rel = np.asarray(released, dtype=float)[order]
     lo, hi = np.asarray(low, dtype=float)[order], np.asarray(high, dtype=float)[order]
-    n = len(groups)
-    fig = Figure(figsize=(max(6.0, min(0.4 * n + 2, 14.0)), 3.6))
-    ax = fig.subplots()
-    x = np.arange(n)
-    has_ci = np.isfinite(lo) & np.isfinite(hi)
-    yerr = np.vstack([np.where(has_ci, np.maximum(rel - lo, 0), 0), np.where(has_ci, np.maximum(hi - rel, 0), 0)])
-    ax.bar(x, rel, 0.6, color=_PALETTE["blue"], edgecolor=_PALETTE["dark"], linewidth=0.3, yerr=yerr,
-           ecolor=_PALETTE["dark"], capsize=2, label="released value with its interval")
-    ax.set_xticks(x)
-    ax.set_xticklabels(groups, rotation=45, ha="right", fontsize=8)
-    ax.set_ylabel(name)
-    ax.set_title(f"{name}: released value and interval per group", fontsize=10)
-    return svg_text(fig)
+    chart = Chart(f"{name}: released value and interval per group", y_label=name, categories=groups,
+                  width=max(600.0, min(40.0 * len(groups) + 200, 1400.0)), height=360.0)
+    chart.bars(rel, _PALETTE["blue"], low=lo, high=hi)
+    return chart.svg()
 
 
 def _released_charts(result) -> list[dict]:

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from markupsafe import Markup
-from matplotlib.figure import Figure
 
-from .pages import _PALETTE, environment, svg_text
+from .charts import svg_text
+from .pages import _PALETTE, environment
 
 #: groups drawn per chart (the rest are in the table): more lines are unreadable
 MAX_LINES = 8
@@ -78,6 +78,8 @@ def series_chart_svg(statistic: str, labels: list[str], values: dict[str, list[t
                      groups: list[str] | None = None) -> str:
     """A statistic over the periods: a line per group, its confidence interval as a shaded band.
     `groups`: the groups to draw, in colour order (the same colour for a group in every chart)."""
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=(8.5, 3.8))
     ax = fig.subplots()
     x = np.arange(len(labels))
