@@ -17,14 +17,20 @@ import sys
 from pathlib import Path
 
 import typer
-from rich.markdown import Markdown
 from rich.markup import escape
-from rich.table import Table as RichTable
 
 from dprelease.settings import Settings
 
 from .errors import CommandLine, fail
 from .interactive import console, run_release_interactively, run_utility_interactively
+
+
+def _table(*columns: str):
+    """A Rich table (loaded when a command prints one: `dprelease --help` stays fast)."""
+    from rich.table import Table
+
+    return Table(*columns)
+
 
 app = CommandLine(help="Differentially private releases: register data, request, approve, publish, verify.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
@@ -133,7 +139,7 @@ def dataset_list() -> None:
     """The registered datasets."""
     from dprelease.store import Store
 
-    table = RichTable("name", "unit", "format", "fingerprint", "epsilon cap", "delta cap")
+    table = _table("name", "unit", "format", "fingerprint", "epsilon cap", "delta cap")
     for ds in Store(_settings().store_url).list_datasets():
         if not ds.privacy_unit:  # a public table: never charged
             table.add_row(escape(ds.name), "public", ds.file_format, ds.fingerprint[:16], "-", "-")
@@ -185,7 +191,7 @@ def policy_list(dataset: str) -> None:
 
     from dprelease.store import Store
 
-    table = RichTable("name", "analyst", "max epsilon", "approval", "evaluators")
+    table = _table("name", "analyst", "max epsilon", "approval", "evaluators")
     for p in Store(_settings().store_url).all_policies(dataset):
         table.add_row(escape(p.name), escape(p.analyst or "any"), f"{p.max_epsilon_per_release:g}",
                       f"{p.approval} ({p.deployment})" if p.deployment else p.approval,
@@ -200,7 +206,7 @@ def budget(dataset: str = typer.Argument(None, help="one dataset (default: all)"
 
     store = Store(_settings().store_url)
     names = [dataset] if dataset else [d.name for d in store.list_datasets()]
-    table = RichTable("dataset", "epsilon cap", "committed", "reserved", "remaining", "delta remaining")
+    table = _table("dataset", "epsilon cap", "committed", "reserved", "remaining", "delta remaining")
     for name in names:
         b = store.budget(name)
         table.add_row(escape(name), f"{b['epsilon_cap']:g}", f"{b['epsilon_committed']:g}", f"{b['epsilon_reserved']:g}",
@@ -215,7 +221,7 @@ def _series_budgets(store) -> None:
     from dprelease.store import series as store_series
 
     store.create_all()
-    table = RichTable("series", "budget", "epsilon cap", "periods", "total epsilon", "remaining")
+    table = _table("series", "budget", "epsilon cap", "periods", "total epsilon", "remaining")
     for s in store_series.list_series(store):
         b = store_series.series_budget(store, s.name)
         per_period = b["mode"] == "per_snapshot"
@@ -266,7 +272,7 @@ def pending() -> None:
 
     store = Store(_settings().store_url)
     store.create_all()
-    table = RichTable("release id", "dataset", "created", "flow run", "run")
+    table = _table("release id", "dataset", "created", "flow run", "run")
     for rel in store.list_releases(status="awaiting_approval"):
         alive, why = recovery.run_is_alive(store, rel)
         table.add_row(escape(rel.id), escape(rel.dataset), str(rel.created_at)[:19], rel.flow_run_id or "",
@@ -433,7 +439,7 @@ def controller_list() -> None:
     from dprelease.reporting import signing
     from dprelease.store import Store
 
-    table = RichTable("name", "key fingerprint", "added")
+    table = _table("name", "key fingerprint", "added")
     for c in Store(_settings().store_url).list_controllers():
         table.add_row(c.name, signing.key_fingerprint(c.public_key_pem.encode()), str(c.added_at)[:19])
     console.print(table)
@@ -473,7 +479,7 @@ def request_list() -> None:
     """The requests waiting in the inbox (controllers run them with `dprelease release FILE`)."""
     import json
 
-    table = RichTable("file", "dataset", "title", "requested by")
+    table = _table("file", "dataset", "title", "requested by")
     for path in sorted(_settings().inbox_dir.glob("*.json")):
         fields = json.loads(path.read_text())
         table.add_row(str(path), fields.get("dataset", ""), fields.get("title", ""), fields.get("requested_by") or "")
@@ -521,6 +527,8 @@ def _print_preview(request) -> None:
     platform = pipeline.Platform.open(_settings())
     planned = pipeline.plan(platform, request)
     decision = pipeline.choose_epsilon(platform, planned)
+    from rich.markdown import Markdown
+
     console.print(Markdown(preview_markdown(planned.query, decision.epsilon)))
 
 
@@ -529,7 +537,7 @@ def evaluators() -> None:
     """The catalogue of evaluation functions for utility signaling, with what each reveals."""
     from dprelease.evaluators import catalogue
 
-    table = RichTable("name", "parameters", "what its value on raw data can reveal")
+    table = _table("name", "parameters", "what its value on raw data can reveal")
     for name, ev in sorted(catalogue().items()):
         table.add_row(name, ", ".join(ev.params), ev.reveals)
     console.print(table)

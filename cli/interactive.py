@@ -9,7 +9,6 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
-from rich.markdown import Markdown
 
 from dprelease.settings import Settings
 
@@ -42,6 +41,8 @@ def run_release_interactively(settings: Settings, request, *, approve_as: str | 
     with runs.own_run(settings, release_flow, params, request, warm=warm_release_imports) as run:
         if run.wait_for_approval():
             summary_file = settings.archive_dir / run.release_id / "controller" / "controller.html"
+            from rich.markdown import Markdown
+
             console.print(Markdown(_summary_markdown(settings, run.release_id)))
             console.print(f"[dim]controller report (signed, archive only): {summary_file}[/dim]")
             _decide_here(settings, run.release_id, controller_key or settings.controller_key, approve_as,
@@ -133,6 +134,8 @@ def run_utility_interactively(settings: Settings, request, evaluator: str, param
         approval_timeout=timeout, poll_interval=1)
     with runs.own_run(settings, utility_flow, flow_params, request) as run:
         while run.wait_for_approval():
+            from rich.markdown import Markdown
+
             console.print(Markdown(_pause_description(run.flow_run_id)))
             if not _decide_here(settings, run.release_id, controller_key or settings.controller_key, None,
                                 no_terminal_reviewer):
