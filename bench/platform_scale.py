@@ -11,9 +11,14 @@ each a separate process tree; printed: wall time and peak memory of the whole pr
 measures the fixed costs (interpreter, imports, Prefect's temporary server, great-expectations)
 in the same run, so the size-dependent overhead can be told apart from them.
 
+The release is measured twice per size: as a lone controller runs it (the command starts its own
+temporary Prefect server: cli/prefect_server.py), and against a shared Prefect server started
+once before (PREFECT_API_URL, the setup for several controllers; the server's own memory is
+printed apart, since it serves every release).
+
 Targets: 50M rows under 4 GB peak and under 60 s end to end; 10M rows under 1.5 GB; platform
 overhead (all but the engine's compute) under 2x the engine's time at 10M rows.
-Run: python bench/platform_scale.py [--rows 10000000 50000000] [--csv]
+Run: python bench/platform_scale.py [--rows 10000000 50000000] [--csv] [--prefect temporary|shared|both]
 """
 
 from __future__ import annotations
@@ -121,7 +126,25 @@ def source_file(rows: int, csv: bool) -> Path:
     return target
 
 
-def run_size(rows: int, csv: bool, python: str, prefect_home: Path) -> dict:
+def shared_prefect_server(prefect_home: Path):
+    """A Prefect server for the whole run (as a team runs one), on a copy of the migrated template."""
+    import shutil
+
+    os.environ.update(PREFECT_HOME=str(prefect_home), PREFECT_SERVER_ANALYTICS_ENABLED="false",
+                      PREFECT_LOGGING_LEVEL="WARNING")
+    os.environ.pop("PREFECT_API_URL", None)
+    sys.path.insert(0, str(ROOT))
+    from cli import prefect_server
+
+    scratch = Path(tempfile.mkdtemp(prefix="dprelease-scale-shared-"))
+    shutil.copyfile(prefect_server.template_database(), scratch / "prefect.db")
+    server = prefect_server.TemporaryServer(scratch / "prefect.db", scratch=[scratch])
+    server.spawn()
+    server.wait_ready()
+    return server
+
+
+def run_size(rows: int, csv: bool, python: str, prefect_home: Path, api_url: str | None = None) -> dict:
     data = source_file(rows, csv)
     home = Path(tempfile.mkdtemp(prefix="dprelease-scale-"))
     env = dict(os.environ, DPRELEASE_HOME=str(home), PREFECT_HOME=str(prefect_home),
@@ -129,6 +152,8 @@ def run_size(rows: int, csv: bool, python: str, prefect_home: Path) -> dict:
                PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="300",
                DPRELEASE_PROGRESS="log", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("PREFECT_API_URL", None)
+    if api_url:
+        env["PREFECT_API_URL"] = api_url
     cli = [python, "-c", "from cli.app import app; app()"]
     subprocess.run(cli + ["init"], env=env, check=True, capture_output=True, cwd=ROOT)
     key = home / "controllers" / "bench.pem"  # decisions are signed by a registered controller
@@ -149,38 +174,59 @@ def run_size(rows: int, csv: bool, python: str, prefect_home: Path) -> dict:
             else float("nan")}
 
 
+def report(rows: int, r: dict, fixed: float, mode: str) -> None:
+    total = r["register"]["wall_s"] + r["release"]["wall_s"]
+    peak = max(r["register"]["peak_gb"], r["release"]["peak_gb"])
+    engine_s = r["engine_compute_s"]
+    overhead = total - engine_s
+    print(f"\n{rows:,} rows ({r['file']}, {r['file_gb']:.2f} GB), Prefect: {mode}")
+    print(f"  register  {r['register']['wall_s']:7.1f} s   peak {r['register']['peak_gb']:.2f} GB")
+    print(f"  release   {r['release']['wall_s']:7.1f} s   peak {r['release']['peak_gb']:.2f} GB")
+    print(f"  data checks alone (decrypt, engine aggregates, great-expectations): {r['checks_s']:.1f} s "
+          f"(process {r['checks']['wall_s']:.1f} s, peak {r['checks']['peak_gb']:.2f} GB)")
+    print(f"  engine alone: compute {engine_s:.2f} s (process {r['engine']['wall_s']:.1f} s, "
+          f"peak {r['engine']['peak_gb']:.2f} GB)")
+    line = (f"  end to end {total:.1f} s, peak {peak:.2f} GB; platform overhead {overhead:.1f} s = "
+            f"{overhead / engine_s:.1f}x the engine")
+    if fixed:
+        scaling = total - fixed - engine_s
+        line += f"; beyond the fixed costs {scaling:.1f} s = {scaling / engine_s:.1f}x the engine"
+    print(line)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, nargs="+", default=[10_000_000, 50_000_000])
     ap.add_argument("--csv", action="store_true", help="register a CSV copy of the workload instead of Parquet")
     ap.add_argument("--skip-fixed", action="store_true", help="skip the 10k-row run that measures fixed costs")
+    ap.add_argument("--prefect", choices=["temporary", "shared", "both"], default="both",
+                    help="the command's own temporary Prefect server, a shared one, or both (default)")
     args = ap.parse_args()
     python = sys.executable
     prefect_home = Path(tempfile.mkdtemp(prefix="dprelease-scale-prefect-"))  # one controller's, reused
-    fixed = 0.0
-    if not args.skip_fixed:
-        tiny = run_size(10_000, args.csv, python, prefect_home)
-        fixed = tiny["register"]["wall_s"] + tiny["release"]["wall_s"]
-        print(f"fixed costs (10k rows): register {tiny['register']['wall_s']:.1f} s "
-              f"(peak {tiny['register']['peak_gb']:.2f} GB), release {tiny['release']['wall_s']:.1f} s "
-              f"(peak {tiny['release']['peak_gb']:.2f} GB): interpreters, imports, Prefect server, checks")
-    for rows in args.rows:
-        r = run_size(rows, args.csv, python, prefect_home)
-        total = r["register"]["wall_s"] + r["release"]["wall_s"]
-        peak = max(r["register"]["peak_gb"], r["release"]["peak_gb"])
-        engine_s = r["engine_compute_s"]
-        overhead = total - engine_s
-        scaling = total - fixed - engine_s
-        print(f"\n{rows:,} rows ({r['file']}, {r['file_gb']:.2f} GB)")
-        print(f"  register  {r['register']['wall_s']:7.1f} s   peak {r['register']['peak_gb']:.2f} GB")
-        print(f"  release   {r['release']['wall_s']:7.1f} s   peak {r['release']['peak_gb']:.2f} GB")
-        print(f"  data checks alone (decrypt, engine aggregates, great-expectations): {r['checks_s']:.1f} s "
-              f"(process {r['checks']['wall_s']:.1f} s, peak {r['checks']['peak_gb']:.2f} GB)")
-        print(f"  engine alone: compute {engine_s:.2f} s (process {r['engine']['wall_s']:.1f} s, "
-              f"peak {r['engine']['peak_gb']:.2f} GB)")
-        print(f"  end to end {total:.1f} s, peak {peak:.2f} GB; platform overhead {overhead:.1f} s = "
-              f"{overhead / engine_s:.1f}x the engine; beyond the fixed costs {scaling:.1f} s = "
-              f"{scaling / engine_s:.1f}x the engine")
+    modes = ["temporary", "shared"] if args.prefect == "both" else [args.prefect]
+    shared = None
+    if "shared" in modes:
+        started = time.perf_counter()
+        shared = shared_prefect_server(prefect_home)
+        print(f"shared Prefect server: ready in {time.perf_counter() - started:.1f} s "
+              f"(first start on this home builds the migrated template), "
+              f"{_tree_rss(shared.process.pid) / 1e9:.2f} GB resident")
+    try:
+        for mode in modes:
+            api_url = shared.api_url if mode == "shared" else None
+            fixed = 0.0
+            if not args.skip_fixed:
+                tiny = run_size(10_000, args.csv, python, prefect_home, api_url)
+                fixed = tiny["register"]["wall_s"] + tiny["release"]["wall_s"]
+                print(f"fixed costs (10k rows, Prefect: {mode}): register {tiny['register']['wall_s']:.1f} s "
+                      f"(peak {tiny['register']['peak_gb']:.2f} GB), release {tiny['release']['wall_s']:.1f} s "
+                      f"(peak {tiny['release']['peak_gb']:.2f} GB): interpreters, imports, Prefect, checks")
+            for rows in args.rows:
+                report(rows, run_size(rows, args.csv, python, prefect_home, api_url), fixed, mode)
+    finally:
+        if shared is not None:
+            shared.kill()
 
 
 if __name__ == "__main__":
