@@ -12,7 +12,10 @@ and never collide with another command:
   boots on the other core while this command imports and plans; `wait_ready()` blocks only when the
   flow is about to run, and spends the wait importing what the flow will need (`warm`);
 - **killed at the end**: the database is private and deleted when the command ends, so there is
-  nothing to shut down gracefully (Prefect's own stop waits up to 5 s for it).
+  nothing to shut down gracefully (Prefect's own stop waits up to 5 s for it);
+- **never outlives the command**: the server gets SIGKILL when the command dies, even by kill -9
+  (Linux's parent-death signal, set by a two-line launcher before it becomes uvicorn), and the
+  next command removes private databases whose command is gone.
 """
 
 from __future__ import annotations
@@ -35,6 +38,21 @@ START_TIMEOUT_S = 300
 PREFECT_DB_ENV = "PREFECT_API_DATABASE_CONNECTION_URL"
 _PORTS = range(8000, 9000)  # Prefect's own range for temporary servers
 _PORT_IN_USE = 3  # uvicorn's exit code when its port was taken between our check and its bind
+SCRATCH_PREFIX = "dprelease-prefect-"
+OWNER_FILE = "owner.pid"
+#: run as `python -c LAUNCHER OWNER_PID UVICORN_ARGS...`: ask the kernel to SIGKILL this process
+#: when its parent dies (PR_SET_PDEATHSIG = 1; kept across exec), give up if the parent is already
+#: gone, then become uvicorn. Elsewhere than Linux the sweep alone cleans up.
+LAUNCHER = """
+import ctypes, os, signal, sys
+try:
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)
+except (AttributeError, OSError):
+    pass
+if os.getppid() != int(sys.argv[1]):
+    sys.exit(0)
+os.execv(sys.executable, [sys.executable, "-m", "uvicorn", *sys.argv[2:]])
+"""
 
 
 @dataclass
@@ -63,8 +81,8 @@ class TemporaryServer:
         import prefect
 
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "--app-dir", str(prefect.__module_path__.parent), "--factory",
-             "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
+            [sys.executable, "-c", LAUNCHER, str(os.getpid()), "--app-dir", str(prefect.__module_path__.parent),
+             "--factory", "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
              "--log-level", "error", "--lifespan", "on"],
             env=env, stdin=subprocess.DEVNULL)
 
@@ -175,8 +193,10 @@ def start() -> None:
     global _server
     if _server is not None or not _needs_own_server():
         return
+    sweep_leftovers()
     template = _existing_template()
-    scratch = Path(tempfile.mkdtemp(prefix="dprelease-prefect-"))
+    scratch = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX))
+    (scratch / OWNER_FILE).write_text(str(os.getpid()))
     _server = TemporaryServer(scratch / "prefect.db", scratch=[scratch])
     atexit.register(stop)  # registered before Prefect's own exit handlers, so it runs after them
     if template is not None:
@@ -211,6 +231,31 @@ def wait_ready(warm: Callable[[], None] | None = None) -> None:
 
     os.environ["PREFECT_API_URL"] = _server.api_url
     refresh_global_settings_context()
+
+
+def sweep_leftovers() -> list[Path]:
+    """Remove the private databases of commands that died without cleaning up (kill -9): their
+    server died with them (parent-death signal); the directory says whose it was."""
+    removed = []
+    for scratch in Path(tempfile.gettempdir()).glob(SCRATCH_PREFIX + "*"):
+        try:
+            owner = int((scratch / OWNER_FILE).read_text())
+        except (OSError, ValueError):
+            continue  # not ours, or still being set up
+        if not _alive(owner):
+            shutil.rmtree(scratch, ignore_errors=True)
+            removed.append(scratch)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def stop() -> None:

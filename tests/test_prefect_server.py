@@ -1,0 +1,89 @@
+"""The command's temporary Prefect server (cli/prefect_server.py) never outlives its command: a
+command killed with kill -9 takes its server with it, and the next command removes the private
+database it left. Real processes, a real server, a real SIGKILL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: a command that starts its temporary server as `dprelease release` does, then waits to be killed
+COMMAND = textwrap.dedent("""
+    import os, sys, time
+    from cli import prefect_server
+    prefect_server.start()
+    prefect_server.wait_ready()
+    server = prefect_server._server
+    print(server.process.pid, server.database.parent, server.api_url, flush=True)
+    time.sleep(600)
+""")
+
+
+def _gone(pid: int, within_s: float) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        try:  # a zombie (killed, not yet reaped by init) is gone too
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return True
+        except OSError:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_kill_9_of_the_command_takes_its_server_and_the_next_command_removes_its_database():
+    import httpx
+
+    from cli import prefect_server
+
+    prefect_server.template_database()  # built once per Prefect home (shared with other tests)
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env.update(PYTHONPATH=str(ROOT), PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_LOGGING_LEVEL="ERROR")
+    command = subprocess.Popen([sys.executable, "-c", COMMAND], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.DEVNULL, text=True)
+    try:
+        server_pid, scratch, api_url = command.stdout.readline().split()
+        assert httpx.get(f"{api_url}/health", timeout=10).status_code == 200  # a real server answered
+        scratch = Path(scratch)
+        assert scratch.parent == Path(tempfile.gettempdir()) and (scratch / "prefect.db").exists()
+        command.send_signal(signal.SIGKILL)
+        command.wait(30)
+        assert _gone(int(server_pid), 30), "the server outlived its command"
+        assert scratch.exists()  # nobody cleaned up: the command had no chance
+        removed = prefect_server.sweep_leftovers()  # what the next command does first
+        assert scratch in removed and not scratch.exists()
+    finally:
+        if command.poll() is None:
+            command.kill()
+
+
+def test_the_sweep_leaves_the_database_of_a_live_command(tmp_path, monkeypatch):
+    from cli import prefect_server
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    live = tmp_path / f"{prefect_server.SCRATCH_PREFIX}live"
+    dead = tmp_path / f"{prefect_server.SCRATCH_PREFIX}dead"
+    foreign = tmp_path / f"{prefect_server.SCRATCH_PREFIX}foreign"  # no owner file: not ours to remove
+    for d in (live, dead, foreign):
+        d.mkdir()
+    (live / prefect_server.OWNER_FILE).write_text(str(os.getpid()))
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True, check=True)
+    (dead / prefect_server.OWNER_FILE).write_text(finished.stdout.strip())
+    assert prefect_server.sweep_leftovers() == [dead]
+    assert live.exists() and foreign.exists() and not dead.exists()
