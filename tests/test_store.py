@@ -553,3 +553,44 @@ def test_a_write_lock_held_past_the_busy_timeout_is_one_clear_store_error(tmp_pa
         holder.close()
     assert store.budget("adult")["epsilon_reserved"] == 0
     store.close()
+
+
+# --- row locks under real concurrency (PostgreSQL: SQLite locks the whole file anyway) ------------
+
+
+def test_abandon_waits_for_a_commit_in_flight_and_leaves_it_committed(pg_store):
+    """`abandon` locks the ledger row: while another transaction holds the row and commits the
+    reservation, abandon waits, then sees "committed" and changes nothing. Without its lock it reads
+    "reserved" before the commit lands and writes "refunded" over a spent budget."""
+    _register(pg_store)
+    release = pg_store.add_release("adult", "{}", status="approved")
+    pg_store.reserve("adult", release.id, 1.0, 1e-7)
+    outcome: dict = {}
+    with pg_store.engine.connect() as other:
+        tx = other.begin()
+        other.execute(text("SELECT id FROM ledger_entries WHERE release_id = :r FOR UPDATE"), {"r": release.id})
+        other.execute(text("UPDATE ledger_entries SET status = 'committed' WHERE release_id = :r"), {"r": release.id})
+        worker = threading.Thread(target=lambda: outcome.update(result=pg_store.abandon(release.id, "failed", "x")))
+        worker.start()
+        worker.join(2.0)
+        assert worker.is_alive(), "abandon did not wait for the row held by the commit in flight"
+        tx.commit()
+    worker.join(30)
+    assert outcome["result"] == "committed"
+    assert pg_store.ledger_entry(release.id).status == "committed"
+    assert pg_store.get_release(release.id).status == "approved"
+    assert pg_store.budget("adult")["epsilon_committed"] == 1.0
+
+
+def test_reserved_entries_are_oldest_first_even_after_an_older_row_was_rewritten(pg_store):
+    """PostgreSQL writes an updated row anew at the end of the table, so without ORDER BY the
+    oldest reservation touched last would come back last."""
+    _register(pg_store)
+    ids = []
+    for i in range(3):
+        release = pg_store.add_release("adult", "{}", release_id=f"r{i}")
+        pg_store.reserve("adult", release.id, 0.5, 1e-8)
+        ids.append(release.id)
+    with pg_store.engine.begin() as conn:
+        conn.execute(text("UPDATE ledger_entries SET updated_at = updated_at WHERE release_id = 'r0'"))
+    assert [e.release_id for e in pg_store.reserved_entries()] == ids
