@@ -85,13 +85,15 @@ def dataset_register(
 
     Example: dprelease dataset register visits visits-2026-11.csv --snapshot 2026-11
 
-    Example: dprelease dataset register trips --external s3a://lake/trips/ --unit rider_id --epsilon-cap 5"""
+    Example: dprelease dataset register trips --external s3a://lake/trips/ --unit rider_id --epsilon-cap 5
+
+    Example: dprelease dataset register visits --external 's3a://lake/visits/month={snapshot}/' --snapshot 2026-11"""
     from dprelease import admin
 
     if (path is None) == (external is None):
         _fail("give the file to seal into the escrow, or --external TABLE_OR_PATH (not both)")
-    if external is not None:
-        _register_external(name, external, unit, epsilon_cap, delta_cap, add_row_id or public or snapshot is not None,
+    if external is not None and snapshot is None:
+        _register_external(name, external, unit, epsilon_cap, delta_cap, add_row_id or public,
                            {"sensitivity": _level(sensitivity), "trust": _level(trust), "n": sensitive_values,
                             "max_risk": _level(max_risk)})
         return
@@ -101,7 +103,7 @@ def dataset_register(
                    "max_risk": _level(max_risk)}
         default = {"sensitivity": "medium", "trust": "low", "n": 2, "max_risk": 0.2}
         _register_snapshot(name, path, snapshot, unit, epsilon_cap, delta_cap, add_row_id, series_budget,
-                           None if profile == default else profile)  # None: a later snapshot keeps the series'
+                           None if profile == default else profile, external)  # None: a later snapshot keeps the series'
 
         return
     if public == bool(unit):
@@ -126,8 +128,8 @@ def _register_external(name, reference, unit, epsilon_cap, delta_cap, unsupporte
     from dprelease import external
 
     if unsupported_option:
-        _fail("--external registers a protected dataset by reference: --add-row-id, --public and --snapshot "
-              "need a file (drop them)")
+        _fail("--external registers a protected dataset by reference: --add-row-id and --public need a file "
+              "(drop them)")
     if not unit or epsilon_cap is None:
         _fail("an external dataset needs --unit <column> and --epsilon-cap (the total epsilon it may ever spend)")
     ds = external.register_external(_settings(), name, reference, unit, epsilon_cap, delta_cap, risk_profile=profile)
@@ -136,14 +138,15 @@ def _register_external(name, reference, unit, epsilon_cap, delta_cap, unsupporte
                          f"epsilon cap {ds.epsilon_cap:g}, delta cap {ds.delta_cap:g}"))
 
 
-def _register_snapshot(name, path, snapshot, unit, epsilon_cap, delta_cap, add_row_id, series_budget, profile):
+def _register_snapshot(name, path, snapshot, unit, epsilon_cap, delta_cap, add_row_id, series_budget, profile,
+                       external=None):
     """`dataset register NAME FILE --snapshot LABEL`: one period of the series NAME (dprelease.series);
     the default delta cap means 'the series' own' for a later snapshot."""
     from dprelease import series
 
     ds = series.register_snapshot(_settings(), name, path, snapshot, privacy_unit=unit, budget_mode=series_budget,
                                   epsilon_cap=epsilon_cap, delta_cap=None if delta_cap == 1e-5 else delta_cap,
-                                  add_row_id=add_row_id, risk_profile=profile)
+                                  add_row_id=add_row_id, risk_profile=profile, external=external)
     console.print(escape(f"registered snapshot {snapshot} of series {name!r} as dataset {ds.name!r}: fingerprint "
                          f"{ds.fingerprint[:16]}..., unit {ds.privacy_unit!r}"))
 

@@ -116,6 +116,19 @@ def rows_for(settings: Settings, ds, backend: str = "auto"):
     return frame
 
 
+def snapshot_reference(reference: str, snapshot: str) -> str:
+    """A series' reference for one period: `{snapshot}` in it becomes the label (one lake path
+    pattern for every period, e.g. s3a://lake/visits/month={snapshot}/)."""
+    return reference.replace("{snapshot}", snapshot)
+
+
+def reference_schema(settings: Settings, reference: str) -> dict[str, str]:
+    """The schema an external reference would be registered with (column -> type; no rows read)."""
+    from .admin import _schema_names
+
+    return _schema_names(read_reference(settings, reference).limit(0).toArrow().schema)
+
+
 def register_external(settings: Settings, name: str, reference: str, privacy_unit: str, epsilon_cap: float,
                       delta_cap: float = 1e-5, expectations: list[dict] | None = None,
                       risk_profile: dict | None = None, spark=None):

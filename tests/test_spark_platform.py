@@ -167,3 +167,57 @@ def test_without_pyspark_the_error_says_how_to_install_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "pyspark.sql", None)  # as if the spark extra were not installed
     with pytest.raises(DPError, match=r"pip install 'dprelease\[spark\]'"):
         external.spark_session(Settings.from_env())
+
+
+def test_cli_registers_an_external_csv_and_refuses_what_does_not_fit(lake_env, tmp_path):
+    from typer.testing import CliRunner
+
+    from cli.app import app
+    from dprelease.store import Store
+
+    settings, _, _ = lake_env
+    csv = tmp_path / "visits.csv"
+    pd.DataFrame({"uid": [1, 1, 2, 3], "site": ["a", "b", "a", "c"], "minutes": [3.5, 1.0, 2.0, 9.0]}).to_csv(csv, index=False)
+
+    def run(*args):
+        result = CliRunner().invoke(app, ["dataset", "register", *args])
+        return result.exit_code, result.output
+
+    code, out = run("visits", "--external", str(csv), "--unit", "uid", "--epsilon-cap", "2")
+    assert code == 0 and "external csv" in out and "nothing copied" in out, out
+    ds = Store(settings.store_url).get_dataset("visits")
+    assert ds.file_format == "external-csv" and ds.blob_path == str(csv)
+    assert {"type": "expect_column_values_to_be_in_set", "kwargs": {"column": "site", "value_set": ["a", "b", "c"]}} \
+        in json.loads(ds.expectations_json)
+    for args, words in ((("other",), "give the file to seal into the escrow, or --external"),
+                        (("other", str(csv), "--external", str(csv)), "not both"),
+                        (("other", "--external", str(csv), "--unit", "uid"), "needs --unit <column> and --epsilon-cap"),
+                        (("other", "--external", str(csv), "--public"), "--add-row-id and --public need a file")):
+        code, out = run(*args)
+        assert code != 0 and words in " ".join(out.split()), out
+    assert "other" not in {d.name for d in Store(settings.store_url).list_datasets()}
+
+
+def test_a_series_of_external_snapshots_from_one_lake_path_pattern(lake_env, tmp_path):
+    """Issue 21's series, by reference: `{snapshot}` in the path names each period's folder; the
+    series' schema contract holds for external periods too (a changed schema is refused)."""
+    from dprelease import external, series
+    from dprelease.store import Store
+    from dprelease.store import series as store_series
+
+    settings, _, _ = lake_env
+    for month, extra in (("2026-10", {}), ("2026-11", {}), ("2026-12", {"new_col": [1, 2]})):
+        folder = tmp_path / f"month={month}"
+        folder.mkdir()
+        pd.DataFrame({"uid": [1, 2], "site": ["a", "b"], **extra}).to_parquet(folder / "part-0.parquet", index=False)
+    pattern = str(tmp_path / "month={snapshot}")
+    series.register_snapshot(settings, "lakevisits", None, "2026-10", privacy_unit="uid", budget_mode="per_snapshot",
+                             epsilon_cap=1.0, external=pattern)
+    latest = series.register_snapshot(settings, "lakevisits", None, "2026-11", external=pattern)
+    assert external.is_external(latest) and latest.blob_path == str(tmp_path / "month=2026-11")
+    store = Store(settings.store_url)
+    assert store_series.resolve(store, "lakevisits", "latest").dataset == latest.name
+    with pytest.raises(series.SnapshotRefused, match="changes the schema"):
+        series.register_snapshot(settings, "lakevisits", None, "2026-12", external=pattern)
+    with pytest.raises(series.SnapshotRefused, match="--add-row-id needs a file"):
+        series.register_snapshot(settings, "lakevisits", None, "2027-01", external=pattern, add_row_id=True)
