@@ -146,6 +146,11 @@ def plan(platform: Platform, request: ReleaseRequest) -> Plan:
     return Plan(request, query, sql, options_epsilon)
 
 
+def _on_spark(platform: Platform, request: ReleaseRequest) -> bool:
+    """The request's dataset is computed on Spark (an external dataset, backend auto or spark)."""
+    return external.resolve_backend(platform.store.get_dataset(request.dataset), request.backend) == "spark"
+
+
 def risk_confidence(request: ReleaseRequest) -> dict:
     """When the risk model chooses epsilon, the release's intervals are stated at the confidence p
     of its tolerable noise (default 0.9, the seed's), so that the report shows what was promised."""
@@ -215,6 +220,10 @@ def choose_epsilon(platform: Platform, planned: Plan) -> EpsilonDecision:
         else:
             if planned.sql:
                 raise ReleaseError("PRI data mode needs a query spec, not SQL; use public mode or a `query:` spec")
+            if _on_spark(platform, req):
+                raise ReleaseError("PRI data mode needs every unit's contribution in this process, and "
+                                   f"{req.dataset!r} is computed on Spark (only per-partition rows come back): "
+                                   "use PRI public mode, or fix epsilon; nothing was computed")
             choice = with_rows(platform, req.dataset, lambda rows: pri.choose_epsilon_data(
                 planned.query, rows, p, spent=spent, cap=cap), "PRI data mode", req.backend)
         return EpsilonDecision(choice.epsilon, "pri", f"chosen from the privacy risk indicator (p = {p:g}, "
@@ -303,7 +312,8 @@ def compute_sealed(platform: Platform, release_id: str, planned: Plan, decision:
                            planned.request.backend)
     if decision.pri_choice is not None:
         result = replace(result, epsilon_choice=replace(decision.pri_choice, controller_only=()))
-        if not planned.sql:  # the controller's view: PRI ranges of the real data per candidate
+        if not planned.sql and not _on_spark(platform, planned.request):  # the controller's view: PRI
+            # ranges of the real data per candidate (every unit's contribution: not collected from Spark)
             contrib = with_rows(platform, planned.request.dataset, lambda rows: pri.contributions(query, rows),
                                 "compute (PRI ranges)", planned.request.backend)
             cache: dict = {}

@@ -152,6 +152,11 @@ def test_bad_external_input_is_one_line_and_spends_nothing(lake_env, tmp_path):
         pipeline.check_data(platform, "sealed", "spark")
     planned = pipeline.plan(platform, parse_request({"dataset": "lake", "sql": SQL, "epsilon": 1.0, "backend": "spark"}))
     assert planned.request.backend == "spark"
+    # PRI data mode would collect every unit's contribution from Spark: refused before anything is spent
+    spec = {"group_by": ["education"], "aggregates": [{"kind": "count", "upper": 1}]}
+    pri_data = parse_request({"dataset": "lake", "query": spec, "epsilon": {"pri": {"p": 50, "mode": "data"}}})
+    with pytest.raises(DPError, match="PRI data mode needs every unit's contribution in this process"):
+        pipeline.choose_epsilon(platform, pipeline.plan(platform, pri_data))
     with pytest.raises(DPError, match="backend must be one of auto, duckdb, spark"):
         parse_request({"dataset": "lake", "sql": SQL, "epsilon": 1.0, "backend": "dask"})
     assert platform.store.budget("lake") == before
