@@ -119,8 +119,13 @@ def child(mode: str, path: str) -> None:
 
 
 def run(path: Path) -> None:
-    """The three measurements, interleaved once, and their ratios."""
-    res = {mode: measure(mode, path) for mode in ("spark-plain", "spark", "duckdb")}
+    """The three measurements, interleaved once, and their ratios, each with the machine's load
+    average (1 min) before and after it (other users share the cores: compare ratios of one run)."""
+    res = {}
+    for mode in ("spark-plain", "spark", "duckdb"):
+        before = os.getloadavg()[0]
+        res[mode] = measure(mode, path)
+        print(f"{mode}: load average {before:.2f} before, {os.getloadavg()[0]:.2f} after", flush=True)
     plain, spark, duck = res["spark-plain"], res["spark"], res["duckdb"]
     print(f"(s0) Spark plain bounding SQL   whole {plain['whole']:6.1f} s  (query {plain['run']:6.1f} s, "
           f"startup {plain['startup']:4.1f} s)  peak {plain['peak_gb']:.2f} GB")

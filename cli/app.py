@@ -68,7 +68,9 @@ def init() -> None:
 @dataset_app.command("register")
 def dataset_register(
     name: str = typer.Argument(..., help="a name for the dataset"),
-    path: Path = typer.Argument(..., help="a .csv, .csv.gz or .parquet file"),
+    path: Path = typer.Argument(None, help="a .csv, .csv.gz or .parquet file (sealed into the escrow)"),
+    external: str = typer.Option(None, "--external", help="register by reference instead: a Spark table name or a "
+                                 "Parquet/CSV lake path, computed on Spark where it lives (nothing is copied)"),
     unit: str = typer.Option(None, "--unit", help="the privacy-unit column (one person, device, ...)"),
     public: bool = typer.Option(False, "--public", help="a public table (no privacy unit, never charged): DP SQL may join it"),
     epsilon_cap: float = typer.Option(None, help="total epsilon this dataset may ever spend"),
@@ -87,15 +89,27 @@ def dataset_register(
 
     Example: dprelease dataset register adult adult.csv.gz --unit person_id --add-row-id --epsilon-cap 10
 
-    Example: dprelease dataset register visits visits-2026-11.csv --snapshot 2026-11"""
+    Example: dprelease dataset register visits visits-2026-11.csv --snapshot 2026-11
+
+    Example: dprelease dataset register trips --external s3a://lake/trips/ --unit rider_id --epsilon-cap 5
+
+    Example: dprelease dataset register visits --external 's3a://lake/visits/month={snapshot}/' --snapshot 2026-11"""
     from dprelease import admin
+
+    if (path is None) == (external is None):
+        _fail("give the file to seal into the escrow, or --external TABLE_OR_PATH (not both)")
+    if external is not None and snapshot is None:
+        _register_external(name, external, unit, epsilon_cap, delta_cap, add_row_id or public,
+                           {"sensitivity": _level(sensitivity), "trust": _level(trust), "n": sensitive_values,
+                            "max_risk": _level(max_risk)})
+        return
 
     if snapshot is not None:
         profile = {"sensitivity": _level(sensitivity), "trust": _level(trust), "n": sensitive_values,
                    "max_risk": _level(max_risk)}
         default = {"sensitivity": "medium", "trust": "low", "n": 2, "max_risk": 0.2}
         _register_snapshot(name, path, snapshot, unit, epsilon_cap, delta_cap, add_row_id, series_budget,
-                           None if profile == default else profile)  # None: a later snapshot keeps the series'
+                           None if profile == default else profile, external)  # None: a later snapshot keeps the series'
 
         return
     if public == bool(unit):
@@ -115,14 +129,30 @@ def dataset_register(
                   f"epsilon cap {ds.epsilon_cap:g}, delta cap {ds.delta_cap:g}"))
 
 
-def _register_snapshot(name, path, snapshot, unit, epsilon_cap, delta_cap, add_row_id, series_budget, profile):
+def _register_external(name, reference, unit, epsilon_cap, delta_cap, unsupported_option, profile):
+    """`dataset register NAME --external REF`: recorded by reference (dprelease.external), checks found by Spark."""
+    from dprelease import external
+
+    if unsupported_option:
+        _fail("--external registers a protected dataset by reference: --add-row-id and --public need a file "
+              "(drop them)")
+    if not unit or epsilon_cap is None:
+        _fail("an external dataset needs --unit <column> and --epsilon-cap (the total epsilon it may ever spend)")
+    ds = external.register_external(_settings(), name, reference, unit, epsilon_cap, delta_cap, risk_profile=profile)
+    console.print(escape(f"registered {ds.name!r}: external {ds.file_format.removeprefix('external-')} "
+                         f"{ds.blob_path!r} (nothing copied; computed on Spark), unit {ds.privacy_unit!r}, "
+                         f"epsilon cap {ds.epsilon_cap:g}, delta cap {ds.delta_cap:g}"))
+
+
+def _register_snapshot(name, path, snapshot, unit, epsilon_cap, delta_cap, add_row_id, series_budget, profile,
+                       external=None):
     """`dataset register NAME FILE --snapshot LABEL`: one period of the series NAME (dprelease.series);
     the default delta cap means 'the series' own' for a later snapshot."""
     from dprelease import series
 
     ds = series.register_snapshot(_settings(), name, path, snapshot, privacy_unit=unit, budget_mode=series_budget,
                                   epsilon_cap=epsilon_cap, delta_cap=None if delta_cap == 1e-5 else delta_cap,
-                                  add_row_id=add_row_id, risk_profile=profile)
+                                  add_row_id=add_row_id, risk_profile=profile, external=external)
     console.print(escape(f"registered snapshot {snapshot} of series {name!r} as dataset {ds.name!r}: fingerprint "
                          f"{ds.fingerprint[:16]}..., unit {ds.privacy_unit!r}"))
 

@@ -37,7 +37,7 @@ def run_release_interactively(settings: Settings, request, *, approve_as: str | 
         dataset=request.dataset, sql=request.sql, query=request.query, title=request.title, epsilon=epsilon,
         delta=request.delta,
         max_partitions_contributed=request.max_partitions_contributed, requested_by=request.requested_by,
-        approval_timeout=timeout)
+        approval_timeout=timeout, backend=request.backend)
     with runs.own_run(settings, release_flow, params, request, warm=warm_release_imports) as run:
         if run.wait_for_approval():
             summary_file = settings.archive_dir / run.release_id / "controller" / "controller.html"

@@ -106,10 +106,10 @@ def to_spark_sql(sql: str, views: dict[str, str]) -> str:
     tree = sqlglot.parse_one(sql, read="duckdb")
     for table in tree.find_all(exp.Table):
         if table.name in views and not table.args.get("db"):
-            alias = table.alias
-            table.set("this", exp.to_identifier(views[table.name]))
-            if not alias:
-                table.set("alias", exp.TableAlias(this=exp.to_identifier(table.name)))
+            name, alias = table.name, table.alias
+            table.set("this", exp.to_identifier(views[name]))
+            if not alias:  # columns qualified by the table's name still resolve
+                table.set("alias", exp.TableAlias(this=exp.to_identifier(name)))
     return tree.sql(dialect="spark")
 
 
@@ -148,8 +148,14 @@ class SparkTables:
 
     def backend_for(self, source_sql: str) -> SparkBackend:
         """A backend whose `dp_input` is one DP SELECT's source (DuckDB syntax) over these tables."""
+        from pyspark.errors import PySparkException
+
         view = f"{INPUT_NAME}_{secrets.token_hex(6)}"
-        self.spark.sql(f"CREATE OR REPLACE TEMPORARY VIEW {view} AS {to_spark_sql(source_sql, self.views)}")
+        try:
+            self.spark.sql(f"CREATE OR REPLACE TEMPORARY VIEW {view} AS {to_spark_sql(source_sql, self.views)}")
+        except PySparkException as err:
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise InvalidDataError(f"the data engine (Spark) could not prepare the query: {first}") from None
         return SparkBackend(self.spark, view)
 
     def close(self) -> None:

@@ -168,7 +168,11 @@ def build_plan(
         partial_cols.append(f"{rank} AS _rk")
     ctes = [f"_src AS ({src})", f"_partial AS (SELECT {', '.join(partial_cols)} FROM _src GROUP BY {group_cols})"]
     weighted = needs_bounding and query.private_partitions and query.selection in GAUSSIAN_SELECTIONS
-    if weighted:  # the same cutoff, over every unit, keeping each unit's degree for its weights
+    window = needs_bounding and dialect != "duckdb"  # Spark: one pass over `_partial` (window_bounding_ctes)
+    if window:
+        ctes += window_bounding_ctes(unit, cu, weighted)
+        dropped = "coalesce(sum(_final._dropped_part) OVER (), 0)"
+    elif weighted:  # the same cutoff, over every unit, keeping each unit's degree for its weights
         ctes += weighted_bounding_ctes(unit, cu, pieces)
         dropped = "(SELECT coalesce(sum(_over), 0) FROM _cut)"
     elif needs_bounding:
@@ -198,6 +202,8 @@ def build_plan(
                    if not (plan in histograms and alias.endswith("_hist"))]
     if weighted:  # the weighted histogram of the Gaussian selections (selection_weighted.py)
         finals.append(f"CAST(sum({weight_sql('_t', cu, pieces['at'])}) AS BIGINT) AS _w1")
+    if window:  # each unit's dropped pairs, carried by its first row (summed over partitions in the body)
+        finals.append(f"CAST(sum(CASE WHEN _pos = 1 AND _deg > {cu} THEN _deg - {cu} ELSE 0 END) AS BIGINT) AS _dropped_part")
     source_rows = "_bounded"
     if partition_bounds:  # each row gets its partition's bounds (NULL: none were inferred)
         joins, extra = [], []
@@ -228,6 +234,10 @@ def build_plan(
         for alias, default in _final_defaults(plans):
             out_cols.append(f"coalesce(_final.{ident(alias)}, {default}) AS {ident(alias)}" if default else f"_final.{ident(alias)}")
         body = f"SELECT {', '.join(out_cols)}, {dropped} AS _dropped_pairs FROM {public_keys_sql(query, key_types)} LEFT JOIN _final ON {_same_key('_pk', '_final', keys)}"
+    elif window:  # every column of _final but the per-partition carrier of the dropped pairs
+        shown = [*key_cols, *(f.rsplit(" AS ", 1)[1] for f in finals if not f.endswith(" AS _dropped_part")),
+                 *(ident(f"_a{plan.index}_hist") for plan in histograms)]
+        body = f"SELECT {', '.join(shown)}, {dropped} AS _dropped_pairs FROM _final"
     else:
         body = f"SELECT *, {dropped} AS _dropped_pairs FROM _final"
     with_clause = "WITH " + ",\n".join(ctes)
@@ -254,6 +264,28 @@ def histogram_ctes(plans, source_rows: str, keys: tuple[str, ...]) -> list[str]:
         ctes.append(f"_h{plan.index} AS (SELECT {lead}map_from_entries(collect_list(struct(_b, _c))) AS _hist "
                     f"FROM _hb{plan.index}{group})")
     return ctes
+
+
+def window_bounding_ctes(unit: str, cu: int, weighted: bool) -> list[str]:
+    """The bounding CTEs for engines that do not materialise a CTE read twice (Spark inlines
+    `_partial` into each reader: the cutoff's GROUP BY unit, its join back and the dropped-pairs
+    subquery each recomputed the per-(unit, partition) aggregate from the input). Here one window
+    pass over `_partial`, partitioned by unit and ordered by the hash (one shuffle), keeps the same
+    rows: a row is kept iff at most C_u of its unit's rows have a hash <= its own (`_le`), which is
+    the cutoff rule exactly (below the C_u-th smallest hash: `_le` < C_u; equal to it: kept unless
+    the (C_u+1)-th ties with it; above it: `_le` > C_u). `_deg` is the unit's partitions before
+    bounding; its first row (`_pos` 1) carries the unit's dropped pairs `_deg` - C_u (the final
+    aggregate sums them: the DuckDB plan's `_cut` total, understated only when more than C_u of a
+    unit's hashes tie at its smallest, a 64-bit collision; a controller-only diagnostic). The
+    Gaussian selections' `_t` and `_deg_c` are as in weighted_bounding_ctes."""
+    order = f"PARTITION BY {unit} ORDER BY _rk"
+    weights = f", least(_deg, {cu}) AS _t, _deg AS _deg_c" if weighted else ""
+    return [
+        (f"_ranked AS (SELECT _partial.*, count(*) OVER ({order} RANGE BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) "
+         f"AS _le, count(*) OVER ({order} ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING) AS _deg, "
+         f"row_number() OVER ({order}) AS _pos FROM _partial)"),
+        f"_bounded AS (SELECT *{weights} FROM _ranked WHERE _le <= {cu})",
+    ]
 
 
 def weighted_bounding_ctes(unit: str, cu: int, pieces: dict) -> list[str]:

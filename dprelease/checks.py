@@ -188,13 +188,16 @@ def _nested_value(value) -> bool:
 
 def validate(data, expectations: list[dict], progress: Callable[[str], None] | None = None) -> CheckReport:
     """Run the suite on `data` (any engine input: the escrow's replayable stream of decrypted
-    batches, a DataFrame, an Arrow table, a path). The rows go to the engine, never to pandas:
-    one scan computes every count and every column's min, max and nulls."""
-    from dp_core.backend import DuckDBBackend
+    batches, a DataFrame, an Arrow table, a path; a Spark DataFrame or a prepared backend). The
+    rows go to the engine, never to pandas: one scan computes every count and every column's
+    min, max and nulls. On Spark (an external dataset) the scan runs in Spark and
+    great-expectations judges the witness through its Spark datasource."""
     from dp_core.bounding import INPUT_NAME
+    from dp_core.engine_backend import open_backend
 
     say = progress or (lambda _msg: None)
-    backend = DuckDBBackend.for_input(data)
+    backend = open_backend(data)
+    spark = getattr(backend, "spark", None) if backend.dialect == "spark" else None
     try:
         columns = list(backend.schema())
         counted = {i: sql for i, e in enumerate(expectations) if (sql := _unexpected_sql(e, set(columns)))}
@@ -204,9 +207,10 @@ def validate(data, expectations: list[dict], progress: Callable[[str], None] | N
         counts = {i: int(summary[f"c{i}"]) for i in counted}
         witness = _witness(backend, expectations, columns, summary, counts)
     finally:
-        backend.close()
-    say("data checks: great-expectations on the engine's aggregates")
-    results = _run_great_expectations(witness, expectations)
+        if backend is not data:  # a backend handed in is its owner's to close
+            backend.close()
+    say(f"data checks: great-expectations on the engine's aggregates ({'Spark' if spark else 'pandas'} datasource)")
+    results = _run_great_expectations(witness, expectations, spark)
     lines, success = [], True
     for i, (e, r) in enumerate(zip(expectations, results, strict=True)):
         target = e["kwargs"].get("column", "table")
@@ -231,8 +235,9 @@ def load_framework() -> None:
     from great_expectations.expectations.expectation_configuration import ExpectationConfiguration  # noqa: F401
 
 
-def _run_great_expectations(witness, expectations: list[dict]) -> list:
-    """The suite on the witness table (an ephemeral context: nothing written to disk)."""
+def _run_great_expectations(witness, expectations: list[dict], spark=None) -> list:
+    """The suite on the witness table (an ephemeral context: nothing written to disk); with a
+    SparkSession, through great-expectations' Spark datasource (the witness as a Spark DataFrame)."""
     import logging
 
     import great_expectations as gx
@@ -242,13 +247,15 @@ def _run_great_expectations(witness, expectations: list[dict]) -> list:
     logging.getLogger("great_expectations").setLevel(logging.WARNING)
     context = gx.get_context(mode="ephemeral")
     context.variables.progress_bars = ProgressBarsConfig(globally=False, metric_calculations=False)
-    batch = context.data_sources.add_pandas("dprelease").add_dataframe_asset("data").add_batch_definition_whole_dataframe("all")
+    source = context.data_sources.add_spark("dprelease") if spark is not None else context.data_sources.add_pandas("dprelease")
+    batch = source.add_dataframe_asset("data").add_batch_definition_whole_dataframe("all")
     suite = gx.ExpectationSuite(name="dataset-checks")
     for e in expectations:
         suite.add_expectation_configuration(ExpectationConfiguration(type=e["type"], kwargs=e["kwargs"]))
     suite = context.suites.add(suite)
     definition = context.validation_definitions.add(gx.ValidationDefinition(name="checks", data=batch, suite=suite))
-    result = definition.run(batch_parameters={"dataframe": witness}, result_format="SUMMARY")
+    frame = witness if spark is None else _spark_witness(spark, witness)
+    result = definition.run(batch_parameters={"dataframe": frame}, result_format="SUMMARY")
     pending = list(result.results)
     ordered = []
     for e in expectations:  # match each expectation to its result (type and column)
@@ -257,3 +264,24 @@ def _run_great_expectations(witness, expectations: list[dict]) -> list:
         pending.remove(match)
         ordered.append(match)
     return ordered
+
+
+def _spark_witness(spark, witness):
+    """The witness table as a Spark DataFrame (a few rows per column), every column as text or
+    double so that a column holding only a NULL still has a type Spark accepts."""
+    from decimal import Decimal
+
+    import numpy as np
+    import pandas as pd
+    from pyspark.sql.types import DoubleType, StringType, StructField, StructType
+
+    fields, columns = [], {}
+    for name in witness.columns:
+        values = list(witness[name])
+        present = [v for v in values if not pd.isna(v)]
+        numeric = bool(present) and all(isinstance(v, (int, float, Decimal, np.integer, np.floating))
+                                        and not isinstance(v, (bool, np.bool_)) for v in present)
+        fields.append(StructField(name, DoubleType() if numeric else StringType(), True))
+        columns[name] = [None if pd.isna(v) else (float(v) if numeric else str(v)) for v in values]
+    rows = list(zip(*columns.values())) if columns else []
+    return spark.createDataFrame(rows, StructType(fields))

@@ -26,7 +26,7 @@ import dp_core as dp
 from dp_core import pri, risk
 from dp_core.sql import Table, compile_statement_for, run_sql
 
-from . import checks, escrow, progress
+from . import checks, escrow, external, progress
 from .faults import pause_point
 from .reporting import data_files, pages, signing
 from .requests import ReleaseRequest, query_from_spec
@@ -69,16 +69,23 @@ def load_frame(platform: Platform, dataset_name: str) -> tuple[object, pd.DataFr
     return ds, frame
 
 
-def with_rows(platform: Platform, dataset_name: str, use, label: str):
+def with_rows(platform: Platform, dataset_name: str, use, label: str, backend: str = "auto"):
     """Call `use(rows)` on the dataset's rows: an `escrow.EscrowRows`, a replayable Arrow stream
     the engine scans as often as it needs, decrypting and decoding one row group at a time (no
     plaintext file, no pandas copy, never the whole dataset in memory). Progress counts the rows
     read over all scans. A chunk failing authentication is reported as the escrow's error even
-    when the engine wrapped it."""
+    when the engine wrapped it. An external dataset's rows are where it lives (external.rows_for:
+    a Spark DataFrame, or its lake path for DuckDB); `backend` is the request's choice."""
     import time
 
     ds = platform.store.get_dataset(dataset_name)
     started = time.monotonic()
+    engine = external.resolve_backend(ds, backend)  # refuses an engine that cannot read this dataset
+    if external.is_external(ds):
+        progress.note(f"{label}: {dataset_name} ({ds.blob_path}) on {engine}")
+        result = use(external.rows_for(platform.settings, ds, backend))
+        progress.note(f"{label}: done in {time.monotonic() - started:.1f} s")
+        return result
     with progress.track(f"{label}: {dataset_name}", None, "rows read") as advance:
         rows = escrow.EscrowRows(Path(ds.blob_path), platform.escrow_key(), ds.fingerprint, ds.file_format,
                                  on_batch=lambda batch: advance(batch.num_rows))
@@ -102,10 +109,10 @@ def _return_arrow_memory() -> None:
     pa.default_memory_pool().release_unused()
 
 
-def check_data(platform: Platform, dataset_name: str) -> checks.CheckReport:
+def check_data(platform: Platform, dataset_name: str, backend: str = "auto") -> checks.CheckReport:
     ds = platform.store.get_dataset(dataset_name)
     report = with_rows(platform, dataset_name, lambda rows: checks.validate(
-        rows, json.loads(ds.expectations_json), progress=progress.note), "data checks")
+        rows, json.loads(ds.expectations_json), progress=progress.note), "data checks", backend)
     pause_point("after_checks")
     return report
 
@@ -147,6 +154,11 @@ def plan(platform: Platform, request: ReleaseRequest) -> Plan:
                                 max_partitions_contributed=request.max_partitions_contributed, **options)
         sql, options_epsilon = None, False
     return Plan(request, query, sql, options_epsilon)
+
+
+def _on_spark(platform: Platform, request: ReleaseRequest) -> bool:
+    """The request's dataset is computed on Spark (an external dataset, backend auto or spark)."""
+    return external.resolve_backend(platform.store.get_dataset(request.dataset), request.backend) == "spark"
 
 
 def risk_confidence(request: ReleaseRequest) -> dict:
@@ -218,8 +230,12 @@ def choose_epsilon(platform: Platform, planned: Plan) -> EpsilonDecision:
         else:
             if planned.sql:
                 raise ReleaseError("PRI data mode needs a query spec, not SQL; use public mode or a `query:` spec")
+            if _on_spark(platform, req):
+                raise ReleaseError("PRI data mode needs every unit's contribution in this process, and "
+                                   f"{req.dataset!r} is computed on Spark (only per-partition rows come back): "
+                                   "use PRI public mode, or fix epsilon; nothing was computed")
             choice = with_rows(platform, req.dataset, lambda rows: pri.choose_epsilon_data(
-                planned.query, rows, p, spent=spent, cap=cap), "PRI data mode")
+                planned.query, rows, p, spent=spent, cap=cap), "PRI data mode", req.backend)
         return EpsilonDecision(choice.epsilon, "pri", f"chosen from the privacy risk indicator (p = {p:g}, "
                                f"{mode} mode): {choice.guarantee}", pri_choice=choice)
     return choose_epsilon_from_risk(platform, planned)
@@ -300,14 +316,16 @@ def compute_sealed(platform: Platform, release_id: str, planned: Plan, decision:
         result = with_rows(platform, planned.request.dataset, lambda rows: run_sql(
             planned.sql, _sql_tables(platform, ds, rows), epsilon=decision.epsilon,
             delta=query.delta, max_partitions_contributed=query.max_partitions_contributed,
-            confidence=query.confidence), "compute")
+            confidence=query.confidence), "compute", planned.request.backend)
     else:
-        result = with_rows(platform, planned.request.dataset, lambda rows: dp.execute(query, rows), "compute")
+        result = with_rows(platform, planned.request.dataset, lambda rows: dp.execute(query, rows), "compute",
+                           planned.request.backend)
     if decision.pri_choice is not None:
         result = replace(result, epsilon_choice=replace(decision.pri_choice, controller_only=()))
-        if not planned.sql:  # the controller's view: PRI ranges of the real data per candidate
+        if not planned.sql and not _on_spark(platform, planned.request):  # the controller's view: PRI
+            # ranges of the real data per candidate (every unit's contribution: not collected from Spark)
             contrib = with_rows(platform, planned.request.dataset, lambda rows: pri.contributions(query, rows),
-                                "compute (PRI ranges)")
+                                "compute (PRI ranges)", planned.request.backend)
             cache: dict = {}
             p = decision.pri_choice.p
             ranges = tuple(pri.pri_range(contrib, e, p, cache) for e in decision.pri_choice.candidates)

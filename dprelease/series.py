@@ -21,14 +21,20 @@ from .store.series import SnapshotRefused
 
 def register_snapshot(settings: Settings, series: str, path: Path, snapshot: str, *, privacy_unit: str | None = None,
                       budget_mode: str | None = None, epsilon_cap: float | None = None, delta_cap: float | None = None,
-                      add_row_id: bool = False, risk_profile: dict | None = None):
+                      add_row_id: bool = False, risk_profile: dict | None = None, external: str | None = None):
     """Register `path` as snapshot `snapshot` of `series` (its own escrowed, checked dataset
     `series@snapshot`). The first snapshot creates the series with its unit, budget mode and cap
     (per_snapshot: epsilon each period may spend, parallel composition over disjoint snapshots;
     series_cap: epsilon all periods together may spend, sequential composition). Refused, with
     nothing written: a label already registered, options that contradict the series, a schema that
-    differs from the series'. A later snapshot without `risk_profile` keeps the series' profile."""
+    differs from the series'. A later snapshot without `risk_profile` keeps the series' profile.
+    external: the period is registered by reference instead of a file (dprelease.external), `{snapshot}`
+    in it replaced by the label, so one lake path pattern serves every period."""
     from . import admin
+    from . import external as external_data
+
+    if external is not None and add_row_id:
+        raise SnapshotRefused("an external snapshot is registered by reference: --add-row-id needs a file (drop it)")
 
     store = Store(settings.store_url)
     store.create_all()
@@ -60,7 +66,9 @@ def register_snapshot(settings: Settings, series: str, path: Path, snapshot: str
         if snapshot in taken:
             raise SnapshotRefused(f"snapshot {snapshot} of series {series!r} is already registered: a snapshot is "
                                   "registered once (give the next period's label)")
-    schema = file_schema(path, privacy_unit if add_row_id else None)
+    reference = None if external is None else external_data.snapshot_reference(external, snapshot)
+    schema = (file_schema(path, privacy_unit if add_row_id else None) if reference is None
+              else external_data.reference_schema(settings, reference))
     if existing is not None:
         differences = store_series.schema_differences(json.loads(existing.schema_text), schema)
         if differences:
@@ -70,8 +78,13 @@ def register_snapshot(settings: Settings, series: str, path: Path, snapshot: str
     mode = budget_mode or existing.budget_mode
     cap = epsilon_cap if epsilon_cap is not None else existing.epsilon_cap
     delta = delta_cap if delta_cap is not None else (existing.delta_cap if existing is not None else 1e-5)
-    dataset = admin.register_dataset(settings, store_series.snapshot_dataset_name(series, snapshot), Path(path),
-                                     privacy_unit, cap, delta, add_row_id=add_row_id, risk_profile=risk_profile)
+    name = store_series.snapshot_dataset_name(series, snapshot)
+    if reference is not None:
+        dataset = external_data.register_external(settings, name, reference, privacy_unit, cap, delta,
+                                                  risk_profile=risk_profile)
+    else:
+        dataset = admin.register_dataset(settings, name, Path(path), privacy_unit, cap, delta, add_row_id=add_row_id,
+                                         risk_profile=risk_profile)
     if existing is None:
         store_series.add_series(store, series, privacy_unit=privacy_unit, schema=json.loads(dataset.schema_json),
                                 budget_mode=mode, epsilon_cap=cap, delta_cap=delta)

@@ -6,6 +6,7 @@ then passed down; no other module reads the environment.
     DPRELEASE_ESCROW_KEY  Fernet key (urlsafe base64) for the escrow; else the key file
     DPRELEASE_KEY_DIR     where key files live (default <home>/keys; keep it off the data disk)
     DPRELEASE_CONTROLLER_KEY  the controller's own private key (signs decisions; default: none)
+    DPRELEASE_SPARK_MASTER    the Spark master for external datasets (default: Spark's own, local[*])
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ class Settings:
     key_dir: Path
     escrow_key: str | None = None  # from the environment; takes precedence over the key file
     controller_key: Path | None = None  # this controller's private key (decisions are signed with it)
+    spark_master: str | None = None  # where external datasets are computed (dprelease.external)
 
     @property
     def escrow_dir(self) -> Path:
@@ -63,7 +65,8 @@ class Settings:
         key_dir = Path(env.get("DPRELEASE_KEY_DIR", home / "keys")).expanduser().resolve()
         controller_key = env.get("DPRELEASE_CONTROLLER_KEY")
         return cls(home, store, key_dir, env.get("DPRELEASE_ESCROW_KEY") or None,
-                   Path(controller_key).expanduser().resolve() if controller_key else None)
+                   Path(controller_key).expanduser().resolve() if controller_key else None,
+                   env.get("DPRELEASE_SPARK_MASTER") or None)
 
     def ensure_dirs(self) -> None:
         for d in (self.home, self.escrow_dir, self.archive_dir, self.publication_dir, self.key_dir):

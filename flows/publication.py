@@ -66,7 +66,8 @@ def publication_flow(
     state = release_flow(
         dataset=request.dataset, sql=request.sql, query=request.query, title=request.title,
         epsilon=to_parameter(request), delta=request.delta, max_partitions_contributed=request.max_partitions_contributed,
-        requested_by=request.requested_by or "schedule", approval_timeout=approval_timeout, return_state=True,
+        requested_by=request.requested_by or "schedule", approval_timeout=approval_timeout, backend=request.backend,
+        return_state=True,
     )
     result = outcome(state)
     if is_rejected(state):  # the scheduled run ends in the same Rejected state

@@ -20,6 +20,7 @@ from prefect.runtime import flow_run
 from pydantic import Field
 
 from dprelease import decisions, pipeline, recovery
+from dprelease.external import BackendChoice
 from dprelease.requests import parse_request
 from dprelease.requests.epsilon import EpsilonChoice
 from dprelease.settings import Settings
@@ -94,6 +95,7 @@ def release_flow(
     max_partitions_contributed: int = 1,
     requested_by: str | None = None,
     approval_timeout: int = 3600,
+    backend: BackendChoice = "auto",
 ) -> dict:
     """Release DP statistics of a registered dataset after a controller approves.
 
@@ -113,10 +115,12 @@ def release_flow(
         max_partitions_contributed: how many groups one person may contribute to
         requested_by: the analyst who asked (their policy applies)
         approval_timeout: seconds to wait for a controller's decision before refunding the budget
+        backend: where the data is computed: auto (the dataset's own: Spark for an external dataset, DuckDB in this process for escrowed data), spark, or duckdb (an external Parquet/CSV path read here)
     """
     settings = Settings.from_env()
     request = parse_request(request_fields(dataset, sql, query, title, epsilon=epsilon, delta=delta,
-                                           cu=max_partitions_contributed, requested_by=requested_by))
+                                           cu=max_partitions_contributed, requested_by=requested_by,
+                                           backend=backend))
     platform = pipeline.Platform.open(settings)
     release_id = attempt_release_id(platform)
     record(platform, release_id, request)
@@ -139,7 +143,7 @@ def release_flow(
 def prepare_and_decide(settings, platform, release_id, request, timeout, poll_interval=APPROVAL_POLL_SECONDS):
     """Steps 2-9: everything up to the controller's decision; refunds on any failure."""
     try:
-        steps.check_data(settings, request.dataset)
+        steps.check_data(settings, request.dataset, request.backend)
         planned = steps.plan(settings, request)
         decision = steps.choose_epsilon(settings, planned)
         steps.preview(settings, release_id, planned, decision.epsilon)  # before anything is spent
@@ -262,10 +266,11 @@ def summary_link(release_id: str) -> str:
     return f"{base}/artifacts/key/{summary_artifact_key(release_id)}"
 
 
-def request_fields(dataset, sql, query, title, *, epsilon, delta, cu, requested_by) -> dict:
+def request_fields(dataset, sql, query, title, *, epsilon, delta, cu, requested_by, backend="auto") -> dict:
     """The flow's parameters as a request (parse_request judges them, as it judges a request file)."""
     fields = {"dataset": dataset, "title": title, "delta": delta, "max_partitions_contributed": cu,
-              "requested_by": requested_by, "epsilon": epsilon.to_spec() if hasattr(epsilon, "to_spec") else epsilon}
+              "requested_by": requested_by, "epsilon": epsilon.to_spec() if hasattr(epsilon, "to_spec") else epsilon,
+              "backend": backend}
     fields.update({"sql": sql} if sql else {"query": query})
     return fields
 

@@ -27,9 +27,10 @@ def _platform(settings: Settings) -> pipeline.Platform:
 
 
 @task(name="check-data", retries=1)
-def check_data(settings: Settings, dataset: str) -> str:
-    """Great-expectations checks on the decrypted data; fails the run with the summary."""
-    report = pipeline.check_data(_platform(settings), dataset)
+def check_data(settings: Settings, dataset: str, backend: str = "auto") -> str:
+    """Great-expectations checks on the decrypted data (an external dataset's: on Spark); fails the
+    run with the summary."""
+    report = pipeline.check_data(_platform(settings), dataset, backend)
     if not report.success:
         raise pipeline.ReleaseError(report.failure(dataset))
     return report.summary()

@@ -47,9 +47,13 @@ class ReleaseRequest:
     delta: float = 1e-6
     max_partitions_contributed: int = 1
     requested_by: str | None = None
+    backend: str = "auto"  # the engine: auto (the dataset's own), duckdb or spark (dprelease.external)
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        fields = asdict(self)
+        if fields["backend"] == "auto":  # the default is left out: a request's JSON (and digest) as before
+            del fields["backend"]
+        return json.dumps(fields, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> ReleaseRequest:
@@ -71,7 +75,8 @@ def parse_request(data: dict) -> ReleaseRequest:
     """A request from a mapping (a YAML or JSON spec file); every field is checked by name."""
     if not isinstance(data, dict):
         raise RequestError("a release request must be a mapping (YAML or JSON object)")
-    known = {"dataset", "title", "sql", "query", "epsilon", "delta", "max_partitions_contributed", "requested_by"}
+    known = {"dataset", "title", "sql", "query", "epsilon", "delta", "max_partitions_contributed", "requested_by",
+             "backend"}
     unknown = set(data) - known
     if unknown:
         raise RequestError(f"unknown field(s) {sorted(unknown)} in the request (allowed: {sorted(known)})")
@@ -94,12 +99,15 @@ def parse_request(data: dict) -> ReleaseRequest:
     cu = data.get("max_partitions_contributed", 1)
     if isinstance(cu, bool) or not isinstance(cu, int) or cu < 1:
         raise RequestError(f"max_partitions_contributed must be a whole number >= 1, got {cu!r}")
+    backend = data.get("backend") or "auto"
+    if backend not in ("auto", "duckdb", "spark"):
+        raise RequestError(f"backend must be one of auto, duckdb, spark, got {backend!r}")
     if data.get("query") is not None:
         query_from_spec(data["query"], "unit", 1.0)  # checks the spec's shape now
     return ReleaseRequest(
         dataset=data["dataset"], title=str(data.get("title") or ""), sql=data.get("sql"), query=data.get("query"),
         epsilon=fixed, epsilon_mode=mode, pri=pri, risk=risk, delta=delta, max_partitions_contributed=cu,
-        requested_by=data.get("requested_by"),
+        requested_by=data.get("requested_by"), backend=backend,
     )
 
 

@@ -25,6 +25,7 @@ from .errors import BudgetExceeded, StoreError
 from .tables import (
     APPROVALS,
     DECISION_STATUSES,
+    EXTERNAL_FORMATS,
     FILE_FORMATS,
     FINAL_STATUSES,
     RELEASE_STATUSES,
@@ -144,7 +145,7 @@ class Store:
             privacy_unit=privacy_unit,
             blob_path=str(blob_path),
             fingerprint=fingerprint,
-            file_format=_check_choice(file_format, FILE_FORMATS, "file_format"),
+            file_format=_check_choice(file_format, FILE_FORMATS + EXTERNAL_FORMATS, "file_format"),
             schema_json=_as_json(schema),
             epsilon_cap=_check_epsilon(epsilon_cap, "epsilon_cap"),
             delta_cap=_check_delta(delta_cap, "delta_cap"),

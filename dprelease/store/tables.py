@@ -14,6 +14,7 @@ from sqlalchemy.types import TypeDecorator
 from sqlmodel import Field, SQLModel
 
 FILE_FORMATS = ("csv", "csv.gz", "parquet")
+EXTERNAL_FORMATS = ("external-table", "external-parquet", "external-csv")  # registered by reference (dprelease.external)
 LEDGER_STATUSES = ("reserved", "committed", "refunded")
 RELEASE_STATUSES = ("pending", "awaiting_approval", "approved", "rejected", "expired", "failed", "published")
 FINAL_STATUSES = ("rejected", "expired", "failed", "published")  # a run in one of these is over
@@ -48,7 +49,9 @@ with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message='Field name "schema_json"', category=UserWarning)
 
     class Dataset(SQLModel, table=True):
-        """A registered dataset: where its encrypted blob is, what it contains, its privacy budget."""
+        """A registered dataset: where its encrypted blob is, what it contains, its privacy budget.
+        An external dataset (file_format in EXTERNAL_FORMATS) has no blob: `blob_path` holds its
+        reference (a Spark table name or a lake path) and `fingerprint` that of the reference and schema."""
 
         __tablename__ = "datasets"
 
@@ -56,7 +59,7 @@ with warnings.catch_warnings():
         privacy_unit: str
         blob_path: str
         fingerprint: str  # SHA-256 hex of the plaintext bytes
-        file_format: str  # one of FILE_FORMATS
+        file_format: str  # one of FILE_FORMATS, or EXTERNAL_FORMATS
         schema_json: str  # JSON object: column -> type
         epsilon_cap: float
         delta_cap: float

@@ -1,0 +1,228 @@
+"""An external dataset through the platform (issue 15): registered by reference (a Parquet lake
+folder), nothing copied into the escrow; its checks run on Spark (great-expectations' Spark
+datasource); a release of it runs on Spark through the real flow (prefect_test_harness), is
+approved by a controller's signed decision, and its report is signed and verifies. Bad input
+(a missing path or table, an engine that cannot read the data) is one line, nothing spent.
+
+Shares the suite's one local[2] SparkSession (conftest `spark`, one xdist worker)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+pytestmark = pytest.mark.xdist_group("spark")  # one worker, one SparkSession (pyproject: --dist loadgroup)
+
+SQL = ("SELECT WITH ANONYMIZATION education, ANON_COUNT(*, 1) AS people, ANON_AVG(age, 17, 90) AS avg_age "
+       "FROM lake GROUP BY education")
+
+
+@pytest.fixture(scope="module")
+def lake_env(spark, adult, tmp_path_factory):
+    """A fresh home; Adult as a lake folder of two Parquet files, registered as `lake` (external);
+    the controller alice; a temporary Prefect API for the module."""
+    home = tmp_path_factory.mktemp("home")
+    saved = {k: os.environ.get(k) for k in ("DPRELEASE_HOME", "PREFECT_SERVER_ANALYTICS_ENABLED")}
+    os.environ["DPRELEASE_HOME"] = str(home)
+    os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+    from prefect.testing.utilities import prefect_test_harness
+
+    from dprelease import admin, decisions, external
+    from dprelease.settings import Settings
+
+    settings = Settings.from_env()
+    admin.init(settings)
+    folder = tmp_path_factory.mktemp("lake") / "adult"
+    folder.mkdir()
+    half = len(adult) // 2
+    adult.iloc[:half].to_parquet(folder / "part-0.parquet", index=False)
+    adult.iloc[half:].to_parquet(folder / "part-1.parquet", index=False)
+    external.register_external(settings, "lake", str(folder), "person_id", epsilon_cap=10,
+                               risk_profile={"max_risk": 0.5})
+    keys = tmp_path_factory.mktemp("controller-keys")
+    decisions.create_controller(settings, "alice", keys / "alice.pem")
+    with prefect_test_harness(server_startup_timeout=300):
+        yield settings, folder, keys / "alice.pem"
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def test_external_registration_records_a_reference_and_copies_nothing(lake_env):
+    from dprelease import external
+    from dprelease.store import Store
+
+    settings, folder, _ = lake_env
+    ds = Store(settings.store_url).get_dataset("lake")
+    assert external.is_external(ds) and ds.file_format == "external-parquet" and ds.blob_path == str(folder)
+    assert not list(settings.escrow_dir.iterdir())  # nothing sealed: the data stays in the lake
+    # the same suite an escrowed dataset gets, its categories found by Spark
+    suite = {(e["type"], e["kwargs"].get("column")): e["kwargs"] for e in json.loads(ds.expectations_json)}
+    assert suite[("expect_column_values_to_not_be_null", "person_id")] == {"column": "person_id"}
+    assert "Male" in suite[("expect_column_values_to_be_in_set", "sex")]["value_set"]
+    assert ("expect_column_values_to_be_between", "age") in suite
+
+
+def test_checks_on_spark_give_the_verdicts_of_the_duckdb_path(lake_env, adult, spark):
+    """(The registered suite passes on Spark in the release test: its flow's first step.) A narrower
+    suite fails on Spark with the lines, counts and verdicts the DuckDB path gives."""
+    from dprelease import checks
+
+    strict = [{"type": "expect_column_values_to_be_in_set", "kwargs": {"column": "sex", "value_set": ["Male"]}},
+              {"type": "expect_column_values_to_be_between", "kwargs": {"column": "age", "min_value": 0, "max_value": 60}}]
+    on_spark = checks.validate(spark.createDataFrame(adult), strict)
+    on_duckdb = checks.validate(adult, strict)
+    assert not on_spark.success and on_spark.lines == on_duckdb.lines
+    assert f"{int((adult['sex'] != 'Male').sum())} unexpected" in on_spark.lines[0]
+
+
+def test_a_release_of_an_external_dataset_runs_on_spark_is_approved_signed_and_verifies(lake_env):
+    """The real flow with its typed backend parameter: checks, plan, reservation, compute on Spark,
+    controller summary, a signed decision, publication; the report verifies with the public key."""
+    import threading
+
+    from cli.deciding import decide
+    from dprelease import pipeline
+    from dprelease.reporting import signing
+    from flows.approvals import wait_until_paused
+    from flows.release import outcome, release_flow
+
+    settings, _, alice = lake_env
+    platform = pipeline.Platform.open(settings)
+    box: dict = {}
+
+    def run():
+        try:
+            box["result"] = outcome(release_flow(dataset="lake", sql=SQL, epsilon=1.0, approval_timeout=120,
+                                                 backend="spark", return_state=True))
+        except BaseException as err:  # noqa: BLE001
+            box["error"] = err
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 120
+    while not (waiting := platform.store.list_releases(status="awaiting_approval")):
+        assert thread.is_alive() and time.monotonic() < deadline, f"no approval asked: {box}"
+        time.sleep(0.3)
+    rel = waiting[0]
+    assert platform.store.budget("lake")["epsilon_reserved"] == pytest.approx(1.0)
+    wait_until_paused(rel.flow_run_id)
+    decide(settings, rel.id, "approve", alice, "checked on the lake")
+    thread.join(120)
+    assert box.get("result", {}).get("status") == "published", box
+    directory = Path(box["result"]["directory"])
+    verified = signing.verify_directory(directory, settings.public_key_file)
+    assert verified.ok and verified.facts["dataset"] == "lake" and verified.facts["approved_by"] == "alice"
+    budget = platform.store.budget("lake")
+    assert budget["epsilon_committed"] == pytest.approx(1.0) and budget["epsilon_reserved"] == 0
+    assert '"backend": "spark"' in platform.store.get_release(rel.id).request_json
+    released = pd.read_csv(directory / "results.csv")
+    assert {"education", "people", "avg_age"} <= set(released.columns) and len(released) > 5
+    assert signing.verify_directory(settings.archive_dir / rel.id / "controller", settings.public_key_file).ok
+
+
+def test_bad_external_input_is_one_line_and_spends_nothing(lake_env, tmp_path):
+    from dp_core import DPError
+    from dprelease import admin, external, pipeline
+    from dprelease.requests import parse_request
+
+    settings, folder, _ = lake_env
+    platform = pipeline.Platform.open(settings)
+    before = platform.store.budget("lake")
+    names = {d.name for d in platform.store.list_datasets()}
+    for reference, words in ((str(tmp_path / "gone" / "trips.parquet"), "not found"),
+                             ("no_such_table", "no table or view 'no_such_table'")):
+        with pytest.raises(DPError, match=words) as err:
+            external.register_external(settings, "bad", reference, "person_id", epsilon_cap=1)
+        assert "\n" not in str(err.value)
+    with pytest.raises(DPError, match="privacy unit column 'rider'"):
+        external.register_external(settings, "bad", str(folder), "rider", epsilon_cap=1)
+    assert {d.name for d in platform.store.list_datasets()} == names  # nothing registered
+    # an engine that cannot read the data: refused by the first step, before any reservation
+    data = Path(__file__).resolve().parents[1] / "examples" / "data" / "adult.csv.gz"
+    admin.register_dataset(settings, "sealed", data, "person_id", epsilon_cap=1, add_row_id=True)
+    with pytest.raises(DPError, match="held in the escrow.*backend 'spark' runs external datasets"):
+        pipeline.check_data(platform, "sealed", "spark")
+    planned = pipeline.plan(platform, parse_request({"dataset": "lake", "sql": SQL, "epsilon": 1.0, "backend": "spark"}))
+    assert planned.request.backend == "spark"
+    # PRI data mode would collect every unit's contribution from Spark: refused before anything is spent
+    spec = {"group_by": ["education"], "aggregates": [{"kind": "count", "upper": 1}]}
+    pri_data = parse_request({"dataset": "lake", "query": spec, "epsilon": {"pri": {"p": 50, "mode": "data"}}})
+    with pytest.raises(DPError, match="PRI data mode needs every unit's contribution in this process"):
+        pipeline.choose_epsilon(platform, pipeline.plan(platform, pri_data))
+    with pytest.raises(DPError, match="backend must be one of auto, duckdb, spark"):
+        parse_request({"dataset": "lake", "sql": SQL, "epsilon": 1.0, "backend": "dask"})
+    assert platform.store.budget("lake") == before
+
+
+def test_without_pyspark_the_error_says_how_to_install_it(monkeypatch):
+    import sys
+
+    from dp_core import DPError
+    from dprelease import external
+    from dprelease.settings import Settings
+
+    monkeypatch.setitem(sys.modules, "pyspark.sql", None)  # as if the spark extra were not installed
+    with pytest.raises(DPError, match=r"pip install 'dprelease\[spark\]'"):
+        external.spark_session(Settings.from_env())
+
+
+def test_cli_registers_an_external_csv_and_refuses_what_does_not_fit(lake_env, tmp_path):
+    from typer.testing import CliRunner
+
+    from cli.app import app
+    from dprelease.store import Store
+
+    settings, _, _ = lake_env
+    csv = tmp_path / "visits.csv"
+    pd.DataFrame({"uid": [1, 1, 2, 3], "site": ["a", "b", "a", "c"], "minutes": [3.5, 1.0, 2.0, 9.0]}).to_csv(csv, index=False)
+
+    def run(*args):
+        result = CliRunner().invoke(app, ["dataset", "register", *args])
+        return result.exit_code, result.output
+
+    code, out = run("visits", "--external", str(csv), "--unit", "uid", "--epsilon-cap", "2")
+    assert code == 0 and "external csv" in out and "nothing copied" in out, out
+    ds = Store(settings.store_url).get_dataset("visits")
+    assert ds.file_format == "external-csv" and ds.blob_path == str(csv)
+    assert {"type": "expect_column_values_to_be_in_set", "kwargs": {"column": "site", "value_set": ["a", "b", "c"]}} \
+        in json.loads(ds.expectations_json)
+    for args, words in ((("other",), "give the file to seal into the escrow, or --external"),
+                        (("other", str(csv), "--external", str(csv)), "not both"),
+                        (("other", "--external", str(csv), "--unit", "uid"), "needs --unit <column> and --epsilon-cap"),
+                        (("other", "--external", str(csv), "--public"), "--add-row-id and --public need a file")):
+        code, out = run(*args)
+        assert code != 0 and words in " ".join(out.split()), out
+    assert "other" not in {d.name for d in Store(settings.store_url).list_datasets()}
+
+
+def test_a_series_of_external_snapshots_from_one_lake_path_pattern(lake_env, tmp_path):
+    """Issue 21's series, by reference: `{snapshot}` in the path names each period's folder; the
+    series' schema contract holds for external periods too (a changed schema is refused)."""
+    from dprelease import external, series
+    from dprelease.store import Store
+    from dprelease.store import series as store_series
+
+    settings, _, _ = lake_env
+    for month, extra in (("2026-10", {}), ("2026-11", {}), ("2026-12", {"new_col": [1, 2]})):
+        folder = tmp_path / f"month={month}"
+        folder.mkdir()
+        pd.DataFrame({"uid": [1, 2], "site": ["a", "b"], **extra}).to_parquet(folder / "part-0.parquet", index=False)
+    pattern = str(tmp_path / "month={snapshot}")
+    series.register_snapshot(settings, "lakevisits", None, "2026-10", privacy_unit="uid", budget_mode="per_snapshot",
+                             epsilon_cap=1.0, external=pattern)
+    latest = series.register_snapshot(settings, "lakevisits", None, "2026-11", external=pattern)
+    assert external.is_external(latest) and latest.blob_path == str(tmp_path / "month=2026-11")
+    store = Store(settings.store_url)
+    assert store_series.resolve(store, "lakevisits", "latest").dataset == latest.name
+    with pytest.raises(series.SnapshotRefused, match="changes the schema"):
+        series.register_snapshot(settings, "lakevisits", None, "2026-12", external=pattern)
+    with pytest.raises(series.SnapshotRefused, match="--add-row-id needs a file"):
+        series.register_snapshot(settings, "lakevisits", None, "2027-01", external=pattern, add_row_id=True)
