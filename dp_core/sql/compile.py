@@ -40,6 +40,36 @@ BOUNDS_ARGUMENT = {"count": "contribution_bounds_per_group", "sum": "contributio
                    "avg": "contribution_bounds_per_group", "var": "contribution_bounds_per_row",
                    "stddev": "contribution_bounds_per_row", "quantile": "contribution_bounds_per_row"}
 UNSUPPORTED_FUNCTIONS = ("__DP_APPROX_QUANTILES", "__DP_APPROX_COUNT_DISTINCT", "ANON_QUANTILES")
+#: BigQuery's report formats (`report_format => "JSON"`, legacy `WITH REPORT(FORMAT = JSON)`). Accepted
+#: and checked; they do not change the release: every released value already comes with its
+#: confidence interval and mechanism in the report and results.json (docs/sql.md, "Report formats")
+REPORT_FORMATS = ("JSON", "PROTO")
+REPORT_ARGUMENTS = {"report_format", "__report_format", "__report_bad"}
+
+
+def _check_report_format(kwargs: dict, where: str, syntax: str) -> None:
+    """The report-format argument of the syntax in use, with one of REPORT_FORMATS as its value."""
+    if "__report_bad" in kwargs:
+        what = kwargs["__report_bad"].name
+        raise InvalidQueryError(
+            f"{where}: WITH REPORT needs its format, WITH REPORT(FORMAT = JSON) or (FORMAT = PROTO)"
+            + ("" if what == "nothing" else f"; unknown report option {what!r}"))
+    if syntax == "anonymization" and "report_format" in kwargs:
+        raise InvalidQueryError(f"{where}: report_format => ... belongs to WITH DIFFERENTIAL_PRIVACY; with "
+                                "ANONYMIZATION write WITH REPORT(FORMAT = JSON)")
+    if syntax != "anonymization" and "__report_format" in kwargs:
+        raise InvalidQueryError(f"{where}: WITH REPORT belongs to WITH ANONYMIZATION; with DIFFERENTIAL_PRIVACY "
+                                'write report_format => "JSON"')
+    node = kwargs.get("report_format", kwargs.get("__report_format"))
+    if node is None:
+        return
+    value = None
+    if isinstance(node, exp.Literal) and node.is_string:
+        value = node.name
+    elif isinstance(node, exp.Column) and not node.table and node.this.args.get("quoted"):
+        value = node.name  # BigQuery's "JSON" is a string; the DuckDB dialect reads it as a quoted name
+    if value is None or value.upper() not in REPORT_FORMATS:
+        raise InvalidQueryError(f"{where}: the report format must be \"JSON\" or \"PROTO\", got {quote(node)}")
 
 
 @dataclass(frozen=True)
@@ -154,7 +184,9 @@ class Compiler:
             raise InvalidQueryError(f"unknown DP function {shown}: use one of "
                                     + ", ".join(SEED_FUNCTIONS if syntax == "anonymization" else
                                                 [n[5:] for n in BIGQUERY_FUNCTIONS]))
-        allowed_kwargs = {"__clamp_lo", "__clamp_hi"} if syntax == "anonymization" else {BOUNDS_ARGUMENT[kind]}
+        _check_report_format(kwargs, where, syntax)
+        allowed_kwargs = ({"__clamp_lo", "__clamp_hi"} if syntax == "anonymization"
+                          else {BOUNDS_ARGUMENT[kind]}) | REPORT_ARGUMENTS
         unknown = set(kwargs) - allowed_kwargs
         if unknown:
             if syntax == "anonymization":

@@ -222,8 +222,34 @@ def _select_list_edits(tokens, start: int, syntax: str) -> list[tuple[int, int, 
         elif tt == TokenType.AND and clamp_depth is not None and depth == clamp_depth:
             edits.append((t.start, t.end + 1, ", __clamp_hi =>"))
             clamp_depth = None
+        elif (tt == TokenType.WITH and depth > 0 and i + 1 < len(tokens)
+              and tokens[i + 1].text.upper() == "REPORT"):
+            i = _with_report_edit(tokens, i, edits)
+            continue
         i += 1
     return edits
+
+
+def _with_report_edit(tokens, i: int, edits: list) -> int:
+    """`WITH REPORT(FORMAT = JSON)` inside a WITH ANONYMIZATION aggregate call (BigQuery's legacy
+    report clause) becomes the named argument `__report_format => 'JSON'`; a clause without a
+    format or with another option becomes `__report_bad => '<what>'`, refused by the compiler."""
+    j = i + 2
+    if j < len(tokens) and tokens[j].token_type == TokenType.L_PAREN:
+        k, depth = j + 1, 0
+        while k < len(tokens) and not (tokens[k].token_type == TokenType.R_PAREN and depth == 0):
+            depth += {TokenType.L_PAREN: 1, TokenType.R_PAREN: -1}.get(tokens[k].token_type, 0)
+            k += 1
+        inner = tokens[j + 1:k]
+        if (len(inner) == 3 and inner[0].text.upper() == "FORMAT" and inner[1].token_type == TokenType.EQ):
+            value = inner[2].text.replace("'", "")
+            edits.append((tokens[i].start, tokens[min(k, len(tokens) - 1)].end + 1, f", __report_format => '{value}'"))
+        else:
+            what = (inner[0].text if inner else "").replace("'", "") or "nothing"
+            edits.append((tokens[i].start, tokens[min(k, len(tokens) - 1)].end + 1, f", __report_bad => '{what}'"))
+        return k + 1
+    edits.append((tokens[i].start, tokens[i + 1].end + 1, ", __report_bad => 'nothing'"))
+    return i + 2
 
 
 def _parse(text: str) -> exp.Expression:
