@@ -15,12 +15,13 @@ clamps it), COUNT's bounds are whole numbers (INT64); WITH ANONYMIZATION takes
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sqlglot import exp
 
 from .. import query as q
 from ..errors import InvalidQueryError, UnsupportedError
+from . import public_groups
 from .ownership import OwnershipChecker, Scope, _arg, check_functions, is_dp_call, is_subquery, quote
 from .syntax import DPClause, mark_of
 
@@ -84,6 +85,11 @@ class CompiledQuery:
     outputs: tuple[tuple[str, str], ...] = ()  # (name, DuckDB SQL over the released table), in order
     plain: bool = True  # the select list is keys and DP aggregates only (the released table as is)
     having: str | None = None  # HAVING: a filter on the released values (DuckDB SQL), post-processing
+    #: PUBLIC_GROUPS: DuckDB SQL listing the public key tuples (public tables only), run before the
+    #: engine to fill query.public_partitions (public_groups.py)
+    public_groups_sql: str | None = None
+    public_groups_tables: tuple[str, ...] = ()  # the public tables public_groups_sql reads
+    public_tables: tuple[str, ...] = ()  # public tables this DP SELECT reads (joins, subqueries, groups)
 
     def source_sql(self, dialect: str = "duckdb") -> str:
         return self.source.sql(dialect=dialect)
@@ -272,8 +278,9 @@ class Compiler:
 
     @staticmethod
     def _bound_pair(node: exp.Expression, where: str) -> tuple[exp.Expression, exp.Expression]:
-        if isinstance(node, (exp.Tuple, exp.Struct)):
-            items = node.expressions
+        if isinstance(node, (exp.Tuple, exp.Struct)):  # (L, U), STRUCT(L, U), STRUCT(L AS lo, U AS hi)
+            items = [i.expression if isinstance(i, exp.PropertyEQ) else i.this if isinstance(i, exp.Alias) else i
+                     for i in node.expressions]
         else:
             raise InvalidQueryError(f"{where}: contribution bounds need a pair (L, U)")
         if len(items) != 2:
@@ -293,6 +300,8 @@ class Compiler:
         if _arg(select, "from") is None:
             raise InvalidQueryError("a DP SELECT needs a FROM clause (the rows must come from a registered table)")
         where_label = "the DP SELECT"
+        strategy = clause.options.get("group_selection_strategy")
+        groups = public_groups.prepare(select, self.checker) if strategy == public_groups.STRATEGY else None
         scope = self.checker.from_scope(select, where_label)
         unit_option = clause.options.get("privacy_unit_column")
         if unit_option is not None:
@@ -402,8 +411,12 @@ class Compiler:
         cu = given.get("max_groups_contributed", max_partitions_contributed)
         if eps is None:
             raise InvalidQueryError("no epsilon: give it in OPTIONS (epsilon = ...) or with the request")
-        if clause.options.get("group_selection_strategy"):
-            options = {**options, "selection": clause.options["group_selection_strategy"]}
+        groups_sql, groups_tables = None, ()
+        if groups is not None:  # public partitions: listed at execution time (no selection, no selection budget)
+            groups_sql, groups_tables = public_groups.group_keys_sql(keys, self.key_names, groups, scope, with_items,
+                                                                     self.checker)
+        elif strategy:
+            options = {**options, "selection": strategy}
         if clause.options.get("partition_selection"):
             options = {**options, "selection": clause.options["partition_selection"]}
         query = q.Query(
@@ -411,9 +424,13 @@ class Compiler:
             delta=1e-6 if dlt is None else dlt, group_by=tuple(self.key_names),
             max_partitions_contributed=1 if cu is None else cu, **options,
         )
-        query.validate()
+        if groups_sql is not None:
+            replace(query, public_partitions=()).validate()  # what runs: the public keys, no selection
+        else:
+            query.validate()
         return CompiledQuery(query, source, clause.syntax, order_by, limit, tuple(out), plain,
-                             None if having is None else self._render(having, labels))
+                             None if having is None else self._render(having, labels), groups_sql, groups_tables,
+                             self.checker.public_tables_in(source))
 
     def _render(self, expr: exp.Expression, labels: list[str]) -> str:
         """DuckDB SQL of a post-processing expression over the released table's columns."""

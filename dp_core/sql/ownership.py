@@ -64,6 +64,9 @@ class Scope:
     merged: dict[str, str] = field(default_factory=dict)  # USING columns: lower name -> name
     unit_expr: exp.Expression | None = None
     unit_name: str | None = None
+    #: relations whose unit column equals the joined row's unit on every row (inner-joined on the
+    #: unit, or the kept side of an outer join); the other side of an outer join may hold NULL
+    unit_aliases: set[str] = field(default_factory=set)
 
     @property
     def protected(self) -> bool:
@@ -90,6 +93,13 @@ class Scope:
         if len(owners) > 1:
             raise InvalidQueryError(f"column {name!r} is ambiguous: qualify it with one of {[r.alias for r in owners]}")
         return owners[0], owners[0].columns[name.lower()]
+
+    def carries_unit(self, col: exp.Column) -> bool:
+        """The column is the unit of every joined row (not only a unit column of some relation)."""
+        rel, name = self.resolve(col)
+        if rel is None:  # a USING column: the kept side's value, both sides' after a FULL join
+            return self.is_unit(col) and not isinstance(self.unit_expr, exp.Coalesce)
+        return rel.is_unit(name) and rel.alias.lower() in self.unit_aliases
 
     def is_unit(self, col: exp.Column) -> bool:
         rel, name = self.resolve(col)
@@ -144,6 +154,29 @@ def check_functions(expr: exp.Expression | None, where: str) -> None:
             raise InvalidQueryError(f"{where}: unknown function {str(node.name)!r} in {quote(node)[:80]!r}")
 
 
+def _and_terms(condition: exp.Expression) -> list[exp.Expression]:
+    """The AND-ed terms of a condition, through parentheses: (a AND (b AND c)) -> [a, b, c]."""
+    while isinstance(condition, exp.Paren):
+        condition = condition.this
+    if isinstance(condition, exp.And):
+        return _and_terms(condition.this) + _and_terms(condition.expression)
+    return [condition]
+
+
+def _flatten_parenthesized_join(node: exp.Expression) -> tuple[exp.Expression, list[exp.Join]]:
+    """A parenthesized join first in FROM, `(a JOIN b ON ...) JOIN c`, read as `a JOIN b ON ... JOIN c`
+    (the same rows: the leftmost join is evaluated first either way). Returns the first relation
+    and the joins inside the parentheses, in order; any other node is returned as it is."""
+    if isinstance(node, exp.Subquery) and not node.alias and isinstance(node.this, (exp.Table, exp.Subquery)):
+        base, joins = _flatten_parenthesized_join(node.this)
+        return base, joins + list(node.args.get("joins") or [])
+    if isinstance(node, exp.Table) and node.args.get("joins"):
+        base = node.copy()
+        base.set("joins", None)
+        return base, list(node.args["joins"])
+    return node, []
+
+
 class OwnershipChecker:
     """Checks FROM clauses against the catalog of registered tables and CTEs."""
 
@@ -190,14 +223,26 @@ class OwnershipChecker:
         scope = Scope()
         if source is None:
             return scope
-        first = self.relation(source.this, where)
+        base, nested_joins = _flatten_parenthesized_join(source.this)
+        first = self.relation(base, where)
         scope.relations.append(first)
         if first.unit is not None:
             scope.unit_expr = exp.column(first.columns.get(first.unit.lower(), first.unit), table=first.alias, quoted=True)
             scope.unit_name = first.unit
-        for join in select.args.get("joins") or []:
+            scope.unit_aliases = {first.alias.lower()}
+        for join in nested_joins + list(select.args.get("joins") or []):
             self.join(join, scope, where)
         return scope
+
+    def public_tables_in(self, tree: exp.Expression) -> tuple[str, ...]:
+        """The registered public tables (no unit) a checked query reads, by their catalog names."""
+        names = set()
+        for node in tree.find_all(exp.Table):
+            if isinstance(node.this, exp.Identifier):
+                info = self.table_info(node)
+                if info is not None and info.unit is None and (node.args.get("db") or node.name.lower() not in self.ctes):
+                    names.add(info.name)
+        return tuple(sorted(names))
 
     def table_info(self, node: exp.Table) -> TableInfo | None:
         parts = [p for p in (node.args.get("catalog"), node.args.get("db"), node.this) if p is not None]
@@ -269,7 +314,7 @@ class OwnershipChecker:
                         f"include the unit column of both sides ({', '.join(sorted(units))})"
                     )
             else:
-                terms = list(on.flatten()) if isinstance(on, exp.And) else [on]
+                terms = _and_terms(on)
                 if not any(self._unit_equality(t, inner, right) for t in terms):
                     raise InvalidQueryError(
                         f"{where}: {text!r} does not join on the unit: ON must include {right.alias}.{right.unit} = "
@@ -279,8 +324,12 @@ class OwnershipChecker:
             right_unit = exp.column(right.columns.get(right.unit.lower(), right.unit), table=right.alias, quoted=True)
             if side == "RIGHT":
                 scope.unit_expr = right_unit
+                scope.unit_aliases = {right.alias.lower()}
             elif side == "FULL":
                 scope.unit_expr = exp.Coalesce(this=scope.unit_expr, expressions=[right_unit])
+                scope.unit_aliases = set()
+            elif side != "LEFT":
+                scope.unit_aliases.add(right.alias.lower())
         elif left_protected or right_protected:
             # a protected table with a public one: any condition, but an outer join must keep only
             # protected rows (rows it would keep from the public side have no unit)
@@ -297,6 +346,7 @@ class OwnershipChecker:
                 scope.unit_expr = exp.column(right.columns.get(right.unit.lower(), right.unit), table=right.alias,
                                              quoted=True)
                 scope.unit_name = right.unit
+                scope.unit_aliases = {right.alias.lower()}
         for name in using_names:
             original = right.columns.get(name, name)
             scope.merged[name] = original
@@ -428,7 +478,7 @@ class OwnershipChecker:
             if not name:
                 name = f"_col{len(columns)}"  # BigQuery names it internally; it cannot be referenced
             columns[name.lower()] = name
-            if scope.protected and isinstance(inner, exp.Column) and scope.is_unit(inner) and unit_out is None:
+            if scope.protected and isinstance(inner, exp.Column) and scope.carries_unit(inner) and unit_out is None:
                 unit_out = name
         if scope.protected and unit_out is None:  # carry the unit automatically
             unit_name = scope.unit_name or "unit"

@@ -49,6 +49,15 @@ class CompiledStatement:
         return float(sum(p.query.delta for p in self.parts))
 
     @property
+    def public_reads(self) -> tuple[str, ...]:
+        """Every public table the statement reads (outer query, joins and subqueries of its DP
+        SELECTs, public groups): shown as public, never charged, in reports."""
+        names = set(self.public_tables)
+        for p in self.parts:
+            names |= set(p.public_tables) | set(p.public_groups_tables)
+        return tuple(sorted(names))
+
+    @property
     def simple(self) -> bool:
         return self.outer is None
 

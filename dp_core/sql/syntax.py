@@ -93,11 +93,16 @@ def _parse_options(sql: str, tokens, start: int, syntax: str) -> tuple[dict, int
     allowed = OPTION_NAMES[syntax]
     clause = "SELECT WITH DIFFERENTIAL_PRIVACY" if syntax == "differential_privacy" else "SELECT WITH ANONYMIZATION"
     options, i = {}, start + 1
+    named = set()
     while i < len(tokens) and tokens[i].token_type != TokenType.R_PAREN:
         name = tokens[i].text.lower()
-        if name in UNSUPPORTED_OPTIONS:
+        named.add(name)
+        if "max_rows_contributed" in named and named & {"max_groups_contributed", "kappa"}:
+            raise InvalidQueryError("OPTIONS: give at most one of max_groups_contributed (kappa) and "
+                                    "max_rows_contributed (even as NULL): they are two ways of bounding a unit")
+        if name in UNSUPPORTED_OPTIONS and not _null_value(tokens, i):
             raise UnsupportedError(f"OPTIONS {name}: not offered by this engine (allowed: {', '.join(allowed)})")
-        if name not in allowed:
+        if name not in allowed and name not in UNSUPPORTED_OPTIONS:
             raise InvalidQueryError(f"unknown OPTIONS entry {tokens[i].text!r} for {clause}: allowed are {', '.join(allowed)}")
         if i + 2 >= len(tokens) or tokens[i + 1].token_type != TokenType.EQ:
             raise InvalidQueryError(f"OPTIONS entry {name!r} needs '= value'")
@@ -117,6 +122,9 @@ def _parse_options(sql: str, tokens, start: int, syntax: str) -> tuple[dict, int
         if not value_tokens:
             raise InvalidQueryError(f"OPTIONS entry {name!r} needs a value")
         key = "max_groups_contributed" if name == "kappa" else name
+        if name in UNSUPPORTED_OPTIONS:  # `= NULL`: BigQuery's "the default", i.e. not set
+            i = j + (j < len(tokens) and tokens[j].token_type == TokenType.COMMA)
+            continue
         if key in options:
             raise InvalidQueryError(f"OPTIONS gives {key!r} twice")
         options[key] = _option_value(key, sql, value_tokens)
@@ -126,6 +134,12 @@ def _parse_options(sql: str, tokens, start: int, syntax: str) -> tuple[dict, int
     if i >= len(tokens):
         raise InvalidQueryError("OPTIONS ( ... is not closed")
     return options, i + 1
+
+
+def _null_value(tokens, i: int) -> bool:
+    """OPTIONS entry at tokens[i] is `name = NULL` (followed by ',' or ')')."""
+    return (i + 3 < len(tokens) and tokens[i + 1].token_type == TokenType.EQ and tokens[i + 2].token_type == TokenType.NULL
+            and tokens[i + 3].token_type in (TokenType.COMMA, TokenType.R_PAREN))
 
 
 def _option_value(name: str, sql: str, value_tokens) -> object:
@@ -138,12 +152,14 @@ def _option_value(name: str, sql: str, value_tokens) -> object:
     types = {t.token_type for t in value_tokens}
     if name == "partition_selection":  # a name: OPTIONS (partition_selection = 'mad'); checked by the Query
         return text.strip("'\"")
-    if name == "group_selection_strategy":
-        if text.upper() == "LAPLACE_THRESHOLD":
+    if name == "group_selection_strategy":  # an enum name, or its name as a string (BigQuery casts it)
+        word = text.upper()
+        if len(value_tokens) == 1 and value_tokens[0].token_type in (TokenType.STRING, TokenType.IDENTIFIER):
+            word = value_tokens[0].text.upper()
+        if word == "LAPLACE_THRESHOLD":
             return "laplace-threshold"
-        if text.upper() == "PUBLIC_GROUPS":
-            raise UnsupportedError("OPTIONS group_selection_strategy = PUBLIC_GROUPS is not offered: give the public "
-                                   "groups with the request (public_partitions)")
+        if word == "PUBLIC_GROUPS":
+            return "public-groups"  # dp_core/sql/public_groups.py
         raise InvalidQueryError(f"OPTIONS group_selection_strategy must be LAPLACE_THRESHOLD or PUBLIC_GROUPS, got {text!r}")
     if name == "privacy_unit_column":
         parts = [t for t in value_tokens if t.token_type != TokenType.DOT]
