@@ -266,12 +266,23 @@ class Compiler:
             if lower > upper:
                 raise InvalidQueryError(f"{where}: lower bound {lower:g} exceeds upper bound {upper:g} (give (L, U) with L <= U)")
         if kind == "count":
-            if bounds is not None:
-                if lower > 0:  # a lower bound <= 0 changes nothing: a unit's count is never negative
-                    raise UnsupportedError(f"{where}: a COUNT's lower contribution bound must be <= 0 here, got "
-                                           f"({lower:g}, {upper:g})")
-                if not (upper >= 1 and float(upper).is_integer()):
-                    raise InvalidQueryError(f"{where}: a COUNT's bound must be a whole number >= 1, got {upper:g}")
+            if bounds is not None and not (lower <= 0 and upper >= 1):
+                # BigQuery clamps each unit's count in a group to [L, U]; with L > 0 or U < 1 that is
+                # not the engine's count (bounded by U alone: a lower bound <= 0 changes nothing,
+                # a count is never negative), but exactly a SUM of the row indicator clamped to
+                # [L, U] per unit and group: same values, same sensitivity max(|L|, |U|) per group
+                if not float(upper).is_integer() or not float(lower).is_integer():
+                    raise InvalidQueryError(f"{where}: a COUNT's bounds must be whole numbers, got ({lower:g}, {upper:g})")
+                if lower == upper == 0:
+                    raise InvalidQueryError(f"{where}: contribution bounds (0, 0) let no unit count: give U >= 1")
+                one = exp.Literal.number(1)
+                indicator = one if isinstance(target, exp.Star) else exp.If(
+                    this=exp.Not(this=exp.Is(this=target.copy(), expression=exp.Null())), true=one,
+                    false=exp.Literal.number(0))
+                return q.Aggregate("sum", column=self._value_column(indicator, scope, where), lower=_whole(lower),
+                                   upper=_whole(upper), name=alias)
+            if bounds is not None and not float(upper).is_integer():
+                raise InvalidQueryError(f"{where}: a COUNT's bound must be a whole number >= 1, got {upper:g}")
             return q.Aggregate("count", column=column, upper=_whole(upper), name=alias)
         return q.Aggregate(kind, column=column, lower=_whole(lower), upper=_whole(upper),
                            q=fixed_q if fixed_q is not None else qv, name=alias)
@@ -289,7 +300,8 @@ class Compiler:
 
     # -- the DP SELECT ---------------------------------------------------------------------
     def compile(self, select: exp.Select, clause: DPClause, with_items: list[exp.Expression], *, epsilon=None,
-                delta=None, max_partitions_contributed=None, **options) -> CompiledQuery:
+                delta=None, max_partitions_contributed=None, own_with: bool = True, **options) -> CompiledQuery:
+        """own_with=False: the select's WITH clause is the statement's (already classified)."""
         select = select.copy()
         select.set("expressions", [e for e in select.expressions if mark_of_item(e) is None])
         if select.args.get("distinct"):
@@ -299,6 +311,24 @@ class Compiler:
                 raise InvalidQueryError(f"{quote(node)!r} is a window function: not allowed in a DP SELECT")
         if _arg(select, "from") is None:
             raise InvalidQueryError("a DP SELECT needs a FROM clause (the rows must come from a registered table)")
+        where_label = "the DP SELECT"
+        own_with = _arg(select, "with") if own_with else None
+        if own_with is None:
+            select.set("with_" if "with_" in exp.Select.arg_types else "with", None)
+        else:  # (WITH t AS (...) SELECT WITH DIFFERENTIAL_PRIVACY ... FROM t): its own CTEs
+            saved_ctes = self.checker.enter_with(own_with, where_label)
+            with_items = [*with_items, *own_with.expressions]
+            select.set("with_" if "with_" in exp.Select.arg_types else "with", None)
+            try:
+                return self._compile(select, clause, with_items, epsilon=epsilon, delta=delta,
+                                     max_partitions_contributed=max_partitions_contributed, **options)
+            finally:
+                self.checker.ctes = saved_ctes
+        return self._compile(select, clause, with_items, epsilon=epsilon, delta=delta,
+                             max_partitions_contributed=max_partitions_contributed, **options)
+
+    def _compile(self, select: exp.Select, clause: DPClause, with_items: list[exp.Expression], *, epsilon=None,
+                 delta=None, max_partitions_contributed=None, **options) -> CompiledQuery:
         where_label = "the DP SELECT"
         strategy = clause.options.get("group_selection_strategy")
         groups = public_groups.prepare(select, self.checker) if strategy == public_groups.STRATEGY else None
@@ -332,7 +362,7 @@ class Compiler:
             self.checker.check_condition(where.this, scope, "WHERE")
 
         keys, _ = self._group_keys(select, scope)
-        key_sql = [quote(k) for k in keys]
+        key_sql = [_key_text(k) for k in keys]
         self.key_names = [None] * len(keys)
         items = []  # (kind, name, payload) in select-list order
         calls: list[tuple[exp.Anonymous, str | None]] = []
@@ -343,8 +373,8 @@ class Compiler:
                 calls.append((inner, alias))
                 items.append(("agg", alias, len(calls) - 1))
                 continue
-            if quote(inner) in key_sql:
-                i = key_sql.index(quote(inner))
+            if _key_text(inner) in key_sql:
+                i = key_sql.index(_key_text(inner))
                 name = alias or (inner.name if isinstance(inner, exp.Column) else None)
                 if self.key_names[i] is None:
                     self.key_names[i] = name
@@ -356,7 +386,7 @@ class Compiler:
             cond = select.args["having"].this.copy()
             aliases = {e.alias.lower(): _inner(e) for e in select.expressions if isinstance(e, exp.Alias)}
             for col in list(cond.find_all(exp.Column)):
-                if not col.table and col.name.lower() in aliases and quote(col) not in key_sql:
+                if not col.table and col.name.lower() in aliases and _key_text(col) not in key_sql:
                     new = aliases[col.name.lower()].copy()
                     if col is cond:
                         cond = new
@@ -503,7 +533,7 @@ class Compiler:
             else:
                 node.replace(new)
         for node in list(expr.walk()):
-            sql = quote(node)
+            sql = _key_text(node)
             if sql in key_sql and not isinstance(node, exp.Literal):
                 i = key_sql.index(sql)
                 new = exp.column(f"__keyref{i}", quoted=True)
@@ -542,6 +572,15 @@ class Compiler:
         if select.args.get("offset") is not None:
             raise UnsupportedError("OFFSET in a DP SELECT is not supported: use an outer query")
         return tuple(order), limit
+
+
+def _key_text(node: exp.Expression) -> str:
+    """An expression's SQL with unquoted names lower-cased (GROUP BY STRING is the key `string`)."""
+    copy = node.copy()
+    for ident in copy.find_all(exp.Identifier):
+        if not ident.args.get("quoted"):
+            ident.set("this", ident.this.lower())
+    return quote(copy)
 
 
 def mark_of_item(item: exp.Expression) -> int | None:

@@ -367,7 +367,29 @@ class OwnershipChecker:
 
     # -- queries inside FROM ---------------------------------------------------------------
     def query(self, node: exp.Query, where: str) -> Relation:
-        """A query inside FROM, a CTE or a condition: a SELECT or a set operation."""
+        """A query inside FROM, a CTE or a condition: a SELECT or a set operation (with its own
+        WITH clause, whose CTEs it alone sees)."""
+        if _arg(node, "with") is not None:
+            saved = self.enter_with(_arg(node, "with"), where)
+            try:
+                return self._query(node, where)
+            finally:
+                self.ctes = saved
+        return self._query(node, where)
+
+    def enter_with(self, with_clause: exp.With, where: str) -> dict[str, Relation]:
+        """Check the CTEs of a WITH clause inside the statement (each body in turn, seeing the ones
+        before it) and make them visible; returns the CTEs visible before, to restore after."""
+        if with_clause.args.get("recursive"):
+            raise InvalidQueryError(f"{where}: WITH RECURSIVE is not allowed here (a recursive CTE can mix units' rows)")
+        saved = dict(self.ctes)
+        for cte in with_clause.expressions:
+            if not cte.alias:
+                raise InvalidQueryError(f"{where}: a CTE needs a name: {quote(cte)[:60]!r}")
+            self.ctes[cte.alias.lower()] = self.query(cte.this, f"{where}: CTE {cte.alias!r}")
+        return saved
+
+    def _query(self, node: exp.Query, where: str) -> Relation:
         if isinstance(node, exp.Select):
             return self.check_select(node, where)
         if isinstance(node, exp.Subquery):
@@ -380,8 +402,6 @@ class OwnershipChecker:
         """UNION / INTERSECT / EXCEPT: all branches public, or all protected with the unit at the
         same position (so each output row still carries its unit)."""
         name = type(node).__name__.upper()
-        if _arg(node, "with") is not None:
-            raise InvalidQueryError(f"{where}: a WITH clause inside a subquery is not supported; put it at the top")
         left = self.query(node.this, f"{where} ({name} branch)")
         right = self.query(node.expression, f"{where} ({name} branch)")
         if (left.unit is None) != (right.unit is None):
@@ -406,8 +426,6 @@ class OwnershipChecker:
 
     def check_select(self, select: exp.Select, where: str) -> Relation:
         """A SELECT inside FROM (or a CTE or a condition): checked, and rewritten to carry the unit."""
-        if _arg(select, "with") is not None:
-            raise InvalidQueryError(f"{where}: a WITH clause inside a subquery is not supported; put it at the top")
         scope = self.from_scope(select, where)
         self.check_condition(select.args.get("where"), scope, f"{where} WHERE")
         for e in select.expressions:

@@ -155,7 +155,7 @@ def compile_statement(sql: str, catalog: dict[str, TableInfo], *, epsilon=None, 
         n = mark_of(s)
         parts.append(Compiler(checker).compile(
             s, parsed.clauses[n], kept, epsilon=eps[n], delta=dlt[n],
-            max_partitions_contributed=max_partitions_contributed, **options))
+            max_partitions_contributed=max_partitions_contributed, own_with=s is not tree, **options))
 
     if any(s is tree for s in marked) and parts[0].plain:
         return CompiledStatement(tuple(parts), None, (), options_epsilon=fixed_epsilon)
