@@ -102,7 +102,7 @@ def _run_sql_on_spark(sql: str, tables: dict[str, Table], spark, **request) -> D
     try:
         stand_ins = {name: Table(views.empty(name), t.privacy_unit) for name, t in tables.items()}
         compiled = compile_statement_for(sql, stand_ins, **request)
-        local = set(compiled.public_tables) | {t for p in compiled.parts for t in p.public_groups_tables}
+        local = set(compiled.public_tables) | {t for p in compiled.parts for t in p.public_groups_tables + p.output_tables}
         public = {name: views.local(name) for name in sorted(local)}  # outer query and PUBLIC_GROUPS keys
         return run_statement(compiled, public, part_backend=views.backend_for)
     finally:

@@ -41,6 +41,9 @@ BOUNDS_ARGUMENT = {"count": "contribution_bounds_per_group", "sum": "contributio
                    "avg": "contribution_bounds_per_group", "var": "contribution_bounds_per_row",
                    "stddev": "contribution_bounds_per_row", "quantile": "contribution_bounds_per_row"}
 UNSUPPORTED_FUNCTIONS = ("__DP_APPROX_QUANTILES", "__DP_APPROX_COUNT_DISTINCT", "ANON_QUANTILES")
+#: APPROX_QUANTILES(x, n, ...) / ANON_QUANTILES(x, n ...): the n + 1 quantiles 0, 1/n, ..., 1 as an array,
+#: each one a PERCENTILE_CONT aggregate with its own share of the budget (so n is capped)
+MAX_QUANTILES = 100
 #: BigQuery's report formats (`report_format => "JSON"`, legacy `WITH REPORT(FORMAT = JSON)`). Accepted
 #: and checked; they do not change the release: every released value already comes with its
 #: confidence interval and mechanism in the report and results.json (docs/sql.md, "Report formats")
@@ -90,6 +93,7 @@ class CompiledQuery:
     public_groups_sql: str | None = None
     public_groups_tables: tuple[str, ...] = ()  # the public tables public_groups_sql reads
     public_tables: tuple[str, ...] = ()  # public tables this DP SELECT reads (joins, subqueries, groups)
+    output_tables: tuple[str, ...] = ()  # public tables its select list reads (computed beside the released values)
 
     def source_sql(self, dialect: str = "duckdb") -> str:
         return self.source.sql(dialect=dialect)
@@ -132,6 +136,7 @@ class Compiler:
         self.source_items: list[exp.Expression] = []
         self.key_names: list[str] = []
         self.unit = ""
+        self.output_tables: set[str] = set()  # public tables read by subqueries of the select list
 
     def _value_column(self, expr: exp.Expression, scope: Scope, where: str) -> str:
         """The source column that carries an aggregate's input (a row-level expression)."""
@@ -361,6 +366,7 @@ class Compiler:
         if where is not None:
             self.checker.check_condition(where.this, scope, "WHERE")
 
+        select.set("expressions", [_expand_quantiles(item, clause.syntax) for item in select.expressions])
         keys, _ = self._group_keys(select, scope)
         key_sql = [_key_text(k) for k in keys]
         self.key_names = [None] * len(keys)
@@ -438,7 +444,7 @@ class Compiler:
         given = {k: v for k, v in clause.options.items() if v is not None}  # NULL: the default
         eps = given.get("epsilon", epsilon)
         dlt = given.get("delta", delta)
-        cu = given.get("max_groups_contributed", max_partitions_contributed)
+        cu = given.get("max_groups_contributed", given.get("max_rows_contributed", max_partitions_contributed))
         if eps is None:
             raise InvalidQueryError("no epsilon: give it in OPTIONS (epsilon = ...) or with the request")
         groups_sql, groups_tables = None, ()
@@ -460,7 +466,7 @@ class Compiler:
             query.validate()
         return CompiledQuery(query, source, clause.syntax, order_by, limit, tuple(out), plain,
                              None if having is None else self._render(having, labels), groups_sql, groups_tables,
-                             self.checker.public_tables_in(source))
+                             self.checker.public_tables_in(source), tuple(sorted(self.output_tables)))
 
     def _render(self, expr: exp.Expression, labels: list[str]) -> str:
         """DuckDB SQL of a post-processing expression over the released table's columns."""
@@ -509,13 +515,18 @@ class Compiler:
         """An expression over DP aggregates and GROUP BY keys, evaluated on the released table."""
         check_functions(inner, "the DP SELECT list")
         expr = inner.copy()
-        for node in list(expr.walk(prune=lambda n: is_dp_call(n))):
-            if is_subquery(node):
-                raise InvalidQueryError(f"{quote(item)[:80]!r}: a subquery in a DP SELECT list is not allowed")
+        outside = (lambda n: is_dp_call(n) or (n is not expr and is_subquery(n)))  # noqa: E731
+        for node in list(expr.walk(prune=outside)):
+            if node is not expr and is_subquery(node):
+                # an uncorrelated subquery over public tables: a constant of public data, computed
+                # beside the released values (public_subquery refuses protected or correlated ones)
+                self.checker.public_subquery(node, f"the DP SELECT list: {quote(item)[:60]!r}")
+                self.output_tables |= set(self.checker.public_tables_in(node))
+                continue
             if isinstance(node, exp.Window):
                 raise InvalidQueryError(f"{quote(node)!r} is a window function: not allowed in a DP SELECT")
         replaced = []
-        for node in list(expr.walk(prune=lambda n: is_dp_call(n))):
+        for node in list(expr.walk(prune=outside)):
             if is_dp_call(node):
                 same = [i for i, (c, _) in enumerate(calls) if quote(c) == quote(node)]
                 if not same:  # the same DP aggregate twice is computed (and paid for) once
@@ -532,7 +543,7 @@ class Compiler:
                 expr = new
             else:
                 node.replace(new)
-        for node in list(expr.walk()):
+        for node in list(expr.walk(prune=outside)):
             sql = _key_text(node)
             if sql in key_sql and not isinstance(node, exp.Literal):
                 i = key_sql.index(sql)
@@ -541,7 +552,7 @@ class Compiler:
                     expr = new
                 else:
                     node.replace(new)
-        for node in expr.walk():
+        for node in expr.walk(prune=outside):
             if isinstance(node, exp.Column) and not str(node.name).startswith(("__aggref", "__keyref")):
                 raise InvalidQueryError(
                     f"{quote(item)!r} is neither a GROUP BY key nor a DP aggregate (nor an expression over them): "
@@ -572,6 +583,49 @@ class Compiler:
         if select.args.get("offset") is not None:
             raise UnsupportedError("OFFSET in a DP SELECT is not supported: use an outer query")
         return tuple(order), limit
+
+
+def _expand_quantiles(item: exp.Expression, syntax: str) -> exp.Expression:
+    """Rewrite APPROX_QUANTILES(x, n, contribution_bounds_per_row => (L, U)) (DIFFERENTIAL_PRIVACY) and
+    ANON_QUANTILES(x, n CLAMPED BETWEEN L AND U) (ANONYMIZATION) in place as the array of their n + 1
+    quantiles [PERCENTILE_CONT(x, 0/n, ...), ..., PERCENTILE_CONT(x, n/n, ...)]: the reference's output
+    (an ARRAY), computed by the engine's quantile aggregate, one budget share each."""
+    for node in list(item.walk()):
+        name = str(node.name).upper() if isinstance(node, exp.Anonymous) else ""
+        if name not in ("__DP_APPROX_QUANTILES", "ANON_QUANTILES"):
+            continue
+        shown = name.removeprefix("__DP_")
+        where = f"{shown}(...)"
+        if (name == "ANON_QUANTILES") != (syntax == "anonymization"):
+            raise InvalidQueryError(f"{where} belongs to SELECT WITH "
+                                    f"{'ANONYMIZATION' if name == 'ANON_QUANTILES' else 'DIFFERENTIAL_PRIVACY'}")
+        kwargs = {a.this.name.lower(): a.expression for a in node.expressions if isinstance(a, exp.Kwarg)}
+        args = [a for a in node.expressions if not isinstance(a, exp.Kwarg)]
+        _check_report_format(kwargs, where, syntax)
+        if len(args) != 2:
+            raise InvalidQueryError(f"{where}: takes the column and the number of quantiles n, got {len(args)} "
+                                    "positional argument(s)")
+        if isinstance(args[0], exp.Star):
+            raise InvalidQueryError(f"{where}: * is not a value: only COUNT takes *")
+        n = _number(args[1], f"{where}: the number of quantiles", integer=True)
+        if not 1 <= n <= MAX_QUANTILES:
+            raise InvalidQueryError(f"{where}: the number of quantiles must be in [1, {MAX_QUANTILES}], got {n:g}")
+        bounds = [exp.Kwarg(this=exp.var(k), expression=v.copy()) for k, v in kwargs.items() if k in
+                  (("__clamp_lo", "__clamp_hi") if syntax == "anonymization" else ("contribution_bounds_per_row",))]
+        unknown = set(kwargs) - {"__clamp_lo", "__clamp_hi", "contribution_bounds_per_row"} - REPORT_ARGUMENTS
+        if unknown:
+            raise InvalidQueryError(f"{where}: unknown argument(s) {sorted(unknown)}: bounds go in "
+                                    + ("CLAMPED BETWEEN L AND U" if syntax == "anonymization"
+                                       else "contribution_bounds_per_row => (L, U)"))
+        function = "ANON_PERCENTILE_CONT" if syntax == "anonymization" else "__DP_PERCENTILE_CONT"
+        quantiles = [exp.Anonymous(this=function, expressions=[args[0].copy(), exp.Literal.number(round(i / n, 12)),
+                                                               *[b.copy() for b in bounds]])
+                     for i in range(int(n) + 1)]
+        array = exp.Array(expressions=quantiles)
+        if node is item:
+            return array  # unaliased: named _col<position>, as BigQuery names it internally
+        node.replace(array)
+    return item
 
 
 def _key_text(node: exp.Expression) -> str:

@@ -42,7 +42,7 @@ class StatementResult(DPResult):
         return out
 
 
-def released_table(result: DPResult, part: CompiledQuery, with_ci: bool) -> pd.DataFrame:
+def released_table(result: DPResult, part: CompiledQuery, with_ci: bool, data: dict | None = None) -> pd.DataFrame:
     """The DP SELECT's own output: its select list (expressions over the released values),
     ORDER BY and LIMIT. with_ci keeps each plain aggregate's interval columns beside it."""
     columns = []
@@ -59,7 +59,8 @@ def released_table(result: DPResult, part: CompiledQuery, with_ci: bool) -> pd.D
         sql += " ORDER BY " + ", ".join(f"{_ident(c)} {'DESC' if d else 'ASC'}" for c, d in part.order_by)
     if part.limit is not None:
         sql += f" LIMIT {int(part.limit)}"
-    backend = DuckDBBackend.for_tables({"__released": result.table})
+    public = {n: data[n] for n in part.output_tables if data and n in data}  # public subqueries of the list
+    backend = DuckDBBackend.for_tables({"__released": result.table, **public})
     try:
         return backend.run(sql)
     finally:
@@ -83,7 +84,7 @@ def run_statement(compiled: CompiledStatement, data: dict, *, threads: int | Non
     if compiled.simple:
         return postprocess(results[0], compiled.parts[0])
     only_part = len(compiled.parts) == 1 and compiled.outer_sql() == f"SELECT * FROM {released_name(0)}"
-    frames = {released_name(i): released_table(r, p, with_ci=only_part)
+    frames = {released_name(i): released_table(r, p, with_ci=only_part, data=data)
               for i, (r, p) in enumerate(zip(results, compiled.parts))}
     if only_part:
         table = frames[released_name(0)]

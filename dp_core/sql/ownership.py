@@ -47,12 +47,13 @@ class Relation:
     alias: str
     columns: dict[str, str]  # lower-case name -> name, in output order
     unit: str | None
+    copies: frozenset[str] = frozenset()  # other columns holding the unit (SELECT uid AS x, uid AS y)
 
     def has(self, column: str) -> bool:
         return column.lower() in self.columns
 
     def is_unit(self, name: str) -> bool:
-        return self.unit is not None and self.unit.lower() == name.lower()
+        return self.unit is not None and (self.unit.lower() == name.lower() or name.lower() in self.copies)
 
 
 @dataclass
@@ -262,7 +263,7 @@ class OwnershipChecker:
                 )
             if not node.args.get("db") and name.lower() in self.ctes:
                 rel = self.ctes[name.lower()]
-                return Relation(alias, dict(rel.columns), rel.unit)
+                return Relation(alias, dict(rel.columns), rel.unit, rel.copies)
             info = self.table_info(node)
             if info is None:
                 known = ", ".join(sorted(t.name for t in self.catalog.values()))
@@ -276,7 +277,7 @@ class OwnershipChecker:
             alias = node.alias_or_name or f"_sub{len(self.ctes)}_{id(node) % 10_000}"
             if not node.alias:
                 node.set("alias", exp.TableAlias(this=exp.to_identifier(alias)))
-            return Relation(alias, rel.columns, rel.unit)
+            return Relation(alias, rel.columns, rel.unit, rel.copies)
         raise InvalidQueryError(f"{where}: {quote(node)[:80]!r} cannot be used in FROM (use a table, a CTE or a subquery)")
 
     def join(self, join: exp.Join, scope: Scope, where: str) -> None:
@@ -426,6 +427,11 @@ class OwnershipChecker:
 
     def check_select(self, select: exp.Select, where: str) -> Relation:
         """A SELECT inside FROM (or a CTE or a condition): checked, and rewritten to carry the unit."""
+        if _arg(select, "from") is None:  # SELECT "a", "b": without FROM there is no column to name, so
+            for col in list(select.find_all(exp.Column)):  # a quoted name is BigQuery's string
+                if (not col.table and isinstance(col.this, exp.Identifier) and col.this.args.get("quoted")
+                        and col.find_ancestor(exp.Select) is select):  # not one of a nested subquery
+                    col.replace(exp.Literal.string(col.name))
         scope = self.from_scope(select, where)
         self.check_condition(select.args.get("where"), scope, f"{where} WHERE")
         for e in select.expressions:
@@ -470,6 +476,7 @@ class OwnershipChecker:
         """Output columns of the SELECT; the unit is appended when the analyst did not select it."""
         columns: dict[str, str] = {}
         unit_out = None
+        copies: set[str] = set()
         for e in select.expressions:
             if isinstance(e, exp.Star) or (isinstance(e, exp.Column) and isinstance(e.this, exp.Star)):
                 rels = scope.relations
@@ -496,8 +503,11 @@ class OwnershipChecker:
             if not name:
                 name = f"_col{len(columns)}"  # BigQuery names it internally; it cannot be referenced
             columns[name.lower()] = name
-            if scope.protected and isinstance(inner, exp.Column) and scope.carries_unit(inner) and unit_out is None:
-                unit_out = name
+            if scope.protected and isinstance(inner, exp.Column) and scope.carries_unit(inner):
+                if unit_out is None:
+                    unit_out = name
+                else:
+                    copies.add(name.lower())
         if scope.protected and unit_out is None:  # carry the unit automatically
             unit_name = scope.unit_name or "unit"
             if unit_name.lower() in columns:
@@ -508,5 +518,5 @@ class OwnershipChecker:
             select.select(exp.alias_(scope.unit_expr.copy(), unit_name, quoted=True), copy=False)
             columns[unit_name.lower()] = unit_name
             unit_out = unit_name
-        return Relation("", columns, unit_out if scope.protected else None)
+        return Relation("", columns, unit_out if scope.protected else None, frozenset(copies - {(unit_out or "").lower()}))
 

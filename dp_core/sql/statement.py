@@ -54,7 +54,7 @@ class CompiledStatement:
         SELECTs, public groups): shown as public, never charged, in reports."""
         names = set(self.public_tables)
         for p in self.parts:
-            names |= set(p.public_tables) | set(p.public_groups_tables)
+            names |= set(p.public_tables) | set(p.public_groups_tables) | set(p.output_tables)
         return tuple(sorted(names))
 
     @property

@@ -29,15 +29,18 @@ DP_FUNCTIONS_BQ = ("COUNT", "SUM", "AVG", "VAR_POP", "STDDEV_POP", "PERCENTILE_C
                    "APPROX_COUNT_DISTINCT")
 #: OPTIONS names each syntax accepts (BigQuery's reference); `kappa` is the legacy name of max_groups_contributed
 OPTION_NAMES = {
-    "differential_privacy": ("epsilon", "delta", "max_groups_contributed", "privacy_unit_column",
-                             "group_selection_strategy", "partition_selection"),
-    "anonymization": ("epsilon", "delta", "max_groups_contributed", "kappa", "group_selection_strategy",
-                      "partition_selection"),
+    "differential_privacy": ("epsilon", "delta", "max_groups_contributed", "max_rows_contributed",
+                             "privacy_unit_column", "group_selection_strategy", "partition_selection"),
+    "anonymization": ("epsilon", "delta", "max_groups_contributed", "kappa", "max_rows_contributed",
+                      "group_selection_strategy", "partition_selection"),
 }
 #: `partition_selection` (this engine's extension): 'truncated-geometric', 'laplace-threshold',
 #: 'weighted_gaussian', 'mad' (dp_core.partition_selection)
 #: valid in the reference, not offered by this engine
-UNSUPPORTED_OPTIONS = ("k_threshold", "max_rows_contributed", "min_privacy_units_per_group")
+UNSUPPORTED_OPTIONS = ("k_threshold", "min_privacy_units_per_group")
+#: max_rows_contributed = r (BigQuery: at most r rows per unit in all): read as max_groups_contributed = r
+#: (r rows touch at most r groups); each group's contribution is then bounded as usual. A valid,
+#: looser bound than sampling r rows (its noise can be larger), documented in docs/sql.md
 MARK = "__dpmark_"
 
 
@@ -179,10 +182,10 @@ def _option_value(name: str, sql: str, value_tokens) -> object:
         value = float(text.replace(" ", ""))
     except ValueError:
         raise InvalidQueryError(f"OPTIONS {name} must be a number, got {text!r}") from None
-    if name == "max_groups_contributed":
+    if name in ("max_groups_contributed", "max_rows_contributed"):
         digits = text.replace(" ", "").lstrip("+")
         if not digits.isdigit() or not 1 <= value <= 2**31 - 1:
-            raise InvalidQueryError(f"OPTIONS max_groups_contributed must be a whole number in [1, 2147483647] "
+            raise InvalidQueryError(f"OPTIONS {name} must be a whole number in [1, 2147483647] "
                                     f"(an INT64 literal), got {text}")
         return int(value)
     return value
@@ -305,6 +308,9 @@ def parse_statement(sql: str) -> ParsedStatement:
         after = at + 3
         if after < len(tokens) and tokens[after].text.upper() == "OPTIONS":
             options, after = _parse_options(sql, tokens, after + 1, syntax)
+        if (after + 1 < len(tokens) and tokens[after].token_type == TokenType.ALIAS
+                and tokens[after + 1].text.upper() in ("STRUCT", "VALUE")):
+            after += 2  # SELECT WITH ... AS STRUCT / AS VALUE: released as a table, one column per item
         cut_to = tokens[after - 1].end + 1
         edits.append((tokens[at + 1].start, cut_to, f" {MARK}{n}() AS {MARK}{n},"))
         edits += _select_list_edits(tokens, after, syntax)
