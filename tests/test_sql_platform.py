@@ -60,6 +60,17 @@ def test_a_statement_with_two_dp_selects_is_charged_exactly_their_sum(platform):
     result = pipeline.compute_sealed(platform, "two-selects", planned, decision)
     assert result.epsilon_spent == pytest.approx(0.7)
     assert {"education", "level", "n", "mean_age"} <= set(result.table.columns) and len(result.table) > 5
+    # the public table the SQL joins is marked public (not charged) in the release JSON and the report
+    assert result.to_dict()["tables"] == [
+        {"name": "adult", "public": False, "charged": True, "privacy_unit": "person_id"},
+        {"name": "levels", "public": True, "charged": False}]
+    from dprelease.reporting import pages
+
+    ctx = pipeline.report_context("two-selects", planned, decision, "ctl", None)
+    html = pages.render_analyst_report(result, ctx)
+    assert "<code>levels</code> (public: no one's rows, not charged)" in html
+    assert "<code>adult</code> (protected, privacy unit <code>person_id</code>: charged)" in html
+    assert platform.store.budget("levels")["epsilon_committed"] + platform.store.budget("levels")["epsilon_reserved"] == 0
 
 
 def test_a_refused_statement_charges_nothing(platform):

@@ -94,6 +94,7 @@ class CompiledQuery:
     public_groups_tables: tuple[str, ...] = ()  # the public tables public_groups_sql reads
     public_tables: tuple[str, ...] = ()  # public tables this DP SELECT reads (joins, subqueries, groups)
     output_tables: tuple[str, ...] = ()  # public tables its select list reads (computed beside the released values)
+    protected_tables: tuple[str, ...] = ()  # the protected tables its rows come from (what is charged)
 
     def source_sql(self, dialect: str = "duckdb") -> str:
         return self.source.sql(dialect=dialect)
@@ -466,7 +467,8 @@ class Compiler:
             query.validate()
         return CompiledQuery(query, source, clause.syntax, order_by, limit, tuple(out), plain,
                              None if having is None else self._render(having, labels), groups_sql, groups_tables,
-                             self.checker.public_tables_in(source), tuple(sorted(self.output_tables)))
+                             self.checker.public_tables_in(source), tuple(sorted(self.output_tables)),
+                             tuple(sorted(i.name for i in self.checker.tables_in(source) if i.unit is not None)))
 
     def _render(self, expr: exp.Expression, labels: list[str]) -> str:
         """DuckDB SQL of a post-processing expression over the released table's columns."""

@@ -237,13 +237,17 @@ class OwnershipChecker:
 
     def public_tables_in(self, tree: exp.Expression) -> tuple[str, ...]:
         """The registered public tables (no unit) a checked query reads, by their catalog names."""
-        names = set()
+        return tuple(sorted(i.name for i in self.tables_in(tree) if i.unit is None))
+
+    def tables_in(self, tree: exp.Expression) -> list[TableInfo]:
+        """The registered tables a checked query reads (CTE names are not tables)."""
+        found = {}
         for node in tree.find_all(exp.Table):
             if isinstance(node.this, exp.Identifier):
                 info = self.table_info(node)
-                if info is not None and info.unit is None and (node.args.get("db") or node.name.lower() not in self.ctes):
-                    names.add(info.name)
-        return tuple(sorted(names))
+                if info is not None and (node.args.get("db") or node.name.lower() not in self.ctes):
+                    found[info.name] = info
+        return list(found.values())
 
     def table_info(self, node: exp.Table) -> TableInfo | None:
         parts = [p for p in (node.args.get("catalog"), node.args.get("db"), node.this) if p is not None]

@@ -57,6 +57,12 @@ class CompiledStatement:
             names |= set(p.public_tables) | set(p.public_groups_tables) | set(p.output_tables)
         return tuple(sorted(names))
 
+    def tables_read(self, catalog_units: dict[str, str | None]) -> tuple[tuple[str, str | None], ...]:
+        """(name, privacy unit or None) of every table read: the protected ones first (charged),
+        then the public ones (never charged). catalog_units: name -> unit."""
+        protected = sorted({t for p in self.parts for t in p.protected_tables})
+        return tuple((n, catalog_units.get(n)) for n in protected) + tuple((n, None) for n in self.public_reads)
+
     @property
     def simple(self) -> bool:
         return self.outer is None
