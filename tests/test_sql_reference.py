@@ -168,3 +168,87 @@ def test_with_report_in_the_anonymization_syntax(tables):
     sql = "SELECT WITH ANONYMIZATION ANON_SUM(age CLAMPED BETWEEN 0 AND 90 WITH REPORT(FORMAT = PROTO)) AS s FROM people"
     part = compile_statement_for(sql, tables, epsilon=1.0).parts[0]
     assert (part.query.aggregates[0].lower, part.query.aggregates[0].upper) == (0, 90)
+
+
+# ------------------------------------------------------------------ more of the reference's syntax
+
+DPS = "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 50, delta = 1e-6)"
+MORE_ACCEPTED = {  # docs/sql.md, "More of the reference's syntax": DP statement, plain SQL, tolerance
+    "COUNT bounds (L, U) with L > 0: each unit's count clamped to [L, U]": (
+        f"{DPS} COUNT(*, contribution_bounds_per_group => (2, 5)) AS n FROM people",
+        "SELECT 2 * count(DISTINCT uid) AS n FROM people", 20),  # one row per unit: each counts 2
+    "a WITH clause inside a FROM subquery": (
+        f"{DPS} {C1} AS n FROM (WITH young AS (SELECT uid FROM people WHERE age < 40) SELECT * FROM young) y",
+        "SELECT count(*) AS n FROM people WHERE age < 40", 20),
+    "a DP SELECT with its own WITH clause, as a subquery": (
+        f"SELECT n FROM (WITH young AS (SELECT * FROM people WHERE age < 40) {DPS} {C1} AS n FROM young) r",
+        "SELECT count(*) AS n FROM people WHERE age < 40", 20),
+    "a parenthesized join first in FROM, and AND-ed unit terms in parentheses": (
+        f"{DPS} {C1} AS n FROM (people p JOIN visits v ON (p.uid = v.uid AND (v.cost > 2 AND p.uid = v.uid))) "
+        "JOIN depts d ON d.dept = p.dept",
+        "SELECT count(*) AS n FROM people p JOIN visits v ON p.uid = v.uid AND v.cost > 2 JOIN depts d ON d.dept = p.dept",
+        20),
+    "columns that copy the unit (grouping by either is grouping by the unit)": (
+        f"{DPS} {C1} AS n FROM (SELECT count(*) AS c, y FROM (SELECT uid AS x, uid AS y FROM people) GROUP BY y) t",
+        "SELECT count(DISTINCT uid) AS n FROM people", 20),
+    "max_rows_contributed (read as max_groups_contributed)": (
+        "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 50, max_rows_contributed = 1) dept, "
+        f"{C1} AS n FROM people GROUP BY dept ORDER BY dept",
+        "SELECT dept, count(*) AS n FROM people GROUP BY dept ORDER BY dept", 20),
+    "AS STRUCT after the DP clause (released as a table)": (
+        f"SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 50) AS STRUCT {C1} AS n FROM people",
+        "SELECT count(*) AS n FROM people", 20),
+    "an uncorrelated subquery over a public table in the DP SELECT list": (
+        f"{DPS} dept, {C1} AS n, EXISTS (SELECT 1 FROM depts WHERE region = 'S') AS has_south FROM people "
+        "GROUP BY dept ORDER BY dept",
+        "SELECT dept, count(*) AS n, true AS has_south FROM people GROUP BY dept ORDER BY dept", 20),
+    "a FROM-less SELECT's double-quoted names are strings (BigQuery)": (
+        f'{DPS} {C1} AS n FROM people CROSS JOIN (SELECT "a" AS tag UNION ALL SELECT "b") t WHERE t.tag = \'a\'',
+        "SELECT count(*) AS n FROM people", 20),
+}
+
+
+@pytest.mark.parametrize("rule", list(MORE_ACCEPTED))
+def test_more_reference_syntax_runs_and_matches_the_plain_answer(tables, rule):
+    sql, reference, tolerance = MORE_ACCEPTED[rule]
+    result = run_sql(sql, tables, epsilon=50.0)
+    truth = plain(tables, reference)
+    got = result.table[list(truth.columns)]
+    assert len(got) == len(truth)
+    for col in truth.columns:
+        if truth[col].dtype.kind in "if":
+            # epsilon 50: a count's noise sd is < 0.1 (the COUNT-as-SUM with bound 5: < 0.3); 20 is > 60 sd
+            assert np.allclose(got[col].astype(float), truth[col].astype(float), atol=tolerance), (got, truth)
+        else:
+            assert list(got[col]) == list(truth[col])
+
+
+def test_approx_quantiles_is_the_array_of_its_quantiles(tables):
+    sql = f"{DPS} APPROX_QUANTILES(age, 2, contribution_bounds_per_row => (20, 60)) AS q FROM people"
+    result = run_sql(sql, tables)
+    quantiles = list(result.table["q"][0])
+    assert len(quantiles) == 3 and quantiles == sorted(quantiles) and 20 <= quantiles[0] and quantiles[-1] <= 60
+    assert abs(quantiles[1] - 40) < 5  # ages uniform in [20, 60): the median is about 40
+    compiled = compile_statement_for(sql, tables)
+    assert [a.q for a in compiled.parts[0].query.aggregates] == [0.0, 0.5, 1.0]  # three shares of the budget
+    anon = compile_statement_for("SELECT WITH ANONYMIZATION ANON_QUANTILES(age, 4 CLAMPED BETWEEN 20 AND 60) "
+                                 "FROM people", tables, epsilon=1.0)
+    assert len(anon.parts[0].query.aggregates) == 5
+
+
+@pytest.mark.parametrize("sql,message", [
+    (f"{DPS} APPROX_QUANTILES(age, 0) FROM people", "number of quantiles must be in"),
+    (f"{DPS} APPROX_QUANTILES(age, 1000) FROM people", "number of quantiles must be in"),
+    (f"{DPS} APPROX_QUANTILES(*, 4) FROM people", "only COUNT takes"),
+    ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (max_rows_contributed = 2, max_groups_contributed = 1) COUNT(*) "
+     "FROM people", "at most one of max_groups_contributed"),
+    (f"{DPS} COUNT(*, contribution_bounds_per_group => (0, 0)) FROM people", "let no unit count"),
+    (f"{DPS} COUNT(*, contribution_bounds_per_group => (2, 5.5)) FROM people", "whole-number"),
+    (f"{DPS} COUNT(*) FROM (SELECT p.uid FROM people p RIGHT JOIN visits v ON p.uid = v.uid) t",
+     "is not the privacy unit"),  # the dropped side's unit may be NULL: not the row's unit
+    (f"{DPS} {C1}, EXISTS (SELECT 1 FROM visits) AS x FROM people", "reads a protected table"),
+    (f"{DPS} COUNT(*) FROM people p WHERE EXISTS (SELECT \"uid\" FROM depts)", "unknown column"),  # has a FROM
+])
+def test_more_reference_syntax_refusals(tables, sql, message):
+    with pytest.raises(dp.DPError, match=message):
+        compile_statement_for(sql, tables, epsilon=1.0)
