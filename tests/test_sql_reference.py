@@ -57,6 +57,11 @@ PUBLIC_GROUPS_ACCEPTED = {  # docs/sql.md, "Public groups": DP statement, plain 
         "RIGHT JOIN (SELECT band FROM ages GROUP BY band) b ON b.band = people.age // 10 GROUP BY dept, band",
         "SELECT d.dept, b.band, count(p.uid) AS n FROM (SELECT DISTINCT dept FROM depts) d CROSS JOIN ages b "
         "LEFT JOIN people p ON p.dept = d.dept AND p.age // 10 = b.band GROUP BY d.dept, b.band"),
+    "the public groups join one subquery down, under plain columns": (
+        f"{PG.format(e=1)} d2, {C1} AS n FROM (SELECT uid, dept AS d2 FROM people "
+        "RIGHT OUTER JOIN (SELECT DISTINCT dept FROM depts) USING (dept)) GROUP BY d2",
+        "SELECT d.dept AS d2, count(p.uid) AS n FROM (SELECT DISTINCT dept FROM depts) d LEFT JOIN people p "
+        "USING (dept) GROUP BY d.dept"),
 }
 
 
@@ -115,6 +120,9 @@ PUBLIC_GROUPS_REFUSED = {
     "a GROUP BY subquery that drops one of its keys (its rows repeat)": (
         f"{PG.format(e=1)} dept, {C1} FROM (SELECT dept FROM depts GROUP BY dept, region) g LEFT JOIN people "
         "USING (dept) GROUP BY dept", "LEFT OUTER join"),
+    "a computed column between the nested public groups join and the aggregation": (
+        f"{PG.format(e=1)} dept, {C1} FROM (SELECT uid, dept, upper(dept) AS u FROM people "
+        "RIGHT JOIN (SELECT DISTINCT dept FROM depts) USING (dept)) GROUP BY dept", "does not allow operations"),
     "an unknown strategy": ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (group_selection_strategy = OTHER) COUNT(*) "
                             "FROM people", "must be LAPLACE_THRESHOLD or PUBLIC_GROUPS"),
 }
@@ -248,6 +256,9 @@ def test_approx_quantiles_is_the_array_of_its_quantiles(tables):
      "is not the privacy unit"),  # the dropped side's unit may be NULL: not the row's unit
     (f"{DPS} {C1}, EXISTS (SELECT 1 FROM visits) AS x FROM people", "reads a protected table"),
     (f"{DPS} COUNT(*) FROM people p WHERE EXISTS (SELECT \"uid\" FROM depts)", "unknown column"),  # has a FROM
+    (f"{DPS} COUNT(*) FROM people TABLESAMPLE RESERVOIR (10 ROWS)", "per-unit bound breaks"),
+    ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (privacy_unit_column = s) COUNT(*) FROM "
+     "(SELECT (SELECT AS STRUCT 1 AS a) AS s, 'g' AS grp FROM depts) t", "STRUCT or an ARRAY"),
 ])
 def test_more_reference_syntax_refusals(tables, sql, message):
     with pytest.raises(dp.DPError, match=message):

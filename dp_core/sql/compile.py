@@ -355,6 +355,9 @@ class Compiler:
                         f"{scope.unit_name!r}"
                     )
             else:  # a public table: the analyst names the unit (BigQuery's privacy_unit_column)
+                if rel is not None and name.lower() in rel.composite:
+                    raise InvalidQueryError(f"OPTIONS privacy_unit_column = {unit_option}: a unit column must support "
+                                            "grouping, but it holds a STRUCT or an ARRAY")
                 scope.unit_expr = exp.column(name, table=rel.alias if rel is not None else None, quoted=True)
                 scope.unit_name = name
         if not scope.protected:

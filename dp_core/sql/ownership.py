@@ -48,6 +48,7 @@ class Relation:
     columns: dict[str, str]  # lower-case name -> name, in output order
     unit: str | None
     copies: frozenset[str] = frozenset()  # other columns holding the unit (SELECT uid AS x, uid AS y)
+    composite: frozenset[str] = frozenset()  # columns holding a STRUCT or an ARRAY (cannot be a unit)
 
     def has(self, column: str) -> bool:
         return column.lower() in self.columns
@@ -267,7 +268,7 @@ class OwnershipChecker:
                 )
             if not node.args.get("db") and name.lower() in self.ctes:
                 rel = self.ctes[name.lower()]
-                return Relation(alias, dict(rel.columns), rel.unit, rel.copies)
+                return Relation(alias, dict(rel.columns), rel.unit, rel.copies, rel.composite)
             info = self.table_info(node)
             if info is None:
                 known = ", ".join(sorted(t.name for t in self.catalog.values()))
@@ -281,7 +282,7 @@ class OwnershipChecker:
             alias = node.alias_or_name or f"_sub{len(self.ctes)}_{id(node) % 10_000}"
             if not node.alias:
                 node.set("alias", exp.TableAlias(this=exp.to_identifier(alias)))
-            return Relation(alias, rel.columns, rel.unit, rel.copies)
+            return Relation(alias, rel.columns, rel.unit, rel.copies, rel.composite)
         raise InvalidQueryError(f"{where}: {quote(node)[:80]!r} cannot be used in FROM (use a table, a CTE or a subquery)")
 
     def join(self, join: exp.Join, scope: Scope, where: str) -> None:
@@ -481,6 +482,7 @@ class OwnershipChecker:
         columns: dict[str, str] = {}
         unit_out = None
         copies: set[str] = set()
+        composite: set[str] = set()
         for e in select.expressions:
             if isinstance(e, exp.Star) or (isinstance(e, exp.Column) and isinstance(e.this, exp.Star)):
                 rels = scope.relations
@@ -507,6 +509,10 @@ class OwnershipChecker:
             if not name:
                 name = f"_col{len(columns)}"  # BigQuery names it internally; it cannot be referenced
             columns[name.lower()] = name
+            if isinstance(inner, (exp.Struct, exp.Array)) or (
+                    isinstance(inner, exp.Subquery) and isinstance(inner.this, exp.Select)
+                    and str(inner.this.args.get("kind") or "").upper() in ("STRUCT", "ARRAY")):
+                composite.add(name.lower())
             if scope.protected and isinstance(inner, exp.Column) and scope.carries_unit(inner):
                 if unit_out is None:
                     unit_out = name
@@ -522,5 +528,6 @@ class OwnershipChecker:
             select.select(exp.alias_(scope.unit_expr.copy(), unit_name, quoted=True), copy=False)
             columns[unit_name.lower()] = unit_name
             unit_out = unit_name
-        return Relation("", columns, unit_out if scope.protected else None, frozenset(copies - {(unit_out or "").lower()}))
+        return Relation("", columns, unit_out if scope.protected else None, frozenset(copies - {(unit_out or "").lower()}),
+                        frozenset(composite))
 

@@ -71,6 +71,35 @@ def _make_inner(join: exp.Join) -> None:
         join.set("kind", None)
 
 
+def _nested(select: exp.Select, checker: OwnershipChecker) -> list[exp.Subquery]:
+    """`FROM (SELECT uid, string AS s FROM t RIGHT JOIN (SELECT DISTINCT ...) USING (string))`: the
+    public-groups join one subquery down, under a projection of plain columns only (the reference
+    refuses anything else between the join and the aggregation). Each group subquery gets
+    `renamed`: output name -> the inner column it selects."""
+    source = _arg(select, "from")
+    inner = source.this.this if isinstance(source.this, exp.Subquery) else None
+    if select.args.get("joins") or not isinstance(inner, exp.Select):
+        return []
+    groups = prepare(inner, checker)
+    if not groups:
+        return []
+    extra = [k for k in ("where", "group", "having", "order", "limit", "offset", "distinct", "qualify")
+             if inner.args.get(k) is not None] + (["TABLESAMPLE"] if source.this.args.get("sample") else [])
+    plain = all(isinstance(e.this if isinstance(e, exp.Alias) else e, exp.Column) for e in inner.expressions)
+    if extra or not plain or (isinstance(inner.args.get("from"), exp.From) and inner.args["from"].this.args.get("sample")):
+        raise InvalidQueryError(
+            "OPTIONS group_selection_strategy = PUBLIC_GROUPS does not allow operations between the public groups "
+            f"join and the aggregation ({', '.join(extra) or 'a computed column'} in {quote(inner)[:60]!r}): "
+            "select plain columns there, or join the public groups in the DP SELECT itself")
+    renamed = {}
+    for e in inner.expressions:
+        column = e.this if isinstance(e, exp.Alias) else e
+        renamed[e.alias_or_name.lower()] = column
+    for g in groups:
+        g.meta["renamed"] = renamed
+    return groups
+
+
 def prepare(select: exp.Select, checker: OwnershipChecker) -> list[exp.Subquery]:
     """Find the public-groups subqueries of a DP SELECT's FROM (a copy, changed in place): their
     outer joins become inner joins, each gets an alias. Returns them in FROM order."""
@@ -81,6 +110,8 @@ def prepare(select: exp.Select, checker: OwnershipChecker) -> list[exp.Subquery]
     items = [source.this] + [j.this for j in joins]
     groups = []
     positions = [at for at, node in enumerate(items) if _public_groups_relation(node, checker)]
+    if not positions:
+        return _nested(select, checker)
     if positions:
         # the reference's rule: nothing between the public-groups join and the aggregation (a filter
         # or another join there could suppress public groups in its rewriting)
@@ -123,7 +154,16 @@ def group_keys_sql(keys: list[exp.Expression], key_names: list[str], groups: lis
             raise InvalidQueryError(f"GROUP BY {quote(key)}: {RULE}; an expression is not such a column")
         rel, column = scope.resolve(key)
         owner = None
-        if rel is not None and rel.alias.lower() in aliases:
+        renamed = groups[0].meta.get("renamed")
+        if renamed is not None:  # one subquery down: its output column names the group subquery's column
+            inner = renamed.get(column.lower())
+            owner = inner is not None and next(
+                (g for g in groups if (not inner.table or inner.table.lower() == g.alias.lower())
+                 and inner.name.lower() in {e.alias_or_name.lower() for e in g.this.expressions}), None)
+            if not owner:
+                raise InvalidQueryError(f"GROUP BY {quote(key)}: {RULE}; {quote(key)!r} comes from another relation")
+            column = inner.name
+        elif rel is not None and rel.alias.lower() in aliases:
             owner = aliases[rel.alias.lower()]
         elif rel is None:  # a USING column: the public-groups side of the join holds it
             owner = next((g for g in groups if any(r.alias.lower() == g.alias.lower() and r.has(column)

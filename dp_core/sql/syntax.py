@@ -290,6 +290,11 @@ def parse_statement(sql: str) -> ParsedStatement:
     if not isinstance(sql, str) or not sql.strip():
         raise InvalidQueryError("the query is empty")
     tokens = _tokens(sql)
+    for at, t in enumerate(tokens[:-1]):
+        if t.token_type == TokenType.TABLE_SAMPLE and tokens[at + 1].text.upper() == "RESERVOIR":
+            raise UnsupportedError("TABLESAMPLE RESERVOIR (n ROWS) is not supported: it keeps n rows chosen among all "
+                                   "units' rows, so one unit's rows change which of the others' are kept (the per-unit "
+                                   "bound breaks); use TABLESAMPLE SYSTEM / BERNOULLI (p PERCENT)")
     edits: list[tuple[int, int, str]] = []
     clauses: dict[int, DPClause] = {}
     for at, t in enumerate(tokens[:-2]):
