@@ -83,7 +83,7 @@ def cases(mirror: str, name: str):
         if any(line.startswith(CONFIGURED) for line in options):
             continue  # the reference was configured beyond its defaults for this case (see CONFIGURED)
         sql = "\n".join(line for line in head.splitlines() if not line.startswith(("[", "#"))).strip()
-        err = re.search(r"^(?:Rewrite )?ERROR: (.*)$", rest, re.M)
+        err = re.search(r"^(?:Rewrite )?ERROR: (.*)$", rest, re.MULTILINE)
         verdict = err.group(1)[:150] if err else "OK"
         analyzer_only = verdict == "OK" and "REWRITTEN AST" not in rest
         if override and override != default_features and FEATURE_GATED.search(verdict):
@@ -107,9 +107,9 @@ def corpus(mirror: str):
             continue
         for sql, verdict, features, analyzer_only in cases(mirror, name):
             if (not sql or "{{" in sql or "@" in sql or "unnest" in sql.lower()
-                    or not re.search(r"with\s+(differential_privacy|anonymization)", sql, re.I)):
+                    or not re.search(r"with\s+(differential_privacy|anonymization)", sql, re.IGNORECASE)):
                 continue
-            tables = {t.lower() for t in re.findall(r"(?:from|join)\s+([A-Za-z_]\w*)", sql, re.I)}
+            tables = {t.lower() for t in re.findall(r"(?:from|join)\s+([A-Za-z_]\w*)", sql, re.IGNORECASE)}
             if not tables <= known | LOCAL_NAMES:
                 continue
             if analyzer_only and not any(CATALOG[k][1] for k in CATALOG if k.lower() in tables):

@@ -520,7 +520,7 @@ class Compiler:
         """An expression over DP aggregates and GROUP BY keys, evaluated on the released table."""
         check_functions(inner, "the DP SELECT list")
         expr = inner.copy()
-        outside = (lambda n: is_dp_call(n) or (n is not expr and is_subquery(n)))  # noqa: E731
+        outside = (lambda n: is_dp_call(n) or (n is not expr and is_subquery(n)))
         for node in list(expr.walk(prune=outside)):
             if node is not expr and is_subquery(node):
                 # an uncorrelated subquery over public tables: a constant of public data, computed
