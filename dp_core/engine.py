@@ -376,7 +376,8 @@ def _describe_selection(query: Query, selection: Selection | None) -> str:
     if selection is not None:
         return f"{selection.strategy}: {selection.description}"
     if query.public_partitions is not None:
-        return f"public partitions ({len(query.public_partitions)} keys given by the controller; no selection)"
+        return (f"public partitions ({len(query.public_partitions)} keys from public data: the request's list or a "
+                "PUBLIC_GROUPS table; no selection)")
     return "none (no GROUP BY: one partition, always released)"
 
 

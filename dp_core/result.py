@@ -82,6 +82,9 @@ class DPResult:
     controller_only: ControllerOnly = field(repr=False, compare=False)
     epsilon_choice: object | None = None  # pri.EpsilonChoice (public part) when the platform chose epsilon
     inferred_bounds: tuple = ()  # bounds.InferredBounds: bounds chosen by APPROX_BOUNDS, with their DP histograms
+    #: the tables a SQL statement read, as (name, privacy unit or None): protected ones are what the
+    #: budget is charged for; public ones (no unit) hold no one's rows and are never charged
+    tables_read: tuple = ()
 
     def __str__(self) -> str:
         head = (
@@ -122,7 +125,13 @@ class DPResult:
             "notes": list(self.notes),
             "epsilon_choice": self.epsilon_choice.public_summary() if self.epsilon_choice is not None else None,
             "rows": json.loads(self.table.to_json(orient="records", date_format="iso")),
+            **({"tables": self.tables_summary()} if self.tables_read else {}),
         }
+
+    def tables_summary(self) -> list[dict]:
+        """Each table the statement read: protected (charged) or public (not charged)."""
+        return [{"name": name, "public": unit is None, "charged": unit is not None,
+                 **({"privacy_unit": unit} if unit is not None else {})} for name, unit in self.tables_read]
 
     def to_json(self, **kwargs) -> str:
         return json.dumps(self.to_dict(), default=_jsonable, **kwargs)

@@ -60,6 +60,17 @@ def test_a_statement_with_two_dp_selects_is_charged_exactly_their_sum(platform):
     result = pipeline.compute_sealed(platform, "two-selects", planned, decision)
     assert result.epsilon_spent == pytest.approx(0.7)
     assert {"education", "level", "n", "mean_age"} <= set(result.table.columns) and len(result.table) > 5
+    # the public table the SQL joins is marked public (not charged) in the release JSON and the report
+    assert result.to_dict()["tables"] == [
+        {"name": "adult", "public": False, "charged": True, "privacy_unit": "person_id"},
+        {"name": "levels", "public": True, "charged": False}]
+    from dprelease.reporting import pages
+
+    ctx = pipeline.report_context("two-selects", planned, decision, "ctl", None)
+    html = pages.render_analyst_report(result, ctx)
+    assert "<code>levels</code> (public: no one's rows, not charged)" in html
+    assert "<code>adult</code> (protected, privacy unit <code>person_id</code>: charged)" in html
+    assert platform.store.budget("levels")["epsilon_committed"] + platform.store.budget("levels")["epsilon_reserved"] == 0
 
 
 def test_a_refused_statement_charges_nothing(platform):
@@ -82,3 +93,24 @@ def test_a_public_dataset_is_listed_public_and_cannot_be_released(platform):
     assert levels.privacy_unit == ""
     with pytest.raises(pipeline.ReleaseError, match="public"):
         pipeline.plan(platform, parse_request({"dataset": "levels", "sql": "SELECT * FROM levels", "epsilon": 1.0}))
+
+
+def test_public_groups_on_the_platform_release_every_public_level(platform):
+    """OPTIONS (group_selection_strategy = PUBLIC_GROUPS) through plan, reservation and compute: the
+    groups are the public dataset's rows (read at compute time, not charged), every one released."""
+    from dprelease import pipeline
+    from dprelease.requests import parse_request
+
+    sql = ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 0.2, group_selection_strategy = PUBLIC_GROUPS) "
+           "education, COUNT(*, contribution_bounds_per_group => (0, 1)) AS n FROM adult "
+           "RIGHT OUTER JOIN (SELECT DISTINCT education FROM levels) USING (education) GROUP BY education")
+    before = spent(platform)
+    planned = pipeline.plan(platform, parse_request({"dataset": "adult", "sql": sql, "epsilon": 0.2}))
+    decision = pipeline.choose_epsilon(platform, planned)
+    pipeline.reserve(platform, "public-groups", "adult", decision.epsilon, planned.query.delta)
+    assert spent(platform) - before == pytest.approx(0.2)
+    result = pipeline.compute_sealed(platform, "public-groups", planned, decision)
+    levels = pd.read_csv(platform.settings.home / "levels.csv")  # written by the fixture
+    assert "no selection" in result.partition_selection and result.epsilon_spent == pytest.approx(0.2)
+    assert sorted(result.table["education"]) == sorted(levels["education"])
+    assert [t["name"] for t in result.to_dict()["tables"] if t["public"]] == ["levels"]

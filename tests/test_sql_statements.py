@@ -268,18 +268,25 @@ DP_CLAUSES = ["SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1, privacy_un
               "SELECT WITH DIFFERENTIAL_PRIVACY", "SELECT WITH ANONYMIZATION",
               "SELECT WITH ANONYMIZATION OPTIONS (epsilon = 2, kappa = 2)",
               "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = -1, max_groups_contributed = 1.5)",
-              "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (privacy_unit_column = p.uid, delta = 1e-5)", "SELECT"]
+              "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (privacy_unit_column = p.uid, delta = 1e-5)", "SELECT",
+              "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (group_selection_strategy = PUBLIC_GROUPS)",
+              "SELECT WITH ANONYMIZATION OPTIONS (max_rows_contributed = 2) AS STRUCT"]
 AGGREGATES = ["COUNT(*)", "COUNT(*, contribution_bounds_per_group => (0, 3))", "COUNT(age)", "SUM(age)",
               "SUM(*)", "AVG(age, contribution_bounds_per_group => (0, 90))", "VAR_POP(age, contribution_bounds_per_row => (0, 9))",
               "PERCENTILE_CONT(age, 0.5, contribution_bounds_per_row => (0, 90))", "ANON_COUNT(*, 5)",
               "ANON_SUM(age CLAMPED BETWEEN 0 AND 9)", "ANON_AVG(age, 0, 9)", "COUNT(DISTINCT uid)",
               "COUNT(*, contribution_bounds_per_group => (0.5, 2))", "SUM(age, contribution_bounds_per_group => (9, 0))",
               "ROUND(AVG(age), 1)", "COUNT(*) + 1", "SUM(age) / COUNT(*)", "MAX(age)", "weird_fn(age)",
-              "APPROX_QUANTILES(age, 4, contribution_bounds_per_row => (0, 9))", "COUNT(*) OVER ()", "dept", "age"]
+              "APPROX_QUANTILES(age, 4, contribution_bounds_per_row => (0, 9))", "COUNT(*) OVER ()", "dept", "age",
+              'SUM(age, report_format => "JSON")', "ANON_COUNT(* WITH REPORT(FORMAT = PROTO))",
+              "COUNT(*, contribution_bounds_per_group => (2, 3))", "EXISTS (SELECT 1 FROM depts)"]
 SOURCES = ["people", "people p", "depts", "people p JOIN visits v USING (uid)", "people p JOIN depts d ON p.dept = d.dept",
            "people p JOIN visits v ON p.age = v.cost", "(SELECT uid, dept FROM people UNION ALL SELECT uid, dept FROM extra) u",
            "(SELECT dept, count(*) AS c FROM people GROUP BY dept) g", "(SELECT * FROM people LIMIT 3) l",
-           "people p, depts d", "nowhere", "people p JOIN other o ON p.uid = o.person"]
+           "people p, depts d", "nowhere", "people p JOIN other o ON p.uid = o.person",
+           "people RIGHT JOIN (SELECT DISTINCT dept FROM depts) USING (dept)",
+           "(people p JOIN visits v ON (p.uid = v.uid)) JOIN depts USING (dept)",
+           "(WITH w AS (SELECT * FROM people) SELECT * FROM w) w2"]
 TAILS = ["", "WHERE age > 30", "WHERE dept IN (SELECT dept FROM depts)", "WHERE uid IN (SELECT uid FROM visits)",
          "GROUP BY dept", "GROUP BY 1", "GROUP BY COUNT(*)", "GROUP BY uid", "HAVING COUNT(*) > 1",
          "GROUP BY dept ORDER BY 1 LIMIT 2", "ORDER BY x"]

@@ -9,7 +9,7 @@ outer queries over DP results.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..backend import DuckDBBackend
 from ..errors import DPError, InvalidQueryError
@@ -90,7 +90,8 @@ def run_sql(sql: str, tables: dict[str, Table], *, threads: int | None = None, b
     if backend not in (None, "duckdb"):
         raise InvalidQueryError(f"unknown backend {backend!r}: choose one of duckdb, spark")
     compiled = compile_statement_for(sql, tables, **request)
-    return run_statement(compiled, {name: t.data for name, t in tables.items()}, threads=threads)
+    result = run_statement(compiled, {name: t.data for name, t in tables.items()}, threads=threads)
+    return replace(result, tables_read=compiled.tables_read({n: t.privacy_unit for n, t in tables.items()}))
 
 
 def _run_sql_on_spark(sql: str, tables: dict[str, Table], spark, **request) -> DPResult:
@@ -102,8 +103,10 @@ def _run_sql_on_spark(sql: str, tables: dict[str, Table], spark, **request) -> D
     try:
         stand_ins = {name: Table(views.empty(name), t.privacy_unit) for name, t in tables.items()}
         compiled = compile_statement_for(sql, stand_ins, **request)
-        public = {name: views.local(name) for name in compiled.public_tables}
-        return run_statement(compiled, public, part_backend=views.backend_for)
+        local = set(compiled.public_tables) | {t for p in compiled.parts for t in p.public_groups_tables + p.output_tables}
+        public = {name: views.local(name) for name in sorted(local)}  # outer query and PUBLIC_GROUPS keys
+        result = run_statement(compiled, public, part_backend=views.backend_for)
+        return replace(result, tables_read=compiled.tables_read({n: t.privacy_unit for n, t in tables.items()}))
     finally:
         views.close()
 

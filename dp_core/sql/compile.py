@@ -15,12 +15,13 @@ clamps it), COUNT's bounds are whole numbers (INT64); WITH ANONYMIZATION takes
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sqlglot import exp
 
 from .. import query as q
 from ..errors import InvalidQueryError, UnsupportedError
+from . import public_groups
 from .ownership import OwnershipChecker, Scope, _arg, check_functions, is_dp_call, is_subquery, quote
 from .syntax import DPClause, mark_of
 
@@ -40,6 +41,39 @@ BOUNDS_ARGUMENT = {"count": "contribution_bounds_per_group", "sum": "contributio
                    "avg": "contribution_bounds_per_group", "var": "contribution_bounds_per_row",
                    "stddev": "contribution_bounds_per_row", "quantile": "contribution_bounds_per_row"}
 UNSUPPORTED_FUNCTIONS = ("__DP_APPROX_QUANTILES", "__DP_APPROX_COUNT_DISTINCT", "ANON_QUANTILES")
+#: APPROX_QUANTILES(x, n, ...) / ANON_QUANTILES(x, n ...): the n + 1 quantiles 0, 1/n, ..., 1 as an array,
+#: each one a PERCENTILE_CONT aggregate with its own share of the budget (so n is capped)
+MAX_QUANTILES = 100
+#: BigQuery's report formats (`report_format => "JSON"`, legacy `WITH REPORT(FORMAT = JSON)`). Accepted
+#: and checked; they do not change the release: every released value already comes with its
+#: confidence interval and mechanism in the report and results.json (docs/sql.md, "Report formats")
+REPORT_FORMATS = ("JSON", "PROTO")
+REPORT_ARGUMENTS = {"report_format", "__report_format", "__report_bad"}
+
+
+def _check_report_format(kwargs: dict, where: str, syntax: str) -> None:
+    """The report-format argument of the syntax in use, with one of REPORT_FORMATS as its value."""
+    if "__report_bad" in kwargs:
+        what = kwargs["__report_bad"].name
+        raise InvalidQueryError(
+            f"{where}: WITH REPORT needs its format, WITH REPORT(FORMAT = JSON) or (FORMAT = PROTO)"
+            + ("" if what == "nothing" else f"; unknown report option {what!r}"))
+    if syntax == "anonymization" and "report_format" in kwargs:
+        raise InvalidQueryError(f"{where}: report_format => ... belongs to WITH DIFFERENTIAL_PRIVACY; with "
+                                "ANONYMIZATION write WITH REPORT(FORMAT = JSON)")
+    if syntax != "anonymization" and "__report_format" in kwargs:
+        raise InvalidQueryError(f"{where}: WITH REPORT belongs to WITH ANONYMIZATION; with DIFFERENTIAL_PRIVACY "
+                                'write report_format => "JSON"')
+    node = kwargs.get("report_format", kwargs.get("__report_format"))
+    if node is None:
+        return
+    value = None
+    if isinstance(node, exp.Literal) and node.is_string:
+        value = node.name
+    elif isinstance(node, exp.Column) and not node.table and node.this.args.get("quoted"):
+        value = node.name  # BigQuery's "JSON" is a string; the DuckDB dialect reads it as a quoted name
+    if value is None or value.upper() not in REPORT_FORMATS:
+        raise InvalidQueryError(f"{where}: the report format must be \"JSON\" or \"PROTO\", got {quote(node)}")
 
 
 @dataclass(frozen=True)
@@ -54,6 +88,13 @@ class CompiledQuery:
     outputs: tuple[tuple[str, str], ...] = ()  # (name, DuckDB SQL over the released table), in order
     plain: bool = True  # the select list is keys and DP aggregates only (the released table as is)
     having: str | None = None  # HAVING: a filter on the released values (DuckDB SQL), post-processing
+    #: PUBLIC_GROUPS: DuckDB SQL listing the public key tuples (public tables only), run before the
+    #: engine to fill query.public_partitions (public_groups.py)
+    public_groups_sql: str | None = None
+    public_groups_tables: tuple[str, ...] = ()  # the public tables public_groups_sql reads
+    public_tables: tuple[str, ...] = ()  # public tables this DP SELECT reads (joins, subqueries, groups)
+    output_tables: tuple[str, ...] = ()  # public tables its select list reads (computed beside the released values)
+    protected_tables: tuple[str, ...] = ()  # the protected tables its rows come from (what is charged)
 
     def source_sql(self, dialect: str = "duckdb") -> str:
         return self.source.sql(dialect=dialect)
@@ -96,6 +137,7 @@ class Compiler:
         self.source_items: list[exp.Expression] = []
         self.key_names: list[str] = []
         self.unit = ""
+        self.output_tables: set[str] = set()  # public tables read by subqueries of the select list
 
     def _value_column(self, expr: exp.Expression, scope: Scope, where: str) -> str:
         """The source column that carries an aggregate's input (a row-level expression)."""
@@ -154,7 +196,9 @@ class Compiler:
             raise InvalidQueryError(f"unknown DP function {shown}: use one of "
                                     + ", ".join(SEED_FUNCTIONS if syntax == "anonymization" else
                                                 [n[5:] for n in BIGQUERY_FUNCTIONS]))
-        allowed_kwargs = {"__clamp_lo", "__clamp_hi"} if syntax == "anonymization" else {BOUNDS_ARGUMENT[kind]}
+        _check_report_format(kwargs, where, syntax)
+        allowed_kwargs = ({"__clamp_lo", "__clamp_hi"} if syntax == "anonymization"
+                          else {BOUNDS_ARGUMENT[kind]}) | REPORT_ARGUMENTS
         unknown = set(kwargs) - allowed_kwargs
         if unknown:
             if syntax == "anonymization":
@@ -228,20 +272,32 @@ class Compiler:
             if lower > upper:
                 raise InvalidQueryError(f"{where}: lower bound {lower:g} exceeds upper bound {upper:g} (give (L, U) with L <= U)")
         if kind == "count":
-            if bounds is not None:
-                if lower > 0:  # a lower bound <= 0 changes nothing: a unit's count is never negative
-                    raise UnsupportedError(f"{where}: a COUNT's lower contribution bound must be <= 0 here, got "
-                                           f"({lower:g}, {upper:g})")
-                if not (upper >= 1 and float(upper).is_integer()):
-                    raise InvalidQueryError(f"{where}: a COUNT's bound must be a whole number >= 1, got {upper:g}")
+            if bounds is not None and not (lower <= 0 and upper >= 1):
+                # BigQuery clamps each unit's count in a group to [L, U]; with L > 0 or U < 1 that is
+                # not the engine's count (bounded by U alone: a lower bound <= 0 changes nothing,
+                # a count is never negative), but exactly a SUM of the row indicator clamped to
+                # [L, U] per unit and group: same values, same sensitivity max(|L|, |U|) per group
+                if not float(upper).is_integer() or not float(lower).is_integer():
+                    raise InvalidQueryError(f"{where}: a COUNT's bounds must be whole numbers, got ({lower:g}, {upper:g})")
+                if lower == upper == 0:
+                    raise InvalidQueryError(f"{where}: contribution bounds (0, 0) let no unit count: give U >= 1")
+                one = exp.Literal.number(1)
+                indicator = one if isinstance(target, exp.Star) else exp.If(
+                    this=exp.Not(this=exp.Is(this=target.copy(), expression=exp.Null())), true=one,
+                    false=exp.Literal.number(0))
+                return q.Aggregate("sum", column=self._value_column(indicator, scope, where), lower=_whole(lower),
+                                   upper=_whole(upper), name=alias)
+            if bounds is not None and not float(upper).is_integer():
+                raise InvalidQueryError(f"{where}: a COUNT's bound must be a whole number >= 1, got {upper:g}")
             return q.Aggregate("count", column=column, upper=_whole(upper), name=alias)
         return q.Aggregate(kind, column=column, lower=_whole(lower), upper=_whole(upper),
                            q=fixed_q if fixed_q is not None else qv, name=alias)
 
     @staticmethod
     def _bound_pair(node: exp.Expression, where: str) -> tuple[exp.Expression, exp.Expression]:
-        if isinstance(node, (exp.Tuple, exp.Struct)):
-            items = node.expressions
+        if isinstance(node, (exp.Tuple, exp.Struct)):  # (L, U), STRUCT(L, U), STRUCT(L AS lo, U AS hi)
+            items = [i.expression if isinstance(i, exp.PropertyEQ) else i.this if isinstance(i, exp.Alias) else i
+                     for i in node.expressions]
         else:
             raise InvalidQueryError(f"{where}: contribution bounds need a pair (L, U)")
         if len(items) != 2:
@@ -250,7 +306,8 @@ class Compiler:
 
     # -- the DP SELECT ---------------------------------------------------------------------
     def compile(self, select: exp.Select, clause: DPClause, with_items: list[exp.Expression], *, epsilon=None,
-                delta=None, max_partitions_contributed=None, **options) -> CompiledQuery:
+                delta=None, max_partitions_contributed=None, own_with: bool = True, **options) -> CompiledQuery:
+        """own_with=False: the select's WITH clause is the statement's (already classified)."""
         select = select.copy()
         select.set("expressions", [e for e in select.expressions if mark_of_item(e) is None])
         if select.args.get("distinct"):
@@ -261,6 +318,26 @@ class Compiler:
         if _arg(select, "from") is None:
             raise InvalidQueryError("a DP SELECT needs a FROM clause (the rows must come from a registered table)")
         where_label = "the DP SELECT"
+        own_with = _arg(select, "with") if own_with else None
+        if own_with is None:
+            select.set("with_" if "with_" in exp.Select.arg_types else "with", None)
+        else:  # (WITH t AS (...) SELECT WITH DIFFERENTIAL_PRIVACY ... FROM t): its own CTEs
+            saved_ctes = self.checker.enter_with(own_with, where_label)
+            with_items = [*with_items, *own_with.expressions]
+            select.set("with_" if "with_" in exp.Select.arg_types else "with", None)
+            try:
+                return self._compile(select, clause, with_items, epsilon=epsilon, delta=delta,
+                                     max_partitions_contributed=max_partitions_contributed, **options)
+            finally:
+                self.checker.ctes = saved_ctes
+        return self._compile(select, clause, with_items, epsilon=epsilon, delta=delta,
+                             max_partitions_contributed=max_partitions_contributed, **options)
+
+    def _compile(self, select: exp.Select, clause: DPClause, with_items: list[exp.Expression], *, epsilon=None,
+                 delta=None, max_partitions_contributed=None, **options) -> CompiledQuery:
+        where_label = "the DP SELECT"
+        strategy = clause.options.get("group_selection_strategy")
+        groups = public_groups.prepare(select, self.checker) if strategy == public_groups.STRATEGY else None
         scope = self.checker.from_scope(select, where_label)
         unit_option = clause.options.get("privacy_unit_column")
         if unit_option is not None:
@@ -278,6 +355,9 @@ class Compiler:
                         f"{scope.unit_name!r}"
                     )
             else:  # a public table: the analyst names the unit (BigQuery's privacy_unit_column)
+                if rel is not None and name.lower() in rel.composite:
+                    raise InvalidQueryError(f"OPTIONS privacy_unit_column = {unit_option}: a unit column must support "
+                                            "grouping, but it holds a STRUCT or an ARRAY")
                 scope.unit_expr = exp.column(name, table=rel.alias if rel is not None else None, quoted=True)
                 scope.unit_name = name
         if not scope.protected:
@@ -290,8 +370,9 @@ class Compiler:
         if where is not None:
             self.checker.check_condition(where.this, scope, "WHERE")
 
+        select.set("expressions", [_expand_quantiles(item, clause.syntax) for item in select.expressions])
         keys, _ = self._group_keys(select, scope)
-        key_sql = [quote(k) for k in keys]
+        key_sql = [_key_text(k) for k in keys]
         self.key_names = [None] * len(keys)
         items = []  # (kind, name, payload) in select-list order
         calls: list[tuple[exp.Anonymous, str | None]] = []
@@ -302,8 +383,8 @@ class Compiler:
                 calls.append((inner, alias))
                 items.append(("agg", alias, len(calls) - 1))
                 continue
-            if quote(inner) in key_sql:
-                i = key_sql.index(quote(inner))
+            if _key_text(inner) in key_sql:
+                i = key_sql.index(_key_text(inner))
                 name = alias or (inner.name if isinstance(inner, exp.Column) else None)
                 if self.key_names[i] is None:
                     self.key_names[i] = name
@@ -315,7 +396,7 @@ class Compiler:
             cond = select.args["having"].this.copy()
             aliases = {e.alias.lower(): _inner(e) for e in select.expressions if isinstance(e, exp.Alias)}
             for col in list(cond.find_all(exp.Column)):
-                if not col.table and col.name.lower() in aliases and quote(col) not in key_sql:
+                if not col.table and col.name.lower() in aliases and _key_text(col) not in key_sql:
                     new = aliases[col.name.lower()].copy()
                     if col is cond:
                         cond = new
@@ -367,11 +448,15 @@ class Compiler:
         given = {k: v for k, v in clause.options.items() if v is not None}  # NULL: the default
         eps = given.get("epsilon", epsilon)
         dlt = given.get("delta", delta)
-        cu = given.get("max_groups_contributed", max_partitions_contributed)
+        cu = given.get("max_groups_contributed", given.get("max_rows_contributed", max_partitions_contributed))
         if eps is None:
             raise InvalidQueryError("no epsilon: give it in OPTIONS (epsilon = ...) or with the request")
-        if clause.options.get("group_selection_strategy"):
-            options = {**options, "selection": clause.options["group_selection_strategy"]}
+        groups_sql, groups_tables = None, ()
+        if groups is not None:  # public partitions: listed at execution time (no selection, no selection budget)
+            groups_sql, groups_tables = public_groups.group_keys_sql(keys, self.key_names, groups, scope, with_items,
+                                                                     self.checker)
+        elif strategy:
+            options = {**options, "selection": strategy}
         if clause.options.get("partition_selection"):
             options = {**options, "selection": clause.options["partition_selection"]}
         query = q.Query(
@@ -379,9 +464,14 @@ class Compiler:
             delta=1e-6 if dlt is None else dlt, group_by=tuple(self.key_names),
             max_partitions_contributed=1 if cu is None else cu, **options,
         )
-        query.validate()
+        if groups_sql is not None:
+            replace(query, public_partitions=()).validate()  # what runs: the public keys, no selection
+        else:
+            query.validate()
         return CompiledQuery(query, source, clause.syntax, order_by, limit, tuple(out), plain,
-                             None if having is None else self._render(having, labels))
+                             None if having is None else self._render(having, labels), groups_sql, groups_tables,
+                             self.checker.public_tables_in(source), tuple(sorted(self.output_tables)),
+                             tuple(sorted(i.name for i in self.checker.tables_in(source) if i.unit is not None)))
 
     def _render(self, expr: exp.Expression, labels: list[str]) -> str:
         """DuckDB SQL of a post-processing expression over the released table's columns."""
@@ -430,13 +520,18 @@ class Compiler:
         """An expression over DP aggregates and GROUP BY keys, evaluated on the released table."""
         check_functions(inner, "the DP SELECT list")
         expr = inner.copy()
-        for node in list(expr.walk(prune=lambda n: is_dp_call(n))):
-            if is_subquery(node):
-                raise InvalidQueryError(f"{quote(item)[:80]!r}: a subquery in a DP SELECT list is not allowed")
+        outside = (lambda n: is_dp_call(n) or (n is not expr and is_subquery(n)))
+        for node in list(expr.walk(prune=outside)):
+            if node is not expr and is_subquery(node):
+                # an uncorrelated subquery over public tables: a constant of public data, computed
+                # beside the released values (public_subquery refuses protected or correlated ones)
+                self.checker.public_subquery(node, f"the DP SELECT list: {quote(item)[:60]!r}")
+                self.output_tables |= set(self.checker.public_tables_in(node))
+                continue
             if isinstance(node, exp.Window):
                 raise InvalidQueryError(f"{quote(node)!r} is a window function: not allowed in a DP SELECT")
         replaced = []
-        for node in list(expr.walk(prune=lambda n: is_dp_call(n))):
+        for node in list(expr.walk(prune=outside)):
             if is_dp_call(node):
                 same = [i for i, (c, _) in enumerate(calls) if quote(c) == quote(node)]
                 if not same:  # the same DP aggregate twice is computed (and paid for) once
@@ -453,8 +548,8 @@ class Compiler:
                 expr = new
             else:
                 node.replace(new)
-        for node in list(expr.walk()):
-            sql = quote(node)
+        for node in list(expr.walk(prune=outside)):
+            sql = _key_text(node)
             if sql in key_sql and not isinstance(node, exp.Literal):
                 i = key_sql.index(sql)
                 new = exp.column(f"__keyref{i}", quoted=True)
@@ -462,7 +557,7 @@ class Compiler:
                     expr = new
                 else:
                     node.replace(new)
-        for node in expr.walk():
+        for node in expr.walk(prune=outside):
             if isinstance(node, exp.Column) and not str(node.name).startswith(("__aggref", "__keyref")):
                 raise InvalidQueryError(
                     f"{quote(item)!r} is neither a GROUP BY key nor a DP aggregate (nor an expression over them): "
@@ -493,6 +588,58 @@ class Compiler:
         if select.args.get("offset") is not None:
             raise UnsupportedError("OFFSET in a DP SELECT is not supported: use an outer query")
         return tuple(order), limit
+
+
+def _expand_quantiles(item: exp.Expression, syntax: str) -> exp.Expression:
+    """Rewrite APPROX_QUANTILES(x, n, contribution_bounds_per_row => (L, U)) (DIFFERENTIAL_PRIVACY) and
+    ANON_QUANTILES(x, n CLAMPED BETWEEN L AND U) (ANONYMIZATION) in place as the array of their n + 1
+    quantiles [PERCENTILE_CONT(x, 0/n, ...), ..., PERCENTILE_CONT(x, n/n, ...)]: the reference's output
+    (an ARRAY), computed by the engine's quantile aggregate, one budget share each."""
+    for node in list(item.walk()):
+        name = str(node.name).upper() if isinstance(node, exp.Anonymous) else ""
+        if name not in ("__DP_APPROX_QUANTILES", "ANON_QUANTILES"):
+            continue
+        shown = name.removeprefix("__DP_")
+        where = f"{shown}(...)"
+        if (name == "ANON_QUANTILES") != (syntax == "anonymization"):
+            raise InvalidQueryError(f"{where} belongs to SELECT WITH "
+                                    f"{'ANONYMIZATION' if name == 'ANON_QUANTILES' else 'DIFFERENTIAL_PRIVACY'}")
+        kwargs = {a.this.name.lower(): a.expression for a in node.expressions if isinstance(a, exp.Kwarg)}
+        args = [a for a in node.expressions if not isinstance(a, exp.Kwarg)]
+        _check_report_format(kwargs, where, syntax)
+        if len(args) != 2:
+            raise InvalidQueryError(f"{where}: takes the column and the number of quantiles n, got {len(args)} "
+                                    "positional argument(s)")
+        if isinstance(args[0], exp.Star):
+            raise InvalidQueryError(f"{where}: * is not a value: only COUNT takes *")
+        n = _number(args[1], f"{where}: the number of quantiles", integer=True)
+        if not 1 <= n <= MAX_QUANTILES:
+            raise InvalidQueryError(f"{where}: the number of quantiles must be in [1, {MAX_QUANTILES}], got {n:g}")
+        bounds = [exp.Kwarg(this=exp.var(k), expression=v.copy()) for k, v in kwargs.items() if k in
+                  (("__clamp_lo", "__clamp_hi") if syntax == "anonymization" else ("contribution_bounds_per_row",))]
+        unknown = set(kwargs) - {"__clamp_lo", "__clamp_hi", "contribution_bounds_per_row"} - REPORT_ARGUMENTS
+        if unknown:
+            raise InvalidQueryError(f"{where}: unknown argument(s) {sorted(unknown)}: bounds go in "
+                                    + ("CLAMPED BETWEEN L AND U" if syntax == "anonymization"
+                                       else "contribution_bounds_per_row => (L, U)"))
+        function = "ANON_PERCENTILE_CONT" if syntax == "anonymization" else "__DP_PERCENTILE_CONT"
+        quantiles = [exp.Anonymous(this=function, expressions=[args[0].copy(), exp.Literal.number(round(i / n, 12)),
+                                                               *[b.copy() for b in bounds]])
+                     for i in range(int(n) + 1)]
+        array = exp.Array(expressions=quantiles)
+        if node is item:
+            return array  # unaliased: named _col<position>, as BigQuery names it internally
+        node.replace(array)
+    return item
+
+
+def _key_text(node: exp.Expression) -> str:
+    """An expression's SQL with unquoted names lower-cased (GROUP BY STRING is the key `string`)."""
+    copy = node.copy()
+    for ident in copy.find_all(exp.Identifier):
+        if not ident.args.get("quoted"):
+            ident.set("this", ident.this.lower())
+    return quote(copy)
 
 
 def mark_of_item(item: exp.Expression) -> int | None:

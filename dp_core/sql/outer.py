@@ -42,7 +42,7 @@ class StatementResult(DPResult):
         return out
 
 
-def released_table(result: DPResult, part: CompiledQuery, with_ci: bool) -> pd.DataFrame:
+def released_table(result: DPResult, part: CompiledQuery, with_ci: bool, data: dict | None = None) -> pd.DataFrame:
     """The DP SELECT's own output: its select list (expressions over the released values),
     ORDER BY and LIMIT. with_ci keeps each plain aggregate's interval columns beside it."""
     columns = []
@@ -59,7 +59,8 @@ def released_table(result: DPResult, part: CompiledQuery, with_ci: bool) -> pd.D
         sql += " ORDER BY " + ", ".join(f"{_ident(c)} {'DESC' if d else 'ASC'}" for c, d in part.order_by)
     if part.limit is not None:
         sql += f" LIMIT {int(part.limit)}"
-    backend = DuckDBBackend.for_tables({"__released": result.table})
+    public = {n: data[n] for n in part.output_tables if data and n in data}  # public subqueries of the list
+    backend = DuckDBBackend.for_tables({"__released": result.table, **public})
     try:
         return backend.run(sql)
     finally:
@@ -73,16 +74,17 @@ def run_statement(compiled: CompiledStatement, data: dict, *, threads: int | Non
     the public tables only."""
     results = []
     for part in compiled.parts:
+        query = with_public_groups(part, data, threads)
         if part_backend is not None:
             backend = part_backend(part.source_sql("duckdb"))
         else:
             backend = DuckDBBackend.for_tables(data, threads=threads)
             backend.define_input(part.source_sql("duckdb"))
-        results.append(execute(part.query, backend))  # closes the backend
+        results.append(execute(query, backend))  # closes the backend
     if compiled.simple:
         return postprocess(results[0], compiled.parts[0])
     only_part = len(compiled.parts) == 1 and compiled.outer_sql() == f"SELECT * FROM {released_name(0)}"
-    frames = {released_name(i): released_table(r, p, with_ci=only_part)
+    frames = {released_name(i): released_table(r, p, with_ci=only_part, data=data)
               for i, (r, p) in enumerate(zip(results, compiled.parts))}
     if only_part:
         table = frames[released_name(0)]
@@ -95,6 +97,33 @@ def run_statement(compiled: CompiledStatement, data: dict, *, threads: int | Non
         finally:
             backend.close()
     return combine(results, table)
+
+
+def with_public_groups(part: CompiledQuery, data: dict, threads: int | None = None) -> Query:
+    """The part's query, with OPTIONS (group_selection_strategy = PUBLIC_GROUPS) resolved: its public
+    partitions are the distinct key tuples of its public-groups subqueries, read from the public
+    tables (no unit's rows: reading them spends nothing). No selection runs, and every listed group
+    is released (public_groups.py states the budget)."""
+    if part.public_groups_sql is None:
+        return part.query
+    backend = DuckDBBackend.for_tables({n: data[n] for n in part.public_groups_tables if n in data}, threads=threads)
+    try:
+        keys = backend.run(part.public_groups_sql)
+    except Exception as err:  # noqa: BLE001 - DuckDB's errors, reported as the query's
+        raise InvalidQueryError(f"the public groups (PUBLIC_GROUPS) could not be read: {str(err).splitlines()[0]}") from None
+    finally:
+        backend.close()
+    rows = [tuple(None if _missing(v) else v for v in row) for row in keys.to_dict("split")["data"]]
+    if not rows:
+        raise InvalidQueryError("the public groups subquery (PUBLIC_GROUPS) lists no group: nothing to release")
+    return replace(part.query, public_partitions=tuple(rows))
+
+
+def _missing(value) -> bool:
+    try:
+        return bool(pd.isna(value))
+    except (TypeError, ValueError):
+        return False
 
 
 def postprocess(result: DPResult, compiled: CompiledQuery) -> DPResult:
@@ -149,6 +178,11 @@ def check_executable(compiled: CompiledStatement, backend: DuckDBBackend) -> Non
             described = con.execute(f"DESCRIBE SELECT * FROM ({part.source_sql('duckdb')}) AS s").fetchall()
         except Exception as err:  # noqa: BLE001 - duckdb.Error and its binder/catalog/parser subclasses
             raise InvalidQueryError(f"DP SELECT {i + 1}: {_first_line(err)}") from None
+        if part.public_groups_sql is not None:
+            try:
+                con.execute(f"DESCRIBE {part.public_groups_sql}")
+            except Exception as err:  # noqa: BLE001 - DuckDB's errors
+                raise InvalidQueryError(f"DP SELECT {i + 1}: its public groups (PUBLIC_GROUPS): {_first_line(err)}") from None
         types = {row[0]: row[1] for row in described}
         columns = [f"CAST(NULL AS {types.get(k, 'VARCHAR')}) AS {_ident(k)}" for k in part.query.group_by]
         for agg in part.query.aggregates:

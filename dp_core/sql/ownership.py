@@ -47,12 +47,14 @@ class Relation:
     alias: str
     columns: dict[str, str]  # lower-case name -> name, in output order
     unit: str | None
+    copies: frozenset[str] = frozenset()  # other columns holding the unit (SELECT uid AS x, uid AS y)
+    composite: frozenset[str] = frozenset()  # columns holding a STRUCT or an ARRAY (cannot be a unit)
 
     def has(self, column: str) -> bool:
         return column.lower() in self.columns
 
     def is_unit(self, name: str) -> bool:
-        return self.unit is not None and self.unit.lower() == name.lower()
+        return self.unit is not None and (self.unit.lower() == name.lower() or name.lower() in self.copies)
 
 
 @dataclass
@@ -64,6 +66,9 @@ class Scope:
     merged: dict[str, str] = field(default_factory=dict)  # USING columns: lower name -> name
     unit_expr: exp.Expression | None = None
     unit_name: str | None = None
+    #: relations whose unit column equals the joined row's unit on every row (inner-joined on the
+    #: unit, or the kept side of an outer join); the other side of an outer join may hold NULL
+    unit_aliases: set[str] = field(default_factory=set)
 
     @property
     def protected(self) -> bool:
@@ -90,6 +95,13 @@ class Scope:
         if len(owners) > 1:
             raise InvalidQueryError(f"column {name!r} is ambiguous: qualify it with one of {[r.alias for r in owners]}")
         return owners[0], owners[0].columns[name.lower()]
+
+    def carries_unit(self, col: exp.Column) -> bool:
+        """The column is the unit of every joined row (not only a unit column of some relation)."""
+        rel, name = self.resolve(col)
+        if rel is None:  # a USING column: the kept side's value, both sides' after a FULL join
+            return self.is_unit(col) and not isinstance(self.unit_expr, exp.Coalesce)
+        return rel.is_unit(name) and rel.alias.lower() in self.unit_aliases
 
     def is_unit(self, col: exp.Column) -> bool:
         rel, name = self.resolve(col)
@@ -144,6 +156,29 @@ def check_functions(expr: exp.Expression | None, where: str) -> None:
             raise InvalidQueryError(f"{where}: unknown function {str(node.name)!r} in {quote(node)[:80]!r}")
 
 
+def _and_terms(condition: exp.Expression) -> list[exp.Expression]:
+    """The AND-ed terms of a condition, through parentheses: (a AND (b AND c)) -> [a, b, c]."""
+    while isinstance(condition, exp.Paren):
+        condition = condition.this
+    if isinstance(condition, exp.And):
+        return _and_terms(condition.this) + _and_terms(condition.expression)
+    return [condition]
+
+
+def _flatten_parenthesized_join(node: exp.Expression) -> tuple[exp.Expression, list[exp.Join]]:
+    """A parenthesized join first in FROM, `(a JOIN b ON ...) JOIN c`, read as `a JOIN b ON ... JOIN c`
+    (the same rows: the leftmost join is evaluated first either way). Returns the first relation
+    and the joins inside the parentheses, in order; any other node is returned as it is."""
+    if isinstance(node, exp.Subquery) and not node.alias and isinstance(node.this, (exp.Table, exp.Subquery)):
+        base, joins = _flatten_parenthesized_join(node.this)
+        return base, joins + list(node.args.get("joins") or [])
+    if isinstance(node, exp.Table) and node.args.get("joins"):
+        base = node.copy()
+        base.set("joins", None)
+        return base, list(node.args["joins"])
+    return node, []
+
+
 class OwnershipChecker:
     """Checks FROM clauses against the catalog of registered tables and CTEs."""
 
@@ -190,14 +225,30 @@ class OwnershipChecker:
         scope = Scope()
         if source is None:
             return scope
-        first = self.relation(source.this, where)
+        base, nested_joins = _flatten_parenthesized_join(source.this)
+        first = self.relation(base, where)
         scope.relations.append(first)
         if first.unit is not None:
             scope.unit_expr = exp.column(first.columns.get(first.unit.lower(), first.unit), table=first.alias, quoted=True)
             scope.unit_name = first.unit
-        for join in select.args.get("joins") or []:
+            scope.unit_aliases = {first.alias.lower()}
+        for join in nested_joins + list(select.args.get("joins") or []):
             self.join(join, scope, where)
         return scope
+
+    def public_tables_in(self, tree: exp.Expression) -> tuple[str, ...]:
+        """The registered public tables (no unit) a checked query reads, by their catalog names."""
+        return tuple(sorted(i.name for i in self.tables_in(tree) if i.unit is None))
+
+    def tables_in(self, tree: exp.Expression) -> list[TableInfo]:
+        """The registered tables a checked query reads (CTE names are not tables)."""
+        found = {}
+        for node in tree.find_all(exp.Table):
+            if isinstance(node.this, exp.Identifier):
+                info = self.table_info(node)
+                if info is not None and (node.args.get("db") or node.name.lower() not in self.ctes):
+                    found[info.name] = info
+        return list(found.values())
 
     def table_info(self, node: exp.Table) -> TableInfo | None:
         parts = [p for p in (node.args.get("catalog"), node.args.get("db"), node.this) if p is not None]
@@ -217,7 +268,7 @@ class OwnershipChecker:
                 )
             if not node.args.get("db") and name.lower() in self.ctes:
                 rel = self.ctes[name.lower()]
-                return Relation(alias, dict(rel.columns), rel.unit)
+                return Relation(alias, dict(rel.columns), rel.unit, rel.copies, rel.composite)
             info = self.table_info(node)
             if info is None:
                 known = ", ".join(sorted(t.name for t in self.catalog.values()))
@@ -231,7 +282,7 @@ class OwnershipChecker:
             alias = node.alias_or_name or f"_sub{len(self.ctes)}_{id(node) % 10_000}"
             if not node.alias:
                 node.set("alias", exp.TableAlias(this=exp.to_identifier(alias)))
-            return Relation(alias, rel.columns, rel.unit)
+            return Relation(alias, rel.columns, rel.unit, rel.copies, rel.composite)
         raise InvalidQueryError(f"{where}: {quote(node)[:80]!r} cannot be used in FROM (use a table, a CTE or a subquery)")
 
     def join(self, join: exp.Join, scope: Scope, where: str) -> None:
@@ -269,7 +320,7 @@ class OwnershipChecker:
                         f"include the unit column of both sides ({', '.join(sorted(units))})"
                     )
             else:
-                terms = list(on.flatten()) if isinstance(on, exp.And) else [on]
+                terms = _and_terms(on)
                 if not any(self._unit_equality(t, inner, right) for t in terms):
                     raise InvalidQueryError(
                         f"{where}: {text!r} does not join on the unit: ON must include {right.alias}.{right.unit} = "
@@ -279,8 +330,12 @@ class OwnershipChecker:
             right_unit = exp.column(right.columns.get(right.unit.lower(), right.unit), table=right.alias, quoted=True)
             if side == "RIGHT":
                 scope.unit_expr = right_unit
+                scope.unit_aliases = {right.alias.lower()}
             elif side == "FULL":
                 scope.unit_expr = exp.Coalesce(this=scope.unit_expr, expressions=[right_unit])
+                scope.unit_aliases = set()
+            elif side != "LEFT":
+                scope.unit_aliases.add(right.alias.lower())
         elif left_protected or right_protected:
             # a protected table with a public one: any condition, but an outer join must keep only
             # protected rows (rows it would keep from the public side have no unit)
@@ -297,6 +352,7 @@ class OwnershipChecker:
                 scope.unit_expr = exp.column(right.columns.get(right.unit.lower(), right.unit), table=right.alias,
                                              quoted=True)
                 scope.unit_name = right.unit
+                scope.unit_aliases = {right.alias.lower()}
         for name in using_names:
             original = right.columns.get(name, name)
             scope.merged[name] = original
@@ -317,7 +373,29 @@ class OwnershipChecker:
 
     # -- queries inside FROM ---------------------------------------------------------------
     def query(self, node: exp.Query, where: str) -> Relation:
-        """A query inside FROM, a CTE or a condition: a SELECT or a set operation."""
+        """A query inside FROM, a CTE or a condition: a SELECT or a set operation (with its own
+        WITH clause, whose CTEs it alone sees)."""
+        if _arg(node, "with") is not None:
+            saved = self.enter_with(_arg(node, "with"), where)
+            try:
+                return self._query(node, where)
+            finally:
+                self.ctes = saved
+        return self._query(node, where)
+
+    def enter_with(self, with_clause: exp.With, where: str) -> dict[str, Relation]:
+        """Check the CTEs of a WITH clause inside the statement (each body in turn, seeing the ones
+        before it) and make them visible; returns the CTEs visible before, to restore after."""
+        if with_clause.args.get("recursive"):
+            raise InvalidQueryError(f"{where}: WITH RECURSIVE is not allowed here (a recursive CTE can mix units' rows)")
+        saved = dict(self.ctes)
+        for cte in with_clause.expressions:
+            if not cte.alias:
+                raise InvalidQueryError(f"{where}: a CTE needs a name: {quote(cte)[:60]!r}")
+            self.ctes[cte.alias.lower()] = self.query(cte.this, f"{where}: CTE {cte.alias!r}")
+        return saved
+
+    def _query(self, node: exp.Query, where: str) -> Relation:
         if isinstance(node, exp.Select):
             return self.check_select(node, where)
         if isinstance(node, exp.Subquery):
@@ -330,8 +408,6 @@ class OwnershipChecker:
         """UNION / INTERSECT / EXCEPT: all branches public, or all protected with the unit at the
         same position (so each output row still carries its unit)."""
         name = type(node).__name__.upper()
-        if _arg(node, "with") is not None:
-            raise InvalidQueryError(f"{where}: a WITH clause inside a subquery is not supported; put it at the top")
         left = self.query(node.this, f"{where} ({name} branch)")
         right = self.query(node.expression, f"{where} ({name} branch)")
         if (left.unit is None) != (right.unit is None):
@@ -356,8 +432,11 @@ class OwnershipChecker:
 
     def check_select(self, select: exp.Select, where: str) -> Relation:
         """A SELECT inside FROM (or a CTE or a condition): checked, and rewritten to carry the unit."""
-        if _arg(select, "with") is not None:
-            raise InvalidQueryError(f"{where}: a WITH clause inside a subquery is not supported; put it at the top")
+        if _arg(select, "from") is None:  # SELECT "a", "b": without FROM there is no column to name, so
+            for col in list(select.find_all(exp.Column)):  # a quoted name is BigQuery's string
+                if (not col.table and isinstance(col.this, exp.Identifier) and col.this.args.get("quoted")
+                        and col.find_ancestor(exp.Select) is select):  # not one of a nested subquery
+                    col.replace(exp.Literal.string(col.name))
         scope = self.from_scope(select, where)
         self.check_condition(select.args.get("where"), scope, f"{where} WHERE")
         for e in select.expressions:
@@ -402,6 +481,8 @@ class OwnershipChecker:
         """Output columns of the SELECT; the unit is appended when the analyst did not select it."""
         columns: dict[str, str] = {}
         unit_out = None
+        copies: set[str] = set()
+        composite: set[str] = set()
         for e in select.expressions:
             if isinstance(e, exp.Star) or (isinstance(e, exp.Column) and isinstance(e.this, exp.Star)):
                 rels = scope.relations
@@ -428,8 +509,15 @@ class OwnershipChecker:
             if not name:
                 name = f"_col{len(columns)}"  # BigQuery names it internally; it cannot be referenced
             columns[name.lower()] = name
-            if scope.protected and isinstance(inner, exp.Column) and scope.is_unit(inner) and unit_out is None:
-                unit_out = name
+            if isinstance(inner, (exp.Struct, exp.Array)) or (
+                    isinstance(inner, exp.Subquery) and isinstance(inner.this, exp.Select)
+                    and str(inner.this.args.get("kind") or "").upper() in ("STRUCT", "ARRAY")):
+                composite.add(name.lower())
+            if scope.protected and isinstance(inner, exp.Column) and scope.carries_unit(inner):
+                if unit_out is None:
+                    unit_out = name
+                else:
+                    copies.add(name.lower())
         if scope.protected and unit_out is None:  # carry the unit automatically
             unit_name = scope.unit_name or "unit"
             if unit_name.lower() in columns:
@@ -440,5 +528,6 @@ class OwnershipChecker:
             select.select(exp.alias_(scope.unit_expr.copy(), unit_name, quoted=True), copy=False)
             columns[unit_name.lower()] = unit_name
             unit_out = unit_name
-        return Relation("", columns, unit_out if scope.protected else None)
+        return Relation("", columns, unit_out if scope.protected else None, frozenset(copies - {(unit_out or "").lower()}),
+                        frozenset(composite))
 

@@ -49,6 +49,21 @@ class CompiledStatement:
         return float(sum(p.query.delta for p in self.parts))
 
     @property
+    def public_reads(self) -> tuple[str, ...]:
+        """Every public table the statement reads (outer query, joins and subqueries of its DP
+        SELECTs, public groups): shown as public, never charged, in reports."""
+        names = set(self.public_tables)
+        for p in self.parts:
+            names |= set(p.public_tables) | set(p.public_groups_tables) | set(p.output_tables)
+        return tuple(sorted(names))
+
+    def tables_read(self, catalog_units: dict[str, str | None]) -> tuple[tuple[str, str | None], ...]:
+        """(name, privacy unit or None) of every table read: the protected ones first (charged),
+        then the public ones (never charged). catalog_units: name -> unit."""
+        protected = sorted({t for p in self.parts for t in p.protected_tables})
+        return tuple((n, catalog_units.get(n)) for n in protected) + tuple((n, None) for n in self.public_reads)
+
+    @property
     def simple(self) -> bool:
         return self.outer is None
 
@@ -146,7 +161,7 @@ def compile_statement(sql: str, catalog: dict[str, TableInfo], *, epsilon=None, 
         n = mark_of(s)
         parts.append(Compiler(checker).compile(
             s, parsed.clauses[n], kept, epsilon=eps[n], delta=dlt[n],
-            max_partitions_contributed=max_partitions_contributed, **options))
+            max_partitions_contributed=max_partitions_contributed, own_with=s is not tree, **options))
 
     if any(s is tree for s in marked) and parts[0].plain:
         return CompiledStatement(tuple(parts), None, (), options_epsilon=fixed_epsilon)

@@ -29,15 +29,18 @@ DP_FUNCTIONS_BQ = ("COUNT", "SUM", "AVG", "VAR_POP", "STDDEV_POP", "PERCENTILE_C
                    "APPROX_COUNT_DISTINCT")
 #: OPTIONS names each syntax accepts (BigQuery's reference); `kappa` is the legacy name of max_groups_contributed
 OPTION_NAMES = {
-    "differential_privacy": ("epsilon", "delta", "max_groups_contributed", "privacy_unit_column",
-                             "group_selection_strategy", "partition_selection"),
-    "anonymization": ("epsilon", "delta", "max_groups_contributed", "kappa", "group_selection_strategy",
-                      "partition_selection"),
+    "differential_privacy": ("epsilon", "delta", "max_groups_contributed", "max_rows_contributed",
+                             "privacy_unit_column", "group_selection_strategy", "partition_selection"),
+    "anonymization": ("epsilon", "delta", "max_groups_contributed", "kappa", "max_rows_contributed",
+                      "group_selection_strategy", "partition_selection"),
 }
 #: `partition_selection` (this engine's extension): 'truncated-geometric', 'laplace-threshold',
 #: 'weighted_gaussian', 'mad' (dp_core.partition_selection)
 #: valid in the reference, not offered by this engine
-UNSUPPORTED_OPTIONS = ("k_threshold", "max_rows_contributed", "min_privacy_units_per_group")
+UNSUPPORTED_OPTIONS = ("k_threshold", "min_privacy_units_per_group")
+#: max_rows_contributed = r (BigQuery: at most r rows per unit in all): read as max_groups_contributed = r
+#: (r rows touch at most r groups); each group's contribution is then bounded as usual. A valid,
+#: looser bound than sampling r rows (its noise can be larger), documented in docs/sql.md
 MARK = "__dpmark_"
 
 
@@ -93,11 +96,16 @@ def _parse_options(sql: str, tokens, start: int, syntax: str) -> tuple[dict, int
     allowed = OPTION_NAMES[syntax]
     clause = "SELECT WITH DIFFERENTIAL_PRIVACY" if syntax == "differential_privacy" else "SELECT WITH ANONYMIZATION"
     options, i = {}, start + 1
+    named = set()
     while i < len(tokens) and tokens[i].token_type != TokenType.R_PAREN:
         name = tokens[i].text.lower()
-        if name in UNSUPPORTED_OPTIONS:
+        named.add(name)
+        if "max_rows_contributed" in named and named & {"max_groups_contributed", "kappa"}:
+            raise InvalidQueryError("OPTIONS: give at most one of max_groups_contributed (kappa) and "
+                                    "max_rows_contributed (even as NULL): they are two ways of bounding a unit")
+        if name in UNSUPPORTED_OPTIONS and not _null_value(tokens, i):
             raise UnsupportedError(f"OPTIONS {name}: not offered by this engine (allowed: {', '.join(allowed)})")
-        if name not in allowed:
+        if name not in allowed and name not in UNSUPPORTED_OPTIONS:
             raise InvalidQueryError(f"unknown OPTIONS entry {tokens[i].text!r} for {clause}: allowed are {', '.join(allowed)}")
         if i + 2 >= len(tokens) or tokens[i + 1].token_type != TokenType.EQ:
             raise InvalidQueryError(f"OPTIONS entry {name!r} needs '= value'")
@@ -117,6 +125,9 @@ def _parse_options(sql: str, tokens, start: int, syntax: str) -> tuple[dict, int
         if not value_tokens:
             raise InvalidQueryError(f"OPTIONS entry {name!r} needs a value")
         key = "max_groups_contributed" if name == "kappa" else name
+        if name in UNSUPPORTED_OPTIONS:  # `= NULL`: BigQuery's "the default", i.e. not set
+            i = j + (j < len(tokens) and tokens[j].token_type == TokenType.COMMA)
+            continue
         if key in options:
             raise InvalidQueryError(f"OPTIONS gives {key!r} twice")
         options[key] = _option_value(key, sql, value_tokens)
@@ -126,6 +137,12 @@ def _parse_options(sql: str, tokens, start: int, syntax: str) -> tuple[dict, int
     if i >= len(tokens):
         raise InvalidQueryError("OPTIONS ( ... is not closed")
     return options, i + 1
+
+
+def _null_value(tokens, i: int) -> bool:
+    """OPTIONS entry at tokens[i] is `name = NULL` (followed by ',' or ')')."""
+    return (i + 3 < len(tokens) and tokens[i + 1].token_type == TokenType.EQ and tokens[i + 2].token_type == TokenType.NULL
+            and tokens[i + 3].token_type in (TokenType.COMMA, TokenType.R_PAREN))
 
 
 def _option_value(name: str, sql: str, value_tokens) -> object:
@@ -138,12 +155,14 @@ def _option_value(name: str, sql: str, value_tokens) -> object:
     types = {t.token_type for t in value_tokens}
     if name == "partition_selection":  # a name: OPTIONS (partition_selection = 'mad'); checked by the Query
         return text.strip("'\"")
-    if name == "group_selection_strategy":
-        if text.upper() == "LAPLACE_THRESHOLD":
+    if name == "group_selection_strategy":  # an enum name, or its name as a string (BigQuery casts it)
+        word = text.upper()
+        if len(value_tokens) == 1 and value_tokens[0].token_type in (TokenType.STRING, TokenType.IDENTIFIER):
+            word = value_tokens[0].text.upper()
+        if word == "LAPLACE_THRESHOLD":
             return "laplace-threshold"
-        if text.upper() == "PUBLIC_GROUPS":
-            raise UnsupportedError("OPTIONS group_selection_strategy = PUBLIC_GROUPS is not offered: give the public "
-                                   "groups with the request (public_partitions)")
+        if word == "PUBLIC_GROUPS":
+            return "public-groups"  # dp_core/sql/public_groups.py
         raise InvalidQueryError(f"OPTIONS group_selection_strategy must be LAPLACE_THRESHOLD or PUBLIC_GROUPS, got {text!r}")
     if name == "privacy_unit_column":
         parts = [t for t in value_tokens if t.token_type != TokenType.DOT]
@@ -163,10 +182,10 @@ def _option_value(name: str, sql: str, value_tokens) -> object:
         value = float(text.replace(" ", ""))
     except ValueError:
         raise InvalidQueryError(f"OPTIONS {name} must be a number, got {text!r}") from None
-    if name == "max_groups_contributed":
+    if name in ("max_groups_contributed", "max_rows_contributed"):
         digits = text.replace(" ", "").lstrip("+")
         if not digits.isdigit() or not 1 <= value <= 2**31 - 1:
-            raise InvalidQueryError(f"OPTIONS max_groups_contributed must be a whole number in [1, 2147483647] "
+            raise InvalidQueryError(f"OPTIONS {name} must be a whole number in [1, 2147483647] "
                                     f"(an INT64 literal), got {text}")
         return int(value)
     return value
@@ -222,8 +241,34 @@ def _select_list_edits(tokens, start: int, syntax: str) -> list[tuple[int, int, 
         elif tt == TokenType.AND and clamp_depth is not None and depth == clamp_depth:
             edits.append((t.start, t.end + 1, ", __clamp_hi =>"))
             clamp_depth = None
+        elif (tt == TokenType.WITH and depth > 0 and i + 1 < len(tokens)
+              and tokens[i + 1].text.upper() == "REPORT"):
+            i = _with_report_edit(tokens, i, edits)
+            continue
         i += 1
     return edits
+
+
+def _with_report_edit(tokens, i: int, edits: list) -> int:
+    """`WITH REPORT(FORMAT = JSON)` inside a WITH ANONYMIZATION aggregate call (BigQuery's legacy
+    report clause) becomes the named argument `__report_format => 'JSON'`; a clause without a
+    format or with another option becomes `__report_bad => '<what>'`, refused by the compiler."""
+    j = i + 2
+    if j < len(tokens) and tokens[j].token_type == TokenType.L_PAREN:
+        k, depth = j + 1, 0
+        while k < len(tokens) and not (tokens[k].token_type == TokenType.R_PAREN and depth == 0):
+            depth += {TokenType.L_PAREN: 1, TokenType.R_PAREN: -1}.get(tokens[k].token_type, 0)
+            k += 1
+        inner = tokens[j + 1:k]
+        if (len(inner) == 3 and inner[0].text.upper() == "FORMAT" and inner[1].token_type == TokenType.EQ):
+            value = inner[2].text.replace("'", "")
+            edits.append((tokens[i].start, tokens[min(k, len(tokens) - 1)].end + 1, f", __report_format => '{value}'"))
+        else:
+            what = (inner[0].text if inner else "").replace("'", "") or "nothing"
+            edits.append((tokens[i].start, tokens[min(k, len(tokens) - 1)].end + 1, f", __report_bad => '{what}'"))
+        return k + 1
+    edits.append((tokens[i].start, tokens[i + 1].end + 1, ", __report_bad => 'nothing'"))
+    return i + 2
 
 
 def _parse(text: str) -> exp.Expression:
@@ -245,6 +290,11 @@ def parse_statement(sql: str) -> ParsedStatement:
     if not isinstance(sql, str) or not sql.strip():
         raise InvalidQueryError("the query is empty")
     tokens = _tokens(sql)
+    for at, t in enumerate(tokens[:-1]):
+        if t.token_type == TokenType.TABLE_SAMPLE and tokens[at + 1].text.upper() == "RESERVOIR":
+            raise UnsupportedError("TABLESAMPLE RESERVOIR (n ROWS) is not supported: it keeps n rows chosen among all "
+                                   "units' rows, so one unit's rows change which of the others' are kept (the per-unit "
+                                   "bound breaks); use TABLESAMPLE SYSTEM / BERNOULLI (p PERCENT)")
     edits: list[tuple[int, int, str]] = []
     clauses: dict[int, DPClause] = {}
     for at, t in enumerate(tokens[:-2]):
@@ -263,6 +313,9 @@ def parse_statement(sql: str) -> ParsedStatement:
         after = at + 3
         if after < len(tokens) and tokens[after].text.upper() == "OPTIONS":
             options, after = _parse_options(sql, tokens, after + 1, syntax)
+        if (after + 1 < len(tokens) and tokens[after].token_type == TokenType.ALIAS
+                and tokens[after + 1].text.upper() in ("STRUCT", "VALUE")):
+            after += 2  # SELECT WITH ... AS STRUCT / AS VALUE: released as a table, one column per item
         cut_to = tokens[after - 1].end + 1
         edits.append((tokens[at + 1].start, cut_to, f" {MARK}{n}() AS {MARK}{n},"))
         edits += _select_list_edits(tokens, after, syntax)

@@ -354,6 +354,7 @@ def _public_context(result, ctx: ReleaseContext) -> dict:
         "delta": float(result.delta_spent),
         "confidence": result.query.confidence,
         "group_by": list(result.query.group_by),
+        "tables": result.tables_summary() if getattr(result, "tables_read", ()) else [],  # SQL: public ones marked
         "max_partitions": result.query.max_partitions_contributed,
         "noise": result.query.noise,
         "partition_selection": result.partition_selection,

@@ -1,0 +1,265 @@
+"""DP SQL v2, agreement with the reference (issue 16, second part): OPTIONS (group_selection_strategy =
+PUBLIC_GROUPS), report formats, the reference's other accepted forms (docs/sql.md, "More of the
+reference's syntax"), and public tables read by a statement. Each rule of docs/sql.md has its example
+here; accepted PUBLIC_GROUPS statements run on data and are checked against the plain SQL answer
+within the reported confidence interval."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import dp_core as dp
+from dp_core.sql import Table, compile_statement_for, run_sql
+
+N = 3000
+PG = "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = {e}, group_selection_strategy = PUBLIC_GROUPS)"
+C1 = "COUNT(*, contribution_bounds_per_group => (0, 1))"
+
+
+@pytest.fixture(scope="module")
+def tables():
+    rng = np.random.default_rng(11)  # test data only
+    people = pd.DataFrame({"uid": np.arange(N), "dept": rng.choice(["a", "b", "c", "x"], N),
+                           "age": rng.integers(20, 60, N)})
+    visits = pd.DataFrame({"uid": np.arange(N), "cost": rng.integers(0, 10, N)})
+    depts = pd.DataFrame({"dept": ["a", "b", "c", "z"], "region": ["N", "S", "N", "S"]})  # z: nobody; x: not public
+    ages = pd.DataFrame({"band": [2, 3, 4, 5]})
+    return {"people": Table(people, "uid"), "visits": Table(visits, "uid"), "depts": Table(depts), "ages": Table(ages)}
+
+
+def plain(tables, sql):
+    import duckdb
+
+    con = duckdb.connect()
+    for name, t in tables.items():
+        con.register(name, t.data)
+    return con.sql(sql).df()
+
+
+# ------------------------------------------------------------------ PUBLIC_GROUPS
+
+PUBLIC_GROUPS_ACCEPTED = {  # docs/sql.md, "Public groups": DP statement, plain SQL over the public groups
+    "RIGHT OUTER JOIN a SELECT DISTINCT of a public table, USING": (
+        f"{PG.format(e=1)} dept, {C1} AS n FROM people RIGHT OUTER JOIN (SELECT DISTINCT dept FROM depts) "
+        "USING (dept) GROUP BY dept",
+        "SELECT d.dept, count(p.uid) AS n FROM (SELECT DISTINCT dept FROM depts) d LEFT JOIN people p USING (dept) "
+        "GROUP BY d.dept"),
+    "the public groups first, LEFT JOIN, ON": (
+        f"{PG.format(e=1)} g.dept, SUM(age, contribution_bounds_per_group => (0, 60)) AS s FROM "
+        "(SELECT DISTINCT dept FROM depts WHERE region = 'N') g LEFT JOIN people p ON p.dept = g.dept GROUP BY g.dept",
+        "SELECT g.dept, coalesce(sum(age), 0) AS s FROM (SELECT DISTINCT dept FROM depts WHERE region = 'N') g "
+        "LEFT JOIN people p ON p.dept = g.dept GROUP BY g.dept"),
+    "two public-groups subqueries (every combination), a GROUP BY subquery as groups": (
+        f"{PG.format(e=1)} dept, band, {C1} AS n FROM people "
+        "RIGHT JOIN (SELECT DISTINCT dept FROM depts) USING (dept) "
+        "RIGHT JOIN (SELECT band FROM ages GROUP BY band) b ON b.band = people.age // 10 GROUP BY dept, band",
+        "SELECT d.dept, b.band, count(p.uid) AS n FROM (SELECT DISTINCT dept FROM depts) d CROSS JOIN ages b "
+        "LEFT JOIN people p ON p.dept = d.dept AND p.age // 10 = b.band GROUP BY d.dept, b.band"),
+    "the public groups join one subquery down, under plain columns": (
+        f"{PG.format(e=1)} d2, {C1} AS n FROM (SELECT uid, dept AS d2 FROM people "
+        "RIGHT OUTER JOIN (SELECT DISTINCT dept FROM depts) USING (dept)) GROUP BY d2",
+        "SELECT d.dept AS d2, count(p.uid) AS n FROM (SELECT DISTINCT dept FROM depts) d LEFT JOIN people p "
+        "USING (dept) GROUP BY d.dept"),
+}
+
+
+@pytest.mark.parametrize("rule", list(PUBLIC_GROUPS_ACCEPTED))
+def test_public_groups_release_every_public_group_within_the_reported_interval(tables, rule):
+    sql, reference = PUBLIC_GROUPS_ACCEPTED[rule]
+    # intervals at confidence 1 - 1e-9 per value: a false failure over these few values is < 1e-7
+    result = run_sql(sql, tables, confidence=1 - 1e-9)
+    truth = plain(tables, reference)
+    keys = [c for c in truth.columns if c not in ("n", "s")]
+    value = "n" if "n" in truth.columns else "s"
+    merged = truth.merge(result.table, on=keys, how="left", suffixes=("_true", ""))
+    assert len(result.table) == len(truth) and merged[value].notna().all(), (result.table, truth)
+    inside = (merged[f"{value}_ci_low"] <= merged[f"{value}_true"]) & (merged[f"{value}_true"] <= merged[f"{value}_ci_high"])
+    assert inside.all(), merged
+    assert "PUBLIC_GROUPS" in result.partition_selection and "no selection" in result.partition_selection
+
+
+def test_public_groups_spend_no_selection_budget_and_list_the_empty_group(tables):
+    sql = PUBLIC_GROUPS_ACCEPTED["RIGHT OUTER JOIN a SELECT DISTINCT of a public table, USING"][0]
+    compiled = compile_statement_for(sql, tables)
+    part = compiled.parts[0]
+    assert part.public_groups_sql is not None and part.public_groups_tables == ("depts",)
+    assert compiled.public_reads == ("depts",) and compiled.epsilon == 1.0
+    result = run_sql(sql, tables)
+    assert sorted(result.table["dept"]) == ["a", "b", "c", "z"]  # z: no rows, released; x: not public, not released
+    assert [s.part for s in result.budget] == ["n"] and result.budget[0].epsilon == pytest.approx(1.0)
+    assert result.epsilon_spent == pytest.approx(1.0)
+
+
+def test_public_groups_without_group_by_is_one_partition(tables):
+    result = run_sql(f"{PG.format(e=1)} {C1} AS n FROM people", tables)
+    assert len(result.table) == 1
+
+
+PUBLIC_GROUPS_REFUSED = {
+    "GROUP BY a column of the protected table": (
+        f"{PG.format(e=1)} {C1} FROM people GROUP BY dept", "public-groups subquery"),
+    "GROUP BY an expression of the public column": (
+        f"{PG.format(e=1)} {C1} FROM people RIGHT JOIN (SELECT DISTINCT dept FROM depts) g USING (dept) "
+        "GROUP BY dept || 'x'", "an expression is not such a column"),
+    "the public groups read a protected table": (
+        f"{PG.format(e=1)} {C1} FROM people RIGHT JOIN (SELECT DISTINCT dept FROM people) g USING (dept) GROUP BY dept",
+        "does not join on the unit"),
+    "a public table that is not a SELECT DISTINCT": (
+        f"{PG.format(e=1)} dept, {C1} FROM people RIGHT JOIN depts USING (dept) GROUP BY dept", "RIGHT OUTER join"),
+    "a FULL OUTER join with the public groups": (
+        f"{PG.format(e=1)} {C1} FROM people FULL JOIN (SELECT DISTINCT dept FROM depts) g USING (dept) GROUP BY dept",
+        "FULL OUTER"),
+    "WHERE between the public groups join and the aggregation": (
+        f"{PG.format(e=1)} dept, {C1} FROM people RIGHT JOIN (SELECT DISTINCT dept FROM depts) USING (dept) "
+        "WHERE age > 30 GROUP BY dept", "does not allow WHERE"),
+    "a join after the public groups join": (
+        f"{PG.format(e=1)} dept, {C1} FROM people RIGHT JOIN (SELECT DISTINCT dept FROM depts) USING (dept) "
+        "JOIN visits USING (uid) GROUP BY dept", "does not allow JOIN"),
+    "a GROUP BY subquery that drops one of its keys (its rows repeat)": (
+        f"{PG.format(e=1)} dept, {C1} FROM (SELECT dept FROM depts GROUP BY dept, region) g LEFT JOIN people "
+        "USING (dept) GROUP BY dept", "LEFT OUTER join"),
+    "a computed column between the nested public groups join and the aggregation": (
+        f"{PG.format(e=1)} dept, {C1} FROM (SELECT uid, dept, upper(dept) AS u FROM people "
+        "RIGHT JOIN (SELECT DISTINCT dept FROM depts) USING (dept)) GROUP BY dept", "does not allow operations"),
+    "an unknown strategy": ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (group_selection_strategy = OTHER) COUNT(*) "
+                            "FROM people", "must be LAPLACE_THRESHOLD or PUBLIC_GROUPS"),
+}
+
+
+@pytest.mark.parametrize("rule", list(PUBLIC_GROUPS_REFUSED))
+def test_public_groups_refusals_name_the_rule(tables, rule):
+    sql, message = PUBLIC_GROUPS_REFUSED[rule]
+    with pytest.raises(dp.DPError) as info:
+        compile_statement_for(sql, tables, epsilon=1.0)
+    assert message in str(info.value), str(info.value)
+
+
+def test_public_groups_as_a_string_and_in_the_anonymization_syntax(tables):
+    for sql in (
+        'SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (group_selection_strategy = "PUBLIC_GROUPS") dept, COUNT(*) '
+        "FROM people RIGHT JOIN (SELECT DISTINCT dept FROM depts) USING (dept) GROUP BY dept",
+        "SELECT WITH ANONYMIZATION OPTIONS (group_selection_strategy = PUBLIC_GROUPS, kappa = 1) dept, "
+        "ANON_COUNT(* CLAMPED BETWEEN 0 AND 1) FROM (SELECT DISTINCT dept FROM depts) LEFT JOIN people USING (dept) "
+        "GROUP BY dept",
+    ):
+        assert compile_statement_for(sql, tables, epsilon=1.0).parts[0].public_groups_sql is not None
+
+
+# ------------------------------------------------------------------ report formats
+
+@pytest.mark.parametrize("call", ['COUNT(*, report_format => "JSON")', "SUM(age, report_format => 'PROTO')",
+                                  'AVG(age, contribution_bounds_per_group => (0, 90), report_format => "json")'])
+def test_report_format_is_accepted_and_changes_nothing(tables, call):
+    sql = f"SELECT WITH DIFFERENTIAL_PRIVACY {call} AS v FROM people"
+    plain_call = call.split(", report_format")[0] + ")"
+    with_format = compile_statement_for(sql, tables, epsilon=1.0).parts[0]
+    without = compile_statement_for(sql.replace(call, plain_call), tables, epsilon=1.0).parts[0]
+    assert with_format.query == without.query
+
+
+@pytest.mark.parametrize("sql,message", [
+    ('SELECT WITH DIFFERENTIAL_PRIVACY COUNT(*, report_format => "XML") FROM people', 'must be "JSON" or "PROTO"'),
+    ("SELECT WITH DIFFERENTIAL_PRIVACY COUNT(*, report_format => 1) FROM people", 'must be "JSON" or "PROTO"'),
+    ("SELECT WITH ANONYMIZATION ANON_COUNT(* WITH REPORT) FROM people", "WITH REPORT needs its format"),
+    ("SELECT WITH ANONYMIZATION ANON_COUNT(* WITH REPORT(style = json)) FROM people", "unknown report option"),
+    ('SELECT WITH ANONYMIZATION ANON_SUM(age, report_format => "JSON") FROM people', "belongs to WITH DIFFERENTIAL"),
+    ("SELECT WITH DIFFERENTIAL_PRIVACY COUNT(* WITH REPORT(FORMAT = JSON)) FROM people", "belongs to WITH ANONYMIZATION"),
+])
+def test_bad_report_formats_are_refused(tables, sql, message):
+    with pytest.raises(dp.DPError, match=message.replace("(", r"\(")):
+        compile_statement_for(sql, tables, epsilon=1.0)
+
+
+def test_with_report_in_the_anonymization_syntax(tables):
+    sql = "SELECT WITH ANONYMIZATION ANON_SUM(age CLAMPED BETWEEN 0 AND 90 WITH REPORT(FORMAT = PROTO)) AS s FROM people"
+    part = compile_statement_for(sql, tables, epsilon=1.0).parts[0]
+    assert (part.query.aggregates[0].lower, part.query.aggregates[0].upper) == (0, 90)
+
+
+# ------------------------------------------------------------------ more of the reference's syntax
+
+DPS = "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 50, delta = 1e-6)"
+MORE_ACCEPTED = {  # docs/sql.md, "More of the reference's syntax": DP statement, plain SQL, tolerance
+    "COUNT bounds (L, U) with L > 0: each unit's count clamped to [L, U]": (
+        f"{DPS} COUNT(*, contribution_bounds_per_group => (2, 5)) AS n FROM people",
+        "SELECT 2 * count(DISTINCT uid) AS n FROM people", 20),  # one row per unit: each counts 2
+    "a WITH clause inside a FROM subquery": (
+        f"{DPS} {C1} AS n FROM (WITH young AS (SELECT uid FROM people WHERE age < 40) SELECT * FROM young) y",
+        "SELECT count(*) AS n FROM people WHERE age < 40", 20),
+    "a DP SELECT with its own WITH clause, as a subquery": (
+        f"SELECT n FROM (WITH young AS (SELECT * FROM people WHERE age < 40) {DPS} {C1} AS n FROM young) r",
+        "SELECT count(*) AS n FROM people WHERE age < 40", 20),
+    "a parenthesized join first in FROM, and AND-ed unit terms in parentheses": (
+        f"{DPS} {C1} AS n FROM (people p JOIN visits v ON (p.uid = v.uid AND (v.cost > 2 AND p.uid = v.uid))) "
+        "JOIN depts d ON d.dept = p.dept",
+        "SELECT count(*) AS n FROM people p JOIN visits v ON p.uid = v.uid AND v.cost > 2 JOIN depts d ON d.dept = p.dept",
+        20),
+    "columns that copy the unit (grouping by either is grouping by the unit)": (
+        f"{DPS} {C1} AS n FROM (SELECT count(*) AS c, y FROM (SELECT uid AS x, uid AS y FROM people) GROUP BY y) t",
+        "SELECT count(DISTINCT uid) AS n FROM people", 20),
+    "max_rows_contributed (read as max_groups_contributed)": (
+        "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 50, max_rows_contributed = 1) dept, "
+        f"{C1} AS n FROM people GROUP BY dept ORDER BY dept",
+        "SELECT dept, count(*) AS n FROM people GROUP BY dept ORDER BY dept", 20),
+    "AS STRUCT after the DP clause (released as a table)": (
+        f"SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 50) AS STRUCT {C1} AS n FROM people",
+        "SELECT count(*) AS n FROM people", 20),
+    "an uncorrelated subquery over a public table in the DP SELECT list": (
+        f"{DPS} dept, {C1} AS n, EXISTS (SELECT 1 FROM depts WHERE region = 'S') AS has_south FROM people "
+        "GROUP BY dept ORDER BY dept",
+        "SELECT dept, count(*) AS n, true AS has_south FROM people GROUP BY dept ORDER BY dept", 20),
+    "a FROM-less SELECT's double-quoted names are strings (BigQuery)": (
+        f'{DPS} {C1} AS n FROM people CROSS JOIN (SELECT "a" AS tag UNION ALL SELECT "b") t WHERE t.tag = \'a\'',
+        "SELECT count(*) AS n FROM people", 20),
+}
+
+
+@pytest.mark.parametrize("rule", list(MORE_ACCEPTED))
+def test_more_reference_syntax_runs_and_matches_the_plain_answer(tables, rule):
+    sql, reference, tolerance = MORE_ACCEPTED[rule]
+    result = run_sql(sql, tables, epsilon=50.0)
+    truth = plain(tables, reference)
+    got = result.table[list(truth.columns)]
+    assert len(got) == len(truth)
+    for col in truth.columns:
+        if truth[col].dtype.kind in "if":
+            # epsilon 50: a count's noise sd is < 0.1 (the COUNT-as-SUM with bound 5: < 0.3); 20 is > 60 sd
+            assert np.allclose(got[col].astype(float), truth[col].astype(float), atol=tolerance), (got, truth)
+        else:
+            assert list(got[col]) == list(truth[col])
+
+
+def test_approx_quantiles_is_the_array_of_its_quantiles(tables):
+    sql = f"{DPS} APPROX_QUANTILES(age, 2, contribution_bounds_per_row => (20, 60)) AS q FROM people"
+    result = run_sql(sql, tables)
+    quantiles = list(result.table["q"][0])
+    assert len(quantiles) == 3 and quantiles == sorted(quantiles) and 20 <= quantiles[0] and quantiles[-1] <= 60
+    assert abs(quantiles[1] - 40) < 5  # ages uniform in [20, 60): the median is about 40
+    compiled = compile_statement_for(sql, tables)
+    assert [a.q for a in compiled.parts[0].query.aggregates] == [0.0, 0.5, 1.0]  # three shares of the budget
+    anon = compile_statement_for("SELECT WITH ANONYMIZATION ANON_QUANTILES(age, 4 CLAMPED BETWEEN 20 AND 60) "
+                                 "FROM people", tables, epsilon=1.0)
+    assert len(anon.parts[0].query.aggregates) == 5
+
+
+@pytest.mark.parametrize("sql,message", [
+    (f"{DPS} APPROX_QUANTILES(age, 0) FROM people", "number of quantiles must be in"),
+    (f"{DPS} APPROX_QUANTILES(age, 1000) FROM people", "number of quantiles must be in"),
+    (f"{DPS} APPROX_QUANTILES(*, 4) FROM people", "only COUNT takes"),
+    ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (max_rows_contributed = 2, max_groups_contributed = 1) COUNT(*) "
+     "FROM people", "at most one of max_groups_contributed"),
+    (f"{DPS} COUNT(*, contribution_bounds_per_group => (0, 0)) FROM people", "let no unit count"),
+    (f"{DPS} COUNT(*, contribution_bounds_per_group => (2, 5.5)) FROM people", "whole-number"),
+    (f"{DPS} COUNT(*) FROM (SELECT p.uid FROM people p RIGHT JOIN visits v ON p.uid = v.uid) t",
+     "is not the privacy unit"),  # the dropped side's unit may be NULL: not the row's unit
+    (f"{DPS} {C1}, EXISTS (SELECT 1 FROM visits) AS x FROM people", "reads a protected table"),
+    (f"{DPS} COUNT(*) FROM people p WHERE EXISTS (SELECT \"uid\" FROM depts)", "unknown column"),  # has a FROM
+    (f"{DPS} COUNT(*) FROM people TABLESAMPLE RESERVOIR (10 ROWS)", "per-unit bound breaks"),
+    ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (privacy_unit_column = s) COUNT(*) FROM "
+     "(SELECT (SELECT AS STRUCT 1 AS a) AS s, 'g' AS grp FROM depts) t", "STRUCT or an ARRAY"),
+])
+def test_more_reference_syntax_refusals(tables, sql, message):
+    with pytest.raises(dp.DPError, match=message):
+        compile_statement_for(sql, tables, epsilon=1.0)
