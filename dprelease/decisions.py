@@ -19,8 +19,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import fcntl
 import hashlib
 import json
+import os
+import threading
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -128,7 +131,7 @@ def write_context(settings: Settings, release_id: str, question: str, profile: d
                "risk": profile.get("risk"), "max_risk": profile.get("max_risk")}
     path = settings.archive_dir / release_id / CONTEXT_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(context, indent=2))
+    _write_whole(path, json.dumps(context, indent=2))
     return context
 
 
@@ -234,10 +237,20 @@ def record(settings: Settings, release_id: str, decision: Decision | dict, token
     entry["signed_decision"] = token
     path = settings.archive_dir / release_id / DECISION_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    history = json.loads(path.read_text()) if path.exists() else []
-    history.append(entry)
-    path.write_text(json.dumps(history, indent=2))
+    with open(path.with_suffix(".lock"), "w") as lock:  # one writer at a time: no decision lost
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        history = json.loads(path.read_text()) if path.exists() else []
+        history.append(entry)
+        _write_whole(path, json.dumps(history, indent=2))
     return path
+
+
+def _write_whole(path: Path, text: str) -> None:
+    """Replace the file in one step: a reader sees the old text or the new, never a torn file
+    (a decision read while another is being recorded was once an empty file)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def record_refusal(settings: Settings, release_id: str, reason: str, token: str | None) -> None:

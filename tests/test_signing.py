@@ -389,3 +389,43 @@ def test_key_fingerprint_is_the_grouped_sha256_of_the_raw_key(keys: tuple[Path, 
     assert len(expected) == len("SHA256:") + 16 * 4 + 15
     other = Ed25519PrivateKey.generate().public_key()
     assert key_fingerprint(other) != expected
+
+
+def test_decisions_recorded_at_once_are_all_kept_and_never_read_torn(tmp_path):
+    """Several approvals of one release recorded from threads at once (utility signaling asks three),
+    with a reader polling the file meanwhile: every decision is kept, and no read sees a torn file."""
+    import threading
+
+    from dprelease import decisions
+    from dprelease.settings import Settings
+
+    settings = Settings.from_env({"DPRELEASE_HOME": str(tmp_path / "home")})
+    writers = 8
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def write(i: int) -> None:
+        for k in range(25):
+            decisions.record(settings, "r1", {"decision": "approve", "by": f"c{i}", "n": k}, None)
+
+    def read() -> None:
+        while not done.is_set():
+            try:
+                decisions.recorded(settings, "r1")
+            except BaseException as err:  # noqa: BLE001 - a torn read is the failure under test
+                errors.append(err)
+                return
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    done.set()
+    reader.join()
+    assert errors == []
+    history = decisions.recorded(settings, "r1")
+    assert len(history) == writers * 25
+    assert {(h["by"], h["n"]) for h in history} == {(f"c{i}", k) for i in range(writers) for k in range(25)}
