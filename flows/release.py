@@ -29,7 +29,7 @@ from flows.outcomes import is_rejected, outcome, rejected  # noqa: F401 - outcom
 from tasks import release_steps as steps
 
 #: seconds between the paused run's checks for an answer (an internal setting, not a form field)
-APPROVAL_POLL_SECONDS = 2
+APPROVAL_POLL_SECONDS = 1
 
 
 class ReleaseDecision(RunInput):
