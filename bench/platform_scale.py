@@ -36,8 +36,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
 import workload
+from process_tree import tree_rss
 
-PAGE = os.sysconf("SC_PAGE_SIZE")
 REQUEST = {"dataset": "workload", "title": "platform scale benchmark", "epsilon": 1.0, "delta": 1e-6,
            "max_partitions_contributed": 4,
            "query": {"group_by": ["part"], "aggregates": [{"kind": "count", "upper": 10, "name": "rows"},
@@ -64,29 +64,6 @@ print(json.dumps({"compute_s": time.perf_counter() - t0, "released": len(result.
 """
 
 
-def _tree_rss(root: int) -> int:
-    """Bytes resident in `root` and all its descendants now (from /proc)."""
-    children: dict[int, list[int]] = {}
-    rss: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as handle:
-                fields = handle.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        pid, ppid = int(entry), int(fields[1])
-        children.setdefault(ppid, []).append(pid)
-        rss[pid] = int(fields[21]) * PAGE
-    total, todo = 0, [root]
-    while todo:
-        pid = todo.pop()
-        total += rss.get(pid, 0)
-        todo.extend(children.get(pid, []))
-    return total
-
-
 def measure(cmd: list[str], env: dict) -> dict:
     """Run a command; its wall time, whole-tree peak RSS, exit code and output."""
     start = time.perf_counter()
@@ -96,7 +73,7 @@ def measure(cmd: list[str], env: dict) -> dict:
 
     def sample() -> None:
         while not done.is_set():
-            peak[0] = max(peak[0], _tree_rss(proc.pid))
+            peak[0] = max(peak[0], tree_rss(proc.pid))
             time.sleep(0.02)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -211,7 +188,7 @@ def main() -> None:
         shared = shared_prefect_server(prefect_home)
         print(f"shared Prefect server: ready in {time.perf_counter() - started:.1f} s "
               f"(first start on this home builds the migrated template), "
-              f"{_tree_rss(shared.process.pid) / 1e9:.2f} GB resident")
+              f"{tree_rss(shared.process.pid) / 1e9:.2f} GB resident")
     try:
         for mode in modes:
             api_url = shared.api_url if mode == "shared" else None
