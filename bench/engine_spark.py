@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from process_tree import tree_rss  # noqa: E402
+from process_tree import tree_rss
 
 ROOT = Path(__file__).resolve().parents[1]
 CU, ROW_BOUND, SUM_BOUND, EPSILON, DELTA = 4, 10, 1000, 1.0, 1e-6
