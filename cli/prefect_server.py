@@ -213,11 +213,9 @@ def _existing_template() -> Path | None:
 
 def wait_ready(warm: Callable[[], None] | None = None) -> None:
     """Make sure the Prefect API answers: wait for this command's server (calling `warm` first while
-    it boots), then point this process's Prefect client at it."""
+    it boots), then point this process's Prefect client at it. Returns at once with a shared server."""
     start()
-    if _server is None:
-        if warm is not None:
-            warm()
+    if _server is None:  # a shared server: nothing to wait for (the caller warms up when it suits it)
         return
     if _server.ready:
         return

@@ -96,6 +96,8 @@ def own_run(settings: Settings, flow_obj, params: dict, request, warm: Callable[
         prefect_server.wait_ready(warm)
         for done in recovery.sweep(platform):
             print(f"dprelease: recovered {done.line()}", file=sys.stderr, flush=True)
+        if warm is not None:  # already loaded while a temporary server booted; with a shared one, now
+            warm()
         with get_client(sync_client=True) as client:
             flow_run = client.create_flow_run(flow_obj, parameters=params)
         out: dict = {}
