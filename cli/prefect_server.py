@@ -148,12 +148,9 @@ def _needs_own_server() -> bool:
 def template_database() -> Path:
     """The migrated, empty Prefect database of this PREFECT_HOME (built by the first command that
     needs it, under a file lock, so commands started at once build it once)."""
-    from prefect.settings import PREFECT_HOME
-
-    home = Path(PREFECT_HOME.value()).expanduser()
-    home.mkdir(parents=True, exist_ok=True)
-    template = home / "dprelease-empty-prefect.db"
-    with open(home / ".dprelease-template.lock", "w") as lock:
+    template = _template_path()
+    template.parent.mkdir(parents=True, exist_ok=True)
+    with open(template.parent / ".dprelease-template.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not template.exists():
             _build_template(template)
@@ -204,10 +201,15 @@ def start() -> None:
         _server.spawn()
 
 
-def _existing_template() -> Path | None:
+def _template_path() -> Path:
+    """Where this PREFECT_HOME keeps the migrated, empty Prefect database."""
     from prefect.settings import PREFECT_HOME
 
-    template = Path(PREFECT_HOME.value()).expanduser() / "dprelease-empty-prefect.db"
+    return Path(PREFECT_HOME.value()).expanduser() / "dprelease-empty-prefect.db"
+
+
+def _existing_template() -> Path | None:
+    template = _template_path()
     return template if template.exists() else None
 
 

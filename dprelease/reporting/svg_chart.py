@@ -183,7 +183,8 @@ class Chart:
         if self.y_label:
             out.append(f'<text transform="translate(14 {_num(top + ph / 2)}) rotate(-90)" font-size="11" '
                        f'text-anchor="middle">{escape(self.y_label)}</text>')
-        out += self._draw_bars(cats, left, pw, py) if cats else self._draw_numeric_x(left, top, pw, ph, py)
+        bottom_value = min(ticks[0], y_lo)  # where category labels hang
+        out += self._draw_bars(cats, left, pw, py, py(bottom_value)) if cats else self._draw_numeric_x(left, top, pw, ph, py)
         for y, colour, _ in self.hlines:
             out.append(f'<line x1="{_num(left)}" y1="{_num(py(y))}" x2="{_num(left + pw)}" y2="{_num(py(y))}" '
                        f'stroke={quoteattr(colour)} stroke-width="1.2" stroke-dasharray="6 4"/>')
@@ -196,7 +197,7 @@ class Chart:
         out.append("</svg>")
         return "\n".join(out)
 
-    def _draw_bars(self, cats: list[str], left: float, pw: float, py) -> list[str]:
+    def _draw_bars(self, cats: list[str], left: float, pw: float, py, axis_y: float) -> list[str]:
         out = []
         bars = [s for s in self.series if s.kind == "bars"]
         slot = pw / max(len(cats), 1)
@@ -220,7 +221,6 @@ class Chart:
                     out.append(f'<path d="M{_num(cx)} {_num(py(lo))}V{_num(py(hi))}M{_num(cx - cap)} {_num(py(lo))}'
                                f'H{_num(cx + cap)}M{_num(cx - cap)} {_num(py(hi))}H{_num(cx + cap)}" '
                                f'stroke="#333333" stroke-width="1" fill="none"/>')
-        axis_y = py(self._ty_inverse_bottom())
         for i, c in enumerate(cats):
             x = left + slot * (i + 0.5)
             text = c if len(c) <= 28 else c[:27] + "…"
@@ -231,12 +231,6 @@ class Chart:
                 out.append(f'<text x="{_num(x)}" y="{_num(axis_y + 14)}" font-size="9" text-anchor="middle">'
                            f"{escape(text)}</text>")
         return out
-
-    def _ty_inverse_bottom(self) -> float:
-        """The data value at the bottom of the axis (where category labels hang)."""
-        lo, hi = self._y_range()
-        ticks = self._y_ticks(lo, hi)
-        return min(ticks[0], lo)
 
     def _draw_numeric_x(self, left: float, top: float, pw: float, ph: float, py) -> list[str]:
         out = []
