@@ -3,13 +3,16 @@
 
 Expected failures are the project's own error classes (a refused request, an unknown name, a
 store, escrow or signing problem, a file that cannot be read). Anything else is a bug: one line
-that says so and how to see the traceback (exit 1). Library logs and warnings are silenced for
+that says so and how to see the traceback (exit 1); its traceback is also kept in <home>/logs/,
+so that a failure seen once (under load, in CI) can be reported without running it again. Library logs and warnings are silenced for
 the command (`cli.quiet`); user text is escaped before Rich sees it, so `[uid]` prints as is.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
 
 import click
 import typer
@@ -78,6 +81,24 @@ def describe(err: BaseException) -> tuple[str, int]:
             "and report it)"), EXIT_BUG
 
 
+def keep_traceback(err: BaseException) -> Path | None:
+    """Write a bug's traceback to <home>/logs/bug-<UTC time>-<pid>.txt (None when it cannot be written:
+    the one line is still printed)."""
+    import traceback
+    from datetime import datetime, timezone
+
+    try:
+        from dprelease.settings import Settings
+
+        logs = Settings.from_env().home / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        kept = logs / f"bug-{datetime.now(timezone.utc):%Y%m%dT%H%M%S%fZ}-{os.getpid()}.txt"
+        kept.write_text("".join(traceback.format_exception(err)))
+        return kept
+    except Exception:  # noqa: BLE001 - a bug report must not hide the bug
+        return None
+
+
 class ErrorBoundary(TyperGroup):
     """The top-level command group: runs every command inside the error boundary and with library
     output silenced. `--debug` (read from the parsed options) lets the traceback and logs through."""
@@ -93,6 +114,8 @@ class ErrorBoundary(TyperGroup):
                 if debug:
                     raise
                 message, code = describe(err)
+                if code == EXIT_BUG and (kept := keep_traceback(err)) is not None:
+                    message += f"; its traceback: {kept}"
                 print_error(message)
                 raise typer.Exit(code) from None
 

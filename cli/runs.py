@@ -86,7 +86,7 @@ def own_run(settings: Settings, flow_obj, params: dict, request, warm: Callable[
     from prefect import get_client
     from prefect.flow_engine import run_flow
 
-    from flows.outcomes import outcome
+    from flows.outcomes import outcome, stored_outcome
 
     platform = pipeline.Platform.open(settings)
     in_main_thread = threading.current_thread() is threading.main_thread()  # only it may handle signals
@@ -105,7 +105,8 @@ def own_run(settings: Settings, flow_obj, params: dict, request, warm: Callable[
         def work() -> None:
             try:
                 # a rejected release ends in its own final state, "Rejected" (flows.outcomes)
-                out["result"] = outcome(run_flow(flow_obj, flow_run=flow_run, parameters=params, return_type="state"))
+                state = run_flow(flow_obj, flow_run=flow_run, parameters=params, return_type="state")
+                out["result"] = outcome(state, stored=lambda: stored_outcome(platform, str(flow_run.id)))
             except BaseException as err:  # noqa: BLE001 - re-raised by OwnRun.result
                 out["error"] = err
 

@@ -282,6 +282,20 @@ def test_an_unexpected_error_is_one_line_that_says_it_is_a_bug():
         "Data checks FAILED; FAIL expect_column_values_to_not_be_null [uid]: 2")
 
 
+def test_a_bugs_traceback_is_kept_in_the_home_for_the_report(tmp_path, monkeypatch):
+    """A failure seen once (under load, in CI) can be reported without running it again."""
+    from cli.errors import keep_traceback
+
+    monkeypatch.setenv("DPRELEASE_HOME", str(tmp_path / "home"))
+    try:
+        {}[["unhashable"]]
+    except TypeError as err:
+        kept = keep_traceback(err)
+    assert kept.parent == tmp_path / "home" / "logs" and kept.name.startswith("bug-")
+    text = kept.read_text()
+    assert text.startswith("Traceback") and "test_a_bugs_traceback_is_kept" in text and "TypeError" in text
+
+
 # --- data rules of the engine API -------------------------------------------------------------------
 
 

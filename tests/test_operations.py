@@ -102,11 +102,14 @@ def _controller_key(settings, root: Path, name: str) -> Path:
 class Command:
     """One `dprelease` process: its output files, optionally a terminal on stdin (for the prompt)."""
 
-    def __init__(self, ops, name: str, *args: str, pause_at: str | None = None, tty: bool = False) -> None:
+    def __init__(self, ops, name: str, *args: str, pause_at: str | None = None, tty: bool = False,
+                 api_url: str | None = None) -> None:
         self.name, self.ops = name, ops
         self.out, self.err = ops["root"] / f"{name}.out", ops["root"] / f"{name}.err"
         self.marker = ops["root"] / f"{name}.marker"
         env = dict(ops["env"])
+        if api_url:  # the Prefect API reached another way (e.g. through LosesOneReply)
+            env["PREFECT_API_URL"] = api_url
         if "--approve-as" in args:  # approving as NAME: signed with NAME's own registered key
             approver = args[args.index("--approve-as") + 1]
             env["DPRELEASE_CONTROLLER_KEY"] = str(_controller_key(ops["settings"], ops["root"], approver))
@@ -145,6 +148,95 @@ class Command:
             if lease is not None and lease.pid == self.proc.pid:
                 return rel.id
         return None
+
+
+class LosesOneReply:
+    """A TCP proxy to the Prefect API that forwards every byte both ways, except the answer to the
+    first request `lose(request_line, body)` picks: the server has handled it (its answer has
+    started to arrive), and the client sees the connection close without one, as after a timeout
+    or a dropped connection under load. The client retries the same request (Prefect's client
+    retries dropped connections). HTTP/1.1 requests are parsed only to find that one; a connection
+    that upgrades (the events websocket) or streams a chunked body is then piped as is."""
+
+    def __init__(self, upstream_url: str, lose) -> None:
+        import socket
+        import threading
+        from urllib.parse import urlsplit
+
+        where = urlsplit(upstream_url)
+        self.upstream = (where.hostname, where.port)
+        self.lose, self.lost = lose, []
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}{where.path}"
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.upstream)
+            dropping = threading.Event()
+            threading.Thread(target=self._answers, args=(server, client, dropping), daemon=True).start()
+            threading.Thread(target=self._requests, args=(client, server, dropping), daemon=True).start()
+
+    def _answers(self, server, client, dropping) -> None:
+        try:
+            while data := server.recv(65536):
+                if dropping.is_set():  # the chosen request was handled: its answer never arrives
+                    break
+                client.sendall(data)
+        except OSError:
+            pass
+        for sock in (client, server):
+            sock.close()
+
+    def _requests(self, client, server, dropping) -> None:
+        buffer, parsing = b"", True
+        try:
+            while data := client.recv(65536):
+                if not parsing:
+                    server.sendall(data)
+                    continue
+                buffer += data
+                while parsing and b"\r\n\r\n" in buffer:
+                    head, rest = buffer.split(b"\r\n\r\n", 1)
+                    headers = head.lower()
+                    if b"upgrade:" in headers or b"transfer-encoding: chunked" in headers:
+                        parsing = False
+                        break
+                    length = int(re.search(rb"content-length:\s*(\d+)", headers).group(1)) if (
+                        b"content-length:" in headers) else 0
+                    if len(rest) < length:
+                        break
+                    request_line, body = head.split(b"\r\n", 1)[0].decode(), rest[:length]
+                    with self._lock:
+                        if not self.lost and self.lose(request_line, body):
+                            self.lost.append(request_line)
+                            dropping.set()
+                    server.sendall(head + b"\r\n\r\n" + body)
+                    buffer = rest[length:]
+                if not parsing and buffer:
+                    server.sendall(buffer)
+                    buffer = b""
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def _is_a_flow_run_completing(request_line: str, body: bytes) -> bool:
+    import json
+
+    if not (request_line.startswith("POST ") and "/flow_runs/" in request_line and "/set_state" in request_line):
+        return False
+    return json.loads(body).get("state", {}).get("type") == "COMPLETED"
 
 
 def _store(ops):
@@ -205,6 +297,30 @@ def test_concurrent_commands_each_answer_only_their_own_release(ops):
     after = store.budget("adult")
     assert after["epsilon_reserved"] == 0
     assert after["epsilon_committed"] == pytest.approx(before["epsilon_committed"] + published * EPSILON)
+
+
+def test_a_lost_answer_to_the_final_state_still_reports_the_published_release(ops):
+    """Under load the API's answer to the run's final transition can be lost: the client retries,
+    the server (which had committed it) rejects the duplicate and returns its stored state, which
+    has no value (Prefect keeps results in memory). The command still reports its release, read
+    from the store, instead of failing with Prefect's MissingResult after publishing."""
+    store = _store(ops)
+    before = store.budget("adult")
+    proxy = LosesOneReply(ops["env"]["PREFECT_API_URL"], _is_a_flow_run_completing)
+    try:
+        command = Command(ops, "lost-answer", "release", str(ops["request"]), "--approve-as", "controller-lost",
+                          api_url=proxy.url)
+        code = command.wait()
+    finally:
+        proxy.close()
+    text = command.text()
+    assert proxy.lost, "the final transition never went through the proxy"
+    assert code == 0 and "Traceback" not in text and "MissingResult" not in text, text[-3000:]
+    release_id = command.release_id()
+    printed = "".join(command.out.read_text().split())  # the terminal wraps long values
+    assert f"'directory':'{ops['settings'].publication_dir / release_id}'" in printed, printed[-500:]
+    assert store.get_release(release_id).status == "published"
+    assert store.budget("adult")["epsilon_committed"] == pytest.approx(before["epsilon_committed"] + EPSILON)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])

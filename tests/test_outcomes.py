@@ -34,3 +34,20 @@ def test_every_place_that_reads_an_outcome_asks_the_one_helper():
             if re.search(r"""name\s*==\s*["']Rejected|name\s*=\s*["']Rejected""", line):
                 scattered.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
     assert not scattered, scattered
+
+
+def test_a_final_state_without_its_value_falls_back_to_the_stored_outcome():
+    """The API's copy of a final state has no value (results are kept in memory): the outcome is read
+    from the store; without a store to ask, Prefect's error stands. A real lost answer:
+    test_operations.py::test_a_lost_answer_to_the_final_state_still_reports_the_published_release."""
+    from prefect.exceptions import MissingResult
+
+    stored = {"release_id": "r2", "status": "published", "directory": "/p/r2"}
+    assert outcome(Completed(), stored=lambda: stored) == stored
+    assert outcome(rejected("rejected by alice: no", None), stored=lambda: {"status": "rejected"}) == {
+        "status": "rejected"}
+    with pytest.raises(MissingResult):
+        outcome(Completed())
+    assert outcome(Completed(data={"status": "published"}), stored=lambda: stored) == {"status": "published"}
+    with pytest.raises(BaseException, match="boom"):  # a failure is never replaced by the store's view
+        outcome(Failed(message="boom"), stored=lambda: stored)
