@@ -131,7 +131,7 @@ def run_size(rows: int, csv: bool, python: str, prefect_home: Path, api_url: str
     env.pop("PREFECT_API_URL", None)
     if api_url:
         env["PREFECT_API_URL"] = api_url
-    cli = [python, "-c", "from cli.app import app; app()"]
+    cli = [python, "-c", "from cli.app import main; main()"]  # what the `dprelease` script runs
     subprocess.run(cli + ["init"], env=env, check=True, capture_output=True, cwd=ROOT)
     key = home / "controllers" / "bench.pem"  # decisions are signed by a registered controller
     subprocess.run(cli + ["controller", "add", "bench", "--private-key", str(key)], env=env, check=True,

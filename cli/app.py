@@ -21,7 +21,7 @@ from rich.markup import escape
 
 from dprelease.settings import Settings
 
-from .errors import CommandLine, fail
+from .errors import CommandLine, fail, run_program
 from .interactive import console, run_release_interactively, run_utility_interactively
 
 
@@ -44,6 +44,11 @@ app.add_typer(policy_app, name="policy")
 @app.callback()
 def global_options(debug: bool = typer.Option(False, "--debug", help="show tracebacks and library logs")) -> None:
     """Differentially private releases: register data, request, approve, publish, verify."""
+
+
+def main() -> None:
+    """The `dprelease` program (the console script): the app, then a quick exit (errors.run_program)."""
+    run_program(app)
 
 
 def _settings() -> Settings:
@@ -638,10 +643,6 @@ def demo() -> None:
         run_demo(console)
     except DPError as err:
         _fail(str(err))
-
-
-def main() -> None:
-    app()
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ import math
 
 import numpy as np
 import pandas as pd
-from scipy.stats import norm
 
 from .accounting import Share, rho_from_eps_delta_tight
 from .partition_selection import discrete_laplace_threshold, truncated_geometric_keep_probability
@@ -45,6 +44,8 @@ def estimated_units(query, table: pd.DataFrame, selection) -> np.ndarray | None:
 
 def expected_releases(n: np.ndarray, share: Share, max_partitions: int, epsilon_query: float) -> dict[str, float]:
     """Expected number of these partitions (n units each) each mechanism would release."""
+    from scipy.stats import norm  # here, not at the top: scipy.stats takes 0.5 s to import
+
     n = np.clip(np.asarray(n, dtype=np.float64), 0.0, None)
     eps, delta, cu = share.epsilon, share.delta, max_partitions
     t = discrete_laplace_threshold(eps, delta, cu)

@@ -82,7 +82,6 @@ from fractions import Fraction
 from functools import lru_cache
 
 import numpy as np
-from scipy.stats import norm
 
 from .accounting import Share
 from .noise import discrete_gaussian, gaussian_parameters
@@ -109,6 +108,8 @@ def weight_sql(degree_column: str, max_partitions: int, at: str = "list_extract(
 def gaussian_tail_bound(m: float, sigma: float) -> float:
     """An upper bound on P[K >= m] for the discrete Gaussian K of parameter sigma (m an integer):
     Phi_bar((m - 1) / sigma) when m >= 1 (see the module docstring), 1 otherwise."""
+    from scipy.stats import norm  # here, not at the top: scipy.stats takes 0.5 s to import
+
     return float(norm.sf((m - 1.0) / sigma)) if m >= 1 else 1.0
 
 
@@ -125,6 +126,8 @@ def new_partition_probability(threshold: int, sigma: float, max_partitions: int)
 @lru_cache(maxsize=256)
 def gaussian_threshold(sigma: float, delta_new: float, max_partitions: int) -> int:
     """The smallest integer threshold T (weight steps) with new_partition_probability <= delta_new."""
+    from scipy.stats import norm
+
     guess = WEIGHT_ONE + 1 + sigma * float(norm.isf(delta_new / max_partitions))
     hi = math.ceil(guess) + 1
     while new_partition_probability(hi, sigma, max_partitions) > delta_new:
