@@ -533,6 +533,9 @@ def release(
     """Run the release flow for a request and decide here (a prompt), or from the Prefect UI.
 
     Example: dprelease release examples/request.yaml"""
+    from dprelease import checks_judge
+
+    checks_judge.start_ahead()  # great-expectations loads in its own process meanwhile (2-3 s)
     from dp_core import DPError
     from dprelease.preflight import check_request
     from dprelease.requests import load_request
@@ -543,12 +546,23 @@ def release(
         request = load_request(spec)
         check_request(_settings(), request)  # refused before any flow starts (quick, same message)
         prefect_server.start()  # boots on the other core while the release is planned and previewed
+        _judge_checks_here_on_spark(request)
         _print_preview(request)
         result = run_release_interactively(_settings(), request, approve_as=approve_as, timeout=timeout,
                                            controller_key=key, risk_override=override_risk)
     except DPError as err:
         _fail(str(err))
+    finally:
+        checks_judge.discard()  # unused when the release was refused or ran on Spark
     console.print(result)
+
+
+def _judge_checks_here_on_spark(request) -> None:
+    """A Spark dataset's checks are judged beside its SparkSession: the judge process goes."""
+    from dprelease import checks_judge, pipeline
+
+    if pipeline.on_spark(pipeline.Platform.open(_settings()), request):
+        checks_judge.discard()
 
 
 def _print_preview(request) -> None:

@@ -51,12 +51,13 @@ def run_release_interactively(settings: Settings, request, *, approve_as: str | 
 
 
 def warm_release_imports() -> None:
-    """What a release imports on its way (the checks framework, the report renderer), loaded while
-    the temporary Prefect server boots rather than after it."""
-    from dprelease import checks
+    """What a release imports on its way (the report renderer; the checks framework unless its own
+    process judges the checks), loaded while the temporary Prefect server boots rather than after."""
+    from dprelease import checks_judge
     from dprelease.reporting import pages  # noqa: F401
 
-    checks.load_framework()
+    if not checks_judge.started():
+        checks_judge.load_framework()
 
 
 def _decide_here(settings: Settings, release_id: str, key: Path | None, approve_as: str | None,

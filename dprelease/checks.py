@@ -12,13 +12,16 @@ has any, and its distinct values outside the expected set (a few). great-expecta
 the suite on the witness table: for these row-wise expectations the verdict on the witness equals
 the verdict on the whole data (every value lies between min and max; every unexpected value has a
 representative), and the counts shown are the engine's exact ones.
-great-expectations takes seconds to import, so it is imported inside `validate`.
+great-expectations takes seconds to import: it judges in a process of its own when a command
+started one ahead, else here, imported on first use (`dprelease.checks_judge`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from dprelease import checks_judge
 
 MAX_CATEGORIES = 50
 FINITE = 1.7976931348623157e308  # the largest float: anything beyond is infinite
@@ -186,7 +189,8 @@ def _nested_value(value) -> bool:
     return isinstance(value, (list, tuple, dict, np.ndarray))
 
 
-def validate(data, expectations: list[dict], progress: Callable[[str], None] | None = None) -> CheckReport:
+def validate(data, expectations: list[dict], progress: Callable[[str], None] | None = None,
+             threads: int | None = None) -> CheckReport:
     """Run the suite on `data` (any engine input: the escrow's replayable stream of decrypted
     batches, a DataFrame, an Arrow table, a path; a Spark DataFrame or a prepared backend). The
     rows go to the engine, never to pandas: one scan computes every count and every column's
@@ -196,7 +200,7 @@ def validate(data, expectations: list[dict], progress: Callable[[str], None] | N
     from dp_core.engine_backend import open_backend
 
     say = progress or (lambda _msg: None)
-    backend = open_backend(data)
+    backend = open_backend(data, threads=threads)
     spark = getattr(backend, "spark", None) if backend.dialect == "spark" else None
     try:
         columns = list(backend.schema())
@@ -210,7 +214,7 @@ def validate(data, expectations: list[dict], progress: Callable[[str], None] | N
         if backend is not data:  # a backend handed in is its owner's to close
             backend.close()
     say(f"data checks: great-expectations on the engine's aggregates ({'Spark' if spark else 'pandas'} datasource)")
-    results = _run_great_expectations(witness, expectations, spark)
+    results = checks_judge.judge(witness, expectations, spark)
     lines, success = [], True
     for i, (e, r) in enumerate(zip(expectations, results, strict=True)):
         target = e["kwargs"].get("column", "table")
@@ -226,62 +230,3 @@ def validate(data, expectations: list[dict], progress: Callable[[str], None] | N
         success &= ok
         lines.append(f"{'ok  ' if ok else 'FAIL'} {e['type']} [{target}]{detail}")
     return CheckReport(success, tuple(lines))
-
-
-def load_framework() -> None:
-    """Import great-expectations (seconds: it pulls in scipy, altair and, where installed, pyspark)
-    ahead of the checks, e.g. while a Prefect server starts."""
-    import great_expectations  # noqa: F401
-    from great_expectations.expectations.expectation_configuration import ExpectationConfiguration  # noqa: F401
-
-
-def _run_great_expectations(witness, expectations: list[dict], spark=None) -> list:
-    """The suite on the witness table (an ephemeral context: nothing written to disk); with a
-    SparkSession, through great-expectations' Spark datasource (the witness as a Spark DataFrame)."""
-    import logging
-
-    import great_expectations as gx
-    from great_expectations.data_context.types.base import ProgressBarsConfig
-    from great_expectations.expectations.expectation_configuration import ExpectationConfiguration
-
-    logging.getLogger("great_expectations").setLevel(logging.WARNING)
-    context = gx.get_context(mode="ephemeral")
-    context.variables.progress_bars = ProgressBarsConfig(globally=False, metric_calculations=False)
-    source = context.data_sources.add_spark("dprelease") if spark is not None else context.data_sources.add_pandas("dprelease")
-    batch = source.add_dataframe_asset("data").add_batch_definition_whole_dataframe("all")
-    suite = gx.ExpectationSuite(name="dataset-checks")
-    for e in expectations:
-        suite.add_expectation_configuration(ExpectationConfiguration(type=e["type"], kwargs=e["kwargs"]))
-    suite = context.suites.add(suite)
-    definition = context.validation_definitions.add(gx.ValidationDefinition(name="checks", data=batch, suite=suite))
-    frame = witness if spark is None else _spark_witness(spark, witness)
-    result = definition.run(batch_parameters={"dataframe": frame}, result_format="SUMMARY")
-    pending = list(result.results)
-    ordered = []
-    for e in expectations:  # match each expectation to its result (type and column)
-        target = (e["type"], e["kwargs"].get("column"))
-        match = next(r for r in pending if (r.expectation_config.type, r.expectation_config.kwargs.get("column")) == target)
-        pending.remove(match)
-        ordered.append(match)
-    return ordered
-
-
-def _spark_witness(spark, witness):
-    """The witness table as a Spark DataFrame (a few rows per column), every column as text or
-    double so that a column holding only a NULL still has a type Spark accepts."""
-    from decimal import Decimal
-
-    import numpy as np
-    import pandas as pd
-    from pyspark.sql.types import DoubleType, StringType, StructField, StructType
-
-    fields, columns = [], {}
-    for name in witness.columns:
-        values = list(witness[name])
-        present = [v for v in values if not pd.isna(v)]
-        numeric = bool(present) and all(isinstance(v, (int, float, Decimal, np.integer, np.floating))
-                                        and not isinstance(v, (bool, np.bool_)) for v in present)
-        fields.append(StructField(name, DoubleType() if numeric else StringType(), True))
-        columns[name] = [None if pd.isna(v) else (float(v) if numeric else str(v)) for v in values]
-    rows = list(zip(*columns.values())) if columns else []
-    return spark.createDataFrame(rows, StructType(fields))

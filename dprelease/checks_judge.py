@@ -1,0 +1,225 @@
+"""great-expectations as the judge of the checks' witness table, in this process or in a process
+of its own started ahead.
+
+great-expectations takes 2-3 s and about 300 MB to import (it pulls in scipy, altair and, where
+installed, pyspark). A release command starts the judge process as soon as its request is known
+(`start_ahead`): the import then runs on the other core while the command plans, previews and
+starts its flow, and its memory leaves with the process once the witness is judged, before the
+engine's compute, which is where a release's memory peaks. Without a judge started ahead (the
+Python API, tests, a Spark witness, which needs the caller's SparkSession) the suite runs here.
+
+The judge sees only the witness table (a few rows per column: minima, maxima, unexpected values)
+and the expectations, never the dataset. Parent and child exchange pickles over the child's own
+pipes (the same program on both ends); a judge that is gone or fails is replaced by judging here,
+so its verdicts are always great-expectations' own.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import pickle
+import signal
+import struct
+import subprocess
+import sys
+from dataclasses import dataclass, field
+
+_LENGTH = struct.Struct("<Q")  # each message: its length, then its pickle
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """One expectation's result, as `checks.validate` reads it from great-expectations."""
+
+    success: bool
+    result: dict = field(default_factory=dict)
+
+
+def judge(witness, expectations: list[dict], spark=None) -> list[Judgement]:
+    """great-expectations' result for each expectation on the witness, in the expectations' order:
+    by the judge started ahead when there is one (and no Spark), else in this process."""
+    global _ahead
+    if spark is None and _ahead is not None:
+        process, _ahead = _ahead, None
+        try:
+            return process.judge(witness, expectations)
+        except JudgeUnavailable:
+            pass  # judged here instead: same suite, same verdicts
+    return run_suite(witness, expectations, spark)
+
+
+class JudgeUnavailable(Exception):
+    """The judge process ended or answered nothing usable."""
+
+
+class JudgeProcess:
+    """A child Python that imports great-expectations at once and judges one witness table."""
+
+    def __init__(self) -> None:
+        self.process = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=os.environ.copy(),
+                                        start_new_session=False)
+        self.answered = False  # the child judged (not replaced by judging here)
+
+    def judge(self, witness, expectations: list[dict]) -> list[Judgement]:
+        try:
+            _send(self.process.stdin, (witness, expectations))
+            self.process.stdin.close()
+            kind, value = _receive(self.process.stdout)
+        except (OSError, EOFError, pickle.UnpicklingError, struct.error) as err:
+            raise JudgeUnavailable(str(err)) from err
+        finally:
+            self.close(grace_s=5.0)
+        if kind != "ok":
+            raise JudgeUnavailable(value)
+        self.answered = True
+        return [Judgement(success, result) for success, result in value]
+
+    def close(self, grace_s: float = 0.0) -> None:
+        """End the child: it ends by itself once it has answered or its input is closed (the
+        parent's exit); after `grace_s` it is killed."""
+        try:
+            self.process.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        for pipe in (self.process.stdin, self.process.stdout):
+            try:
+                pipe.close()
+            except OSError:  # unsent bytes to a child that is gone
+                pass
+
+
+_ahead: JudgeProcess | None = None
+
+
+def start_ahead() -> None:
+    """Start the judge process now (its import overlaps the caller's next seconds); the next
+    `judge` without Spark uses it. Idempotent; the child is ended at this process's exit."""
+    global _ahead
+    if _ahead is None:
+        _ahead = JudgeProcess()
+        atexit.register(discard)
+
+
+def started() -> bool:
+    """A judge process started ahead waits for the next witness."""
+    return _ahead is not None
+
+
+def discard() -> None:
+    """End a judge started ahead that nothing used (e.g. the release ran on Spark)."""
+    global _ahead
+    if _ahead is not None:
+        process, _ahead = _ahead, None
+        process.close(grace_s=0.0)
+
+
+def run_suite(witness, expectations: list[dict], spark=None) -> list[Judgement]:
+    """The suite on the witness table in this process (an ephemeral context: nothing written to
+    disk); with a SparkSession, through great-expectations' Spark datasource."""
+    import logging
+
+    import great_expectations as gx
+    from great_expectations.data_context.types.base import ProgressBarsConfig
+    from great_expectations.expectations.expectation_configuration import ExpectationConfiguration
+
+    logging.getLogger("great_expectations").setLevel(logging.WARNING)
+    context = gx.get_context(mode="ephemeral")
+    context.variables.progress_bars = ProgressBarsConfig(globally=False, metric_calculations=False)
+    source = context.data_sources.add_spark("dprelease") if spark is not None else context.data_sources.add_pandas("dprelease")
+    batch = source.add_dataframe_asset("data").add_batch_definition_whole_dataframe("all")
+    suite = gx.ExpectationSuite(name="dataset-checks")
+    for e in expectations:
+        suite.add_expectation_configuration(ExpectationConfiguration(type=e["type"], kwargs=e["kwargs"]))
+    suite = context.suites.add(suite)
+    definition = context.validation_definitions.add(gx.ValidationDefinition(name="checks", data=batch, suite=suite))
+    frame = witness if spark is None else spark_witness(spark, witness)
+    result = definition.run(batch_parameters={"dataframe": frame}, result_format="SUMMARY")
+    pending = list(result.results)
+    ordered = []
+    for e in expectations:  # match each expectation to its result (type and column)
+        target = (e["type"], e["kwargs"].get("column"))
+        match = next(r for r in pending if (r.expectation_config.type, r.expectation_config.kwargs.get("column")) == target)
+        pending.remove(match)
+        ordered.append(Judgement(bool(match.success), {"observed_value": _plain(match.result.get("observed_value"))}))
+    return ordered
+
+
+def load_framework() -> None:
+    """Import great-expectations here (seconds), e.g. while a Prefect server starts."""
+    import great_expectations  # noqa: F401
+    from great_expectations.expectations.expectation_configuration import ExpectationConfiguration  # noqa: F401
+
+
+def spark_witness(spark, witness):
+    """The witness table as a Spark DataFrame (a few rows per column), every column as text or
+    double so that a column holding only a NULL still has a type Spark accepts."""
+    from decimal import Decimal
+
+    import numpy as np
+    import pandas as pd
+    from pyspark.sql.types import DoubleType, StringType, StructField, StructType
+
+    fields, columns = [], {}
+    for name in witness.columns:
+        values = list(witness[name])
+        present = [v for v in values if not pd.isna(v)]
+        numeric = bool(present) and all(isinstance(v, (int, float, Decimal, np.integer, np.floating))
+                                        and not isinstance(v, (bool, np.bool_)) for v in present)
+        fields.append(StructField(name, DoubleType() if numeric else StringType(), True))
+        columns[name] = [None if pd.isna(v) else (float(v) if numeric else str(v)) for v in values]
+    rows = list(zip(*columns.values())) if columns else []
+    return spark.createDataFrame(rows, StructType(fields))
+
+
+def _plain(value):
+    """An observed value as plain Python (numpy scalars and arrays become numbers and lists), so
+    that it crosses the pipe and prints the same from either judge."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _send(pipe, message) -> None:
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    pipe.write(_LENGTH.pack(len(data)) + data)
+    pipe.flush()
+
+
+def _receive(pipe):
+    head = pipe.read(_LENGTH.size)
+    if len(head) < _LENGTH.size:
+        raise EOFError("the judge process ended without an answer")
+    (size,) = _LENGTH.unpack(head)
+    data = pipe.read(size)
+    if len(data) < size:
+        raise EOFError("the judge process's answer was cut short")
+    return pickle.loads(data)  # noqa: S301 - our own child process, over its private pipe
+
+
+def _serve() -> None:
+    """The child: import great-expectations, judge one witness, answer, exit. Interrupts are the
+    parent's to handle (a Ctrl-C reaches the whole terminal's process group); a parent that ends
+    closes our input, and we end too."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    answers = os.fdopen(os.dup(1), "wb")  # the answer's own channel: whatever a library prints
+    os.dup2(2, 1)  # goes to standard error (the parent's DEVNULL), never into the answer
+    sys.stdout = sys.stderr
+    load_framework()
+    try:
+        witness, expectations = _receive(sys.stdin.buffer)
+    except EOFError:
+        return
+    try:
+        answer = ("ok", [(j.success, j.result) for j in run_suite(witness, expectations)])
+    except Exception as err:  # noqa: BLE001 - the parent judges again in its own process
+        answer = ("error", f"{type(err).__name__}: {err}")
+    _send(answers, answer)
+
+
+if __name__ == "__main__":
+    _serve()

@@ -1,0 +1,104 @@
+"""great-expectations judging the checks' witness in a process of its own (dprelease.checks_judge):
+the same verdicts as judging here, a judge that is gone is replaced by judging here, and a command
+that started one never loads great-expectations itself."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dprelease import checks, checks_judge
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _frames():
+    good = pd.DataFrame({"uid": [1, 2, 3, 4], "x": [1.0, 2.0, 3.0, 4.0], "c": ["a", "b", "a", "b"]})
+    bad = good.assign(uid=[1, None, 3, 4], x=[1.0, np.inf, 3.0, 4.0], c=["a", "b", "zz", "b"])
+    renamed = good.rename(columns={"x": "y"})
+    return good, [good, bad, renamed, good.assign(x=[1.0, 2.0, 3.0, 99.0])]
+
+
+@pytest.fixture
+def no_judge_left():
+    yield
+    checks_judge.discard()
+
+
+def test_the_judge_process_gives_the_verdicts_of_judging_here(no_judge_left):
+    good, frames = _frames()
+    suite = checks.default_expectations(good, "uid")
+    for frame in frames:
+        here = checks.validate(frame, suite)
+        checks_judge.start_ahead()
+        judge = checks_judge._ahead
+        there = checks.validate(frame, suite)
+        assert judge.answered and judge.process.returncode == 0, "judged here, not by the judge process"
+        assert not checks_judge.started()  # one judge, one witness
+        assert there == here, (there.summary(), here.summary())
+    assert [checks.validate(f, suite).success for f in frames] == [True, False, False, True]
+
+
+def test_a_judge_that_is_gone_is_replaced_by_judging_here(no_judge_left):
+    good, frames = _frames()
+    suite = checks.default_expectations(good, "uid")
+    checks_judge.start_ahead()
+    checks_judge._ahead.process.kill()  # killed before it got the witness
+    report = checks.validate(frames[1], suite)
+    assert not report.success and "FAIL expect_column_values_to_be_between [x]" in report.summary()
+    assert checks.validate(good, suite).success
+
+
+def test_a_command_with_a_judge_never_loads_great_expectations():
+    """Its 300 MB stay out of the process that runs the engine (where a release's memory peaks)."""
+    code = textwrap.dedent("""
+        import sys
+        import pandas as pd
+        from dprelease import checks, checks_judge
+        frame = pd.DataFrame({"uid": [1, 2, 3], "x": [1.0, 2.0, float("inf")]})
+        checks_judge.start_ahead()
+        suite = [{"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "uid"}},
+                 {"type": "expect_column_values_to_be_between", "kwargs": {"column": "x", "min_value": -1e308,
+                                                                           "max_value": 1e308}}]
+        report = checks.validate(frame, suite)
+        print(report.success, "great_expectations" in sys.modules, "scipy" in sys.modules)
+    """)
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["False", "False", "False"], done.stdout
+
+
+def test_a_judge_nobody_asks_ends_with_its_command():
+    """Started, never used (a Spark release): it ends when the command does, killed or not."""
+    code = textwrap.dedent("""
+        import os
+        from dprelease import checks_judge
+        checks_judge.start_ahead()
+        print(checks_judge._ahead.process.pid, flush=True)
+        os._exit(0)  # no exit handlers: the child sees its input close
+    """)
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    child = int(done.stdout.split()[0])
+    import time
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            return
+        state = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0] if Path(
+            f"/proc/{child}").exists() else "X"
+        if state == "Z":  # ended, not yet reaped (its parent is gone)
+            return
+        time.sleep(0.2)
+    pytest.fail(f"the judge process {child} outlived its command")
