@@ -5,7 +5,8 @@ For each size (default 10M and 50M rows; bench/workload.py: 1M units, 10k Zipf-l
   2. `dprelease release <request> --approve-as bench` (DP COUNT + SUM by partition, C_u = 4,
      epsilon 1, delta 1e-6: the engine benchmark's query), the approval answered at once,
   3. the data checks alone (`pipeline.check_data` on the registered dataset),
-  4. the engine alone (`dp_core.execute` on the plaintext file) in a fresh process, same query,
+  4. the engine alone (`dp_core.execute` on the plaintext file) in a fresh process, same query and
+     DuckDB threads as the platform's (DPRELEASE_ENGINE_THREADS, default 1),
 each a separate process tree; printed: wall time and peak memory of the whole process tree
 (the sum of the RSS of the process and its descendants, sampled every 20 ms). A tiny run (10k rows)
 measures the fixed costs (interpreter, imports, Prefect's temporary server, great-expectations)
@@ -56,10 +57,11 @@ ENGINE = """
 import json, sys, time
 start = time.perf_counter()
 import dp_core as dp
+from dprelease.settings import Settings
 query = dp.Query([dp.count(upper=10), dp.sum_("val", 0, 1000)], privacy_unit="uid", group_by=("part",),
                  epsilon=1.0, delta=1e-6, max_partitions_contributed=4)
 t0 = time.perf_counter()
-result = dp.execute(query, sys.argv[1])
+result = dp.execute(query, sys.argv[1], threads=Settings.from_env().engine_threads)  # as the platform runs it
 print(json.dumps({"compute_s": time.perf_counter() - t0, "released": len(result.table)}))
 """
 

@@ -112,7 +112,8 @@ def _return_arrow_memory() -> None:
 def check_data(platform: Platform, dataset_name: str, backend: str = "auto") -> checks.CheckReport:
     ds = platform.store.get_dataset(dataset_name)
     report = with_rows(platform, dataset_name, lambda rows: checks.validate(
-        rows, json.loads(ds.expectations_json), progress=progress.note), "data checks", backend)
+        rows, json.loads(ds.expectations_json), progress=progress.note, threads=platform.settings.engine_threads),
+        "data checks", backend)
     pause_point("after_checks")
     return report
 
@@ -156,7 +157,7 @@ def plan(platform: Platform, request: ReleaseRequest) -> Plan:
     return Plan(request, query, sql, options_epsilon)
 
 
-def _on_spark(platform: Platform, request: ReleaseRequest) -> bool:
+def on_spark(platform: Platform, request: ReleaseRequest) -> bool:
     """The request's dataset is computed on Spark (an external dataset, backend auto or spark)."""
     return external.resolve_backend(platform.store.get_dataset(request.dataset), request.backend) == "spark"
 
@@ -230,7 +231,7 @@ def choose_epsilon(platform: Platform, planned: Plan) -> EpsilonDecision:
         else:
             if planned.sql:
                 raise ReleaseError("PRI data mode needs a query spec, not SQL; use public mode or a `query:` spec")
-            if _on_spark(platform, req):
+            if on_spark(platform, req):
                 raise ReleaseError("PRI data mode needs every unit's contribution in this process, and "
                                    f"{req.dataset!r} is computed on Spark (only per-partition rows come back): "
                                    "use PRI public mode, or fix epsilon; nothing was computed")
@@ -316,13 +317,14 @@ def compute_sealed(platform: Platform, release_id: str, planned: Plan, decision:
         result = with_rows(platform, planned.request.dataset, lambda rows: run_sql(
             planned.sql, _sql_tables(platform, ds, rows), epsilon=decision.epsilon,
             delta=query.delta, max_partitions_contributed=query.max_partitions_contributed,
-            confidence=query.confidence), "compute", planned.request.backend)
+            confidence=query.confidence, threads=platform.settings.engine_threads), "compute",
+            planned.request.backend)
     else:
-        result = with_rows(platform, planned.request.dataset, lambda rows: dp.execute(query, rows), "compute",
-                           planned.request.backend)
+        result = with_rows(platform, planned.request.dataset, lambda rows: dp.execute(
+            query, rows, threads=platform.settings.engine_threads), "compute", planned.request.backend)
     if decision.pri_choice is not None:
         result = replace(result, epsilon_choice=replace(decision.pri_choice, controller_only=()))
-        if not planned.sql and not _on_spark(platform, planned.request):  # the controller's view: PRI
+        if not planned.sql and not on_spark(platform, planned.request):  # the controller's view: PRI
             # ranges of the real data per candidate (every unit's contribution: not collected from Spark)
             contrib = with_rows(platform, planned.request.dataset, lambda rows: pri.contributions(query, rows),
                                 "compute (PRI ranges)", planned.request.backend)

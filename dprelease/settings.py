@@ -7,6 +7,7 @@ then passed down; no other module reads the environment.
     DPRELEASE_KEY_DIR     where key files live (default <home>/keys; keep it off the data disk)
     DPRELEASE_CONTROLLER_KEY  the controller's own private key (signs decisions; default: none)
     DPRELEASE_SPARK_MASTER    the Spark master for external datasets (default: Spark's own, local[*])
+    DPRELEASE_ENGINE_THREADS  DuckDB threads of one release's scans (default 1: see ENGINE_THREADS)
 """
 
 from __future__ import annotations
@@ -14,6 +15,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
+
+#: DuckDB threads per release. One by default: the engine's hash aggregates keep a table per
+#: thread, so peak memory grows with threads (10M rows of the engine benchmark from the escrow:
+#: 0.9 GB with one thread, 1.3 GB with two), and a platform runs several controllers' releases at
+#: once. On 2 cores one thread was also the faster at 10M rows (2.3 s against 2.9-3.7 s); at 50M two
+#: were (3.9-4.8 s against 5.7-6.0 s). Raise it for large datasets on a machine of their own.
+ENGINE_THREADS = 1
 
 
 @dataclass(frozen=True)
@@ -24,6 +33,7 @@ class Settings:
     escrow_key: str | None = None  # from the environment; takes precedence over the key file
     controller_key: Path | None = None  # this controller's private key (decisions are signed with it)
     spark_master: str | None = None  # where external datasets are computed (dprelease.external)
+    engine_threads: int = ENGINE_THREADS  # DuckDB threads of a release's scans
 
     @property
     def escrow_dir(self) -> Path:
@@ -66,9 +76,23 @@ class Settings:
         controller_key = env.get("DPRELEASE_CONTROLLER_KEY")
         return cls(home, store, key_dir, env.get("DPRELEASE_ESCROW_KEY") or None,
                    Path(controller_key).expanduser().resolve() if controller_key else None,
-                   env.get("DPRELEASE_SPARK_MASTER") or None)
+                   env.get("DPRELEASE_SPARK_MASTER") or None, _engine_threads(env.get("DPRELEASE_ENGINE_THREADS")))
 
     def ensure_dirs(self) -> None:
         for d in (self.home, self.escrow_dir, self.archive_dir, self.publication_dir, self.key_dir):
             d.mkdir(parents=True, exist_ok=True)
         os.chmod(self.key_dir, 0o700)
+
+
+def _engine_threads(value: str | None) -> int:
+    """DPRELEASE_ENGINE_THREADS as a positive whole number (unset or empty: the default)."""
+    if value is None or not value.strip():
+        return ENGINE_THREADS
+    try:
+        threads = int(value)
+    except ValueError:
+        threads = 0
+    if threads < 1:
+        raise ValueError(f"DPRELEASE_ENGINE_THREADS={value!r} is not a positive whole number: set it to 1, 2, ... "
+                         "or unset it (default 1)")
+    return threads

@@ -24,6 +24,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.app import app
+from dprelease.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 GOOD_CSV = "uid,g,x,s\n" + "".join(f"{i},{'ab'[i % 2]},{i % 7},t{i % 3}\n" for i in range(1, 41))
@@ -266,6 +267,17 @@ def test_unusable_escrow_key_is_one_line(home, env, words, command):
     else:
         args = ("release", home / "requests" / "good.yaml", "--approve-as", "alice")
     refused(home, *args, words=words, env=env)
+
+
+@pytest.mark.parametrize("threads", ["0", "two", "-1"])
+def test_bad_engine_threads_setting_is_one_line_from_the_cli_and_the_api(home, threads):
+    words = f"DPRELEASE_ENGINE_THREADS={threads!r} is not a positive whole number"
+    refused(home, "release", home / "requests" / "good.yaml", "--approve-as", "alice",
+            words=words, env={"DPRELEASE_ENGINE_THREADS": threads})
+    with pytest.raises(ValueError, match=words):
+        Settings.from_env({"DPRELEASE_HOME": str(home / "home"), "DPRELEASE_ENGINE_THREADS": threads})
+    assert Settings.from_env({"DPRELEASE_HOME": str(home / "home"), "DPRELEASE_ENGINE_THREADS": "2"}).engine_threads == 2
+    assert Settings.from_env({"DPRELEASE_HOME": str(home / "home")}).engine_threads == 1
 
 
 def test_debug_shows_the_traceback(home):
