@@ -19,3 +19,21 @@ def test_engine_benchmark_with_the_selection_comparison_runs_small():
     out = done.stdout
     assert "ratio c/b" in out and "peak memory" in out
     assert "selection comparison" in out and "MAD / truncated geometric" in out
+
+
+def test_spark_benchmark_runs_small():
+    """`bench/engine.py --backend spark` (three processes, each with its JVM) at a small size."""
+    import shutil
+
+    import pytest
+
+    if shutil.which("java") is None:
+        pytest.skip("the Spark benchmark needs a Java runtime (java not on PATH; CI installs openjdk-17-jre-headless)")
+    pytest.importorskip("pyspark", reason="the Spark benchmark needs pyspark: pip install '.[spark]'")
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "engine.py"), "--backend", "spark", "--rows", "20000", "--units", "2000",
+         "--partitions", "40"], cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    out = done.stdout
+    assert "(s0) Spark plain bounding SQL" in out and "(s1) dprelease on Spark" in out and "(d1) dprelease on DuckDB" in out
+    assert "ratios: s1/s0 whole" in out and "target <= 25 s" in out
