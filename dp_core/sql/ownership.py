@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 import sqlglot
 from sqlglot import exp
 
-from ..errors import InvalidQueryError
+from ..errors import InvalidQueryError, UnsupportedError
+from . import sample as row_sample
 
 
 @dataclass(frozen=True)
@@ -152,7 +153,8 @@ def check_functions(expr: exp.Expression | None, where: str) -> None:
     if expr is None:
         return
     for node in expr.walk():
-        if isinstance(node, exp.Anonymous) and not is_dp_call(node) and not known_function(node.name):
+        if (isinstance(node, exp.Anonymous) and not is_dp_call(node) and not known_function(node.name)
+                and str(node.name).lower() != row_sample.PLACEHOLDER):
             raise InvalidQueryError(f"{where}: unknown function {str(node.name)!r} in {quote(node)[:80]!r}")
 
 
@@ -186,6 +188,7 @@ class OwnershipChecker:
         self.catalog = {k.lower(): v for k, v in catalog.items()}
         self.ctes: dict[str, Relation] = {}
         self.released: set[str] = set()  # CTEs that hold DP results (not readable inside a DP SELECT)
+        self.samples = 0  # TABLESAMPLE clauses rewritten so far (each its own sample: sample.py)
 
     # -- conditions ------------------------------------------------------------------------
     def check_condition(self, expr: exp.Expression | None, scope: Scope, where: str) -> None:
@@ -256,6 +259,39 @@ class OwnershipChecker:
         return self.catalog.get(full) or self.catalog.get(node.name.lower())
 
     def relation(self, node: exp.Expression, where: str) -> Relation:
+        """The relation of one FROM item; a TABLESAMPLE on it becomes its per-row sample (sample.py)."""
+        rel = self._relation(node, where)
+        if node.args.get("sample") is not None:
+            self._sample(node, rel, where)
+        return rel
+
+    def _sample(self, node: exp.Expression, rel: Relation, where: str) -> None:
+        """Rewrite `node TABLESAMPLE BERNOULLI / SYSTEM (p PERCENT)` in place as the subquery of its
+        per-row sample (the same alias and columns); refuse the other samples."""
+        fraction = row_sample.sample_fraction(node.args["sample"], where)
+        node.set("sample", None)
+        if fraction >= 1:
+            return  # 100 PERCENT: every row
+        if node.parent is None:  # a copy (the first table of a parenthesized join): the rewrite would be lost
+            raise UnsupportedError(f"{where}: TABLESAMPLE on the first table of a parenthesized join is not "
+                                   "supported: sample it in a subquery, (SELECT * FROM t TABLESAMPLE ...)")
+        self.samples += 1
+        if (isinstance(node, exp.Subquery) and isinstance(node.this, exp.Select)
+                and len(node.this.expressions) == len(rel.columns)
+                and not any(isinstance(e, exp.Star) or isinstance(e.this, exp.Star) for e in node.this.expressions)):
+            for i, e in enumerate(node.this.expressions):  # unnamed items get the names the checker gave them
+                if not e.alias_or_name and not isinstance(e, exp.Star):
+                    e.replace(exp.alias_(e.copy(), list(rel.columns.values())[i], quoted=True))
+        columns = list(rel.columns.values())
+        if isinstance(node, exp.Table):
+            inner = node.copy()
+            inner.set("alias", None)
+            node.replace(exp.Subquery(this=row_sample.sampled_select(inner, columns, fraction, self.samples),
+                                      alias=exp.TableAlias(this=exp.to_identifier(rel.alias))))
+        else:
+            node.set("this", row_sample.sampled_select(node.this, columns, fraction, self.samples))
+
+    def _relation(self, node: exp.Expression, where: str) -> Relation:
         if isinstance(node, exp.Table):
             name = node.name
             alias = node.alias_or_name

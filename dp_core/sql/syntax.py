@@ -294,10 +294,11 @@ def parse_statement(sql: str) -> ParsedStatement:
         if t.token_type == TokenType.TABLE_SAMPLE and tokens[at + 1].text.upper() == "RESERVOIR":
             raise UnsupportedError("TABLESAMPLE RESERVOIR (n ROWS) is not supported: it keeps n rows chosen among all "
                                    "units' rows, so one unit's rows change which of the others' are kept (the per-unit "
-                                   "bound breaks)")
-        if t.token_type == TokenType.TABLE_SAMPLE or (t.text.upper() == "USING" and tokens[at + 1].text.upper() == "SAMPLE"):
-            raise UnsupportedError("sampling in the query (TABLESAMPLE, USING SAMPLE) is not supported: the engine would "
-                                   "read every row, not the sample you asked for; register a sample of the data instead")
+                                   "bound breaks); use TABLESAMPLE BERNOULLI (p PERCENT)")
+        if t.text.upper() == "USING" and tokens[at + 1].text.upper() == "SAMPLE":
+            raise UnsupportedError("USING SAMPLE is not supported (DuckDB samples a SELECT's rows by blocks by "
+                                   "default): write TABLESAMPLE BERNOULLI (p PERCENT) after the table or subquery")
+        # TABLESAMPLE BERNOULLI / SYSTEM (p PERCENT): checked and carried through by the ownership checker (sample.py)
     edits: list[tuple[int, int, str]] = []
     clauses: dict[int, DPClause] = {}
     for at, t in enumerate(tokens[:-2]):
