@@ -286,11 +286,17 @@ SOURCES = ["people", "people p", "depts", "people p JOIN visits v USING (uid)", 
            "people p, depts d", "nowhere", "people p JOIN other o ON p.uid = o.person",
            "people RIGHT JOIN (SELECT DISTINCT dept FROM depts) USING (dept)",
            "(people p JOIN visits v ON (p.uid = v.uid)) JOIN depts USING (dept)",
-           "(WITH w AS (SELECT * FROM people) SELECT * FROM w) w2"]
+           "(WITH w AS (SELECT * FROM people) SELECT * FROM w) w2",
+           "people TABLESAMPLE BERNOULLI (10 PERCENT)", "people p TABLESAMPLE SYSTEM (50 PERCENT) JOIN depts USING (dept)",
+           "(SELECT uid, dept FROM people) TABLESAMPLE BERNOULLI (1 PERCENT) RIGHT JOIN (SELECT DISTINCT dept FROM depts) "
+           "TABLESAMPLE BERNOULLI (2 PERCENT) USING (dept)", "people TABLESAMPLE RESERVOIR (5 ROWS)",
+           "people TABLESAMPLE BERNOULLI (10 PERCENT) REPEATABLE (3)", "people TABLESAMPLE BERNOULLI (0 PERCENT)",
+           "(SELECT * FROM people TABLESAMPLE BERNOULLI (10)) s", "(people p TABLESAMPLE BERNOULLI (5 PERCENT) JOIN visits "
+           "v USING (uid)) JOIN depts USING (dept)", "people USING SAMPLE 10%"]
 TAILS = ["", "WHERE age > 30", "WHERE dept IN (SELECT dept FROM depts)", "WHERE uid IN (SELECT uid FROM visits)",
          "GROUP BY dept", "GROUP BY 1", "GROUP BY COUNT(*)", "GROUP BY uid", "HAVING COUNT(*) > 1",
          "GROUP BY dept ORDER BY 1 LIMIT 2", "ORDER BY x"]
-WRAPS = ["{q}", "SELECT * FROM ({q}) t WHERE 1 = 1", "WITH c AS ({q}) SELECT * FROM c", "{q} UNION ALL {q}",
+WRAPS = ["{q}", "SELECT * FROM ({q}) TABLESAMPLE BERNOULLI (50 PERCENT) t", "SELECT * FROM ({q}) t WHERE 1 = 1", "WITH c AS ({q}) SELECT * FROM c", "{q} UNION ALL {q}",
          "SELECT * FROM ({q}) a JOIN depts USING (dept)", "SELECT * FROM ({q}) a, people"]
 PIECES = ["(", ")", ",", "SELECT", "FROM", "WITH", "OPTIONS", "=>", "DIFFERENTIAL_PRIVACY", "CLAMPED BETWEEN", "AND",
           "*", "'x'", "NULL", "1e999", "-", ";", "UNION", "GROUP BY", ".", "`a.b`", '"', "--", "/*"]
