@@ -36,8 +36,9 @@ number, the row's index among identical rows and every column as `length:value`)
 on DuckDB and Spark, so a sampled public-groups subquery keeps the same groups in the key list
 (read by DuckDB) as in the source's join (read on Spark). The row's index among identical rows
 (`row_number() OVER (PARTITION BY every column)`) makes identical rows independent draws (which
-of them gets which index does not matter: they are identical); rows are kept iff the 60-bit digest
-is below p * 2^60. Each TABLESAMPLE clause is its own sample (its occurrence number); a sampled CTE
+of them gets which index does not matter: they are identical; the window partitions by every
+column, the unit among them, so unlike the window functions the ownership rules refuse it never
+mixes units' rows); rows are kept iff the 60-bit digest is below p * 2^60. Each TABLESAMPLE clause is its own sample (its occurrence number); a sampled CTE
 is one sample wherever it is read.
 
 Refused: a sample of n ROWS (RESERVOIR, or a size without PERCENT: which rows are kept depends on
