@@ -170,15 +170,29 @@ def _and_terms(condition: exp.Expression) -> list[exp.Expression]:
 def _flatten_parenthesized_join(node: exp.Expression) -> tuple[exp.Expression, list[exp.Join]]:
     """A parenthesized join first in FROM, `(a JOIN b ON ...) JOIN c`, read as `a JOIN b ON ... JOIN c`
     (the same rows: the leftmost join is evaluated first either way). Returns the first relation
-    and the joins inside the parentheses, in order; any other node is returned as it is."""
-    if isinstance(node, exp.Subquery) and not node.alias and isinstance(node.this, (exp.Table, exp.Subquery)):
-        base, joins = _flatten_parenthesized_join(node.this)
-        return base, joins + list(node.args.get("joins") or [])
-    if isinstance(node, exp.Table) and node.args.get("joins"):
+    and the joins inside the parentheses, in order (the first relation a copy without them); any
+    other node is returned as it is. The joins may hang on the first relation itself (a table or
+    an aliased subquery) or on a parenthesized subquery around it, at any depth."""
+    joins = list(node.args.get("joins") or [])
+    if joins:
         base = node.copy()
         base.set("joins", None)
-        return base, list(node.args["joins"])
+        inner, inner_joins = _flatten_parenthesized_join(base)
+        return inner, inner_joins + joins
+    if (isinstance(node, exp.Subquery) and not node.alias and node.args.get("sample") is None
+            and isinstance(node.this, (exp.Table, exp.Subquery))):
+        return _flatten_parenthesized_join(node.this)
     return node, []
+
+
+def _nested_join(node: exp.Expression) -> bool:
+    """The relation holds a join of its own (`(b JOIN c ON ...)`, possibly in more parentheses)."""
+    while True:
+        if node.args.get("joins"):
+            return True
+        if not (isinstance(node, exp.Subquery) and isinstance(node.this, (exp.Table, exp.Subquery))):
+            return False
+        node = node.this
 
 
 class OwnershipChecker:
@@ -229,13 +243,16 @@ class OwnershipChecker:
         if source is None:
             return scope
         base, nested_joins = _flatten_parenthesized_join(source.this)
-        first = self.relation(base, where)
+        if nested_joins:  # rewritten in place, so that what is checked is what runs
+            source.set("this", base)
+            select.set("joins", nested_joins + list(select.args.get("joins") or []))
+        first = self.relation(source.this, where)
         scope.relations.append(first)
         if first.unit is not None:
             scope.unit_expr = exp.column(first.columns.get(first.unit.lower(), first.unit), table=first.alias, quoted=True)
             scope.unit_name = first.unit
             scope.unit_aliases = {first.alias.lower()}
-        for join in nested_joins + list(select.args.get("joins") or []):
+        for join in list(select.args.get("joins") or []):
             self.join(join, scope, where)
         return scope
 
@@ -260,6 +277,10 @@ class OwnershipChecker:
 
     def relation(self, node: exp.Expression, where: str) -> Relation:
         """The relation of one FROM item; a TABLESAMPLE on it becomes its per-row sample (sample.py)."""
+        if _nested_join(node):  # its joins would be read without being checked
+            raise UnsupportedError(
+                f"{where}: {quote(node)[:80]!r}: a parenthesized join after another relation, a JOIN (b JOIN c ON ...), "
+                "is not supported: write the joins one after another (a JOIN b ON ... JOIN c ON ...)")
         rel = self._relation(node, where)
         if node.args.get("sample") is not None:
             self._sample(node, rel, where)
@@ -272,9 +293,9 @@ class OwnershipChecker:
         node.set("sample", None)
         if fraction >= 1:
             return  # 100 PERCENT: every row
-        if node.parent is None:  # a copy (the first table of a parenthesized join): the rewrite would be lost
-            raise UnsupportedError(f"{where}: TABLESAMPLE on the first table of a parenthesized join is not "
-                                   "supported: sample it in a subquery, (SELECT * FROM t TABLESAMPLE ...)")
+        if node.parent is None:  # a copy: the rewrite would be lost (not expected: the FROM is flattened in place)
+            raise UnsupportedError(f"{where}: TABLESAMPLE is not supported here: sample the table in a subquery, "
+                                   "(SELECT * FROM t TABLESAMPLE BERNOULLI (p PERCENT))")
         self.samples += 1
         if (isinstance(node, exp.Subquery) and isinstance(node.this, exp.Select)
                 and len(node.this.expressions) == len(rel.columns)
