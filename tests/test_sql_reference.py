@@ -266,6 +266,10 @@ def test_approx_quantiles_is_the_array_of_its_quantiles(tables):
      "parenthesized join after another relation"),
     (f"{DPS} COUNT(*) FROM ((SELECT DISTINCT dept FROM depts) CROSS JOIN visits) JOIN people USING (dept)",
      "does not join on the unit"),
+    # clauses hung on a parenthesized query or a table, outside the SELECT the rules check (were accepted)
+    (f"{DPS} COUNT(*) FROM ((SELECT * FROM people) ORDER BY age LIMIT 3) x", "LIMIT, ORDER applied to protected rows"),
+    (f"WITH c AS ((SELECT * FROM people) LIMIT 2) {DPS} COUNT(*) FROM c", "LIMIT applied to protected rows"),
+    (f"{DPS} COUNT(*) FROM people PIVOT (sum(age) FOR dept IN ('a', 'b')) AS people", "PIVOT applied to protected"),
     ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (privacy_unit_column = s) COUNT(*) FROM "
      "(SELECT (SELECT AS STRUCT 1 AS a) AS s, 'g' AS grp FROM depts) t", "STRUCT or an ARRAY"),
 ])

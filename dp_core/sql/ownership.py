@@ -195,6 +195,28 @@ def _nested_join(node: exp.Expression) -> bool:
         node = node.this
 
 
+#: clauses sqlglot may hang on a FROM item or a parenthesized query itself, outside the SELECT it
+#: wraps: `((SELECT * FROM t) LIMIT 3)`, `t PIVOT (...)`, time travel; over protected rows each one
+#: keeps or mixes rows depending on other units' rows (or reads other rows than the registered table)
+#: and is not checked by the SELECT's rules, so it is refused
+OUTSIDE_CLAUSES = ("limit", "offset", "order", "where", "group", "having", "qualify", "windows", "prewhere",
+                   "distribute", "sort", "cluster", "pivots", "laterals", "match", "connect", "settings", "version",
+                   "system_time", "when", "changes", "rows_from", "partition", "locks", "for_")
+
+
+def check_outside_clauses(node: exp.Expression, rel: Relation, where: str) -> None:
+    """Refuse clauses attached to a FROM item or a parenthesized query over protected rows
+    (OUTSIDE_CLAUSES); public rows may have them (public data)."""
+    found = [k for k in OUTSIDE_CLAUSES if node.args.get(k)]
+    if found and rel.unit is not None:
+        shown = {"pivots": "PIVOT", "laterals": "LATERAL", "system_time": "FOR SYSTEM_TIME", "for_": "FOR",
+                 "version": "a table version", "windows": "WINDOW"}
+        names = ", ".join(shown.get(k, k.upper()) for k in found)
+        raise InvalidQueryError(f"{where}: {quote(node)[:80]!r}: {names} applied to protected rows outside their "
+                                "SELECT keeps or mixes rows depending on other units' rows: not allowed (write the "
+                                "query without it, or put it inside a SELECT where the rules check it)")
+
+
 class OwnershipChecker:
     """Checks FROM clauses against the catalog of registered tables and CTEs."""
 
@@ -282,6 +304,7 @@ class OwnershipChecker:
                 f"{where}: {quote(node)[:80]!r}: a parenthesized join after another relation, a JOIN (b JOIN c ON ...), "
                 "is not supported: write the joins one after another (a JOIN b ON ... JOIN c ON ...)")
         rel = self._relation(node, where)
+        check_outside_clauses(node, rel, where)
         if node.args.get("sample") is not None:
             self._sample(node, rel, where)
         return rel
@@ -456,7 +479,9 @@ class OwnershipChecker:
         if isinstance(node, exp.Select):
             return self.check_select(node, where)
         if isinstance(node, exp.Subquery):
-            return self.query(node.this, where)
+            rel = self.query(node.this, where)
+            check_outside_clauses(node, rel, where)
+            return rel
         if isinstance(node, SET_OPERATIONS):
             return self.set_operation(node, where)
         raise InvalidQueryError(f"{where}: {quote(node)[:80]!r} is not supported here")
@@ -511,6 +536,10 @@ class OwnershipChecker:
                     f"{where}: {clause.upper()} inside a subquery over protected rows keeps rows depending on other "
                     "units' rows"
                 )
+        for clause in ("pivots", "connect", "match"):
+            if select.args.get(clause):
+                raise InvalidQueryError(f"{where}: {clause.upper().rstrip('S')} over protected rows mixes rows of "
+                                        "different units: not allowed")
         for node in select.walk(prune=lambda n: n is not select and is_subquery(n)):
             if isinstance(node, exp.Window):
                 raise InvalidQueryError(f"{where}: {quote(node)!r} is a window function: it mixes rows of different units")
