@@ -160,3 +160,14 @@ def test_on_spark_the_same_sample_as_on_duckdb(spark, tables):
     on_duck = duck.run("SELECT uid FROM dp_input ORDER BY uid")
     duck.close()
     assert on_spark["uid"].tolist() == on_duck["uid"].tolist()
+
+
+def test_on_spark_a_sampled_public_groups_list_matches_the_join(spark, tables):
+    """The key list is read by DuckDB (public tables, beside the engine), the source's join runs on
+    Spark: the portable hash keeps the same groups on both."""
+    small = {"many": Table(tables["many"].data.head(20_000), "uid"), "depts": tables["depts"]}
+    sql = ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1, group_selection_strategy = PUBLIC_GROUPS) dept, "
+           f"{C1} AS n FROM many RIGHT OUTER JOIN (SELECT DISTINCT dept FROM depts) TABLESAMPLE BERNOULLI (50 PERCENT) "
+           "USING (dept) GROUP BY dept")
+    exact = run_sql(sql, small, backend="spark", spark=spark).controller_only.exact
+    assert within_binomial(len(exact), 1000, 0.5) and (exact["n"] == 20).all()
