@@ -111,6 +111,15 @@ def test_a_sample_in_the_outer_query_samples_the_released_rows(tables):
     assert within_binomial(len(result.table), 1000, 0.5)
 
 
+def test_a_percentage_in_parentheses_is_read_in_the_dp_select_and_in_the_outer_query(tables):
+    # the outer query's sample is run by DuckDB, which reads the percentage bare: it is unwrapped
+    inner = exact_n(run_sql(f"{DPS} {C1} AS n FROM people TABLESAMPLE BERNOULLI ((10) PERCENT)", tables))
+    assert within_binomial(inner, N, 0.1)
+    outer = run_sql(f"SELECT dept, n FROM ({DPS} dept, {C1} AS n FROM many GROUP BY dept) "
+                    "TABLESAMPLE BERNOULLI ((50) PERCENT)", tables, max_partitions_contributed=1)
+    assert within_binomial(len(outer.table), 1000, 0.5)
+
+
 def test_one_hundred_percent_is_every_row(tables):
     assert exact_n(run_sql(f"{DPS} {C1} AS n FROM people TABLESAMPLE BERNOULLI (100 PERCENT)", tables)) == N
 
@@ -122,6 +131,11 @@ def test_one_hundred_percent_is_every_row(tables):
     ("TABLESAMPLE SYSTEM (0 PERCENT)", r"must be in \(0, 100\], got 0"),
     ("TABLESAMPLE BERNOULLI (150 PERCENT)", r"must be in \(0, 100\], got 150"),
     ("TABLESAMPLE BERNOULLI (-5 PERCENT)", r"not valid SQL|must be in \(0, 100\]"),  # sqlglot reads no sign there
+    ("TABLESAMPLE BERNOULLI", "the sample's percentage is missing: it must be a number literal"),
+    ("TABLESAMPLE ()", "the sample's percentage is missing"),
+    ("TABLESAMPLE SYSTEM ('10' PERCENT)", "the sample's percentage must be a number literal, got the string '10'"),
+    ("TABLESAMPLE BERNOULLI (NULL PERCENT)", "the sample's percentage must be a number literal, got NULL"),
+    ("TABLESAMPLE BERNOULLI (@p PERCENT)", "the sample's percentage must be a number literal, got"),
     ("USING SAMPLE 10%", "USING SAMPLE is not supported"),
     ("USING SAMPLE 10 PERCENT (bernoulli)", "USING SAMPLE is not supported"),
 ])

@@ -292,7 +292,8 @@ SOURCES = ["people", "people p", "depts", "people p JOIN visits v USING (uid)", 
            "TABLESAMPLE BERNOULLI (2 PERCENT) USING (dept)", "people TABLESAMPLE RESERVOIR (5 ROWS)",
            "people TABLESAMPLE BERNOULLI (10 PERCENT) REPEATABLE (3)", "people TABLESAMPLE BERNOULLI (0 PERCENT)",
            "(SELECT * FROM people TABLESAMPLE BERNOULLI (10)) s", "(people p TABLESAMPLE BERNOULLI (5 PERCENT) JOIN visits "
-           "v USING (uid)) JOIN depts USING (dept)", "people USING SAMPLE 10%",
+           "v USING (uid)) JOIN depts USING (dept)", "people USING SAMPLE 10%", "people TABLESAMPLE BERNOULLI",
+           "people TABLESAMPLE ()", "people TABLESAMPLE SYSTEM ('5' PERCENT)", "people TABLESAMPLE BERNOULLI ((5) PERCENT)",
            "((SELECT * FROM people) LIMIT 3) l", "people JOIN ((SELECT DISTINCT dept FROM depts) CROSS JOIN visits) "
            "USING (dept)", "people PIVOT (sum(age) FOR dept IN ('a')) AS people"]
 TAILS = ["", "WHERE age > 30", "WHERE dept IN (SELECT dept FROM depts)", "WHERE uid IN (SELECT uid FROM visits)",

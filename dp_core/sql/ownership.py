@@ -30,6 +30,7 @@ from sqlglot import exp
 
 from ..errors import InvalidQueryError, UnsupportedError
 from . import sample as row_sample
+from .syntax import quote
 
 
 @dataclass(frozen=True)
@@ -114,13 +115,6 @@ class Scope:
 def _arg(node: exp.Expression, name: str):
     """sqlglot names some args with a trailing underscore (from_, with_): accept both."""
     return node.args.get(name + "_", node.args.get(name))
-
-
-def quote(sql: exp.Expression) -> str:
-    try:
-        return sql.sql("duckdb")
-    except Exception:  # noqa: BLE001 - rendering is for messages only
-        return type(sql).__name__
 
 
 def is_dp_call(node: exp.Expression) -> bool:

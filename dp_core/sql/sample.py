@@ -57,26 +57,12 @@ from sqlglot import exp
 
 from ..bounding import portable_hash_sql
 from ..errors import InvalidQueryError, UnsupportedError
+from .syntax import number_literal
 
 PLACEHOLDER = "__rowsample_keep"
 DUP = "__dp_dup"
 INNER = "__dp_sample_inner"
 DIGEST_RANGE = float(2**60)  # bounding.PORTABLE_DIGEST: a 60-bit prefix of an MD5 digest
-
-
-def _percent(node: exp.Expression | None) -> float | None:
-    neg = False
-    while isinstance(node, exp.Paren):
-        node = node.this
-    if isinstance(node, exp.Neg):
-        neg, node = True, node.this
-    if not (isinstance(node, exp.Literal) and not node.is_string):
-        return None
-    try:
-        value = float(str(node.this))
-    except ValueError:
-        return None
-    return -value if neg else value
 
 
 def sample_fraction(sample: exp.TableSample, where: str) -> float:
@@ -94,9 +80,7 @@ def sample_fraction(sample: exp.TableSample, where: str) -> float:
     unknown = [k for k in ("bucket_numerator", "bucket_denominator", "bucket_field") if sample.args.get(k) is not None]
     if unknown or method not in ("", "BERNOULLI", "SYSTEM"):
         raise UnsupportedError(f"{where}: {shown!r}: only TABLESAMPLE BERNOULLI / SYSTEM (p PERCENT) is supported")
-    value = _percent(sample.args.get("percent"))
-    if value is None:
-        raise InvalidQueryError(f"{where}: {shown!r}: the sample's percentage must be a number literal")
+    value = number_literal(sample.args.get("percent"), f"{where}: {shown!r}: the sample's percentage")
     if not 0 < value <= 100:
         raise InvalidQueryError(f"{where}: {shown!r}: the sample's percentage must be in (0, 100], got {value:g}")
     return value / 100

@@ -24,9 +24,9 @@ from sqlglot import exp
 
 from ..errors import InvalidQueryError, UnsupportedError
 from .compile import CompiledQuery, Compiler
-from .ownership import OwnershipChecker, TableInfo, _arg, check_functions, quote
+from .ownership import OwnershipChecker, TableInfo, _arg, check_functions
 from .sample import sample_fraction
-from .syntax import ParsedStatement, mark_of, parse_statement
+from .syntax import ParsedStatement, mark_of, parse_statement, quote
 
 RELEASED_PREFIX = "__dp_release_"
 
@@ -198,8 +198,9 @@ def _outer_query(tree: exp.Expression, catalog: dict[str, TableInfo], kinds: dic
         fraction = sample_fraction(node, "the outer query")
         if fraction >= 1:
             node.pop()
-        else:
+        else:  # DuckDB reads the percentage bare: `BERNOULLI ((10) PERCENT)` is its syntax error
             node.set("method", exp.var("BERNOULLI"))
+            node.set("percent", node.args["percent"].unnest())
     lowered = {k.lower(): v for k, v in catalog.items()}
     public = set()
     for t in _tables(outer):
