@@ -5,6 +5,8 @@ reference does it, and a grammar fuzz test (every input: a plan or a DPError).""
 from __future__ import annotations
 
 import os
+import re
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -213,6 +215,60 @@ def test_each_refused_rule_names_its_reason(tables, rule):
     with pytest.raises(dp.DPError) as info:
         compile_statement_for(sql, tables, epsilon=1.0)
     assert message in str(info.value), str(info.value)
+
+
+# ------------------------------------------------------------------ docs/sql.md, "One example per rule"
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "sql.md"
+
+
+def doc_examples() -> list[tuple[str, str, str | None, str | None]]:
+    """(header, statement, plain SQL, refusal words) of each example in the section: the ```sql
+    blocks, one example per paragraph, its comments first."""
+    section = DOCS.read_text().split("\n## One example per rule\n", 1)[1].split("\n## ", 1)[0]
+    examples = []
+    for block in re.findall(r"^```sql\n(.*?)^```", section, flags=re.DOTALL | re.MULTILINE):
+        for chunk in re.split(r"\n\s*\n", block.strip()):
+            lines = chunk.splitlines()
+            comments = [line[2:].strip() for line in lines if line.startswith("--")]
+            tagged = {k: next((c[len(k):].strip() for c in comments if c.startswith(k)), None) for k in ("plain:", "refused:")}
+            examples.append((comments[0], "\n".join(line for line in lines if not line.startswith("--")),
+                             tagged["plain:"], tagged["refused:"]))
+    return examples
+
+
+EXAMPLES = doc_examples()
+
+
+def test_docs_sql_md_has_an_example_for_every_rule():
+    rules = {int(re.match(r"rule (\d+):", header).group(1)) for header, *_ in EXAMPLES}
+    assert rules >= set(range(2, 9)), rules
+    assert all((plain_sql is None) != (refusal is None) for _, _, plain_sql, refusal in EXAMPLES)
+
+
+@pytest.mark.parametrize("header,sql,reference,refusal", EXAMPLES, ids=[e[0][:60] for e in EXAMPLES])
+def test_the_examples_in_docs_sql_md(tables, header, sql, reference, refusal):
+    if refusal is not None:
+        with pytest.raises(dp.DPError) as info:
+            compile_statement_for(sql, tables, epsilon=1.0)
+        assert refusal in str(info.value) and "\n" not in str(info.value), str(info.value)
+        return
+    result = run_sql(sql, tables, epsilon=EPS, confidence=1 - 1e-9)
+    expected = plain(tables, reference)
+    got = result.table
+    assert set(expected.columns) <= set(got.columns), (got.columns, expected.columns)
+    if "ORDER BY" not in sql.upper():
+        got = got.sort_values(list(expected.columns), ignore_index=True)
+        expected = expected.sort_values(list(expected.columns), ignore_index=True)
+    assert len(got) == len(expected), (got, expected)
+    for col in expected.columns:
+        truth = expected[col]
+        if truth.dtype.kind not in "if":
+            assert list(got[col]) == list(truth), col
+        elif f"{col}_ci_low" in got:  # a released value with its interval: the truth is inside
+            assert ((got[f"{col}_ci_low"] <= truth) & (truth <= got[f"{col}_ci_high"])).all(), (col, got, expected)
+        else:  # post-processed (no interval); at this epsilon the noise is far below 2%
+            assert np.allclose(got[col].astype(float), truth.astype(float), rtol=0.02), (col, got, expected)
 
 
 # ------------------------------------------------------------------ join shapes (ownership)
