@@ -236,13 +236,16 @@ def policy_list(dataset: str) -> None:
 
 @app.command()
 def budget(dataset: str = typer.Argument(None, help="one dataset (default: all)")) -> None:
-    """Budget per dataset: cap, committed, reserved, remaining."""
+    """Budget per dataset: cap, committed, reserved, remaining (a public table: none, never charged)."""
     from dprelease.store import Store
 
     store = Store(_settings().store_url)
     names = [dataset] if dataset else [d.name for d in store.list_datasets()]
     table = _table("dataset", "epsilon cap", "committed", "reserved", "remaining", "delta remaining")
     for name in names:
+        if not store.get_dataset(name).privacy_unit:  # a public table has no budget: never charged
+            table.add_row(escape(name), "public", "-", "-", "-", "-")
+            continue
         b = store.budget(name)
         table.add_row(escape(name), f"{b['epsilon_cap']:g}", f"{b['epsilon_committed']:g}", f"{b['epsilon_reserved']:g}",
                       f"{b['epsilon_remaining']:g}", f"{b['delta_remaining']:.3g}")

@@ -45,6 +45,23 @@ def test_init_register_budget_policy(env):
     assert code == 0
 
 
+def test_a_public_table_is_registered_listed_and_budgeted_as_public(env):
+    """`dataset register --public` (issue 16): no unit, no cap; `dataset list` and `budget` say public."""
+    run("init")
+    levels = env / "levels.csv"
+    levels.write_text("education,level\nBachelors,0\nHS-grad,1\n")
+    code, out = run("dataset", "register", "levels", str(levels), "--public", "--unit", "level")
+    assert code == 2 and "not both" in out
+    code, out = run("dataset", "register", "levels", str(levels), "--public")
+    assert code == 0 and "public (no privacy unit, never charged)" in " ".join(out.split())
+    code, out = run("dataset", "list")
+    assert code == 0 and next(line for line in out.splitlines() if "levels" in line).split("│")[2].strip() == "public"
+    for args in (("budget",), ("budget", "levels")):
+        code, out = run(*args)
+        row = [cell.strip() for cell in next(line for line in out.splitlines() if "levels" in line).split("│")[1:-1]]
+        assert code == 0 and row == ["levels", "public", "-", "-", "-", "-"], out
+
+
 def test_verify_names_the_changed_file(env):
     from dprelease.reporting import signing
 

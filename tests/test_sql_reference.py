@@ -257,8 +257,19 @@ def test_approx_quantiles_is_the_array_of_its_quantiles(tables):
     (f"{DPS} {C1}, EXISTS (SELECT 1 FROM visits) AS x FROM people", "reads a protected table"),
     (f"{DPS} COUNT(*) FROM people p WHERE EXISTS (SELECT \"uid\" FROM depts)", "unknown column"),  # has a FROM
     (f"{DPS} COUNT(*) FROM people TABLESAMPLE RESERVOIR (10 ROWS)", "per-unit bound breaks"),
-    (f"{DPS} COUNT(*) FROM people TABLESAMPLE SYSTEM (10 PERCENT)", "would read every row"),
-    (f"{DPS} COUNT(*) FROM people USING SAMPLE 10%", "would read every row"),  # was silently dropped
+    (f"{DPS} COUNT(*) FROM people USING SAMPLE 10%", "USING SAMPLE is not supported"),  # was silently dropped
+    # a join inside parentheses after another relation: its joins were read unchecked (visits paired
+    # with every unit's rows was accepted); now refused, and the first-in-FROM form is flattened in place
+    (f"{DPS} COUNT(*) FROM people JOIN ((SELECT DISTINCT dept FROM depts) CROSS JOIN visits) USING (dept)",
+     "parenthesized join after another relation"),
+    (f"{DPS} COUNT(*) FROM people, ((SELECT DISTINCT dept FROM depts) x CROSS JOIN visits)",
+     "parenthesized join after another relation"),
+    (f"{DPS} COUNT(*) FROM ((SELECT DISTINCT dept FROM depts) CROSS JOIN visits) JOIN people USING (dept)",
+     "does not join on the unit"),
+    # clauses hung on a parenthesized query or a table, outside the SELECT the rules check (were accepted)
+    (f"{DPS} COUNT(*) FROM ((SELECT * FROM people) ORDER BY age LIMIT 3) x", "LIMIT, ORDER applied to protected rows"),
+    (f"WITH c AS ((SELECT * FROM people) LIMIT 2) {DPS} COUNT(*) FROM c", "LIMIT applied to protected rows"),
+    (f"{DPS} COUNT(*) FROM people PIVOT (sum(age) FOR dept IN ('a', 'b')) AS people", "PIVOT applied to protected"),
     ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (privacy_unit_column = s) COUNT(*) FROM "
      "(SELECT (SELECT AS STRUCT 1 AS a) AS s, 'g' AS grp FROM depts) t", "STRUCT or an ARRAY"),
 ])

@@ -5,6 +5,8 @@ reference does it, and a grammar fuzz test (every input: a plan or a DPError).""
 from __future__ import annotations
 
 import os
+import re
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -215,6 +217,60 @@ def test_each_refused_rule_names_its_reason(tables, rule):
     assert message in str(info.value), str(info.value)
 
 
+# ------------------------------------------------------------------ docs/sql.md, "One example per rule"
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "sql.md"
+
+
+def doc_examples() -> list[tuple[str, str, str | None, str | None]]:
+    """(header, statement, plain SQL, refusal words) of each example in the section: the ```sql
+    blocks, one example per paragraph, its comments first."""
+    section = DOCS.read_text().split("\n## One example per rule\n", 1)[1].split("\n## ", 1)[0]
+    examples = []
+    for block in re.findall(r"^```sql\n(.*?)^```", section, flags=re.DOTALL | re.MULTILINE):
+        for chunk in re.split(r"\n\s*\n", block.strip()):
+            lines = chunk.splitlines()
+            comments = [line[2:].strip() for line in lines if line.startswith("--")]
+            tagged = {k: next((c[len(k):].strip() for c in comments if c.startswith(k)), None) for k in ("plain:", "refused:")}
+            examples.append((comments[0], "\n".join(line for line in lines if not line.startswith("--")),
+                             tagged["plain:"], tagged["refused:"]))
+    return examples
+
+
+EXAMPLES = doc_examples()
+
+
+def test_docs_sql_md_has_an_example_for_every_rule():
+    rules = {int(re.match(r"rule (\d+):", header).group(1)) for header, *_ in EXAMPLES}
+    assert rules >= set(range(2, 9)), rules
+    assert all((plain_sql is None) != (refusal is None) for _, _, plain_sql, refusal in EXAMPLES)
+
+
+@pytest.mark.parametrize("header,sql,reference,refusal", EXAMPLES, ids=[e[0][:60] for e in EXAMPLES])
+def test_the_examples_in_docs_sql_md(tables, header, sql, reference, refusal):
+    if refusal is not None:
+        with pytest.raises(dp.DPError) as info:
+            compile_statement_for(sql, tables, epsilon=1.0)
+        assert refusal in str(info.value) and "\n" not in str(info.value), str(info.value)
+        return
+    result = run_sql(sql, tables, epsilon=EPS, confidence=1 - 1e-9)
+    expected = plain(tables, reference)
+    got = result.table
+    assert set(expected.columns) <= set(got.columns), (got.columns, expected.columns)
+    if "ORDER BY" not in sql.upper():
+        got = got.sort_values(list(expected.columns), ignore_index=True)
+        expected = expected.sort_values(list(expected.columns), ignore_index=True)
+    assert len(got) == len(expected), (got, expected)
+    for col in expected.columns:
+        truth = expected[col]
+        if truth.dtype.kind not in "if":
+            assert list(got[col]) == list(truth), col
+        elif f"{col}_ci_low" in got:  # a released value with its interval: the truth is inside
+            assert ((got[f"{col}_ci_low"] <= truth) & (truth <= got[f"{col}_ci_high"])).all(), (col, got, expected)
+        else:  # post-processed (no interval); at this epsilon the noise is far below 2%
+            assert np.allclose(got[col].astype(float), truth.astype(float), rtol=0.02), (col, got, expected)
+
+
 # ------------------------------------------------------------------ join shapes (ownership)
 
 JOIN_SHAPES = [  # (FROM clause, accepted?)
@@ -286,11 +342,20 @@ SOURCES = ["people", "people p", "depts", "people p JOIN visits v USING (uid)", 
            "people p, depts d", "nowhere", "people p JOIN other o ON p.uid = o.person",
            "people RIGHT JOIN (SELECT DISTINCT dept FROM depts) USING (dept)",
            "(people p JOIN visits v ON (p.uid = v.uid)) JOIN depts USING (dept)",
-           "(WITH w AS (SELECT * FROM people) SELECT * FROM w) w2"]
+           "(WITH w AS (SELECT * FROM people) SELECT * FROM w) w2",
+           "people TABLESAMPLE BERNOULLI (10 PERCENT)", "people p TABLESAMPLE SYSTEM (50 PERCENT) JOIN depts USING (dept)",
+           "(SELECT uid, dept FROM people) TABLESAMPLE BERNOULLI (1 PERCENT) RIGHT JOIN (SELECT DISTINCT dept FROM depts) "
+           "TABLESAMPLE BERNOULLI (2 PERCENT) USING (dept)", "people TABLESAMPLE RESERVOIR (5 ROWS)",
+           "people TABLESAMPLE BERNOULLI (10 PERCENT) REPEATABLE (3)", "people TABLESAMPLE BERNOULLI (0 PERCENT)",
+           "(SELECT * FROM people TABLESAMPLE BERNOULLI (10)) s", "(people p TABLESAMPLE BERNOULLI (5 PERCENT) JOIN visits "
+           "v USING (uid)) JOIN depts USING (dept)", "people USING SAMPLE 10%", "people TABLESAMPLE BERNOULLI",
+           "people TABLESAMPLE ()", "people TABLESAMPLE SYSTEM ('5' PERCENT)", "people TABLESAMPLE BERNOULLI ((5) PERCENT)",
+           "((SELECT * FROM people) LIMIT 3) l", "people JOIN ((SELECT DISTINCT dept FROM depts) CROSS JOIN visits) "
+           "USING (dept)", "people PIVOT (sum(age) FOR dept IN ('a')) AS people"]
 TAILS = ["", "WHERE age > 30", "WHERE dept IN (SELECT dept FROM depts)", "WHERE uid IN (SELECT uid FROM visits)",
          "GROUP BY dept", "GROUP BY 1", "GROUP BY COUNT(*)", "GROUP BY uid", "HAVING COUNT(*) > 1",
          "GROUP BY dept ORDER BY 1 LIMIT 2", "ORDER BY x"]
-WRAPS = ["{q}", "SELECT * FROM ({q}) t WHERE 1 = 1", "WITH c AS ({q}) SELECT * FROM c", "{q} UNION ALL {q}",
+WRAPS = ["{q}", "SELECT * FROM ({q}) TABLESAMPLE BERNOULLI (50 PERCENT) t", "SELECT * FROM ({q}) t WHERE 1 = 1", "WITH c AS ({q}) SELECT * FROM c", "{q} UNION ALL {q}",
          "SELECT * FROM ({q}) a JOIN depts USING (dept)", "SELECT * FROM ({q}) a, people"]
 PIECES = ["(", ")", ",", "SELECT", "FROM", "WITH", "OPTIONS", "=>", "DIFFERENTIAL_PRIVACY", "CLAMPED BETWEEN", "AND",
           "*", "'x'", "NULL", "1e999", "-", ";", "UNION", "GROUP BY", ".", "`a.b`", '"', "--", "/*"]

@@ -105,7 +105,7 @@ def _run_sql_on_spark(sql: str, tables: dict[str, Table], spark, **request) -> D
         compiled = compile_statement_for(sql, stand_ins, **request)
         local = set(compiled.public_tables) | {t for p in compiled.parts for t in p.public_groups_tables + p.output_tables}
         public = {name: views.local(name) for name in sorted(local)}  # outer query and PUBLIC_GROUPS keys
-        result = run_statement(compiled, public, part_backend=views.backend_for)
+        result = run_statement(compiled, public, part_backend=views.backend_for, part_dialect="spark")
         return replace(result, tables_read=compiled.tables_read({n: t.privacy_unit for n, t in tables.items()}))
     finally:
         views.close()

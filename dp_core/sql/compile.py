@@ -22,8 +22,8 @@ from sqlglot import exp
 from .. import query as q
 from ..errors import InvalidQueryError, UnsupportedError
 from . import public_groups
-from .ownership import OwnershipChecker, Scope, _arg, check_functions, is_dp_call, is_subquery, quote
-from .syntax import DPClause, mark_of
+from .ownership import OwnershipChecker, Scope, _arg, check_functions, is_dp_call, is_subquery
+from .syntax import DPClause, mark_of, number_literal, quote
 
 #: seed names -> (kind, quantile)
 SEED_FUNCTIONS = {
@@ -98,26 +98,6 @@ class CompiledQuery:
 
     def source_sql(self, dialect: str = "duckdb") -> str:
         return self.source.sql(dialect=dialect)
-
-
-def _number(node: exp.Expression, what: str, integer: bool = False) -> float:
-    """A numeric literal (possibly negative); with integer=True a whole-number literal (INT64)."""
-    neg = False
-    while isinstance(node, exp.Paren):
-        node = node.this
-    if isinstance(node, exp.Neg):
-        neg, node = True, node.this
-    if not (isinstance(node, exp.Literal) and not node.is_string):
-        kind = "a string" if isinstance(node, exp.Literal) else "NULL" if isinstance(node, exp.Null) else quote(node)
-        raise InvalidQueryError(f"{what} must be a number literal, got {kind!r}")
-    text = str(node.this)
-    try:
-        value = float(text)
-    except ValueError:
-        raise InvalidQueryError(f"{what} must be a number literal, got {text!r}") from None
-    if integer and not text.lstrip("+-").isdigit():
-        raise InvalidQueryError(f"{what} must be a whole-number literal (INT64), got {text!r}")
-    return -value if neg else value
 
 
 def _whole(x: float | None) -> float | int | None:
@@ -242,7 +222,7 @@ class Compiler:
             if kind == "quantile" and fixed_q is None:
                 if not rest:
                     raise InvalidQueryError(f"{where}: needs the percentile in [0, 1] after the column")
-                qv = _number(rest[0], f"{where}: the percentile")
+                qv = number_literal(rest[0], f"{where}: the percentile")
                 if not 0 <= qv <= 1:
                     raise InvalidQueryError(f"{where}: the percentile must be in [0, 1], got {qv:g}")
                 rest = rest[1:]
@@ -267,8 +247,8 @@ class Compiler:
                 + ("CLAMPED BETWEEN L AND U" if syntax == "anonymization" else f"{BOUNDS_ARGUMENT[kind]} => (L, U)")
             )
         if bounds is not None:
-            lower = _number(bounds[0], f"{where}: the lower bound", integer=integer_bounds)
-            upper = _number(bounds[1], f"{where}: the upper bound", integer=integer_bounds)
+            lower = number_literal(bounds[0], f"{where}: the lower bound", integer=integer_bounds)
+            upper = number_literal(bounds[1], f"{where}: the upper bound", integer=integer_bounds)
             if lower > upper:
                 raise InvalidQueryError(f"{where}: lower bound {lower:g} exceeds upper bound {upper:g} (give (L, U) with L <= U)")
         if kind == "count":
@@ -581,7 +561,7 @@ class Compiler:
         limit = None
         if select.args.get("limit") is not None:
             node = select.args["limit"].expression
-            value = _number(node, "LIMIT")
+            value = number_literal(node, "LIMIT")
             if value < 0 or not value.is_integer():
                 raise InvalidQueryError(f"LIMIT must be a whole number >= 0, got {quote(node)}")
             limit = int(value)
@@ -612,7 +592,7 @@ def _expand_quantiles(item: exp.Expression, syntax: str) -> exp.Expression:
                                     "positional argument(s)")
         if isinstance(args[0], exp.Star):
             raise InvalidQueryError(f"{where}: * is not a value: only COUNT takes *")
-        n = _number(args[1], f"{where}: the number of quantiles", integer=True)
+        n = number_literal(args[1], f"{where}: the number of quantiles", integer=True)
         if not 1 <= n <= MAX_QUANTILES:
             raise InvalidQueryError(f"{where}: the number of quantiles must be in [1, {MAX_QUANTILES}], got {n:g}")
         bounds = [exp.Kwarg(this=exp.var(k), expression=v.copy()) for k, v in kwargs.items() if k in

@@ -8,6 +8,7 @@ private as the DP SELECTs' (post-processing). The total spent is the sum over th
 from __future__ import annotations
 
 import math
+import secrets
 from dataclasses import dataclass, replace
 
 import pandas as pd
@@ -18,6 +19,7 @@ from ..errors import InvalidQueryError
 from ..query import Query
 from ..result import CI_NOTE, ClampingLoss, ControllerOnly, DPResult, _fmt
 from .compile import CompiledQuery, _ident
+from .sample import render
 from .statement import CompiledStatement, released_name
 
 
@@ -68,18 +70,21 @@ def released_table(result: DPResult, part: CompiledQuery, with_ci: bool, data: d
 
 
 def run_statement(compiled: CompiledStatement, data: dict, *, threads: int | None = None,
-                  part_backend=None) -> DPResult:
+                  part_backend=None, part_dialect: str = "duckdb") -> DPResult:
     """Execute every DP SELECT (each its own engine run), then the outer query over the results.
-    part_backend: source SQL -> backend, for DP SELECTs run elsewhere (Spark); `data` then holds
-    the public tables only."""
+    part_backend: source SQL -> backend, for DP SELECTs run elsewhere (Spark, part_dialect="spark");
+    `data` then holds the public tables only. The statement's TABLESAMPLE clauses are decided with
+    one key for the whole release, fresh from the OS CSPRNG (sample.py: every scan, and the public
+    groups' key list, read the same sampled rows)."""
+    key = secrets.randbits(63)
     results = []
     for part in compiled.parts:
-        query = with_public_groups(part, data, threads)
+        query = with_public_groups(part, data, threads, sample_key=key)
         if part_backend is not None:
-            backend = part_backend(part.source_sql("duckdb"))
+            backend = part_backend(render(part.source_sql("duckdb"), part_dialect, key))
         else:
             backend = DuckDBBackend.for_tables(data, threads=threads)
-            backend.define_input(part.source_sql("duckdb"))
+            backend.define_input(render(part.source_sql("duckdb"), "duckdb", key))
         results.append(execute(query, backend))  # closes the backend
     if compiled.simple:
         return postprocess(results[0], compiled.parts[0])
@@ -91,7 +96,7 @@ def run_statement(compiled: CompiledStatement, data: dict, *, threads: int | Non
     else:
         backend = DuckDBBackend.for_tables({**{n: data[n] for n in compiled.public_tables}, **frames}, threads=threads)
         try:
-            table = backend.run(compiled.outer_sql())
+            table = backend.run(render(compiled.outer_sql(), "duckdb", key))
         except Exception as err:  # noqa: BLE001 - DuckDB's errors, reported as the query's
             raise InvalidQueryError(f"the outer query could not run on the DP results: {str(err).splitlines()[0]}") from None
         finally:
@@ -99,7 +104,7 @@ def run_statement(compiled: CompiledStatement, data: dict, *, threads: int | Non
     return combine(results, table)
 
 
-def with_public_groups(part: CompiledQuery, data: dict, threads: int | None = None) -> Query:
+def with_public_groups(part: CompiledQuery, data: dict, threads: int | None = None, sample_key: int | None = None) -> Query:
     """The part's query, with OPTIONS (group_selection_strategy = PUBLIC_GROUPS) resolved: its public
     partitions are the distinct key tuples of its public-groups subqueries, read from the public
     tables (no unit's rows: reading them spends nothing). No selection runs, and every listed group
@@ -108,7 +113,7 @@ def with_public_groups(part: CompiledQuery, data: dict, threads: int | None = No
         return part.query
     backend = DuckDBBackend.for_tables({n: data[n] for n in part.public_groups_tables if n in data}, threads=threads)
     try:
-        keys = backend.run(part.public_groups_sql)
+        keys = backend.run(render(part.public_groups_sql, "duckdb", sample_key))
     except Exception as err:  # noqa: BLE001 - DuckDB's errors, reported as the query's
         raise InvalidQueryError(f"the public groups (PUBLIC_GROUPS) could not be read: {str(err).splitlines()[0]}") from None
     finally:
@@ -175,12 +180,12 @@ def check_executable(compiled: CompiledStatement, backend: DuckDBBackend) -> Non
     con = backend.connection
     for i, part in enumerate(compiled.parts):
         try:
-            described = con.execute(f"DESCRIBE SELECT * FROM ({part.source_sql('duckdb')}) AS s").fetchall()
+            described = con.execute(f"DESCRIBE SELECT * FROM ({render(part.source_sql('duckdb'), 'duckdb', 0)}) AS s").fetchall()
         except Exception as err:  # noqa: BLE001 - duckdb.Error and its binder/catalog/parser subclasses
             raise InvalidQueryError(f"DP SELECT {i + 1}: {_first_line(err)}") from None
         if part.public_groups_sql is not None:
             try:
-                con.execute(f"DESCRIBE {part.public_groups_sql}")
+                con.execute(f"DESCRIBE {render(part.public_groups_sql, 'duckdb', 0)}")
             except Exception as err:  # noqa: BLE001 - DuckDB's errors
                 raise InvalidQueryError(f"DP SELECT {i + 1}: its public groups (PUBLIC_GROUPS): {_first_line(err)}") from None
         types = {row[0]: row[1] for row in described}
@@ -198,7 +203,7 @@ def check_executable(compiled: CompiledStatement, backend: DuckDBBackend) -> Non
             raise InvalidQueryError(f"DP SELECT {i + 1}: its select list cannot be computed: {_first_line(err)}") from None
     if compiled.outer is not None:
         try:
-            con.execute(f"DESCRIBE {compiled.outer_sql()}")
+            con.execute(f"DESCRIBE {render(compiled.outer_sql(), 'duckdb', 0)}")
         except Exception as err:  # noqa: BLE001 - DuckDB's errors
             raise InvalidQueryError(f"the outer query: {_first_line(err)}") from None
 

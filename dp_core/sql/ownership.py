@@ -28,7 +28,9 @@ from dataclasses import dataclass, field
 import sqlglot
 from sqlglot import exp
 
-from ..errors import InvalidQueryError
+from ..errors import InvalidQueryError, UnsupportedError
+from . import sample as row_sample
+from .syntax import quote
 
 
 @dataclass(frozen=True)
@@ -115,13 +117,6 @@ def _arg(node: exp.Expression, name: str):
     return node.args.get(name + "_", node.args.get(name))
 
 
-def quote(sql: exp.Expression) -> str:
-    try:
-        return sql.sql("duckdb")
-    except Exception:  # noqa: BLE001 - rendering is for messages only
-        return type(sql).__name__
-
-
 def is_dp_call(node: exp.Expression) -> bool:
     return isinstance(node, exp.Anonymous) and str(node.name).upper().startswith(("ANON_", "__DP_"))
 
@@ -152,7 +147,8 @@ def check_functions(expr: exp.Expression | None, where: str) -> None:
     if expr is None:
         return
     for node in expr.walk():
-        if isinstance(node, exp.Anonymous) and not is_dp_call(node) and not known_function(node.name):
+        if (isinstance(node, exp.Anonymous) and not is_dp_call(node) and not known_function(node.name)
+                and str(node.name).lower() != row_sample.PLACEHOLDER):
             raise InvalidQueryError(f"{where}: unknown function {str(node.name)!r} in {quote(node)[:80]!r}")
 
 
@@ -168,15 +164,51 @@ def _and_terms(condition: exp.Expression) -> list[exp.Expression]:
 def _flatten_parenthesized_join(node: exp.Expression) -> tuple[exp.Expression, list[exp.Join]]:
     """A parenthesized join first in FROM, `(a JOIN b ON ...) JOIN c`, read as `a JOIN b ON ... JOIN c`
     (the same rows: the leftmost join is evaluated first either way). Returns the first relation
-    and the joins inside the parentheses, in order; any other node is returned as it is."""
-    if isinstance(node, exp.Subquery) and not node.alias and isinstance(node.this, (exp.Table, exp.Subquery)):
-        base, joins = _flatten_parenthesized_join(node.this)
-        return base, joins + list(node.args.get("joins") or [])
-    if isinstance(node, exp.Table) and node.args.get("joins"):
+    and the joins inside the parentheses, in order (the first relation a copy without them); any
+    other node is returned as it is. The joins may hang on the first relation itself (a table or
+    an aliased subquery) or on a parenthesized subquery around it, at any depth."""
+    joins = list(node.args.get("joins") or [])
+    if joins:
         base = node.copy()
         base.set("joins", None)
-        return base, list(node.args["joins"])
+        inner, inner_joins = _flatten_parenthesized_join(base)
+        return inner, inner_joins + joins
+    if (isinstance(node, exp.Subquery) and not node.alias and node.args.get("sample") is None
+            and isinstance(node.this, (exp.Table, exp.Subquery))):
+        return _flatten_parenthesized_join(node.this)
     return node, []
+
+
+def _nested_join(node: exp.Expression) -> bool:
+    """The relation holds a join of its own (`(b JOIN c ON ...)`, possibly in more parentheses)."""
+    while True:
+        if node.args.get("joins"):
+            return True
+        if not (isinstance(node, exp.Subquery) and isinstance(node.this, (exp.Table, exp.Subquery))):
+            return False
+        node = node.this
+
+
+#: clauses sqlglot may hang on a FROM item or a parenthesized query itself, outside the SELECT it
+#: wraps: `((SELECT * FROM t) LIMIT 3)`, `t PIVOT (...)`, time travel; over protected rows each one
+#: keeps or mixes rows depending on other units' rows (or reads other rows than the registered table)
+#: and is not checked by the SELECT's rules, so it is refused
+OUTSIDE_CLAUSES = ("limit", "offset", "order", "where", "group", "having", "qualify", "windows", "prewhere",
+                   "distribute", "sort", "cluster", "pivots", "laterals", "match", "connect", "settings", "version",
+                   "system_time", "when", "changes", "rows_from", "partition", "locks", "for_")
+
+
+def check_outside_clauses(node: exp.Expression, rel: Relation, where: str) -> None:
+    """Refuse clauses attached to a FROM item or a parenthesized query over protected rows
+    (OUTSIDE_CLAUSES); public rows may have them (public data)."""
+    found = [k for k in OUTSIDE_CLAUSES if node.args.get(k)]
+    if found and rel.unit is not None:
+        shown = {"pivots": "PIVOT", "laterals": "LATERAL", "system_time": "FOR SYSTEM_TIME", "for_": "FOR",
+                 "version": "a table version", "windows": "WINDOW"}
+        names = ", ".join(shown.get(k, k.upper()) for k in found)
+        raise InvalidQueryError(f"{where}: {quote(node)[:80]!r}: {names} applied to protected rows outside their "
+                                "SELECT keeps or mixes rows depending on other units' rows: not allowed (write the "
+                                "query without it, or put it inside a SELECT where the rules check it)")
 
 
 class OwnershipChecker:
@@ -186,6 +218,7 @@ class OwnershipChecker:
         self.catalog = {k.lower(): v for k, v in catalog.items()}
         self.ctes: dict[str, Relation] = {}
         self.released: set[str] = set()  # CTEs that hold DP results (not readable inside a DP SELECT)
+        self.samples = 0  # TABLESAMPLE clauses rewritten so far (each its own sample: sample.py)
 
     # -- conditions ------------------------------------------------------------------------
     def check_condition(self, expr: exp.Expression | None, scope: Scope, where: str) -> None:
@@ -226,13 +259,16 @@ class OwnershipChecker:
         if source is None:
             return scope
         base, nested_joins = _flatten_parenthesized_join(source.this)
-        first = self.relation(base, where)
+        if nested_joins:  # rewritten in place, so that what is checked is what runs
+            source.set("this", base)
+            select.set("joins", nested_joins + list(select.args.get("joins") or []))
+        first = self.relation(source.this, where)
         scope.relations.append(first)
         if first.unit is not None:
             scope.unit_expr = exp.column(first.columns.get(first.unit.lower(), first.unit), table=first.alias, quoted=True)
             scope.unit_name = first.unit
             scope.unit_aliases = {first.alias.lower()}
-        for join in nested_joins + list(select.args.get("joins") or []):
+        for join in list(select.args.get("joins") or []):
             self.join(join, scope, where)
         return scope
 
@@ -256,6 +292,44 @@ class OwnershipChecker:
         return self.catalog.get(full) or self.catalog.get(node.name.lower())
 
     def relation(self, node: exp.Expression, where: str) -> Relation:
+        """The relation of one FROM item; a TABLESAMPLE on it becomes its per-row sample (sample.py)."""
+        if _nested_join(node):  # its joins would be read without being checked
+            raise UnsupportedError(
+                f"{where}: {quote(node)[:80]!r}: a parenthesized join after another relation, a JOIN (b JOIN c ON ...), "
+                "is not supported: write the joins one after another (a JOIN b ON ... JOIN c ON ...)")
+        rel = self._relation(node, where)
+        check_outside_clauses(node, rel, where)
+        if node.args.get("sample") is not None:
+            self._sample(node, rel, where)
+        return rel
+
+    def _sample(self, node: exp.Expression, rel: Relation, where: str) -> None:
+        """Rewrite `node TABLESAMPLE BERNOULLI / SYSTEM (p PERCENT)` in place as the subquery of its
+        per-row sample (the same alias and columns); refuse the other samples."""
+        fraction = row_sample.sample_fraction(node.args["sample"], where)
+        node.set("sample", None)
+        if fraction >= 1:
+            return  # 100 PERCENT: every row
+        if node.parent is None:  # a copy: the rewrite would be lost (not expected: the FROM is flattened in place)
+            raise UnsupportedError(f"{where}: TABLESAMPLE is not supported here: sample the table in a subquery, "
+                                   "(SELECT * FROM t TABLESAMPLE BERNOULLI (p PERCENT))")
+        self.samples += 1
+        if (isinstance(node, exp.Subquery) and isinstance(node.this, exp.Select)
+                and len(node.this.expressions) == len(rel.columns)
+                and not any(isinstance(e, exp.Star) or isinstance(e.this, exp.Star) for e in node.this.expressions)):
+            for i, e in enumerate(node.this.expressions):  # unnamed items get the names the checker gave them
+                if not e.alias_or_name and not isinstance(e, exp.Star):
+                    e.replace(exp.alias_(e.copy(), list(rel.columns.values())[i], quoted=True))
+        columns = list(rel.columns.values())
+        if isinstance(node, exp.Table):
+            inner = node.copy()
+            inner.set("alias", None)
+            node.replace(exp.Subquery(this=row_sample.sampled_select(inner, columns, fraction, self.samples),
+                                      alias=exp.TableAlias(this=exp.to_identifier(rel.alias))))
+        else:
+            node.set("this", row_sample.sampled_select(node.this, columns, fraction, self.samples))
+
+    def _relation(self, node: exp.Expression, where: str) -> Relation:
         if isinstance(node, exp.Table):
             name = node.name
             alias = node.alias_or_name
@@ -399,7 +473,9 @@ class OwnershipChecker:
         if isinstance(node, exp.Select):
             return self.check_select(node, where)
         if isinstance(node, exp.Subquery):
-            return self.query(node.this, where)
+            rel = self.query(node.this, where)
+            check_outside_clauses(node, rel, where)
+            return rel
         if isinstance(node, SET_OPERATIONS):
             return self.set_operation(node, where)
         raise InvalidQueryError(f"{where}: {quote(node)[:80]!r} is not supported here")
@@ -454,6 +530,10 @@ class OwnershipChecker:
                     f"{where}: {clause.upper()} inside a subquery over protected rows keeps rows depending on other "
                     "units' rows"
                 )
+        for clause in ("pivots", "connect", "match"):
+            if select.args.get(clause):
+                raise InvalidQueryError(f"{where}: {clause.upper().rstrip('S')} over protected rows mixes rows of "
+                                        "different units: not allowed")
         for node in select.walk(prune=lambda n: n is not select and is_subquery(n)):
             if isinstance(node, exp.Window):
                 raise InvalidQueryError(f"{where}: {quote(node)!r} is a window function: it mixes rows of different units")

@@ -31,7 +31,8 @@ from __future__ import annotations
 from sqlglot import exp
 
 from ..errors import DPError, InvalidQueryError
-from .ownership import OwnershipChecker, Scope, _arg, quote
+from .ownership import OwnershipChecker, Scope, _arg
+from .syntax import quote
 
 STRATEGY = "public-groups"
 RULE = ("OPTIONS group_selection_strategy = PUBLIC_GROUPS needs each GROUP BY column to be a column of a "

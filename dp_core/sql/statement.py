@@ -24,8 +24,9 @@ from sqlglot import exp
 
 from ..errors import InvalidQueryError, UnsupportedError
 from .compile import CompiledQuery, Compiler
-from .ownership import OwnershipChecker, TableInfo, _arg, check_functions, quote
-from .syntax import ParsedStatement, mark_of, parse_statement
+from .ownership import OwnershipChecker, TableInfo, _arg, check_functions
+from .sample import sample_fraction
+from .syntax import ParsedStatement, mark_of, parse_statement, quote
 
 RELEASED_PREFIX = "__dp_release_"
 
@@ -163,6 +164,10 @@ def compile_statement(sql: str, catalog: dict[str, TableInfo], *, epsilon=None, 
             s, parsed.clauses[n], kept, epsilon=eps[n], delta=dlt[n],
             max_partitions_contributed=max_partitions_contributed, own_with=s is not tree, **options))
 
+    for i, part in enumerate(parts):  # every sample of a DP SELECT's rows was rewritten by the checker (sample.py)
+        if part.source.find(exp.TableSample) is not None:
+            raise UnsupportedError(f"DP SELECT {i + 1}: TABLESAMPLE is supported after a table or a subquery in a FROM "
+                                   "clause only")
     if any(s is tree for s in marked) and parts[0].plain:
         return CompiledStatement(tuple(parts), None, (), options_epsilon=fixed_epsilon)
     outer, public = _outer_query(tree, catalog, kinds)
@@ -187,6 +192,15 @@ def _outer_query(tree: exp.Expression, catalog: dict[str, TableInfo], kinds: dic
         else:
             with_clause.pop()
     check_functions(outer, "the outer query")
+    for node in list(outer.find_all(exp.TableSample)):
+        # post-processing (released tables) or public rows, run once: DuckDB's own per-row sample,
+        # under the same rules as inside a DP SELECT (sample.py)
+        fraction = sample_fraction(node, "the outer query")
+        if fraction >= 1:
+            node.pop()
+        else:  # DuckDB reads the percentage bare: `BERNOULLI ((10) PERCENT)` is its syntax error
+            node.set("method", exp.var("BERNOULLI"))
+            node.set("percent", node.args["percent"].unnest())
     lowered = {k.lower(): v for k, v in catalog.items()}
     public = set()
     for t in _tables(outer):

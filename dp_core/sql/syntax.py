@@ -60,6 +60,40 @@ class ParsedStatement:
     clauses: dict[int, DPClause]
 
 
+def quote(sql: exp.Expression) -> str:
+    """A node as DuckDB SQL, for a refusal's message (its class name if it cannot be rendered)."""
+    try:
+        return sql.sql("duckdb")
+    except Exception:  # noqa: BLE001 - rendering is for messages only
+        return type(sql).__name__
+
+
+def number_literal(node: exp.Expression | None, what: str, integer: bool = False) -> float:
+    """A numeric literal (possibly negative, possibly in parentheses); with integer=True a
+    whole-number literal (INT64). Anything else (missing, a string, NULL, a column, a parameter, an
+    expression) is refused naming `what`: bounds, percentiles, LIMIT and sample percentages are
+    read at compile time, before any row is, so they must be constants written in the query."""
+    neg = False
+    while isinstance(node, exp.Paren):
+        node = node.this
+    if isinstance(node, exp.Neg):
+        neg, node = True, node.this
+    if node is None:
+        raise InvalidQueryError(f"{what} is missing: it must be a number literal")
+    if not (isinstance(node, exp.Literal) and not node.is_string):
+        kind = (f"the string {quote(node)}" if isinstance(node, exp.Literal) else "NULL" if isinstance(node, exp.Null)
+                else repr(quote(node)))
+        raise InvalidQueryError(f"{what} must be a number literal, got {kind}")
+    text = str(node.this)
+    try:
+        value = float(text)
+    except ValueError:
+        raise InvalidQueryError(f"{what} must be a number literal, got {text!r}") from None
+    if integer and not text.lstrip("+-").isdigit():
+        raise InvalidQueryError(f"{what} must be a whole-number literal (INT64), got {text!r}")
+    return -value if neg else value
+
+
 def mark_of(select: exp.Expression) -> int | None:
     """The marker number of a DP SELECT (its first select item is `__dpmark_<n>()`), else None."""
     if not isinstance(select, exp.Select) or not select.expressions:
@@ -294,10 +328,11 @@ def parse_statement(sql: str) -> ParsedStatement:
         if t.token_type == TokenType.TABLE_SAMPLE and tokens[at + 1].text.upper() == "RESERVOIR":
             raise UnsupportedError("TABLESAMPLE RESERVOIR (n ROWS) is not supported: it keeps n rows chosen among all "
                                    "units' rows, so one unit's rows change which of the others' are kept (the per-unit "
-                                   "bound breaks)")
-        if t.token_type == TokenType.TABLE_SAMPLE or (t.text.upper() == "USING" and tokens[at + 1].text.upper() == "SAMPLE"):
-            raise UnsupportedError("sampling in the query (TABLESAMPLE, USING SAMPLE) is not supported: the engine would "
-                                   "read every row, not the sample you asked for; register a sample of the data instead")
+                                   "bound breaks); use TABLESAMPLE BERNOULLI (p PERCENT)")
+        if t.text.upper() == "USING" and tokens[at + 1].text.upper() == "SAMPLE":
+            raise UnsupportedError("USING SAMPLE is not supported (DuckDB samples a SELECT's rows by blocks by "
+                                   "default): write TABLESAMPLE BERNOULLI (p PERCENT) after the table or subquery")
+        # TABLESAMPLE BERNOULLI / SYSTEM (p PERCENT): checked and carried through by the ownership checker (sample.py)
     edits: list[tuple[int, int, str]] = []
     clauses: dict[int, DPClause] = {}
     for at, t in enumerate(tokens[:-2]):

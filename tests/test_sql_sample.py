@@ -1,0 +1,187 @@
+"""TABLESAMPLE BERNOULLI / SYSTEM (p PERCENT) in DP SQL (dp_core/sql/sample.py): the sample is applied
+on data (the exact pre-noise counts are a p% binomial draw, not every row), once per release (every
+scan of the source, and a sampled public-groups list, read the same rows), on DuckDB and on Spark;
+the other samples are refused with their reason."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import dp_core as dp
+from dp_core.backend import DuckDBBackend
+from dp_core.engine import exact_statistics
+from dp_core.sql import Table, compile_statement_for, run_sql
+from dp_core.sql.sample import has_samples, render
+
+N = 100_000
+DPS = "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1)"
+C1 = "COUNT(*, contribution_bounds_per_group => (0, 1))"
+#: a two-sided binomial bound with false-failure probability below 1e-6: 5.5 standard deviations
+#: (the normal tail at 5.5 sd is 3.8e-8; n p (1 - p) is large enough here for the normal approximation,
+#: and Bernstein's inequality at this width gives < 1e-6 as well)
+Z = 5.5
+
+
+def within_binomial(count: float, n: int, p: float) -> bool:
+    return abs(count - n * p) <= Z * math.sqrt(n * p * (1 - p))
+
+
+@pytest.fixture(scope="module")
+def tables():
+    rng = np.random.default_rng(5)  # test data only
+    people = pd.DataFrame({"uid": np.arange(N), "dept": np.arange(N) % 4, "age": rng.integers(20, 60, N)})
+    # every row twice: identical rows must be independent draws (the index among identical rows)
+    twice = pd.concat([people.head(N // 2)] * 2, ignore_index=True)
+    depts = pd.DataFrame({"dept": np.arange(1000)})
+    many = pd.DataFrame({"uid": np.arange(N), "dept": np.arange(N) % 1000})
+    return {"people": Table(people, "uid"), "twice": Table(twice, "uid"), "depts": Table(depts),
+            "many": Table(many, "uid")}
+
+
+def exact_n(result) -> float:
+    return float(result.controller_only.exact["n"].sum())
+
+
+@pytest.mark.parametrize("method", ["BERNOULLI", "SYSTEM"])
+def test_a_ten_percent_sample_keeps_about_ten_percent_of_the_rows(tables, method):
+    result = run_sql(f"{DPS} {C1} AS n FROM people TABLESAMPLE {method} (10 PERCENT)", tables)
+    n = exact_n(result)
+    assert within_binomial(n, N, 0.10), n  # not 100%: the sample is applied, not dropped
+    assert result.epsilon_spent == pytest.approx(1.0)  # charged in full: no amplification claimed
+
+
+def test_the_sample_is_drawn_afresh_for_each_release(tables):
+    sql = f"{DPS} {C1} AS n FROM people TABLESAMPLE BERNOULLI (50 PERCENT)"
+    counts = {exact_n(run_sql(sql, tables)) for _ in range(3)}
+    assert len(counts) > 1  # a new key per release (two equal counts of 50k draws: ~1e-3 each)
+
+
+def test_identical_rows_are_independent_draws(tables):
+    result = run_sql(f"{DPS} COUNT(*, contribution_bounds_per_group => (0, 2)) AS n FROM twice "
+                     "TABLESAMPLE BERNOULLI (50 PERCENT)", tables)
+    units = result.controller_only.exact["units"].sum()
+    # each unit has 2 identical rows: kept with 1 - 0.25 = 75% (independent), not 50% (one shared draw)
+    assert within_binomial(units, N // 2, 0.75), units
+
+
+def test_a_sample_of_a_subquery_with_a_group_by_and_automatic_bounds(tables):
+    sql = (f"{DPS} dept, {C1} AS n, AVG(age) AS a, PERCENTILE_CONT(age, 0.5, contribution_bounds_per_row => (0, 100)) "
+           "AS m FROM (SELECT uid, dept, age FROM people WHERE age >= 20) TABLESAMPLE SYSTEM (20 PERCENT) GROUP BY dept")
+    result = run_sql(sql, tables, max_partitions_contributed=1)
+    exact = result.controller_only.exact
+    assert len(exact) == 4 and within_binomial(exact["n"].sum(), N, 0.20)
+
+
+def test_every_scan_of_one_release_reads_the_same_sampled_rows(tables):
+    """The engine scans its source several times (checks, APPROX_BOUNDS, the plan, the units' rows
+    and the COUNT(DISTINCT unit) of the controller-only totals): with one key, the same rows."""
+    compiled = compile_statement_for(f"{DPS} {C1} AS n, SUM(age) AS s FROM people TABLESAMPLE BERNOULLI (30 PERCENT)",
+                                     tables)
+    part = compiled.parts[0]
+    assert has_samples(part.source_sql()) and not has_samples(render(part.source_sql(), "duckdb", 7))
+    backend = DuckDBBackend.for_tables({n: t.data for n, t in tables.items()})
+    backend.define_input(render(part.source_sql(), "duckdb", 12345))
+    first = backend.run("SELECT uid FROM dp_input ORDER BY uid")["uid"].tolist()
+    again = backend.run("SELECT uid FROM dp_input ORDER BY uid")["uid"].tolist()
+    assert first == again and within_binomial(len(first), N, 0.30)
+    stats = exact_statistics(part.query, backend, with_units=True)  # automatic bounds for SUM: one more scan
+    assert stats.total_units == len(first) == int(stats.rows["_n_units"].iloc[0]) == len(stats.units)
+    other = DuckDBBackend.for_tables({"people": tables["people"].data})
+    other.define_input(render(part.source_sql(), "duckdb", 54321))
+    assert other.run("SELECT uid FROM dp_input ORDER BY uid")["uid"].tolist() != first  # another key, another sample
+    other.close()
+
+
+def test_a_sampled_public_groups_list_is_the_same_sample_in_the_key_list_and_the_join(tables):
+    sql = ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1, group_selection_strategy = PUBLIC_GROUPS) dept, "
+           f"{C1} AS n FROM many RIGHT OUTER JOIN (SELECT DISTINCT dept FROM depts) TABLESAMPLE BERNOULLI (50 PERCENT) "
+           "USING (dept) GROUP BY dept")
+    exact = run_sql(sql, tables).controller_only.exact
+    assert within_binomial(len(exact), 1000, 0.5)  # about half the groups are listed, not all
+    assert (exact["n"] == 100).all()  # each listed group has all of its 100 rows: the join kept the same groups
+
+
+def test_a_sample_in_the_outer_query_samples_the_released_rows(tables):
+    sql = (f"SELECT dept, n FROM ({DPS} dept, {C1} AS n FROM many GROUP BY dept) TABLESAMPLE BERNOULLI (50 PERCENT)")
+    result = run_sql(sql, tables, max_partitions_contributed=1)
+    assert within_binomial(len(result.table), 1000, 0.5)
+
+
+def test_a_percentage_in_parentheses_is_read_in_the_dp_select_and_in_the_outer_query(tables):
+    # the outer query's sample is run by DuckDB, which reads the percentage bare: it is unwrapped
+    inner = exact_n(run_sql(f"{DPS} {C1} AS n FROM people TABLESAMPLE BERNOULLI ((10) PERCENT)", tables))
+    assert within_binomial(inner, N, 0.1)
+    outer = run_sql(f"SELECT dept, n FROM ({DPS} dept, {C1} AS n FROM many GROUP BY dept) "
+                    "TABLESAMPLE BERNOULLI ((50) PERCENT)", tables, max_partitions_contributed=1)
+    assert within_binomial(len(outer.table), 1000, 0.5)
+
+
+def test_one_hundred_percent_is_every_row(tables):
+    assert exact_n(run_sql(f"{DPS} {C1} AS n FROM people TABLESAMPLE BERNOULLI (100 PERCENT)", tables)) == N
+
+
+@pytest.mark.parametrize("sample,message", [
+    ("TABLESAMPLE RESERVOIR (10 ROWS)", "per-unit bound breaks"),
+    ("TABLESAMPLE BERNOULLI (10)", "n ROWS"),
+    ("TABLESAMPLE BERNOULLI (10 PERCENT) REPEATABLE (3)", "REPEATABLE"),
+    ("TABLESAMPLE SYSTEM (0 PERCENT)", r"must be in \(0, 100\], got 0"),
+    ("TABLESAMPLE BERNOULLI (150 PERCENT)", r"must be in \(0, 100\], got 150"),
+    ("TABLESAMPLE BERNOULLI (-5 PERCENT)", r"not valid SQL|must be in \(0, 100\]"),  # sqlglot reads no sign there
+    ("TABLESAMPLE BERNOULLI", "the sample's percentage is missing: it must be a number literal"),
+    ("TABLESAMPLE ()", "the sample's percentage is missing"),
+    ("TABLESAMPLE SYSTEM ('10' PERCENT)", "the sample's percentage must be a number literal, got the string '10'"),
+    ("TABLESAMPLE BERNOULLI (NULL PERCENT)", "the sample's percentage must be a number literal, got NULL"),
+    ("TABLESAMPLE BERNOULLI (@p PERCENT)", "the sample's percentage must be a number literal, got"),
+    ("USING SAMPLE 10%", "USING SAMPLE is not supported"),
+    ("USING SAMPLE 10 PERCENT (bernoulli)", "USING SAMPLE is not supported"),
+])
+def test_other_samples_are_refused_with_their_reason(tables, sample, message):
+    for sql in (f"{DPS} {C1} FROM people {sample}",
+                f"SELECT * FROM ({DPS} dept, {C1} AS n FROM people GROUP BY dept) {sample}"):
+        with pytest.raises(dp.DPError, match=message) as err:
+            compile_statement_for(sql, tables, epsilon=1.0)
+        assert "\n" not in str(err.value)
+
+
+def test_a_sample_on_the_first_table_of_a_parenthesized_join(tables):
+    result = run_sql(f"{DPS} {C1} AS n FROM (people p TABLESAMPLE BERNOULLI (10 PERCENT) JOIN depts d "
+                     "ON p.dept = d.dept) JOIN many m USING (uid)", tables)
+    assert within_binomial(exact_n(result), N, 0.10)  # the FROM is flattened in place: the sample is kept
+
+
+def test_on_spark_the_same_sample_as_on_duckdb(spark, tables):
+    small = {"people": Table(tables["people"].data.head(20_000), "uid")}
+    sql = f"{DPS} {C1} AS n FROM people TABLESAMPLE BERNOULLI (10 PERCENT)"
+    result = run_sql(sql, small, backend="spark", spark=spark)
+    assert within_binomial(exact_n(result), 20_000, 0.10)
+    # one key: the portable hash keeps the same rows on both engines
+    from dp_core.backend_spark import SparkTables
+
+    source = compile_statement_for(sql, small).parts[0].source_sql()
+    views = SparkTables.open({"people": small["people"].data}, spark)
+    try:
+        backend = views.backend_for(render(source, "spark", 99))
+        on_spark = backend.run("SELECT uid FROM dp_input ORDER BY uid")
+        backend.close()
+    finally:
+        views.close()
+    duck = DuckDBBackend.for_tables({"people": small["people"].data})
+    duck.define_input(render(source, "duckdb", 99))
+    on_duck = duck.run("SELECT uid FROM dp_input ORDER BY uid")
+    duck.close()
+    assert on_spark["uid"].tolist() == on_duck["uid"].tolist()
+
+
+def test_on_spark_a_sampled_public_groups_list_matches_the_join(spark, tables):
+    """The key list is read by DuckDB (public tables, beside the engine), the source's join runs on
+    Spark: the portable hash keeps the same groups on both."""
+    small = {"many": Table(tables["many"].data.head(20_000), "uid"), "depts": tables["depts"]}
+    sql = ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1, group_selection_strategy = PUBLIC_GROUPS) dept, "
+           f"{C1} AS n FROM many RIGHT OUTER JOIN (SELECT DISTINCT dept FROM depts) TABLESAMPLE BERNOULLI (50 PERCENT) "
+           "USING (dept) GROUP BY dept")
+    exact = run_sql(sql, small, backend="spark", spark=spark).controller_only.exact
+    assert within_binomial(len(exact), 1000, 0.5) and (exact["n"] == 20).all()
