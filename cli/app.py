@@ -537,8 +537,6 @@ def release(
 
     Example: dprelease release examples/request.yaml"""
     from dprelease import checks_judge
-
-    checks_judge.start_ahead()  # great-expectations loads in its own process meanwhile (2-3 s)
     from dp_core import DPError
     from dprelease.preflight import check_request
     from dprelease.requests import load_request
@@ -549,23 +547,27 @@ def release(
         request = load_request(spec)
         check_request(_settings(), request)  # refused before any flow starts (quick, same message)
         prefect_server.start()  # boots on the other core while the release is planned and previewed
-        _judge_checks_here_on_spark(request)
+        _start_checks_judge(request)
         _print_preview(request)
         result = run_release_interactively(_settings(), request, approve_as=approve_as, timeout=timeout,
                                            controller_key=key, risk_override=override_risk)
     except DPError as err:
         _fail(str(err))
     finally:
-        checks_judge.discard()  # unused when the release was refused or ran on Spark
+        checks_judge.discard()  # unused when the release was refused
     console.print(result)
 
 
-def _judge_checks_here_on_spark(request) -> None:
-    """A Spark dataset's checks are judged beside its SparkSession: the judge process goes."""
+def _start_checks_judge(request) -> None:
+    """great-expectations loads in a process of its own meanwhile (2-3 s) when the dataset is large
+    enough to be worth it (checks_judge.worth_a_process); an external dataset is judged beside its
+    SparkSession."""
     from dprelease import checks_judge, pipeline
 
-    if pipeline.on_spark(pipeline.Platform.open(_settings()), request):
-        checks_judge.discard()
+    platform = pipeline.Platform.open(_settings())
+    if checks_judge.worth_a_process(pipeline.escrowed_bytes(platform, request.dataset)) and not pipeline.on_spark(
+            platform, request):
+        checks_judge.start_ahead()
 
 
 def _print_preview(request) -> None:

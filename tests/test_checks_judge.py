@@ -102,3 +102,11 @@ def test_a_judge_nobody_asks_ends_with_its_command():
             return
         time.sleep(0.2)
     pytest.fail(f"the judge process {child} outlived its command")
+
+
+def test_only_a_large_escrowed_dataset_gets_a_judge_process():
+    """Small data is judged here (a second interpreter only costs CPU); an external dataset's Spark
+    witness is judged beside its session."""
+    assert not checks_judge.worth_a_process(None)
+    assert not checks_judge.worth_a_process(checks_judge.WORTH_A_PROCESS_BYTES - 1)
+    assert checks_judge.worth_a_process(checks_judge.WORTH_A_PROCESS_BYTES)
