@@ -10,6 +10,11 @@ dp-engine.md, table "aggregate / per-unit partial / per-partition sensitivity":
   QUANTILE(col, q, L, U)      one of the unit's values, chosen at random    exponential mechanism
 The VAR form is centred (Li et al., "Differential Privacy: From Theory to Practice", Alg. 2.4);
 the seed's Table 4.2 instead averages col^2 over [0, max(L^2, U^2)], which has a larger sensitivity.
+
+Values that are not numbers (a query may compute them: 1e308 * x, ln(0), 0 * inf): an infinite
+per-unit value is clamped to L or U like any other; a NaN in a float column is missing, skipped as
+NULL is, and so is a per-unit value that comes out NaN (+inf and -inf among one unit's rows). Both
+rules read one unit's own rows only, so the sensitivities above hold for any input.
 """
 
 from __future__ import annotations
@@ -65,6 +70,11 @@ def _real_component(key: str, column: str, expr: str, lo: float, hi: float) -> t
     return Component(key, column, quantum, sens), sql
 
 
+def _not_nan(expr: str) -> str:
+    """`expr`, with NaN as NULL (missing): a float value that is not a number counts for nothing."""
+    return f"CASE WHEN isnan({expr}) THEN NULL ELSE {expr} END"
+
+
 def _integer_sum(expr: str) -> str:
     return f"CAST(coalesce(sum({expr}), 0) AS BIGINT)"
 
@@ -113,27 +123,30 @@ def _clamp_loss(prefix: str, expr: str, lower: float | None, upper: float) -> di
 
 def plan_aggregate(index: int, agg: Aggregate, integer_columns: set[str], seed_sql: str, bins: int,
                    partition_bounds: list[tuple[float, float]] | None = None,
-                   row_draw: str = "random()") -> AggregatePlan:
+                   row_draw: str = "random()", float_columns: set[str] = frozenset()) -> AggregatePlan:
     """Build the SQL pieces for aggregate number `index` (aliases are `_a{index}_...`).
 
     partition_bounds: the (L, U) of every partition when bounds differ per partition; the SQL
     then clamps with the columns `_a{index}_lo`, `_a{index}_hi`, quanta are sized for the widest
-    bounds, and `component_sensitivity` gives each partition's own sensitivity."""
+    bounds, and `component_sensitivity` gives each partition's own sensitivity.
+    float_columns: the input's float columns, whose NaN (row or per-unit value) is missing."""
     p = f"_a{index}"
     kind = agg.kind
     if partition_bounds is not None:
-        return _plan_with_partition_bounds(index, agg, integer_columns, partition_bounds)
+        return _plan_with_partition_bounds(index, agg, integer_columns, partition_bounds, float_columns)
+    real = agg.column in float_columns
+    col = _not_nan(ident(agg.column)) if real else ident(agg.column) if agg.column else None
+    per_unit = _not_nan if real else (lambda sql: sql)  # a unit's sum or mean of +inf and -inf is NaN
     if kind == "count_units":
         return AggregatePlan(agg, {}, {f"{p}_n": "count(*)"}, (Component("count", f"{p}_n", 1.0, 1),), None, "1")
     if kind == "count":
-        src = f"count({ident(agg.column)})" if agg.column else "count(*)"
+        src = f"count({col})" if agg.column else "count(*)"
         v = ident(f"{p}_raw")
         finals = {f"{p}_sum": _integer_sum(f"least({v}, {literal(agg.upper)})")}
         finals.update(_clamp_loss(p, v, None, agg.upper))
         comp = Component("count", f"{p}_sum", 1.0, int(agg.upper))
         return AggregatePlan(agg, {f"{p}_raw": src}, finals, (comp,), (f"{p}_nclamped", f"{p}_clamped"),
                              f"least({v}, {literal(agg.upper)})")
-    col = ident(agg.column)
     v = ident(f"{p}_raw")
     lo, hi = float(agg.lower), float(agg.upper)
     if kind == "sum":
@@ -144,7 +157,8 @@ def plan_aggregate(index: int, agg: Aggregate, integer_columns: set[str], seed_s
             comp, total = _real_component("sum", f"{p}_sum", clamped, lo, hi)
         finals = {f"{p}_sum": total}
         finals.update(_clamp_loss(p, v, agg.lower, agg.upper))
-        return AggregatePlan(agg, {f"{p}_raw": f"sum({col})"}, finals, (comp,), (f"{p}_nclamped", f"{p}_clamped"),
+        partial = {f"{p}_raw": per_unit(f"sum({col})")}
+        return AggregatePlan(agg, partial, finals, (comp,), (f"{p}_nclamped", f"{p}_clamped"),
                              clamped)
     if kind in ("avg", "var", "stddev"):
         mid = (lo + hi) / 2.0
@@ -158,7 +172,7 @@ def plan_aggregate(index: int, agg: Aggregate, integer_columns: set[str], seed_s
             finals[f"{p}_Q"] = q_sql
             comps.append(q_comp)
         finals.update(_clamp_loss(p, v, lo, hi))
-        partial = {f"{p}_raw": f"avg({col})"}
+        partial = {f"{p}_raw": per_unit(f"avg({col})")}
         return AggregatePlan(agg, partial, finals, tuple(comps), (f"{p}_nclamped", f"{p}_clamped"),
                              _clamp_sql(v, lo, hi))
     if kind == "quantile":
@@ -233,8 +247,8 @@ def finish(agg: Aggregate, noisy: dict, noise: str, alpha: float) -> tuple[np.nd
 
 
 
-def _plan_with_partition_bounds(index: int, agg: Aggregate, integer_columns: set[str],
-                                bounds: list[tuple[float, float]]) -> AggregatePlan:
+def _plan_with_partition_bounds(index: int, agg: Aggregate, integer_columns: set[str], bounds: list[tuple[float, float]],
+                                float_columns: set[str] = frozenset()) -> AggregatePlan:
     """As `plan_aggregate`, with each partition's bounds read from its `_a{i}_lo/_hi` columns."""
     p = f"_a{index}"
     v = ident(f"{p}_raw")
@@ -242,7 +256,8 @@ def _plan_with_partition_bounds(index: int, agg: Aggregate, integer_columns: set
     widest = max(max(abs(lo), abs(hi)) for lo, hi in bounds)
     proxy = replace(agg, lower=None if agg.kind == "count" else -widest,
                     upper=max(math.ceil(widest), 1) if agg.kind == "count" else widest)
-    partial = plan_aggregate(index, proxy, integer_columns, "", 2).partials  # the one per-unit partial SQL
+    # the one per-unit partial SQL
+    partial = plan_aggregate(index, proxy, integer_columns, "", 2, float_columns=float_columns).partials
     if agg.kind in ("count", "sum"):
         clamped = f"least({v}, {hi_sql})" if agg.kind == "count" else _clamp_sql(v, lo_sql, hi_sql)
         integer = all(float(x).is_integer() for b in bounds for x in b) and (

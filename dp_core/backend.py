@@ -18,11 +18,11 @@ import pandas as pd
 
 from .bounding import INPUT_NAME
 from .errors import InvalidDataError
-from .input_checks import check_column_names, check_file, check_frame, missing_as_null
+from .input_checks import FLOAT_TYPES, check_column_names, check_file, check_frame, missing_as_null
 from .sql_text import ident, literal
 
 NUMERIC_TYPES = ("TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT",
-                 "UINTEGER", "UBIGINT", "UHUGEINT", "FLOAT", "DOUBLE", "REAL")
+                 "UINTEGER", "UBIGINT", "UHUGEINT", *FLOAT_TYPES)
 INTEGER_TYPES = NUMERIC_TYPES[:10]
 
 
@@ -35,6 +35,7 @@ class DuckDBBackend:
     frame: pd.DataFrame | None = None  # a pandas input
     frames: dict | None = None  # pandas tables of a SQL query, by name
     dialect: str = "duckdb"
+    derived: bool = False  # `dp_input` is rows a query selected (define_input), not the caller's whole input
 
     @classmethod
     def for_input(cls, data, threads: int | None = None) -> DuckDBBackend:
@@ -61,11 +62,13 @@ class DuckDBBackend:
         return cls(con, frames=frames)
 
     def define_input(self, sql: str) -> None:
-        """`dp_input` becomes the view `sql` over the registered tables (the checked source)."""
+        """`dp_input` becomes the view `sql` over the registered tables (the checked source): a
+        derived input, which the engine's whole-input checks leave alone (engine.check_values)."""
         try:
             self.connection.execute(f"CREATE OR REPLACE VIEW {INPUT_NAME} AS {sql}")
         except duckdb.Error as err:
             raise InvalidDataError(f"the data engine could not prepare the query: {str(err).splitlines()[0]}") from None
+        self.derived = True
 
     def columns(self, name: str) -> list[str]:
         described = self.run(f"DESCRIBE SELECT * FROM {ident(name)}")

@@ -55,6 +55,7 @@ class SparkBackend:
     spark: object
     view: str
     dialect: str = "spark"
+    derived: bool = False  # `view` is rows a query selected (SparkTables.backend_for), not a whole input
 
     @classmethod
     def for_input(cls, data, spark=None) -> SparkBackend:
@@ -147,7 +148,8 @@ class SparkTables:
         return self.spark.table(self.views[name]).toArrow()
 
     def backend_for(self, source_sql: str) -> SparkBackend:
-        """A backend whose `dp_input` is one DP SELECT's source (DuckDB syntax) over these tables."""
+        """A backend whose `dp_input` is one DP SELECT's source (DuckDB syntax) over these tables
+        (a derived input: engine.check_values)."""
         from pyspark.errors import PySparkException
 
         view = f"{INPUT_NAME}_{secrets.token_hex(6)}"
@@ -156,7 +158,7 @@ class SparkTables:
         except PySparkException as err:
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise InvalidDataError(f"the data engine (Spark) could not prepare the query: {first}") from None
-        return SparkBackend(self.spark, view)
+        return SparkBackend(self.spark, view, derived=True)
 
     def close(self) -> None:
         for view in self.views.values():

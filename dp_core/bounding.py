@@ -14,6 +14,11 @@ every engine and every reference (random() in a CTE may be re-drawn), and the pe
 choice is data-independent per unit, so it is unbiased; its privacy does not rest on the seed.
 With public partitions, rows outside the listed keys are dropped first (they must not use up a
 unit's C_u) and every listed key is returned, empty or not.
+
+Rows with a NULL unit id are dropped first too: they belong to no unit, so they add nothing to any
+unit's contribution and removing a unit leaves them out either way. A whole input with such rows
+is refused before this (engine.check_values); the rule is for rows a query derived (a DP SELECT over
+a public table with privacy_unit_column), where a refusal would depend on the selected rows.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import sqlglot
 from .accounting import GAUSSIAN_SELECTIONS
 from .aggregates import AggregatePlan, plan_aggregate
 from .errors import UnsupportedError
+from .input_checks import FLOAT_TYPES
 from .query import Query
 from .row_filter import compile_filter
 from .selection_weighted import weight_sql
@@ -130,6 +136,8 @@ def build_plan(
     for a backend that transpiles what it runs, as the Spark backend does, so that the engine can
     append its own statements to `with_clause`). partition_bounds: aggregate index ->
     DataFrame of (group keys, lo, hi): that aggregate clamps each partition to its own bounds.
+    key_types: column -> type of the input (its schema): the keys' types for the VALUES tables,
+    and which value columns are floats (NaN there is missing: aggregates.plan_aggregate).
     """
     if dialect not in DIALECT_PIECES:
         raise UnsupportedError(f"no SQL dialect {dialect!r}: choose one of {sorted(DIALECT_PIECES)}")
@@ -142,20 +150,20 @@ def build_plan(
     partition_bounds = partition_bounds or {}
     # Spark refuses a random() inside an aggregate: each row's draw for the quantiles is a column of _src
     row_draw = dialect != "duckdb" and any(a.kind == "quantile" for a in query.aggregates)
+    float_columns = {c for c, t in (key_types or {}).items() if str(t).upper() in FLOAT_TYPES}
     plans = tuple(
         plan_aggregate(i, agg, integer_columns, seed_sql, query.quantile_bins,
                        list(zip(partition_bounds[i]["lo"], partition_bounds[i]["hi"])) if i in partition_bounds else None,
-                       row_draw="_row_draw" if row_draw else "random()")
+                       row_draw="_row_draw" if row_draw else "random()", float_columns=float_columns)
         for i, agg in enumerate(query.aggregates)
     )
 
-    conditions = []
+    conditions = [f"{unit} IS NOT NULL"]  # a row of no unit: dropped (module docstring)
     if query.where is not None:
         conditions.append(f"({compile_filter(query.where)[0]})")
     if query.public_partitions is not None:
         conditions.append(f"EXISTS (SELECT 1 FROM {public_keys_sql(query, key_types)} WHERE {_same_key('_pk', '_s', keys)})")
-    src = (f"SELECT *{', random() AS _row_draw' if row_draw else ''} FROM {source} AS _s"
-           + (f" WHERE {' AND '.join(conditions)}" if conditions else ""))
+    src = f"SELECT *{', random() AS _row_draw' if row_draw else ''} FROM {source} AS _s WHERE {' AND '.join(conditions)}"
 
     partial_cols = [unit, *key_cols]
     for plan in plans:

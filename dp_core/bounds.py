@@ -73,11 +73,12 @@ def bin_layout(integer: bool, signed: bool) -> list[tuple[bool, int, float, floa
 
 
 def histogram_sql(with_clause: str, value: str, integer: bool) -> str:
-    """Bin counts of the per-unit values `value` (a column of `_bounded`): (neg, e, n)."""
+    """Bin counts of the per-unit values `value` (a column of `_bounded`): (neg, e, n). A value
+    at or beyond 2^E_MAX (an infinite one too, which a query can compute) is in the top bin."""
     e_min = 0 if integer else E_MIN_REAL
     v = f"CAST({ident(value)} AS DOUBLE)"
-    exponent = (f"CASE WHEN abs({v}) < {2.0 ** (e_min + 1)!r} THEN {e_min} "
-                f"ELSE least(CAST(floor(log2(abs({v}))) AS INTEGER), {E_MAX}) END")
+    exponent = (f"CASE WHEN abs({v}) < {2.0 ** (e_min + 1)!r} THEN {e_min} WHEN abs({v}) >= {2.0 ** E_MAX!r} "
+                f"THEN {E_MAX} ELSE CAST(floor(log2(abs({v}))) AS INTEGER) END")
     return (f"{with_clause}\nSELECT {v} < 0 AS neg, {exponent} AS e, count(*) AS n "
             f"FROM _bounded WHERE {ident(value)} IS NOT NULL GROUP BY ALL")
 

@@ -20,6 +20,7 @@ from .bounding import INPUT_NAME, BoundingPlan, build_plan, public_keys_sql, uni
 from .bounds import BoundsError, InferredBounds, histogram_by_partition_sql, histogram_sql, infer_bounds
 from .engine_backend import Backend, open_backend
 from .errors import InvalidDataError, InvalidQueryError
+from .input_checks import FLOAT_TYPES
 from .partition_selection import SELECTION_NOTES, STRATEGIES, Selection
 from .quantiles import dense_histograms, exponential_quantile
 from .query import Query
@@ -238,27 +239,40 @@ def check_public_keys(query: Query, backend: Backend, schema: dict[str, str]) ->
 
 
 def check_values(query: Query, backend: Backend, schema: dict[str, str]) -> None:
-    """One scan: the input is not empty, no unit id is null, no numeric input is infinite (a NaN
-    is missing, skipped like NULL: dp_core.input_checks)."""
-    unit = ident(query.privacy_unit)
+    """The whole-input rules (docs/engine.md, "Data rules") on an input the caller handed over:
+    refused when empty, with a null unit id, or with an infinite value in a float column an
+    aggregate reads (a NaN is missing, skipped like NULL: dp_core.input_checks). An input a query
+    derived from the data (backend.derived: a DP SELECT's FROM/WHERE) is never checked: what
+    such a refusal says would depend on the rows the requester selected, outside the mechanism;
+    the plan handles those rows instead (null unit: dropped; infinite: clamped; NaN: missing)."""
+    if backend.derived:
+        return
     floats = sorted({a.column for a in query.aggregates if a.kind in NUMERIC_KINDS
-                     and schema[a.column].upper() in ("FLOAT", "DOUBLE", "REAL")})
-    checks = ["count(*) AS n", f"count(*) - count({unit}) AS null_units"]
+                     and schema[a.column].upper() in FLOAT_TYPES})
+    check_rows(backend.run, INPUT_NAME, query.privacy_unit, floats)
+
+
+def check_rows(run, relation: str, unit: str, floats=(), label: str | None = None) -> None:
+    """One scan of a whole input `relation` (SQL name) through `run`: not empty, no null unit id,
+    no infinite value in `floats`. label: how the message names the input (None: "the input")."""
+    unit_sql = ident(unit)
+    checks = ["count(*) AS n", f"count(*) - count({unit_sql}) AS null_units"]
     checks += [f"count(*) FILTER (WHERE abs({ident(c)}) = CAST('Infinity' AS DOUBLE)) AS bad{i}"
                for i, c in enumerate(floats)]
-    row = backend.run(f"SELECT {', '.join(checks)} FROM {INPUT_NAME}").iloc[0]
+    row = run(f"SELECT {', '.join(checks)} FROM {relation}").iloc[0]
     if row["n"] == 0:
-        raise InvalidDataError("the input has no rows: nothing can be released")
+        raise InvalidDataError(f"{label or 'the input'} has no rows: nothing can be released")
+    lead = f"{label}: " if label else ""
     if row["null_units"]:
         raise InvalidDataError(
-            f"{int(row['null_units'])} row(s) have no privacy unit id (column {query.privacy_unit!r} is "
+            f"{lead}{int(row['null_units'])} row(s) have no privacy unit id (column {unit!r} is "
             "null): every row must belong to a unit; fix or drop those rows"
         )
     for i, c in enumerate(floats):
         bad = int(row[f"bad{i}"])
         if bad:
             raise InvalidDataError(
-                f"column {c!r} has {bad} infinite value(s): drop those rows or make them missing (an empty "
+                f"{lead}column {c!r} has {bad} infinite value(s): drop those rows or make them missing (an empty "
                 "cell, NULL or NaN, which aggregates skip) before a DP aggregate reads it"
             )
 

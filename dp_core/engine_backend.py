@@ -23,6 +23,7 @@ class Backend(Protocol):
     """A data engine holding the input as `dp_input`."""
 
     dialect: str  # the plan's dialect pieces ("duckdb", "spark")
+    derived: bool  # `dp_input` is rows a query selected, not the caller's whole input (engine.check_values)
 
     def schema(self) -> dict[str, str]:
         """Column name -> type name in DuckDB's words (BIGINT, DOUBLE, VARCHAR, ...)."""

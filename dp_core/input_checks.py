@@ -10,7 +10,8 @@ problem and the fix, and comes before anything is read into the engine, sealed o
 - Missing values: an empty CSV cell, a NULL, pandas' NA and NaN are all *missing*: the row stays
   (it counts for COUNT(*)) and a numeric aggregate skips the value, as SQL skips NULL. NaN is
   mapped to NULL when the input is registered (`missing_as_null`), so every reader agrees: pandas
-  itself reads an empty cell as NaN. An infinite value is refused (engine.check_values).
+  itself reads an empty cell as NaN. An infinite value in a column an aggregate reads is refused
+  in a whole input (engine.check_values); one a query computes is clamped (aggregates.py).
 - Nested columns (lists, structs) the query does not read are carried along untouched.
 - epsilon: finite, > 0 and at most MAX_EPSILON.
 """
@@ -31,6 +32,9 @@ from .errors import InvalidDataError, InvalidQueryError
 #: likelier when one person's data changes) and the mechanisms' arithmetic (e^epsilon) overflows
 #: near 709; a request beyond it is a typo or a misunderstanding
 MAX_EPSILON = 100.0
+
+#: DuckDB's names of the float types (the only ones that hold NaN and infinities)
+FLOAT_TYPES = ("FLOAT", "DOUBLE", "REAL")
 
 #: suffix (lower case) -> the kind of file the engine reads; longest first
 SUFFIX_KINDS = ((".csv.gz", "csv.gz"), (".tsv.gz", "tsv.gz"), (".csv", "csv"), (".tsv", "tsv"),
@@ -119,7 +123,7 @@ def missing_as_null(con, source_sql: str) -> str:
     """SQL selecting everything from `source_sql` with NaN in float columns turned into NULL
     (missing), so a NaN is skipped as a NULL is, whatever reader produced it."""
     described = con.execute(f"DESCRIBE {source_sql}").fetchall()
-    floats = [row[0] for row in described if str(row[1]).upper() in ("FLOAT", "DOUBLE", "REAL")]
+    floats = [row[0] for row in described if str(row[1]).upper() in FLOAT_TYPES]
     if not floats:
         return source_sql
     quoted = ['"' + name.replace('"', '""') + '"' for name in floats]

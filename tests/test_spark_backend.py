@@ -317,3 +317,30 @@ def test_sql_front_end_on_spark_tables_with_a_public_join(spark):
     with pytest.raises(dp.InvalidQueryError, match="nosuch"):
         run_sql(f"{dp_select} COUNT(*, contribution_bounds_per_group => (0, 1)) AS n FROM people WHERE nosuch > 1",
                 tables, backend="spark", spark=spark)
+
+
+def test_rows_a_query_selects_are_never_refused_on_spark(spark):
+    """As tests/test_derived_inputs.py on Spark: neighbours whose WHERE selects one row or none both
+    release; an infinite value the query computes is clamped and a NaN one is missing (isnan
+    transpiled); a protected table without a unit id on a row is refused whatever the WHERE keeps."""
+    from dp_core.sql import Table, run_sql
+
+    dp_select = "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1, delta = 1e-6, max_groups_contributed = 1)"
+    base = pd.DataFrame({"uid": range(1, 41), "name": ["Alice"] + [f"p{i}" for i in range(2, 41)],
+                         "x": np.arange(40.0)})
+    query = (f"{dp_select} COUNT(*, contribution_bounds_per_group => (0, 1)) AS n, "
+             "SUM(1e308 * x, contribution_bounds_per_group => (0, 10)) AS s FROM t WHERE name = 'Alice' AND x < {x}")
+    tables = {"t": Table(spark.createDataFrame(base), "uid")}
+    exact = []
+    for x in (1, 0):  # Alice's x is 0: selected, then not
+        result = run_sql(query.format(x=x), tables, backend="spark", spark=spark)
+        assert len(result.table) == 1
+        exact.append(int(result.controller_only.exact["n"].iloc[0]))
+    assert exact == [1, 0]
+    wild = f"{dp_select} SUM(1e308 * x, contribution_bounds_per_group => (0, 10)) AS s, COUNT(0 * (1e308 * x * 10), " \
+           "contribution_bounds_per_group => (0, 1)) AS numbers FROM t"
+    exact = run_sql(wild, tables, backend="spark", spark=spark).controller_only.exact.iloc[0]
+    assert exact["s"] == 390 and exact["numbers"] == 1  # 0 * inf is NaN: x = 0 is the only number
+    bad = spark.createDataFrame(base.assign(uid=[None] + list(range(2, 41))))
+    with pytest.raises(InvalidDataError, match=r"^table 't': 1 row\(s\) have no privacy unit id"):
+        run_sql(query.format(x=0), {"t": Table(bad, "uid")}, backend="spark", spark=spark)

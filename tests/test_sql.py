@@ -94,6 +94,26 @@ def test_order_by_and_limit_are_post_processing(company):
     assert len(r.table) == 1
 
 
+
+def test_an_aggregate_inside_an_expression_is_named_after_what_was_written(company):
+    """Aggregates used only inside an expression or HAVING are named for a person: the output using
+    them (or HAVING) and the aggregate as written without its bounds; a name taken gets a number.
+    The typed query is otherwise the one the names `__agg0`, `__agg1`, ... stood for."""
+    sql = ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1, max_groups_contributed = 1) dept, "
+           "ROUND(AVG(age, contribution_bounds_per_group => (20, 65)), 1) AS a, "
+           "2 * PERCENTILE_CONT(age, 0.5, contribution_bounds_per_row => (20, 65)), "
+           "COUNT(*, contribution_bounds_per_group => (0, 1)) AS `a (AVG(age))` "
+           "FROM Employee GROUP BY dept HAVING COUNT(DISTINCT uid) > 3")
+    query = compile_for(sql, company).query
+    assert [a.label for a in query.aggregates] == [
+        "a (AVG(age)) #2", "_col2 (PERCENTILE_CONT(age, 0.5))", "a (AVG(age))", "HAVING (COUNT(DISTINCT uid))"]
+    assert [a.kind for a in query.aggregates] == ["avg", "quantile", "count", "count_units"]
+    result = run_sql(sql, company)
+    assert [s.part for s in result.budget][1:] == [a.label for a in query.aggregates]
+    assert [c for c in result.table.columns if not c.endswith(("_ci_low", "_ci_high", "_noise_sd"))] == [
+        "dept", "a", "_col2", "a (AVG(age))"]
+
+
 FORBIDDEN = [
     ('SELECT WITH ANONYMIZATION dept, ANON_COUNT(*, 5) FROM Employee E JOIN "Order" O ON E.age = O.k GROUP BY dept',
      "does not join on the unit"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -114,3 +115,41 @@ def test_public_groups_on_the_platform_release_every_public_level(platform):
     assert "no selection" in result.partition_selection and result.epsilon_spent == pytest.approx(0.2)
     assert sorted(result.table["education"]) == sorted(levels["education"])
     assert [t["name"] for t in result.to_dict()["tables"] if t["public"]] == ["levels"]
+
+
+def test_an_aggregate_inside_an_expression_is_named_as_written_in_a_releases_files(platform):
+    """`ROUND(AVG(age, ...), 1) AS a` in the second DP SELECT: its budget line, mechanisms and the
+    controller's clamping line read `DP SELECT 2: a (AVG(age))` (they read `__agg0` until
+    2026-11-25) in the published results.json and report, and in the controller's summary and
+    report; what it computes is unchanged (its exact value is the plain mean)."""
+    import json
+
+    from dprelease import pipeline
+    from dprelease.requests import parse_request
+
+    sql = (f"WITH c AS ({DP.format(e=0.5)} education, COUNT(*, contribution_bounds_per_group => (0, 1)) AS n "
+           "FROM adult GROUP BY education), "
+           f"m AS ({DP.format(e=2)} education, ROUND(AVG(age, contribution_bounds_per_group => (17, 90)), 1) AS a "
+           "FROM adult GROUP BY education) "
+           "SELECT education, n, a FROM c JOIN m USING (education)")
+    planned = pipeline.plan(platform, parse_request({"dataset": "adult", "sql": sql, "epsilon": 2.5}))
+    decision = pipeline.choose_epsilon(platform, planned)
+    platform.store.add_release("adult", planned.request.to_json(), release_id="inner-names")  # as the flow does
+    pipeline.reserve(platform, "inner-names", "adult", decision.epsilon, planned.query.delta)
+    result = pipeline.compute_sealed(platform, "inner-names", planned, decision)
+    summary = pipeline.controller_summary("inner-names", planned, decision, result)
+    controller = pipeline.write_controller_report(platform, "inner-names", planned, decision, result)
+    directory = pipeline.publish(platform, "inner-names", planned, decision, result, approved_by="alice")
+    published = json.loads((directory / "results.json").read_text())
+    name = "DP SELECT 2: a (AVG(age))"
+    assert name in [b["part"] for b in published["budget"]]
+    assert {f"{name}.N", f"{name}.S"} <= {m["target"] for m in published["mechanisms"]}
+    assert f"- {name}: " in summary and name in (controller / "controller.html").read_text()
+    assert "a (AVG(age))" in (directory / "index.html").read_text()
+    for text in (summary, (controller / "controller.html").read_text(),
+                 *(p.read_text() for p in directory.iterdir() if p.suffix in (".json", ".html", ".csv"))):
+        assert "__agg" not in text
+    ages = pd.read_csv(Path(__file__).resolve().parents[1] / "examples" / "data" / "adult.csv.gz",
+                       usecols=["education", "age"]).groupby("education")["age"].mean()  # ages in [17, 90]
+    exact = result.parts[1].controller_only.exact.set_index("education")["a (AVG(age))"]
+    assert np.allclose(exact.to_numpy(dtype=float), ages.loc[exact.index].to_numpy(dtype=float), rtol=1e-9)

@@ -12,8 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..backend import DuckDBBackend
+from ..bounding import INPUT_NAME
+from ..engine import check_rows
 from ..errors import DPError, InvalidQueryError
 from ..result import DPResult
+from ..sql_text import ident
 from .compile import CompiledQuery
 from .outer import StatementResult, check_executable, postprocess, run_statement
 from .ownership import TableInfo
@@ -90,19 +93,39 @@ def run_sql(sql: str, tables: dict[str, Table], *, threads: int | None = None, b
     if backend not in (None, "duckdb"):
         raise InvalidQueryError(f"unknown backend {backend!r}: choose one of duckdb, spark")
     compiled = compile_statement_for(sql, tables, **request)
+    whole = DuckDBBackend.for_tables({name: tables[name].data for name in protected_tables(compiled)}, threads=threads)
+    try:
+        check_tables(compiled, tables, lambda name: (whole.run, ident(name)))
+    finally:
+        whole.close()
     result = run_statement(compiled, {name: t.data for name, t in tables.items()}, threads=threads)
     return replace(result, tables_read=compiled.tables_read({n: t.privacy_unit for n, t in tables.items()}))
+
+
+def protected_tables(compiled: CompiledStatement) -> list[str]:
+    """The tables with a privacy unit that the statement's DP SELECTs read."""
+    return sorted({name for part in compiled.parts for name in part.protected_tables})
+
+
+def check_tables(compiled: CompiledStatement, tables: dict[str, Table], relation_of) -> None:
+    """The whole-input rules (engine.check_rows) on each protected table the statement reads: the
+    caller's own data, checked whole (not empty, a unit id on every row), so that the verdict never
+    depends on the rows a DP SELECT selects from it. relation_of: name -> (run, its SQL name)."""
+    for name in protected_tables(compiled):
+        run, relation = relation_of(name)
+        check_rows(run, relation, tables[name].privacy_unit, label=f"table {name!r}")
 
 
 def _run_sql_on_spark(sql: str, tables: dict[str, Table], spark, **request) -> DPResult:
     """Compile against empty stand-ins of the Spark tables (their schemas), run each DP SELECT on
     Spark, and the outer query (over partition-sized released tables) in DuckDB."""
-    from ..backend_spark import SparkTables
+    from ..backend_spark import SparkBackend, SparkTables
 
     views = SparkTables.open({name: t.data for name, t in tables.items()}, spark)
     try:
         stand_ins = {name: Table(views.empty(name), t.privacy_unit) for name, t in tables.items()}
         compiled = compile_statement_for(sql, stand_ins, **request)
+        check_tables(compiled, tables, lambda name: (SparkBackend(views.spark, views.views[name]).run, INPUT_NAME))
         local = set(compiled.public_tables) | {t for p in compiled.parts for t in p.public_groups_tables + p.output_tables}
         public = {name: views.local(name) for name in sorted(local)}  # outer query and PUBLIC_GROUPS keys
         result = run_statement(compiled, public, part_backend=views.backend_for, part_dialect="spark")

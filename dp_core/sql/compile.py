@@ -356,6 +356,7 @@ class Compiler:
         self.key_names = [None] * len(keys)
         items = []  # (kind, name, payload) in select-list order
         calls: list[tuple[exp.Anonymous, str | None]] = []
+        used_in: dict[int, str] = {}  # aggregate inside an expression -> the output (or clause) using it first
         for pos, item in enumerate(select.expressions):
             alias = item.alias if isinstance(item, exp.Alias) else None
             inner = _inner(item)
@@ -370,7 +371,9 @@ class Compiler:
                     self.key_names[i] = name
                 items.append(("key", name, i))
                 continue
+            first = len(calls)
             items.append(("expr", alias, self._post_expression(inner, item, keys, key_sql, calls, scope, clause.syntax)))
+            used_in.update({i: alias or f"_col{pos}" for i in range(first, len(calls))})
         having = None
         if select.args.get("having") is not None:  # a filter on the released (noisy) values: post-processing
             cond = select.args["having"].this.copy()
@@ -382,15 +385,19 @@ class Compiler:
                         cond = new
                     else:
                         col.replace(new)
+            first = len(calls)
             having = self._post_expression(cond, select.args["having"], keys, key_sql, calls, scope, clause.syntax)
+            used_in.update({i: "HAVING" for i in range(first, len(calls))})
         self.key_names = [n or (k.name if isinstance(k, exp.Column) and k.name else f"key{i}")
                           for i, (n, k) in enumerate(zip(self.key_names, keys))]
         if len({n.lower() for n in self.key_names}) != len(self.key_names):
             raise InvalidQueryError(f"GROUP BY keys need distinct names: {self.key_names}")
         aggregates = []
+        taken = {n.lower() for n in self.key_names} | {a.lower() for _, a in calls if a}
         for i, (call, alias) in enumerate(calls):
-            plain_alias = alias if any(kind == "agg" and p == i for kind, _, p in items) else f"__agg{i}"
-            aggregates.append(self.aggregate(call, plain_alias, scope, clause.syntax))
+            plain = any(kind == "agg" and p == i for kind, _, p in items)
+            name = alias if plain else _inner_name(call, used_in.get(i), taken)
+            aggregates.append(self.aggregate(call, name, scope, clause.syntax))
         if not aggregates:
             if not keys:
                 raise InvalidQueryError("the DP SELECT has neither GROUP BY nor a DP aggregate: use one of them")
@@ -611,6 +618,23 @@ def _expand_quantiles(item: exp.Expression, syntax: str) -> exp.Expression:
             return array  # unaliased: named _col<position>, as BigQuery names it internally
         node.replace(array)
     return item
+
+
+def _inner_name(call: exp.Anonymous, used_in: str | None, taken: set[str]) -> str:
+    """The name of a DP aggregate used only inside an expression (or HAVING), as a person reads it in
+    the budget, the mechanisms and the controller's clamping lines: where it is used and what was
+    written, `a (AVG(age))`, `HAVING (COUNT(*))` (bounds left out); a number added if that is taken."""
+    args = [a for a in call.expressions if not isinstance(a, exp.Kwarg)]
+    function = str(call.name).upper().removeprefix("__DP_")
+    shown = args[:2] if function in ("PERCENTILE_CONT", "ANON_PERCENTILE_CONT", "ANON_NTILE") else args[:1]
+    written = f"{function}({', '.join(quote(a) for a in shown)})"
+    base = f"{used_in} ({written})" if used_in else written
+    name, n = base, 1
+    while name.lower() in taken:
+        n += 1
+        name = f"{base} #{n}"
+    taken.add(name.lower())
+    return name
 
 
 def _key_text(node: exp.Expression) -> str:
