@@ -181,6 +181,23 @@ def test_load_frame_writes_no_file(tmp_path, monkeypatch, filename):
     assert _listing(system_tmp, recursive=False) - before_system == set()
 
 
+def test_a_csv_broken_past_the_sniffed_rows_is_refused_in_one_line(tmp_path):
+    """DuckDB reads a CSV's dialect from its first rows; a row with an extra field further down shows
+    only while the batches stream into the blob. It is refused like an early fault: one line that
+    names the file and the line at fault, and nothing left in the escrow."""
+    settings = _settings(tmp_path)
+    key = load_or_create_key(settings, create=True)
+    source = tmp_path / "late.csv"
+    rows = "\n".join(f"{i},{i % 7}" for i in range(50_000))
+    source.write_text(f"person_id,visits\n{rows}\n1,2,3\n4,5\n")  # the header is line 1: 1,2,3 is 50002
+    with pytest.raises(EscrowError) as caught:
+        seal_file(source, settings, key)
+    message = str(caught.value)
+    assert message.startswith(f"cannot read {source} as CSV with a header row: ") and "\n" not in message
+    assert "Line: 50002" in message
+    assert not list(settings.escrow_dir.iterdir())  # no blob, no temporary file
+
+
 def test_parse_bytes_rejects_unknown_format():
     with pytest.raises(EscrowError, match="unknown file format 'xlsx'"):
         escrow.parse_bytes(b"", "xlsx")
