@@ -215,6 +215,18 @@ def test_each_refused_rule_names_its_reason(tables, rule):
     assert message in str(info.value), str(info.value)
 
 
+def test_an_outer_query_the_released_values_cannot_feed_is_refused_before_any_dp_select_runs(tables):
+    """Released numbers are doubles, counts too: an outer query that needs an integer (a bit shift of
+    a count) is refused by the check over empty stand-ins, which runs before any budget is spent, not
+    after the DP SELECTs ran; with the cast it needs, it compiles and runs."""
+    sql = f"SELECT dept, n << 1 AS m FROM ({DP.format(e=EPS)} dept, {C1} AS n FROM people GROUP BY dept) d ORDER BY dept"
+    with pytest.raises(dp.DPError) as caught:
+        compile_statement_for(sql, tables, epsilon=1.0)
+    assert str(caught.value).startswith("the outer query: Binder Error: No function matches"), str(caught.value)
+    cast = sql.replace("n << 1", "CAST(n AS BIGINT) << 1")
+    assert run_sql(cast, tables).table["m"].tolist() == [2 * n for n in plain(tables, "SELECT count(*) AS n FROM people GROUP BY dept ORDER BY dept")["n"]]
+
+
 # ------------------------------------------------------------------ join shapes (ownership)
 
 JOIN_SHAPES = [  # (FROM clause, accepted?)
