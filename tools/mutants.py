@@ -195,12 +195,7 @@ def sample_summary(seed: int) -> str:
     for path, names in sorted(record["drawn"].items()):
         meta = ROOT / "mutants" / (path + ".meta")
         codes = json.loads(meta.read_text())["exit_code_by_key"] if meta.exists() else {}
-        counts: Counter = Counter()
-        for name in names:
-            status = STATUS.get(codes.get(name), "suspicious")
-            if status == "survived" and name in equivalent:
-                status = "equivalent"
-            counts[status] += 1
+        counts: Counter = Counter(status_of(codes.get(name), name, equivalent) for name in names)
         killed, judged = counts["killed"] + counts["timeout"], _judged(counts)
         # a module's non-equivalent mutants, estimated from the share of its sample judged equivalent
         sampled_done = judged + counts["equivalent"]
@@ -229,6 +224,13 @@ def sample_summary(seed: int) -> str:
     return "\n".join(lines)
 
 
+def status_of(code: int | None, name: str, equivalent: set[str]) -> str:
+    """The summary's column for one mutant: mutmut's verdict, or "equivalent" for a mutant judged so
+    that no test kills (a survivor, or one of a function no selected test calls)."""
+    status = STATUS.get(code, "suspicious")
+    return "equivalent" if status in ("survived", "no tests") and name in equivalent else status
+
+
 def _judged(c: Counter) -> int:
     """Mutants with a verdict that counts: killed, timed out, survived or not reached by any selected test."""
     return c["killed"] + c["timeout"] + c["survived"] + c["no tests"]
@@ -251,12 +253,8 @@ def summary(modules: list[str] | None = None) -> str:
         meta = ROOT / "mutants" / (path + ".meta")
         if not meta.exists():
             continue
-        counts: Counter = Counter()
-        for name, code in json.loads(meta.read_text())["exit_code_by_key"].items():
-            status = STATUS.get(code, "suspicious")
-            if status == "survived" and name in equivalent:
-                status = "equivalent"
-            counts[status] += 1
+        counts: Counter = Counter(status_of(code, name, equivalent)
+                                  for name, code in json.loads(meta.read_text())["exit_code_by_key"].items())
         if not counts:
             continue
         totals.update(counts)
