@@ -122,7 +122,8 @@ def test_malformed_csv_is_refused(tmp_path, text):
 
 
 MISNAMED = [  # (file name, content, the advice the refusal ends with)
-    ("d.csv.gz", b"uid,x\n1,2\n", "is named csv.gz but is not gzip-compressed: compress it with gzip, or rename it to d.csv"),
+    ("d.csv.gz", b"uid,x\n1,2\n",
+     "is named csv.gz but is not gzip-compressed: compress it with gzip, or rename it to d.csv"),
     ("d.csv", b"\x1f\x8b" + bytes(30), "is gzip-compressed but named .csv: rename it to d.csv.gz"),
     ("d.csv", b"PAR1" + bytes(30), "is a Parquet file but named .csv: rename it to d.parquet"),
     ("d.csv", b"PK\x03\x04" + bytes(30), "is a zip archive (or an Excel workbook) but named .csv: export or "

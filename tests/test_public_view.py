@@ -62,8 +62,9 @@ def test_explain_states_each_mechanism_the_inferred_bounds_and_the_epsilon_choic
     from dp_core import pri
 
     df = pd.DataFrame({"uid": np.repeat(np.arange(3000), 3), "g": np.repeat(["a", "b", "c"], 3000), "x": 5.0})
-    q = dp.Query([dp.median("x", 0, 10, name="m"), dp.Aggregate("count", name="n"), dp.Aggregate("sum", column="x", name="s")],
-                 privacy_unit="uid", group_by=("g",), epsilon=3.0, max_partitions_contributed=2, public_partitions=["a", "b", "c"])
+    q = dp.Query([dp.median("x", 0, 10, name="m"), dp.Aggregate("count", name="n"),
+                  dp.Aggregate("sum", column="x", name="s")], privacy_unit="uid", group_by=("g",), epsilon=3.0,
+                 max_partitions_contributed=2, public_partitions=["a", "b", "c"])
     r = dp.execute(q, df)
     lines = r.explain().splitlines()
     (median_line,) = [line for line in lines if line.startswith("  m: ")]

@@ -369,8 +369,8 @@ def test_a_statistic_without_a_promised_interval_says_why():
     """The promise lists every statistic; one without a data-free half-width (a quantile, bounds to
     infer, a variance) says why, and a unit count reused from the partition selection says it is
     that noisy count, with the selection's half-width."""
-    q = dp.Query([dp.count_units(name="people"), dp.median("x", 0, 20, name="mid"), dp.Aggregate("sum", column="x", name="auto"),
-                  dp.var("x", 0, 20, name="spread")], privacy_unit="unit", epsilon=1.0, delta=1e-6, group_by=("g",),
+    q = dp.Query([dp.count_units(name="people"), dp.median("x", 0, 20, name="mid"),
+                  dp.Aggregate("sum", column="x", name="auto"), dp.var("x", 0, 20, name="spread")], privacy_unit="unit", epsilon=1.0, delta=1e-6, group_by=("g",),
                  selection="laplace-threshold")
     by_name = {s.name: s for s in accuracy.statistic_intervals(q)}
     assert by_name["people"].halfwidth > 0 and by_name["people"].note == (

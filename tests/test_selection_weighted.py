@@ -261,7 +261,9 @@ def test_mad_selection_reads_a_duckdb_relation_like_a_frame():
     on_relation = dp.execute(q, duckdb.connect().from_df(df), bounding_seed=5)
     on_frame = dp.execute(q, df, bounding_seed=5)
     assert on_relation.partition_selection.startswith("mad") and len(on_relation.table) > 0
-    by_part = lambda r: r.controller_only.exact.drop(columns="released").sort_values("part").reset_index(drop=True)  # noqa: E731
+    def by_part(result):
+        return result.controller_only.exact.drop(columns="released").sort_values("part").reset_index(drop=True)
+
     pd.testing.assert_frame_equal(by_part(on_relation), by_part(on_frame))
 
 

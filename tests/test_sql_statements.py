@@ -224,7 +224,8 @@ def test_an_outer_query_the_released_values_cannot_feed_is_refused_before_any_dp
         compile_statement_for(sql, tables, epsilon=1.0)
     assert str(caught.value).startswith("the outer query: Binder Error: No function matches"), str(caught.value)
     cast = sql.replace("n << 1", "CAST(n AS BIGINT) << 1")
-    assert run_sql(cast, tables).table["m"].tolist() == [2 * n for n in plain(tables, "SELECT count(*) AS n FROM people GROUP BY dept ORDER BY dept")["n"]]
+    exact = plain(tables, "SELECT count(*) AS n FROM people GROUP BY dept ORDER BY dept")["n"]
+    assert run_sql(cast, tables).table["m"].tolist() == [2 * n for n in exact]
 
 
 WORD_FOR_WORD = {  # refusals whose whole message is the guidance: rule -> (statement, message)
@@ -244,7 +245,8 @@ WORD_FOR_WORD = {  # refusals whose whole message is the guidance: rule -> (stat
         "WITH p AS (SELECT uid, dept FROM people) SELECT dept FROM p",
         "not a DP query: the CTE 'p' holds rows of a protected table and is read outside a DP SELECT (a plain read "
         "would release them): read it only in the FROM of SELECT WITH DIFFERENTIAL_PRIVACY"),
-    "an unknown table": ("SELECT dept FROM nowhere", "unknown table 'nowhere' (registered: depts, extra, other, people, visits)"),
+    "an unknown table": ("SELECT dept FROM nowhere",
+                         "unknown table 'nowhere' (registered: depts, extra, other, people, visits)"),
     "WITH REPORT without its format": ("SELECT WITH ANONYMIZATION ANON_COUNT(*, 1 WITH REPORT()) AS n FROM people",
                                        "ANON_COUNT(...): WITH REPORT needs its format, WITH REPORT(FORMAT = JSON) or "
                                        "(FORMAT = PROTO)"),
