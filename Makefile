@@ -25,10 +25,13 @@ bench: $(STAMP)
 	$(PY) bench/engine.py
 
 # mutation testing (docs/testing.md), not part of `make test`: all critical modules by default, or
-# FILES="dp_core/noise.py ..." or CHANGED=main (the critical modules changed since main); JOBS workers
+# FILES="dp_core/noise.py ..." or CHANGED=main (the critical modules changed since main); JOBS workers;
+# SAMPLE=30 SEED=20261124: only a uniform random sample of SAMPLE mutants per module, drawn with SEED
 JOBS ?= 1
+SEED ?= 20261124
 mutants: $(VENV)/.installed-mutants
-	$(PY) tools/mutants.py --max-children $(JOBS) $(if $(FILES),--files $(FILES)) $(if $(CHANGED),--changed $(CHANGED))
+	$(PY) tools/mutants.py --max-children $(JOBS) $(if $(FILES),--files $(FILES)) $(if $(CHANGED),--changed $(CHANGED)) \
+		$(if $(SAMPLE),--sample $(SAMPLE) --seed $(SEED))
 
 $(VENV)/.installed-mutants: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[test,mutants]'

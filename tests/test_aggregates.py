@@ -34,6 +34,39 @@ def test_median_of_a_repeated_value_is_found():
         assert t["lo"] <= 42 + 100 / 1024
 
 
+def test_min_and_max_search_the_bounds_given_under_their_names():
+    """MIN and MAX are the 0- and 1-quantiles over the bounds the caller gives: nothing of the budget
+    goes to inferring bounds, the outputs carry the names given, and each lies on the data's side
+    of its extreme (every bin below the smallest value is as good a minimum: no rank is skipped)."""
+    df = pd.DataFrame({"uid": np.arange(2000), "x": np.linspace(20.0, 60.0, 2000)})
+    q = dp.Query([dp.min_("x", 0, 100, name="lowest"), dp.max_("x", 0, 100, name="highest")],
+                 privacy_unit="uid", epsilon=10.0)
+    r = dp.execute(q, df)
+    assert not r.inferred_bounds and [s.part for s in r.budget] == ["lowest", "highest"]
+    t = r.table.iloc[0]
+    # a bin 10 bins (~1) inside the data is 50 ranks off: weight exp(-125) against the bins outside
+    assert 0 <= t["lowest"] < 21 and 59 < t["highest"] <= 100
+
+
+def test_column_names_and_key_values_are_data_never_sql_text():
+    """Every name and value reaches the engine's SQL quoted: a double quote inside a column or output
+    name stays part of the name, boolean keys stay TRUE and FALSE; an empty or non-text column name
+    is refused. At epsilon 100 the counts' noise is 0 and the sums' (scale 0.04) is below 1 except
+    with probability e^-25."""
+    from dp_core.errors import InvalidQueryError
+    from dp_core.sql_text import ident
+
+    df = pd.DataFrame({"uid": np.arange(4000), "flag": np.arange(4000) % 4 == 0, 'we"ird': 1.0})
+    q = dp.Query([dp.count(upper=1, name="n"), dp.sum_('we"ird', 0, 2, name='s"um')], privacy_unit="uid",
+                 group_by=("flag",), public_partitions=[True, False], epsilon=100.0)
+    t = dp.execute(q, df).table.set_index("flag")
+    assert t.loc[True, "n"] == 1000 and t.loc[False, "n"] == 3000
+    assert abs(t.loc[True, 's"um'] - 1000) < 1 and abs(t.loc[False, 's"um'] - 3000) < 1
+    for bad in ("", 5):
+        with pytest.raises(InvalidQueryError, match="column names must be non-empty strings"):
+            ident(bad)
+
+
 def test_quantile_picks_each_row_of_a_unit_alike():
     """A unit's value for a quantile is one of its rows at random: with rows {10, 10, 10, 10, 90},
     about 80% of units contribute 10, so the median is near 10 (a by-value pick would give 90)."""

@@ -52,6 +52,19 @@ def test_inferred_bounds_cover_95_percent_of_adult(adult, column):
         assert d["inferred_bounds"][0]["upper"] == b.upper and len(d["inferred_bounds"][0]["bins"]) == 128
 
 
+def test_the_share_outside_the_inferred_bounds_counts_the_bins_left_out():
+    """10,000 values at 100 and 40 far above, two in each of 20 bins (2^20 .. 2^39): the bounds keep
+    [64, 128], and the stated share of values outside them is the 40 left out (0.4%), not zero.
+    Epsilon 5 for the bounds: a left-out bin passes the threshold (5) only with noise >= 4, each
+    empty bin with noise >= 6: together below 1e-7."""
+    x = np.concatenate([np.full(10_000, 100.0), np.repeat(2.0 ** np.arange(20, 40), 2)])
+    df = pd.DataFrame({"uid": np.arange(x.size), "x": x})
+    r = dp.execute(dp.Query([dp.Aggregate("sum", column="x", name="s")], privacy_unit="uid", epsilon=10.0), df)
+    (b,) = r.inferred_bounds
+    assert (b.lower, b.upper, b.threshold) == (64.0, 128.0, 5)
+    assert b.outside_share == pytest.approx(40 / x.size, abs=0.002)  # 20 units of noise off: below 1e-12
+
+
 def test_tiny_data_gives_the_clear_error_and_releases_nothing():
     df = pd.DataFrame({"uid": range(20), "x": np.arange(20.0)})
     with pytest.raises(dp.BoundsError, match="more epsilon, use more data, or set the bounds by hand"):

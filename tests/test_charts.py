@@ -58,6 +58,26 @@ def test_released_values_chart_draws_each_value_to_scale_with_its_interval():
                                             [90.0, 40.0, float("nan")], [110.0, 60.0, float("nan")])  # same bytes
 
 
+def test_per_group_charts_widen_with_their_groups_within_600_to_1400_px():
+    """A chart of many groups gets room for each group's bars and label (45 px a group beside the
+    exact value, 40 px for the released one alone, plus 200 for the axis), never below 600 px nor
+    above 1400 px."""
+    import xml.etree.ElementTree as ET
+
+    from dprelease.reporting import pages
+
+    def widths(n: int) -> tuple[float, float]:
+        groups, values = [f"g{i}" for i in range(n)], [float(i + 1) for i in range(n)]
+        both = pages.exact_vs_released_svg("people", groups, values, values, values, values)
+        alone = pages.released_values_svg("people", groups, values, values, values)
+        return float(ET.fromstring(both).get("width")), float(ET.fromstring(alone).get("width"))
+
+    assert widths(3) == (600.0, 600.0)
+    assert widths(16) == (16 * 45 + 200, 16 * 40 + 200)
+    assert widths(29) == (1400.0, 29 * 40 + 200)
+    assert widths(60)[0] == 1400.0  # (the released-values chart shows the largest 30)
+
+
 def test_chart_text_is_escaped_and_loads_nothing():
     from dprelease.reporting import pages
 

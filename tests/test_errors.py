@@ -60,6 +60,12 @@ def test_bad_query_is_refused_with_a_named_reason(kwargs, error, words):
     assert isinstance(info.value, DPError)
 
 
+def test_public_partitions_without_a_group_by_are_refused_as_such():
+    with pytest.raises(InvalidQueryError) as caught:
+        run(public_partitions=["a"])
+    assert str(caught.value) == "public_partitions given but the query has no group_by"
+
+
 def test_null_unit_ids_are_refused():
     bad = DF.assign(uid=[1, None, 3])
     with pytest.raises(InvalidDataError, match=r"1 row\(s\) have no privacy unit id"):
@@ -113,6 +119,102 @@ def test_malformed_csv_is_refused(tmp_path, text):
     path.write_text(text)
     with pytest.raises(InvalidDataError, match="cannot read .*bad.csv as CSV"):
         run(path)
+
+
+MISNAMED = [  # (file name, content, the advice the refusal ends with)
+    ("d.csv.gz", b"uid,x\n1,2\n",
+     "is named csv.gz but is not gzip-compressed: compress it with gzip, or rename it to d.csv"),
+    ("d.csv", b"\x1f\x8b" + bytes(30), "is gzip-compressed but named .csv: rename it to d.csv.gz"),
+    ("d.csv", b"PAR1" + bytes(30), "is a Parquet file but named .csv: rename it to d.parquet"),
+    ("d.csv", b"PK\x03\x04" + bytes(30), "is a zip archive (or an Excel workbook) but named .csv: export or "
+                                           "decompress it to a .csv, .csv.gz, .tsv, .tsv.gz or .parquet file"),
+]
+
+
+@pytest.mark.parametrize("name, content, advice", MISNAMED)
+def test_a_misnamed_file_is_refused_with_the_fix_that_fits_its_content(tmp_path, name, content, advice):
+    """What the first bytes show decides the advice: the name the file should have, or how to convert it."""
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(InvalidDataError) as caught:
+        run(path)
+    assert str(caught.value) == f"{path} {advice}"
+
+
+def test_a_row_filter_is_one_condition_read_as_duckdb_sql():
+    """The filter is DuckDB SQL (`^@` is DuckDB's starts-with, `//` its integer division), one
+    condition only: a second statement is refused, not dropped; an empty filter says what is wanted."""
+    import duckdb
+
+    from dp_core.row_filter import compile_filter
+
+    sql, columns = compile_filter("s ^@ 'q' OR uid // 2 = 0")
+    assert columns == {"s", "uid"}
+    frame = DF  # noqa: F841 - read by DuckDB below
+    kept = duckdb.sql(f"SELECT uid FROM frame WHERE {sql} ORDER BY uid").fetchall()
+    assert kept == [(1,), (2,)]  # uid 1: 1 // 2 = 0; uid 2: s = 'q'; uid 3: neither
+    with pytest.raises(InvalidQueryError, match="must be one condition, not several statements"):
+        run(where="x > 1; SELECT 1")
+    for empty in ("", "  "):
+        with pytest.raises(InvalidQueryError) as caught:
+            run(where=empty)
+        assert str(caught.value) == 'the row filter must be a non-empty SQL condition, e.g. "age >= 18"'
+
+
+def test_the_engine_asked_for_is_the_one_that_runs():
+    """A prepared DuckDB backend is used as is, and refused by name when Spark is asked for; an
+    unknown engine is refused with the choices; backend="spark" never falls back to DuckDB (without
+    an active SparkSession it says so); only a Spark DataFrame is Spark input, told by its module
+    and its temporary-view method together."""
+    from dp_core.backend import DuckDBBackend
+    from dp_core.backend_spark import is_spark_input
+    from dp_core.engine_backend import open_backend
+
+    prepared = DuckDBBackend.for_input(DF)
+    assert open_backend(prepared, "duckdb") is prepared and open_backend(prepared) is prepared
+    with pytest.raises(InvalidQueryError) as caught:
+        open_backend(prepared, "spark")
+    assert str(caught.value) == "backend='spark' was asked for, but the input is a prepared duckdb backend"
+    with pytest.raises(InvalidQueryError) as caught:
+        dp.execute(dp.Query([dp.sum_("x", 0, 10)], privacy_unit="uid", epsilon=1.0), DF, backend="dask")
+    assert str(caught.value) == "unknown backend 'dask': choose one of duckdb, spark"
+    try:
+        chosen = open_backend(DF, "spark")
+    except InvalidDataError as err:
+        assert "needs a SparkSession" in str(err)
+    else:
+        assert chosen.dialect == "spark"
+        chosen.close()
+    column_like = type("Column", (), {"__module__": "pyspark.sql.column"})()
+    viewable = type("Frame", (), {"createOrReplaceTempView": lambda self, name: None})()
+    assert not is_spark_input(column_like) and not is_spark_input(viewable)
+    with pytest.raises(InvalidDataError, match="unsupported input type Frame"):
+        run(viewable)
+
+
+def test_a_stream_of_record_batches_is_read_like_its_frame():
+    """An Arrow stream (the escrow's decrypted batches) is scanned once into memory and released
+    from the same exact values as the frame it holds."""
+    import pyarrow as pa
+
+    q = dict(aggregates=[dp.sum_("x", 0, 10, name="s"), dp.count(upper=1, name="n")], group_by=("g",),
+             public_partitions=["a", "b"])
+    stream = pa.RecordBatchReader.from_batches(pa.Schema.from_pandas(DF, preserve_index=False),
+                                               pa.Table.from_pandas(DF, preserve_index=False).to_batches(max_chunksize=2))
+    from_stream = run(stream, **q).controller_only.exact
+    pd.testing.assert_frame_equal(from_stream, run(DF, **q).controller_only.exact)
+
+
+@pytest.mark.parametrize("columns, message", [
+    (["uid", "x", "x"], "the input has the column 'x' twice, at positions 2 and 3: rename or drop one (each column "
+                        "must have its own name)"),
+    (["uid", "x", "X"], "the input has the column 'X' twice ('x' and 'X' differ only in case, which SQL ignores), at "
+                        "positions 2 and 3: rename or drop one (each column must have its own name)"),
+])
+def test_a_column_name_given_twice_is_refused_with_both_positions(columns, message):
+    with pytest.raises(InvalidDataError) as caught:
+        run(pd.DataFrame([[1, 2.0, 3.0]], columns=columns))
+    assert str(caught.value) == message
 
 
 def test_nullable_missing_values_are_not_errors():

@@ -5,7 +5,10 @@ readable, key file handling, and no plaintext temp file when loading."""
 from __future__ import annotations
 
 import os
+import re
 import stat
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -181,6 +184,52 @@ def test_load_frame_writes_no_file(tmp_path, monkeypatch, filename):
     assert _listing(system_tmp, recursive=False) - before_system == set()
 
 
+def test_a_bad_key_is_refused_with_a_command_that_makes_a_good_one(tmp_path):
+    """The refusal of a malformed key tells how to make a valid one: that command, run as given,
+    prints a key the escrow accepts."""
+    bad = _settings(tmp_path, escrow_key="not-a-key")
+    with pytest.raises(EscrowError) as caught:
+        load_or_create_key(bad, create=False)
+    command = re.search(r"`python -c '([^']+)'`", str(caught.value))
+    assert command, str(caught.value)
+    made = subprocess.run([sys.executable, "-c", command.group(1)], capture_output=True, text=True, check=True)
+    key = made.stdout.strip()
+    assert load_or_create_key(_settings(tmp_path, escrow_key=key), create=False) == key.encode()
+
+
+def test_a_missing_blob_is_named_by_every_reader(tmp_path):
+    """A blob removed behind the store's back: whichever way it is opened (whole, batch by batch,
+    as a frame, as the engine's replayable rows), the one-line error names the file and the fix."""
+    key = Fernet.generate_key()
+    gone = tmp_path / "gone.escrow"
+    digest = escrow.fingerprint(b"registered")
+    readers = {"open_blob": lambda: open_blob(gone, key, digest),
+               "open_batches": lambda: open_batches(gone, key, digest),
+               "load_frame": lambda: load_frame(gone, key, digest, "parquet"),
+               "EscrowRows": lambda: escrow.EscrowRows(gone, key, digest)}
+    for name, read in readers.items():
+        with pytest.raises(EscrowError) as caught:
+            read()
+        assert str(caught.value) == f"the escrow blob {gone} is missing: register the dataset again", name
+
+
+def test_a_csv_broken_past_the_sniffed_rows_is_refused_in_one_line(tmp_path):
+    """DuckDB reads a CSV's dialect from its first rows; a row with an extra field further down shows
+    only while the batches stream into the blob. It is refused like an early fault: one line that
+    names the file and the line at fault, and nothing left in the escrow."""
+    settings = _settings(tmp_path)
+    key = load_or_create_key(settings, create=True)
+    source = tmp_path / "late.csv"
+    rows = "\n".join(f"{i},{i % 7}" for i in range(50_000))
+    source.write_text(f"person_id,visits\n{rows}\n1,2,3\n4,5\n")  # the header is line 1: 1,2,3 is 50002
+    with pytest.raises(EscrowError) as caught:
+        seal_file(source, settings, key)
+    message = str(caught.value)
+    assert message.startswith(f"cannot read {source} as CSV with a header row: ") and "\n" not in message
+    assert "Line: 50002" in message
+    assert not list(settings.escrow_dir.iterdir())  # no blob, no temporary file
+
+
 def test_parse_bytes_rejects_unknown_format():
     with pytest.raises(EscrowError, match="unknown file format 'xlsx'"):
         escrow.parse_bytes(b"", "xlsx")
@@ -210,6 +259,21 @@ def test_legacy_fernet_blobs_stay_readable(tmp_path):
         legacy.write_bytes(bytes(token))
         with pytest.raises(EscrowError, match="wrong escrow key or the blob was altered"):
             load_frame(legacy, key, digest, fmt)
+
+
+def test_legacy_blobs_are_replayable_rows_for_the_engine(tmp_path):
+    """EscrowRows over a legacy Fernet blob: the right fingerprint gives the rows, again at every
+    scan; another file's fingerprint is refused when the rows are made, before any engine work."""
+    settings = _settings(tmp_path)
+    key = load_or_create_key(settings, create=True)
+    source = _write(_frame(), tmp_path / "d.csv")
+    legacy = tmp_path / "d.csv.fernet"
+    legacy.write_bytes(Fernet(key).encrypt(source.read_bytes()))
+    rows = escrow.EscrowRows(legacy, key, escrow.fingerprint(source.read_bytes()), "csv")
+    for _scan in range(2):
+        pd.testing.assert_frame_equal(rows.reader().read_all().to_pandas(), _frame(), check_dtype=False)
+    with pytest.raises(EscrowError, match="does not match the registered fingerprint"):
+        escrow.EscrowRows(legacy, key, escrow.fingerprint(b"another file"), "csv")
 
 
 CHUNK = 64  # tiny chunks, so a three-row file spans many

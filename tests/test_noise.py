@@ -55,6 +55,27 @@ def test_grid_is_fine_against_noise_and_sensitivity_and_absurd_epsilon_is_refuse
         noisy(1e-9, 1)
 
 
+def test_what_the_grid_cannot_carry_and_pure_noise_are_refused_with_their_reason():
+    """A released value is exact value + noise in grid steps, held exactly up to 2^53 in a double:
+    an exact value of 2^52 steps or more (either sign) is refused, one step less is released on the
+    grid. Noise over 2^20 times the sensitivity is refused as pure noise, saying what to change."""
+    def noisy(values, eps=1.0):
+        return add_noise(np.array(values, dtype=np.int64), target="t", quantum=1.0, sensitivity_quanta=1,
+                         max_partitions=1, share=Share("x", epsilon=eps), noise="laplace", confidence=0.95)
+
+    released = noisy([2**52 - 1, -(2**52) + 1]).values
+    assert abs(released[0] - (2**52 - 1)) < 200 and released[0] == np.round(released[0])
+    for value in (2**52, -(2**52)):
+        with pytest.raises(noise.DPError) as caught:
+            noisy([value])
+        assert str(caught.value) == "t: the exact value is too large for its noise grid (over 2^52 steps)"
+    with pytest.raises(noise.DPError) as caught:
+        noisy([3], eps=1e-9)
+    assert str(caught.value) == ("t: epsilon is too small for its sensitivity (noise 1e+09 is over 2^20 times the "
+                                 "sensitivity): the result would be pure noise; raise epsilon or lower "
+                                 "max_partitions_contributed")
+
+
 def discrete_laplace_cdf(scale):
     """P(K <= k) of the discrete Laplace with this scale (vectorised over integer k)."""
     q = math.exp(-1.0 / float(scale))
@@ -108,7 +129,8 @@ def test_discrete_laplace_follows_its_exact_law(scale):
     assert chi_square_pvalue(noise.discrete_laplace(scale / 2, N), discrete_laplace_cdf(exact_scale)) < SIGNIFICANCE
 
 
-@pytest.mark.parametrize("sigma", [0.5, 3.3, 800.0, 2.0**16 + 3])
+# 200: the Laplace proposal has T = 2^8, whose U and sign share one 16-bit word (8 bits would not hold both)
+@pytest.mark.parametrize("sigma", [0.5, 3.3, 200.0, 800.0, 2.0**16 + 3])
 def test_discrete_gaussian_follows_its_exact_law(sigma):
     x = noise.discrete_gaussian(sigma, N)
     assert x.dtype == np.int64
@@ -122,6 +144,22 @@ def test_huge_sigma_takes_the_python_integer_path_and_keeps_its_law():
     sigma = 2.0**30  # w^2 overflows int64: exact Python integers for the rejection step
     x = noise.discrete_gaussian(sigma, 20_000)
     assert chi_square_pvalue(x, discrete_gaussian_cdf(Fraction(sigma) ** 2), bins=20) > SIGNIFICANCE
+
+
+@pytest.mark.parametrize("bound", [5, 1 << 20, 3 * 2**40 + 1, 2**62 + 7, 2**70, 3**50])
+def test_uniform_below_covers_its_range_evenly_up_to_python_integers(bound):
+    """n draws on {0, ..., bound - 1}, past 2^62 too (Python integers): each in range, and each third
+    of the range hit as a uniform law says (chi-square against the thirds' exact sizes, false-failure
+    rate 1e-9 per bound). A bound below 1 is refused."""
+    n = 6000
+    values = noise.uniform_below(bound, n)
+    assert len(values) == n and all(0 <= int(v) < bound for v in values)
+    edges = [-(-k * bound // 3) for k in range(4)]  # third k holds the v with 3v // bound == k
+    expected = np.array([(edges[k + 1] - edges[k]) / bound * n for k in range(3)])
+    observed = np.bincount([int(v) * 3 // bound for v in values], minlength=3)
+    assert stats.chisquare(observed, expected).pvalue > 1e-9, observed
+    with pytest.raises(ValueError, match="^bound must be positive$"):
+        noise.uniform_below(0, 1)
 
 
 def test_exp_expansions_are_exact():

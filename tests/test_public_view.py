@@ -52,3 +52,31 @@ def test_released_values_are_not_the_exact_ones():
     exact = r.controller_only.exact.set_index("g")
     t = r.table.set_index("g")
     assert (t["s"] != exact.loc[t.index, "s"]).all()  # noise was added to every released value
+
+
+def test_explain_states_each_mechanism_the_inferred_bounds_and_the_epsilon_choice():
+    """explain(), the plain-text account of a release: a quantile (exponential mechanism) states its
+    C_u and no noise scale; inferred bounds are stated as [lower, upper], a count's from 0; an epsilon
+    chosen by the privacy risk indicator closes the text with its mode, p and guarantee. to_dict()
+    states the query's parameters under their names."""
+    from dp_core import pri
+
+    df = pd.DataFrame({"uid": np.repeat(np.arange(3000), 3), "g": np.repeat(["a", "b", "c"], 3000), "x": 5.0})
+    q = dp.Query([dp.median("x", 0, 10, name="m"), dp.Aggregate("count", name="n"),
+                  dp.Aggregate("sum", column="x", name="s")], privacy_unit="uid", group_by=("g",), epsilon=3.0,
+                 max_partitions_contributed=2, public_partitions=["a", "b", "c"])
+    r = dp.execute(q, df)
+    lines = r.explain().splitlines()
+    (median_line,) = [line for line in lines if line.startswith("  m: ")]
+    assert "x C_u=2 -> 1, epsilon 1 (" in median_line  # no noise scale to state
+    assert any(line.startswith("  n.count: discrete Laplace") and ", scale 12," in line for line in lines)
+    assert any(line.startswith("  bounds of n inferred (APPROX_BOUNDS): [0, 3],") for line in lines)  # 3 rows each
+    assert any(line.startswith("  bounds of s inferred (APPROX_BOUNDS): [8, 16],") for line in lines)  # sums of 15
+    d = r.to_dict()
+    assert (d["privacy_unit"], d["group_by"], d["max_partitions_contributed"], d["confidence"]) == ("uid", ["g"], 2, 0.95)
+
+    chosen = pri.release_with_pri(dp.Query([dp.count(upper=1, name="people")], privacy_unit="uid", epsilon=1.0),
+                                  df.head(2000), p=50)
+    c = chosen.epsilon_choice
+    assert chosen.explain().splitlines()[-1] == (
+        f"Epsilon chosen from the privacy risk indicator ({c.mode} mode, p = 50): {c.guarantee}.")

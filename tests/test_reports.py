@@ -182,6 +182,18 @@ def test_epsilon_from_pri_is_public_on_the_analyst_page(data):
 # controller report
 
 
+def test_an_ungrouped_release_has_no_chart_of_groups(data):
+    """A release without GROUP BY is one row: its numbers are in the results table, and the results
+    section draws no per-group chart (grouped releases get one per aggregate: the heading test)."""
+    single = dp.execute(dp.Query([dp.count(upper=1, name="people"), dp.avg("age", 17, 90, name="avg_age")],
+                                 privacy_unit="person_id", epsilon=1.0), data)
+    assert len(single.table) == 1
+    page = pages.render_analyst_report(single, make_ctx())
+    results = page[page.index('<section id="results">'):]
+    results = results[:results.index("</section>")]
+    assert 'class="released-chart"' not in page and "<svg" not in results and "people" in results
+
+
 def test_controller_report_has_the_loss_numbers(result, analyst_html, controller_html):
     page = controller_html
     co = result.controller_only

@@ -73,6 +73,22 @@ def test_truncated_laplace_edges_and_per_output_delta():
     assert c.summary.endswith("always.")
 
 
+def test_bounded_noise_needs_delta_strictly_between_0_and_one_half():
+    """The truncated Laplace bound (Geng et al. 2018) holds for 0 < delta < 1/2 only: 1/2 and 0 are refused."""
+    assert risk.truncated_laplace_bound(1.0, 1.0, 0.4999) > 0
+    for delta in (0.5, 0.0, 0.7):
+        with pytest.raises(InvalidQueryError, match=r"bounded noise needs 0 < delta < 1/2, got"):
+            risk.truncated_laplace_bound(1.0, 1.0, delta)
+
+
+def test_the_plan_chooser_names_the_level_of_the_risk_it_carries():
+    """The chosen plan's risk is named in words, on the same scale as the tolerable risk."""
+    for max_risk, level in ((0.1, "very low"), (0.3, "low")):
+        c = risk.choose_epsilon_for_plan(PLAN, trust="low", sensitivity="high", max_risk=max_risk, n=16, m=2,
+                                         max_noise=1000, prefer="accuracy")
+        assert c.risk == pytest.approx(max_risk) and c.risk_level == level
+
+
 def test_levels_map_to_numbers_and_back():
     assert [risk.level_value(x) for x in risk.LEVELS] == [0.1, 0.3, 0.5, 0.7, 0.9]
     assert [risk.level_name(x) for x in (0.0, 0.19, 0.2, 0.5, 0.79, 0.8, 1.0)] == [
@@ -347,3 +363,20 @@ def test_promise_holds_beside_an_aggregate_with_inferred_bounds(people):
     result = dp.execute(replace(query, epsilon=eps), people)
     shown = ((result.table["rows_ci_high"] - result.table["rows_ci_low"]) / 2.0).max()
     assert shown == pytest.approx(promise["rows"].halfwidth, rel=1e-12) and shown == 12
+
+
+def test_a_statistic_without_a_promised_interval_says_why():
+    """The promise lists every statistic; one without a data-free half-width (a quantile, bounds to
+    infer, a variance) says why, and a unit count reused from the partition selection says it is
+    that noisy count, with the selection's half-width."""
+    q = dp.Query([dp.count_units(name="people"), dp.median("x", 0, 20, name="mid"),
+                  dp.Aggregate("sum", column="x", name="auto"), dp.var("x", 0, 20, name="spread")], privacy_unit="unit", epsilon=1.0, delta=1e-6, group_by=("g",),
+                 selection="laplace-threshold")
+    by_name = {s.name: s for s in accuracy.statistic_intervals(q)}
+    assert by_name["people"].halfwidth > 0 and by_name["people"].note == (
+        "the partition selection's noisy count of units, released as is")
+    assert {n: (by_name[n].halfwidth, by_name[n].note) for n in ("mid", "auto", "spread")} == {
+        "mid": (None, "quantiles (exponential mechanism) have no interval"),
+        "auto": (None, "bounds inferred from the data (APPROX_BOUNDS): the noise is known only once they are; give "
+                       "the bounds to get a promise"),
+        "spread": (None, "its first-order interval depends on the data's spread")}

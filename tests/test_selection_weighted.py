@@ -249,6 +249,52 @@ def test_every_aggregate_with_the_weighted_selections(strategy, noise):
         assert sum(s.rho for s in pooled) == pytest.approx(total)
 
 
+def test_mad_selection_reads_a_duckdb_relation_like_a_frame():
+    """MAD's two rounds over a DuckDB relation (no connection of the engine's own to keep the bounded
+    rows in): the same exact per-partition values as over the frame, for one bounding seed (which
+    partitions are released depends on the noise)."""
+    import duckdb
+
+    df = skewed(units=3000)
+    q = dp.Query([dp.count(name="n")], privacy_unit="uid", group_by=("part",), epsilon=2.0, delta=1e-6,
+                 max_partitions_contributed=3, selection="mad")
+    on_relation = dp.execute(q, duckdb.connect().from_df(df), bounding_seed=5)
+    on_frame = dp.execute(q, df, bounding_seed=5)
+    assert on_relation.partition_selection.startswith("mad") and len(on_relation.table) > 0
+    def by_part(result):
+        return result.controller_only.exact.drop(columns="released").sort_values("part").reset_index(drop=True)
+
+    pd.testing.assert_frame_equal(by_part(on_relation), by_part(on_frame))
+
+
+def test_selection_advice_follows_each_mechanism_s_law():
+    """The advice's expected releases: the Laplace threshold's P[n + K >= T] equals the sum of the
+    discrete Laplace's probabilities above T - n; partitions of 5,000 units are kept by every
+    mechanism, empty ones by none."""
+    from dp_core.partition_selection import discrete_laplace_threshold
+    from dp_core.selection_advice import expected_releases
+
+    share, cu, eps = Share("partition selection", epsilon=1.0, delta=1e-6), 2, 1.0
+    t = discrete_laplace_threshold(1.0, 1e-6, cu)
+    q = math.exp(-1.0 / cu)
+    k = np.arange(-5000, 5001)
+    pmf = (1 - q) / (1 + q) * q ** np.abs(k)
+    n = np.array([t - 30, t - 3, t - 1, t, t + 2, t + 40])
+    got = expected_releases(n, share, cu, eps)
+    assert got["laplace-threshold"] == pytest.approx(sum(pmf[x + k >= t].sum() for x in n), rel=1e-9)
+    assert all(v == pytest.approx(4.0, abs=1e-6) for v in expected_releases(np.full(4, 5000.0), share, cu, eps).values())
+    assert all(v < 1e-6 for v in expected_releases(np.zeros(4), share, cu, eps).values())
+
+
+def test_selection_advice_reads_a_released_count_of_rows_without_a_count_of_units():
+    """Weighted selections release no noisy unit count: a released COUNT(*) (divided by its per-unit
+    row bound) gives the advice its estimate, rather than asking for a count."""
+    q = dp.Query([dp.count(upper=3, name="rows")], privacy_unit="uid", group_by=("part",), epsilon=2.0,
+                 delta=1e-6, max_partitions_contributed=3, selection="weighted_gaussian")
+    (advice,) = [n for n in dp.execute(q, skewed(units=4000)).notes if n.startswith("Selection advice")]
+    assert "the expected number each mechanism would release at this budget is laplace-threshold" in advice
+
+
 def test_sql_front_end_and_request_form_take_the_selection():
     from dp_core.sql import Table, run_sql
     from dprelease.requests import query_from_spec

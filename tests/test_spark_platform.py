@@ -174,6 +174,44 @@ def test_without_pyspark_the_error_says_how_to_install_it(monkeypatch):
         external.spark_session(Settings.from_env())
 
 
+def test_the_engine_s_spark_backend_without_pyspark_says_how_to_install_it(monkeypatch):
+    """dp_core's backend="spark" (no platform around it) names the extra to install."""
+    import sys
+
+    from dp_core import DPError
+    from dp_core.backend_spark import default_session
+
+    monkeypatch.setitem(sys.modules, "pyspark.sql", None)  # as if the spark extra were not installed
+    with pytest.raises(DPError) as caught:
+        default_session()
+    assert str(caught.value) == "the Spark backend needs pyspark: pip install 'dprelease[spark]'"
+
+
+def test_spark_reads_one_parquet_file_and_a_csv_with_typed_columns(spark, tmp_path):
+    """The Spark reader external datasets go through (dp_core.backend_spark): one Parquet file, not
+    only a lake folder, is read as Parquet; a CSV's columns get the types of their values (numbers
+    stay numbers: the checks' ranges and the SQL compiler rely on them); the input is seen under the
+    engine's name for it; what it cannot read is refused saying what it can."""
+    from dp_core import InvalidDataError
+    from dp_core.backend_spark import SparkBackend
+
+    frame = pd.DataFrame({"uid": [1, 2, 3], "site": ["a", "b", "a"], "minutes": [3.5, 1.0, 2.0]})
+    single, csv = tmp_path / "visits.parquet", tmp_path / "visits.csv"
+    frame.to_parquet(single, index=False)
+    frame.to_csv(csv, index=False)
+    for path, uid_type in ((single, "BIGINT"), (csv, "INTEGER")):
+        backend = SparkBackend.for_input(str(path), spark)
+        try:
+            assert backend.schema() == {"uid": uid_type, "site": "VARCHAR", "minutes": "DOUBLE"}, path
+            assert backend.columns("dp_input") == ["uid", "site", "minutes"]
+        finally:
+            backend.close()
+    with pytest.raises(InvalidDataError) as caught:
+        SparkBackend.for_input(42, spark)
+    assert str(caught.value) == ("unsupported input type int for the Spark backend: give a Spark DataFrame, a table "
+                                 "name, or a Parquet/CSV path")
+
+
 def test_cli_registers_an_external_csv_and_refuses_what_does_not_fit(lake_env, tmp_path):
     from typer.testing import CliRunner
 

@@ -120,6 +120,14 @@ PUBLIC_GROUPS_REFUSED = {
     "a GROUP BY subquery that drops one of its keys (its rows repeat)": (
         f"{PG.format(e=1)} dept, {C1} FROM (SELECT dept FROM depts GROUP BY dept, region) g LEFT JOIN people "
         "USING (dept) GROUP BY dept", "LEFT OUTER join"),
+    "a long join after the public groups join, quoted in its first 60 characters": (
+        f"{PG.format(e=1)} dept, {C1} FROM people RIGHT JOIN (SELECT DISTINCT dept FROM depts) USING (dept) "
+        "JOIN visits AS the_visits_of_every_person_who_enrolled_in_the_2026_study USING (uid) GROUP BY dept",
+        "and the aggregation ('visits AS the_visits_of_every_person_who_enrolled_in_the_202'): join it inside"),
+    "DISTINCT between the nested public groups join and the aggregation": (
+        f"{PG.format(e=1)} dept, {C1} FROM (SELECT DISTINCT uid, dept FROM people "
+        "RIGHT JOIN (SELECT DISTINCT dept FROM depts) USING (dept)) GROUP BY dept",
+        "does not allow operations between the public groups join and the aggregation (distinct in "),
     "a computed column between the nested public groups join and the aggregation": (
         f"{PG.format(e=1)} dept, {C1} FROM (SELECT uid, dept, upper(dept) AS u FROM people "
         "RIGHT JOIN (SELECT DISTINCT dept FROM depts) USING (dept)) GROUP BY dept", "does not allow operations"),

@@ -271,6 +271,68 @@ def test_the_examples_in_docs_sql_md(tables, header, sql, reference, refusal):
             assert np.allclose(got[col].astype(float), truth.astype(float), rtol=0.02), (col, got, expected)
 
 
+def test_an_outer_query_the_released_values_cannot_feed_is_refused_before_any_dp_select_runs(tables):
+    """Released numbers are doubles, counts too: an outer query that needs an integer (a bit shift of
+    a count) is refused by the check over empty stand-ins, which runs before any budget is spent, not
+    after the DP SELECTs ran; with the cast it needs, it compiles and runs."""
+    sql = f"SELECT dept, n << 1 AS m FROM ({DP.format(e=EPS)} dept, {C1} AS n FROM people GROUP BY dept) d ORDER BY dept"
+    with pytest.raises(dp.DPError) as caught:
+        compile_statement_for(sql, tables, epsilon=1.0)
+    assert str(caught.value).startswith("the outer query: Binder Error: No function matches"), str(caught.value)
+    cast = sql.replace("n << 1", "CAST(n AS BIGINT) << 1")
+    exact = plain(tables, "SELECT count(*) AS n FROM people GROUP BY dept ORDER BY dept")["n"]
+    assert run_sql(cast, tables).table["m"].tolist() == [2 * n for n in exact]
+
+
+WORD_FOR_WORD = {  # refusals whose whole message is the guidance: rule -> (statement, message)
+    "COUNT without an argument": (f"{DP.format(e=1)} COUNT() FROM people", "COUNT(...): needs * or a column"),
+    "SUM without an argument": (f"{DP.format(e=1)} SUM() FROM people", "SUM(...): needs a column"),
+    "join of protected tables off the unit": (
+        f"{DP.format(e=1)} COUNT(*) FROM people p JOIN visits v ON p.uid = v.cost",
+        "the DP SELECT: 'JOIN visits AS v ON p.uid = v.cost' does not join on the unit: ON must include v.uid = "
+        "<other side>.<its unit> (both sides unit columns) as one of its AND-ed terms; without it rows of different "
+        "units would be paired"),
+    "plain read of a protected table": (
+        "SELECT dept FROM people",
+        "not a DP query: 'people' is a protected table (privacy unit 'uid') read outside a DP SELECT; a plain read "
+        "would release its rows. Read it with SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (...) or SELECT WITH "
+        "ANONYMIZATION (ANON_COUNT, ANON_SUM, ...)"),
+    "plain read of a CTE of protected rows": (
+        "WITH p AS (SELECT uid, dept FROM people) SELECT dept FROM p",
+        "not a DP query: the CTE 'p' holds rows of a protected table and is read outside a DP SELECT (a plain read "
+        "would release them): read it only in the FROM of SELECT WITH DIFFERENTIAL_PRIVACY"),
+    "an unknown table": ("SELECT dept FROM nowhere",
+                         "unknown table 'nowhere' (registered: depts, extra, other, people, visits)"),
+    "WITH REPORT without its format": ("SELECT WITH ANONYMIZATION ANON_COUNT(*, 1 WITH REPORT()) AS n FROM people",
+                                       "ANON_COUNT(...): WITH REPORT needs its format, WITH REPORT(FORMAT = JSON) or "
+                                       "(FORMAT = PROTO)"),
+}
+
+
+@pytest.mark.parametrize("rule", list(WORD_FOR_WORD))
+def test_refusals_give_their_whole_reason_and_remedy(tables, rule):
+    sql, message = WORD_FOR_WORD[rule]
+    with pytest.raises(dp.DPError) as info:
+        compile_statement_for(sql, tables, epsilon=1.0)
+    assert str(info.value) == message
+
+
+def test_request_parameters_and_options_are_read_as_written(tables):
+    """A request's epsilon must be a number (said with the value given); OPTIONS take a signed whole
+    number (+5 is 5); a public table registered under a qualified name is read by that name, and a
+    qualified name finds it even when a protected table has the same last part."""
+    sql = "SELECT WITH DIFFERENTIAL_PRIVACY dept, COUNT(*) AS n FROM people GROUP BY dept"
+    with pytest.raises(dp.DPError) as info:
+        compile_statement_for(sql, tables, epsilon="x")
+    assert str(info.value) == "the request's epsilon must be a number, got 'x'"
+    signed = sql.replace("DIFFERENTIAL_PRIVACY", "DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1, max_groups_contributed = +5)")
+    assert compile_statement_for(signed, tables).parts[0].query.max_partitions_contributed == 5
+    qualified = {"people": tables["people"], "sales.depts": tables["depts"], "lake.sales.people": tables["depts"]}
+    for name in ("sales.depts", "lake.sales.people"):
+        released = run_sql(f"SELECT region FROM {name} ORDER BY region", qualified).table
+        assert released["region"].tolist() == ["N", "N", "S"]
+
+
 # ------------------------------------------------------------------ join shapes (ownership)
 
 JOIN_SHAPES = [  # (FROM clause, accepted?)

@@ -10,9 +10,14 @@ functions whose code changed.
     python tools/mutants.py --files dp_core/noise.py dprelease/store/ledger.py
     python tools/mutants.py --changed main        # critical modules changed since `main` (and uncommitted)
     python tools/mutants.py --summary             # the kill-rate table of what has run so far
+    python tools/mutants.py --sample 30 --seed 20261124   # a uniform random sample of each module's mutants
+    python tools/mutants.py --summary --seed 20261124     # that sample's kill rates, with 95% Wilson intervals
 
 The summary counts the survivors listed in tools/mutants_equivalent.txt (judged equivalent in
-docs/testing.md) apart from the others.
+docs/testing.md) apart from the others. A sample (`--sample N --seed S`) draws N mutant names per module
+uniformly at random, with a generator seeded by S and the module's path, so the same seed draws the same
+sample again (as long as the module's code has not changed) and a module's sample does not depend on which
+other modules are in scope. The drawn names are kept in mutants/sample-S.json for the summary.
 """
 
 from __future__ import annotations
@@ -20,7 +25,9 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import json
+import math
 import os
+import random
 import subprocess
 import sys
 import tomllib
@@ -78,10 +85,11 @@ def module_of(path: str) -> str:
     return path[:-3].replace("/", ".")
 
 
-def run_mutmut(modules: list[str] | None, max_children: int) -> int:
-    """mutmut run over `modules` (None: all of them), with the mutated copy first on every path."""
+def run_mutmut(modules: list[str] | None, max_children: int, names: list[str] | None = None) -> int:
+    """mutmut run over `names`, else every mutant of `modules` (None: all of them), with the mutated copy first
+    on every path."""
     mutmut = Path(sys.executable).with_name("mutmut")
-    globs = [f"{module_of(m)}.x*" for m in modules] if modules else []
+    globs = names or ([f"{module_of(m)}.x*" for m in modules] if modules else [])
     env = dict(os.environ)
     # subprocesses started by tests import the mutated copy too, never the work tree. The directory
     # must exist before mutmut starts: Python remembers a missing path entry as unusable, and the
@@ -91,6 +99,141 @@ def run_mutmut(modules: list[str] | None, max_children: int) -> int:
     command = [str(mutmut), "run", "--max-children", str(max_children), *globs]
     print("mutants:", " ".join(command[1:]), flush=True)
     return subprocess.run(command, cwd=ROOT, env=env).returncode
+
+
+#: mutmut's own first step of `mutmut run` (copy the packages, write every mutant, record each function's
+#: hash in the .meta files), run on its own so that the mutant names exist before any test runs
+GENERATE = """
+import mutmut.__main__ as m
+from mutmut.mutation.trampoline import set_mutant_under_test
+from mutmut.utils.file_utils import copy_also_copy_files, copy_src_dir, setup_source_paths
+set_mutant_under_test("mutant_generation")
+copy_src_dir(); copy_also_copy_files(); setup_source_paths(); m.store_lines_covered_by_tests()
+print(m.create_mutants(1))
+"""
+
+
+def generate_mutants() -> None:
+    """Write every mutant (only the modules changed since the last time: mutmut compares file times)."""
+    (ROOT / "mutants").mkdir(exist_ok=True)
+    print("mutants: generating the mutants (the first time about 7 minutes)", flush=True)
+    subprocess.run([sys.executable, "-c", GENERATE], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+
+
+def mutant_names(path: str) -> list[str]:
+    """Every generated mutant of the module at `path`, from mutmut's .meta file (in generation order)."""
+    meta = ROOT / "mutants" / (path + ".meta")
+    return list(json.loads(meta.read_text())["exit_code_by_key"]) if meta.exists() else []
+
+
+def draw_sample(modules: list[str], size: int, seed: int) -> dict[str, list[str]]:
+    """Per module, `size` of its mutant names drawn uniformly without replacement (all of them if fewer).
+
+    The generator is seeded by the seed and the module's path: a module's draw is the same whatever else
+    is in scope, and redrawing with the same seed gives the same names while the module is unchanged.
+    """
+    drawn = {}
+    for path in modules:
+        names = sorted(mutant_names(path))
+        if not names:
+            continue  # a module of constants and classes without methods: nothing to mutate
+        drawn[path] = sorted(random.Random(f"{seed}:{path}").sample(names, min(size, len(names))))
+    return drawn
+
+
+def sample_file(seed: int) -> Path:
+    return ROOT / "mutants" / f"sample-{seed}.json"
+
+
+def run_sample(modules: list[str], size: int, seed: int, max_children: int) -> int:
+    """Draw the sample, record it in mutants/sample-SEED.json and run exactly those mutants."""
+    if any(not (ROOT / "mutants" / (m + ".meta")).exists() for m in modules) or os.environ.get("MUTANTS_REGENERATE"):
+        generate_mutants()
+    drawn = draw_sample(modules, size, seed)
+    record = {"seed": seed, "size": size, "population": {m: len(mutant_names(m)) for m in drawn}, "drawn": drawn}
+    previous = json.loads(sample_file(seed).read_text()) if sample_file(seed).exists() else None
+    if previous and previous["size"] == size:
+        # a later run with the same seed (e.g. to rerun after new tests) keeps the modules drawn before
+        record["population"] = previous["population"] | record["population"]
+        record["drawn"] = previous["drawn"] | record["drawn"]
+    sample_file(seed).write_text(json.dumps(record, indent=1))
+    names = [name for path in drawn for name in drawn[path]]
+    print(f"mutants: {len(names)} mutants drawn from {len(drawn)} modules (seed {seed}, up to {size} each)")
+    return run_mutmut(modules, max_children, names=names)
+
+
+def wilson(killed: int, n: float, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson score interval of a proportion killed/n (n may be an effective, fractional size)."""
+    if n <= 0:
+        return 0.0, 1.0
+    p = killed / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+#: the two groups issue 19 sets the 90% target for, by path prefix
+GROUPS = {"dp_core/": ("dp_core/",),
+          "publishing, signing, escrow, ledger": ("dprelease/reporting/", "dprelease/escrow/",
+                                                  "dprelease/store/ledger.py")}
+
+
+def sample_summary(seed: int) -> str:
+    """Markdown tables of a drawn sample: per module and per group, the kill rate with its 95% Wilson interval.
+
+    A group's rate is stratified: each module's sampled rate weighted by its number of mutants, so a small
+    module sampled whole does not weigh like a large one; its interval is Wilson's at the effective sample
+    size 1 / sum(w^2 / n) of that weighting (Kish), which equals the plain count when sampling is proportional.
+    """
+    if not sample_file(seed).exists():
+        sys.exit(f"mutants: no sample drawn with seed {seed} (run --sample N --seed {seed} first)")
+    record = json.loads(sample_file(seed).read_text())
+    equivalent = equivalent_mutants()
+    rows = ["| module | mutants | sampled | killed | survived | equivalent | no tests | timeout | not run "
+            "| kill rate | 95% interval |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    strata = {}
+    for path, names in sorted(record["drawn"].items()):
+        meta = ROOT / "mutants" / (path + ".meta")
+        codes = json.loads(meta.read_text())["exit_code_by_key"] if meta.exists() else {}
+        counts: Counter = Counter(status_of(codes.get(name), name, equivalent) for name in names)
+        killed, judged = counts["killed"] + counts["timeout"], _judged(counts)
+        # a module's non-equivalent mutants, estimated from the share of its sample judged equivalent
+        sampled_done = judged + counts["equivalent"]
+        population = record["population"][path]
+        weight = population * (judged / sampled_done) if sampled_done else 0
+        strata[path] = (killed, judged, weight)
+        low, high = wilson(killed, judged)
+        rate = f"{100 * killed / judged:.1f}%" if judged else "-"
+        rows.append(f"| {path} | {population} | {len(names)} | {killed} | {counts['survived']} | {counts['equivalent']} "
+                    f"| {counts['no tests']} | {counts['timeout']} | {counts['not run']} | {rate} "
+                    f"| {100 * low:.1f}-{100 * high:.1f}% |")
+    lines = ["\n".join(rows), "",
+             "| group | modules | sampled mutants judged | estimated kill rate | 95% interval | target 90% |",
+             "|---|---:|---:|---:|---|---|"]
+    for group, prefixes in GROUPS.items():
+        members = [s for path, s in strata.items() if path.startswith(prefixes) and s[1]]
+        if not members:
+            continue
+        total_weight = sum(w for _, _, w in members)
+        rate = sum(w * k / n for k, n, w in members) / total_weight
+        effective = 1 / sum((w / total_weight) ** 2 / n for _, n, w in members)
+        low, high = wilson(rate * effective, effective)
+        verdict = "met" if low >= 0.9 else ("not met" if high < 0.9 else "not established")
+        lines.append(f"| {group} | {len(members)} | {sum(n for _, n, _ in members)} | {100 * rate:.1f}% "
+                     f"| {100 * low:.1f}-{100 * high:.1f}% | {verdict} |")
+    return "\n".join(lines)
+
+
+def status_of(code: int | None, name: str, equivalent: set[str]) -> str:
+    """The summary's column for one mutant: mutmut's verdict, or "equivalent" for a mutant judged so
+    that no test kills (a survivor, or one of a function no selected test calls)."""
+    status = STATUS.get(code, "suspicious")
+    return "equivalent" if status in ("survived", "no tests") and name in equivalent else status
+
+
+def _judged(c: Counter) -> int:
+    """Mutants with a verdict that counts: killed, timed out, survived or not reached by any selected test."""
+    return c["killed"] + c["timeout"] + c["survived"] + c["no tests"]
 
 
 def equivalent_mutants() -> set[str]:
@@ -110,12 +253,8 @@ def summary(modules: list[str] | None = None) -> str:
         meta = ROOT / "mutants" / (path + ".meta")
         if not meta.exists():
             continue
-        counts: Counter = Counter()
-        for name, code in json.loads(meta.read_text())["exit_code_by_key"].items():
-            status = STATUS.get(code, "suspicious")
-            if status == "survived" and name in equivalent:
-                status = "equivalent"
-            counts[status] += 1
+        counts: Counter = Counter(status_of(code, name, equivalent)
+                                  for name, code in json.loads(meta.read_text())["exit_code_by_key"].items())
         if not counts:
             continue
         totals.update(counts)
@@ -126,7 +265,7 @@ def summary(modules: list[str] | None = None) -> str:
 
 def _row(label: str, c: Counter) -> str:
     # timeouts count as killed (the mutant never finished the tests), as mutmut counts them
-    judged = c["killed"] + c["timeout"] + c["survived"] + c["no tests"]
+    judged = _judged(c)
     rate = f"{100 * (c['killed'] + c['timeout']) / judged:.1f}%" if judged else "-"
     return (f"| {label} | {c['killed']} | {c['survived']} | {c['equivalent']} | {c['no tests']} | {c['timeout']} "
             f"| {c['not run']} | {rate} |")
@@ -137,12 +276,17 @@ def main() -> int:
     parser.add_argument("--files", nargs="*", default=None, help="only these source files (paths from the root)")
     parser.add_argument("--changed", metavar="REF", help="only the mutated modules changed since REF (e.g. main)")
     parser.add_argument("--max-children", type=int, default=1, help="parallel mutant workers (default 1)")
-    parser.add_argument("--summary", action="store_true", help="print the kill-rate table and stop")
+    parser.add_argument("--summary", action="store_true", help="print the kill-rate table and stop "
+                        "(with --seed: the table of that sample)")
+    parser.add_argument("--sample", type=int, metavar="N", help="run a uniform random sample of N mutants per module")
+    parser.add_argument("--seed", type=int, metavar="S", help="the seed of the sample (required with --sample)")
     args = parser.parse_args()
     os.chdir(ROOT)
     if args.summary:
-        print(summary())
+        print(sample_summary(args.seed) if args.seed is not None else summary())
         return 0
+    if args.sample is not None and args.seed is None:
+        parser.error("--sample needs --seed, so that the sample can be drawn again")
     modules = None
     if args.files is not None or args.changed:
         wanted = list(args.files or []) + (changed_files(args.changed) if args.changed else [])
@@ -150,8 +294,12 @@ def main() -> int:
         if not modules:
             print("mutants: no mutated module in scope; nothing to do")
             return 0
-    code = run_mutmut(modules, args.max_children)
-    print(summary(modules))
+    if args.sample is not None:
+        code = run_sample(modules or mutated_modules(), args.sample, args.seed, args.max_children)
+        print(sample_summary(args.seed))
+    else:
+        code = run_mutmut(modules, args.max_children)
+        print(summary(modules))
     print("survivors: `mutmut results` lists them, `mutmut show NAME` shows one (run from the repository root)")
     return code
 

@@ -190,10 +190,9 @@ def check_executable(compiled: CompiledStatement, backend: DuckDBBackend) -> Non
                 raise InvalidQueryError(f"DP SELECT {i + 1}: its public groups (PUBLIC_GROUPS): {_first_line(err)}") from None
         types = {row[0]: row[1] for row in described}
         columns = [f"CAST(NULL AS {types.get(k, 'VARCHAR')}) AS {_ident(k)}" for k in part.query.group_by]
-        for agg in part.query.aggregates:
-            kind = "BIGINT" if agg.kind in ("count", "count_units") else "DOUBLE"
-            columns += [f"CAST(NULL AS {kind}) AS {_ident(agg.label + s)}" for s in ("", "_ci_low", "_ci_high")]
-            columns.append(f"CAST(NULL AS DOUBLE) AS {_ident(agg.label + '_noise_sd')}")
+        for agg in part.query.aggregates:  # every released number is a double, counts too (result.table)
+            columns += [f"CAST(NULL AS DOUBLE) AS {_ident(agg.label + s)}"
+                        for s in ("", "_ci_low", "_ci_high", "_noise_sd")]
         outputs = ", ".join(f"{sql} AS {_ident(name)}" for name, sql in part.outputs)
         try:
             con.execute(f"CREATE OR REPLACE TEMP TABLE __released AS SELECT {', '.join(columns)} LIMIT 0")

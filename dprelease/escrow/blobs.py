@@ -139,7 +139,7 @@ def read_source(path: Path, batch_rows: int | None = None, threads: int | None =
     def batches() -> Iterator[pa.RecordBatch]:
         try:
             yield from reader
-        except (duckdb.Error, pa.ArrowException) as err:
+        except (duckdb.Error, pa.ArrowException, OSError) as err:  # a fault past the sniffed rows: OSError
             raise EscrowError(f"cannot read {path} as CSV with a header row: {str(err).splitlines()[0]}") from None
 
     return SourceReader(reader.schema, batches(), None, con.close)
