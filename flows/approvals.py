@@ -7,20 +7,39 @@ import time
 
 
 def wait_until_paused(flow_run_id: str, timeout: float = 60.0) -> None:
-    """The store says "awaiting approval" just before the flow pauses: wait for the pause itself."""
+    """The store says "awaiting approval" just before the flow pauses: wait for the pause itself,
+    and for the form it waits for. Prefect sets the Paused state first and saves the form's schema
+    after it (prefect.flow_runs.pause_flow_run); a resume in between is refused by the server ("Run
+    input schema not found"), which a loaded machine made happen."""
     from prefect import get_client
 
     deadline = time.monotonic() + timeout
     with get_client(sync_client=True) as client:
         while True:
             state = client.read_flow_run(flow_run_id).state
-            if state is not None and state.is_paused():
+            if state is not None and state.is_paused() and _form_saved(client, flow_run_id, state):
                 return
             if state is not None and state.is_final():
                 raise RuntimeError(f"flow run {flow_run_id} ended ({state.name}) before it asked for approval")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"flow run {flow_run_id} did not pause within {timeout:g} s")
             time.sleep(0.2)
+
+
+def _form_saved(client, flow_run_id: str, state) -> bool:
+    """The paused state's input form (its schema) is on the server, or the pause waits for none."""
+    from prefect.exceptions import PrefectHTTPStatusError
+
+    keyset = state.state_details.run_input_keyset
+    if not keyset:
+        return True
+    try:
+        client.read_flow_run_input(flow_run_id, keyset["schema"])
+    except PrefectHTTPStatusError as err:
+        if err.response.status_code == 404:
+            return False
+        raise
+    return True
 
 
 def answer(flow_run_id: str, decision: str, reviewer: str, comment: str = "", timeout: float = 60.0,

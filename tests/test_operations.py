@@ -285,8 +285,8 @@ def test_concurrent_commands_each_answer_only_their_own_release(ops):
     for round_no, size in enumerate(CONCURRENT_ROUNDS):
         commands = [Command(ops, f"r{round_no}-{i}", "release", str(ops["request"]), "--approve-as",
                             f"controller-{round_no}-{i}") for i in range(size)]
-        for c in commands:
-            code = c.wait()
+        codes = [c.wait() for c in commands]  # all ended before any verdict: none outlives a failure
+        for c, code in zip(commands, codes, strict=True):
             text = c.text()
             assert code == 0, text[-3000:]
             assert "Traceback" not in text, text[-3000:]

@@ -705,3 +705,32 @@ def test_forged_and_replayed_decisions_are_refused_and_spend_nothing(platform_en
     (entry,) = decisions.recorded(platform_env, rel.id)
     assert entry["controller"] == "alice" and entry["decision"] == "reject"
     assert not (platform_env.publication_dir / rel.id).exists()
+
+
+def test_an_answer_waits_for_the_pause_form_as_well_as_the_pause(platform_env):
+    """Prefect sets a run Paused first and saves the form it waits for after: a resume in between is
+    refused ("Run input schema not found"; seen under load in a 5-CLI round). Waiting for the pause
+    returns only once the form's schema is on the server."""
+    from prefect import flow, get_client
+    from prefect.input.run_input import keyset_from_base_key
+    from prefect.states import Paused, Running
+
+    from flows.approvals import wait_until_paused
+
+    @flow
+    def paused_by_hand():
+        pass
+
+    keyset = keyset_from_base_key("paused-by-hand")
+    with get_client(sync_client=True) as client:
+        run = client.create_flow_run(paused_by_hand)
+        client.set_flow_run_state(run.id, Running(), force=True)
+        paused = Paused(pause_key="by-hand")
+        paused.state_details.run_input_keyset = keyset
+        client.set_flow_run_state(run.id, paused, force=True)
+        done = threading.Event()
+        waiter = threading.Thread(target=lambda: (wait_until_paused(str(run.id), timeout=60), done.set()), daemon=True)
+        waiter.start()
+        assert not done.wait(2.0), "returned while the run's form was not saved: a resume now is refused"
+        client.create_flow_run_input(run.id, keyset["schema"], "{}")
+        assert done.wait(30.0), "did not return once the form was saved"
