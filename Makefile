@@ -27,11 +27,12 @@ bench: $(STAMP)
 # mutation testing (docs/testing.md), not part of `make test`: all critical modules by default, or
 # FILES="dp_core/noise.py ..." or CHANGED=main (the critical modules changed since main); JOBS workers;
 # SAMPLE=30 SEED=20261124: only a uniform random sample of SAMPLE mutants per module, drawn with SEED
+# SAMPLE_FOR="dprelease/=8": another sample size for the modules under a path prefix
 JOBS ?= 1
 SEED ?= 20261124
 mutants: $(VENV)/.installed-mutants
 	$(PY) tools/mutants.py --max-children $(JOBS) $(if $(FILES),--files $(FILES)) $(if $(CHANGED),--changed $(CHANGED)) \
-		$(if $(SAMPLE),--sample $(SAMPLE) --seed $(SEED))
+		$(if $(SAMPLE),--sample $(SAMPLE) --seed $(SEED)) $(if $(SAMPLE_FOR),--sample-for $(SAMPLE_FOR))
 
 $(VENV)/.installed-mutants: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[test,mutants]'

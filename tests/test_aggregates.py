@@ -105,3 +105,18 @@ def test_quantile_over_a_public_partition_with_no_rows_is_released():
     table = dp.execute(query, df).table.set_index("g")
     assert set(table.index) == {"a", "b"}
     assert 0 <= table.loc["b", "median_x"] <= 100
+
+
+def test_a_quantile_is_drawn_uniformly_within_the_bin_the_mechanism_chose():
+    """All the mass in bin 5 of 10 over [0, 10) and a budget that leaves no doubt: every release lies in
+    [5, 6), the bin chosen, spread over it (not in the bin below, nor at one point of it)."""
+    from dp_core.accounting import Share
+    from dp_core.quantiles import exponential_quantile
+
+    counts = np.zeros((2000, 10))
+    counts[:, 5] = 1_000_000
+    values, record = exponential_quantile(counts, 0.5, 0.0, 10.0, target="q", share=Share("q", epsilon=50.0),
+                                          max_partitions=1)
+    assert ((values >= 5.0) & (values < 6.0)).all()
+    assert np.histogram(values, bins=4, range=(5.0, 6.0))[0].min() > 400  # each quarter holds about 500
+    assert record.grid == 1.0

@@ -147,6 +147,9 @@ def test_escrow_key_setting_takes_precedence(tmp_path):
     bad = _settings(tmp_path, escrow_key="not-a-key")
     with pytest.raises(EscrowError, match="DPRELEASE_ESCROW_KEY is not a valid Fernet key"):
         load_or_create_key(bad, create=False)
+    not_ascii = _settings(tmp_path, escrow_key="clé-" + env_key.decode()[4:])  # refused the same way
+    with pytest.raises(EscrowError, match="DPRELEASE_ESCROW_KEY is not a valid Fernet key"):
+        load_or_create_key(not_ascii, create=False)
 
 
 def test_settings_from_env_key_is_used(tmp_path):

@@ -56,3 +56,15 @@ def test_a_sample_counts_equivalent_mutants_apart_survivors_and_untested_alike(t
     assert f"| publishing, signing, escrow, ledger | 1 | 4 | 100.0% | {100 * low:.1f}-{100 * high:.1f}% |" in table
     assert tool.status_of(33, "dp_core.a.x_f__mutmut_5", tool.equivalent_mutants()) == "equivalent"
     assert tool.status_of(33, "dp_core.a.x_f__mutmut_4", tool.equivalent_mutants()) == "no tests"
+
+
+def test_a_sample_can_draw_more_mutants_under_a_path_prefix(tool, tmp_path):
+    """`--sample 2 --sample-for dprelease/=3 dprelease/store/=1`: the longest prefix a module starts
+    with gives its size; other modules get the common size."""
+    for path, n in {"dp_core/a.py": 5, "dprelease/escrow/b.py": 5, "dprelease/store/c.py": 5}.items():
+        _results(tmp_path, path, {f"{path[:-3].replace('/', '.')}.x_f__mutmut_{i}": None for i in range(n)})
+    sizes = {"dprelease/": 3, "dprelease/store/": 1}
+    drawn = tool.draw_sample(["dp_core/a.py", "dprelease/escrow/b.py", "dprelease/store/c.py"], 2, 7, sizes)
+    assert {path: len(names) for path, names in drawn.items()} == {
+        "dp_core/a.py": 2, "dprelease/escrow/b.py": 3, "dprelease/store/c.py": 1}
+    assert drawn["dp_core/a.py"] == tool.draw_sample(["dp_core/a.py"], 2, 7)["dp_core/a.py"]  # same seed, same draw

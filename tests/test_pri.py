@@ -119,6 +119,9 @@ def test_public_mode_reproduces_the_spec_numbers_for_a_count():
     e = 0.5
     exact = (math.exp(-2 * e) + math.exp(-e) + math.exp(-e / 3) - math.exp(-2 * e / 3)) / 2
     assert c.pass_probability[c.candidates.index(0.5)] == pytest.approx(exact, abs=1e-4)
+    summary = c.public_summary()  # what the published page states of the choice
+    assert (summary["pass_probability"], summary["stop_probability"]) == (list(c.pass_probability),
+                                                                          list(c.stop_probability))
 
 
 def test_public_mode_chooses_the_same_epsilon_on_two_datasets(adult):

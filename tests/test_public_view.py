@@ -74,6 +74,7 @@ def test_explain_states_each_mechanism_the_inferred_bounds_and_the_epsilon_choic
     assert any(line.startswith("  bounds of s inferred (APPROX_BOUNDS): [8, 16],") for line in lines)  # sums of 15
     d = r.to_dict()
     assert (d["privacy_unit"], d["group_by"], d["max_partitions_contributed"], d["confidence"]) == ("uid", ["g"], 2, 0.95)
+    assert d["aggregates"][0] == {"name": "m", "kind": "quantile", "column": "x", "lower": 0, "upper": 10, "q": 0.5}
 
     chosen = pri.release_with_pri(dp.Query([dp.count(upper=1, name="people")], privacy_unit="uid", epsilon=1.0),
                                   df.head(2000), p=50)

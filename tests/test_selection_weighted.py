@@ -344,3 +344,14 @@ def test_the_release_describes_its_weighted_selection(strategy):
         assert f"sigma {rounds[0]['sigma'] / WEIGHT_ONE:.4g}" in text and "Gopi et al. 2020" in text
     else:
         assert f"{rounds[0]['threshold'] / WEIGHT_ONE:.6g}" in text and "Chen et al. 2025" in text
+
+
+def test_a_noisy_weight_equal_to_the_threshold_passes():
+    """Weights and noise are integers (weight steps), so a noisy weight lands on the threshold with
+    positive probability: the rule the delta bound assumes is `>=`. Noise of sigma 0.05 steps is 0
+    (P(K != 0) ~ 1e-87), so the weights themselves are compared."""
+    from dp_core.selection_weighted import noisy_pass
+
+    weights = np.array([99, 100, 101] * 100, dtype=np.int64)
+    kept = noisy_pass(weights, {"sigma": 0.05, "variance": None, "threshold": 100})
+    assert kept.tolist() == [False, True, True] * 100

@@ -429,3 +429,11 @@ def test_decisions_recorded_at_once_are_all_kept_and_never_read_torn(tmp_path):
     history = decisions.recorded(settings, "r1")
     assert len(history) == writers * 25
     assert {(h["by"], h["n"]) for h in history} == {(f"c{i}", k) for i in range(writers) for k in range(25)}
+
+
+def test_a_key_pair_is_made_where_no_directory_exists_yet(tmp_path):
+    """A key pair generated into a fresh home: every missing directory above each key is made."""
+    private, public = tmp_path / "home" / "keys" / "release.key", tmp_path / "pub" / "release.pub.pem"
+    generate_keypair(private, public)
+    assert private.exists() and public.exists()
+    assert stat.S_IMODE(private.stat().st_mode) == 0o600

@@ -161,6 +161,8 @@ FORBIDDEN = [
     ("SELECT WITH ANONYMIZATION dept, ANON_COUNT(*, 1) FROM Employee GROUP BY dept HAVING max(age) > 2",
      "is not a DP aggregate"),
     ("SELECT WITH ANONYMIZATION ANON_COUNT(*, 1) FROM Employee WHERE age IN (SELECT age FROM Employee)", "subquery"),
+    ("SELECT WITH ANONYMIZATION dept, ANON_COUNT(*, 1) FROM (SELECT uid, dept FROM Employee GROUP BY uid, dept "
+     "HAVING MAX(age) IN (SELECT age FROM Employee)) s GROUP BY dept", "HAVING: '(SELECT age FROM Employee)' is not allowed"),
     ('SELECT WITH ANONYMIZATION ANON_COUNT(*, 1) FROM Employee E RIGHT JOIN "Order" O USING (uid)', None),
     ("SELECT age FROM Employee", "not a DP query"),
     ("SELECT WITH ANONYMIZATION ANON_COUNT(*, 1.5) FROM Employee", "whole number"),

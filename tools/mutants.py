@@ -12,6 +12,7 @@ functions whose code changed.
     python tools/mutants.py --summary             # the kill-rate table of what has run so far
     python tools/mutants.py --sample 30 --seed 20261124   # a uniform random sample of each module's mutants
     python tools/mutants.py --summary --seed 20261124     # that sample's kill rates, with 95% Wilson intervals
+    python tools/mutants.py --sample 4 --sample-for dprelease/=8 --seed 20261125   # 8 per module under dprelease/
 
 The summary counts the survivors listed in tools/mutants_equivalent.txt (judged equivalent in
 docs/testing.md) apart from the others. A sample (`--sample N --seed S`) draws N mutant names per module
@@ -126,8 +127,15 @@ def mutant_names(path: str) -> list[str]:
     return list(json.loads(meta.read_text())["exit_code_by_key"]) if meta.exists() else []
 
 
-def draw_sample(modules: list[str], size: int, seed: int) -> dict[str, list[str]]:
-    """Per module, `size` of its mutant names drawn uniformly without replacement (all of them if fewer).
+def size_for(path: str, size: int, sizes: dict[str, int] | None) -> int:
+    """The sample size of the module at `path`: that of the longest prefix in `sizes` it starts with, else `size`."""
+    prefixes = [p for p in (sizes or {}) if path.startswith(p)]
+    return sizes[max(prefixes, key=len)] if prefixes else size
+
+
+def draw_sample(modules: list[str], size: int, seed: int, sizes: dict[str, int] | None = None) -> dict[str, list[str]]:
+    """Per module, `size` of its mutant names (or the size `sizes` gives its path prefix) drawn uniformly
+    without replacement (all of them if fewer).
 
     The generator is seeded by the seed and the module's path: a module's draw is the same whatever else
     is in scope, and redrawing with the same seed gives the same names while the module is unchanged.
@@ -137,7 +145,8 @@ def draw_sample(modules: list[str], size: int, seed: int) -> dict[str, list[str]
         names = sorted(mutant_names(path))
         if not names:
             continue  # a module of constants and classes without methods: nothing to mutate
-        drawn[path] = sorted(random.Random(f"{seed}:{path}").sample(names, min(size, len(names))))
+        n = size_for(path, size, sizes)
+        drawn[path] = sorted(random.Random(f"{seed}:{path}").sample(names, min(n, len(names))))
     return drawn
 
 
@@ -145,11 +154,12 @@ def sample_file(seed: int) -> Path:
     return ROOT / "mutants" / f"sample-{seed}.json"
 
 
-def run_sample(modules: list[str], size: int, seed: int, max_children: int) -> int:
+def run_sample(modules: list[str], size: int, seed: int, max_children: int, sizes: dict[str, int] | None = None) -> int:
     """Draw the sample, record it in mutants/sample-SEED.json and run exactly those mutants."""
     if any(not (ROOT / "mutants" / (m + ".meta")).exists() for m in modules) or os.environ.get("MUTANTS_REGENERATE"):
         generate_mutants()
-    drawn = draw_sample(modules, size, seed)
+    drawn = draw_sample(modules, size, seed, sizes)
+    size = size if not sizes else f"{size} ({', '.join(f'{p}: {n}' for p, n in sizes.items())})"
     record = {"seed": seed, "size": size, "population": {m: len(mutant_names(m)) for m in drawn}, "drawn": drawn}
     previous = json.loads(sample_file(seed).read_text()) if sample_file(seed).exists() else None
     if previous and previous["size"] == size:
@@ -279,6 +289,8 @@ def main() -> int:
     parser.add_argument("--summary", action="store_true", help="print the kill-rate table and stop "
                         "(with --seed: the table of that sample)")
     parser.add_argument("--sample", type=int, metavar="N", help="run a uniform random sample of N mutants per module")
+    parser.add_argument("--sample-for", nargs="*", default=[], metavar="PREFIX=N",
+                        help="another sample size for the modules under a path prefix, e.g. dprelease/=8")
     parser.add_argument("--seed", type=int, metavar="S", help="the seed of the sample (required with --sample)")
     args = parser.parse_args()
     os.chdir(ROOT)
@@ -295,7 +307,8 @@ def main() -> int:
             print("mutants: no mutated module in scope; nothing to do")
             return 0
     if args.sample is not None:
-        code = run_sample(modules or mutated_modules(), args.sample, args.seed, args.max_children)
+        sizes = {prefix: int(n) for prefix, n in (item.rsplit("=", 1) for item in args.sample_for)}
+        code = run_sample(modules or mutated_modules(), args.sample, args.seed, args.max_children, sizes)
         print(sample_summary(args.seed))
     else:
         code = run_mutmut(modules, args.max_children)
