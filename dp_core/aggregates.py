@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from .input_checks import nan_as_null
 from .intervals import sum_halfwidth, sum_sd
 from .query import Aggregate
 from .sql_text import ident, literal
@@ -68,11 +69,6 @@ def _real_component(key: str, column: str, expr: str, lo: float, hi: float) -> t
     sens = max(abs(_quantise_py(lo, quantum)), abs(_quantise_py(hi, quantum)))
     sql = f"CAST(coalesce(sum(CAST(floor(CAST({expr} AS DOUBLE) * {literal(1.0 / quantum)} + 0.5) AS BIGINT)), 0) AS BIGINT)"
     return Component(key, column, quantum, sens), sql
-
-
-def _not_nan(expr: str) -> str:
-    """`expr`, with NaN as NULL (missing): a float value that is not a number counts for nothing."""
-    return f"CASE WHEN isnan({expr}) THEN NULL ELSE {expr} END"
 
 
 def _integer_sum(expr: str) -> str:
@@ -135,8 +131,8 @@ def plan_aggregate(index: int, agg: Aggregate, integer_columns: set[str], seed_s
     if partition_bounds is not None:
         return _plan_with_partition_bounds(index, agg, integer_columns, partition_bounds, float_columns)
     real = agg.column in float_columns
-    col = _not_nan(ident(agg.column)) if real else ident(agg.column) if agg.column else None
-    per_unit = _not_nan if real else (lambda sql: sql)  # a unit's sum or mean of +inf and -inf is NaN
+    col = nan_as_null(ident(agg.column)) if real else ident(agg.column) if agg.column else None
+    per_unit = nan_as_null if real else (lambda sql: sql)  # a unit's sum or mean of +inf and -inf is NaN
     if kind == "count_units":
         return AggregatePlan(agg, {}, {f"{p}_n": "count(*)"}, (Component("count", f"{p}_n", 1.0, 1),), None, "1")
     if kind == "count":

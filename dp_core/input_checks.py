@@ -119,6 +119,11 @@ def check_frame(data, label: str = "the input") -> None:
     check_column_names(names, label)
 
 
+def nan_as_null(expr: str) -> str:
+    """SQL of `expr` (a float) with NaN as NULL: a value that is not a number is missing."""
+    return f"CASE WHEN isnan({expr}) THEN NULL ELSE {expr} END"
+
+
 def missing_as_null(con, source_sql: str) -> str:
     """SQL selecting everything from `source_sql` with NaN in float columns turned into NULL
     (missing), so a NaN is skipped as a NULL is, whatever reader produced it."""
@@ -127,7 +132,7 @@ def missing_as_null(con, source_sql: str) -> str:
     if not floats:
         return source_sql
     quoted = ['"' + name.replace('"', '""') + '"' for name in floats]
-    replaced = ", ".join(f"CASE WHEN isnan({q}) THEN NULL ELSE {q} END AS {q}" for q in quoted)
+    replaced = ", ".join(f"{nan_as_null(q)} AS {q}" for q in quoted)
     return f"SELECT * REPLACE ({replaced}) FROM ({source_sql})"
 
 
