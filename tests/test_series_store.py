@@ -121,14 +121,17 @@ def test_series_cap_charges_every_snapshot_against_one_cap_under_concurrency(any
             any_store.reserve(dataset, f"r{i}", 0.3, 0.0)
             ok.append(i)
         except BudgetExceeded as err:
-            refused.append(str(err))
+            refused.append((dataset, str(err)))
 
     threads = [threading.Thread(target=reserve, args=(i,)) for i in range(10)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(120)
-    assert len(ok) == 3 and len(refused) == 7 and all("series 'visits'" in r for r in refused)
+    assert len(ok) == 3 and len(refused) == 7
+    for dataset, message in refused:  # the series refuses; a snapshot holding 0.9 itself may refuse first
+        own = sum(0.3 for i in ok if f"visits@{LABELS[i % 3]}" == dataset)
+        assert "series 'visits'" in message or (own + 0.3 > 1.0 and f"'{dataset}'" in message), message
     for i in ok:
         any_store.commit(f"r{i}")
     budget = store_series.series_budget(any_store, "visits")
