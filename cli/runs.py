@@ -54,7 +54,9 @@ class OwnRun:
         self.platform = pipeline.Platform.open(settings)
 
     def wait_for_approval(self) -> bool:
-        """Wait until this run pauses for a decision (True), or ends (False)."""
+        """Wait until this run pauses for a decision (True), or ends (False). No deadline of its
+        own: while the run's thread lives it is on its way (a busy Prefect server can take minutes
+        to record the pause; the run's approval timeout bounds the wait that follows)."""
         from flows.approvals import wait_until_paused
 
         while self.worker.is_alive():
@@ -64,11 +66,13 @@ class OwnRun:
                 status = None
             if status == "awaiting_approval":
                 try:
-                    wait_until_paused(self.flow_run_id, timeout=120)
+                    wait_until_paused(self.flow_run_id, timeout=5)
                     return True
                 except RuntimeError:  # the run ended instead of pausing
                     return False
-            time.sleep(0.3)
+                except TimeoutError:  # not paused yet: look again while the run lives
+                    continue
+            time.sleep(0.1)
         return False
 
     def result(self) -> dict:
