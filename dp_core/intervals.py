@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .normal_law import normal_isf
+
 _MIN_SCALE_RATIO = 1.01  # scales closer than this are spread apart upwards (conservative)
 
 
@@ -95,8 +97,5 @@ def sum_sd(noise: str, scales: np.ndarray) -> np.ndarray:
 
 
 def _normal_isf(tail: float) -> float:
-    """z with P(N(0,1) > z) = tail (scipy.stats.norm.isf), imported when first needed: scipy.stats
-    takes about half a second to import and dp_core must start fast."""
-    from scipy.stats import norm
-
-    return float(norm.isf(tail))
+    """z with P(N(0,1) > z) = tail."""
+    return normal_isf(tail)

@@ -33,6 +33,7 @@ from functools import lru_cache
 import numpy as np
 
 from .errors import DPError
+from .normal_law import normal_isf
 
 _TWO_POW_53 = float(2**53)
 _SMALL = float(2**32)  # below 2^-21, a uniform gets 53 more bits
@@ -528,10 +529,8 @@ def discrete_gaussian_halfwidth(sigma: float, alpha: float) -> int:
     discrete and continuous laws agree to far below float precision (CKS 2020, Fact 20), and the
     continuous quantile rounded up plus one step is used.
     """
-    from scipy.stats import norm
-
     if sigma >= 1e4:
-        return math.ceil(sigma * norm.isf(alpha / 2.0)) + 1
+        return math.ceil(sigma * normal_isf(alpha / 2.0)) + 1
     k = np.arange(0, math.ceil(40 * sigma) + 2, dtype=np.float64)
     w = np.exp(-(k * k) / (2.0 * sigma * sigma))
     total = w[0] + 2.0 * w[1:].sum()

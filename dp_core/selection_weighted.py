@@ -85,6 +85,7 @@ import numpy as np
 
 from .accounting import Share
 from .noise import discrete_gaussian, gaussian_parameters
+from .normal_law import normal_isf, normal_sf
 
 #: weights are integers in units of 2^-16 (a unit of weight 1 is 65,536 steps)
 WEIGHT_BITS = 16
@@ -108,9 +109,7 @@ def weight_sql(degree_column: str, max_partitions: int, at: str = "list_extract(
 def gaussian_tail_bound(m: float, sigma: float) -> float:
     """An upper bound on P[K >= m] for the discrete Gaussian K of parameter sigma (m an integer):
     Phi_bar((m - 1) / sigma) when m >= 1 (see the module docstring), 1 otherwise."""
-    from scipy.stats import norm  # here, not at the top: scipy.stats takes 0.5 s to import
-
-    return float(norm.sf((m - 1.0) / sigma)) if m >= 1 else 1.0
+    return normal_sf((m - 1.0) / sigma) if m >= 1 else 1.0
 
 
 def new_partition_probability(threshold: int, sigma: float, max_partitions: int) -> float:
@@ -126,9 +125,7 @@ def new_partition_probability(threshold: int, sigma: float, max_partitions: int)
 @lru_cache(maxsize=256)
 def gaussian_threshold(sigma: float, delta_new: float, max_partitions: int) -> int:
     """The smallest integer threshold T (weight steps) with new_partition_probability <= delta_new."""
-    from scipy.stats import norm
-
-    guess = WEIGHT_ONE + 1 + sigma * float(norm.isf(delta_new / max_partitions))
+    guess = WEIGHT_ONE + 1 + sigma * normal_isf(delta_new / max_partitions)
     hi = math.ceil(guess) + 1
     while new_partition_probability(hi, sigma, max_partitions) > delta_new:
         hi = math.ceil(hi * 1.01) + 1
