@@ -26,7 +26,7 @@ def run_release_interactively(settings: Settings, request, *, approve_as: str | 
     answers only that one."""
     from dprelease.pipeline import ReleaseError
     from dprelease.requests.epsilon import to_parameter
-    from flows.release import release_flow
+    from flows.release import answer_here, release_flow
 
     from . import runs
 
@@ -38,6 +38,8 @@ def run_release_interactively(settings: Settings, request, *, approve_as: str | 
         delta=request.delta,
         max_partitions_contributed=request.max_partitions_contributed, requested_by=request.requested_by,
         approval_timeout=timeout, backend=request.backend)
+    if controller_key or settings.controller_key:  # this command will answer the pause itself
+        answer_here()
     with runs.own_run(settings, release_flow, params, request, warm=warm_release_imports) as run:
         if run.wait_for_approval():
             summary_file = settings.archive_dir / run.release_id / "controller" / "controller.html"
