@@ -153,3 +153,28 @@ def test_an_aggregate_inside_an_expression_is_named_as_written_in_a_releases_fil
                        usecols=["education", "age"]).groupby("education")["age"].mean()  # ages in [17, 90]
     exact = result.parts[1].controller_only.exact.set_index("education")["a (AVG(age))"]
     assert np.allclose(exact.to_numpy(dtype=float), ages.loc[exact.index].to_numpy(dtype=float), rtol=1e-9)
+
+
+def test_the_summary_shows_the_first_rows_and_says_the_controller_report_holds_them_all(platform):
+    """A release of many groups: the approval summary (form, terminal, artifact) lists the first
+    SUMMARY_ROWS rows and says how many there are; the controller report lists every one."""
+    from dprelease import pipeline
+    from dprelease.requests import parse_request
+
+    request = {"dataset": "adult", "epsilon": 0.5, "max_partitions_contributed": 1,
+               "query": {"group_by": ["age"], "aggregates": [{"kind": "count", "upper": 1, "name": "people"}]}}
+    planned = pipeline.plan(platform, parse_request(request))
+    decision = pipeline.choose_epsilon(platform, planned)
+    platform.store.add_release("adult", planned.request.to_json(), release_id="many-groups")
+    pipeline.reserve(platform, "many-groups", "adult", decision.epsilon, planned.query.delta)
+    result = pipeline.compute_sealed(platform, "many-groups", planned, decision)
+    released = len(result.table)
+    assert released > pipeline.SUMMARY_ROWS
+    summary = pipeline.controller_summary("many-groups", planned, decision, result)
+    table_rows = [line for line in summary.splitlines() if line.startswith("| ") and not line.startswith("| age")]
+    assert len(table_rows) == pipeline.SUMMARY_ROWS
+    assert f"(the first {pipeline.SUMMARY_ROWS} of {released:,} rows; the controller report holds all of them)" in summary
+    assert "partitions dropped by selection" in summary  # the controller-only lines still follow
+    report = pipeline.write_controller_report(platform, "many-groups", planned, decision, result)
+    html = (report / "controller.html").read_text()
+    assert all(f">{age}<" in html for age in result.table["age"].astype(int))
