@@ -546,8 +546,8 @@ def release(
     try:
         request = load_request(spec)
         check_request(_settings(), request)  # refused before any flow starts (quick, same message)
+        _start_checks_judge(request)  # first: the store is loaded, Prefect is not (0.7 s to import)
         prefect_server.start()  # boots on the other core while the release is planned and previewed
-        _start_checks_judge(request)
         _print_preview(request)
         result = run_release_interactively(_settings(), request, approve_as=approve_as, timeout=timeout,
                                            controller_key=key, risk_override=override_risk)
