@@ -117,8 +117,12 @@ def test_missing_file_and_unknown_format_and_type(tmp_path):
 def test_malformed_csv_is_refused(tmp_path, text):
     path = tmp_path / "bad.csv"
     path.write_text(text)
-    with pytest.raises(InvalidDataError, match="cannot read .*bad.csv as CSV"):
+    with pytest.raises(InvalidDataError) as caught:
         run(path)
+    # which file, read as what, and DuckDB's own reason (its first line only)
+    assert str(caught.value).startswith(f"cannot read {path} as CSV with a header row: Invalid Input Error: "), \
+        str(caught.value)
+    assert "\n" not in str(caught.value)
 
 
 MISNAMED = [  # (file name, content, the advice the refusal ends with)
@@ -153,6 +157,16 @@ def test_a_row_filter_is_one_condition_read_as_duckdb_sql():
     frame = DF  # noqa: F841 - read by DuckDB below
     kept = duckdb.sql(f"SELECT uid FROM frame WHERE {sql} ORDER BY uid").fetchall()
     assert kept == [(1,), (2,)]  # uid 1: 1 // 2 = 0; uid 2: s = 'q'; uid 3: neither
+    # printed back as DuckDB's SQL: xor() is not rewritten to `^`, which DuckDB reads as a power
+    sql, _ = compile_filter("xor(uid, 1) = 0")
+    assert duckdb.sql(f"SELECT uid FROM frame WHERE {sql}").fetchall() == [(1,)]
+    # what a filter may not hold, said whole: the part refused and what it is
+    for text, refusal in (("x > avg(x)", "'AVG(x)' is an aggregate function"),
+                          ("uid IN (SELECT 1)", "'(SELECT 1)' is a subquery"),
+                          ("my_udf(x)", "'MY_UDF(x)' is an unknown function")):
+        with pytest.raises(InvalidQueryError) as caught:
+            run(where=text)
+        assert str(caught.value) == f"the row filter may only test each row's own values; {refusal}"
     with pytest.raises(InvalidQueryError, match="must be one condition, not several statements"):
         run(where="x > 1; SELECT 1")
     for empty in ("", "  "):

@@ -210,6 +210,14 @@ def test_spark_reads_one_parquet_file_and_a_csv_with_typed_columns(spark, tmp_pa
         SparkBackend.for_input(42, spark)
     assert str(caught.value) == ("unsupported input type int for the Spark backend: give a Spark DataFrame, a table "
                                  "name, or a Parquet/CSV path")
+    # a Spark DataFrame (or a session) with backend="duckdb": refused, saying which backend reads it
+    import dp_core as dp
+
+    query = dp.Query([dp.count(upper=1)], privacy_unit="uid", epsilon=1.0)
+    for data, session in ((spark.createDataFrame(frame), None), (frame, spark)):
+        with pytest.raises(dp.InvalidQueryError) as caught:
+            dp.execute(query, data, backend="duckdb", spark=session)
+        assert str(caught.value) == "backend='duckdb' cannot read a Spark DataFrame: use backend='spark'"
 
 
 def test_cli_registers_an_external_csv_and_refuses_what_does_not_fit(lake_env, tmp_path):
