@@ -303,6 +303,24 @@ WORD_FOR_WORD = {  # refusals whose whole message is the guidance: rule -> (stat
         "would release them): read it only in the FROM of SELECT WITH DIFFERENTIAL_PRIVACY"),
     "an unknown table": ("SELECT dept FROM nowhere",
                          "unknown table 'nowhere' (registered: depts, extra, other, people, visits)"),
+    "COUNT(DISTINCT) of a column other than the unit": (
+        f"{DP.format(e=1)} COUNT(DISTINCT dept) AS n FROM people",
+        "COUNT(...): COUNT(DISTINCT dept) cannot be bounded: one unit can add any number of distinct values. Only "
+        "COUNT(DISTINCT <privacy unit>) is allowed"),
+    "a reservoir sample": (
+        f"{DP.format(e=1)} COUNT(*) AS n FROM people TABLESAMPLE RESERVOIR (10 ROWS)",
+        "TABLESAMPLE RESERVOIR (n ROWS) is not supported: it keeps n rows chosen among all units' rows, so one "
+        "unit's rows change which of the others' are kept (the per-unit bound breaks); use TABLESAMPLE BERNOULLI "
+        "(p PERCENT)"),
+    "an unknown OPTIONS entry of a DIFFERENTIAL_PRIVACY clause": (
+        "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1, budget = 3) COUNT(*) FROM people",
+        "unknown OPTIONS entry 'budget' for SELECT WITH DIFFERENTIAL_PRIVACY: allowed are epsilon, delta, "
+        "max_groups_contributed, max_rows_contributed, privacy_unit_column, group_selection_strategy, "
+        "partition_selection"),
+    "an unknown OPTIONS entry of an ANONYMIZATION clause": (
+        "SELECT WITH ANONYMIZATION OPTIONS (epsilon = 1, budget = 3) ANON_COUNT(*) FROM people",
+        "unknown OPTIONS entry 'budget' for SELECT WITH ANONYMIZATION: allowed are epsilon, delta, "
+        "max_groups_contributed, kappa, max_rows_contributed, group_selection_strategy, partition_selection"),
     "WITH REPORT without its format": ("SELECT WITH ANONYMIZATION ANON_COUNT(*, 1 WITH REPORT()) AS n FROM people",
                                        "ANON_COUNT(...): WITH REPORT needs its format, WITH REPORT(FORMAT = JSON) or "
                                        "(FORMAT = PROTO)"),
