@@ -336,6 +336,7 @@ def test_the_release_describes_its_weighted_selection(strategy):
     records = [m for m in result.mechanisms if m.target.startswith("partition selection: ")]
     assert [m.target for m in records] == [f"partition selection: {name}" for name in names]
     assert all(m.max_partitions == 4 and "<= 4 kept partitions" in m.note for m in records)
+    assert all(m.mechanism == "discrete Gaussian + threshold" for m in records)
     rounds = selection_rounds(strategy, plan_budget(q).selection_share, 4, 1.0)
     assert text.startswith(f"{strategy}: ")
     last = f"{rounds[-1]['threshold'] / WEIGHT_ONE:.6g}"
