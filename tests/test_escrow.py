@@ -131,8 +131,14 @@ def test_loose_key_file_refused(tmp_path):
 @pytest.mark.parametrize("inside", ["escrow", "published"])
 def test_key_inside_a_data_directory_refused(tmp_path, inside):
     settings = _settings(tmp_path, key_dir=tmp_path / "home" / inside / "keys")
-    with pytest.raises(EscrowError, match="inside the .* directory"):
+    with pytest.raises(EscrowError) as caught:
         load_or_create_key(settings, create=True)
+    label, directory = {"escrow": ("escrow", settings.escrow_dir),
+                        "published": ("publication", settings.publication_dir)}[inside]
+    assert str(caught.value) == (
+        f"the escrow key file {settings.escrow_key_file.resolve()} is inside the {label} directory "
+        f"{directory.resolve()}: keep keys apart from the data (set DPRELEASE_KEY_DIR elsewhere) or set "
+        "DPRELEASE_ESCROW_KEY")
     assert not settings.escrow_key_file.exists()
 
 
@@ -198,6 +204,33 @@ def test_a_bad_key_is_refused_with_a_command_that_makes_a_good_one(tmp_path):
     made = subprocess.run([sys.executable, "-c", command.group(1)], capture_output=True, text=True, check=True)
     key = made.stdout.strip()
     assert load_or_create_key(_settings(tmp_path, escrow_key=key), create=False) == key.encode()
+
+
+def test_a_malformed_key_is_refused_naming_where_it_came_from(tmp_path):
+    """The key file, the setting, or the caller of the escrow's readers: the refusal says which."""
+    settings = _settings(tmp_path)
+    load_or_create_key(settings, create=True)
+    settings.escrow_key_file.write_bytes(b"not-a-key\n")
+    blob, digest, _ = seal_file(_write(_frame(), tmp_path / "d.csv"), _settings(tmp_path / "other"),
+                                Fernet.generate_key())
+    for read, source in ((lambda: load_or_create_key(settings, create=False), str(settings.escrow_key_file)),
+                         (lambda: open_blob(blob, b"not-a-key", digest), "the caller"),
+                         (lambda: open_batches(blob, b"not-a-key", digest), "the caller")):
+        with pytest.raises(EscrowError) as caught:
+            read()
+        assert str(caught.value).startswith(f"the escrow key from {source} is not a valid Fernet key "), \
+            str(caught.value)
+
+
+def test_sealing_a_file_numbers_its_rows_when_asked(tmp_path):
+    """seal_file passes its options on: a row-number column (datasets without a unit column get one)
+    comes out of the blob first, 0-based."""
+    settings = _settings(tmp_path)
+    key = load_or_create_key(settings, create=True)
+    blob, digest, _ = seal_file(_write(_frame(), tmp_path / "d.csv"), settings, key, row_number_column="row_id")
+    table = open_batches(blob, key, digest).read_all()
+    assert table.column_names == ["row_id", "person_id", "name", "age"]
+    assert table["row_id"].to_pylist() == [0, 1, 2]
 
 
 def test_a_missing_blob_is_named_by_every_reader(tmp_path):
