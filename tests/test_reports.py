@@ -174,6 +174,7 @@ def test_epsilon_from_pri_is_public_on_the_analyst_page(data):
     ctl = pages.render_controller_report(res, ctx)
     assert "PRI ranges per candidate epsilon" in ctl and "Noise against risk" in ctl
     assert ctl.count("<svg") >= 2  # PRI ranges chart and the noise-vs-risk chart
+    assert "PRI range of one probe per candidate epsilon (controller only)" in ctl  # the PRI chart's own title
     top = res.controller_only.pri_ranges[0]
     assert f">{pages.fmt_number(top.maximum)}<" in ctl
 
@@ -295,7 +296,7 @@ def test_results_csv_quotes_text_and_leaves_numbers_bare(tmp_path):
     """In results.csv every text cell is quoted and every number bare, so a reader typing by quotes
     keeps a key such as "007" or "1e3" as text (and a key with a line break as one cell) and reads
     the released values as numbers. The files go into a folder that may exist already (the
-    release's staging folder), and a second write replaces them."""
+    release's staging folder) or not yet (nor its parent), and a second write replaces them."""
     import csv
 
     keys = ["007", "1e3", "two\nlines"]
@@ -305,6 +306,9 @@ def test_results_csv_quotes_text_and_leaves_numbers_bare(tmp_path):
     result = dp.execute(query, df)
     for _ in range(2):
         data_files.write_data_files(result, tmp_path)
+    nested = tmp_path / "staging" / "rel-1"  # a folder whose parent does not exist yet either
+    data_files.write_data_files(result, nested)
+    assert (nested / "results.csv").read_bytes() == (tmp_path / "results.csv").read_bytes()
     with (tmp_path / "results.csv").open(newline="") as handle:
         header, *rows = list(csv.reader(handle, quoting=csv.QUOTE_NONNUMERIC))
     assert header == list(result.table.columns)
