@@ -38,6 +38,8 @@ def run(data=DF, **kw):
         ({"max_partitions_contributed": 1.5}, InvalidQueryError, "max_partitions_contributed"),
         ({"aggregates": [dp.quantile("x", 1.5, 0, 10)]}, InvalidQueryError, "q must be in [0, 1]"),
         ({"aggregates": [dp.quantile("x", -0.1, 0, 10)]}, InvalidQueryError, "q must be in [0, 1]"),
+        ({"aggregates": [dp.median("x", 5, 5)]}, InvalidQueryError,
+         "aggregate 'median_x': bounds must differ (L = U = 5 leaves nothing to learn)"),
         ({"aggregates": []}, InvalidQueryError, "no aggregates"),
         ({"aggregates": [dp.count(upper=0)]}, InvalidQueryError, "row bound"),
         ({"aggregates": [dp.Aggregate("sum", column="x")]}, dp.BoundsError, "set the bounds by hand"),  # 3 rows
@@ -167,6 +169,9 @@ def test_a_row_filter_is_one_condition_read_as_duckdb_sql():
         with pytest.raises(InvalidQueryError) as caught:
             run(where=text)
         assert str(caught.value) == f"the row filter may only test each row's own values; {refusal}"
+    with pytest.raises(InvalidQueryError) as caught:
+        run(where="x + 1")
+    assert str(caught.value) == "the row filter 'x + 1' is not a condition (true or false per row)"
     with pytest.raises(InvalidQueryError, match="must be one condition, not several statements"):
         run(where="x > 1; SELECT 1")
     for empty in ("", "  "):
