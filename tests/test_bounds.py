@@ -141,6 +141,18 @@ def test_per_partition_bounds_with_two_group_keys_are_inferred_for_each_pair_of_
     assert sorted(dp.execute(one, df).table["g"]) == ["a", "b"]
 
 
+def test_only_the_missing_bound_is_inferred():
+    """A sum given its upper bound but not its lower: the lower bound is inferred (a power of two
+    below the data, epsilon 8 making the histogram's noise negligible next to 2,000 rows), the upper
+    one is kept as given."""
+    df = pd.DataFrame({"uid": range(2000), "x": [-40.0 + (i % 5) for i in range(2000)]})
+    q = dp.Query([dp.Aggregate("sum", column="x", name="s", upper=10)], privacy_unit="uid", epsilon=8.0)
+    r = dp.execute(q, df)
+    (inferred,) = r.inferred_bounds
+    assert (inferred.lower, inferred.upper) == (-64.0, None)
+    assert (r.query.aggregates[0].lower, r.query.aggregates[0].upper) == (-64, 10)
+
+
 def replace_scope(q, scope):
     from dataclasses import replace
 

@@ -295,6 +295,16 @@ def test_selection_advice_reads_a_released_count_of_rows_without_a_count_of_unit
     assert "the expected number each mechanism would release at this budget is laplace-threshold" in advice
 
 
+def test_a_release_of_no_group_gives_no_selection_advice():
+    """Three units in three groups, delta 1e-10: no group passes the selection (each does with
+    probability below 1e-10), and with no released count to judge from the release advises nothing."""
+    df = pd.DataFrame({"uid": [1, 2, 3], "g": ["a", "b", "c"]})
+    q = dp.Query([dp.count(upper=1, name="n")], privacy_unit="uid", group_by=("g",), epsilon=1.0, delta=1e-10)
+    result = dp.execute(q, df)
+    assert result.table.empty
+    assert not [n for n in result.notes if n.startswith("Selection advice")]
+
+
 def test_sql_front_end_and_request_form_take_the_selection():
     from dp_core.sql import Table, run_sql
     from dprelease.requests import query_from_spec
