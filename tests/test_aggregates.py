@@ -65,6 +65,12 @@ def test_column_names_and_key_values_are_data_never_sql_text():
     for bad in ("", 5):
         with pytest.raises(InvalidQueryError, match="column names must be non-empty strings"):
             ident(bad)
+    # keys given as numpy scalars (a column's unique values, say) are the same keys
+    df = pd.DataFrame({"uid": np.arange(4000), "k": np.arange(4000) % 4})
+    q = dp.Query([dp.count(upper=1, name="n")], privacy_unit="uid", group_by=("k",), epsilon=100.0,
+                 public_partitions=list(np.array([0, 2, 7], dtype=np.int64)))
+    t = dp.execute(q, df).table.set_index("k")
+    assert sorted(t.index) == [0, 2, 7] and t.loc[0, "n"] == 1000 and t.loc[2, "n"] == 1000
 
 
 def test_quantile_picks_each_row_of_a_unit_alike():

@@ -123,6 +123,36 @@ def test_per_partition_bounds_fit_each_partition_and_its_noise():
     assert whole.loc["small", "s_noise_sd"] > 100 * t.loc["small", "s_noise_sd"]
 
 
+def test_per_partition_bounds_with_two_group_keys_are_inferred_for_each_pair_of_keys():
+    """bounds_scope="partition" with GROUP BY two columns: one histogram per (g, h) pair, each pair
+    released with bounds that fit its own values (epsilon 8: the histogram's noise is far below the
+    2,000 rows per pair). group_by given as one column name is that one column."""
+    rows = []
+    for g, h, high in (("a", "x", 3.0), ("a", "y", 300.0), ("b", "x", 3000.0)):
+        rows += [{"g": g, "h": h, "v": high * (i % 10 + 1) / 10} for i in range(2000)]
+    df = pd.DataFrame(rows).assign(uid=range(len(rows)))
+    q = dp.Query([dp.Aggregate("sum", column="v", name="s")], privacy_unit="uid", group_by=("g", "h"),
+                 epsilon=8.0, bounds_scope="partition")
+    r = dp.execute(q, df)
+    uppers = {(b.partition["g"], b.partition["h"]): b.upper for b in r.inferred_bounds}
+    assert uppers == {("a", "x"): 4.0, ("a", "y"): 512.0, ("b", "x"): 4096.0}
+    one = dp.Query([dp.count(upper=1)], privacy_unit="uid", group_by="g", epsilon=1.0, public_partitions=["a", "b"])
+    assert one.group_by == ("g",)
+    assert sorted(dp.execute(one, df).table["g"]) == ["a", "b"]
+
+
+def test_only_the_missing_bound_is_inferred():
+    """A sum given its upper bound but not its lower: the lower bound is inferred (a power of two
+    below the data, epsilon 8 making the histogram's noise negligible next to 2,000 rows), the upper
+    one is kept as given."""
+    df = pd.DataFrame({"uid": range(2000), "x": [-40.0 + (i % 5) for i in range(2000)]})
+    q = dp.Query([dp.Aggregate("sum", column="x", name="s", upper=10)], privacy_unit="uid", epsilon=8.0)
+    r = dp.execute(q, df)
+    (inferred,) = r.inferred_bounds
+    assert (inferred.lower, inferred.upper) == (-64.0, None)
+    assert (r.query.aggregates[0].lower, r.query.aggregates[0].upper) == (-64, 10)
+
+
 def replace_scope(q, scope):
     from dataclasses import replace
 

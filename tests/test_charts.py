@@ -58,6 +58,18 @@ def test_released_values_chart_draws_each_value_to_scale_with_its_interval():
                                             [90.0, 40.0, float("nan")], [110.0, 60.0, float("nan")])  # same bytes
 
 
+def test_the_chart_s_top_groups_are_the_largest_released_values_missing_ones_last():
+    """With more groups than the chart shows, it shows the largest released values; a group whose
+    value is missing (NaN) is never ranked among them ahead of a released one."""
+    from dprelease.reporting import pages
+
+    nan = float("nan")
+    svg = pages.released_values_svg("people", ["gone", "a", "b", "c"], [nan, 30.0, 10.0, 20.0],
+                                    [nan, 25.0, 5.0, 15.0], [nan, 35.0, 15.0, 25.0], limit=2)
+    _check(svg)
+    assert [b["title"] for b in _bars(svg)] == ["a: 30", "c: 20"]
+
+
 def test_per_group_charts_widen_with_their_groups_within_600_to_1400_px():
     """A chart of many groups gets room for each group's bars and label (45 px a group beside the
     exact value, 40 px for the released one alone, plus 200 for the axis), never below 600 px nor

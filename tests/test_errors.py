@@ -38,6 +38,8 @@ def run(data=DF, **kw):
         ({"max_partitions_contributed": 1.5}, InvalidQueryError, "max_partitions_contributed"),
         ({"aggregates": [dp.quantile("x", 1.5, 0, 10)]}, InvalidQueryError, "q must be in [0, 1]"),
         ({"aggregates": [dp.quantile("x", -0.1, 0, 10)]}, InvalidQueryError, "q must be in [0, 1]"),
+        ({"aggregates": [dp.median("x", 5, 5)]}, InvalidQueryError,
+         "aggregate 'median_x': bounds must differ (L = U = 5 leaves nothing to learn)"),
         ({"aggregates": []}, InvalidQueryError, "no aggregates"),
         ({"aggregates": [dp.count(upper=0)]}, InvalidQueryError, "row bound"),
         ({"aggregates": [dp.Aggregate("sum", column="x")]}, dp.BoundsError, "set the bounds by hand"),  # 3 rows
@@ -117,8 +119,12 @@ def test_missing_file_and_unknown_format_and_type(tmp_path):
 def test_malformed_csv_is_refused(tmp_path, text):
     path = tmp_path / "bad.csv"
     path.write_text(text)
-    with pytest.raises(InvalidDataError, match="cannot read .*bad.csv as CSV"):
+    with pytest.raises(InvalidDataError) as caught:
         run(path)
+    # which file, read as what, and DuckDB's own reason (its first line only)
+    assert str(caught.value).startswith(f"cannot read {path} as CSV with a header row: Invalid Input Error: "), \
+        str(caught.value)
+    assert "\n" not in str(caught.value)
 
 
 MISNAMED = [  # (file name, content, the advice the refusal ends with)
@@ -153,6 +159,19 @@ def test_a_row_filter_is_one_condition_read_as_duckdb_sql():
     frame = DF  # noqa: F841 - read by DuckDB below
     kept = duckdb.sql(f"SELECT uid FROM frame WHERE {sql} ORDER BY uid").fetchall()
     assert kept == [(1,), (2,)]  # uid 1: 1 // 2 = 0; uid 2: s = 'q'; uid 3: neither
+    # printed back as DuckDB's SQL: xor() is not rewritten to `^`, which DuckDB reads as a power
+    sql, _ = compile_filter("xor(uid, 1) = 0")
+    assert duckdb.sql(f"SELECT uid FROM frame WHERE {sql}").fetchall() == [(1,)]
+    # what a filter may not hold, said whole: the part refused and what it is
+    for text, refusal in (("x > avg(x)", "'AVG(x)' is an aggregate function"),
+                          ("uid IN (SELECT 1)", "'(SELECT 1)' is a subquery"),
+                          ("my_udf(x)", "'MY_UDF(x)' is an unknown function")):
+        with pytest.raises(InvalidQueryError) as caught:
+            run(where=text)
+        assert str(caught.value) == f"the row filter may only test each row's own values; {refusal}"
+    with pytest.raises(InvalidQueryError) as caught:
+        run(where="x + 1")
+    assert str(caught.value) == "the row filter 'x + 1' is not a condition (true or false per row)"
     with pytest.raises(InvalidQueryError, match="must be one condition, not several statements"):
         run(where="x > 1; SELECT 1")
     for empty in ("", "  "):

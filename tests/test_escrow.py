@@ -131,8 +131,14 @@ def test_loose_key_file_refused(tmp_path):
 @pytest.mark.parametrize("inside", ["escrow", "published"])
 def test_key_inside_a_data_directory_refused(tmp_path, inside):
     settings = _settings(tmp_path, key_dir=tmp_path / "home" / inside / "keys")
-    with pytest.raises(EscrowError, match="inside the .* directory"):
+    with pytest.raises(EscrowError) as caught:
         load_or_create_key(settings, create=True)
+    label, directory = {"escrow": ("escrow", settings.escrow_dir),
+                        "published": ("publication", settings.publication_dir)}[inside]
+    assert str(caught.value) == (
+        f"the escrow key file {settings.escrow_key_file.resolve()} is inside the {label} directory "
+        f"{directory.resolve()}: keep keys apart from the data (set DPRELEASE_KEY_DIR elsewhere) or set "
+        "DPRELEASE_ESCROW_KEY")
     assert not settings.escrow_key_file.exists()
 
 
@@ -198,6 +204,33 @@ def test_a_bad_key_is_refused_with_a_command_that_makes_a_good_one(tmp_path):
     made = subprocess.run([sys.executable, "-c", command.group(1)], capture_output=True, text=True, check=True)
     key = made.stdout.strip()
     assert load_or_create_key(_settings(tmp_path, escrow_key=key), create=False) == key.encode()
+
+
+def test_a_malformed_key_is_refused_naming_where_it_came_from(tmp_path):
+    """The key file, the setting, or the caller of the escrow's readers: the refusal says which."""
+    settings = _settings(tmp_path)
+    load_or_create_key(settings, create=True)
+    settings.escrow_key_file.write_bytes(b"not-a-key\n")
+    blob, digest, _ = seal_file(_write(_frame(), tmp_path / "d.csv"), _settings(tmp_path / "other"),
+                                Fernet.generate_key())
+    for read, source in ((lambda: load_or_create_key(settings, create=False), str(settings.escrow_key_file)),
+                         (lambda: open_blob(blob, b"not-a-key", digest), "the caller"),
+                         (lambda: open_batches(blob, b"not-a-key", digest), "the caller")):
+        with pytest.raises(EscrowError) as caught:
+            read()
+        assert str(caught.value).startswith(f"the escrow key from {source} is not a valid Fernet key "), \
+            str(caught.value)
+
+
+def test_sealing_a_file_numbers_its_rows_when_asked(tmp_path):
+    """seal_file passes its options on: a row-number column (datasets without a unit column get one)
+    comes out of the blob first, 0-based."""
+    settings = _settings(tmp_path)
+    key = load_or_create_key(settings, create=True)
+    blob, digest, _ = seal_file(_write(_frame(), tmp_path / "d.csv"), settings, key, row_number_column="row_id")
+    table = open_batches(blob, key, digest).read_all()
+    assert table.column_names == ["row_id", "person_id", "name", "age"]
+    assert table["row_id"].to_pylist() == [0, 1, 2]
 
 
 def test_a_missing_blob_is_named_by_every_reader(tmp_path):
@@ -279,6 +312,25 @@ def test_legacy_blobs_are_replayable_rows_for_the_engine(tmp_path):
         escrow.EscrowRows(legacy, key, escrow.fingerprint(b"another file"), "csv")
 
 
+def test_every_scan_of_escrowed_rows_reports_each_batch_it_reads(tmp_path):
+    """The release's progress (`on_batch`) sees every batch of every scan the engine makes, for
+    streamed and legacy blobs alike: two full scans of three rows report six rows."""
+    settings = _settings(tmp_path)
+    key = load_or_create_key(settings, create=True)
+    source = _write(_frame(), tmp_path / "d.csv")
+    digest = escrow.fingerprint(source.read_bytes())
+    legacy = tmp_path / "d.csv.fernet"
+    legacy.write_bytes(Fernet(key).encrypt(source.read_bytes()))
+    streamed, _, _ = seal_file(source, settings, key)
+    for blob, fmt in ((streamed, "parquet"), (legacy, "csv")):
+        seen: list[int] = []
+        rows = escrow.EscrowRows(blob, key, digest, fmt, on_batch=lambda batch: seen.append(batch.num_rows))
+        assert seen == []  # checking the key and fingerprint reads no rows
+        for _scan in range(2):
+            assert rows.reader().read_all().num_rows == 3
+        assert sum(seen) == 6, (blob.name, seen)
+
+
 CHUNK = 64  # tiny chunks, so a three-row file spans many
 
 
@@ -329,7 +381,10 @@ def test_every_chunk_attack_is_refused_with_one_message(tmp_path, attack):
     for read in (lambda: open_blob(blob, key, digest), lambda: load_frame(blob, key, digest, "parquet")):
         with pytest.raises(EscrowError) as caught:
             read()
-        assert "failed authentication at chunk" in str(caught.value) and "\n" not in str(caught.value)
+        # the whole message: which blob, where, what may have happened, and the two ways out
+        assert re.fullmatch(rf"the escrow blob {re.escape(str(blob))} failed authentication at chunk \d+ of \d+: it "
+                            "was altered, truncated, reordered or extended; restore it from a backup or register the "
+                            "dataset again", str(caught.value)), str(caught.value)
 
 
 def test_release_from_an_attacked_blob_reports_the_escrow_error(tmp_path):

@@ -74,6 +74,17 @@ def test_what_the_grid_cannot_carry_and_pure_noise_are_refused_with_their_reason
     assert str(caught.value) == ("t: epsilon is too small for its sensitivity (noise 1e+09 is over 2^20 times the "
                                  "sensitivity): the result would be pure noise; raise epsilon or lower "
                                  "max_partitions_contributed")
+    # Gaussian noise is judged by its own scale, sqrt(C_u) D / sqrt(2 rho): at epsilon 1e-6 (delta 1e-5)
+    # that is about 4.8e6 sensitivities, refused, where Laplace noise at that epsilon (1e6) is not
+    from dp_core.accounting import rho_from_eps_delta
+
+    rho = rho_from_eps_delta(1e-6, 1e-5)
+    with pytest.raises(noise.DPError) as caught:
+        add_noise(np.array([3], dtype=np.int64), target="t", quantum=1.0, sensitivity_quanta=1, max_partitions=1,
+                  share=Share("x", epsilon=1e-6, delta=1e-5, rho=rho), noise="gaussian", confidence=0.95)
+    assert str(caught.value).startswith(f"t: epsilon is too small for its sensitivity (noise {1 / math.sqrt(2 * rho):.3g} "
+                                        "is over 2^20 times the sensitivity)"), str(caught.value)
+    assert noisy([3], eps=1e-6).values.shape == (1,)
 
 
 def discrete_laplace_cdf(scale):

@@ -143,6 +143,13 @@ def test_public_mode_refuses_what_needs_the_data():
     with pytest.raises(dp.InvalidQueryError, match="quantiles"):
         pri.choose_epsilon_public(dp.Query([dp.median("x", 0, 1)], privacy_unit="u", epsilon=1.0), 50)
 
+def test_an_epsilon_grid_holding_zero_or_less_is_refused_as_it_was_given():
+    q = dp.Query([dp.count(upper=1)], privacy_unit="u", epsilon=1.0)
+    for grid, shown in (([0.0, 1.0], "[1.0, 0.0]"), ([-1.0], "[-1.0]"), ([float("inf")], "[inf]")):
+        with pytest.raises(dp.InvalidQueryError) as caught:
+            pri.choose_epsilon_public(q, 50, grid=grid)
+        assert str(caught.value) == f"the epsilon grid must hold positive numbers, got {shown}"
+
 
 def test_odometer_and_cap_limit_the_candidates(adult):
     q = seed_queries()["Q3"]

@@ -174,6 +174,7 @@ def test_epsilon_from_pri_is_public_on_the_analyst_page(data):
     ctl = pages.render_controller_report(res, ctx)
     assert "PRI ranges per candidate epsilon" in ctl and "Noise against risk" in ctl
     assert ctl.count("<svg") >= 2  # PRI ranges chart and the noise-vs-risk chart
+    assert "PRI range of one probe per candidate epsilon (controller only)" in ctl  # the PRI chart's own title
     top = res.controller_only.pri_ranges[0]
     assert f">{pages.fmt_number(top.maximum)}<" in ctl
 
@@ -256,6 +257,18 @@ def test_index_lists_every_release():
     assert "Nothing has been published yet." in pages.render_index([])
 
 
+def test_index_links_out_of_the_folder_are_refused_naming_the_release_or_series():
+    """The index links only inside the published folder; a refusal names the entry and the path."""
+    entry = {"release_id": "rel-9", "dataset": "d", "title": "t", "epsilon": 1, "delta": 0, "published_at": "now"}
+    with pytest.raises(ValueError) as caught:
+        pages.render_index([{**entry, "path": "/srv/www/rel-9.html"}])
+    assert str(caught.value) == "index entry 'rel-9': path must be relative, got '/srv/www/rel-9.html'"
+    with pytest.raises(ValueError) as caught:
+        pages.render_index([{**entry, "path": "rel-9/analyst.html"}],
+                           series=[{"name": "visits", "path": "https://example.org/visits.html"}])
+    assert str(caught.value) == "series 'visits': path must be relative, got 'https://example.org/visits.html'"
+
+
 # --------------------------------------------------------------------------------------------
 # data files
 
@@ -277,6 +290,30 @@ def test_data_files_are_public_only(result, tmp_path):
         assert word not in text.lower().replace("not the bias from clamping", ""), word
     for s in exact_strings(result):
         assert s not in text
+
+
+def test_results_csv_quotes_text_and_leaves_numbers_bare(tmp_path):
+    """In results.csv every text cell is quoted and every number bare, so a reader typing by quotes
+    keeps a key such as "007" or "1e3" as text (and a key with a line break as one cell) and reads
+    the released values as numbers. The files go into a folder that may exist already (the
+    release's staging folder) or not yet (nor its parent), and a second write replaces them."""
+    import csv
+
+    keys = ["007", "1e3", "two\nlines"]
+    df = pd.DataFrame({"uid": range(30), "k": keys * 10, "x": [1.0] * 30})
+    query = dp.Query([dp.sum_("x", 0, 2, name="total")], privacy_unit="uid", epsilon=1.0, group_by=("k",),
+                     public_partitions=keys)
+    result = dp.execute(query, df)
+    for _ in range(2):
+        data_files.write_data_files(result, tmp_path)
+    nested = tmp_path / "staging" / "rel-1"  # a folder whose parent does not exist yet either
+    data_files.write_data_files(result, nested)
+    assert (nested / "results.csv").read_bytes() == (tmp_path / "results.csv").read_bytes()
+    with (tmp_path / "results.csv").open(newline="") as handle:
+        header, *rows = list(csv.reader(handle, quoting=csv.QUOTE_NONNUMERIC))
+    assert header == list(result.table.columns)
+    assert sorted(row[0] for row in rows) == sorted(keys)
+    assert all(isinstance(v, float) for row in rows for v in row[1:])
 
 
 # --------------------------------------------------------------------------------------------

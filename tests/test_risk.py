@@ -181,6 +181,11 @@ def test_avg_promise_is_finish_at_the_reference_count(noise):
     assert value[0] == 20.0 and hi[0] == 20.0  # the mean at the upper bound; the interval clipped above
     assert value[0] - lo[0] == pytest.approx(promised.halfwidth, rel=1e-12)
     assert promised.reference_count == 250 and "for a group of 250 people" in promised.describe()
+    # a count and a sum need no group size: their line says so by saying nothing of one
+    q2 = dp.Query([dp.count(upper=1, name="people"), dp.sum_("x", 0, 10, name="total")], privacy_unit="u",
+                  epsilon=1.0, confidence=0.9)
+    assert [s.describe() for s in accuracy.statistic_intervals(q2)] == [
+        "people: +-5 at 90% (discrete Laplace, epsilon 0.5)", "total: +-46.05 at 90% (discrete Laplace, epsilon 0.5)"]
 
 
 def test_statistics_without_a_data_free_interval_are_named_and_refused():
@@ -224,6 +229,7 @@ def test_plan_chooser_uses_the_total_epsilon_for_the_risk_and_quotes_the_real_no
     assert c.risk == pytest.approx(0.49 * c.guessing_probability)
     assert "a count of 100 would be released as 100 +- 10, i.e. between 90 and 110 with 90% probability" in c.summary
     assert "people (count)" in c.summary and "for a group of 100 people" in c.summary
+    assert f"guesses a person's value (one of 16; a changed value: exponent 2 x {c.epsilon:.3g})" in c.summary
     relative = risk.choose_epsilon_for_plan(PLAN, trust="low", sensitivity="high", max_risk=0.2, max_noise="5%",
                                             reference_value=200, n=16, m=2)
     assert relative.epsilon == pytest.approx(c.epsilon)  # 5% of 200 = 10

@@ -295,6 +295,16 @@ def test_selection_advice_reads_a_released_count_of_rows_without_a_count_of_unit
     assert "the expected number each mechanism would release at this budget is laplace-threshold" in advice
 
 
+def test_a_release_of_no_group_gives_no_selection_advice():
+    """Three units in three groups, delta 1e-10: no group passes the selection (each does with
+    probability below 1e-10), and with no released count to judge from the release advises nothing."""
+    df = pd.DataFrame({"uid": [1, 2, 3], "g": ["a", "b", "c"]})
+    q = dp.Query([dp.count(upper=1, name="n")], privacy_unit="uid", group_by=("g",), epsilon=1.0, delta=1e-10)
+    result = dp.execute(q, df)
+    assert result.table.empty
+    assert not [n for n in result.notes if n.startswith("Selection advice")]
+
+
 def test_sql_front_end_and_request_form_take_the_selection():
     from dp_core.sql import Table, run_sql
     from dprelease.requests import query_from_spec
@@ -336,6 +346,7 @@ def test_the_release_describes_its_weighted_selection(strategy):
     records = [m for m in result.mechanisms if m.target.startswith("partition selection: ")]
     assert [m.target for m in records] == [f"partition selection: {name}" for name in names]
     assert all(m.max_partitions == 4 and "<= 4 kept partitions" in m.note for m in records)
+    assert all(m.mechanism == "discrete Gaussian + threshold" for m in records)
     rounds = selection_rounds(strategy, plan_budget(q).selection_share, 4, 1.0)
     assert text.startswith(f"{strategy}: ")
     last = f"{rounds[-1]['threshold'] / WEIGHT_ONE:.6g}"

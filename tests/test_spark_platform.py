@@ -16,6 +16,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+import dp_core as dp
+
 pytestmark = pytest.mark.xdist_group("spark")  # one worker, one SparkSession (pyproject: --dist loadgroup)
 
 SQL = ("SELECT WITH ANONYMIZATION education, ANON_COUNT(*, 1) AS people, ANON_AVG(age, 17, 90) AS avg_age "
@@ -210,6 +212,30 @@ def test_spark_reads_one_parquet_file_and_a_csv_with_typed_columns(spark, tmp_pa
         SparkBackend.for_input(42, spark)
     assert str(caught.value) == ("unsupported input type int for the Spark backend: give a Spark DataFrame, a table "
                                  "name, or a Parquet/CSV path")
+    # a Spark DataFrame (or a session) with backend="duckdb": refused, saying which backend reads it
+    query = dp.Query([dp.count(upper=1)], privacy_unit="uid", epsilon=1.0)
+    for data, session in ((spark.createDataFrame(frame), None), (frame, spark)):
+        with pytest.raises(dp.InvalidQueryError) as caught:
+            dp.execute(query, data, backend="duckdb", spark=session)
+        assert str(caught.value) == "backend='duckdb' cannot read a Spark DataFrame: use backend='spark'"
+
+
+def test_spark_refuses_a_malformed_csv_and_names_every_column_type(spark, tmp_path):
+    """A CSV row with a field too many is refused on Spark (read FAILFAST), not read with the field
+    dropped; a column of a Spark type the engine has no name for keeps Spark's (upper-cased), so
+    the checks can refuse it by name."""
+    from dp_core.backend_spark import SparkBackend
+
+    bad = tmp_path / "bad.csv"
+    bad.write_text("uid,x\n1,2\n2,3,4\n3,5\n")
+    with pytest.raises(Exception, match="Malformed records are detected"):
+        dp.execute(dp.Query([dp.sum_("x", 0, 10)], privacy_unit="uid", epsilon=1.0), str(bad), backend="spark",
+                   spark=spark)
+    backend = SparkBackend.for_input(spark.createDataFrame(pd.DataFrame({"uid": [1], "tags": [[1, 2]]})), spark)
+    try:
+        assert backend.schema() == {"uid": "BIGINT", "tags": "ARRAY<BIGINT>"}
+    finally:
+        backend.close()
 
 
 def test_cli_registers_an_external_csv_and_refuses_what_does_not_fit(lake_env, tmp_path):

@@ -144,6 +144,23 @@ def test_public_groups_refusals_name_the_rule(tables, rule):
     assert message in str(info.value), str(info.value)
 
 
+def test_a_group_key_of_a_using_join_between_protected_tables_is_refused_with_the_rule(tables):
+    """GROUP BY a column two protected tables are joined USING (not one the public groups list): the
+    one-line refusal of the rule, naming the column, whichever way the public groups are joined."""
+    jobs = Table(pd.DataFrame({"uid": np.arange(100), "age": 30, "title": "x"}), "uid")
+    with_jobs = {**tables, "jobs": jobs}
+    for join in ("USING (dept)", "ON people.dept = g.dept"):
+        sql = (f"{PG.format(e=1)} age, {C1} FROM people JOIN jobs USING (uid, age) RIGHT JOIN "
+               f"(SELECT DISTINCT dept FROM depts) g {join} GROUP BY age")
+        with pytest.raises(dp.DPError) as info:
+            compile_statement_for(sql, with_jobs, epsilon=1.0)
+        assert str(info.value) == (
+            "GROUP BY age: OPTIONS group_selection_strategy = PUBLIC_GROUPS needs each GROUP BY column to be a "
+            "column of a public-groups subquery: (SELECT DISTINCT cols FROM <public table>) outer-joined to the "
+            "protected rows (RIGHT JOIN (SELECT DISTINCT ...) or (SELECT DISTINCT ...) LEFT JOIN ...); 'age' comes "
+            "from another relation")
+
+
 def test_public_groups_as_a_string_and_in_the_anonymization_syntax(tables):
     for sql in (
         'SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (group_selection_strategy = "PUBLIC_GROUPS") dept, COUNT(*) '

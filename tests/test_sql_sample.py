@@ -76,6 +76,15 @@ def test_a_sample_of_a_subquery_with_a_group_by_and_automatic_bounds(tables):
     assert len(exact) == 4 and within_binomial(exact["n"].sum(), N, 0.20)
 
 
+def test_a_sampled_source_keeps_its_duckdb_syntax(tables):
+    """The sampled source is DuckDB SQL and is read back as such when each release draws its sample:
+    an integer division (`//`) in its WHERE works, and keeps its meaning (ages 30 to 39: a quarter
+    of the people, 10 of the 40 ages)."""
+    sql = f"{DPS} {C1} AS n FROM people TABLESAMPLE BERNOULLI (50 PERCENT) WHERE age // 10 = 3"
+    truth = int((tables["people"].data["age"] // 10 == 3).sum())
+    assert within_binomial(exact_n(run_sql(sql, tables)), truth, 0.5)
+
+
 def test_every_scan_of_one_release_reads_the_same_sampled_rows(tables):
     """The engine scans its source several times (checks, APPROX_BOUNDS, the plan, the units' rows
     and the COUNT(DISTINCT unit) of the controller-only totals): with one key, the same rows."""

@@ -303,6 +303,30 @@ WORD_FOR_WORD = {  # refusals whose whole message is the guidance: rule -> (stat
         "would release them): read it only in the FROM of SELECT WITH DIFFERENTIAL_PRIVACY"),
     "an unknown table": ("SELECT dept FROM nowhere",
                          "unknown table 'nowhere' (registered: depts, extra, other, people, visits)"),
+    "COUNT(DISTINCT) of a column other than the unit": (
+        f"{DP.format(e=1)} COUNT(DISTINCT dept) AS n FROM people",
+        "COUNT(...): COUNT(DISTINCT dept) cannot be bounded: one unit can add any number of distinct values. Only "
+        "COUNT(DISTINCT <privacy unit>) is allowed"),
+    "a reservoir sample": (
+        f"{DP.format(e=1)} COUNT(*) AS n FROM people TABLESAMPLE RESERVOIR (10 ROWS)",
+        "TABLESAMPLE RESERVOIR (n ROWS) is not supported: it keeps n rows chosen among all units' rows, so one "
+        "unit's rows change which of the others' are kept (the per-unit bound breaks); use TABLESAMPLE BERNOULLI "
+        "(p PERCENT)"),
+    "an unknown OPTIONS entry of a DIFFERENTIAL_PRIVACY clause": (
+        "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1, budget = 3) COUNT(*) FROM people",
+        "unknown OPTIONS entry 'budget' for SELECT WITH DIFFERENTIAL_PRIVACY: allowed are epsilon, delta, "
+        "max_groups_contributed, max_rows_contributed, privacy_unit_column, group_selection_strategy, "
+        "partition_selection"),
+    "an unknown OPTIONS entry of an ANONYMIZATION clause": (
+        "SELECT WITH ANONYMIZATION OPTIONS (epsilon = 1, budget = 3) ANON_COUNT(*) FROM people",
+        "unknown OPTIONS entry 'budget' for SELECT WITH ANONYMIZATION: allowed are epsilon, delta, "
+        "max_groups_contributed, kappa, max_rows_contributed, group_selection_strategy, partition_selection"),
+    "a DP aggregate outside a DP SELECT": (
+        "SELECT ANON_COUNT(*) FROM depts",
+        "'ANON_COUNT(*)': a DP aggregate outside a DP SELECT list; write SELECT WITH DIFFERENTIAL_PRIVACY ... before it"),
+    "WITH REPORT in a format other than JSON or PROTO": (
+        "SELECT WITH ANONYMIZATION ANON_COUNT(*, 1 WITH REPORT(FORMAT = XML)) AS n FROM people",
+        "ANON_COUNT(...): the report format must be \"JSON\" or \"PROTO\", got 'XML'"),
     "WITH REPORT without its format": ("SELECT WITH ANONYMIZATION ANON_COUNT(*, 1 WITH REPORT()) AS n FROM people",
                                        "ANON_COUNT(...): WITH REPORT needs its format, WITH REPORT(FORMAT = JSON) or "
                                        "(FORMAT = PROTO)"),
@@ -315,6 +339,27 @@ def test_refusals_give_their_whole_reason_and_remedy(tables, rule):
     with pytest.raises(dp.DPError) as info:
         compile_statement_for(sql, tables, epsilon=1.0)
     assert str(info.value) == message
+
+
+def test_a_statement_s_result_names_the_tables_it_read_and_its_parts(tables):
+    """A statement joining a DP SELECT with a public table: its JSON says which tables were read,
+    the protected one charged (with its unit), the public one not, and holds each DP SELECT's own
+    result; its readable table shows keys as they are and numbers as short text."""
+    sql = (f"SELECT d.dept, d.n, r.region FROM ({DP.format(e=EPS)} dept, {C1} AS n FROM people GROUP BY dept) d "
+           "JOIN depts r ON d.dept = r.dept ORDER BY dept")
+    result = run_sql(sql, tables)
+    doc = result.to_dict()
+    assert doc["tables"] == [{"name": "people", "public": False, "charged": True, "privacy_unit": "uid"},
+                             {"name": "depts", "public": True, "charged": False}]
+    assert len(doc["parts"]) == 1 and doc["parts"][0]["group_by"] == ["dept"]
+    readable = result.readable_table()
+    assert readable["dept"].tolist() == ["a", "b", "c"] and readable["region"].tolist() == ["N", "S", "N"]
+    assert all(isinstance(v, str) for v in readable["n"])
+    assert result.notes[-1] == ("The table is post-processing (outer query, expressions) of the DP SELECTs' released "
+                                "tables: it has no intervals of its own.")
+    # a GROUP BY column left out of the select list is still released under its own name
+    grouped = compile_statement_for(f"{DP.format(e=1)} {C1} AS n FROM people GROUP BY dept", tables)
+    assert grouped.parts[0].query.group_by == ("dept",)
 
 
 def test_request_parameters_and_options_are_read_as_written(tables):

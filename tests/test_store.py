@@ -3,6 +3,7 @@ plus reserved never exceed the cap) under 20 concurrent reservations, on SQLite 
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -15,6 +16,7 @@ from sqlalchemy.engine import make_url
 
 from dprelease.store import BudgetExceeded, Store, StoreError
 from dprelease.store import ledger as store_module
+from dprelease.store import series as store_series
 
 PG_ENV = "DPRELEASE_TEST_PG_URL"
 
@@ -84,6 +86,17 @@ def test_dataset_roundtrip_and_unknown_named(sqlite_store):
         _register(sqlite_store)
 
 
+def test_a_dataset_keeps_its_risk_profile(sqlite_store):
+    """The risk profile given at registration (what the epsilon choice reads) is what the store gives
+    back; none given is an empty profile, not a missing one."""
+    profile = {"sensitivity": "high", "trust": "public", "n": 32561}
+    sqlite_store.add_dataset("adult", privacy_unit="person_id", blob_path="b", fingerprint="f", file_format="csv",
+                             schema={"person_id": "int"}, epsilon_cap=1.0, delta_cap=0.0, risk_profile=profile)
+    assert json.loads(sqlite_store.get_dataset("adult").risk_json) == profile
+    _register(sqlite_store, "census")
+    assert json.loads(sqlite_store.get_dataset("census").risk_json) == {}
+
+
 @pytest.mark.parametrize(
     "field, value, match",
     [("epsilon_cap", 0.0, "epsilon_cap"), ("delta_cap", 1.0, "delta_cap"), ("file_format", "xlsx", "file_format")],
@@ -141,6 +154,27 @@ def test_commit_and_refund_rules(any_store):
     with pytest.raises(StoreError, match="'ghost'"):
         any_store.commit("ghost")
     assert any_store.budget("adult")["epsilon_committed"] == 1.0
+
+
+def test_a_refunded_reservation_gives_its_snapshot_back(sqlite_store):
+    """A release of a series' snapshot whose reservation is refunded (its run still open, not yet
+    marked final) no longer holds the snapshot: the next run may claim and publish it."""
+    schema = {"person_id": "int64"}
+    sqlite_store.add_dataset("visits@2026-01", privacy_unit="person_id", blob_path="-", fingerprint="-",
+                             file_format="parquet", schema=schema, epsilon_cap=1.0, delta_cap=1e-5)
+    store_series.add_series(sqlite_store, "visits", privacy_unit="person_id", schema=schema,
+                            budget_mode="per_snapshot", epsilon_cap=1.0, delta_cap=1e-5)
+    store_series.add_snapshot(sqlite_store, "visits", "2026-01", "visits@2026-01")
+    for rid in ("first", "second"):
+        sqlite_store.add_release("visits@2026-01", {}, release_id=rid)
+    store_series.claim(sqlite_store, "visits", "2026-01", "first")
+    sqlite_store.reserve("visits@2026-01", "first", 0.5, 0.0)
+    with pytest.raises(store_series.SnapshotRefused, match="already published or being published"):
+        store_series.claim(sqlite_store, "visits", "2026-01", "second")
+    sqlite_store.refund("first")
+    assert store_series.claims(sqlite_store, "visits") == {}
+    store_series.claim(sqlite_store, "visits", "2026-01", "second")
+    sqlite_store.reserve("visits@2026-01", "second", 0.5, 0.0)
 
 
 def test_budget_exceeded_message_gives_the_numbers(any_store):
