@@ -12,6 +12,7 @@ inputs, tests). pyspark is imported here only, so `dp_core` runs without it (the
 
 from __future__ import annotations
 
+import re
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,12 +87,16 @@ class SparkBackend:
         """Run DuckDB-syntax SQL (transpiled here) and bring its small result back through Arrow."""
         from pyspark.errors import PySparkException
 
+        from py4j.protocol import Py4JJavaError
+
         text = self.spark_sql(sql)
         try:
             table = self.spark.sql(text).toArrow()
         except PySparkException as err:
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise InvalidDataError(f"the data engine (Spark) could not run the query: {first}") from None
+        except Py4JJavaError as err:  # a failure inside the JVM, e.g. a CSV read FAILFAST
+            raise InvalidDataError(java_failure(str(err))) from None
         return table.to_pandas(maps_as_pydicts="strict")
 
     def spark_sql(self, sql: str) -> str:
@@ -100,6 +105,18 @@ class SparkBackend:
 
     def close(self) -> None:
         self.spark.catalog.dropTempView(self.view)
+
+
+def java_failure(text: str) -> str:
+    """One line for a Java exception's many: a malformed CSV names its file and the remedy, never
+    the record (Spark quotes the record's values); anything else, its innermost cause."""
+    read = re.search(r"Encountered error while reading file (\S+?)\.?\s", text)
+    where = read.group(1).removeprefix("file://") if read else "the input"
+    if "MALFORMED" in text or "Malformed records are detected" in text:
+        return (f"cannot read {where} with Spark: a malformed record (a row whose fields do not match the "
+                "header); fix the file, or convert it to Parquet")
+    causes = re.findall(r"Caused by: [\w.$]+: (.+)", text) or [text.strip().splitlines()[0] if text.strip() else ""]
+    return f"the data engine (Spark) failed: {causes[-1].strip()[:300]}"
 
 
 def to_spark_sql(sql: str, views: dict[str, str]) -> str:

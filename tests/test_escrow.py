@@ -398,3 +398,25 @@ def test_release_from_an_attacked_blob_reports_the_escrow_error(tmp_path):
     query = dp.Query([dp.count(upper=1)], privacy_unit="person_id", epsilon=1.0)
     with pytest.raises((dp.InvalidDataError, EscrowError), match="failed authentication at chunk"):
         dp.execute(query, open_batches(blob, key, digest, failures=failures))
+
+
+def test_a_new_key_file_is_private_from_the_moment_it_exists(tmp_path, monkeypatch):
+    """The key file is created with mode 0600, not widened by a loose umask and narrowed after:
+    between the two another user could open it. Seen at the first moment the code touches the
+    open file (its fchmod), with a umask of 0."""
+    settings = _settings(tmp_path)
+    modes = []
+    fchmod = os.fchmod
+
+    def observed(fd, mode):
+        modes.append(stat.S_IMODE(os.fstat(fd).st_mode))
+        fchmod(fd, mode)
+
+    monkeypatch.setattr(os, "fchmod", observed)
+    old = os.umask(0)
+    try:
+        load_or_create_key(settings, create=True)
+    finally:
+        os.umask(old)
+    assert modes == [0o600], [oct(m) for m in modes]
+    assert stat.S_IMODE(settings.escrow_key_file.stat().st_mode) == 0o600

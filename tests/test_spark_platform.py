@@ -222,15 +222,17 @@ def test_spark_reads_one_parquet_file_and_a_csv_with_typed_columns(spark, tmp_pa
 
 def test_spark_refuses_a_malformed_csv_and_names_every_column_type(spark, tmp_path):
     """A CSV row with a field too many is refused on Spark (read FAILFAST), not read with the field
-    dropped; a column of a Spark type the engine has no name for keeps Spark's (upper-cased), so
+    dropped, in one line naming the file (not Spark's Java trace, which quotes the record); a column of a Spark type the engine has no name for keeps Spark's (upper-cased), so
     the checks can refuse it by name."""
     from dp_core.backend_spark import SparkBackend
 
     bad = tmp_path / "bad.csv"
     bad.write_text("uid,x\n1,2\n2,3,4\n3,5\n")
-    with pytest.raises(Exception, match="Malformed records are detected"):
+    with pytest.raises(dp.InvalidDataError) as refused:
         dp.execute(dp.Query([dp.sum_("x", 0, 10)], privacy_unit="uid", epsilon=1.0), str(bad), backend="spark",
                    spark=spark)
+    assert str(refused.value) == (f"cannot read {bad} with Spark: a malformed record (a row whose fields do not "
+                                  "match the header); fix the file, or convert it to Parquet")  # one line, no record
     backend = SparkBackend.for_input(spark.createDataFrame(pd.DataFrame({"uid": [1], "tags": [[1, 2]]})), spark)
     try:
         assert backend.schema() == {"uid": "BIGINT", "tags": "ARRAY<BIGINT>"}
@@ -290,3 +292,14 @@ def test_a_series_of_external_snapshots_from_one_lake_path_pattern(lake_env, tmp
         series.register_snapshot(settings, "lakevisits", None, "2026-12", external=pattern)
     with pytest.raises(series.SnapshotRefused, match="--add-row-id needs a file"):
         series.register_snapshot(settings, "lakevisits", None, "2027-01", external=pattern, add_row_id=True)
+
+
+def test_any_other_java_failure_is_one_line_its_innermost_cause():
+    from dp_core.backend_spark import java_failure
+
+    trace = ("An error occurred while calling o60.getResult.\n: org.apache.spark.SparkException: Job aborted\n"
+             "\tat org.apache.spark.Foo.bar(Foo.scala:1)\nCaused by: java.lang.ArithmeticException: / by zero\n"
+             "\tat org.apache.spark.Baz.qux(Baz.scala:2)\n")
+    assert java_failure(trace) == "the data engine (Spark) failed: / by zero"
+    assert java_failure("An error occurred while calling o1.x.") == (
+        "the data engine (Spark) failed: An error occurred while calling o1.x.")
