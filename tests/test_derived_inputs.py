@@ -36,7 +36,7 @@ def sql(query: str, data: pd.DataFrame, **request):
 
 def test_neighbours_whose_filter_selects_one_row_or_none_both_release_alike():
     """The example of the issue: refused ("the input has no rows") for one neighbour and released
-    for the other until 2026-11-25. Both now release one noisy count, with the same noise."""
+    for the other until 2026-11-24. Both now release one noisy count, with the same noise."""
     query = H + f"COUNT(*, contribution_bounds_per_group => (0, 1)) AS n FROM t {ALICE}"
     results = {case: sql(query, data) for case, data in NEIGHBOURS.items()}
     assert [int(r.controller_only.exact["n"].iloc[0]) for r in results.values()] == [1, 0]
@@ -60,7 +60,7 @@ def test_neighbours_through_automatic_bounds_are_refused_alike():
 
 def test_neighbours_through_execute_with_a_row_filter_both_release():
     """The typed query's row filter (`where`) selects inside the plan; the whole-input checks read
-    the caller's whole input before it (this held before 2026-11-25 too)."""
+    the caller's whole input before it (this held before 2026-11-24 too)."""
     query = dp.Query([dp.count(upper=1, name="n")], privacy_unit="uid", epsilon=1.0,
                      where="name = 'Alice' AND diagnosis = 'X'")
     for data in NEIGHBOURS.values():

@@ -120,7 +120,7 @@ def test_public_groups_on_the_platform_release_every_public_level(platform):
 def test_an_aggregate_inside_an_expression_is_named_as_written_in_a_releases_files(platform):
     """`ROUND(AVG(age, ...), 1) AS a` in the second DP SELECT: its budget line, mechanisms and the
     controller's clamping line read `DP SELECT 2: a (AVG(age))` (they read `__agg0` until
-    2026-11-25) in the published results.json and report, and in the controller's summary and
+    2026-11-24) in the published results.json and report, and in the controller's summary and
     report; what it computes is unchanged (its exact value is the plain mean)."""
     import json
 
