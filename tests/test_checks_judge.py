@@ -110,3 +110,26 @@ def test_only_a_large_escrowed_dataset_gets_a_judge_process():
     assert not checks_judge.worth_a_process(None)
     assert not checks_judge.worth_a_process(checks_judge.WORTH_A_PROCESS_BYTES - 1)
     assert checks_judge.worth_a_process(checks_judge.WORTH_A_PROCESS_BYTES)
+
+
+def test_the_release_command_starts_a_judge_by_the_size_of_the_dataset_s_escrow(tmp_path, monkeypatch, no_judge_left):
+    """The release command's rule, through its own helper: a judge process for an escrowed blob of
+    WORTH_A_PROCESS_BYTES or more, none below (the blob's real size on disk decides)."""
+    from cli import app as cli_app
+    from dprelease import admin
+    from dprelease.requests import parse_request
+    from dprelease.settings import Settings
+
+    monkeypatch.setenv("DPRELEASE_HOME", str(tmp_path / "home"))
+    settings = Settings.from_env()
+    admin.init(settings)
+    data = tmp_path / "d.csv"
+    pd.DataFrame({"uid": range(500), "x": [1.0] * 500}).to_csv(data, index=False)
+    admin.register_dataset(settings, "d", data, "uid", epsilon_cap=1.0)
+    size = next(p for p in settings.escrow_dir.iterdir() if p.suffix == ".escrow").stat().st_size
+    request = parse_request({"dataset": "d", "epsilon": 0.5, "query": {"aggregates": [{"kind": "count"}]}})
+    for threshold, judged in ((size + 1, False), (size, True)):
+        monkeypatch.setattr(checks_judge, "WORTH_A_PROCESS_BYTES", threshold)
+        cli_app._start_checks_judge(request)
+        assert checks_judge.started() is judged, (threshold, size)
+        checks_judge.discard()
