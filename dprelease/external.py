@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 from typing import Literal
 
 from dp_core.errors import InvalidDataError
@@ -38,6 +39,17 @@ class ExternalDataError(InvalidDataError):
 def is_external(ds) -> bool:
     """The dataset lives outside the escrow (registered by reference)."""
     return ds.file_format in EXTERNAL_FORMATS.values()
+
+
+def escrowed_bytes(ds) -> int | None:
+    """The size of a dataset's escrow blob: None for an external dataset, or a blob that is gone
+    (the release reports that itself)."""
+    if is_external(ds):
+        return None
+    try:
+        return Path(ds.blob_path).stat().st_size
+    except OSError:
+        return None
 
 
 def reference_kind(reference: str) -> str:

@@ -157,18 +157,6 @@ def plan(platform: Platform, request: ReleaseRequest) -> Plan:
     return Plan(request, query, sql, options_epsilon)
 
 
-def escrowed_bytes(platform: Platform, dataset_name: str) -> int | None:
-    """The size of a dataset's escrow blob (None for an external dataset, or a blob that is gone:
-    the release reports that itself)."""
-    ds = platform.store.get_dataset(dataset_name)
-    if external.is_external(ds):
-        return None
-    try:
-        return Path(ds.blob_path).stat().st_size
-    except OSError:
-        return None
-
-
 def on_spark(platform: Platform, request: ReleaseRequest) -> bool:
     """The request's dataset is computed on Spark (an external dataset, backend auto or spark)."""
     return external.resolve_backend(platform.store.get_dataset(request.dataset), request.backend) == "spark"
