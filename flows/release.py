@@ -31,8 +31,8 @@ from tasks import release_steps as steps
 #: seconds between the paused run's checks for an answer (an internal setting, not a form field):
 #: an answer from elsewhere (the UI, `dprelease approve`) is a person's, seconds to hours away
 APPROVAL_POLL_SECONDS = 1.0
-#: the same when this process answers its own run (a command with a controller key, cli/runs.py):
-#: the answer follows the pause within a second, and each second of polling is a second of release
+#: the same when this process answers its own run (cli/interactive.py: --approve-as, or a prompt):
+#: the answer follows the pause at once, and every moment until the run sees it adds to the release
 ANSWERED_HERE_POLL_SECONDS = 0.2
 
 
