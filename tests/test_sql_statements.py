@@ -281,7 +281,20 @@ def test_an_outer_query_the_released_values_cannot_feed_is_refused_before_any_dp
     assert str(caught.value).startswith("the outer query: Binder Error: No function matches"), str(caught.value)
     cast = sql.replace("n << 1", "CAST(n AS BIGINT) << 1")
     exact = plain(tables, "SELECT count(*) AS n FROM people GROUP BY dept ORDER BY dept")["n"]
+
     assert run_sql(cast, tables).table["m"].tolist() == [2 * n for n in exact]
+
+
+def test_a_dp_select_whose_select_list_cannot_be_computed_is_named_by_its_place(tables):
+    """The check over empty stand-ins names which DP SELECT of the statement has a select list
+    DuckDB cannot compute over released doubles (counting from 1), before any budget is spent."""
+    shifted = f"{DP.format(e=1)} dept, {C1} << 1 AS m FROM people GROUP BY dept"
+    plain_part = f"{DP.format(e=1)} dept, {C1} AS m FROM people GROUP BY dept"
+    for sql, place in ((shifted, 1), (f"SELECT dept, m FROM ({plain_part}) a UNION ALL SELECT dept, m FROM ({shifted}) b", 2)):
+        with pytest.raises(dp.DPError) as caught:
+            compile_statement_for(sql, tables, epsilon=2.0)
+        assert str(caught.value).startswith(f"DP SELECT {place}: its select list cannot be computed: Binder Error: "
+                                            "No function matches"), str(caught.value)
 
 
 WORD_FOR_WORD = {  # refusals whose whole message is the guidance: rule -> (statement, message)
@@ -327,6 +340,8 @@ WORD_FOR_WORD = {  # refusals whose whole message is the guidance: rule -> (stat
     "WITH REPORT in a format other than JSON or PROTO": (
         "SELECT WITH ANONYMIZATION ANON_COUNT(*, 1 WITH REPORT(FORMAT = XML)) AS n FROM people",
         "ANON_COUNT(...): the report format must be \"JSON\" or \"PROTO\", got 'XML'"),
+    "OFFSET in a DP SELECT": (f"{DP.format(e=1)} dept, {C1} AS n FROM people GROUP BY dept ORDER BY dept LIMIT 2 OFFSET 1",
+                              "OFFSET in a DP SELECT is not supported: use an outer query"),
     "WITH REPORT without its format": ("SELECT WITH ANONYMIZATION ANON_COUNT(*, 1 WITH REPORT()) AS n FROM people",
                                        "ANON_COUNT(...): WITH REPORT needs its format, WITH REPORT(FORMAT = JSON) or "
                                        "(FORMAT = PROTO)"),
