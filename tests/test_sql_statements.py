@@ -379,9 +379,13 @@ def test_a_statement_s_result_names_the_tables_it_read_and_its_parts(tables):
 
 def test_request_parameters_and_options_are_read_as_written(tables):
     """A request's epsilon must be a number (said with the value given); OPTIONS take a signed whole
-    number (+5 is 5); a public table registered under a qualified name is read by that name, and a
-    qualified name finds it even when a protected table has the same last part."""
+    number (+5 is 5); the request's delta is each DP SELECT's whose OPTIONS give none, with or
+    without a WITH of its own; a public table registered under a qualified name is read by that
+    name, and a qualified name finds it even when a protected table has the same last part."""
     sql = "SELECT WITH DIFFERENTIAL_PRIVACY dept, COUNT(*) AS n FROM people GROUP BY dept"
+    own_with = f"SELECT dept, n FROM (WITH p AS (SELECT * FROM people) {sql.replace('FROM people', 'FROM p')}) d"
+    for statement in (sql, own_with):
+        assert compile_statement_for(statement, tables, epsilon=1.0, delta=1e-9).parts[0].query.delta == 1e-9
     with pytest.raises(dp.DPError) as info:
         compile_statement_for(sql, tables, epsilon="x")
     assert str(info.value) == "the request's epsilon must be a number, got 'x'"
