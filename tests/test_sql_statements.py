@@ -375,6 +375,9 @@ def test_a_statement_s_result_names_the_tables_it_read_and_its_parts(tables):
     # a GROUP BY column left out of the select list is still released under its own name
     grouped = compile_statement_for(f"{DP.format(e=1)} {C1} AS n FROM people GROUP BY dept", tables)
     assert grouped.parts[0].query.group_by == ("dept",)
+    # a key renamed in the select list is released and recorded (the part's group_by) under its new name
+    renamed = compile_statement_for(f"{DP.format(e=1)} dept AS d, {C1} AS n FROM people GROUP BY dept", tables)
+    assert renamed.parts[0].query.group_by == ("d",) and renamed.parts[0].outputs[0] == ("d", '"d"')
 
 
 def test_request_parameters_and_options_are_read_as_written(tables):
