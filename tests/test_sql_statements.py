@@ -370,6 +370,12 @@ def test_a_statement_s_result_names_the_tables_it_read_and_its_parts(tables):
     readable = result.readable_table()
     assert readable["dept"].tolist() == ["a", "b", "c"] and readable["region"].tolist() == ["N", "S", "N"]
     assert all(isinstance(v, str) for v in readable["n"])
+    # its text (what `dprelease sql` prints): the totals, the readable table without a row index, the intervals' note
+    lines = str(result).splitlines()
+    assert lines[0] == "DP release of 1 DP SELECT(s): epsilon=100, delta=1e-06, 3 row(s) after post-processing"
+    assert lines[1].split() == ["dept", "n", "region"] and [line.split()[::2] for line in lines[2:5]] == [
+        ["a", "N"], ["b", "S"], ["c", "N"]]
+    assert lines[5:] == [dp.result.CI_NOTE]
     assert result.notes[-1] == ("The table is post-processing (outer query, expressions) of the DP SELECTs' released "
                                 "tables: it has no intervals of its own.")
     # a GROUP BY column left out of the select list is still released under its own name
