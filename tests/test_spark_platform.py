@@ -191,7 +191,8 @@ def test_the_engine_s_spark_backend_without_pyspark_says_how_to_install_it(monke
 
 def test_spark_reads_one_parquet_file_and_a_csv_with_typed_columns(spark, tmp_path):
     """The Spark reader external datasets go through (dp_core.backend_spark): one Parquet file (.parquet
-    or .pq), not only a lake folder, is read as Parquet; a folder Spark cannot read is named a folder; a CSV's columns get the types of their values (numbers
+    or .pq), not only a lake folder, is read as Parquet; a folder Spark cannot read is named a folder;
+    a CSV's columns get the types of their values (numbers
     stay numbers: the checks' ranges and the SQL compiler rely on them); the input is seen under the
     engine's name for it; what it cannot read is refused saying what it can."""
     from dp_core import InvalidDataError

@@ -290,7 +290,8 @@ def test_a_dp_select_whose_select_list_cannot_be_computed_is_named_by_its_place(
     DuckDB cannot compute over released doubles (counting from 1), before any budget is spent."""
     shifted = f"{DP.format(e=1)} dept, {C1} << 1 AS m FROM people GROUP BY dept"
     plain_part = f"{DP.format(e=1)} dept, {C1} AS m FROM people GROUP BY dept"
-    for sql, place in ((shifted, 1), (f"SELECT dept, m FROM ({plain_part}) a UNION ALL SELECT dept, m FROM ({shifted}) b", 2)):
+    union = f"SELECT dept, m FROM ({plain_part}) a UNION ALL SELECT dept, m FROM ({shifted}) b"
+    for sql, place in ((shifted, 1), (union, 2)):
         with pytest.raises(dp.DPError) as caught:
             compile_statement_for(sql, tables, epsilon=2.0)
         assert str(caught.value).startswith(f"DP SELECT {place}: its select list cannot be computed: Binder Error: "
@@ -340,8 +341,9 @@ WORD_FOR_WORD = {  # refusals whose whole message is the guidance: rule -> (stat
     "WITH REPORT in a format other than JSON or PROTO": (
         "SELECT WITH ANONYMIZATION ANON_COUNT(*, 1 WITH REPORT(FORMAT = XML)) AS n FROM people",
         "ANON_COUNT(...): the report format must be \"JSON\" or \"PROTO\", got 'XML'"),
-    "OFFSET in a DP SELECT": (f"{DP.format(e=1)} dept, {C1} AS n FROM people GROUP BY dept ORDER BY dept LIMIT 2 OFFSET 1",
-                              "OFFSET in a DP SELECT is not supported: use an outer query"),
+    "OFFSET in a DP SELECT": (
+        f"{DP.format(e=1)} dept, {C1} AS n FROM people GROUP BY dept ORDER BY dept LIMIT 2 OFFSET 1",
+        "OFFSET in a DP SELECT is not supported: use an outer query"),
     "WITH REPORT without its format": ("SELECT WITH ANONYMIZATION ANON_COUNT(*, 1 WITH REPORT()) AS n FROM people",
                                        "ANON_COUNT(...): WITH REPORT needs its format, WITH REPORT(FORMAT = JSON) or "
                                        "(FORMAT = PROTO)"),
@@ -370,7 +372,8 @@ def test_a_statement_s_result_names_the_tables_it_read_and_its_parts(tables):
     readable = result.readable_table()
     assert readable["dept"].tolist() == ["a", "b", "c"] and readable["region"].tolist() == ["N", "S", "N"]
     assert all(isinstance(v, str) for v in readable["n"])
-    # its text (what `dprelease sql` prints): the totals, the readable table without a row index, the intervals' note
+    # its text (what print() shows of run_sql's result): the totals, the readable table without a
+    # row index, the intervals' note
     lines = str(result).splitlines()
     assert lines[0] == "DP release of 1 DP SELECT(s): epsilon=100, delta=1e-06, 3 row(s) after post-processing"
     assert lines[1].split() == ["dept", "n", "region"] and [line.split()[::2] for line in lines[2:5]] == [
