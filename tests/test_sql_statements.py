@@ -372,13 +372,6 @@ def test_a_statement_s_result_names_the_tables_it_read_and_its_parts(tables):
     readable = result.readable_table()
     assert readable["dept"].tolist() == ["a", "b", "c"] and readable["region"].tolist() == ["N", "S", "N"]
     assert all(isinstance(v, str) for v in readable["n"])
-    # its text (what print() shows of run_sql's result): the totals, the readable table without a
-    # row index, the intervals' note
-    lines = str(result).splitlines()
-    assert lines[0] == "DP release of 1 DP SELECT(s): epsilon=100, delta=1e-06, 3 row(s) after post-processing"
-    assert lines[1].split() == ["dept", "n", "region"] and [line.split()[::2] for line in lines[2:5]] == [
-        ["a", "N"], ["b", "S"], ["c", "N"]]
-    assert lines[5:] == [dp.result.CI_NOTE]
     assert result.notes[-1] == ("The table is post-processing (outer query, expressions) of the DP SELECTs' released "
                                 "tables: it has no intervals of its own.")
     # a GROUP BY column left out of the select list is still released under its own name
@@ -387,6 +380,19 @@ def test_a_statement_s_result_names_the_tables_it_read_and_its_parts(tables):
     # a key renamed in the select list is released and recorded (the part's group_by) under its new name
     renamed = compile_statement_for(f"{DP.format(e=1)} dept AS d, {C1} AS n FROM people GROUP BY dept", tables)
     assert renamed.parts[0].query.group_by == ("d",) and renamed.parts[0].outputs[0] == ("d", '"d"')
+
+
+def test_a_statement_s_text_gives_its_totals_its_readable_table_and_the_note(tables):
+    """What print() shows of a statement's result: the DP SELECTs and totals spent, the readable
+    table without a row index (keys as they are), the note on what the intervals cover."""
+    sql = (f"SELECT d.dept, d.n, r.region FROM ({DP.format(e=EPS)} dept, {C1} AS n FROM people GROUP BY dept) d "
+           "JOIN depts r ON d.dept = r.dept ORDER BY dept")
+    result = run_sql(sql, tables)
+    lines = str(result).splitlines()
+    assert lines[0] == "DP release of 1 DP SELECT(s): epsilon=100, delta=1e-06, 3 row(s) after post-processing"
+    assert lines[1].split() == ["dept", "n", "region"] and [line.split()[::2] for line in lines[2:5]] == [
+        ["a", "N"], ["b", "S"], ["c", "N"]]
+    assert lines[5:] == [dp.result.CI_NOTE]
 
 
 def test_request_parameters_and_options_are_read_as_written(tables):
