@@ -218,7 +218,8 @@ def _read(spark, data):
                                    "file, or a folder or lake URL of Parquet files)")
         return spark.table(text)
     except PySparkException as err:
-        what = "table" if not lower.endswith(FILE_SUFFIXES) else "file"
+        what = ("file" if lower.endswith(FILE_SUFFIXES) else "folder" if "://" in text or Path(text).is_dir()
+                else "table")
         first = str(err).strip().splitlines()[0]
         if "TABLE_OR_VIEW_NOT_FOUND" in first:
             raise InvalidDataError(f"no table or view {text!r} in the Spark session's catalog: register it or "

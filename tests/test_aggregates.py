@@ -98,6 +98,13 @@ def test_public_keys_are_compared_in_the_column_type():
         dp.execute(dp.Query([dp.count()], privacy_unit="uid", group_by=("g",), epsilon=1.0, public_partitions=[1, "1"]), df)
     with pytest.raises(dp.InvalidQueryError, match="do not fit"):
         dp.execute(dp.Query([dp.count()], privacy_unit="uid", group_by=("g",), epsilon=1.0, public_partitions=["x"]), df)
+    # keys listed as text are released as the column's values (an integer, a date), not as the text given
+    days = pd.to_datetime(["2024-01-01", "2024-01-02"] * 15).date
+    df = pd.DataFrame({"uid": range(30), "g": [1, 2, 3] * 10, "d": days})
+    for key, listed, released in (("g", ["1", "2"], [1, 2]), ("d", ["2024-01-01"], [pd.Timestamp("2024-01-01")])):
+        r = dp.execute(dp.Query([dp.count(upper=1)], privacy_unit="uid", group_by=(key,), epsilon=1.0,
+                                public_partitions=listed), df)
+        assert r.table[key].tolist() == released, r.table[key].tolist()
 
 
 def test_quantile_over_a_public_partition_with_no_rows_is_released():

@@ -58,6 +58,17 @@ def test_a_sample_counts_equivalent_mutants_apart_survivors_and_untested_alike(t
     assert tool.status_of(33, "dp_core.a.x_f__mutmut_4", tool.equivalent_mutants()) == "no tests"
 
 
+def test_a_targeted_sample_gives_no_verdict_for_its_group(tool, tmp_path):
+    """A sample of modules chosen by hand (--files) is marked targeted: the summary gives their
+    weighted rate but no verdict on the group's target."""
+    _results(tmp_path, "dp_core/a.py", {f"dp_core.a.x_f__mutmut_{i}": 1 for i in range(1, 4)})
+    (tmp_path / "mutants" / "sample-8.json").write_text(json.dumps({
+        "seed": 8, "size": 3, "population": {"dp_core/a.py": 100}, "targeted": True,
+        "drawn": {"dp_core/a.py": [f"dp_core.a.x_f__mutmut_{i}" for i in range(1, 4)]}}))
+    assert tool.sample_summary(8).splitlines()[-1].endswith(
+        "| none: a targeted sample of 1 chosen modules, not the group's estimate |")
+
+
 def test_a_sample_can_draw_more_mutants_under_a_path_prefix(tool, tmp_path):
     """`--sample 2 --sample-for dprelease/=3 dprelease/store/=1`: the longest prefix a module starts
     with gives its size; other modules get the common size."""

@@ -190,24 +190,33 @@ def test_the_engine_s_spark_backend_without_pyspark_says_how_to_install_it(monke
 
 
 def test_spark_reads_one_parquet_file_and_a_csv_with_typed_columns(spark, tmp_path):
-    """The Spark reader external datasets go through (dp_core.backend_spark): one Parquet file, not
-    only a lake folder, is read as Parquet; a CSV's columns get the types of their values (numbers
+    """The Spark reader external datasets go through (dp_core.backend_spark): one Parquet file (.parquet
+    or .pq), not only a lake folder, is read as Parquet; a folder Spark cannot read is named a folder;
+    a CSV's columns get the types of their values (numbers
     stay numbers: the checks' ranges and the SQL compiler rely on them); the input is seen under the
     engine's name for it; what it cannot read is refused saying what it can."""
     from dp_core import InvalidDataError
     from dp_core.backend_spark import SparkBackend
 
     frame = pd.DataFrame({"uid": [1, 2, 3], "site": ["a", "b", "a"], "minutes": [3.5, 1.0, 2.0]})
-    single, csv = tmp_path / "visits.parquet", tmp_path / "visits.csv"
+    single, short, csv = tmp_path / "visits.parquet", tmp_path / "visits.pq", tmp_path / "visits.csv"
     frame.to_parquet(single, index=False)
+    frame.to_parquet(short, index=False)
     frame.to_csv(csv, index=False)
-    for path, uid_type in ((single, "BIGINT"), (csv, "INTEGER")):
+    for path, uid_type in ((single, "BIGINT"), (short, "BIGINT"), (csv, "INTEGER")):
         backend = SparkBackend.for_input(str(path), spark)
         try:
             assert backend.schema() == {"uid": uid_type, "site": "VARCHAR", "minutes": "DOUBLE"}, path
             assert backend.columns("dp_input") == ["uid", "site", "minutes"]
         finally:
             backend.close()
+    empty = tmp_path / "lake"
+    empty.mkdir()
+    with pytest.raises(InvalidDataError) as caught:  # a folder without Parquet files: Spark's reason, in one line
+        SparkBackend.for_input(str(empty), spark)
+    assert str(caught.value).startswith(f"cannot read folder {str(empty)!r} with Spark: [UNABLE_TO_INFER_SCHEMA] "
+                                        "Unable to infer schema for Parquet."), str(caught.value)
+    assert "\n" not in str(caught.value)
     with pytest.raises(InvalidDataError) as caught:
         SparkBackend.for_input(42, spark)
     assert str(caught.value) == ("unsupported input type int for the Spark backend: give a Spark DataFrame, a table "

@@ -281,7 +281,21 @@ def test_an_outer_query_the_released_values_cannot_feed_is_refused_before_any_dp
     assert str(caught.value).startswith("the outer query: Binder Error: No function matches"), str(caught.value)
     cast = sql.replace("n << 1", "CAST(n AS BIGINT) << 1")
     exact = plain(tables, "SELECT count(*) AS n FROM people GROUP BY dept ORDER BY dept")["n"]
+
     assert run_sql(cast, tables).table["m"].tolist() == [2 * n for n in exact]
+
+
+def test_a_dp_select_whose_select_list_cannot_be_computed_is_named_by_its_place(tables):
+    """The check over empty stand-ins names which DP SELECT of the statement has a select list
+    DuckDB cannot compute over released doubles (counting from 1), before any budget is spent."""
+    shifted = f"{DP.format(e=1)} dept, {C1} << 1 AS m FROM people GROUP BY dept"
+    plain_part = f"{DP.format(e=1)} dept, {C1} AS m FROM people GROUP BY dept"
+    union = f"SELECT dept, m FROM ({plain_part}) a UNION ALL SELECT dept, m FROM ({shifted}) b"
+    for sql, place in ((shifted, 1), (union, 2)):
+        with pytest.raises(dp.DPError) as caught:
+            compile_statement_for(sql, tables, epsilon=2.0)
+        assert str(caught.value).startswith(f"DP SELECT {place}: its select list cannot be computed: Binder Error: "
+                                            "No function matches"), str(caught.value)
 
 
 WORD_FOR_WORD = {  # refusals whose whole message is the guidance: rule -> (statement, message)
@@ -327,6 +341,9 @@ WORD_FOR_WORD = {  # refusals whose whole message is the guidance: rule -> (stat
     "WITH REPORT in a format other than JSON or PROTO": (
         "SELECT WITH ANONYMIZATION ANON_COUNT(*, 1 WITH REPORT(FORMAT = XML)) AS n FROM people",
         "ANON_COUNT(...): the report format must be \"JSON\" or \"PROTO\", got 'XML'"),
+    "OFFSET in a DP SELECT": (
+        f"{DP.format(e=1)} dept, {C1} AS n FROM people GROUP BY dept ORDER BY dept LIMIT 2 OFFSET 1",
+        "OFFSET in a DP SELECT is not supported: use an outer query"),
     "WITH REPORT without its format": ("SELECT WITH ANONYMIZATION ANON_COUNT(*, 1 WITH REPORT()) AS n FROM people",
                                        "ANON_COUNT(...): WITH REPORT needs its format, WITH REPORT(FORMAT = JSON) or "
                                        "(FORMAT = PROTO)"),
@@ -360,13 +377,33 @@ def test_a_statement_s_result_names_the_tables_it_read_and_its_parts(tables):
     # a GROUP BY column left out of the select list is still released under its own name
     grouped = compile_statement_for(f"{DP.format(e=1)} {C1} AS n FROM people GROUP BY dept", tables)
     assert grouped.parts[0].query.group_by == ("dept",)
+    # a key renamed in the select list is released and recorded (the part's group_by) under its new name
+    renamed = compile_statement_for(f"{DP.format(e=1)} dept AS d, {C1} AS n FROM people GROUP BY dept", tables)
+    assert renamed.parts[0].query.group_by == ("d",) and renamed.parts[0].outputs[0] == ("d", '"d"')
+
+
+def test_a_statement_s_text_gives_its_totals_its_readable_table_and_the_note(tables):
+    """What print() shows of a statement's result: the DP SELECTs and totals spent, the readable
+    table without a row index (keys as they are), the note on what the intervals cover."""
+    sql = (f"SELECT d.dept, d.n, r.region FROM ({DP.format(e=EPS)} dept, {C1} AS n FROM people GROUP BY dept) d "
+           "JOIN depts r ON d.dept = r.dept ORDER BY dept")
+    result = run_sql(sql, tables)
+    lines = str(result).splitlines()
+    assert lines[0] == "DP release of 1 DP SELECT(s): epsilon=100, delta=1e-06, 3 row(s) after post-processing"
+    assert lines[1].split() == ["dept", "n", "region"] and [line.split()[::2] for line in lines[2:5]] == [
+        ["a", "N"], ["b", "S"], ["c", "N"]]
+    assert lines[5:] == [dp.result.CI_NOTE]
 
 
 def test_request_parameters_and_options_are_read_as_written(tables):
     """A request's epsilon must be a number (said with the value given); OPTIONS take a signed whole
-    number (+5 is 5); a public table registered under a qualified name is read by that name, and a
-    qualified name finds it even when a protected table has the same last part."""
+    number (+5 is 5); the request's delta is each DP SELECT's whose OPTIONS give none, with or
+    without a WITH of its own; a public table registered under a qualified name is read by that
+    name, and a qualified name finds it even when a protected table has the same last part."""
     sql = "SELECT WITH DIFFERENTIAL_PRIVACY dept, COUNT(*) AS n FROM people GROUP BY dept"
+    own_with = f"SELECT dept, n FROM (WITH p AS (SELECT * FROM people) {sql.replace('FROM people', 'FROM p')}) d"
+    for statement in (sql, own_with):
+        assert compile_statement_for(statement, tables, epsilon=1.0, delta=1e-9).parts[0].query.delta == 1e-9
     with pytest.raises(dp.DPError) as info:
         compile_statement_for(sql, tables, epsilon="x")
     assert str(info.value) == "the request's epsilon must be a number, got 'x'"

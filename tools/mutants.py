@@ -18,7 +18,8 @@ The summary counts the survivors listed in tools/mutants_equivalent.txt (judged 
 docs/testing.md) apart from the others. A sample (`--sample N --seed S`) draws N mutant names per module
 uniformly at random, with a generator seeded by S and the module's path, so the same seed draws the same
 sample again (as long as the module's code has not changed) and a module's sample does not depend on which
-other modules are in scope. The drawn names are kept in mutants/sample-S.json for the summary.
+other modules are in scope. The drawn names are kept in mutants/sample-S.json for the summary. A sample
+of modules chosen with --files or --changed is marked targeted: its summary gives no group verdict.
 """
 
 from __future__ import annotations
@@ -154,18 +155,22 @@ def sample_file(seed: int) -> Path:
     return ROOT / "mutants" / f"sample-{seed}.json"
 
 
-def run_sample(modules: list[str], size: int, seed: int, max_children: int, sizes: dict[str, int] | None = None) -> int:
-    """Draw the sample, record it in mutants/sample-SEED.json and run exactly those mutants."""
+def run_sample(modules: list[str], size: int, seed: int, max_children: int, sizes: dict[str, int] | None = None,
+               targeted: bool = False) -> int:
+    """Draw the sample, record it in mutants/sample-SEED.json and run exactly those mutants.
+    targeted: the modules were chosen (--files, --changed), so the sample estimates no group."""
     if any(not (ROOT / "mutants" / (m + ".meta")).exists() for m in modules) or os.environ.get("MUTANTS_REGENERATE"):
         generate_mutants()
     drawn = draw_sample(modules, size, seed, sizes)
     size = size if not sizes else f"{size} ({', '.join(f'{p}: {n}' for p, n in sizes.items())})"
-    record = {"seed": seed, "size": size, "population": {m: len(mutant_names(m)) for m in drawn}, "drawn": drawn}
+    record = {"seed": seed, "size": size, "population": {m: len(mutant_names(m)) for m in drawn}, "drawn": drawn,
+              "targeted": targeted}
     previous = json.loads(sample_file(seed).read_text()) if sample_file(seed).exists() else None
     if previous and previous["size"] == size:
         # a later run with the same seed (e.g. to rerun after new tests) keeps the modules drawn before
         record["population"] = previous["population"] | record["population"]
         record["drawn"] = previous["drawn"] | record["drawn"]
+        record["targeted"] = previous.get("targeted", False) or targeted
     sample_file(seed).write_text(json.dumps(record, indent=1))
     names = [name for path in drawn for name in drawn[path]]
     print(f"mutants: {len(names)} mutants drawn from {len(drawn)} modules (seed {seed}, up to {size} each)")
@@ -229,6 +234,8 @@ def sample_summary(seed: int) -> str:
         effective = 1 / sum((w / total_weight) ** 2 / n for _, n, w in members)
         low, high = wilson(rate * effective, effective)
         verdict = "met" if low >= 0.9 else ("not met" if high < 0.9 else "not established")
+        if record.get("targeted"):  # modules chosen by hand: their rate, not an estimate of the group
+            verdict = f"none: a targeted sample of {len(members)} chosen modules, not the group's estimate"
         lines.append(f"| {group} | {len(members)} | {sum(n for _, n, _ in members)} | {100 * rate:.1f}% "
                      f"| {100 * low:.1f}-{100 * high:.1f}% | {verdict} |")
     return "\n".join(lines)
@@ -308,7 +315,8 @@ def main() -> int:
             return 0
     if args.sample is not None:
         sizes = {prefix: int(n) for prefix, n in (item.rsplit("=", 1) for item in args.sample_for)}
-        code = run_sample(modules or mutated_modules(), args.sample, args.seed, args.max_children, sizes)
+        code = run_sample(modules or mutated_modules(), args.sample, args.seed, args.max_children, sizes,
+                          targeted=modules is not None)
         print(sample_summary(args.seed))
     else:
         code = run_mutmut(modules, args.max_children)
