@@ -141,6 +141,22 @@ def test_per_partition_bounds_with_two_group_keys_are_inferred_for_each_pair_of_
     assert sorted(dp.execute(one, df).table["g"]) == ["a", "b"]
 
 
+def test_per_partition_bounds_apply_to_partitions_keyed_by_floats():
+    """A float group key (0.5, 1.5) keys its partition's bounds like any other value: both
+    partitions are released, each with the bounds of its own values."""
+    rows = []
+    for g, high in ((0.5, 3.0), (1.5, 3000.0)):
+        rows += [{"g": g, "v": high * (i % 10 + 1) / 10} for i in range(2000)]
+    df = pd.DataFrame(rows).assign(uid=range(len(rows)))
+    q = dp.Query([dp.Aggregate("sum", column="v", name="s")], privacy_unit="uid", group_by=("g",),
+                 epsilon=8.0, bounds_scope="partition")
+    r = dp.execute(q, df)
+    assert sorted((b.partition["g"], b.upper) for b in r.inferred_bounds) == [(0.5, 4.0), (1.5, 4096.0)]
+    released = r.table.set_index("g")["s"]
+    assert sorted(released.index) == [0.5, 1.5]
+    assert released[0.5] == pytest.approx(3300, rel=0.05) and released[1.5] == pytest.approx(3.3e6, rel=0.05)
+
+
 def test_inferred_bounds_skip_a_nan_computed_by_a_dp_select():
     """NaN computed in a DP SELECT's source (a derived input: not checked like a table's values) is
     missing for the histograms of automatic bounds, per partition or not: half the units of each
@@ -204,6 +220,38 @@ def test_per_partition_bounds_limit_one_units_influence_to_its_partitions_bounds
         d = component_sensitivity(replace(q.aggregates[0], lower=lo, upper=hi), comp)
         assert abs(after.loc[g, "_a0_sum"] - before.loc[g, "_a0_sum"]) <= d
         assert d * comp.quantum == pytest.approx(max(abs(lo), abs(hi)), rel=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["avg", "var", "stddev"])
+def test_per_partition_bounds_limit_a_units_influence_on_every_component_of_a_ratio(kind):
+    """AVG, VAR and STDDEV with per-partition bounds: a unit far below or far above its
+    partition's bounds moves each summed component (N, S, Q) of each partition by at most that
+    partition's own sensitivity, so the noise calibrated for it covers the unit."""
+    from dataclasses import replace
+
+    from dp_core.aggregates import component_sensitivity
+    from dp_core.backend import DuckDBBackend
+    from dp_core.bounding import build_plan
+
+    base = _magnitudes(np.random.default_rng(8), 2000, 2000).assign(x=lambda d: d.x.round(3))
+    bounds = {0: pd.DataFrame({"g": ["small", "big"], "lo": [1.0, 2048.0], "hi": [4.0, 524288.0]})}
+    q = dp.Query([dp.Aggregate(kind, column="x", lower=0.0, upper=1.0, name="r")], privacy_unit="uid",
+                 group_by=("g",), epsilon=1.0, max_partitions_contributed=2)
+    plan = build_plan(q, set(), 77, partition_bounds=bounds)
+    components = plan.aggregates[0].components
+    assert {c.key for c in components} == ({"N", "S"} if kind == "avg" else {"N", "S", "Q"})
+
+    def sums(df):
+        return DuckDBBackend.for_input(df).run(plan.sql).set_index("g").sort_index()
+
+    before = sums(base)
+    for value in (-1e9, 1e9):
+        heavy = pd.DataFrame({"uid": 10**7, "g": ["small", "big"] * 50, "x": value})
+        after = sums(pd.concat([base, heavy], ignore_index=True))
+        for g, lo, hi in [("small", 1.0, 4.0), ("big", 2048.0, 524288.0)]:
+            for c in components:
+                d = component_sensitivity(replace(q.aggregates[0], lower=lo, upper=hi), c)
+                assert abs(after.loc[g, c.column] - before.loc[g, c.column]) <= d, (value, g, c.key)
 
 
 def test_a_partition_without_inferable_bounds_is_not_released():

@@ -116,3 +116,30 @@ def test_bounds_histogram_marks_the_threshold_on_a_symmetric_log_axis():
     import math
 
     assert bars["1200"] / bars["300"] == pytest.approx(math.log10(121) / math.log10(31), rel=1e-3)
+
+
+def test_the_controller_chart_shows_the_forty_groups_with_the_largest_exact_values(monkeypatch):
+    """With more groups than the exact-against-released chart holds (40), it shows those with the
+    largest exact values, not the first 40 of the table."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    import dp_core as dp
+    from dprelease.reporting import pages
+
+    sizes = {f"g{i:02d}": 100 + 10 * i for i in range(50)}
+    df = pd.DataFrame({"g": [g for g, n in sizes.items() for _ in range(n)]})
+    df["uid"] = range(len(df))
+    r = dp.execute(dp.Query([dp.count(name="n")], privacy_unit="uid", group_by=("g",), epsilon=1.0), df)
+    assert len(r.table) == 50
+    shown = {}
+
+    def chart(name, groups, *values):
+        shown[name] = groups
+        return "<svg></svg>"
+
+    monkeypatch.setattr(pages, "exact_vs_released_svg", chart)
+    context = pages._controller_context(r, SimpleNamespace(charts={}))
+    assert sorted(shown["n"]) == sorted(g for g, n in sizes.items() if n >= 200)  # the 40 largest: g10 to g49
+    assert (context["chart"]["shown"], context["chart"]["total"]) == (40, 50)

@@ -239,3 +239,32 @@ def test_a_column_name_given_twice_is_refused_with_both_positions(columns, messa
 def test_nullable_missing_values_are_not_errors():
     df = DF.assign(x=pd.array([1.0, None, 3.0], dtype="Float64"))
     assert len(run(df).table) == 1
+
+
+def test_null_unit_ids_are_refused_with_the_whole_remedy():
+    with pytest.raises(InvalidDataError) as caught:
+        run(DF.assign(uid=[1, None, 3]))
+    assert str(caught.value) == ("1 row(s) have no privacy unit id (column 'uid' is null): every row must belong to "
+                                 "a unit; fix or drop those rows")
+
+
+def test_a_column_given_twice_in_an_arrow_stream_is_refused_naming_the_stream():
+    import pyarrow as pa
+
+    schema = pa.schema([("uid", pa.int64()), ("x", pa.float64()), ("X", pa.float64())])
+    batch = pa.record_batch([pa.array([1, 2]), pa.array([1.0, 2.0]), pa.array([3.0, 4.0])], schema=schema)
+    with pytest.raises(InvalidDataError) as caught:
+        run(pa.RecordBatchReader.from_batches(schema, [batch]))
+    assert str(caught.value) == ("the input stream has the column 'X' twice ('x' and 'X' differ only in case, "
+                                 "which SQL ignores), at positions 2 and 3: rename or drop one (each column must "
+                                 "have its own name)")
+
+
+def test_a_file_named_parquet_holding_gzip_is_refused_saying_what_it_is(tmp_path):
+    import gzip
+
+    path = tmp_path / "rows.parquet"
+    path.write_bytes(gzip.compress(b"uid,x\n1,2\n"))
+    with pytest.raises(InvalidDataError) as caught:
+        run(str(path))
+    assert str(caught.value) == f"{path} is named .parquet but is not a Parquet file: it is gzip-compressed"

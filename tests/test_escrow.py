@@ -4,6 +4,7 @@ readable, key file handling, and no plaintext temp file when loading."""
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import stat
@@ -385,6 +386,28 @@ def test_every_chunk_attack_is_refused_with_one_message(tmp_path, attack):
         assert re.fullmatch(rf"the escrow blob {re.escape(str(blob))} failed authentication at chunk \d+ of \d+: it "
                             "was altered, truncated, reordered or extended; restore it from a backup or register the "
                             "dataset again", str(caught.value)), str(caught.value)
+
+
+def test_the_refusal_names_the_chunk_that_failed(tmp_path):
+    """A changed third chunk of N is refused as "chunk 3 of N" (numbered from 1), the others intact."""
+    key, digest, header, chunks = _chunked_blob(tmp_path)
+    blob = tmp_path / "attacked.escrow"
+    blob.write_bytes(header + b"".join(_tampered(chunks, "changed chunk")))
+    with pytest.raises(EscrowError, match=rf"failed authentication at chunk 3 of {len(chunks)}: "):
+        open_blob(blob, key, digest).read()
+
+
+def test_a_sealed_writer_refuses_further_writes():
+    """After finish() sealed the final chunk, a write is refused: its bytes would follow the final
+    chunk unsealed, lost to every reader."""
+    out = io.BytesIO()
+    writer = stream.EncryptingWriter(out, Fernet.generate_key(), "00" * 32, chunk_size=CHUNK)
+    writer.write(b"rows")
+    writer.finish()
+    sealed = out.getvalue()
+    with pytest.raises(ValueError, match="^the escrow blob is already sealed$"):
+        writer.write(b"more rows")
+    assert out.getvalue() == sealed
 
 
 def test_release_from_an_attacked_blob_reports_the_escrow_error(tmp_path):

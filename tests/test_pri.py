@@ -194,3 +194,20 @@ def test_released_noise_is_not_conditioned_on_the_test():
 
     assert jittered_ks(released) > 1e-7
     assert jittered_ks(probes) < 1e-7
+
+
+def test_the_exact_avg_var_and_stddev_are_those_of_the_units_values():
+    """q(x) of a ratio, from the summed components N, S (centred) and Q: per partition the mean,
+    the population variance and its square root of the units' values (one row per unit, within the
+    bounds, so nothing is clamped)."""
+    rng = np.random.default_rng(11)
+    df = pd.DataFrame({"uid": np.arange(60), "g": np.repeat(["a", "b", "c"], 20), "x": rng.integers(0, 26, 60)})
+    query = dp.Query([dp.avg("x", 0, 25), dp.var("x", 0, 25), dp.stddev("x", 0, 25)], privacy_unit="uid",
+                     epsilon=1.0, group_by=("g",))
+    stats = exact_statistics(query, df, bounding_seed=SEED)
+    out = pri.exact_outputs(query, stats)
+    x = df.groupby("g")["x"]
+    order = stats.rows["g"].tolist()
+    assert sorted(order) == ["a", "b", "c"]
+    for i, expected in enumerate([x.mean(), x.var(ddof=0), x.std(ddof=0)]):
+        assert out[i] == pytest.approx(expected[order].to_numpy(), rel=1e-9, abs=1e-9), query.aggregates[i].kind

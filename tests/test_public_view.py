@@ -81,3 +81,24 @@ def test_explain_states_each_mechanism_the_inferred_bounds_and_the_epsilon_choic
     c = chosen.epsilon_choice
     assert chosen.explain().splitlines()[-1] == (
         f"Epsilon chosen from the privacy risk indicator ({c.mode} mode, p = 50): {c.guarantee}.")
+
+
+def test_the_public_view_states_the_budget_spent_and_notes_a_variance_s_first_order_interval():
+    """to_dict names what was spent ("epsilon", "delta", as a reader of the JSON looks them up), and a
+    release with a VAR (no AVG or STDDEV beside it) carries the note on first-order intervals."""
+    df = pd.DataFrame({"uid": np.arange(500), "x": np.arange(500) % 10})
+    r = dp.execute(dp.Query([dp.var("x", 0, 10, name="v")], privacy_unit="uid", epsilon=1.0), df)
+    d = r.to_dict()
+    assert d["epsilon"] == r.epsilon_spent == 1.0 and d["delta"] == r.delta_spent
+    first_order = [n for n in r.notes if n.startswith("AVG/VAR/STDDEV intervals are first-order")]
+    assert len(first_order) == 1 and first_order[0] in d["notes"]
+
+
+def test_the_controller_summary_names_each_of_its_numbers():
+    """ControllerOnly.summary(): the controller's figures under their names, clamping per aggregate."""
+    r = release()
+    s = r.controller_only.summary()
+    assert s["partitions_nonempty"] == 3 and s["partitions_released"] == r.controller_only.partitions_released
+    assert s["clamping"]["s"]["clamped"] == 1000 and s["clamping"]["s"]["values"] == 2003
+    assert set(s) == {"partitions_nonempty", "partitions_released", "partitions_dropped", "partition_loss",
+                      "unit_partition_pairs", "pairs_dropped_by_bounding", "clamping", "pri_ranges"}

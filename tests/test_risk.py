@@ -386,3 +386,12 @@ def test_a_statistic_without_a_promised_interval_says_why():
         "auto": (None, "bounds inferred from the data (APPROX_BOUNDS): the noise is known only once they are; give "
                        "the bounds to get a promise"),
         "spread": (None, "its first-order interval depends on the data's spread")}
+
+
+def test_the_refusal_below_the_risk_floor_quotes_the_floor():
+    """The floor is s (1 - t) / n: 0.7 * 0.7 / 4 = 0.1225 for these numbers, above the 0.1 asked."""
+    with pytest.raises(InvalidQueryError) as caught:
+        risk.choose_epsilon(trust=0.3, sensitivity=0.7, max_risk=0.1, max_noise=10, n=4)
+    assert str(caught.value) == ("no epsilon keeps the risk within 0.1: even without any release the risk is "
+                                 "s (1 - t) / n = 0.122. Raise the tolerable risk, or share with a more trusted "
+                                 "recipient")

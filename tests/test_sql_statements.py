@@ -347,6 +347,21 @@ WORD_FOR_WORD = {  # refusals whose whole message is the guidance: rule -> (stat
     "WITH REPORT without its format": ("SELECT WITH ANONYMIZATION ANON_COUNT(*, 1 WITH REPORT()) AS n FROM people",
                                        "ANON_COUNT(...): WITH REPORT needs its format, WITH REPORT(FORMAT = JSON) or "
                                        "(FORMAT = PROTO)"),
+    "GROUP BY a position past the select list": (f"{DP.format(e=1)} dept, {C1} AS n FROM people GROUP BY 3",
+                                                 "GROUP BY 3: there is no select-list item 3"),
+    "both ways of bounding a unit in OPTIONS": (
+        "SELECT WITH ANONYMIZATION OPTIONS (epsilon = 1, kappa = 1, max_rows_contributed = 2) ANON_COUNT(*) "
+        "FROM people",
+        "OPTIONS: give at most one of max_groups_contributed (kappa) and max_rows_contributed (even as NULL): they "
+        "are two ways of bounding a unit"),
+    "an expression as a PUBLIC_GROUPS key": (
+        "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1, delta = 1e-6, privacy_unit_column = uid, "
+        "group_selection_strategy = PUBLIC_GROUPS) upper(dept) AS d, COUNT(*) AS n FROM people "
+        "RIGHT JOIN (SELECT DISTINCT dept FROM depts) USING (dept) GROUP BY upper(dept)",
+        "GROUP BY UPPER(dept): OPTIONS group_selection_strategy = PUBLIC_GROUPS needs each GROUP BY column to be a "
+        "column of a public-groups subquery: (SELECT DISTINCT cols FROM <public table>) outer-joined to the "
+        "protected rows (RIGHT JOIN (SELECT DISTINCT ...) or (SELECT DISTINCT ...) LEFT JOIN ...); an expression "
+        "is not such a column"),
 }
 
 
@@ -525,3 +540,20 @@ def test_grammar_fuzz_every_statement_compiles_or_raises_our_error(tables, sql):
         compile_statement(sql, catalog(tables), epsilon=1.0)
     except dp.DPError as err:
         assert str(err)  # a message naming the construct and the rule
+
+
+def test_a_statement_of_two_dp_selects_keeps_each_part_s_controller_only_numbers(tables):
+    """The controller-only view of a statement: partitions summed over its DP SELECTs, clamping
+    tagged by part, and the exact values of every part marked with its DP SELECT's number."""
+    sql = (f"SELECT * FROM ({DP.format(e=1)} dept, {C1} AS n FROM people GROUP BY dept) UNION ALL "
+           f"SELECT * FROM ({DP.format(e=1)} dept, SUM(age, contribution_bounds_per_group => (0, 50)) AS n "
+           "FROM people GROUP BY dept)")
+    result = run_sql(sql, tables)
+    co, parts = result.controller_only, [p.controller_only for p in result.parts]
+    assert co.partitions_nonempty == sum(p.partitions_nonempty for p in parts) == 6
+    assert co.partitions_released == sum(p.partitions_released for p in parts)
+    assert sorted(co.clamping) == ["DP SELECT 1: n", "DP SELECT 2: n"]
+    exact = co.exact.set_index(["dp_select", "dept"])["n"]
+    people = tables["people"].data
+    for dept, rows in people.groupby("dept"):
+        assert exact[(1, dept)] == len(rows) and exact[(2, dept)] == rows["age"].clip(0, 50).sum()
