@@ -72,7 +72,7 @@ class OwnRun:
                     return False
                 except TimeoutError:  # not paused yet: look again while the run lives
                     continue
-            time.sleep(0.1)
+            time.sleep(0.3)  # each look at the store takes its write lock (BEGIN IMMEDIATE)
         return False
 
     def result(self) -> dict:

@@ -23,7 +23,7 @@ def wait_until_paused(flow_run_id: str, timeout: float = 60.0) -> None:
                 raise RuntimeError(f"flow run {flow_run_id} ended ({state.name}) before it asked for approval")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"flow run {flow_run_id} did not pause within {timeout:g} s")
-            time.sleep(0.1)
+            time.sleep(0.2)
 
 
 def _form_saved(client, flow_run_id: str, state) -> bool:

@@ -33,11 +33,11 @@ from tasks import release_steps as steps
 APPROVAL_POLL_SECONDS = 1.0
 #: the same when this process answers its own run (cli/interactive.py: --approve-as, or a prompt):
 #: the answer follows the pause at once, and every moment until the run sees it adds to the release
-ANSWERED_HERE_POLL_SECONDS = 0.2
+ANSWERED_HERE_POLL_SECONDS = 0.5
 
 
 def answer_here() -> None:
-    """This process answers its own runs' pauses: look for the answer every 0.2 s, not every second."""
+    """This process answers its own runs' pauses: look for the answer every 0.5 s, not every second."""
     global APPROVAL_POLL_SECONDS
     APPROVAL_POLL_SECONDS = ANSWERED_HERE_POLL_SECONDS
 
