@@ -78,7 +78,7 @@ def laplace_sum_halfwidth(scales: np.ndarray, alpha: float) -> np.ndarray:
 def gaussian_sum_halfwidth(sigmas: np.ndarray, alpha: float) -> np.ndarray:
     """Half-width for a sum of independent Gaussians: z_(1 - alpha/2) * sqrt(sum sigma_i^2)."""
     sigmas = np.atleast_2d(np.asarray(sigmas, dtype=np.float64))
-    return _normal_isf(alpha / 2.0) * np.sqrt((sigmas**2).sum(axis=1))
+    return normal_isf(alpha / 2.0) * np.sqrt((sigmas**2).sum(axis=1))
 
 
 def sum_halfwidth(noise: str, scales: np.ndarray, alpha: float) -> np.ndarray:
@@ -94,8 +94,3 @@ def sum_sd(noise: str, scales: np.ndarray) -> np.ndarray:
     scales = np.atleast_2d(np.asarray(scales, dtype=np.float64))
     factor = 1.0 if noise == "gaussian" else 2.0
     return np.sqrt(factor * (scales**2).sum(axis=1))
-
-
-def _normal_isf(tail: float) -> float:
-    """z with P(N(0,1) > z) = tail."""
-    return normal_isf(tail)

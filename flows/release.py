@@ -152,7 +152,6 @@ def release_flow(
 
 def prepare_and_decide(settings, platform, release_id, request, timeout, poll_interval: float | None = None):
     """Steps 2-9: everything up to the controller's decision; refunds on any failure."""
-    poll_interval = poll_interval or APPROVAL_POLL_SECONDS
     try:
         steps.check_data(settings, request.dataset, request.backend)
         planned = steps.plan(settings, request)
