@@ -14,7 +14,6 @@ from typing import Literal
 
 from prefect import flow, get_run_logger
 from prefect.exceptions import FlowPauseTimeout
-from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
 from prefect.runtime import flow_run
 from pydantic import Field
@@ -26,6 +25,7 @@ from dprelease.requests.epsilon import EpsilonChoice
 from dprelease.settings import Settings
 from dprelease.store import StoreError
 from flows.outcomes import is_rejected, outcome, rejected  # noqa: F401 - outcome: callers import it from here
+from flows.pausing import pause_for_input
 from tasks import release_steps as steps
 
 #: seconds between the paused run's checks for an answer (an internal setting, not a form field):
@@ -223,8 +223,8 @@ def ask_controller(platform, release_id: str, description: str, key: str, timeou
                 raise FlowPauseTimeout(f"no valid decision within {timeout} s")
             text = waiting_message(release_id, description, profile, refused)
             form = ReleaseDecision.with_initial_data(description=text)
-            answer = pause_flow_run(wait_for_input=form, timeout=remaining, poll_interval=poll_interval,
-                                    key=key if attempt == 0 else f"{key}-{attempt}")
+            answer = pause_for_input(form, timeout=remaining, poll_interval=poll_interval,
+                                     key=key if attempt == 0 else f"{key}-{attempt}")
             try:
                 signed = decisions.check(platform.store, answer.signed_decision, release_id=release_id, question=key,
                                          fingerprint=context["report_fingerprint"],

@@ -742,3 +742,51 @@ def test_an_answer_waits_for_the_pause_form_as_well_as_the_pause(platform_env):
         assert not done.wait(2.0), "returned while the run's form was not saved: a resume now is refused"
         client.create_flow_run_input(run.id, keyset["schema"], "{}")
         assert done.wait(30.0), "did not return once the form was saved"
+
+
+def test_a_pause_whose_reply_was_lost_still_waits_for_the_answer(platform_env, monkeypatch):
+    """The client retries a request whose reply it lost; when the server had committed the Paused
+    state, the retry is refused as a duplicate transition and Prefect 3.8 raises `Pause` (seen in
+    CI's 5-command round on a busy SQLite server). The pause still ends in the submitted answer."""
+    import httpx
+    from prefect import flow
+    from prefect.flow_runs import resume_flow_run
+    from prefect.input import RunInput
+    from prefect.runtime import flow_run
+
+    from flows.approvals import wait_until_paused
+    from flows.pausing import pause_for_input
+
+    lost: list[str] = []
+    real_send = httpx.Client.send
+
+    def send_losing_the_pause_reply(self, request, *args, **kwargs):
+        response = real_send(self, request, *args, **kwargs)
+        if not lost and request.url.path.endswith("/set_state") and b'"PAUSED"' in request.content:
+            lost.append(request.url.path)  # the server committed it; the reply never arrives
+            raise httpx.ReadTimeout("reply lost", request=request)
+        return response
+
+    monkeypatch.setattr(httpx.Client, "send", send_losing_the_pause_reply)
+
+    class Answer(RunInput):
+        word: str
+
+    box: dict = {}
+
+    @flow
+    def asks() -> str:
+        box["run_id"] = str(flow_run.id)
+        return pause_for_input(Answer, timeout=90, poll_interval=0.2, key="asked").word
+
+    thread = threading.Thread(target=lambda: box.update(state=asks(return_state=True)), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while "run_id" not in box and time.monotonic() < deadline:
+        time.sleep(0.1)
+    wait_until_paused(box["run_id"], timeout=60)
+    resume_flow_run(box["run_id"], run_input={"word": "approved"})
+    thread.join(90)
+    assert lost, "the fault was not injected: the test proves nothing"
+    assert box["state"].is_completed(), box["state"]
+    assert box["state"].result() == "approved"

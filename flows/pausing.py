@@ -1,0 +1,50 @@
+"""Pausing a flow run for a typed answer, robust to the API client's own retries.
+
+`prefect.flow_runs.pause_flow_run` proposes the Paused state once through an HTTP client that
+retries a request whose reply it did not get. When the server committed the first request (a
+busy SQLite-backed server answers slowly), the retry carries the same transition id and the
+server refuses it as a duplicate ("This run has already made this state transition"), returning
+the Paused state that the first request set. Prefect 3.8 then raises `Pause` although the run is
+paused exactly as asked. `pause_for_input` recognises that reply by its pause key and finishes the
+pause the way Prefect would have: the form's schema saved under the state's keyset, then a wait
+for the run to be resumed, then the submitted input.
+"""
+
+from __future__ import annotations
+
+import time
+
+from prefect import get_client, get_run_logger
+from prefect.exceptions import FlowPauseTimeout, Pause
+from prefect.flow_runs import pause_flow_run
+from prefect.input.run_input import keyset_from_paused_state, run_input_subclass_from_type
+from prefect.runtime import flow_run
+
+
+def pause_for_input(form, *, timeout: int, poll_interval: float, key: str):
+    """The input a controller submitted to resume this run (`form`, a RunInput type), waiting at
+    most `timeout` seconds; FlowPauseTimeout when nobody resumed it in time."""
+    try:
+        return pause_flow_run(wait_for_input=form, timeout=timeout, poll_interval=poll_interval, key=key)
+    except Pause as signal:
+        state = signal.state
+        if state is None or not state.is_paused() or state.state_details.pause_key != key:
+            raise
+        get_run_logger().info("paused (the server had taken the pause before the client's retry)")
+        return _finish_pause(form, state, timeout, poll_interval)
+
+
+def _finish_pause(form, state, timeout: int, poll_interval: float):
+    """What pause_flow_run does after the Paused state is set: publish the form, wait for Running."""
+    keyset = keyset_from_paused_state(state)
+    typed_form = run_input_subclass_from_type(form)
+    typed_form.save(keyset)
+    deadline = time.monotonic() + timeout
+    with get_client(sync_client=True) as client:
+        while True:
+            current = client.read_flow_run(flow_run.id).state
+            if current is not None and current.is_running():
+                return typed_form.load(keyset)
+            if time.monotonic() >= deadline:
+                raise FlowPauseTimeout("Flow run was paused and never resumed.")
+            time.sleep(poll_interval)
