@@ -11,7 +11,9 @@ counts) and a small *witness* table holding, per column, its minimum, maximum, a
 has any, and its distinct values outside the expected set (a few). great-expectations then runs
 the suite on the witness table: for these row-wise expectations the verdict on the witness equals
 the verdict on the whole data (every value lies between min and max; every unexpected value has a
-representative), and the counts shown are the engine's exact ones.
+representative), and the counts shown are the engine's exact ones. When the escrow's Parquet
+footer already answers every expectation exactly (NULL counts, integer ranges inside their bounds:
+`_answered_by_statistics`), no row is decoded for the checks at all.
 great-expectations takes seconds to import: it judges in a process of its own when a command
 started one ahead, else here, imported on first use (`dprelease.checks_judge`).
 """
@@ -189,6 +191,56 @@ def _nested_value(value) -> bool:
     return isinstance(value, (list, tuple, dict, np.ndarray))
 
 
+def _answered_by_statistics(data, expectations: list[dict]):
+    """(counts, witness) from the Parquet footer's per-column statistics (`EscrowRows`), when they
+    give every expectation's exact count without a scan, else None. Exact means: a NULL count for
+    a column that holds no NaN (a NaN is missing, as a NULL is, but the footer does not count it),
+    and a range check on an integer column whose least and greatest values lie inside the range
+    (count 0; any value outside, and the scan counts how many). Set membership and every other
+    kind need the rows. The witness is the scan's: per column its minimum, maximum and a NULL
+    when it has any, so great-expectations judges exactly what it judges after a scan."""
+    import pandas as pd
+
+    read = getattr(data, "column_statistics", None)
+    stats = read() if callable(read) else None
+    if not stats:
+        return None
+    counts: dict[int, int] = {}
+    for i, e in enumerate(expectations):
+        kind, kw = e["type"], e["kwargs"]
+        if kind == "expect_table_columns_to_match_set":
+            continue
+        column = stats.get(kw.get("column"))
+        if column is None:
+            return None
+        if kind == "expect_column_values_to_not_be_null" and set(kw) == {"column"} and column.kind != "float":
+            counts[i] = column.nulls
+        elif (kind == "expect_column_values_to_be_between" and set(kw) <= {"column", "min_value", "max_value"}
+              and column.kind == "integer" and _inside(column, kw.get("min_value"), kw.get("max_value"))):
+            counts[i] = 0
+        else:
+            return None
+    values = {}
+    for name, column in stats.items():
+        seen = [] if column is None or column.minimum is None else [column.minimum, column.maximum]
+        if column is not None and column.nulls > 0:
+            seen.append(None)
+        values[name] = seen or [None]  # a column no expectation reads: its values are never judged
+    length = max((len(v) for v in values.values()), default=0)
+    witness = pd.DataFrame({c: v + [v[0]] * (length - len(v)) for c, v in values.items()}, columns=list(stats))
+    return counts, witness
+
+
+def _inside(column, low, high) -> bool:
+    """Every value of the column lies in [low, high] (a missing bound is no limit; all-NULL: yes)."""
+    if column.minimum is None:
+        return True
+    for bound in (low, high):
+        if bound is not None and (isinstance(bound, bool) or not isinstance(bound, (int, float))):
+            return False  # a bound that is not a number: the scan judges it
+    return (low is None or column.minimum >= low) and (high is None or column.maximum <= high)
+
+
 def validate(data, expectations: list[dict], progress: Callable[[str], None] | None = None,
              threads: int | None = None) -> CheckReport:
     """Run the suite on `data` (any engine input: the escrow's replayable stream of decrypted
@@ -200,19 +252,25 @@ def validate(data, expectations: list[dict], progress: Callable[[str], None] | N
     from dp_core.engine_backend import open_backend
 
     say = progress or (lambda _msg: None)
-    backend = open_backend(data, threads=threads)
-    spark = getattr(backend, "spark", None) if backend.dialect == "spark" else None
-    try:
-        columns = list(backend.schema())
-        counted = {i: sql for i, e in enumerate(expectations) if (sql := _unexpected_sql(e, set(columns)))}
-        say(f"data checks: {len(counted)} expectation count(s) and {len(columns)} column summaries in one scan")
-        select = [f"{sql} AS c{i}" for i, sql in counted.items()] + _column_summary_sql(columns)
-        summary = backend.run(f"SELECT {', '.join(select)} FROM {INPUT_NAME}").iloc[0]
-        counts = {i: int(summary[f"c{i}"]) for i in counted}
-        witness = _witness(backend, expectations, columns, summary, counts)
-    finally:
-        if backend is not data:  # a backend handed in is its owner's to close
-            backend.close()
+    spark = None
+    from_footer = _answered_by_statistics(data, expectations)
+    if from_footer is not None:
+        counts, witness = from_footer
+        say("data checks: answered by the dataset's Parquet statistics (no row decoded)")
+    else:
+        backend = open_backend(data, threads=threads)
+        spark = getattr(backend, "spark", None) if backend.dialect == "spark" else None
+        try:
+            columns = list(backend.schema())
+            counted = {i: sql for i, e in enumerate(expectations) if (sql := _unexpected_sql(e, set(columns)))}
+            say(f"data checks: {len(counted)} expectation count(s) and {len(columns)} column summaries in one scan")
+            select = [f"{sql} AS c{i}" for i, sql in counted.items()] + _column_summary_sql(columns)
+            summary = backend.run(f"SELECT {', '.join(select)} FROM {INPUT_NAME}").iloc[0]
+            counts = {i: int(summary[f"c{i}"]) for i in counted}
+            witness = _witness(backend, expectations, columns, summary, counts)
+        finally:
+            if backend is not data:  # a backend handed in is its owner's to close
+                backend.close()
     say(f"data checks: great-expectations on the engine's aggregates ({'Spark' if spark else 'pandas'} datasource)")
     results = checks_judge.judge(witness, expectations, spark)
     lines, success = [], True

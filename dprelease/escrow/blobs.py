@@ -253,6 +253,51 @@ def open_batches(blob_path: Path | str, key: bytes, expected_fingerprint: str, f
     return pa.RecordBatchReader.from_batches(schema, batches)
 
 
+@dataclass(frozen=True)
+class ColumnStatistics:
+    """One column over the whole dataset, from the Parquet footer registration wrote: the least
+    and greatest value (None when every value is NULL), the NULL count, and the kind of values
+    ("integer", "float" or "other"; only integers' minimum and maximum are exact values that no
+    NaN can hide from)."""
+
+    minimum: object
+    maximum: object
+    nulls: int
+    kind: str
+
+
+def footer_statistics(parquet: pq.ParquetFile) -> dict[str, ColumnStatistics | None]:
+    """Each column's statistics summed over the row groups (None for a column some row group
+    holds none for: a nested column, or a writer that left them out)."""
+    meta, schema = parquet.metadata, parquet.schema_arrow
+    leaves = {parquet.schema.column(k).path: k for k in range(meta.num_columns)}  # flat columns: path = name
+    out: dict[str, ColumnStatistics | None] = {}
+    for field in schema:
+        kind = ("integer" if pa.types.is_integer(field.type) else
+                "float" if pa.types.is_floating(field.type) else "other")
+        j = leaves.get(field.name)
+        if pa.types.is_nested(field.type) or j is None:
+            out[field.name] = None
+            continue
+        lo = hi = None
+        nulls, known = 0, True
+        for g in range(meta.num_row_groups):
+            group = meta.row_group(g)
+            stats = group.column(j).statistics
+            if stats is None or not stats.has_null_count:
+                known = False
+                break
+            nulls += stats.null_count
+            if stats.has_min_max:
+                lo = stats.min if lo is None else min(lo, stats.min)
+                hi = stats.max if hi is None else max(hi, stats.max)
+            elif stats.null_count != group.num_rows:  # values present but no min/max recorded
+                known = False
+                break
+        out[field.name] = ColumnStatistics(lo, hi, nulls, kind) if known else None
+    return out
+
+
 class EscrowRows:
     """A dataset's rows as a replayable Arrow stream (the Arrow PyCapsule stream protocol): every
     consumer call (DuckDB calls once per scan) gets a fresh RecordBatchReader that decrypts and
@@ -283,6 +328,21 @@ class EscrowRows:
 
     def __arrow_c_stream__(self, requested_schema=None):
         return self.reader().__arrow_c_stream__(requested_schema)
+
+    def column_statistics(self) -> dict[str, ColumnStatistics | None] | None:
+        """Per column, the statistics of the Parquet footer that registration wrote, read without
+        decoding a single row (the footer's chunks are authenticated like every other); None for
+        a blob of the first format, which has no footer."""
+        if self._legacy is not None:
+            return None
+        plain = stream.DecryptingFile(self.blob_path, _checked_key(self._args[1], "the caller"), self._args[2])
+        try:
+            return footer_statistics(pq.ParquetFile(plain))
+        except pa.ArrowException as err:
+            raise EscrowError(f"the escrow blob {self.blob_path} holds no readable Parquet data ({err}): "
+                              "register the dataset again") from None
+        finally:
+            plain.close()
 
 
 def _observed(batches: Iterator[pa.RecordBatch], on_batch) -> Iterator[pa.RecordBatch]:
