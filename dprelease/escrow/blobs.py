@@ -41,6 +41,17 @@ BLOB_SUFFIX = ".escrow"  # chunked AEAD blobs (stream.py)
 BATCH_ROWS = 1_000_000  # rows per Parquet row group at rest = rows per batch read back
 
 
+def at_rest_encoding(schema: pa.Schema) -> dict:
+    """The Parquet writer's options at rest: LZ4, and dictionary pages for text columns only.
+    Measured on the engine benchmark's 10M integer rows (this machine, 2026-11-25): zstd with
+    dictionaries everywhere wrote in 0.74-0.90 s, read back in 0.20-0.24 s, 62 MB; LZ4 without
+    dictionaries on numbers wrote in 0.40 s, read back in 0.12-0.14 s, 87 MB. A dictionary of a
+    million distinct keys costs time and grows the file; text columns keep theirs (few values)."""
+    text = [f.name for f in schema if not (pa.types.is_integer(f.type) or pa.types.is_floating(f.type)
+                                           or pa.types.is_decimal(f.type) or pa.types.is_temporal(f.type))]
+    return {"compression": "lz4", "use_dictionary": text}
+
+
 def _fernet(key: bytes) -> Fernet:
     """A Fernet for the key, with an escrow error instead of a bare ValueError."""
     return Fernet(_checked_key(key, "the caller"))
@@ -173,7 +184,7 @@ def seal_source(path: Path, source: SourceReader, fingerprint_hex: str, settings
     try:
         with os.fdopen(fd, "wb") as handle:
             sink = stream.EncryptingWriter(handle, key, fingerprint_hex, chunk_size=chunk_size)
-            writer = pq.ParquetWriter(sink, schema, compression="zstd")
+            writer = pq.ParquetWriter(sink, schema, **at_rest_encoding(schema))
             for batch in source.batches:
                 if row_number_column is not None:
                     numbers = pa.array(range(rows, rows + batch.num_rows), type=pa.int64())
