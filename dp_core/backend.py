@@ -36,6 +36,7 @@ class DuckDBBackend:
     frames: dict | None = None  # pandas tables of a SQL query, by name
     dialect: str = "duckdb"
     derived: bool = False  # `dp_input` is rows a query selected (define_input), not the caller's whole input
+    source: object = None  # the caller's input as handed over (engine.check_values asks it for statistics)
 
     @classmethod
     def for_input(cls, data, threads: int | None = None) -> DuckDBBackend:
@@ -46,7 +47,7 @@ class DuckDBBackend:
             return cls(None, relation=data)
         con = _connect(threads)
         _register(con, INPUT_NAME, data)
-        return cls(con, frame=data if isinstance(data, pd.DataFrame) else None)
+        return cls(con, frame=data if isinstance(data, pd.DataFrame) else None, source=data)
 
     @classmethod
     def for_tables(cls, tables: dict, threads: int | None = None) -> DuckDBBackend:

@@ -249,7 +249,21 @@ def check_values(query: Query, backend: Backend, schema: dict[str, str]) -> None
         return
     floats = sorted({a.column for a in query.aggregates if a.kind in NUMERIC_KINDS
                      and schema[a.column].upper() in FLOAT_TYPES})
+    if not floats and _rules_hold_by_statistics(getattr(backend, "source", None), query.privacy_unit):
+        return
     check_rows(backend.run, INPUT_NAME, query.privacy_unit, floats)
+
+
+def _rules_hold_by_statistics(source, unit: str) -> bool:
+    """True when the input's own exact statistics prove the whole-input rules hold, so no scan is
+    needed: an input offering `column_statistics()` (the escrow's Parquet footer: per column its
+    row and NULL counts) with rows, and a unit column that holds no NULL and cannot hold a NaN.
+    Anything else (no statistics, a float unit, a rule that fails) goes to the scan, which also
+    words the refusal."""
+    read = getattr(source, "column_statistics", None)
+    stats = read() if callable(read) else None
+    column = stats.get(unit) if stats else None
+    return column is not None and column.kind != "float" and column.rows > 0 and column.nulls == 0
 
 
 def check_rows(run, relation: str, unit: str, floats=(), label: str | None = None) -> None:

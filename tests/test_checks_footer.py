@@ -75,8 +75,8 @@ def test_the_statistics_are_summed_over_row_groups_including_all_null_ones(home,
     table = pa.table({"uid": pa.array(np.arange(3_000), type=pa.int64()), "val": val})
     rows, _decoded, _ds = _register(home, tmp_path, "groups", table, monkeypatch)
     stats = rows.column_statistics()
-    assert stats["val"] == escrow.blobs.ColumnStatistics(-3, 999, 1_999, "integer")
-    assert stats["uid"] == escrow.blobs.ColumnStatistics(0, 2_999, 0, "integer")
+    assert stats["val"] == escrow.blobs.ColumnStatistics(-3, 999, 1_999, "integer", 3_000)
+    assert stats["uid"] == escrow.blobs.ColumnStatistics(0, 2_999, 0, "integer", 3_000)
 
 
 @pytest.mark.parametrize("case", ["out of range", "float column", "set membership"])
@@ -127,3 +127,54 @@ def test_at_rest_numbers_are_lz4_without_dictionaries_and_text_keeps_them(home, 
     assert {c.compression for c in chunks.values()} == {"LZ4"}
     assert not any("DICTIONARY" in e for name in ("uid", "part", "val") for e in chunks[name].encodings)
     assert any("DICTIONARY" in e for e in chunks["grp"].encodings)
+
+
+class _Streamed:
+    """An engine input that offers column statistics beside its Arrow stream (as EscrowRows does),
+    counting the scans the engine makes of it."""
+
+    def __init__(self, table: pa.Table, statistics):
+        self.table, self.statistics, self.scans = table, statistics, 0
+
+    def __arrow_c_stream__(self, requested_schema=None):
+        self.scans += 1
+        return self.table.__arrow_c_stream__(requested_schema)
+
+    def column_statistics(self):
+        return self.statistics
+
+
+def _count_query(**options):
+    import dp_core as dp
+
+    return dp.Query([dp.count(upper=3)], privacy_unit="uid", group_by=("part",), epsilon=1.0, delta=1e-6,
+                    max_partitions_contributed=2, public_partitions=list(range(13)), **options)
+
+
+@pytest.mark.parametrize("unit, proves", [
+    (escrow.blobs.ColumnStatistics(0, 9, 0, "integer", 5_000), True),
+    (escrow.blobs.ColumnStatistics(0, 9, 1, "integer", 5_000), False),   # a NULL unit: the scan refuses
+    (escrow.blobs.ColumnStatistics(None, None, 0, "integer", 0), False),  # no rows: the scan refuses
+    (escrow.blobs.ColumnStatistics(0.0, 9.0, 0, "float", 5_000), False),  # a float unit may hold NaN
+    (None, False),                                                         # no statistics for the unit
+])
+def test_the_engine_skips_its_whole_input_scan_only_when_statistics_prove_the_rules(unit, proves):
+    import dp_core as dp
+
+    table = _integers()
+    source = _Streamed(table, {"uid": unit, "part": None, "val": None})
+    dp.execute(_count_query(), source)
+    scanned_plain = _Streamed(table, None)
+    dp.execute(_count_query(), scanned_plain)
+    # DuckDB opens a stream more than once per query (its schema, then the scan)
+    assert (source.scans < scanned_plain.scans) if proves else (source.scans == scanned_plain.scans)
+
+
+def test_statistics_never_stand_in_for_a_refusal():
+    """Statistics that show a NULL unit send the engine to its scan, which refuses with the count."""
+    import dp_core as dp
+
+    table = pa.table({"uid": pa.array([1, None, 2], type=pa.int64()), "part": pa.array([0, 1, 2], type=pa.int32())})
+    stats = {"uid": escrow.blobs.ColumnStatistics(1, 2, 1, "integer", 3), "part": None}
+    with pytest.raises(dp.InvalidDataError, match="1 row"):
+        dp.execute(_count_query(), _Streamed(table, stats))

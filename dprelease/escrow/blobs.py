@@ -267,14 +267,15 @@ def open_batches(blob_path: Path | str, key: bytes, expected_fingerprint: str, f
 @dataclass(frozen=True)
 class ColumnStatistics:
     """One column over the whole dataset, from the Parquet footer registration wrote: the least
-    and greatest value (None when every value is NULL), the NULL count, and the kind of values
+    and greatest value (None when every value is NULL), the NULL count, the kind of values
     ("integer", "float" or "other"; only integers' minimum and maximum are exact values that no
-    NaN can hide from)."""
+    NaN can hide from), and the dataset's row count."""
 
     minimum: object
     maximum: object
     nulls: int
     kind: str
+    rows: int
 
 
 def footer_statistics(parquet: pq.ParquetFile) -> dict[str, ColumnStatistics | None]:
@@ -305,7 +306,7 @@ def footer_statistics(parquet: pq.ParquetFile) -> dict[str, ColumnStatistics | N
             elif stats.null_count != group.num_rows:  # values present but no min/max recorded
                 known = False
                 break
-        out[field.name] = ColumnStatistics(lo, hi, nulls, kind) if known else None
+        out[field.name] = ColumnStatistics(lo, hi, nulls, kind, meta.num_rows) if known else None
     return out
 
 
