@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.csv  # noqa: F401 - pa.csv
+import pyarrow.parquet  # noqa: F401 - pa.parquet
 import pytest
 
 from dprelease import admin, escrow, pipeline
@@ -183,3 +184,25 @@ def test_the_engine_threads_setting_reaches_every_duckdb_of_a_release(home, tmp_
     result = _release(settings, "t")
     assert len(result.table) > 0
     assert len(seen) >= 2 and set(seen) == {threads}, seen
+
+
+def test_registering_a_parquet_file_loads_neither_pandas_nor_duckdb(tmp_path):
+    """Registration streams Arrow batches from Parquet into the escrow: pandas (0.26 s to import)
+    and DuckDB (for CSV only) stay out of the command."""
+    import os
+    import subprocess
+    import sys
+
+    source = tmp_path / "small.parquet"
+    pa.parquet.write_table(pa.table({"uid": list(range(100)), "val": [i % 7 for i in range(100)]}), source)
+    env = dict(os.environ, DPRELEASE_HOME=str(tmp_path / "home"))
+    cli = [sys.executable, "-c", "from cli.app import main; main()"]
+    subprocess.run(cli + ["init"], capture_output=True, env=env, check=True)
+    code = (f"import sys\nsys.argv = ['dprelease', 'dataset', 'register', 'small', {str(source)!r}, '--unit', 'uid', '--epsilon-cap', '1']\n"
+            "from cli.app import main\ntry:\n    main()\nexcept SystemExit:\n    pass\n"
+            "print(' '.join(sorted(sys.modules)))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    out = done.stdout + done.stderr
+    loaded = {m.split(".")[0] for m in out.split()}
+    assert "registered 'small'" in out
+    assert not loaded & {"pandas", "duckdb"}, sorted(loaded & {"pandas", "duckdb"})

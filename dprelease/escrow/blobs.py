@@ -23,8 +23,8 @@ import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 from cryptography.fernet import Fernet, InvalidToken
@@ -34,6 +34,9 @@ from dprelease.settings import Settings
 from . import stream
 from .errors import EscrowError
 from .keys import _checked_key
+
+if TYPE_CHECKING:
+    import pandas as pd  # legacy blobs only: a registration never loads pandas
 
 # suffix (lower case) -> file_format recorded in the store; longest suffixes first
 SUFFIX_FORMATS = ((".csv.gz", "csv.gz"), (".csv", "csv"), (".parquet", "parquet"), (".pq", "parquet"))
@@ -397,6 +400,8 @@ def open_blob(blob_path: Path | str, key: bytes, expected_fingerprint: str) -> b
 
 def parse_bytes(data: bytes, file_format: str) -> pd.DataFrame:
     """Parse plaintext bytes from an in-memory buffer (no file is written)."""
+    import pandas as pd
+
     buffer = io.BytesIO(data)
     if file_format == "csv":
         return pd.read_csv(buffer)
