@@ -119,6 +119,7 @@ def own_run(settings: Settings, flow_obj, params: dict, request, warm: Callable[
         if warm is not None:  # already loaded while a temporary server booted; with a shared one, now
             warm()
         gc.freeze()  # what is loaded by now lives until exit: later collections skip it (0.3 s a release)
+        gc.enable()  # off while the command imported (cli.errors._collect_after_startup)
         with get_client(sync_client=True) as client:
             flow_run = client.create_flow_run(flow_obj, parameters=params)
         out: dict = {}
