@@ -249,12 +249,12 @@ def check_values(query: Query, backend: Backend, schema: dict[str, str]) -> None
         return
     floats = sorted({a.column for a in query.aggregates if a.kind in NUMERIC_KINDS
                      and schema[a.column].upper() in FLOAT_TYPES})
-    if not floats and _rules_hold_by_statistics(getattr(backend, "source", None), query.privacy_unit):
+    if not floats and rules_hold_by_statistics(getattr(backend, "source", None), query.privacy_unit):
         return
     check_rows(backend.run, INPUT_NAME, query.privacy_unit, floats)
 
 
-def _rules_hold_by_statistics(source, unit: str) -> bool:
+def rules_hold_by_statistics(source, unit: str) -> bool:
     """True when the input's own exact statistics prove the whole-input rules hold, so no scan is
     needed: an input offering `column_statistics()` (the escrow's Parquet footer: per column its
     row and NULL counts) with rows, and a unit column that holds no NULL and cannot hold a NaN.

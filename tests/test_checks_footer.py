@@ -178,3 +178,17 @@ def test_statistics_never_stand_in_for_a_refusal():
     stats = {"uid": escrow.blobs.ColumnStatistics(1, 2, 1, "integer", 3), "part": None}
     with pytest.raises(dp.InvalidDataError, match="1 row"):
         dp.execute(_count_query(), _Streamed(table, stats))
+
+
+@pytest.mark.parametrize("nulls, proves", [(0, True), (1, False)])
+def test_sql_skips_a_tables_whole_input_scan_only_when_statistics_prove_the_rules(nulls, proves):
+    from dp_core.sql import Table, run_sql
+
+    table = _integers()
+    sql = ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(epsilon=1, delta=1e-6, max_groups_contributed=2) "
+           "part, COUNT(*) AS n FROM t GROUP BY part")
+    unit = escrow.blobs.ColumnStatistics(0, 1_666, nulls, "integer", len(table))
+    source, plain = _Streamed(table, {"uid": unit, "part": None, "val": None}), _Streamed(table, None)
+    run_sql(sql, {"t": Table(source, privacy_unit="uid")})
+    run_sql(sql, {"t": Table(plain, privacy_unit="uid")})
+    assert (source.scans < plain.scans) if proves else (source.scans == plain.scans)
