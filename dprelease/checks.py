@@ -20,6 +20,7 @@ started one ahead, else here, imported on first use (`dprelease.checks_judge`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -236,8 +237,9 @@ def _inside(column, low, high) -> bool:
     if column.minimum is None:
         return True
     for bound in (low, high):
-        if bound is not None and (isinstance(bound, bool) or not isinstance(bound, (int, float))):
-            return False  # a bound that is not a number: the scan judges it
+        if bound is not None and (isinstance(bound, bool) or not isinstance(bound, (int, float))
+                                  or not math.isfinite(bound)):
+            return False  # a bound that is not a finite number: the scan judges it (and words the refusal)
     return (low is None or column.minimum >= low) and (high is None or column.maximum <= high)
 
 

@@ -7,7 +7,9 @@ server refuses it as a duplicate ("This run has already made this state transiti
 the Paused state that the first request set. Prefect 3.8 then raises `Pause` although the run is
 paused exactly as asked. `pause_for_input` recognises that reply by its pause key and finishes the
 pause the way Prefect would have: the form's schema saved under the state's keyset, then a wait
-for the run to be resumed, then the submitted input.
+for the run to be resumed, then the submitted input. The next request, saving the form's schema,
+can lose its reply the same way: its retry is refused with 409 Conflict (the schema is there), and
+the pause goes on the same way.
 """
 
 from __future__ import annotations
@@ -15,9 +17,9 @@ from __future__ import annotations
 import time
 
 from prefect import get_client, get_run_logger
-from prefect.exceptions import FlowPauseTimeout, Pause
+from prefect.exceptions import FlowPauseTimeout, Pause, PrefectHTTPStatusError
 from prefect.flow_runs import pause_flow_run
-from prefect.input.run_input import keyset_from_paused_state, run_input_subclass_from_type
+from prefect.input.run_input import keyset_from_base_key, keyset_from_paused_state, run_input_subclass_from_type
 from prefect.runtime import flow_run
 
 
@@ -27,18 +29,41 @@ def pause_for_input(form, *, timeout: int, poll_interval: float, key: str):
     try:
         return pause_flow_run(wait_for_input=form, timeout=timeout, poll_interval=poll_interval, key=key)
     except Pause as signal:
-        state = signal.state
-        if state is None or not state.is_paused() or state.state_details.pause_key != key:
+        if not _paused_by(signal.state, key):
             raise
         get_run_logger().info("paused (the server had taken the pause before the client's retry)")
+        return _finish_pause(form, signal.state, timeout, poll_interval)
+    except PrefectHTTPStatusError as err:
+        if not _schema_already_saved(err):
+            raise
+        with get_client(sync_client=True) as client:
+            state = client.read_flow_run(flow_run.id).state
+        if state is not None and state.is_running():  # resumed while the client waited to retry
+            return run_input_subclass_from_type(form).load(keyset_from_base_key(f"paused-{key}"))
+        if not _paused_by(state, key):
+            raise
+        get_run_logger().info("paused (the server had saved the form before the client's retry)")
         return _finish_pause(form, state, timeout, poll_interval)
+
+
+def _paused_by(state, key: str) -> bool:
+    return state is not None and state.is_paused() and state.state_details.pause_key == key
+
+
+def _schema_already_saved(err: PrefectHTTPStatusError) -> bool:
+    """A 409 Conflict on saving a run input: a retry found what the lost request had saved."""
+    return err.response.status_code == 409 and err.request.method == "POST" and err.request.url.path.endswith("/input")
 
 
 def _finish_pause(form, state, timeout: int, poll_interval: float):
     """What pause_flow_run does after the Paused state is set: publish the form, wait for Running."""
     keyset = keyset_from_paused_state(state)
     typed_form = run_input_subclass_from_type(form)
-    typed_form.save(keyset)
+    try:
+        typed_form.save(keyset)
+    except PrefectHTTPStatusError as err:
+        if not _schema_already_saved(err):
+            raise
     deadline = time.monotonic() + timeout
     with get_client(sync_client=True) as client:
         while True:

@@ -192,3 +192,37 @@ def test_sql_skips_a_tables_whole_input_scan_only_when_statistics_prove_the_rule
     run_sql(sql, {"t": Table(source, privacy_unit="uid")})
     run_sql(sql, {"t": Table(plain, privacy_unit="uid")})
     assert (source.scans < plain.scans) if proves else (source.scans == plain.scans)
+
+
+def test_a_flat_column_named_like_a_struct_field_keeps_its_own_statistics(home, tmp_path, monkeypatch):
+    """A column named "a.b" and field b of a struct a share the Parquet path "a.b": the footer's
+    leaves are counted along the schema, never matched by name (found in review: the struct's
+    statistics stood in for the flat column's, hiding its NULLs from the checks and the engine)."""
+    import dp_core as dp
+
+    n = 300
+    table = pa.table({"uid": pa.array(np.arange(n), type=pa.int64()),
+                      "a.b": pa.array([None if i % 10 == 0 else i for i in range(n)], type=pa.int64()),
+                      "a": pa.array([{"b": i} for i in range(n)]), "part": pa.array(np.arange(n) % 3, type=pa.int32())})
+    rows, _decoded, _ds = _register(home, tmp_path, "dotted", table, monkeypatch)
+    assert rows.column_statistics()["a.b"] == escrow.blobs.ColumnStatistics(1, n - 1, 30, "integer", n)
+    assert rows.column_statistics()["a"] is None
+    suite = [{"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "a.b"}}]
+    report = checks.validate(rows, suite)
+    assert not report.success and ": 30 unexpected value(s)" in report.lines[0]
+    query = dp.Query([dp.count(upper=3)], privacy_unit="a.b", group_by=("part",), epsilon=1.0, delta=1e-6,
+                     max_partitions_contributed=2, public_partitions=[0, 1, 2])
+    with pytest.raises(dp.InvalidDataError, match="30 row"):
+        dp.execute(query, rows)
+
+
+def test_an_infinite_bound_is_left_to_the_scan(home, tmp_path, monkeypatch):
+    """A bound the scan refuses (an infinite number) is never judged by the footer: both paths agree."""
+    table = _integers()
+    rows, decoded, _ds = _register(home, tmp_path, "inf", table, monkeypatch)
+    suite = [{"type": "expect_column_values_to_be_between", "kwargs": {"column": "val", "max_value": float("inf")}}]
+    with pytest.raises(Exception) as footer_or_scan:
+        checks.validate(rows, suite)
+    assert sum(decoded) > 0 or "non-finite" in str(footer_or_scan.value)
+    with pytest.raises(type(footer_or_scan.value)):
+        checks.validate(table, suite)

@@ -198,11 +198,12 @@ def test_registering_a_parquet_file_loads_neither_pandas_nor_duckdb(tmp_path):
     env = dict(os.environ, DPRELEASE_HOME=str(tmp_path / "home"))
     cli = [sys.executable, "-c", "from cli.app import main; main()"]
     subprocess.run(cli + ["init"], capture_output=True, env=env, check=True)
-    code = (f"import sys\nsys.argv = ['dprelease', 'dataset', 'register', 'small', {str(source)!r}, '--unit', 'uid', '--epsilon-cap', '1']\n"
+    code = (f"import sys\nsys.argv = ['dprelease', '--debug', 'dataset', 'register', 'small', {str(source)!r}, '--unit', 'uid', '--epsilon-cap', '1']\n"
             "from cli.app import main\ntry:\n    main()\nexcept SystemExit:\n    pass\n"
             "print(' '.join(sorted(sys.modules)))\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     out = done.stdout + done.stderr
     loaded = {m.split(".")[0] for m in out.split()}
-    assert "registered 'small'" in out
+    assert "registered 'small'" in out and "cli.app" in out.split(), "the module list was not printed"  # --debug:
+    # the program exits normally (without it, run_program ends the process before the print)
     assert not loaded & {"pandas", "duckdb"}, sorted(loaded & {"pandas", "duckdb"})

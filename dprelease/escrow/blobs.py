@@ -285,14 +285,18 @@ def footer_statistics(parquet: pq.ParquetFile) -> dict[str, ColumnStatistics | N
     """Each column's statistics summed over the row groups (None for a column some row group
     holds none for: a nested column, or a writer that left them out)."""
     meta, schema = parquet.metadata, parquet.schema_arrow
-    leaves = {parquet.schema.column(k).path: k for k in range(meta.num_columns)}  # flat columns: path = name
+    first_leaf, starts = 0, {}
+    for field in schema:  # a field's leaf columns follow the previous field's, in schema order
+        starts[field.name] = first_leaf
+        first_leaf += _leaf_count(field.type)
     out: dict[str, ColumnStatistics | None] = {}
     for field in schema:
         kind = ("integer" if pa.types.is_integer(field.type) else
                 "float" if pa.types.is_floating(field.type) else "other")
-        j = leaves.get(field.name)
-        if pa.types.is_nested(field.type) or j is None:
-            out[field.name] = None
+        j = starts[field.name]
+        if (pa.types.is_nested(field.type) or first_leaf != meta.num_columns or len(starts) != len(schema)
+                or parquet.schema.column(j).path != field.name):
+            out[field.name] = None  # nested, or the leaves do not line up with the fields: no proof
             continue
         lo = hi = None
         nulls, known = 0, True
@@ -311,6 +315,21 @@ def footer_statistics(parquet: pq.ParquetFile) -> dict[str, ColumnStatistics | N
                 break
         out[field.name] = ColumnStatistics(lo, hi, nulls, kind, meta.num_rows) if known else None
     return out
+
+
+def _leaf_count(arrow_type: pa.DataType) -> int:
+    """How many Parquet leaf columns an Arrow type is stored as (a struct: its fields' leaves; a
+    list: its values'; a map: its keys' and items'). Counting them, rather than matching a leaf's
+    dotted path against a name, tells a flat column named "a.b" from field b of a struct a."""
+    if pa.types.is_struct(arrow_type):
+        return sum(_leaf_count(arrow_type.field(i).type) for i in range(arrow_type.num_fields))
+    if pa.types.is_map(arrow_type):
+        return _leaf_count(arrow_type.key_type) + _leaf_count(arrow_type.item_type)
+    if pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type) or pa.types.is_fixed_size_list(arrow_type):
+        return _leaf_count(arrow_type.value_type)
+    if pa.types.is_dictionary(arrow_type):
+        return _leaf_count(arrow_type.value_type)
+    return 1
 
 
 class EscrowRows:
