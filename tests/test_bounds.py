@@ -286,3 +286,20 @@ def test_inferred_bounds_serialise_with_their_histogram():
     assert (d["threshold"], d["outside_share"], d["mechanism"]) == (b.threshold, b.outside_share, b.record.to_dict())
     assert d["bins"][0] == {"low": b.bin_edges[0][0], "high": b.bin_edges[0][1], "noisy_count": b.noisy_counts[0]}
     assert len(d["bins"]) == len(b.bin_edges) == len(b.noisy_counts)
+
+
+def test_a_count_with_per_partition_bounds_is_noised_for_each_partition_s_own_bound():
+    """COUNT with bounds inferred per partition: a unit adds at most U rows to a partition whose bound is
+    [0, U], so that partition's noise is calibrated to sensitivity U exactly (not more, and never less)."""
+    small = pd.DataFrame({"uid": np.repeat(np.arange(3000), 2), "g": "small"})
+    big = pd.DataFrame({"uid": np.repeat(np.arange(3000, 6000), 12), "g": "big"})
+    q = dp.Query([dp.Aggregate("count", upper=None, name="c")], privacy_unit="uid", group_by=("g",), epsilon=2.0,
+                 bounds_scope="partition")
+    r = dp.execute(q, pd.concat([small, big], ignore_index=True))
+    counts = [m for m in r.mechanisms if m.target.startswith("c.count [")]
+    assert len(counts) == 2  # the partitions' inferred bounds differ (2 rows per unit against 12)
+    for m in counts:
+        lower, upper = (float(v) for v in m.target.split("[")[1].rstrip("]").split(","))
+        assert lower == 0 and upper >= 1
+        assert m.sensitivity_per_partition == upper, m.to_dict()
+        assert m.scale == pytest.approx(upper / m.epsilon, rel=1e-12), m.to_dict()
