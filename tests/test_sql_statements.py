@@ -557,3 +557,12 @@ def test_a_statement_of_two_dp_selects_keeps_each_part_s_controller_only_numbers
     people = tables["people"].data
     for dept, rows in people.groupby("dept"):
         assert exact[(1, dept)] == len(rows) and exact[(2, dept)] == rows["age"].clip(0, 50).sum()
+
+
+def test_a_full_join_of_protected_tables_counts_the_units_of_either_side(tables):
+    """FULL JOIN ON the unit: a row found only on the right side belongs to the right side's unit (the
+    unit is the coalesce of both), so the 500 people only in `extra` are counted, not dropped as unitless."""
+    sql = f"{DP.format(e=EPS)} {C1} AS n FROM people p FULL JOIN extra e ON p.uid = e.uid"
+    expected = plain(tables, "SELECT COUNT(*) AS n FROM people p FULL JOIN extra e ON p.uid = e.uid")["n"].iloc[0]
+    assert expected == N + 500
+    assert run_sql(sql, tables).table["n"].iloc[0] == pytest.approx(expected, abs=1)
