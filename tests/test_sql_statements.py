@@ -354,6 +354,11 @@ WORD_FOR_WORD = {  # refusals whose whole message is the guidance: rule -> (stat
         "FROM people",
         "OPTIONS: give at most one of max_groups_contributed (kappa) and max_rows_contributed (even as NULL): they "
         "are two ways of bounding a unit"),
+    "a UNION pairing the unit with another column": (
+        f"{DP.format(e=1)} COUNT(*) AS n FROM (SELECT uid, dept FROM people UNION ALL SELECT dept, uid FROM extra) u",
+        "subquery 'SELECT uid, dept FROM people UNION ALL SELECT dept, uid FROM': UNION pairs the privacy unit of one "
+        "branch with another column of the other (select the unit at the same position in every branch, or leave it "
+        "out of all of them)"),
     "an expression as a PUBLIC_GROUPS key": (
         "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1, delta = 1e-6, privacy_unit_column = uid, "
         "group_selection_strategy = PUBLIC_GROUPS) upper(dept) AS d, COUNT(*) AS n FROM people "
