@@ -435,6 +435,20 @@ def test_request_parameters_and_options_are_read_as_written(tables):
         assert released["region"].tolist() == ["N", "N", "S"]
 
 
+def test_options_in_parentheses_and_unsupported_options_set_to_null_are_read_as_written(tables):
+    """An OPTIONS value in parentheses is the value ((uid) is uid, (3) is 3) and the entries after it are
+    still read; `k_threshold = NULL` (BigQuery's "the default") is skipped, and the entries after it too."""
+    base = "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS ({}) dept, COUNT(*) AS n FROM people GROUP BY dept"
+    query = compile_statement_for(base.format("privacy_unit_column = (uid), epsilon = 2, max_groups_contributed = (3)"),
+                                  tables).parts[0].query
+    assert (query.privacy_unit, query.epsilon, query.max_partitions_contributed) == ("uid", 2.0, 3)
+    last = compile_statement_for(base.format("epsilon = 2, privacy_unit_column = (uid)"), tables).parts[0].query
+    assert (last.privacy_unit, last.epsilon) == ("uid", 2.0)
+    nulls = "epsilon = 1, k_threshold = NULL, min_privacy_units_per_group = NULL, delta = 1e-7"
+    query = compile_statement_for(base.format(nulls), tables).parts[0].query
+    assert (query.epsilon, query.delta) == (1.0, 1e-7)
+
+
 # ------------------------------------------------------------------ join shapes (ownership)
 
 JOIN_SHAPES = [  # (FROM clause, accepted?)
