@@ -578,6 +578,18 @@ def test_a_statement_of_two_dp_selects_keeps_each_part_s_controller_only_numbers
         assert exact[(1, dept)] == len(rows) and exact[(2, dept)] == rows["age"].clip(0, 50).sum()
 
 
+def test_a_statement_s_budget_names_each_share_by_its_dp_select(tables):
+    """The budget of a statement of two DP SELECTs lists every share under its DP SELECT's number (two
+    shares named "n" would otherwise be indistinguishable); a single DP SELECT's shares keep their names."""
+    one = f"{DP.format(e=1)} dept, {C1} AS n FROM people GROUP BY dept"
+    two = (f"SELECT * FROM ({one}) UNION ALL SELECT * FROM ({DP.format(e=1)} dept, "
+           "SUM(age, contribution_bounds_per_group => (0, 50)) AS n FROM people GROUP BY dept)")
+    assert [(s.part, s.epsilon) for s in run_sql(two, tables).budget] == [
+        ("DP SELECT 1: partition selection", 0.5), ("DP SELECT 1: n", 0.5),
+        ("DP SELECT 2: partition selection", 0.5), ("DP SELECT 2: n", 0.5)]
+    assert [s.part for s in run_sql(one, tables).budget] == ["partition selection", "n"]
+
+
 def test_a_full_join_of_protected_tables_counts_the_units_of_either_side(tables):
     """FULL JOIN ON the unit: a row found only on the right side belongs to the right side's unit (the
     unit is the coalesce of both), so the 500 people only in `extra` are counted, not dropped as unitless."""
