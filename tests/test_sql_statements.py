@@ -590,6 +590,18 @@ def test_a_statement_s_budget_names_each_share_by_its_dp_select(tables):
     assert [s.part for s in run_sql(one, tables).budget] == ["partition selection", "n"]
 
 
+def test_a_dp_select_reads_a_protected_table_by_its_qualified_name(tables):
+    """`FROM hr.people` is the table registered as hr.people, even when another table's name is `people`:
+    here a public one of other rows, which would release nothing protected and count other people."""
+    registered = {"hr.people": tables["people"], "people": tables["extra"], "depts": tables["depts"]}
+    exact = tables["people"].data.groupby("dept").size()
+    for source, dept in (("hr.people", "people.dept"), ("hr.people AS p", "p.dept"), ("HR.People", "dept")):
+        sql = f"{DP.format(e=EPS)} {dept}, {C1} AS n FROM {source} GROUP BY {dept} ORDER BY 1"
+        released = run_sql(sql, registered).table.set_index("dept")["n"]
+        assert list(released.index) == ["a", "b", "c"]
+        assert np.allclose(released.to_numpy(), exact.loc[released.index].to_numpy(), atol=1)
+
+
 def test_a_full_join_of_protected_tables_counts_the_units_of_either_side(tables):
     """FULL JOIN ON the unit: a row found only on the right side belongs to the right side's unit (the
     unit is the coalesce of both), so the 500 people only in `extra` are counted, not dropped as unitless."""
