@@ -359,6 +359,10 @@ WORD_FOR_WORD = {  # refusals whose whole message is the guidance: rule -> (stat
         "subquery 'SELECT uid, dept FROM people UNION ALL SELECT dept, uid FROM': UNION pairs the privacy unit of one "
         "branch with another column of the other (select the unit at the same position in every branch, or leave it "
         "out of all of them)"),
+    "a DP SELECT of public rows only": (
+        "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1) COUNT(*) AS n FROM depts",
+        "the DP SELECT reads no table with a privacy unit: register the table with its unit, or name it with OPTIONS "
+        "(privacy_unit_column = ...)"),
     "an expression as a PUBLIC_GROUPS key": (
         "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1, delta = 1e-6, privacy_unit_column = uid, "
         "group_selection_strategy = PUBLIC_GROUPS) upper(dept) AS d, COUNT(*) AS n FROM people "
@@ -600,6 +604,19 @@ def test_a_dp_select_reads_a_protected_table_by_its_qualified_name(tables):
         released = run_sql(sql, registered).table.set_index("dept")["n"]
         assert list(released.index) == ["a", "b", "c"]
         assert np.allclose(released.to_numpy(), exact.loc[released.index].to_numpy(), atol=1)
+
+
+@pytest.mark.parametrize("key,group_by", [("dept AS d", "d"), ("upper(dept) AS d", "upper(dept)"),
+                                           ("upper(dept) AS d", "1"), ("p.dept AS d", "p.dept")])
+def test_a_group_key_renamed_or_computed_is_released_under_its_name(tables, key, group_by):
+    """A GROUP BY key named in the select list (a column renamed, an expression) is computed from the
+    rows and released under that name, with the counts of its groups."""
+    sql = f"{DP.format(e=EPS)} {key}, {C1} AS n FROM people p GROUP BY {group_by} ORDER BY 1"
+    released = run_sql(sql, tables).table
+    assert list(released.columns[:2]) == ["d", "n"]
+    exact = plain(tables, f"SELECT {key}, COUNT(*) AS n FROM people p GROUP BY {group_by} ORDER BY 1")
+    assert released["d"].tolist() == exact["d"].tolist()
+    assert np.allclose(released["n"], exact["n"], atol=1)
 
 
 def test_a_full_join_of_protected_tables_counts_the_units_of_either_side(tables):
