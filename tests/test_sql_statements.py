@@ -363,6 +363,9 @@ WORD_FOR_WORD = {  # refusals whose whole message is the guidance: rule -> (stat
         "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1) COUNT(*) AS n FROM depts",
         "the DP SELECT reads no table with a privacy unit: register the table with its unit, or name it with OPTIONS "
         "(privacy_unit_column = ...)"),
+    "VALUES in the FROM of a DP SELECT": (
+        f"{DP.format(e=1)} COUNT(*) AS n FROM (VALUES ('a'), ('b')) v",
+        "the DP SELECT: \"(VALUES ('a'), ('b')) AS v\" cannot be used in FROM (use a table, a CTE or a subquery)"),
     "an expression as a PUBLIC_GROUPS key": (
         "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1, delta = 1e-6, privacy_unit_column = uid, "
         "group_selection_strategy = PUBLIC_GROUPS) upper(dept) AS d, COUNT(*) AS n FROM people "
@@ -617,6 +620,18 @@ def test_a_group_key_renamed_or_computed_is_released_under_its_name(tables, key,
     exact = plain(tables, f"SELECT {key}, COUNT(*) AS n FROM people p GROUP BY {group_by} ORDER BY 1")
     assert released["d"].tolist() == exact["d"].tolist()
     assert np.allclose(released["n"], exact["n"], atol=1)
+
+
+def test_a_statement_cut_short_is_refused_for_what_it_lacks(tables):
+    """A statement ending right after WITH inside a call, or after AS following the DP clause, is refused
+    as the SQL it is (invalid, or a DP SELECT without FROM), never as a failure of the compiler."""
+    with pytest.raises(dp.DPError) as info:
+        compile_statement_for("SELECT WITH ANONYMIZATION ANON_COUNT(* WITH", tables, epsilon=1.0)
+    assert str(info.value).startswith("the query is not valid SQL: ")
+    for sql in ("SELECT WITH DIFFERENTIAL_PRIVACY AS", "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1) AS"):
+        with pytest.raises(dp.DPError) as info:
+            compile_statement_for(sql, tables, epsilon=1.0)
+        assert str(info.value) == "a DP SELECT needs a FROM clause (the rows must come from a registered table)"
 
 
 def test_a_full_join_of_protected_tables_counts_the_units_of_either_side(tables):
