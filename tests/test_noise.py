@@ -296,3 +296,17 @@ def test_a_single_draw_past_int64_denominators_keeps_its_law():
     assert (1 << (params.r + 1)) * params.a >= 2**63
     x = np.concatenate([noise.discrete_gaussian(sigma, 1) for _ in range(4000)])
     assert chi_square_pvalue(x, discrete_gaussian_cdf(params.variance), bins=20) > SIGNIFICANCE
+
+
+@pytest.mark.parametrize("x_high", [0x8000_0001, 0x8000_0000])  # odd and even high halves
+def test_a_dyadic_bernoulli_compares_every_bit_of_its_uniform(monkeypatch, x_high):
+    """Bernoulli(x / 2^52) is W < x for a uniform 52-bit W: with W's high 32 bits equal to x's (the
+    2^-32-rare tie) the low 20 bits decide, W's against x's alone. The uniform is handed in."""
+    x_low, low_bits = 5, 20
+    x = np.array([(x_high << low_bits) | x_low], dtype=np.int64)
+    cases = [(x_high, 4, True), (x_high, 5, False), (x_high, 6, False), (x_high, (1 << low_bits) - 1, False),
+             (x_high, 0, True), (x_high - 1, (1 << low_bits) - 1, True), (x_high + 1, 0, False)]
+    for high, low, below in cases:
+        monkeypatch.setattr(noise, "random_halfwords", lambda n, h=high: np.full(n, h, dtype=np.uint32))
+        monkeypatch.setattr(noise, "random_words", lambda n, w=low << (64 - low_bits): np.full(n, w, dtype=np.uint64))
+        assert noise.bits_below(x, 32 + low_bits).tolist() == [below], (high, low)
