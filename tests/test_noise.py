@@ -310,3 +310,12 @@ def test_a_dyadic_bernoulli_compares_every_bit_of_its_uniform(monkeypatch, x_hig
         monkeypatch.setattr(noise, "random_halfwords", lambda n, h=high: np.full(n, h, dtype=np.uint32))
         monkeypatch.setattr(noise, "random_words", lambda n, w=low << (64 - low_bits): np.full(n, w, dtype=np.uint64))
         assert noise.bits_below(x, 32 + low_bits).tolist() == [below], (high, low)
+
+
+@pytest.mark.parametrize("whole", [3, np.int64(3)])
+def test_a_whole_number_scale_is_the_same_exact_scale_as_its_float(whole):
+    """A scale, variance or sigma given as a Python or numpy integer is read exactly, as 3.0 is: the same parameters,
+    so the same law."""
+    assert noise.laplace_parameters(whole) == noise.laplace_parameters(3.0)
+    assert noise.gaussian_parameters(whole) == noise.gaussian_parameters(3.0)
+    assert noise.discrete_laplace(whole, 5).dtype == noise.discrete_gaussian(whole, 5).dtype == np.int64

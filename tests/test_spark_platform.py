@@ -312,3 +312,26 @@ def test_any_other_java_failure_is_one_line_its_innermost_cause():
     assert java_failure(trace) == "the data engine (Spark) failed: / by zero"
     assert java_failure("An error occurred while calling o1.x.") == (
         "the data engine (Spark) failed: An error occurred while calling o1.x.")
+
+
+def test_grouped_quantiles_on_spark_are_binned_per_partition_like_duckdb(spark):
+    """Spark has no histogram(): each quantile's bins are counted per partition and joined back to their
+    partition (two keys here). The plan's pre-noise partials on Spark equal DuckDB's, bin for bin (the
+    comparison of tests/test_spark_backend.py, which mutation testing does not run)."""
+    from test_spark_backend import QUERIES, SEED, _run_both, assert_same_frame, make_data
+
+    from dp_core.bounding import build_plan
+    from dp_core.engine import check_columns
+
+    query = QUERIES["quantiles (MEDIAN, MIN, MAX, NTILE), two keys"]
+    data = make_data(units=150)
+
+    def partials(backend):
+        schema = backend.schema()
+        plan = build_plan(query, check_columns(query, schema), SEED, key_types=schema, dialect=backend.dialect,
+                          transpile=False, portable_hash=True)
+        return backend.run(plan.sql)
+
+    duck, on_spark = _run_both((data, spark.createDataFrame(data)), partials, spark)
+    assert len(duck) > 10 and all(f"_a{i}_hist" in duck for i in range(4))
+    assert_same_frame(duck, on_spark, list(query.group_by))
