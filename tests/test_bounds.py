@@ -303,3 +303,18 @@ def test_a_count_with_per_partition_bounds_is_noised_for_each_partition_s_own_bo
         assert lower == 0 and upper >= 1
         assert m.sensitivity_per_partition == upper, m.to_dict()
         assert m.scale == pytest.approx(upper / m.epsilon, rel=1e-12), m.to_dict()
+
+
+def test_the_discrete_threshold_is_the_smallest_safe_integer_where_the_closed_form_falls_just_short():
+    """Failure probabilities chosen so that the closed form lands within 1e-9 above an integer K (the
+    float can then round it to a threshold that is one short): the threshold is still the smallest
+    integer whose empty-bin pass probability q^(K+1) / (1 + q) is at most the allowed one, never more."""
+    bins = 64
+    for eps in (0.1, 0.5, 1.0, 2.0):
+        q = math.exp(-eps)
+        for k in (3, 10, 25):
+            allowed = q ** (k + 1) / (1 + q) * (1 - 1e-12)  # just below: K itself does not pass
+            failure = -math.expm1((bins - 1) * math.log1p(-allowed))
+            r = -math.expm1(math.log1p(-failure) / (bins - 1))  # the allowed probability as the code sees it
+            smallest = next(t for t in range(200) if q ** (t + 1) / (1 + q) <= r)
+            assert bounds.discrete_threshold(eps, 1, bins, failure) == smallest, (eps, k)
