@@ -318,3 +318,16 @@ def test_the_discrete_threshold_is_the_smallest_safe_integer_where_the_closed_fo
             r = -math.expm1(math.log1p(-failure) / (bins - 1))  # the allowed probability as the code sees it
             smallest = next(t for t in range(200) if q ** (t + 1) / (1 + q) <= r)
             assert bounds.discrete_threshold(eps, 1, bins, failure) == smallest, (eps, k)
+
+
+def test_the_bounds_mechanism_is_recorded_as_the_release_publishes_it():
+    """The automatic bounds' record in the release: a discrete Laplace on the integer grid (grid 1), scale
+    C_u / epsilon of its share, with the histogram's size, threshold and failure probability."""
+    df = pd.DataFrame({"uid": np.arange(3000), "x": np.linspace(1.0, 100.0, 3000)})
+    r = dp.execute(dp.Query([dp.Aggregate("sum", column="x", name="s")], privacy_unit="uid", epsilon=2.0), df)
+    (b,) = r.inferred_bounds
+    d = b.record.to_dict()
+    assert d == {"target": "bounds of s", "mechanism": "discrete Laplace on a log histogram (APPROX_BOUNDS)",
+                 "sensitivity_per_partition": 1.0, "max_partitions": 1, "sensitivity": 1.0, "epsilon": 1.0,
+                 "delta": 0.0, "rho": None, "scale": 1.0, "grid": 1.0, "note": d["note"]}
+    assert d["note"].startswith(f"{len(b.bin_edges)} bins, threshold {b.threshold}, failure probability ")

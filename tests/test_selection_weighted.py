@@ -366,3 +366,15 @@ def test_a_noisy_weight_equal_to_the_threshold_passes():
     weights = np.array([99, 100, 101] * 100, dtype=np.int64)
     kept = noisy_pass(weights, {"sigma": 0.05, "variance": None, "threshold": 100})
     assert kept.tolist() == [False, True, True] * 100
+
+
+def test_a_zcdp_conversion_whose_best_order_lies_past_the_grid_still_gives_a_valid_delta():
+    """rho tiny against epsilon: the best order a (about epsilon / (2 rho)) lies past the search grid's last
+    point; the delta returned is still one of the formula's valid values: at most its value at that last
+    point, and not negative."""
+    def at(a, rho, eps):
+        return math.exp((a - 1.0) * (a * rho - eps) + (a - 1.0) * math.log1p(-1.0 / a) - math.log(a))
+
+    for rho, eps in [(1e-9, 1.0), (1e-12, 0.5), (2e-8, 3.0)]:
+        delta = zcdp_delta(rho, eps)
+        assert 0.0 <= delta <= at(1.0 + 10.0 ** 7, rho, eps)
