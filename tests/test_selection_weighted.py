@@ -10,6 +10,7 @@ in the test itself with the same samples)."""
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -378,3 +379,14 @@ def test_a_zcdp_conversion_whose_best_order_lies_past_the_grid_still_gives_a_val
     for rho, eps in [(1e-9, 1.0), (1e-12, 0.5), (2e-8, 3.0)]:
         delta = zcdp_delta(rho, eps)
         assert 0.0 <= delta <= at(1.0 + 10.0 ** 7, rho, eps)
+
+
+def test_mad_s_description_counts_the_partitions_each_round_released():
+    """"round 1 ... released A partitions; round 2 ... released B more": A and B are the partitions each
+    round added, so together they are the partitions of the release."""
+    q = dp.Query([dp.count()], privacy_unit="uid", group_by=("part",), epsilon=1.0, delta=1e-6,
+                 max_partitions_contributed=4, selection="mad")
+    result = dp.execute(q, skewed(units=3_000))
+    first, more = (int(n) for n in re.search(r"released (\d+) partitions; .* released (\d+) more",
+                                            result.partition_selection).groups())
+    assert first + more == len(result.table) and first > 0
