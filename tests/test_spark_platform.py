@@ -217,6 +217,12 @@ def test_spark_reads_one_parquet_file_and_a_csv_with_typed_columns(spark, tmp_pa
     assert str(caught.value).startswith(f"cannot read folder {str(empty)!r} with Spark: [UNABLE_TO_INFER_SCHEMA] "
                                         "Unable to infer schema for Parquet."), str(caught.value)
     assert "\n" not in str(caught.value)
+    fake = tmp_path / "notes.parquet"
+    fake.write_text("uid,site\n1,a\n")
+    with pytest.raises(InvalidDataError) as caught:  # a file named Parquet holding text: named a file, one line
+        SparkBackend.for_input(str(fake), spark)
+    assert str(caught.value).startswith(f"cannot read file {str(fake)!r} with Spark: "), str(caught.value)
+    assert "is not a Parquet file" in str(caught.value) and "\n" not in str(caught.value)
     with pytest.raises(InvalidDataError) as caught:
         SparkBackend.for_input(42, spark)
     assert str(caught.value) == ("unsupported input type int for the Spark backend: give a Spark DataFrame, a table "
