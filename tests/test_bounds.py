@@ -267,9 +267,11 @@ def test_a_partition_without_inferable_bounds_is_not_released():
 
 def test_per_partition_scope_is_refused_where_it_cannot_work():
     df = pd.DataFrame({"uid": [1, 2], "g": ["a", "b"], "x": [1.0, 2.0]})
-    with pytest.raises(dp.InvalidQueryError, match="private partitions"):
+    with pytest.raises(dp.InvalidQueryError) as refused:
         dp.execute(dp.Query([dp.Aggregate("sum", column="x")], privacy_unit="uid", group_by=("g",), epsilon=1.0,
                             public_partitions=["a", "b"], bounds_scope="partition"), df)
+    assert str(refused.value) == ("per-partition bounds need a GROUP BY with private partitions (public partitions "
+                                  "may be empty: use bounds_scope='dataset')")
     with pytest.raises(dp.InvalidQueryError, match="quantiles"):
         dp.execute(dp.Query([dp.Aggregate("quantile", column="x", q=0.5)], privacy_unit="uid", group_by=("g",),
                             epsilon=1.0, bounds_scope="partition"), df)
