@@ -231,3 +231,15 @@ def test_the_exact_avg_var_and_stddev_are_those_of_the_units_values():
     assert sorted(order) == ["a", "b", "c"]
     for i, expected in enumerate([x.mean(), x.var(ddof=0), x.std(ddof=0)]):
         assert out[i] == pytest.approx(expected[order].to_numpy(), rel=1e-9, abs=1e-9), query.aggregates[i].kind
+
+
+def test_the_public_domain_s_extremes_are_each_output_s_own():
+    """For each output's noise z, the smallest and largest |z + c| - |z| over the contributions c a unit
+    can make (a SUM: any c in [L, U], or 0 when absent), checked against a fine grid of c, output by
+    output (one output's extremes never come from another's noise)."""
+    z = np.array([[-7.5, 0.3, 12.0], [2.0, -0.4, -30.0]])
+    lower, upper = -2.0, 5.0
+    low, high = pri._domain_extremes(z, "sum", lower, upper)
+    grid = np.concatenate([np.linspace(lower, upper, 7001), [0.0]])
+    moved = np.abs(z[..., None] + grid) - np.abs(z)[..., None]
+    assert np.allclose(low, moved.min(axis=-1), atol=1e-9) and np.allclose(high, moved.max(axis=-1), atol=1e-9)
