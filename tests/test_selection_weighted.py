@@ -390,3 +390,11 @@ def test_mad_s_description_counts_the_partitions_each_round_released():
     first, more = (int(n) for n in re.search(r"released (\d+) partitions; .* released (\d+) more",
                                             result.partition_selection).groups())
     assert first + more == len(result.table) and first > 0
+
+
+def test_the_zcdp_conversion_refuses_a_delta_outside_0_to_1():
+    """rho from (epsilon, delta) needs 0 < delta < 1 (ln(1/delta) > 0): 0, 1 and 1.5 are refused by name."""
+    for delta in (0.0, 1.0, 1.5):
+        with pytest.raises(dp.InvalidQueryError) as refused:
+            rho_from_eps_delta(1.0, delta)
+        assert str(refused.value) == f"a Gaussian mechanism needs epsilon > 0 and 0 < delta < 1, got (1.0, {delta})"

@@ -634,6 +634,18 @@ def test_a_statement_cut_short_is_refused_for_what_it_lacks(tables):
         assert str(info.value) == "a DP SELECT needs a FROM clause (the rows must come from a registered table)"
 
 
+def test_a_window_function_over_a_public_table_inside_a_dp_select_is_allowed(tables):
+    """Window functions are refused in the DP SELECT itself (they would mix units' rows), not inside a
+    subquery over a public table that it reads: the departments ranked first and second are counted."""
+    sql = (f"{DP.format(e=EPS)} {C1} AS n FROM people WHERE dept IN (SELECT dept FROM (SELECT dept, "
+           "row_number() OVER (ORDER BY dept) AS r FROM depts) w WHERE r <= 2)")
+    exact = int(tables["people"].data["dept"].isin(["a", "b"]).sum())
+    assert run_sql(sql, tables).table["n"].iloc[0] == pytest.approx(exact, abs=1)
+    with pytest.raises(dp.DPError, match="is a window function: not allowed in a DP SELECT"):
+        compile_statement_for(f"{DP.format(e=1)} dept, {C1} AS n, rank() OVER (ORDER BY dept) AS r FROM people "
+                              "GROUP BY dept", tables)
+
+
 def test_a_full_join_of_protected_tables_counts_the_units_of_either_side(tables):
     """FULL JOIN ON the unit: a row found only on the right side belongs to the right side's unit (the
     unit is the coalesce of both), so the 500 people only in `extra` are counted, not dropped as unitless."""
