@@ -341,3 +341,18 @@ def test_grouped_quantiles_on_spark_are_binned_per_partition_like_duckdb(spark):
     duck, on_spark = _run_both((data, spark.createDataFrame(data)), partials, spark)
     assert len(duck) > 10 and all(f"_a{i}_hist" in duck for i in range(4))
     assert_same_frame(duck, on_spark, list(query.group_by))
+
+
+def test_the_engine_reads_a_table_from_the_spark_session_it_is_given(spark):
+    """A temporary view of a session other than the active one is read from that session (the one
+    passed as spark=), not looked up in the active session, which does not have it."""
+    from pyspark.sql import SparkSession
+
+    other = spark.newSession()
+    other.createDataFrame(pd.DataFrame({"uid": range(200), "x": [1.0] * 200})).createOrReplaceTempView("only_here")
+    spark.createDataFrame(pd.DataFrame({"a": [1]})).count()  # the suite's session is the active one again
+    assert SparkSession.getActiveSession() is not None
+    assert not SparkSession.getActiveSession().catalog.tableExists("only_here")
+    result = dp.execute(dp.Query([dp.count(upper=1, name="n")], privacy_unit="uid", epsilon=50.0), "only_here",
+                        backend="spark", spark=other)
+    assert result.table["n"].iloc[0] == pytest.approx(200, abs=2)
