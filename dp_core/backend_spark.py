@@ -190,6 +190,7 @@ def _duck_type(spark_type: str) -> str:
 
 def _read(spark, data):
     """A Spark DataFrame over a path or table name (or a small local frame)."""
+    from py4j.protocol import Py4JJavaError
     from pyspark.errors import PySparkException
 
     if isinstance(data, pd.DataFrame) or type(data).__module__.startswith("pyarrow"):
@@ -217,9 +218,13 @@ def _read(spark, data):
             raise InvalidDataError(f"input file not found: {text} (give a table name, a {', '.join(FILE_SUFFIXES)} "
                                    "file, or a folder or lake URL of Parquet files)")
         return spark.table(text)
-    except PySparkException as err:
+    except (PySparkException, Py4JJavaError) as err:
         what = ("file" if lower.endswith(FILE_SUFFIXES) else "folder" if "://" in text or Path(text).is_dir()
                 else "table")
+        if isinstance(err, Py4JJavaError):  # inside the JVM, e.g. a file named .parquet that is not Parquet: one line
+            said = java_failure(str(err))
+            raise InvalidDataError(said if said.startswith("cannot read ") else
+                                   f"cannot read {what} {text!r} with Spark: {said.split(': ', 1)[1]}") from None
         first = str(err).strip().splitlines()[0]
         if "TABLE_OR_VIEW_NOT_FOUND" in first:
             raise InvalidDataError(f"no table or view {text!r} in the Spark session's catalog: register it or "

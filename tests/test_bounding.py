@@ -121,7 +121,7 @@ def test_which_partitions_a_unit_keeps_follows_the_seed(portable_hash):
     assert len(set(choices)) > 1, choices
 
 
-@pytest.mark.parametrize("source", ["frame", "arrow", "csv", "csv.gz", "parquet", "relation"])
+@pytest.mark.parametrize("source", ["frame", "arrow", "csv", "csv.gz", "tsv", "tsv.gz", "parquet", "relation"])
 def test_every_input_kind_gives_the_same_exact_sums(tmp_path, source):
     import duckdb
     import pyarrow as pa
@@ -137,6 +137,9 @@ def test_every_input_kind_gives_the_same_exact_sums(tmp_path, source):
     elif source == "csv.gz":
         df.to_csv(tmp_path / "d.csv.gz", index=False)
         data = tmp_path / "d.csv.gz"
+    elif source in ("tsv", "tsv.gz"):  # tab-separated: read with a tab, not a comma
+        df.to_csv(tmp_path / f"d.{source}", index=False, sep="\t")
+        data = tmp_path / f"d.{source}"
     elif source == "parquet":
         df.to_parquet(tmp_path / "d.parquet")
         data = str(tmp_path / "d.parquet")

@@ -267,9 +267,11 @@ def test_a_partition_without_inferable_bounds_is_not_released():
 
 def test_per_partition_scope_is_refused_where_it_cannot_work():
     df = pd.DataFrame({"uid": [1, 2], "g": ["a", "b"], "x": [1.0, 2.0]})
-    with pytest.raises(dp.InvalidQueryError, match="private partitions"):
+    with pytest.raises(dp.InvalidQueryError) as refused:
         dp.execute(dp.Query([dp.Aggregate("sum", column="x")], privacy_unit="uid", group_by=("g",), epsilon=1.0,
                             public_partitions=["a", "b"], bounds_scope="partition"), df)
+    assert str(refused.value) == ("per-partition bounds need a GROUP BY with private partitions (public partitions "
+                                  "may be empty: use bounds_scope='dataset')")
     with pytest.raises(dp.InvalidQueryError, match="quantiles"):
         dp.execute(dp.Query([dp.Aggregate("quantile", column="x", q=0.5)], privacy_unit="uid", group_by=("g",),
                             epsilon=1.0, bounds_scope="partition"), df)
@@ -286,3 +288,48 @@ def test_inferred_bounds_serialise_with_their_histogram():
     assert (d["threshold"], d["outside_share"], d["mechanism"]) == (b.threshold, b.outside_share, b.record.to_dict())
     assert d["bins"][0] == {"low": b.bin_edges[0][0], "high": b.bin_edges[0][1], "noisy_count": b.noisy_counts[0]}
     assert len(d["bins"]) == len(b.bin_edges) == len(b.noisy_counts)
+
+
+def test_a_count_with_per_partition_bounds_is_noised_for_each_partition_s_own_bound():
+    """COUNT with bounds inferred per partition: a unit adds at most U rows to a partition whose bound is
+    [0, U], so that partition's noise is calibrated to sensitivity U exactly (not more, and never less)."""
+    small = pd.DataFrame({"uid": np.repeat(np.arange(3000), 2), "g": "small"})
+    big = pd.DataFrame({"uid": np.repeat(np.arange(3000, 6000), 12), "g": "big"})
+    q = dp.Query([dp.Aggregate("count", upper=None, name="c")], privacy_unit="uid", group_by=("g",), epsilon=2.0,
+                 bounds_scope="partition")
+    r = dp.execute(q, pd.concat([small, big], ignore_index=True))
+    counts = [m for m in r.mechanisms if m.target.startswith("c.count [")]
+    assert len(counts) == 2  # the partitions' inferred bounds differ (2 rows per unit against 12)
+    for m in counts:
+        lower, upper = (float(v) for v in m.target.split("[")[1].rstrip("]").split(","))
+        assert lower == 0 and upper >= 1
+        assert m.sensitivity_per_partition == upper, m.to_dict()
+        assert m.scale == pytest.approx(upper / m.epsilon, rel=1e-12), m.to_dict()
+
+
+def test_the_discrete_threshold_is_the_smallest_safe_integer_where_the_closed_form_falls_just_short():
+    """Failure probabilities chosen so that the closed form lands within 1e-9 above an integer K (the
+    float can then round it to a threshold that is one short): the threshold is still the smallest
+    integer whose empty-bin pass probability q^(K+1) / (1 + q) is at most the allowed one, never more."""
+    bins = 64
+    for eps in (0.1, 0.5, 1.0, 2.0):
+        q = math.exp(-eps)
+        for k in (3, 10, 25):
+            allowed = q ** (k + 1) / (1 + q) * (1 - 1e-12)  # just below: K itself does not pass
+            failure = -math.expm1((bins - 1) * math.log1p(-allowed))
+            r = -math.expm1(math.log1p(-failure) / (bins - 1))  # the allowed probability as the code sees it
+            smallest = next(t for t in range(200) if q ** (t + 1) / (1 + q) <= r)
+            assert bounds.discrete_threshold(eps, 1, bins, failure) == smallest, (eps, k)
+
+
+def test_the_bounds_mechanism_is_recorded_as_the_release_publishes_it():
+    """The automatic bounds' record in the release: a discrete Laplace on the integer grid (grid 1), scale
+    C_u / epsilon of its share, with the histogram's size, threshold and failure probability."""
+    df = pd.DataFrame({"uid": np.arange(3000), "x": np.linspace(1.0, 100.0, 3000)})
+    r = dp.execute(dp.Query([dp.Aggregate("sum", column="x", name="s")], privacy_unit="uid", epsilon=2.0), df)
+    (b,) = r.inferred_bounds
+    d = b.record.to_dict()
+    assert d == {"target": "bounds of s", "mechanism": "discrete Laplace on a log histogram (APPROX_BOUNDS)",
+                 "sensitivity_per_partition": 1.0, "max_partitions": 1, "sensitivity": 1.0, "epsilon": 1.0,
+                 "delta": 0.0, "rho": None, "scale": 1.0, "grid": 1.0, "note": d["note"]}
+    assert d["note"].startswith(f"{len(b.bin_edges)} bins, threshold {b.threshold}, failure probability ")

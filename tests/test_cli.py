@@ -127,15 +127,6 @@ def test_a_forged_publication_fails_verify_with_and_without_key(env, tmp_path):
     assert code == 1 and "FAILED" in out and "not the trusted key" in out
 
 
-def test_the_data_engine_never_spills_to_disk():
-    import pandas as pd
-
-    from dp_core.backend import DuckDBBackend
-
-    backend = DuckDBBackend.for_input(pd.DataFrame({"a": [1]}))
-    assert backend.run("SELECT current_setting('temp_directory') AS t")["t"].iloc[0] == ""
-
-
 def test_server_refuses_to_listen_beyond_localhost_without_auth(monkeypatch):
     monkeypatch.delenv("PREFECT_SERVER_API_AUTH_STRING", raising=False)
     code, out = run("server", "--host", "0.0.0.0")

@@ -268,3 +268,19 @@ def test_a_file_named_parquet_holding_gzip_is_refused_saying_what_it_is(tmp_path
     with pytest.raises(InvalidDataError) as caught:
         run(str(path))
     assert str(caught.value) == f"{path} is named .parquet but is not a Parquet file: it is gzip-compressed"
+
+
+def test_a_row_filter_that_is_not_sql_is_refused_with_the_parser_s_reason():
+    """An unfinished condition: refused in one line quoting the filter and the parser's reason."""
+    with pytest.raises(InvalidQueryError) as caught:
+        run(where="x >")
+    assert str(caught.value).startswith("the row filter 'x >' is not valid SQL: Required keyword: 'expression' "
+                                        "missing"), str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_public_partitions_listing_a_key_twice_are_refused_whole():
+    with pytest.raises(InvalidQueryError) as caught:
+        dp.execute(dp.Query([dp.count()], privacy_unit="uid", group_by=("g",), epsilon=1.0,
+                            public_partitions=["a", "a"]), pd.DataFrame({"uid": [1, 2], "g": ["a", "b"]}))
+    assert str(caught.value) == "public_partitions lists a key twice"

@@ -410,6 +410,28 @@ def test_a_sealed_writer_refuses_further_writes():
     assert out.getvalue() == sealed
 
 
+def test_the_data_engine_never_spills_to_disk():
+    """The engine's DuckDB has no temporary directory: a query larger than memory fails rather than
+    writing decrypted rows to disk (moved here from test_cli.py so that mutation testing runs it)."""
+    from dp_core.backend import DuckDBBackend
+
+    backend = DuckDBBackend.for_input(pd.DataFrame({"a": [1]}))
+    assert backend.run("SELECT current_setting('temp_directory') AS t")["t"].iloc[0] == ""
+
+
+def test_a_writer_past_two_to_the_32_chunks_refuses_to_seal_more():
+    """Chunk numbers are 32-bit in the nonce: after 2^32 chunks (set here, not written) the next chunk is
+    refused with the reason, never sealed under a repeated nonce."""
+    out = io.BytesIO()
+    writer = stream.EncryptingWriter(out, Fernet.generate_key(), "00" * 32, chunk_size=CHUNK)
+    writer._index = 1 << 32  # as if 2^32 chunks had been sealed
+    before = out.getvalue()
+    with pytest.raises(EscrowError) as refused:
+        writer.finish()
+    assert str(refused.value) == "the dataset is too large for one escrow blob (2^32 chunks)"
+    assert out.getvalue() == before
+
+
 def test_release_from_an_attacked_blob_reports_the_escrow_error(tmp_path):
     """Through the engine (DuckDB reading the batches), the escrow's message comes out."""
     import dp_core as dp

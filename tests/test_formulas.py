@@ -79,6 +79,17 @@ def test_laplace_sum_tail_formula_matches_monte_carlo_free_integration():
     assert laplace_sum_halfwidth(np.array([[2.0, 0.0]]), 0.05)[0] == pytest.approx(2 * math.log(20), rel=1e-6)
 
 
+def test_each_partition_s_interval_scales_with_its_own_noise_only():
+    """Partitions are independent: a partition whose noise scales are 1e-12 of another's gets an interval
+    1e-12 as wide, exactly as if it were computed alone (not floored at the other partition's scale)."""
+    base = np.array([2.0, 0.5, 1.0])
+    both = laplace_sum_halfwidth(np.vstack([base, base * 1e-12]), 0.05)
+    alone = laplace_sum_halfwidth(np.atleast_2d(base * 1e-12), 0.05)
+    assert both[0] > 0
+    assert both[1] == pytest.approx(alone[0], rel=1e-9)
+    assert both[1] == pytest.approx(both[0] * 1e-12, rel=1e-6)
+
+
 def _records(result):
     return {m.target: m for m in result.mechanisms}
 

@@ -283,3 +283,39 @@ def test_exact_refinements_follow_the_uniform_they_are_given(k):
     # the 64 refined bits decide by exp(-k)'s next bits: compare with the decimal expansion
     wide = int((Decimal(-k).exp() * 2**96).to_integral_value(rounding=ROUND_FLOOR))
     assert noise.exp_neg_floor(k, 96) == wide and wide >> 64 == t
+
+
+def test_a_single_draw_past_int64_denominators_keeps_its_law():
+    """sigma = 2^31 grid steps: the rejection step's denominator 2^(r+1) A is 2^63, past int64, while
+    every w^2 of a small batch often fits int64 (|w| < 1.42 * 2^31 for 91% of the proposals). One value
+    at a time (a release of one partition draws n = 1: a batch of 33 proposals, all of them small in
+    about 1 call of 20): no overflow, and the law is the discrete Gaussian's (chi-square on 20 bins,
+    false-failure rate 1e-7)."""
+    sigma = 2.0**31
+    params = noise.gaussian_parameters(Fraction(sigma) ** 2)
+    assert (1 << (params.r + 1)) * params.a >= 2**63
+    x = np.concatenate([noise.discrete_gaussian(sigma, 1) for _ in range(4000)])
+    assert chi_square_pvalue(x, discrete_gaussian_cdf(params.variance), bins=20) > SIGNIFICANCE
+
+
+@pytest.mark.parametrize("x_high", [0x8000_0001, 0x8000_0000])  # odd and even high halves
+def test_a_dyadic_bernoulli_compares_every_bit_of_its_uniform(monkeypatch, x_high):
+    """Bernoulli(x / 2^52) is W < x for a uniform 52-bit W: with W's high 32 bits equal to x's (the
+    2^-32-rare tie) the low 20 bits decide, W's against x's alone. The uniform is handed in."""
+    x_low, low_bits = 5, 20
+    x = np.array([(x_high << low_bits) | x_low], dtype=np.int64)
+    cases = [(x_high, 4, True), (x_high, 5, False), (x_high, 6, False), (x_high, (1 << low_bits) - 1, False),
+             (x_high, 0, True), (x_high - 1, (1 << low_bits) - 1, True), (x_high + 1, 0, False)]
+    for high, low, below in cases:
+        monkeypatch.setattr(noise, "random_halfwords", lambda n, h=high: np.full(n, h, dtype=np.uint32))
+        monkeypatch.setattr(noise, "random_words", lambda n, w=low << (64 - low_bits): np.full(n, w, dtype=np.uint64))
+        assert noise.bits_below(x, 32 + low_bits).tolist() == [below], (high, low)
+
+
+@pytest.mark.parametrize("whole", [3, np.int64(3)])
+def test_a_whole_number_scale_is_the_same_exact_scale_as_its_float(whole):
+    """A scale, variance or sigma given as a Python or numpy integer is read exactly, as 3.0 is: the same parameters,
+    so the same law."""
+    assert noise.laplace_parameters(whole) == noise.laplace_parameters(3.0)
+    assert noise.gaussian_parameters(whole) == noise.gaussian_parameters(3.0)
+    assert noise.discrete_laplace(whole, 5).dtype == noise.discrete_gaussian(whole, 5).dtype == np.int64

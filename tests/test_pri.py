@@ -143,6 +143,26 @@ def test_public_mode_refuses_what_needs_the_data():
     with pytest.raises(dp.InvalidQueryError, match="quantiles"):
         pri.choose_epsilon_public(dp.Query([dp.median("x", 0, 1)], privacy_unit="u", epsilon=1.0), 50)
 
+def test_what_pris_cannot_choose_for_is_refused_whole_in_both_modes():
+    """Bounds to be inferred, Gaussian noise, a quantile: each refused with its whole reason, by the public
+    and the data-dependent chooser alike, before anything is read or spent."""
+    df = pd.DataFrame({"u": range(20), "x": [1.0] * 20})
+    cases = [
+        (dp.Query([dp.Aggregate("sum", column="x", name="s")], privacy_unit="u", epsilon=1.0),
+         "Find-epsilon-from-PRI needs the bounds set: PRIs are defined for fixed sensitivities"),
+        (dp.Query([dp.count(upper=1)], privacy_unit="u", epsilon=1.0, noise="gaussian", delta=1e-6),
+         "Find-epsilon-from-PRI assumes Laplace noise (as the seed does): use noise='laplace'"),
+        (dp.Query([dp.median("x", 0, 1)], privacy_unit="u", epsilon=1.0),
+         "PRIs are defined for additive noise on COUNT, SUM, AVG, VAR, STDDEV; not for ['median_x'] (quantiles use "
+         "the exponential mechanism): fix epsilon or choose it by risk"),
+    ]
+    for q, message in cases:
+        for choose in (lambda: pri.choose_epsilon_public(q, 50), lambda: pri.choose_epsilon_data(q, df, 50)):
+            with pytest.raises(dp.InvalidQueryError) as caught:
+                choose()
+            assert str(caught.value) == message
+
+
 def test_an_epsilon_grid_holding_zero_or_less_is_refused_as_it_was_given():
     q = dp.Query([dp.count(upper=1)], privacy_unit="u", epsilon=1.0)
     for grid, shown in (([0.0, 1.0], "[1.0, 0.0]"), ([-1.0], "[-1.0]"), ([float("inf")], "[inf]")):
@@ -211,3 +231,15 @@ def test_the_exact_avg_var_and_stddev_are_those_of_the_units_values():
     assert sorted(order) == ["a", "b", "c"]
     for i, expected in enumerate([x.mean(), x.var(ddof=0), x.std(ddof=0)]):
         assert out[i] == pytest.approx(expected[order].to_numpy(), rel=1e-9, abs=1e-9), query.aggregates[i].kind
+
+
+def test_the_public_domain_s_extremes_are_each_output_s_own():
+    """For each output's noise z, the smallest and largest |z + c| - |z| over the contributions c a unit
+    can make (a SUM: any c in [L, U], or 0 when absent), checked against a fine grid of c, output by
+    output (one output's extremes never come from another's noise)."""
+    z = np.array([[-7.5, 0.3, 12.0], [2.0, -0.4, -30.0]])
+    lower, upper = -2.0, 5.0
+    low, high = pri._domain_extremes(z, "sum", lower, upper)
+    grid = np.concatenate([np.linspace(lower, upper, 7001), [0.0]])
+    moved = np.abs(z[..., None] + grid) - np.abs(z)[..., None]
+    assert np.allclose(low, moved.min(axis=-1), atol=1e-9) and np.allclose(high, moved.max(axis=-1), atol=1e-9)

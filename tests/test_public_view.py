@@ -102,3 +102,16 @@ def test_the_controller_summary_names_each_of_its_numbers():
     assert s["clamping"]["s"]["clamped"] == 1000 and s["clamping"]["s"]["values"] == 2003
     assert set(s) == {"partitions_nonempty", "partitions_released", "partitions_dropped", "partition_loss",
                       "unit_partition_pairs", "pairs_dropped_by_bounding", "clamping", "pri_ranges"}
+
+
+def test_a_release_s_text_gives_its_budget_its_size_and_its_readable_table():
+    """What print() shows of a release: a line with the epsilon and delta spent, the number of partitions
+    and the confidence of the intervals, then the readable table, then the note on what the intervals cover."""
+    df = pd.DataFrame({"uid": np.arange(3000), "g": np.where(np.arange(3000) % 3 == 0, "a", "b")})
+    result = dp.execute(dp.Query([dp.count(name="n")], privacy_unit="uid", group_by=("g",), epsilon=2.0,
+                                 public_partitions=["a", "b"], confidence=0.9), df)
+    lines = str(result).splitlines()
+    assert lines[0] == ("DP release: epsilon=2, delta=0, 2 partition(s); each value with its 90% confidence "
+                        "interval")
+    assert lines[1:-1] == result.readable_table().to_string(index=False).splitlines()
+    assert lines[-1].startswith("Confidence intervals cover the noise only")

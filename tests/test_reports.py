@@ -384,3 +384,31 @@ def test_analyst_report_heading_chart_integer_counts_glossary(result):
     assert people_cells and all(_re.fullmatch(r"[\d,]+ \[-?[\d,]+, [\d,]+\]|[\d,]+", c) for c in people_cells), people_cells
     assert 'class="glossary"' in page and "Noise scale" in page and "Groups per person" in page
     assert "SHA256:ab12" in page and "out of band" in page
+
+
+def test_the_bounds_table_shows_each_statistic_s_bounds_as_used(result, analyst_html):
+    """The analyst page's "Bounds used": a count from 0 to its row limit, given bounds as given, inferred
+    bounds as inferred (with their source), the quantile's search range."""
+    inferred = {b.aggregate: b for b in result.inferred_bounds}["capital_gain"]
+    num = pages.fmt_number
+    expected = [("people", "count", "—", "rows per person and group counted at most", 0, 1),
+                ("avg_age", "avg", "age", "each person&#39;s value limited to", 17, 90),
+                ("median_age", "quantile", "age", "0.5-quantile searched within", 17, 90),
+                ("score_total", "sum", "score", "each person&#39;s value limited to", 0, 1000),
+                ("capital_gain", "sum", "capital_gain", "each person&#39;s value limited to", inferred.lower,
+                 inferred.upper)]
+    for name, kind, column, meaning, lower, upper in expected:
+        row = (f"<tr><td>{name}</td><td>{kind}</td><td>{column}</td><td>{meaning}</td>\n"
+               f'<td class="n">{num(lower)}</td><td class="n">{num(upper)}</td>')
+        assert row in analyst_html, name
+    assert "inferred privately (APPROX_BOUNDS); estimated share of values outside: " in analyst_html
+
+
+def test_the_controller_report_is_titled_for_its_release(controller_html):
+    assert "<title>Release rel-0007 — controller report</title>" in controller_html
+    assert "<h1>Release rel-0007 — controller report</h1>" in controller_html
+
+
+def test_numbers_past_fifteen_digits_or_below_a_ten_thousandth_are_shown_in_scientific_form():
+    assert [pages.fmt_number(v) for v in (1.5e16, -2e15, 3.25e-5, 0.00012345, 1234.56789, 7.0)] == [
+        "1.5e+16", "-2e+15", "3.25e-05", "0.0001", "1234.5679", "7"]

@@ -395,3 +395,26 @@ def test_the_refusal_below_the_risk_floor_quotes_the_floor():
     assert str(caught.value) == ("no epsilon keeps the risk within 0.1: even without any release the risk is "
                                  "s (1 - t) / n = 0.122. Raise the tolerable risk, or share with a more trusted "
                                  "recipient")
+
+
+def test_the_plan_chooser_ignores_the_plan_s_own_epsilon():
+    """The plan's epsilon is what the chooser replaces: 0 (not yet chosen), 1 or 50 give the same choice."""
+
+    kw = {"trust": "low", "sensitivity": "high", "max_risk": 0.2, "max_noise": 10, "n": 16, "m": 2}
+    chosen = [risk.choose_epsilon_for_plan(replace(PLAN, epsilon=e), **kw) for e in (0.0, 1.0, 50.0)]
+    assert {c.epsilon for c in chosen} == {chosen[1].epsilon}
+    assert all(c.tolerances == {"people": 10.0} for c in chosen)
+
+
+def test_levels_and_tolerances_are_refused_with_their_whole_reason():
+    for level, message in [(1.5, "a level must be in [0, 1], got 1.5"), (-0.1, "a level must be in [0, 1], got -0.1"),
+                           ("extreme", "unknown level 'extreme': use one of ['very low', 'low', 'medium', 'high', "
+                                       "'very high'] or a number in [0, 1]")]:
+        with pytest.raises(InvalidQueryError) as err:
+            risk.level_value(level)
+        assert str(err.value) == message
+    median_only = dp.Query([dp.median("age", 0, 100, name="m")], privacy_unit="id", epsilon=1.0)
+    with pytest.raises(InvalidQueryError) as err:
+        risk.choose_epsilon_for_plan(median_only, trust="low", sensitivity="high", max_risk=0.2, max_noise=10, n=16, m=2)
+    assert str(err.value) == ("no statistic of the query has a data-free interval (count, sum, avg with bounds given): "
+                              "a tolerable noise cannot be promised; fix epsilon instead")

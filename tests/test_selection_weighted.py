@@ -10,6 +10,7 @@ in the test itself with the same samples)."""
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -366,3 +367,34 @@ def test_a_noisy_weight_equal_to_the_threshold_passes():
     weights = np.array([99, 100, 101] * 100, dtype=np.int64)
     kept = noisy_pass(weights, {"sigma": 0.05, "variance": None, "threshold": 100})
     assert kept.tolist() == [False, True, True] * 100
+
+
+def test_a_zcdp_conversion_whose_best_order_lies_past_the_grid_still_gives_a_valid_delta():
+    """rho tiny against epsilon: the best order a (about epsilon / (2 rho)) lies past the search grid's last
+    point; the delta returned is still one of the formula's valid values: at most its value at that last
+    point, and not negative."""
+    def at(a, rho, eps):
+        return math.exp((a - 1.0) * (a * rho - eps) + (a - 1.0) * math.log1p(-1.0 / a) - math.log(a))
+
+    for rho, eps in [(1e-9, 1.0), (1e-12, 0.5), (2e-8, 3.0)]:
+        delta = zcdp_delta(rho, eps)
+        assert 0.0 <= delta <= at(1.0 + 10.0 ** 7, rho, eps)
+
+
+def test_mad_s_description_counts_the_partitions_each_round_released():
+    """"round 1 ... released A partitions; round 2 ... released B more": A and B are the partitions each
+    round added, so together they are the partitions of the release."""
+    q = dp.Query([dp.count()], privacy_unit="uid", group_by=("part",), epsilon=1.0, delta=1e-6,
+                 max_partitions_contributed=4, selection="mad")
+    result = dp.execute(q, skewed(units=3_000))
+    first, more = (int(n) for n in re.search(r"released (\d+) partitions; .* released (\d+) more",
+                                            result.partition_selection).groups())
+    assert first + more == len(result.table) and first > 0
+
+
+def test_the_zcdp_conversion_refuses_a_delta_outside_0_to_1():
+    """rho from (epsilon, delta) needs 0 < delta < 1 (ln(1/delta) > 0): 0, 1 and 1.5 are refused by name."""
+    for delta in (0.0, 1.0, 1.5):
+        with pytest.raises(dp.InvalidQueryError) as refused:
+            rho_from_eps_delta(1.0, delta)
+        assert str(refused.value) == f"a Gaussian mechanism needs epsilon > 0 and 0 < delta < 1, got (1.0, {delta})"

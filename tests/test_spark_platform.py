@@ -217,6 +217,12 @@ def test_spark_reads_one_parquet_file_and_a_csv_with_typed_columns(spark, tmp_pa
     assert str(caught.value).startswith(f"cannot read folder {str(empty)!r} with Spark: [UNABLE_TO_INFER_SCHEMA] "
                                         "Unable to infer schema for Parquet."), str(caught.value)
     assert "\n" not in str(caught.value)
+    fake = tmp_path / "notes.parquet"
+    fake.write_text("uid,site\n1,a\n")
+    with pytest.raises(InvalidDataError) as caught:  # a file named Parquet holding text: named a file, one line
+        SparkBackend.for_input(str(fake), spark)
+    assert str(caught.value).startswith(f"cannot read file {str(fake)!r} with Spark: "), str(caught.value)
+    assert "is not a Parquet file" in str(caught.value) and "\n" not in str(caught.value)
     with pytest.raises(InvalidDataError) as caught:
         SparkBackend.for_input(42, spark)
     assert str(caught.value) == ("unsupported input type int for the Spark backend: give a Spark DataFrame, a table "
@@ -312,3 +318,41 @@ def test_any_other_java_failure_is_one_line_its_innermost_cause():
     assert java_failure(trace) == "the data engine (Spark) failed: / by zero"
     assert java_failure("An error occurred while calling o1.x.") == (
         "the data engine (Spark) failed: An error occurred while calling o1.x.")
+
+
+def test_grouped_quantiles_on_spark_are_binned_per_partition_like_duckdb(spark):
+    """Spark has no histogram(): each quantile's bins are counted per partition and joined back to their
+    partition (two keys here). The plan's pre-noise partials on Spark equal DuckDB's, bin for bin (the
+    comparison of tests/test_spark_backend.py, which mutation testing does not run)."""
+    from test_spark_backend import QUERIES, SEED, _run_both, assert_same_frame, make_data
+
+    from dp_core.bounding import build_plan
+    from dp_core.engine import check_columns
+
+    query = QUERIES["quantiles (MEDIAN, MIN, MAX, NTILE), two keys"]
+    data = make_data(units=150)
+
+    def partials(backend):
+        schema = backend.schema()
+        plan = build_plan(query, check_columns(query, schema), SEED, key_types=schema, dialect=backend.dialect,
+                          transpile=False, portable_hash=True)
+        return backend.run(plan.sql)
+
+    duck, on_spark = _run_both((data, spark.createDataFrame(data)), partials, spark)
+    assert len(duck) > 10 and all(f"_a{i}_hist" in duck for i in range(4))
+    assert_same_frame(duck, on_spark, list(query.group_by))
+
+
+def test_the_engine_reads_a_table_from_the_spark_session_it_is_given(spark):
+    """A temporary view of a session other than the active one is read from that session (the one
+    passed as spark=), not looked up in the active session, which does not have it."""
+    from pyspark.sql import SparkSession
+
+    other = spark.newSession()
+    other.createDataFrame(pd.DataFrame({"uid": range(200), "x": [1.0] * 200})).createOrReplaceTempView("only_here")
+    spark.createDataFrame(pd.DataFrame({"a": [1]})).count()  # the suite's session is the active one again
+    assert SparkSession.getActiveSession() is not None
+    assert not SparkSession.getActiveSession().catalog.tableExists("only_here")
+    result = dp.execute(dp.Query([dp.count(upper=1, name="n")], privacy_unit="uid", epsilon=50.0), "only_here",
+                        backend="spark", spark=other)
+    assert result.table["n"].iloc[0] == pytest.approx(200, abs=2)

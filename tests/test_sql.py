@@ -220,3 +220,12 @@ def test_fuzz_generated_sql_compiles_or_raises_our_error(company, words):
 def test_fuzz_mutated_sql_compiles_or_raises_our_error(company, base, cut, insert, drop):
     cut = min(cut, len(base))
     _compile_or_refuse(company, base[:cut] + " " + insert + " " + base[cut + drop:])
+
+
+def test_a_table_whose_privacy_unit_is_none_of_its_columns_is_refused_naming_the_unit():
+    """The unit column is what bounds each person's contribution: a table registered with a unit it does not
+    have is refused, never released with some other expression standing in for the unit."""
+    df = pd.DataFrame({"uid": np.arange(50), "dept": ["a", "b"] * 25})
+    sql = "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1) dept, COUNT(*) AS n FROM E GROUP BY dept"
+    with pytest.raises(dp.DPError, match='does not have a column named "person"'):
+        run_sql(sql, {"E": Table(df, "person")}, epsilon=1.0)

@@ -131,6 +131,10 @@ PUBLIC_GROUPS_REFUSED = {
     "a computed column between the nested public groups join and the aggregation": (
         f"{PG.format(e=1)} dept, {C1} FROM (SELECT uid, dept, upper(dept) AS u FROM people "
         "RIGHT JOIN (SELECT DISTINCT dept FROM depts) USING (dept)) GROUP BY dept", "does not allow operations"),
+    "a join after the nested public groups join": (
+        f"{PG.format(e=1)} dept, {C1} FROM (SELECT uid, dept FROM people RIGHT JOIN (SELECT DISTINCT dept FROM depts) "
+        "USING (dept)) s JOIN visits USING (uid) GROUP BY dept",
+        "the right table in a RIGHT OUTER join must contain user data (a protected table)"),
     "an unknown strategy": ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (group_selection_strategy = OTHER) COUNT(*) "
                             "FROM people", "must be LAPLACE_THRESHOLD or PUBLIC_GROUPS"),
 }
@@ -142,6 +146,24 @@ def test_public_groups_refusals_name_the_rule(tables, rule):
     with pytest.raises(dp.DPError) as info:
         compile_statement_for(sql, tables, epsilon=1.0)
     assert message in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("sql", [
+    f'{PG.format(e=100)} "my dept", {C1} AS n FROM people RIGHT JOIN (SELECT DISTINCT dept AS "my dept" FROM depts) g '
+    'ON people.dept = g."my dept" GROUP BY "my dept"',
+    f"WITH pd AS (SELECT * FROM depts WHERE region = 'N') {PG.format(e=100)} dept, {C1} AS n FROM people "
+    "RIGHT JOIN (SELECT DISTINCT dept FROM pd) USING (dept) GROUP BY dept",
+])
+def test_public_groups_named_with_quotes_or_read_from_a_cte_are_each_released(tables, sql):
+    """A public-groups key whose name needs quoting, and public groups selected from a CTE of the statement:
+    every public group is released (an empty one too), with its count."""
+    released = run_sql(sql, tables).table
+    key = released.columns[0]
+    exact = plain(tables, sql.split(" FROM people")[0].replace(PG.format(e=100), "SELECT").replace(
+        C1, "COUNT(people.uid)") + " FROM people" + sql.split(" FROM people")[1])
+    assert sorted(released[key]) == sorted(exact[key])
+    merged = released.merge(exact, on=key, suffixes=("", "_exact"))
+    assert np.allclose(merged["n"], merged["n_exact"], atol=1)
 
 
 def test_a_group_key_of_a_using_join_between_protected_tables_is_refused_with_the_rule(tables):

@@ -194,3 +194,16 @@ def test_on_spark_a_sampled_public_groups_list_matches_the_join(spark, tables):
            "USING (dept) GROUP BY dept")
     exact = run_sql(sql, small, backend="spark", spark=spark).controller_only.exact
     assert within_binomial(len(exact), 1000, 0.5) and (exact["n"] == 20).all()
+
+
+def test_a_sample_below_one_percent_is_kept_and_a_sample_of_rows_is_refused_whole(tables):
+    """TABLESAMPLE BERNOULLI (0.5 PERCENT) keeps about 0.5% of the rows (any percentage in (0, 100]);
+    BERNOULLI (10 ROWS), which DuckDB reads as a reservoir, is refused with the whole rule it breaks and its remedy."""
+    kept = exact_n(run_sql(f"{DPS} {C1} AS n FROM people TABLESAMPLE BERNOULLI (0.5 PERCENT)", tables))
+    assert within_binomial(kept, N, 0.005)
+    with pytest.raises(dp.DPError) as err:
+        compile_statement_for(f"{DPS} {C1} FROM people TABLESAMPLE BERNOULLI (10 ROWS)", tables, epsilon=1.0)
+    assert str(err.value) == (
+        "the DP SELECT: 'TABLESAMPLE RESERVOIR (10 ROWS)': a sample of n ROWS (RESERVOIR) is not supported: it keeps "
+        "n rows chosen among all units' rows, so one unit's rows change which of the others' are kept (the per-unit "
+        "bound breaks); use TABLESAMPLE BERNOULLI (p PERCENT)")

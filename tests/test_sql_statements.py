@@ -354,6 +354,18 @@ WORD_FOR_WORD = {  # refusals whose whole message is the guidance: rule -> (stat
         "FROM people",
         "OPTIONS: give at most one of max_groups_contributed (kappa) and max_rows_contributed (even as NULL): they "
         "are two ways of bounding a unit"),
+    "a UNION pairing the unit with another column": (
+        f"{DP.format(e=1)} COUNT(*) AS n FROM (SELECT uid, dept FROM people UNION ALL SELECT dept, uid FROM extra) u",
+        "subquery 'SELECT uid, dept FROM people UNION ALL SELECT dept, uid FROM': UNION pairs the privacy unit of one "
+        "branch with another column of the other (select the unit at the same position in every branch, or leave it "
+        "out of all of them)"),
+    "a DP SELECT of public rows only": (
+        "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1) COUNT(*) AS n FROM depts",
+        "the DP SELECT reads no table with a privacy unit: register the table with its unit, or name it with OPTIONS "
+        "(privacy_unit_column = ...)"),
+    "VALUES in the FROM of a DP SELECT": (
+        f"{DP.format(e=1)} COUNT(*) AS n FROM (VALUES ('a'), ('b')) v",
+        "the DP SELECT: \"(VALUES ('a'), ('b')) AS v\" cannot be used in FROM (use a table, a CTE or a subquery)"),
     "an expression as a PUBLIC_GROUPS key": (
         "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1, delta = 1e-6, privacy_unit_column = uid, "
         "group_selection_strategy = PUBLIC_GROUPS) upper(dept) AS d, COUNT(*) AS n FROM people "
@@ -428,6 +440,20 @@ def test_request_parameters_and_options_are_read_as_written(tables):
     for name in ("sales.depts", "lake.sales.people"):
         released = run_sql(f"SELECT region FROM {name} ORDER BY region", qualified).table
         assert released["region"].tolist() == ["N", "N", "S"]
+
+
+def test_options_in_parentheses_and_unsupported_options_set_to_null_are_read_as_written(tables):
+    """An OPTIONS value in parentheses is the value ((uid) is uid, (3) is 3) and the entries after it are
+    still read; `k_threshold = NULL` (BigQuery's "the default") is skipped, and the entries after it too."""
+    base = "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS ({}) dept, COUNT(*) AS n FROM people GROUP BY dept"
+    query = compile_statement_for(base.format("privacy_unit_column = (uid), epsilon = 2, max_groups_contributed = (3)"),
+                                  tables).parts[0].query
+    assert (query.privacy_unit, query.epsilon, query.max_partitions_contributed) == ("uid", 2.0, 3)
+    last = compile_statement_for(base.format("epsilon = 2, privacy_unit_column = (uid)"), tables).parts[0].query
+    assert (last.privacy_unit, last.epsilon) == ("uid", 2.0)
+    nulls = "epsilon = 1, k_threshold = NULL, min_privacy_units_per_group = NULL, delta = 1e-7"
+    query = compile_statement_for(base.format(nulls), tables).parts[0].query
+    assert (query.epsilon, query.delta) == (1.0, 1e-7)
 
 
 # ------------------------------------------------------------------ join shapes (ownership)
@@ -557,3 +583,73 @@ def test_a_statement_of_two_dp_selects_keeps_each_part_s_controller_only_numbers
     people = tables["people"].data
     for dept, rows in people.groupby("dept"):
         assert exact[(1, dept)] == len(rows) and exact[(2, dept)] == rows["age"].clip(0, 50).sum()
+
+
+def test_a_statement_s_budget_names_each_share_by_its_dp_select(tables):
+    """The budget of a statement of two DP SELECTs lists every share under its DP SELECT's number (two
+    shares named "n" would otherwise be indistinguishable); a single DP SELECT's shares keep their names."""
+    one = f"{DP.format(e=1)} dept, {C1} AS n FROM people GROUP BY dept"
+    two = (f"SELECT * FROM ({one}) UNION ALL SELECT * FROM ({DP.format(e=1)} dept, "
+           "SUM(age, contribution_bounds_per_group => (0, 50)) AS n FROM people GROUP BY dept)")
+    assert [(s.part, s.epsilon) for s in run_sql(two, tables).budget] == [
+        ("DP SELECT 1: partition selection", 0.5), ("DP SELECT 1: n", 0.5),
+        ("DP SELECT 2: partition selection", 0.5), ("DP SELECT 2: n", 0.5)]
+    assert [s.part for s in run_sql(one, tables).budget] == ["partition selection", "n"]
+
+
+def test_a_dp_select_reads_a_protected_table_by_its_qualified_name(tables):
+    """`FROM hr.people` is the table registered as hr.people, even when another table's name is `people`:
+    here a public one of other rows, which would release nothing protected and count other people."""
+    registered = {"hr.people": tables["people"], "people": tables["extra"], "depts": tables["depts"]}
+    exact = tables["people"].data.groupby("dept").size()
+    for source, dept in (("hr.people", "people.dept"), ("hr.people AS p", "p.dept"), ("HR.People", "dept")):
+        sql = f"{DP.format(e=EPS)} {dept}, {C1} AS n FROM {source} GROUP BY {dept} ORDER BY 1"
+        released = run_sql(sql, registered).table.set_index("dept")["n"]
+        assert list(released.index) == ["a", "b", "c"]
+        assert np.allclose(released.to_numpy(), exact.loc[released.index].to_numpy(), atol=1)
+
+
+@pytest.mark.parametrize("key,group_by", [("dept AS d", "d"), ("upper(dept) AS d", "upper(dept)"),
+                                           ("upper(dept) AS d", "1"), ("p.dept AS d", "p.dept")])
+def test_a_group_key_renamed_or_computed_is_released_under_its_name(tables, key, group_by):
+    """A GROUP BY key named in the select list (a column renamed, an expression) is computed from the
+    rows and released under that name, with the counts of its groups."""
+    sql = f"{DP.format(e=EPS)} {key}, {C1} AS n FROM people p GROUP BY {group_by} ORDER BY 1"
+    released = run_sql(sql, tables).table
+    assert list(released.columns[:2]) == ["d", "n"]
+    exact = plain(tables, f"SELECT {key}, COUNT(*) AS n FROM people p GROUP BY {group_by} ORDER BY 1")
+    assert released["d"].tolist() == exact["d"].tolist()
+    assert np.allclose(released["n"], exact["n"], atol=1)
+
+
+def test_a_statement_cut_short_is_refused_for_what_it_lacks(tables):
+    """A statement ending right after WITH inside a call, or after AS following the DP clause, is refused
+    as the SQL it is (invalid, or a DP SELECT without FROM), never as a failure of the compiler."""
+    with pytest.raises(dp.DPError) as info:
+        compile_statement_for("SELECT WITH ANONYMIZATION ANON_COUNT(* WITH", tables, epsilon=1.0)
+    assert str(info.value).startswith("the query is not valid SQL: ")
+    for sql in ("SELECT WITH DIFFERENTIAL_PRIVACY AS", "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1) AS"):
+        with pytest.raises(dp.DPError) as info:
+            compile_statement_for(sql, tables, epsilon=1.0)
+        assert str(info.value) == "a DP SELECT needs a FROM clause (the rows must come from a registered table)"
+
+
+def test_a_window_function_over_a_public_table_inside_a_dp_select_is_allowed(tables):
+    """Window functions are refused in the DP SELECT itself (they would mix units' rows), not inside a
+    subquery over a public table that it reads: the departments ranked first and second are counted."""
+    sql = (f"{DP.format(e=EPS)} {C1} AS n FROM people WHERE dept IN (SELECT dept FROM (SELECT dept, "
+           "row_number() OVER (ORDER BY dept) AS r FROM depts) w WHERE r <= 2)")
+    exact = int(tables["people"].data["dept"].isin(["a", "b"]).sum())
+    assert run_sql(sql, tables).table["n"].iloc[0] == pytest.approx(exact, abs=1)
+    with pytest.raises(dp.DPError, match="is a window function: not allowed in a DP SELECT"):
+        compile_statement_for(f"{DP.format(e=1)} dept, {C1} AS n, rank() OVER (ORDER BY dept) AS r FROM people "
+                              "GROUP BY dept", tables)
+
+
+def test_a_full_join_of_protected_tables_counts_the_units_of_either_side(tables):
+    """FULL JOIN ON the unit: a row found only on the right side belongs to the right side's unit (the
+    unit is the coalesce of both), so the 500 people only in `extra` are counted, not dropped as unitless."""
+    sql = f"{DP.format(e=EPS)} {C1} AS n FROM people p FULL JOIN extra e ON p.uid = e.uid"
+    expected = plain(tables, "SELECT COUNT(*) AS n FROM people p FULL JOIN extra e ON p.uid = e.uid")["n"].iloc[0]
+    assert expected == N + 500
+    assert run_sql(sql, tables).table["n"].iloc[0] == pytest.approx(expected, abs=1)

@@ -88,3 +88,16 @@ def test_mad_selection_outside_the_engine_names_what_is_missing():
     for rows in (None, pd.DataFrame({"_w2": [1]})):
         with pytest.raises(RuntimeError, match="needs its first round"):
             ps.select_mad(np.array([1]), share, 1, rows=rows, query=q)
+
+
+def test_the_mechanisms_listed_account_for_the_whole_budget_with_reused_unit_counts_and_inferred_bounds():
+    """Laplace-threshold selection whose noisy unit counts are released as COUNT(DISTINCT unit), beside a
+    SUM whose bounds are inferred: the release lists every mechanism that spent budget (the bounds' too),
+    and their epsilons add up to the epsilon spent."""
+    rng = np.random.default_rng(1)  # test data only
+    df = pd.DataFrame({"uid": np.arange(4000), "g": rng.choice(["a", "b"], 4000), "x": rng.uniform(0, 50, 4000)})
+    q = dp.Query([dp.count_units(name="people"), dp.Aggregate("sum", column="x", name="s")], privacy_unit="uid",
+                 group_by=("g",), epsilon=2.0, delta=1e-6, selection="laplace-threshold")
+    r = dp.execute(q, df)
+    assert [m.target for m in r.mechanisms] == ["bounds of s", "partition selection: distinct units", "s.sum"]
+    assert sum(m.epsilon for m in r.mechanisms) == pytest.approx(r.epsilon_spent) == pytest.approx(2.0)

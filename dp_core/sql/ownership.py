@@ -347,6 +347,12 @@ class OwnershipChecker:
             if info is None:
                 known = ", ".join(sorted(t.name for t in self.catalog.values()))
                 raise InvalidQueryError(f"unknown table {name!r} (registered: {known or 'none'})")
+            if node.args.get("db"):  # the engine registers tables by their catalog name (as the outer query reads them)
+                node.set("db", None)
+                node.set("catalog", None)
+                node.set("this", exp.to_identifier(info.name, quoted=True))
+                if not node.alias:  # `people.dept` keeps naming its columns
+                    node.set("alias", exp.TableAlias(this=exp.to_identifier(alias)))
             return Relation(alias, {c.lower(): c for c in info.columns}, info.unit)
         if isinstance(node, exp.Subquery):
             inner = node.this
