@@ -25,6 +25,17 @@ def _finite(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
+def _plain_value(value) -> bool:
+    """A value a partition key can hold: hashable and not a container (a dict, a list, a nested tuple)."""
+    if isinstance(value, (tuple, list, dict, set, frozenset)):
+        return False
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
+
+
 @dataclass(frozen=True)
 class Aggregate:
     """One DP aggregate with its contribution bounds.
@@ -258,6 +269,11 @@ class Query:
                     f"public partition keys must have {len(self.group_by)} value(s) "
                     f"(one per group_by column), got {bad[0]!r}"
                 )
+            odd = [v for k in self.public_partitions for v in k if not _plain_value(v)]
+            if odd:
+                raise InvalidQueryError(
+                    f"public partition keys must be plain values (text, numbers, dates), got {odd[0]!r} "
+                    f"({type(odd[0]).__name__}): give each key as a value, or a tuple of values for several group_by columns")
             if len(set(self.public_partitions)) != len(self.public_partitions):
                 raise InvalidQueryError("public_partitions lists a key twice")
         if self.where is not None:

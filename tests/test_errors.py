@@ -284,3 +284,23 @@ def test_public_partitions_listing_a_key_twice_are_refused_whole():
         dp.execute(dp.Query([dp.count()], privacy_unit="uid", group_by=("g",), epsilon=1.0,
                             public_partitions=["a", "a"]), pd.DataFrame({"uid": [1, 2], "g": ["a", "b"]}))
     assert str(caught.value) == "public_partitions lists a key twice"
+
+
+@pytest.mark.parametrize("key", [{"a": 1}, ["a"], ("a", ("b",))])
+def test_public_partitions_holding_a_container_are_refused_in_one_line(key):
+    """A dict, a list or a nested tuple is no partition key: one refusal, not a TypeError."""
+    group_by = ("g", "h") if isinstance(key, tuple) else ("g",)
+    with pytest.raises(InvalidQueryError) as caught:
+        dp.execute(dp.Query([dp.count()], privacy_unit="uid", group_by=group_by, epsilon=1.0,
+                            public_partitions=[key]), pd.DataFrame({"uid": [1, 2], "g": ["a", "b"], "h": ["b", "c"]}))
+    assert str(caught.value).startswith("public partition keys must be plain values (text, numbers, dates), got ")
+    assert "\n" not in str(caught.value)
+
+
+def test_public_partitions_of_numpy_values_are_plain_values():
+    import numpy as np
+
+    result = dp.execute(dp.Query([dp.count(upper=2)], privacy_unit="uid", group_by=("g",), epsilon=1.0,
+                                 public_partitions=[np.int64(1), np.int64(2)]),
+                        pd.DataFrame({"uid": [1, 2, 3], "g": [1, 2, 2]}))
+    assert sorted(result.table["g"]) == [1, 2]
