@@ -133,3 +133,18 @@ def test_the_release_command_starts_a_judge_by_the_size_of_the_dataset_s_escrow(
         cli_app._start_checks_judge(request)
         assert checks_judge.started() is judged, (threshold, size)
         checks_judge.discard()
+
+
+def test_a_deferred_module_loads_only_when_used_and_then_works():
+    """The judge process defers scipy.stats (great-expectations imports it for one expectation the
+    checks never run at scale): not loaded by the import, loaded whole on first use."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom dprelease.checks_judge import defer_module, load_framework\n"
+            "defer_module('scipy.stats')\nload_framework()\n"
+            "print('loaded' if 'scipy.stats._stats_py' in sys.modules else 'deferred')\n"
+            "from scipy import stats\nprint(round(float(stats.entropy([0.5, 0.5], [0.9, 0.1])), 6))\n"
+            "import scipy.stats as again\nprint(again is stats or again.entropy is stats.entropy)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["deferred", "0.510826", "True"], out  # KL = ln(5/9)/2 + ln(5)/2 = 0.5108
