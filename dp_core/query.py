@@ -7,6 +7,7 @@ here looks at the query only, so a malformed query is refused before any data is
 from __future__ import annotations
 
 import math
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -27,13 +28,7 @@ def _finite(x: object) -> bool:
 
 def _plain_value(value) -> bool:
     """A value a partition key can hold: hashable and not a container (a dict, a list, a nested tuple)."""
-    if isinstance(value, (tuple, list, dict, set, frozenset)):
-        return False
-    try:
-        hash(value)
-    except TypeError:
-        return False
-    return True
+    return isinstance(value, Hashable) and not isinstance(value, (tuple, frozenset))
 
 
 @dataclass(frozen=True)

@@ -181,8 +181,16 @@ def _witness(backend, expectations: list[dict], columns: list[str], summary, cou
         if int(summary[f"nulls{k}"]) > 0:
             vals.append(None)
         values[col] = vals or [None]
-    length = max(len(v) for v in values.values()) if values else 0
-    return pd.DataFrame({c: (v + [v[0]] * (length - len(v))) for c, v in values.items()}, columns=columns)
+    return _witness_frame(values)
+
+
+def _witness_frame(values: dict[str, list]):
+    """The witness table: each column's values, padded by repeating its first (a repeat changes no
+    row-wise verdict)."""
+    import pandas as pd
+
+    length = max((len(v) for v in values.values()), default=0)
+    return pd.DataFrame({c: v + [v[0]] * (length - len(v)) for c, v in values.items()}, columns=list(values))
 
 
 def _nested_value(value) -> bool:
@@ -200,8 +208,6 @@ def _answered_by_statistics(data, expectations: list[dict]):
     (count 0; any value outside, and the scan counts how many). Set membership and every other
     kind need the rows. The witness is the scan's: per column its minimum, maximum and a NULL
     when it has any, so great-expectations judges exactly what it judges after a scan."""
-    import pandas as pd
-
     read = getattr(data, "column_statistics", None)
     stats = read() if callable(read) else None
     if not stats:
@@ -227,9 +233,7 @@ def _answered_by_statistics(data, expectations: list[dict]):
         if column is not None and column.nulls > 0:
             seen.append(None)
         values[name] = seen or [None]  # a column no expectation reads: its values are never judged
-    length = max((len(v) for v in values.values()), default=0)
-    witness = pd.DataFrame({c: v + [v[0]] * (length - len(v)) for c, v in values.items()}, columns=list(stats))
-    return counts, witness
+    return counts, _witness_frame(values)
 
 
 def _inside(column, low, high) -> bool:

@@ -19,7 +19,7 @@ import time
 from prefect import get_client, get_run_logger
 from prefect.exceptions import FlowPauseTimeout, Pause, PrefectHTTPStatusError
 from prefect.flow_runs import pause_flow_run
-from prefect.input.run_input import keyset_from_base_key, keyset_from_paused_state, run_input_subclass_from_type
+from prefect.input.run_input import keyset_from_base_key, run_input_subclass_from_type
 from prefect.runtime import flow_run
 
 
@@ -31,19 +31,13 @@ def pause_for_input(form, *, timeout: int, poll_interval: float, key: str):
     except Pause as signal:
         if not _paused_by(signal.state, key):
             raise
-        get_run_logger().info("paused (the server had taken the pause before the client's retry)")
-        return _finish_pause(form, signal.state, timeout, poll_interval)
+        lost = "the pause"
     except PrefectHTTPStatusError as err:
-        if not _schema_already_saved(err):
+        if not _schema_already_saved(err):  # saved by pause_flow_run right after our pause was set
             raise
-        with get_client(sync_client=True) as client:
-            state = client.read_flow_run(flow_run.id).state
-        if state is not None and state.is_running():  # resumed while the client waited to retry
-            return run_input_subclass_from_type(form).load(keyset_from_base_key(f"paused-{key}"))
-        if not _paused_by(state, key):
-            raise
-        get_run_logger().info("paused (the server had saved the form before the client's retry)")
-        return _finish_pause(form, state, timeout, poll_interval)
+        lost = "the form"
+    get_run_logger().info("paused (the server had saved %s before the client's retry)", lost)
+    return _finish_pause(form, key, timeout, poll_interval)
 
 
 def _paused_by(state, key: str) -> bool:
@@ -55,9 +49,10 @@ def _schema_already_saved(err: PrefectHTTPStatusError) -> bool:
     return err.response.status_code == 409 and err.request.method == "POST" and err.request.url.path.endswith("/input")
 
 
-def _finish_pause(form, state, timeout: int, poll_interval: float):
-    """What pause_flow_run does after the Paused state is set: publish the form, wait for Running."""
-    keyset = keyset_from_paused_state(state)
+def _finish_pause(form, key: str, timeout: int, poll_interval: float):
+    """What pause_flow_run does once the Paused state is set: publish the form (unless it is there
+    already), wait for Running (the controller may have resumed the run meanwhile), load the input."""
+    keyset = keyset_from_base_key(f"paused-{key}")  # as Prefect names a Paused state's inputs
     typed_form = run_input_subclass_from_type(form)
     try:
         typed_form.save(keyset)

@@ -5,8 +5,9 @@ membership), the rows are scanned as before."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -107,7 +108,7 @@ def test_a_release_checks_a_numeric_dataset_from_the_footer(home, tmp_path, monk
     original = escrow.blobs.open_batches
     monkeypatch.setattr(escrow.blobs, "open_batches", lambda *a, **k: scans.append(1) or original(*a, **k))
     report = pipeline.check_data(Platform.open(home), "numeric")
-    assert report.success and len(report.lines) == len(pd.read_json(pd.io.common.StringIO(ds.expectations_json)))
+    assert report.success and len(report.lines) == len(json.loads(ds.expectations_json))
     assert scans == [1], "only the footer's reader (one open, no row group read) may run"
 
 
@@ -219,10 +220,10 @@ def test_a_flat_column_named_like_a_struct_field_keeps_its_own_statistics(home, 
 def test_an_infinite_bound_is_left_to_the_scan(home, tmp_path, monkeypatch):
     """A bound the scan refuses (an infinite number) is never judged by the footer: both paths agree."""
     table = _integers()
-    rows, decoded, _ds = _register(home, tmp_path, "inf", table, monkeypatch)
+    rows, _decoded, _ds = _register(home, tmp_path, "inf", table, monkeypatch)
     suite = [{"type": "expect_column_values_to_be_between", "kwargs": {"column": "val", "max_value": float("inf")}}]
-    with pytest.raises(Exception) as footer_or_scan:
-        checks.validate(rows, suite)
-    assert sum(decoded) > 0 or "non-finite" in str(footer_or_scan.value)
-    with pytest.raises(type(footer_or_scan.value)):
-        checks.validate(table, suite)
+    from dp_core import InvalidQueryError
+
+    for data in (rows, table):  # the escrow's stream, and the same rows in memory: the same refusal
+        with pytest.raises(InvalidQueryError, match="non-finite number inf"):
+            checks.validate(data, suite)
