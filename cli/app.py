@@ -560,9 +560,8 @@ def release(
 
 
 def _start_checks_judge(request) -> None:
-    """great-expectations loads in a process of its own meanwhile (2-3 s) when the dataset is large
-    enough to be worth it (checks_judge.worth_a_process); an external dataset is judged beside its
-    SparkSession. Called first: it needs only the store (0.25 s to import), not the pipeline (0.8 s),
+    """great-expectations loads in a process of its own meanwhile (1.5-3 s) for an escrowed dataset
+    (checks_judge.worth_a_process); an external dataset is judged beside its SparkSession. Called first: it needs only the store (0.25 s to import), not the pipeline (0.8 s),
     and a request the checks after it refuse ends its judge (`checks_judge.discard`)."""
     from dprelease import checks_judge, external
     from dprelease.store import Store

@@ -38,9 +38,10 @@ def run_release_interactively(settings: Settings, request, *, approve_as: str | 
         delta=request.delta,
         max_partitions_contributed=request.max_partitions_contributed, requested_by=request.requested_by,
         approval_timeout=timeout, backend=request.backend)
-    answers_itself = approve_as or no_terminal_reviewer or sys.stdin.isatty()  # else: decided elsewhere, later
+    at_once = bool(approve_as or (no_terminal_reviewer and not sys.stdin.isatty()))  # no person to wait for
+    answers_itself = at_once or sys.stdin.isatty()  # else: decided elsewhere, later
     if (controller_key or settings.controller_key) and answers_itself:
-        answer_here()
+        answer_here(at_once)
     with runs.own_run(settings, release_flow, params, request, warm=warm_release_imports) as run:
         if run.wait_for_approval():
             summary_file = settings.archive_dir / run.release_id / "controller" / "controller.html"

@@ -57,22 +57,26 @@ class OwnRun:
         """Wait until this run pauses for a decision (True), or ends (False). No deadline of its
         own: while the run's thread lives it is on its way (a busy Prefect server can take minutes
         to record the pause; the run's approval timeout bounds the wait that follows)."""
-        from flows.approvals import wait_until_paused
+        from flows.approvals import QUICK_POLL_SECONDS, awaiting_here, wait_until_paused
 
+        said_awaiting = awaiting_here(self.release_id)  # set by the flow's thread as it asks
         while self.worker.is_alive():
+            said_awaiting.clear()  # before each look: a pause asked after it sets it again
             try:
                 status = self.platform.store.get_release(self.release_id).status
             except StoreError:  # not recorded yet
                 status = None
             if status == "awaiting_approval":
                 try:
-                    wait_until_paused(self.flow_run_id, timeout=5)
+                    wait_until_paused(self.flow_run_id, timeout=5, poll_s=QUICK_POLL_SECONDS)
                     return True
                 except RuntimeError:  # the run ended instead of pausing
                     return False
                 except TimeoutError:  # not paused yet: look again while the run lives
                     continue
-            time.sleep(0.3)  # each look at the store takes its write lock (BEGIN IMMEDIATE)
+            # each look at the store takes its write lock (BEGIN IMMEDIATE): look when the flow's
+            # thread says it asks, else every 0.3 s (a run started elsewhere, or one that ends)
+            said_awaiting.wait(0.3)
         return False
 
     def result(self) -> dict:

@@ -3,10 +3,27 @@ controller's decision (the same form the UI's Resume dialog fills)."""
 
 from __future__ import annotations
 
+import threading
 import time
 
+#: seconds between looks at the server while a pause is expected at once (this process's own
+#: run, whose flow thread said it is pausing: awaiting_here) or a resumed run should leave it;
+#: the wait grows by half at each look, up to SLOW_POLL_SECONDS, so a run that takes its time is
+#: not asked fifty times a second
+QUICK_POLL_SECONDS = 0.02
+SLOW_POLL_SECONDS = 0.2
+_awaiting_here: dict[str, threading.Event] = {}
+_awaiting_lock = threading.Lock()
 
-def wait_until_paused(flow_run_id: str, timeout: float = 60.0) -> None:
+
+def awaiting_here(release_id: str) -> threading.Event:
+    """Set by the flow (in the thread of this process that runs it) the moment a release starts
+    awaiting a decision: the command answering its own run waits on it instead of polling the store."""
+    with _awaiting_lock:
+        return _awaiting_here.setdefault(release_id, threading.Event())
+
+
+def wait_until_paused(flow_run_id: str, timeout: float = 60.0, poll_s: float = SLOW_POLL_SECONDS) -> None:
     """The store says "awaiting approval" just before the flow pauses: wait for the pause itself,
     and for the form it waits for. Prefect sets the Paused state first and saves the form's schema
     after it (prefect.flow_runs.pause_flow_run); a resume in between is refused by the server ("Run
@@ -23,7 +40,8 @@ def wait_until_paused(flow_run_id: str, timeout: float = 60.0) -> None:
                 raise RuntimeError(f"flow run {flow_run_id} ended ({state.name}) before it asked for approval")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"flow run {flow_run_id} did not pause within {timeout:g} s")
-            time.sleep(0.2)
+            time.sleep(poll_s)
+            poll_s = min(poll_s * 1.5, SLOW_POLL_SECONDS)
 
 
 def _form_saved(client, flow_run_id: str, state) -> bool:
@@ -50,16 +68,17 @@ def answer(flow_run_id: str, decision: str, reviewer: str, comment: str = "", ti
     from prefect import get_client
     from prefect.flow_runs import resume_flow_run
 
-    wait_until_paused(flow_run_id, timeout)
+    wait_until_paused(flow_run_id, timeout, QUICK_POLL_SECONDS)
     resume_flow_run(flow_run_id, run_input={"decision": decision, "reviewer": reviewer, "comment": comment,
                                                "signed_decision": signed_decision})
-    deadline = time.monotonic() + timeout
+    deadline, poll_s = time.monotonic() + timeout, QUICK_POLL_SECONDS
     with get_client(sync_client=True) as client:
         while time.monotonic() < deadline:
             state = client.read_flow_run(flow_run_id).state
             if state is None or not state.is_paused():
                 return
-            time.sleep(0.1)
+            time.sleep(poll_s)
+            poll_s = min(poll_s * 1.5, SLOW_POLL_SECONDS)
 
 
 def cancel_flow_run(flow_run_id: str, reason: str) -> None:

@@ -24,6 +24,7 @@ from dprelease.requests import parse_request
 from dprelease.requests.epsilon import EpsilonChoice
 from dprelease.settings import Settings
 from dprelease.store import StoreError
+from flows import approvals
 from flows.outcomes import is_rejected, outcome, rejected  # noqa: F401 - outcome: callers import it from here
 from flows.pausing import pause_for_input
 from tasks import release_steps as steps
@@ -31,15 +32,17 @@ from tasks import release_steps as steps
 #: seconds between the paused run's checks for an answer (an internal setting, not a form field):
 #: an answer from elsewhere (the UI, `dprelease approve`) is a person's, seconds to hours away
 APPROVAL_POLL_SECONDS = 1.0
-#: the same when this process answers its own run (cli/interactive.py: --approve-as, or a prompt):
-#: the answer follows the pause at once, and every moment until the run sees it adds to the release
-ANSWERED_HERE_POLL_SECONDS = 0.5
+#: the same when this process answers its own run (cli/interactive.py): a person at this terminal's
+#: prompt, or (`--approve-as`, no terminal) this process within milliseconds of the pause, when
+#: every moment until the run sees the answer adds to the release
+ANSWERED_HERE_POLL_SECONDS = {"prompt": 0.5, "at_once": 0.05}
 
 
-def answer_here() -> None:
-    """This process answers its own runs' pauses: look for the answer every 0.5 s, not every second."""
+def answer_here(at_once: bool) -> None:
+    """This process answers its own runs' pauses: look for the answer every 0.5 s (a prompt) or every
+    0.05 s (answered at once), not every second. A process-wide setting: a command runs one flow."""
     global APPROVAL_POLL_SECONDS
-    APPROVAL_POLL_SECONDS = ANSWERED_HERE_POLL_SECONDS
+    APPROVAL_POLL_SECONDS = ANSWERED_HERE_POLL_SECONDS["at_once" if at_once else "prompt"]
 
 
 class ReleaseDecision(RunInput):
@@ -216,6 +219,7 @@ def ask_controller(platform, release_id: str, description: str, key: str, timeou
     deadline = time.monotonic() + timeout
     refused: list[str] = []
     platform.store.update_release(release_id, status="awaiting_approval")
+    approvals.awaiting_here(release_id).set()  # a command answering its own run looks now
     try:
         for attempt in range(1000):
             remaining = int(deadline - time.monotonic())

@@ -104,17 +104,18 @@ def test_a_judge_nobody_asks_ends_with_its_command():
     pytest.fail(f"the judge process {child} outlived its command")
 
 
-def test_only_a_large_escrowed_dataset_gets_a_judge_process():
-    """Small data is judged here (a second interpreter only costs CPU); an external dataset's Spark
-    witness is judged beside its session."""
+def test_every_escrowed_dataset_gets_a_judge_process_and_an_external_one_none():
+    """An external dataset's Spark witness is judged beside its session; escrowed data of any
+    size is judged by a process of its own."""
     assert not checks_judge.worth_a_process(None)
-    assert not checks_judge.worth_a_process(checks_judge.WORTH_A_PROCESS_BYTES - 1)
-    assert checks_judge.worth_a_process(checks_judge.WORTH_A_PROCESS_BYTES)
+    assert checks_judge.worth_a_process(0)
+    assert checks_judge.worth_a_process(1 << 40)
 
 
-def test_the_release_command_starts_a_judge_by_the_size_of_the_dataset_s_escrow(tmp_path, monkeypatch, no_judge_left):
-    """The release command's rule, through its own helper: a judge process for an escrowed blob of
-    WORTH_A_PROCESS_BYTES or more, none below (the blob's real size on disk decides)."""
+def test_the_release_command_starts_a_judge_for_an_escrowed_dataset(tmp_path, monkeypatch, no_judge_left):
+    """The release command's rule, through its own helper: a small escrowed dataset (500 rows) gets
+    its judge process; a request for a dataset that is not registered gets none (the checks after
+    it refuse the request in one line)."""
     from cli import app as cli_app
     from dprelease import admin
     from dprelease.requests import parse_request
@@ -126,12 +127,10 @@ def test_the_release_command_starts_a_judge_by_the_size_of_the_dataset_s_escrow(
     data = tmp_path / "d.csv"
     pd.DataFrame({"uid": range(500), "x": [1.0] * 500}).to_csv(data, index=False)
     admin.register_dataset(settings, "d", data, "uid", epsilon_cap=1.0)
-    size = next(p for p in settings.escrow_dir.iterdir() if p.suffix == ".escrow").stat().st_size
-    request = parse_request({"dataset": "d", "epsilon": 0.5, "query": {"aggregates": [{"kind": "count"}]}})
-    for threshold, judged in ((size + 1, False), (size, True)):
-        monkeypatch.setattr(checks_judge, "WORTH_A_PROCESS_BYTES", threshold)
+    for dataset, judged in (("d", True), ("unknown", False)):
+        request = parse_request({"dataset": dataset, "epsilon": 0.5, "query": {"aggregates": [{"kind": "count"}]}})
         cli_app._start_checks_judge(request)
-        assert checks_judge.started() is judged, (threshold, size)
+        assert checks_judge.started() is judged, dataset
         checks_judge.discard()
 
 
