@@ -150,9 +150,9 @@ def run_utility_interactively(settings: Settings, request, evaluator: str, param
 
 def _pause_description(flow_run_id: str) -> str:
     """The markdown shown above the pause form (the summary the controller decides on)."""
-    from prefect import get_client
+    from flows.api_client import api_client
 
-    with get_client(sync_client=True) as client:
+    with api_client() as client:
         run = client.read_flow_run(flow_run_id)
         keyset = run.state.state_details.run_input_keyset or {}
         key = keyset.get("description")

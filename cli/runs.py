@@ -107,9 +107,9 @@ def own_run(settings: Settings, flow_obj, params: dict, request, warm: Callable[
     """Recover dead runs, create this command's flow run, run it in a thread, and stop it on
     SIGINT/SIGTERM (exits the process: see the module docstring). `warm` imports what the flow will
     need while the Prefect server boots (cli/prefect_server.py)."""
-    from prefect import get_client
     from prefect.flow_engine import run_flow
 
+    from flows.api_client import api_client
     from flows.outcomes import outcome, stored_outcome
 
     platform = pipeline.Platform.open(settings)
@@ -124,7 +124,7 @@ def own_run(settings: Settings, flow_obj, params: dict, request, warm: Callable[
             warm()
         gc.freeze()  # what is loaded by now lives until exit: later collections skip it (0.3 s a release)
         gc.enable()  # off while the command imported (cli.errors._collect_after_startup)
-        with get_client(sync_client=True) as client:
+        with api_client() as client:
             flow_run = client.create_flow_run(flow_obj, parameters=params)
         out: dict = {}
 
@@ -153,11 +153,10 @@ def own_run(settings: Settings, flow_obj, params: dict, request, warm: Callable[
 def _watch_cancellation(platform: pipeline.Platform, run: OwnRun, request, every_s: float = 2.0) -> None:
     """Cancel from the Prefect UI: a run in this process has no worker to stop it, so this command
     watches its run's state and, once it is cancelling or cancelled, stops the release (exit 1)."""
-    from prefect import get_client
-
+    from flows.api_client import api_client
     from flows.outcomes import is_rejected
 
-    with get_client(sync_client=True) as client:  # one client: each new one loads the CA bundle again
+    with api_client() as client:  # one client for the whole watch
         while run.worker.is_alive():
             time.sleep(every_s)
             try:

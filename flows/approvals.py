@@ -28,10 +28,10 @@ def wait_until_paused(flow_run_id: str, timeout: float = 60.0, poll_s: float = S
     and for the form it waits for. Prefect sets the Paused state first and saves the form's schema
     after it (prefect.flow_runs.pause_flow_run); a resume in between is refused by the server ("Run
     input schema not found"), which a loaded machine made happen."""
-    from prefect import get_client
+    from flows.api_client import api_client
 
     deadline = time.monotonic() + timeout
-    with get_client(sync_client=True) as client:
+    with api_client() as client:
         while True:
             state = client.read_flow_run(flow_run_id).state
             if state is not None and state.is_paused() and _form_saved(client, flow_run_id, state):
@@ -65,14 +65,13 @@ def answer(flow_run_id: str, decision: str, reviewer: str, comment: str = "", ti
     """Resume the paused flow run with a decision ("approve" or "reject") and the controller's
     signed decision (the only part that counts), then wait until the run has left the pause (so
     that a next pause is not mistaken for this one)."""
-    from prefect import get_client
-    from prefect.flow_runs import resume_flow_run
+    from flows.api_client import api_client
 
     wait_until_paused(flow_run_id, timeout, QUICK_POLL_SECONDS)
-    resume_flow_run(flow_run_id, run_input={"decision": decision, "reviewer": reviewer, "comment": comment,
-                                               "signed_decision": signed_decision})
-    deadline, poll_s = time.monotonic() + timeout, QUICK_POLL_SECONDS
-    with get_client(sync_client=True) as client:
+    with api_client() as client:
+        _resume(client, flow_run_id, {"decision": decision, "reviewer": reviewer, "comment": comment,
+                                      "signed_decision": signed_decision})
+        deadline, poll_s = time.monotonic() + timeout, QUICK_POLL_SECONDS
         while time.monotonic() < deadline:
             state = client.read_flow_run(flow_run_id).state
             if state is None or not state.is_paused():
@@ -81,19 +80,37 @@ def answer(flow_run_id: str, decision: str, reviewer: str, comment: str = "", ti
             poll_s = min(poll_s * 1.5, SLOW_POLL_SECONDS)
 
 
+def _resume(client, flow_run_id: str, run_input: dict) -> None:
+    """prefect.flow_runs.resume_flow_run, on this process's client: a run that is not paused, or a
+    resume the server rejects, raises as there."""
+    from prefect.client.schemas.objects import StateType
+    from prefect.client.schemas.responses import SetStateStatus
+    from prefect.exceptions import FlowPauseTimeout, NotPausedError
+
+    run = client.read_flow_run(flow_run_id)
+    if not run.state or not run.state.is_paused():
+        raise NotPausedError("Cannot resume a run that isn't paused!")
+    response = client.resume_flow_run(flow_run_id, run_input=run_input)
+    if response.status == SetStateStatus.REJECT:
+        if response.state and response.state.type == StateType.FAILED:
+            raise FlowPauseTimeout("Flow run can no longer be resumed.")
+        raise RuntimeError(f"Cannot resume this run: {response.details.reason}")
+
+
 def cancel_flow_run(flow_run_id: str, reason: str) -> None:
     """Mark a flow run Cancelled (its process is gone or stopping): the UI then shows the truth
     instead of a run Running or Paused forever. Best effort: an unreachable server is ignored.
     Without PREFECT_API_URL there is no shared server to correct (a command's temporary server keeps
     its runs in a private database that ends with it)."""
-    from prefect import get_client
     from prefect.settings import PREFECT_API_URL
     from prefect.states import Cancelled
+
+    from flows.api_client import api_client
 
     if not PREFECT_API_URL.value():
         return
     try:
-        with get_client(sync_client=True) as client:
+        with api_client() as client:
             client.set_flow_run_state(flow_run_id, Cancelled(message=reason[:200]), force=True)
     except Exception:  # noqa: BLE001 - the store already holds the truth; the UI is a view of it
         pass
