@@ -4,8 +4,10 @@ DuckDB (in-process) now; the plan's SQL is dialect-portable (bounding.render) so
 can run it later. Accepted inputs: a pandas DataFrame, a pyarrow Table, a pyarrow RecordBatchReader
 (a one-shot stream: read once into DuckDB's own columnar memory), any object with
 `__arrow_c_stream__` that gives a fresh stream per call (scanned afresh by each query, never
-copied: how the platform feeds decrypted batches), a CSV or Parquet path, or a DuckDB relation (run
-on its own connection, nothing copied).
+copied), an object whose `duckdb_reader(connection)` registers what DuckDB needs to read it and
+returns the table function that does (how the platform hands over its escrowed Parquet, decrypted
+as DuckDB's own reader reads it), a CSV or Parquet path, or a DuckDB relation (run on its own
+connection, nothing copied).
 """
 
 from __future__ import annotations
@@ -128,6 +130,12 @@ def _register(con, name: str, data) -> None:
         except duckdb.Error as err:
             first = str(err).splitlines()[0]
             raise InvalidDataError(f"cannot read {path} as {kind}: {first}") from None
+    elif (reader := _own_reader(con, data)) is not None:
+        check_column_names(data.schema.names)
+        try:
+            con.execute(f"CREATE VIEW {ident(name)} AS {missing_as_null(con, 'SELECT * FROM ' + reader)}")
+        except duckdb.Error as err:
+            raise InvalidDataError(f"cannot read the input: {str(err).splitlines()[0]}") from None
     elif _is_batch_stream(data):
         _load_stream(con, name, data)
     elif (isinstance(data, pd.DataFrame) or type(data).__module__.startswith("pyarrow")
@@ -144,6 +152,14 @@ def _register(con, name: str, data) -> None:
             f"unsupported input type {type(data).__name__}: give a pandas DataFrame, a pyarrow "
             "Table or RecordBatchReader, a CSV/Parquet path or a DuckDB relation"
         )
+
+
+def _own_reader(con, data) -> str | None:
+    """The DuckDB table function an input registers on `con` to be read by DuckDB itself (e.g. the
+    platform's escrowed Parquet, decrypted as DuckDB reads it: a stream of Arrow batches scans
+    slower), or None: the input is read as what it is."""
+    register = getattr(data, "duckdb_reader", None)
+    return register(con) if callable(register) else None
 
 
 def _is_batch_stream(data) -> bool:

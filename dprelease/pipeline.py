@@ -88,7 +88,7 @@ def with_rows(platform: Platform, dataset_name: str, use, label: str, backend: s
         return result
     with progress.track(f"{label}: {dataset_name}", None, "rows read") as advance:
         rows = escrow.EscrowRows(Path(ds.blob_path), platform.escrow_key(), ds.fingerprint, ds.file_format,
-                                 on_batch=lambda batch: advance(batch.num_rows))
+                                 on_rows=advance)
         try:
             result = use(rows)
         except dp.DPError:

@@ -34,7 +34,7 @@ def _register(settings: Settings, tmp_path, name: str, table: pa.Table, monkeypa
     ds = Platform.open(settings).store.get_dataset(name)
     decoded: list[int] = []
     rows = escrow.EscrowRows(ds.blob_path, Platform.open(settings).escrow_key(), ds.fingerprint, ds.file_format,
-                             on_batch=lambda batch: decoded.append(batch.num_rows))
+                             on_rows=decoded.append)
     return rows, decoded, ds
 
 

@@ -16,6 +16,7 @@ import pyarrow.parquet  # noqa: F401 - pa.parquet
 import pytest
 
 from dprelease import admin, escrow, pipeline
+from dprelease.escrow import engine_files
 from dprelease.pipeline import EpsilonDecision, Platform
 from dprelease.requests import parse_request
 from dprelease.settings import Settings
@@ -88,21 +89,28 @@ def test_release_streams_batches_and_writes_no_plaintext(home, tmp_path, monkeyp
     admin.register_dataset(home, "big", source, "uid", epsilon_cap=5.0)
     watched = [home.home, Path(tempfile.gettempdir())]
 
-    batches: list[int] = []
-    arrow_bytes: list[int] = []
-    original = escrow.blobs.open_batches
+    credited: list[int] = []  # rows per row group, as the engine's reader reaches them (progress)
+    reads: list[int] = []  # bytes per read of the decrypted Parquet
+    counting_file = engine_files._CountingFile
+    original_count, original_read = counting_file._count_groups, counting_file.readinto
 
-    def counting(*args, **kwargs):
-        inner = kwargs.pop("on_batch", None)
+    def count(self, start, end):
+        before = len(credited)
+        inner = self._on_rows
+        self._on_rows = lambda n: (credited.append(n), inner(n))
+        try:
+            original_count(self, start, end)
+        finally:
+            self._on_rows = inner
+        return len(credited) - before
 
-        def observe(batch):
-            batches.append(batch.num_rows)
-            arrow_bytes.append(pa.total_allocated_bytes())  # Arrow memory held while a batch passes
-            if inner is not None:
-                inner(batch)
-        return original(*args, on_batch=observe, **kwargs)
+    def read(self, buffer):
+        n = original_read(self, buffer)
+        reads.append(n)
+        return n
 
-    monkeypatch.setattr(escrow.blobs, "open_batches", counting)
+    monkeypatch.setattr(counting_file, "_count_groups", count)
+    monkeypatch.setattr(counting_file, "readinto", read)
     seen: list[Path] = []
     stop = threading.Event()
 
@@ -120,15 +128,14 @@ def test_release_streams_batches_and_writes_no_plaintext(home, tmp_path, monkeyp
         scanner.join()
     assert seen == [] and _files_with_marker(watched) == []
     assert set(result.table["grp"]) == {"x", "y"}
-    # the checks and the compute step each scan the rows (some steps more than once), always in
-    # bounded batches: no batch holds more than a fortieth of the rows
-    assert sum(batches) >= 2 * rows and sum(batches) % rows == 0
-    assert len(batches) >= 80 and max(batches) <= 5_000
-    # and they are never all held at once (a reader's read_all() or a pandas copy of the table
-    # would be): Arrow's memory while batches pass stays below a quarter of the whole table's
-    # (measured: about a tenth; the engine reads a few batches ahead)
-    whole = pa.csv.read_csv(source).nbytes
-    assert max(arrow_bytes) < whole / 4, (max(arrow_bytes), whole)
+    # the checks and the compute step each scan the rows (some steps more than once), always by
+    # row groups: no read is larger than a row group's bytes, so no reader ever holds the whole
+    # dataset decrypted (the decrypting file keeps one 64 KiB chunk; DuckDB its row groups)
+    assert sum(credited) >= 2 * rows and sum(credited) % rows == 0 and max(credited) <= 5_000
+    plaintext = engine_files.DecryptingFileSystem(
+        Path(Platform.open(home).store.get_dataset("big").blob_path), Platform.open(home).escrow_key(),
+        Platform.open(home).store.get_dataset("big").fingerprint, None, [])._plaintext_size
+    assert len(reads) >= 80 and max(reads) < plaintext / 20, (len(reads), max(reads), plaintext)
 
 
 def test_import_dp_core_and_cli_help_stay_light():

@@ -13,11 +13,13 @@ import sys
 import tempfile
 from pathlib import Path
 
+import duckdb
 import pandas as pd
 import pytest
 from cryptography.fernet import Fernet
 
 from dprelease import escrow
+from dprelease.escrow import engine_files
 from dprelease.escrow import (
     EscrowError,
     file_fingerprint,
@@ -314,8 +316,9 @@ def test_legacy_blobs_are_replayable_rows_for_the_engine(tmp_path):
 
 
 def test_every_scan_of_escrowed_rows_reports_each_batch_it_reads(tmp_path):
-    """The release's progress (`on_batch`) sees every batch of every scan the engine makes, for
-    streamed and legacy blobs alike: two full scans of three rows report six rows."""
+    """The release's progress (`on_rows`) sees every batch of every scan, for streamed and legacy
+    blobs alike, as Arrow streams and through DuckDB's own reader: two full scans of three rows
+    report six rows each way."""
     settings = _settings(tmp_path)
     key = load_or_create_key(settings, create=True)
     source = _write(_frame(), tmp_path / "d.csv")
@@ -325,10 +328,18 @@ def test_every_scan_of_escrowed_rows_reports_each_batch_it_reads(tmp_path):
     streamed, _, _ = seal_file(source, settings, key)
     for blob, fmt in ((streamed, "parquet"), (legacy, "csv")):
         seen: list[int] = []
-        rows = escrow.EscrowRows(blob, key, digest, fmt, on_batch=lambda batch: seen.append(batch.num_rows))
+        rows = escrow.EscrowRows(blob, key, digest, fmt, on_rows=seen.append)
         assert seen == []  # checking the key and fingerprint reads no rows
         for _scan in range(2):
             assert rows.reader().read_all().num_rows == 3
+        assert sum(seen) == 6, (blob.name, seen)
+        seen.clear()
+        con = duckdb.connect(":memory:")
+        reader = rows.duckdb_reader(con) or "rows"  # a legacy blob: its Arrow stream
+        if reader == "rows":
+            con.register("rows", rows)
+        for _scan in range(2):
+            assert con.execute(f"SELECT count(*), sum(age) FROM {reader}").fetchall() == [(3, 130.75)]
         assert sum(seen) == 6, (blob.name, seen)
 
 
@@ -443,6 +454,51 @@ def test_release_from_an_attacked_blob_reports_the_escrow_error(tmp_path):
     query = dp.Query([dp.count(upper=1)], privacy_unit="person_id", epsilon=1.0)
     with pytest.raises((dp.InvalidDataError, EscrowError), match="failed authentication at chunk"):
         dp.execute(query, open_batches(blob, key, digest, failures=failures))
+
+
+@pytest.mark.parametrize("attack", ATTACKS)
+def test_every_chunk_attack_is_refused_through_the_engine_s_own_parquet_reader(tmp_path, attack):
+    """The release's path: DuckDB reads the blob's Parquet itself through the decrypting filesystem
+    (EscrowRows.duckdb_reader). A query that needs every column reads every chunk, and each attack is
+    refused with the escrow's whole message: when the rows are opened (the footer's chunks), or from
+    inside DuckDB, where `failures` keeps the escrow's own error for the caller to report."""
+    import dp_core as dp
+
+    key, digest, header, chunks = _chunked_blob(tmp_path)
+    blob = tmp_path / "attacked.escrow"
+    blob.write_bytes(header + b"".join(chunks))
+    query = dp.Query([dp.count(upper=1), dp.sum_("age", 0, 100)], privacy_unit="person_id", group_by=("name",),
+                     public_partitions=[MARKER, "bob", "carol"], epsilon=1.0)
+    assert len(dp.execute(query, escrow.EscrowRows(blob, key, digest)).table) == 3  # intact: released
+    blob.write_bytes(header + b"".join(_tampered(chunks, attack)))
+    rows = None
+    with pytest.raises((dp.InvalidDataError, EscrowError)) as caught:
+        rows = escrow.EscrowRows(blob, key, digest)
+        dp.execute(query, rows)
+    error = caught.value if isinstance(caught.value, EscrowError) else rows.failures[0]
+    assert re.fullmatch(rf"the escrow blob {re.escape(str(blob))} failed authentication at chunk \d+ of \d+: it "
+                        "was altered, truncated, reordered or extended; restore it from a backup or register the "
+                        "dataset again", str(error)), str(error)
+
+
+def test_the_engine_s_reader_holds_the_key_only_on_its_own_connection(tmp_path):
+    """The decrypting filesystem is registered on the engine's connection alone, under a name of its
+    own, and is never kept in fsspec's instance cache (it holds the key)."""
+    import fsspec
+
+    settings = _settings(tmp_path)
+    key = load_or_create_key(settings, create=True)
+    blob, digest, _ = seal_file(_write(_frame(), tmp_path / "d.csv"), settings, key)
+    rows = escrow.EscrowRows(blob, key, digest)
+    first, second, bystander = duckdb.connect(), duckdb.connect(), duckdb.connect()
+    readers = [rows.duckdb_reader(first), rows.duckdb_reader(second)]
+    assert readers[0] != readers[1]  # each registration its own protocol
+    assert first.execute(f"SELECT count(*) FROM {readers[0]}").fetchall() == [(3,)]
+    with pytest.raises(duckdb.Error):
+        bystander.execute(f"SELECT count(*) FROM {readers[0]}").fetchall()
+    assert not engine_files.DecryptingFileSystem.cachable
+    assert not any(isinstance(fs, engine_files.DecryptingFileSystem)
+                   for fs in getattr(fsspec.AbstractFileSystem, "_cache", {}).values())
 
 
 def test_a_new_key_file_is_private_from_the_moment_it_exists(tmp_path, monkeypatch):

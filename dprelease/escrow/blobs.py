@@ -333,17 +333,20 @@ def _leaf_count(arrow_type: pa.DataType) -> int:
 
 
 class EscrowRows:
-    """A dataset's rows as a replayable Arrow stream (the Arrow PyCapsule stream protocol): every
-    consumer call (DuckDB calls once per scan) gets a fresh RecordBatchReader that decrypts and
-    decodes one row group at a time. The engine scans its input several times; this way no scan
-    needs a copy of the dataset in memory, and nothing is ever written out. The key and the
-    fingerprint are checked when it is made, before any engine work."""
+    """A dataset's rows, decrypted only into memory, for the engine: DuckDB reads the blob's Parquet
+    with its own reader through a decrypting filesystem on its connection (`duckdb_reader`,
+    engine_files.py); any other consumer gets a replayable Arrow stream (the Arrow PyCapsule stream
+    protocol: a fresh RecordBatchReader per call that decrypts and decodes one row group at a
+    time). The engine scans its input several times; either way no scan needs a copy of the
+    dataset in memory, and nothing is ever written out. The key and the fingerprint are checked
+    when it is made, before any engine work. `on_rows` counts the rows read, over all scans."""
 
     def __init__(self, blob_path: Path | str, key: bytes, expected_fingerprint: str, file_format: str = "parquet",
-                 on_batch: Callable[[pa.RecordBatch], None] | None = None, failures: list | None = None):
+                 on_rows: Callable[[int], None] | None = None, failures: list | None = None):
         self.blob_path = Path(blob_path)
         self._args = (self.blob_path, key, expected_fingerprint, file_format)
-        self._on_batch = on_batch
+        self._on_rows = on_rows
+        self._on_batch = (lambda batch: on_rows(batch.num_rows)) if on_rows is not None else None
         self.failures = failures if failures is not None else []
         self._legacy: pa.Table | None = None
         if self.blob_path.exists() and not stream.is_stream_blob(self.blob_path):
@@ -362,6 +365,18 @@ class EscrowRows:
 
     def __arrow_c_stream__(self, requested_schema=None):
         return self.reader().__arrow_c_stream__(requested_schema)
+
+    def duckdb_reader(self, con) -> str | None:
+        """Register a decrypting filesystem for this blob on DuckDB connection `con` and return the
+        table function that reads it (None for a blob of the first format: its Arrow stream)."""
+        if self._legacy is not None:
+            return None
+        from .engine_files import DecryptingFileSystem
+
+        files = DecryptingFileSystem(self.blob_path, _checked_key(self._args[1], "the caller"), self._args[2],
+                                     self._on_rows, self.failures)
+        con.register_filesystem(files)
+        return f"read_parquet('{files.url}')"
 
     def column_statistics(self) -> dict[str, ColumnStatistics | None] | None:
         """Per column, the statistics of the Parquet footer that registration wrote, read without
