@@ -34,13 +34,14 @@ from tasks import release_steps as steps
 APPROVAL_POLL_SECONDS = 1.0
 #: the same when this process answers its own run (cli/interactive.py): a person at this terminal's
 #: prompt, or (`--approve-as`, no terminal) this process within milliseconds of the pause, when
-#: every moment until the run sees the answer adds to the release
-ANSWERED_HERE_POLL_SECONDS = {"prompt": 0.5, "at_once": 0.05}
+#: every moment until the run sees the answer adds to the release (0.1 s: ten reads a second of a
+#: run that waits a fraction of a second; five commands at once share one SQLite-backed server)
+ANSWERED_HERE_POLL_SECONDS = {"prompt": 0.5, "at_once": 0.1}
 
 
 def answer_here(at_once: bool) -> None:
     """This process answers its own runs' pauses: look for the answer every 0.5 s (a prompt) or every
-    0.05 s (answered at once), not every second. A process-wide setting: a command runs one flow."""
+    0.1 s (answered at once), not every second. A process-wide setting: a command runs one flow."""
     global APPROVAL_POLL_SECONDS
     APPROVAL_POLL_SECONDS = ANSWERED_HERE_POLL_SECONDS["at_once" if at_once else "prompt"]
 
