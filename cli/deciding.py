@@ -28,14 +28,15 @@ def decide(settings: Settings, release_id: str, decision: str, key: Path, reason
     refused_file = settings.archive_dir / release_id / decisions.REFUSED_FILE
     refused_before = _lines(refused_file)
     answer(release.flow_run_id, decision, signed.controller, reason, signed_decision=token)
-    deadline = time.monotonic() + timeout
+    deadline, poll_s = time.monotonic() + timeout, 0.05
     while time.monotonic() < deadline:
         refused = _lines(refused_file)
         if len(refused) > len(refused_before):
             raise decisions.DecisionRefused(json.loads(refused[-1])["why"])
         if any(d.get("signed_decision") == token for d in decisions.recorded(settings, release_id)):
             return store.get_release(release_id).status
-        time.sleep(0.05)  # two small files of the archive: the run records the decision within a poll of its own
+        time.sleep(poll_s)  # two small files of the archive: the run records the decision within a poll of its own
+        poll_s = min(poll_s * 1.5, 0.5)
     raise decisions.DecisionRefused(f"the run of release {release_id} did not take the decision within {timeout:g} s")
 
 

@@ -73,7 +73,7 @@ class JudgeProcess:
 
     def __init__(self) -> None:
         self.process = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=os.environ.copy(),
+                                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=_judge_environment(),
                                         start_new_session=False)
         self.answered = False  # the child judged (not replaced by judging here)
 
@@ -104,6 +104,12 @@ class JudgeProcess:
                 pipe.close()
             except OSError:  # unsent bytes to a child that is gone
                 pass
+
+
+def _judge_environment() -> dict:
+    """The judge's environment: this one without the keys (it sees a witness table, never the escrow,
+    and signs nothing)."""
+    return {k: v for k, v in os.environ.items() if k not in ("DPRELEASE_ESCROW_KEY", "DPRELEASE_CONTROLLER_KEY")}
 
 
 _ahead: JudgeProcess | None = None

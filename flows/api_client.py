@@ -5,8 +5,8 @@ Prefect builds a new TLS context for every client it makes, parsing the CA bundl
 each, nine times in a release answered at the command line, most of them while the command waits.
 Handing Prefect a context skips that; the verification is the one Prefect would have set up from
 its own settings (PREFECT_API_TLS_INSECURE_SKIP_VERIFY, PREFECT_API_SSL_CERT_FILE, else certifi's
-bundle). Inside a flow run, `prefect.get_client` returns the run's own client instead, which
-this does not replace.
+bundle). Code inside a flow run keeps calling `prefect.get_client()` plainly: with no settings of its
+own it gets the run's client, which this would not.
 """
 
 from __future__ import annotations

@@ -130,7 +130,7 @@ def test_release_streams_batches_and_writes_no_plaintext(home, tmp_path, monkeyp
     assert set(result.table["grp"]) == {"x", "y"}
     # the checks and the compute step each scan the rows (some steps more than once), always by
     # row groups: no read is larger than a row group's bytes, so no reader ever holds the whole
-    # dataset decrypted (the decrypting file keeps one 64 KiB chunk; DuckDB its row groups)
+    # dataset decrypted (the decrypting file keeps one 1 MiB chunk; DuckDB its row groups)
     assert sum(credited) >= 2 * rows and sum(credited) % rows == 0 and max(credited) <= 5_000
     plaintext = engine_files.DecryptingFileSystem(
         Path(Platform.open(home).store.get_dataset("big").blob_path), Platform.open(home).escrow_key(),

@@ -481,6 +481,53 @@ def test_every_chunk_attack_is_refused_through_the_engine_s_own_parquet_reader(t
                         "dataset again", str(error)), str(error)
 
 
+def _grouped_blob(tmp_path, monkeypatch, rows: int = 6_000):
+    """A blob of `rows` rows in row groups of 500, in 1 KiB chunks: many groups, many chunks."""
+    monkeypatch.setattr(escrow.blobs, "BATCH_ROWS", 500)
+    settings = _settings(tmp_path)
+    key = load_or_create_key(settings, create=True)
+    frame = pd.DataFrame({"person_id": range(rows), "age": [float(i % 90) for i in range(rows)]})
+    blob, digest, _ = seal_file(_write(frame, tmp_path / "g.csv"), settings, key, chunk_size=1024)
+    return blob, key, digest, float(frame["age"].sum())
+
+
+@pytest.mark.parametrize("attack", ["changed chunk", "reordered chunks", "dropped chunk", "truncated chunk"])
+def test_a_blob_attacked_after_the_engine_opened_it_is_refused_with_the_escrow_s_words(tmp_path, monkeypatch,
+                                                                                        attack):
+    """The blob is changed once the engine's reader is registered (its footer read and checked): the
+    scan is refused, and `failures` holds the escrow's own error, whatever DuckDB makes of it."""
+    blob, key, digest, total = _grouped_blob(tmp_path, monkeypatch)
+    rows = escrow.EscrowRows(blob, key, digest)
+    con = duckdb.connect(":memory:", config={"temp_directory": ""})
+    reader = rows.duckdb_reader(con)
+    assert con.execute(f"SELECT sum(age) FROM {reader}").fetchall() == [(total,)]
+    data = blob.read_bytes()
+    header, body = data[:stream.HEADER_SIZE], data[stream.HEADER_SIZE:]
+    size = 1024 + stream.TAG_SIZE
+    chunks = [body[i:i + size] for i in range(0, len(body), size)]
+    middle = len(chunks) // 2
+    attacked = _tampered(chunks[middle - 2:], attack)  # the attack lands mid-file, among row groups
+    blob.write_bytes(header + b"".join(chunks[:middle - 2] + attacked))
+    with pytest.raises(duckdb.Error):
+        con.execute(f"SELECT sum(age) FROM {reader}").fetchall()
+    assert rows.failures, attack
+    assert re.search(r"failed authentication at chunk \d+ of \d+|ended early|changed while it was being read",
+                     str(rows.failures[0])), str(rows.failures[0])
+
+
+def test_duckdb_threads_reading_one_escrowed_file_at_once_each_read_their_own_bytes(tmp_path, monkeypatch):
+    """DuckDB's threads share one handle, each seeking and then reading: with four threads over twelve
+    row groups every value is read exactly once (a shared position would mix their reads up)."""
+    blob, key, digest, total = _grouped_blob(tmp_path, monkeypatch)
+    rows = escrow.EscrowRows(blob, key, digest)
+    con = duckdb.connect(":memory:", config={"temp_directory": ""})
+    con.execute("SET threads = 4")
+    reader = rows.duckdb_reader(con)
+    for _scan in range(5):
+        assert con.execute(f"SELECT count(*), sum(age), sum(person_id) FROM {reader}").fetchall() == \
+            [(6_000, total, 6_000 * 5_999 // 2)]
+
+
 def test_the_engine_s_reader_holds_the_key_only_on_its_own_connection(tmp_path):
     """The decrypting filesystem is registered on the engine's connection alone, under a name of its
     own, and is never kept in fsspec's instance cache (it holds the key)."""
@@ -521,3 +568,29 @@ def test_a_new_key_file_is_private_from_the_moment_it_exists(tmp_path, monkeypat
         os.umask(old)
     assert modes == [0o600], [oct(m) for m in modes]
     assert stat.S_IMODE(settings.escrow_key_file.stat().st_mode) == 0o600
+
+
+def test_columns_duckdb_s_reader_would_type_otherwise_are_read_as_arrow(tmp_path):
+    """A duration, a timestamp in seconds, a float16 or a decimal256 column: DuckDB's Parquet reader
+    would not give them the types the Arrow scan gives (ticks instead of an INTERVAL, ...), so such a
+    blob is read as its Arrow stream; common columns go to DuckDB's reader."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from dprelease.escrow.blobs import _read_alike
+
+    for odd in (pa.duration("ms"), pa.timestamp("s"), pa.float16(), pa.decimal256(40, 2), pa.list_(pa.duration("s"))):
+        assert not _read_alike(odd), odd
+    for common in (pa.int64(), pa.float64(), pa.string(), pa.dictionary(pa.int32(), pa.string()), pa.date32(),
+                   pa.timestamp("us", tz="UTC"), pa.decimal128(10, 2), pa.binary(), pa.list_(pa.int32())):
+        assert _read_alike(common), common
+    settings = _settings(tmp_path)
+    key = load_or_create_key(settings, create=True)
+    path = tmp_path / "d.parquet"
+    pq.write_table(pa.table({"person_id": [1, 2], "wait": pa.array([5, 7], pa.duration("s"))}), path)
+    blob, digest, _ = seal_file(path, settings, key)
+    rows = escrow.EscrowRows(blob, key, digest)
+    assert rows.duckdb_reader(duckdb.connect()) is None
+    con = duckdb.connect()
+    con.register("rows", rows)
+    assert con.execute("SELECT typeof(wait) FROM rows LIMIT 1").fetchall() == [("INTERVAL",)]

@@ -332,6 +332,24 @@ def _leaf_count(arrow_type: pa.DataType) -> int:
     return 1
 
 
+def _read_alike(arrow_type: pa.DataType) -> bool:
+    """Whether DuckDB's Parquet reader gives this column the type its Arrow scan gives it (checked:
+    strings, dictionaries, integers, floats, decimal128, dates, timestamps in ms/us/ns with or without
+    a zone, binary, lists, nulls). Not: durations (ticks instead of an INTERVAL), timestamps in
+    seconds, decimal256 and float16 (which the Arrow scan refuses): those are read as Arrow."""
+    if pa.types.is_duration(arrow_type) or pa.types.is_decimal256(arrow_type) or pa.types.is_float16(arrow_type):
+        return False
+    if pa.types.is_timestamp(arrow_type) and arrow_type.unit == "s":
+        return False
+    if pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type):
+        return _read_alike(arrow_type.value_type)
+    if pa.types.is_struct(arrow_type):
+        return all(_read_alike(arrow_type.field(i).type) for i in range(arrow_type.num_fields))
+    if pa.types.is_dictionary(arrow_type):
+        return _read_alike(arrow_type.value_type)
+    return not pa.types.is_map(arrow_type)
+
+
 class EscrowRows:
     """A dataset's rows, decrypted only into memory, for the engine: DuckDB reads the blob's Parquet
     with its own reader through a decrypting filesystem on its connection (`duckdb_reader`,
@@ -369,7 +387,7 @@ class EscrowRows:
     def duckdb_reader(self, con) -> str | None:
         """Register a decrypting filesystem for this blob on DuckDB connection `con` and return the
         table function that reads it (None for a blob of the first format: its Arrow stream)."""
-        if self._legacy is not None:
+        if self._legacy is not None or not all(_read_alike(f.type) for f in self.schema):
             return None
         from .engine_files import DecryptingFileSystem
 

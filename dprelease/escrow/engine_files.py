@@ -60,7 +60,17 @@ class DecryptingFileSystem(AbstractFileSystem):
     def _open(self, path, mode="rb", **kwargs):
         if "r" not in mode or "+" in mode:
             raise PermissionError("the escrow is read only")
-        return _CountingFile(self._plain(), self._groups, self._on_rows, self._failures)
+        try:
+            plain = self._plain()
+            if plain.size != self._plaintext_size:  # the blob changed since this scan's plan was made
+                plain.close()
+                raise EscrowError(f"the escrow blob {self._blob[0]} changed while it was being read (its size is "
+                                  "not the one its footer was read at): restore it from a backup or register the "
+                                  "dataset again")
+        except EscrowError as err:  # recorded: DuckDB words it as its own I/O error
+            self._failures.append(err)
+            raise
+        return _CountingFile(plain, self._groups, self._on_rows, self._failures)
 
     def info(self, path, **kwargs) -> dict:
         return {"name": self.url, "size": self._plaintext_size, "type": "file"}
@@ -124,6 +134,9 @@ class _CountingFile(io.RawIOBase):
             try:
                 self._plain.seek(start)
                 count = self._plain.readinto(buffer)
+                if count < min(memoryview(buffer).nbytes, max(0, self._plain.size - start)):
+                    raise EscrowError(f"the escrow blob {self._plain.path} ended early (a read at byte {start} "
+                                      "came back short): restore it from a backup or register the dataset again")
             except EscrowError as err:
                 self._failures.append(err)
                 raise
