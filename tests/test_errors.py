@@ -224,6 +224,23 @@ def test_a_stream_of_record_batches_is_read_like_its_frame():
     pd.testing.assert_frame_equal(from_stream, run(DF, **q).controller_only.exact)
 
 
+def test_a_pyarrow_dataset_is_read_like_its_table(tmp_path):
+    """A pyarrow Dataset (here Parquet files partitioned by a column, opened with pyarrow.dataset) is
+    a pyarrow input like a Table: scanned by each query, released from the same exact values as the
+    frame it holds, though it offers no Arrow C stream of its own."""
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+
+    q = dict(aggregates=[dp.sum_("x", 0, 10, name="s"), dp.count(upper=1, name="n")], group_by=("g",),
+             public_partitions=["a", "b"])
+    ds.write_dataset(pa.Table.from_pandas(DF, preserve_index=False), tmp_path / "parts", format="parquet",
+                     partitioning=ds.partitioning(pa.schema([("s", pa.string())]), flavor="hive"))
+    dataset = ds.dataset(tmp_path / "parts", format="parquet", partitioning="hive")
+    assert not hasattr(dataset, "__arrow_c_stream__")
+    from_dataset = run(dataset, **q).controller_only.exact
+    pd.testing.assert_frame_equal(from_dataset, run(DF, **q).controller_only.exact)
+
+
 @pytest.mark.parametrize("columns, message", [
     (["uid", "x", "x"], "the input has the column 'x' twice, at positions 2 and 3: rename or drop one (each column "
                         "must have its own name)"),

@@ -374,6 +374,11 @@ WORD_FOR_WORD = {  # refusals whose whole message is the guidance: rule -> (stat
         "column of a public-groups subquery: (SELECT DISTINCT cols FROM <public table>) outer-joined to the "
         "protected rows (RIGHT JOIN (SELECT DISTINCT ...) or (SELECT DISTINCT ...) LEFT JOIN ...); an expression "
         "is not such a column"),
+    "a CTE that is not a query": (  # a DuckDB PIVOT statement as a CTE's body, quoted to its first 80 characters
+        f"WITH t AS (PIVOT people ON dept USING count(*) AS n, avg(age) AS mean_age, max(age) AS oldest GROUP BY age) "
+        f"{DP.format(e=1)} {C1} FROM people",
+        "CTE 't': 'PIVOT people ON dept USING COUNT(*) AS n, AVG(age) AS mean_age, MAX(age) AS olde' is not "
+        "supported here"),
 }
 
 
