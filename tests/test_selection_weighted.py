@@ -268,6 +268,35 @@ def test_mad_selection_reads_a_duckdb_relation_like_a_frame():
     pd.testing.assert_frame_equal(by_part(on_relation), by_part(on_frame))
 
 
+@pytest.mark.parametrize("key_type", ["decimal(38,19)", "date", "double"])
+def test_mad_s_second_round_takes_the_weight_off_every_partition_round_one_released(monkeypatch, key_type):
+    """Round 2 moves each unit's weight off the partitions round 1 released onto its other ones: a
+    released partition has no round-2 weight, whatever its key's type. A DECIMAL key with more digits
+    than a double holds (read back as a double) counted as unreleased in round 2 before 2026-11-25."""
+    import datetime as dt
+    import decimal
+
+    import pyarrow as pa
+
+    from dp_core import selection_mad
+
+    keys = {"decimal(38,19)": ([decimal.Decimal("0.1234567890123456789") + i for i in range(4)], pa.decimal128(38, 19)),
+            "date": ([dt.date(2020, 1, 1) + dt.timedelta(days=i) for i in range(4)], pa.date32()),
+            "double": ([0.1 + i for i in range(4)], pa.float64())}[key_type]
+    units = 2000
+    part = [keys[0][(u + k) % 4] for u in range(units) for k in range(2)]
+    table = pa.table({"uid": np.repeat(np.arange(units), 2), "part": pa.array(part, keys[1])})
+    seen = []
+    second_round = selection_mad.mad_second_round
+    monkeypatch.setattr(selection_mad, "mad_second_round", lambda *a, **k: seen.append(second_round(*a, **k)) or seen[-1])
+    q = dp.Query([dp.count(name="n")], privacy_unit="uid", group_by=("part",), epsilon=2.0, delta=1e-6,
+                 max_partitions_contributed=2, selection="mad")
+    dp.execute(q, table)
+    (rows,) = seen
+    assert rows["_mad_r1"].sum() >= 1  # 1,000 units in each partition: round 1 releases them
+    assert (rows.loc[rows["_mad_r1"], "_w2"] == 0).all(), rows[["part", "_mad_r1", "_w2"]]
+
+
 def test_selection_advice_follows_each_mechanism_s_law():
     """The advice's expected releases: the Laplace threshold's P[n + K >= T] equals the sum of the
     discrete Laplace's probabilities above T - n; partitions of 5,000 units are kept by every
