@@ -298,6 +298,19 @@ def test_a_single_draw_past_int64_denominators_keeps_its_law():
     assert chi_square_pvalue(x, discrete_gaussian_cdf(params.variance), bins=20) > SIGNIFICANCE
 
 
+@pytest.mark.parametrize("high, low, expected", [
+    (2**64 - 1, None, 1.0),  # the top 53 bits all ones: (2^53 - 1 + 1) / 2^53
+    (5 << 11, 2**64 - 1, 6 / 2**53),  # below 2^-21: 53 more bits, all ones, (5 2^53 + 2^53 - 1 + 1) / 2^106
+    (5 << 11, 1 << 11, (5 * 2**53 + 2) / 2**106),
+])
+def test_a_secure_uniform_is_its_words_top_bits_over_two_to_the_53_or_106(monkeypatch, high, low, expected):
+    """secure_uniform: (W >> 11 + 1) / 2^53 from one CSPRNG word, and where that is below 2^-21 the
+    finer (high 2^53 + low + 1) / 2^106 with the top 53 bits of a second word. The words are handed in."""
+    words = iter([high] + ([] if low is None else [low]))
+    monkeypatch.setattr(noise, "random_words", lambda n: np.array([next(words) for _ in range(n)], dtype=np.uint64))
+    assert noise.secure_uniform(1).tolist() == [expected]
+
+
 @pytest.mark.parametrize("u_bit, accepted", [(190, False), (300, True)])
 def test_a_far_proposal_of_the_discrete_gaussian_is_accepted_with_its_own_tiny_probability(monkeypatch, u_bit, accepted):
     """CKS Algorithm 3 keeps a proposal Y with probability exp(-(|Y| - sigma^2/t)^2 / (2 sigma^2)),

@@ -521,3 +521,28 @@ def test_index_paths_rooted_at_a_backslash_are_refused():
         assert str(caught.value) == f"index entry 'rel-9': path must be relative, got {path!r}"
     with pytest.raises(ValueError, match="series 'visits'"):
         pages.render_index([], series=[{"name": "visits", "path": "\\visits.html"}])
+
+
+def test_the_bounds_histogram_labels_its_bins_and_greys_those_below_the_threshold(result):
+    """The histogram behind inferred bounds: bins labelled by their edges ([0, 2) starts at "0"),
+    blue where the noisy count reaches the threshold, grey below it (noise only)."""
+    b = {x.aggregate: x for x in result.inferred_bounds}["capital_gain"]
+    svg = pages.bounds_histogram_svg(b)
+    labels = re.findall(r">(\[[^<]*\))</text>", svg)
+    assert "[-2, 0)" in labels and "[0, 2)" in labels
+    fills = re.findall(r'fill="(#[0-9a-f]+)" stroke="#333333" stroke-width="0.3"><title>', svg)  # the bars
+    counts = np.asarray(b.noisy_counts, dtype=float)
+    assert len(fills) == len(labels) and 0 < fills.count("#2d6cdf") < len(fills)
+    assert fills.count("#2d6cdf") == int((counts >= b.threshold).sum())  # every bin above it is shown
+
+
+def test_text_cells_a_spreadsheet_would_run_are_written_quoted(tmp_path):
+    """results.csv: a released key starting with =, +, -, @ is written with a single quote in front
+    (read as text, never run as a formula); other keys as they are."""
+    i = np.arange(900)
+    df = pd.DataFrame({"uid": i, "k": np.array(["=1+1", "@cmd", "plain"])[i % 3]})
+    res = dp.execute(dp.Query([dp.count(upper=1, name="n")], privacy_unit="uid", group_by=("k",), epsilon=5.0,
+                              public_partitions=["=1+1", "@cmd", "plain"]), df)
+    data_files.write_data_files(res, tmp_path)
+    keys = pd.read_csv(tmp_path / "results.csv", dtype=str)["k"].tolist()
+    assert sorted(keys) == ["'=1+1", "'@cmd", "plain"]

@@ -316,6 +316,16 @@ def test_selection_advice_follows_each_mechanism_s_law():
     assert all(v < 1e-6 for v in expected_releases(np.zeros(4), share, cu, eps).values())
 
 
+def test_selection_advice_names_each_mechanism_it_compares():
+    """The advice compares the three selections by the names a query gives them (OPTIONS
+    partition_selection), weighted Gaussian included."""
+    from dp_core.selection_advice import expected_releases
+
+    got = expected_releases(np.full(3, 5000.0), Share("partition selection", epsilon=1.0, delta=1e-6), 2, 1.0)
+    assert sorted(got) == ["laplace-threshold", "truncated-geometric", "weighted_gaussian"]
+    assert got["weighted_gaussian"] == pytest.approx(3.0, abs=1e-6)
+
+
 def test_selection_advice_reads_a_released_count_of_rows_without_a_count_of_units():
     """Weighted selections release no noisy unit count: a released COUNT(*) (divided by its per-unit
     row bound) gives the advice its estimate, rather than asking for a count."""
@@ -427,3 +437,14 @@ def test_the_zcdp_conversion_refuses_a_delta_outside_0_to_1():
         with pytest.raises(dp.InvalidQueryError) as refused:
             rho_from_eps_delta(1.0, delta)
         assert str(refused.value) == f"a Gaussian mechanism needs epsilon > 0 and 0 < delta < 1, got (1.0, {delta})"
+
+
+def test_selection_advice_estimates_units_from_the_count_of_rows_not_from_another_statistic():
+    """Without a released count of units, the advice divides the released COUNT(*) by its row bound;
+    a SUM before it (with its own upper bound) is not read as a count."""
+    from dp_core.selection_advice import estimated_units
+
+    q = dp.Query([dp.sum_("x", 0, 10, name="total"), dp.count(upper=4, name="rows")], privacy_unit="uid",
+                 group_by=("part",), epsilon=2.0, delta=1e-6, selection="weighted_gaussian")
+    table = pd.DataFrame({"part": ["a", "b"], "total": [70.0, 90.0], "rows": [400.0, 80.0]})
+    assert estimated_units(q, table, None).tolist() == [100.0, 20.0]

@@ -662,3 +662,12 @@ def test_reserved_entries_are_oldest_first_even_after_an_older_row_was_rewritten
     with pg_store.engine.begin() as conn:
         conn.execute(text("UPDATE ledger_entries SET updated_at = updated_at WHERE release_id = 'r0'"))
     assert [e.release_id for e in pg_store.reserved_entries()] == ids
+
+
+def test_a_dataset_in_an_unknown_file_format_is_refused_naming_the_field(sqlite_store):
+    with pytest.raises(ValueError) as caught:
+        sqlite_store.add_dataset("adult", privacy_unit="person_id", blob_path="/escrow/adult.fernet",
+                                 fingerprint="0" * 64, file_format="xlsx", schema={"person_id": "int"},
+                                 epsilon_cap=1.0, delta_cap=1e-6)
+    assert str(caught.value).startswith("file_format must be one of ") and str(caught.value).endswith("; got 'xlsx'")
+    assert sqlite_store.list_datasets() == []
