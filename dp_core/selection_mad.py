@@ -70,7 +70,11 @@ def mad_second_round(backend, query, plan, rows: pd.DataFrame, share: Share, key
         out["_w2"] = out["_w1"].to_numpy(dtype=np.int64)  # nothing released: every unit keeps all
         return out
     released = [tuple(_plain(v) for v in row) for row in rows.loc[r1, keys].itertuples(index=False)]
-    w2 = backend.run(round_two_sql(with_clause, query, released, key_types, backend.dialect))
+    # the released keys come back through pandas, where a DECIMAL is a float64: cast back to a DECIMAL
+    # with more digits than a double holds it would no longer equal its own column value (the partition
+    # would stay in round 2); left a DOUBLE, it is compared as the column's value is read, and matches
+    exact = {k: t for k, t in (key_types or {}).items() if not str(t).upper().startswith("DECIMAL")}
+    w2 = backend.run(round_two_sql(with_clause, query, released, exact, backend.dialect))
     merged = out.merge(w2, on=keys, how="left", sort=False)
     if len(merged) != len(out):  # keys are unique per partition; a mismatch would be a plan bug
         raise RuntimeError("MAD round 2: partition keys did not match the plan's rows")

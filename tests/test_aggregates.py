@@ -174,3 +174,12 @@ def test_a_public_key_sql_cannot_hold_is_refused_naming_it_and_its_type():
             dp.execute(dp.Query([dp.count()], privacy_unit="uid", group_by=("g",), epsilon=1.0,
                                 public_partitions=[key]), df)
         assert str(refused.value) == f"cannot use {shown} as a partition key or bound"
+
+
+def test_every_statistic_keeps_the_budget_weight_it_is_given():
+    """Each statistic's constructor passes its weight on (the share of the budget it is given)."""
+    made = [dp.count(weight=3.0), dp.count_units(weight=3.0), dp.sum_("x", 0, 1, weight=3.0),
+            dp.avg("x", 0, 1, weight=3.0), dp.var("x", 0, 1, weight=3.0), dp.stddev("x", 0, 1, weight=3.0),
+            dp.quantile("x", 0.9, 0, 1, weight=3.0), dp.median("x", 0, 1, weight=3.0), dp.min_("x", 0, 1, weight=3.0),
+            dp.max_("x", 0, 1, weight=3.0)]
+    assert [a.weight for a in made] == [3.0] * len(made)

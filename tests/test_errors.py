@@ -3,6 +3,7 @@ nothing is released."""
 
 from __future__ import annotations
 
+import gzip
 import math
 
 import numpy as np
@@ -134,6 +135,7 @@ MISNAMED = [  # (file name, content, the advice the refusal ends with)
     ("d.csv", b"PAR1" + bytes(30), "is a Parquet file but named .csv: rename it to d.parquet"),
     ("d.csv", b"PK\x03\x04" + bytes(30), "is a zip archive (or an Excel workbook) but named .csv: export or "
                                            "decompress it to a .csv, .csv.gz, .tsv, .tsv.gz or .parquet file"),
+    ("d.csv.gz", gzip.compress(b"PAR1" + bytes(30), mtime=0), "holds a Parquet file inside the gzip, not CSV text"),
 ]
 
 
@@ -145,6 +147,17 @@ def test_a_misnamed_file_is_refused_with_the_fix_that_fits_its_content(tmp_path,
     with pytest.raises(InvalidDataError) as caught:
         run(path)
     assert str(caught.value) == f"{path} {advice}"
+
+
+def test_a_csv_header_naming_a_column_twice_once_in_quotes_is_refused(tmp_path):
+    """A header's quoted name is the same name: `uid,"x",x` names x twice (DuckDB would read one of
+    them as x_1 and release from either), refused like any repeated column."""
+    path = tmp_path / "d.csv"
+    path.write_text('uid,"x",x\n1,2,3\n2,3,4\n')
+    with pytest.raises(InvalidDataError) as caught:
+        run(path)
+    assert str(caught.value) == (f"{path} has the column 'x' twice, at positions 2 and 3: rename or drop one (each "
+                                 "column must have its own name)")
 
 
 def test_a_row_filter_is_one_condition_read_as_duckdb_sql():
@@ -222,6 +235,23 @@ def test_a_stream_of_record_batches_is_read_like_its_frame():
                                                pa.Table.from_pandas(DF, preserve_index=False).to_batches(max_chunksize=2))
     from_stream = run(stream, **q).controller_only.exact
     pd.testing.assert_frame_equal(from_stream, run(DF, **q).controller_only.exact)
+
+
+def test_a_pyarrow_dataset_is_read_like_its_table(tmp_path):
+    """A pyarrow Dataset (here Parquet files partitioned by a column, opened with pyarrow.dataset) is
+    a pyarrow input like a Table: scanned by each query, released from the same exact values as the
+    frame it holds, though it offers no Arrow C stream of its own."""
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+
+    q = dict(aggregates=[dp.sum_("x", 0, 10, name="s"), dp.count(upper=1, name="n")], group_by=("g",),
+             public_partitions=["a", "b"])
+    ds.write_dataset(pa.Table.from_pandas(DF, preserve_index=False), tmp_path / "parts", format="parquet",
+                     partitioning=ds.partitioning(pa.schema([("s", pa.string())]), flavor="hive"))
+    dataset = ds.dataset(tmp_path / "parts", format="parquet", partitioning="hive")
+    assert not hasattr(dataset, "__arrow_c_stream__")
+    from_dataset = run(dataset, **q).controller_only.exact
+    pd.testing.assert_frame_equal(from_dataset, run(DF, **q).controller_only.exact)
 
 
 @pytest.mark.parametrize("columns, message", [

@@ -236,6 +236,48 @@ def test_sealing_a_file_numbers_its_rows_when_asked(tmp_path):
     assert table["row_id"].to_pylist() == [0, 1, 2]
 
 
+def test_a_source_read_in_several_batches_is_numbered_and_counted_across_them(tmp_path):
+    """Row numbers run on from one batch to the next (0 to n - 1, no restart), and the sealed blob
+    records every row and one row group per batch."""
+    from dprelease.escrow.blobs import read_source, seal_source
+
+    settings = _settings(tmp_path)
+    key = load_or_create_key(settings, create=True)
+    frame = pd.DataFrame({"person_id": range(10), "age": [30.5] * 10})
+    source_path = _write(frame, tmp_path / "d.parquet")
+    sealed = seal_source(source_path, read_source(source_path, batch_rows=4), file_fingerprint(source_path), settings,
+                         key, row_number_column="row_id")
+    assert (sealed.rows, sealed.row_groups) == (10, 3)
+    table = open_batches(sealed.path, key, sealed.fingerprint).read_all()
+    assert table["row_id"].to_pylist() == list(range(10)) and table["person_id"].to_pylist() == list(range(10))
+
+
+def test_a_sealed_blob_s_footer_gives_each_column_s_statistics_over_every_row_group(tmp_path):
+    """EscrowRows.column_statistics: from the footer registration wrote (numbers without dictionary
+    pages, text with), each flat column's least and greatest value and NULL count over all row
+    groups, not the last one's; a map column (two leaf columns) gets none and does not shift the
+    columns after it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from dprelease.escrow.blobs import ColumnStatistics, EscrowRows, at_rest_encoding, read_source, seal_source
+
+    settings = _settings(tmp_path)
+    key = load_or_create_key(settings, create=True)
+    table = pa.table({"person_id": pa.array(range(10), pa.int64()),
+                      "tags": pa.array([[("k", i)] for i in range(10)], pa.map_(pa.string(), pa.int64())),
+                      "age": pa.array([30.5, None, 20.0, 41.0, 35.0, 22.5, 50.0, 33.0, 28.0, 47.5]),
+                      "name": pa.array(["b", "a", "c", None, "d", "e", "f", "g", "h", "z"])})
+    assert at_rest_encoding(table.schema) == {"compression": "lz4", "use_dictionary": ["tags", "name"]}
+    source_path = tmp_path / "d.parquet"
+    pq.write_table(table, source_path)
+    sealed = seal_source(source_path, read_source(source_path, batch_rows=4), file_fingerprint(source_path), settings,
+                         key)
+    stats = EscrowRows(sealed.path, key, sealed.fingerprint).column_statistics()
+    assert stats == {"person_id": ColumnStatistics(0, 9, 0, "integer", 10), "tags": None,
+                     "age": ColumnStatistics(20.0, 50.0, 1, "float", 10), "name": ColumnStatistics("a", "z", 1, "other", 10)}
+
+
 def test_a_missing_blob_is_named_by_every_reader(tmp_path):
     """A blob removed behind the store's back: whichever way it is opened (whole, batch by batch,
     as a frame, as the engine's replayable rows), the one-line error names the file and the fix."""
@@ -594,3 +636,20 @@ def test_columns_duckdb_s_reader_would_type_otherwise_are_read_as_arrow(tmp_path
     con = duckdb.connect()
     con.register("rows", rows)
     assert con.execute("SELECT typeof(wait) FROM rows LIMIT 1").fetchall() == [("INTERVAL",)]
+
+
+def test_a_new_escrow_key_is_created_with_every_missing_directory_above_it(tmp_path):
+    """The key directory may be new and nested (a fresh home): every missing directory is created,
+    the key's own with mode 0700."""
+    settings = _settings(tmp_path, key_dir=tmp_path / "new" / "deeper" / "keys")
+    key = load_or_create_key(settings, create=True)
+    assert settings.escrow_key_file.read_bytes().strip() == key
+    assert stat.S_IMODE(settings.escrow_key_file.parent.stat().st_mode) == 0o700
+
+
+def test_a_file_that_is_not_an_escrow_blob_is_refused_as_such(tmp_path):
+    other = tmp_path / "notes.escrow"
+    other.write_bytes(b"x" * 200)
+    with pytest.raises(EscrowError) as caught:
+        stream.DecryptingFile(other, Fernet.generate_key(), None)
+    assert str(caught.value) == f"{other} is not an escrow blob (bad header): register the dataset again"

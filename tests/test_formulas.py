@@ -90,6 +90,20 @@ def test_each_partition_s_interval_scales_with_its_own_noise_only():
     assert both[1] == pytest.approx(both[0] * 1e-12, rel=1e-6)
 
 
+def test_the_laplace_half_width_is_the_smallest_whose_tail_is_at_most_alpha():
+    """The half-width h of a sum of Laplace noises is the smallest with P(|sum| > h) <= alpha: when
+    alpha is exactly the tail at some x (as the tail function computes it), h is x or below, never
+    above (a wider interval than promised). Checked for one, two and three scales at several x."""
+    for scales in ([1.0], [0.5, 2.0], [0.3, 1.0, 4.0]):
+        s = np.array([scales])
+        for x in (0.7, 3.0, 11.0):
+            alpha = float(laplace_mixture_tail(np.array([x]), s)[0])
+            h = float(laplace_sum_halfwidth(s, alpha)[0])
+            assert h <= x, (scales, x, h)
+            assert laplace_mixture_tail(np.array([h]), s)[0] <= alpha
+            assert h == pytest.approx(x, rel=1e-12)
+
+
 def _records(result):
     return {m.target: m for m in result.mechanisms}
 

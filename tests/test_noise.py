@@ -298,6 +298,49 @@ def test_a_single_draw_past_int64_denominators_keeps_its_law():
     assert chi_square_pvalue(x, discrete_gaussian_cdf(params.variance), bins=20) > SIGNIFICANCE
 
 
+@pytest.mark.parametrize("high, low, expected", [
+    (2**64 - 1, None, 1.0),  # the top 53 bits all ones: (2^53 - 1 + 1) / 2^53
+    (5 << 11, 2**64 - 1, 6 / 2**53),  # below 2^-21: 53 more bits, all ones, (5 2^53 + 2^53 - 1 + 1) / 2^106
+    (5 << 11, 1 << 11, (5 * 2**53 + 2) / 2**106),
+])
+def test_a_secure_uniform_is_its_words_top_bits_over_two_to_the_53_or_106(monkeypatch, high, low, expected):
+    """secure_uniform: (W >> 11 + 1) / 2^53 from one CSPRNG word, and where that is below 2^-21 the
+    finer (high 2^53 + low + 1) / 2^106 with the top 53 bits of a second word. The words are handed in."""
+    words = iter([high] + ([] if low is None else [low]))
+    monkeypatch.setattr(noise, "random_words", lambda n: np.array([next(words) for _ in range(n)], dtype=np.uint64))
+    assert noise.secure_uniform(1).tolist() == [expected]
+
+
+@pytest.mark.parametrize("u_bit, accepted", [(190, False), (300, True)])
+def test_a_far_proposal_of_the_discrete_gaussian_is_accepted_with_its_own_tiny_probability(monkeypatch, u_bit, accepted):
+    """CKS Algorithm 3 keeps a proposal Y with probability exp(-(|Y| - sigma^2/t)^2 / (2 sigma^2)),
+    however far in the tail Y lies. sigma = 1 (t = 1): Y = 21 is kept with probability exp(-200),
+    about 2^-288.5. The proposal and its uniform are handed in: U = 2^-190 (the 2^-32-rare zero first
+    word, refined with more words) lies above exp(-200) and rejects it; U = 2^-300 lies below and
+    keeps it. A rejected 21 leaves the next proposal, 0."""
+    import secrets
+
+    params = noise.gaussian_parameters(Fraction(1))
+    assert (params.j, params.r, params.a) == (0, 20, 2**20)  # the exponent of Y = 21 is exactly 200
+    proposals = iter([np.array([21])])
+    monkeypatch.setattr(noise, "_discrete_laplace_exact",
+                        lambda p, n: np.concatenate([next(proposals, np.zeros(1, np.int64)), np.zeros(n - 1, np.int64)]))
+    real_halfwords, first = noise.random_halfwords, [True]
+
+    def halfwords(n):  # the first: the far proposal's 32-bit word, zero (a tie with exp(-200)'s 0)
+        if first[0]:
+            first[0] = False
+            return np.zeros(n, dtype=np.uint32)
+        return real_halfwords(n)
+
+    monkeypatch.setattr(noise, "random_halfwords", halfwords)
+    word, bit = divmod(u_bit - 33, 64)  # U's bits after the first 32, 64 at a time
+    words = iter([0] * word + [1 << (63 - bit)])
+    real_randbits = secrets.randbits
+    monkeypatch.setattr(noise.secrets, "randbits", lambda k: next(words) if k == 64 else real_randbits(k))
+    assert noise.discrete_gaussian(1.0, 1).tolist() == ([21] if accepted else [0])
+
+
 @pytest.mark.parametrize("x_high", [0x8000_0001, 0x8000_0000])  # odd and even high halves
 def test_a_dyadic_bernoulli_compares_every_bit_of_its_uniform(monkeypatch, x_high):
     """Bernoulli(x / 2^52) is W < x for a uniform 52-bit W: with W's high 32 bits equal to x's (the

@@ -115,3 +115,21 @@ def test_a_release_s_text_gives_its_budget_its_size_and_its_readable_table():
                         "interval")
     assert lines[1:-1] == result.readable_table().to_string(index=False).splitlines()
     assert lines[-1].startswith("Confidence intervals cover the noise only")
+
+
+def test_the_readable_table_writes_numbers_short_and_the_public_view_dates_in_iso():
+    """readable_table: from 100 on (and 0) whole numbers with thousands separators, from 1 two
+    decimals, below 1 three significant digits. to_dict: a date key as ISO 8601 text, not epoch
+    milliseconds."""
+    import dataclasses
+
+    day = pd.Timestamp("2026-01-02")
+    n = 300
+    df = pd.DataFrame({"uid": np.arange(n), "day": [day] * n, "x": 1.0})
+    result = dp.execute(dp.Query([dp.sum_("x", 0, 1, name="s")], privacy_unit="uid", group_by=("day",), epsilon=1.0,
+                                 public_partitions=[day.date()]), df)
+    assert str(result.to_dict()["rows"][0]["day"]).startswith("2026-01-02T00:00:00")
+    values = [1234.5, 150.0, 0.0, 1.5, 1.0, 0.5, 0.01234]
+    table = pd.DataFrame({"day": [day] * len(values), "s": values, "s_ci_low": np.nan, "s_ci_high": np.nan})
+    shown = dataclasses.replace(result, table=table).readable_table()["s"].tolist()
+    assert shown == ["1,234", "150", "0", "1.50", "1.00", "0.5", "0.0123"]

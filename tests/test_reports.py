@@ -412,3 +412,137 @@ def test_the_controller_report_is_titled_for_its_release(controller_html):
 def test_numbers_past_fifteen_digits_or_below_a_ten_thousandth_are_shown_in_scientific_form():
     assert [pages.fmt_number(v) for v in (1.5e16, -2e15, 3.25e-5, 0.00012345, 1234.56789, 7.0)] == [
         "1.5e+16", "-2e+15", "3.25e-05", "0.0001", "1234.5679", "7"]
+
+
+def test_a_statistic_with_one_bound_given_and_the_other_inferred_shows_both_as_used(data):
+    """A SUM with only its lower bound given (the upper inferred privately), and one with only its
+    upper bound given: "Bounds used" shows the given bound as given and the inferred one as inferred,
+    and so does the caption of the histogram the inferred one was chosen from (the page could not be
+    rendered before 2026-11-25: the histogram compared its bins with the side not inferred, None)."""
+    q = dp.Query([dp.Aggregate("sum", column="capital_gain", lower=0.0, name="gain_from_0"),
+                  dp.Aggregate("sum", column="hours_per_week", upper=60.0, name="hours_to_60")],
+                 privacy_unit="person_id", epsilon=1.0)
+    res = dp.execute(q, data)
+    inferred = {b.aggregate: b for b in res.inferred_bounds}
+    page = pages.render_analyst_report(res, make_ctx())
+    num = pages.fmt_number
+    for name, column, lower, upper in (("gain_from_0", "capital_gain", 0.0, inferred["gain_from_0"].upper),
+                                       ("hours_to_60", "hours_per_week", inferred["hours_to_60"].lower, 60.0)):
+        assert lower is not None and upper is not None
+        row = (f"<tr><td>{name}</td><td>sum</td><td>{column}</td><td>each person&#39;s value limited to</td>\n"
+               f'<td class="n">{num(lower)}</td><td class="n">{num(upper)}</td>')
+        assert row in page, name
+        assert f"Bounds of {name} were chosen" in page and f"[{num(lower)}, {num(upper)}]," in page
+
+
+def test_group_keys_are_shown_as_written_and_a_missing_one_of_any_type_as_a_dash():
+    """Keys in the results table: numbers as short numbers (1.0 as 1), booleans as True and False,
+    and a missing key (NULL) as "—" whatever the column's type (text, float, nullable integer or
+    boolean, date), never "None", "<NA>" or "NaT"."""
+    n = 600
+    i = np.arange(n)
+    keys = {"number": np.where(i % 3 == 0, 1.0, np.where(i % 3 == 1, 2.5, np.nan)),
+            "flag": pd.array(np.where(i % 3 == 0, True, np.where(i % 3 == 1, False, None)), dtype="boolean"),
+            "whole": pd.array(np.where(i % 2 == 0, 7, None), dtype="Int64"),
+            "text": np.where(i % 2 == 0, "a", None),
+            "day": pd.to_datetime(np.where(i % 2 == 0, "2026-01-02", None))}
+    shown = {"number": ["1", "2.5", "—"], "flag": ["False", "True", "—"], "whole": ["7", "—"], "text": ["a", "—"],
+             "day": ["2026-01-02 00:00:00", "—"]}
+    for key, column in keys.items():
+        df = pd.DataFrame({"uid": i, key: column})
+        res = dp.execute(dp.Query([dp.count(upper=1, name="n")], privacy_unit="uid", group_by=(key,), epsilon=5.0,
+                                  delta=1e-6), df)
+        page = pages.render_analyst_report(res, make_ctx())
+        results = page[page.index('<table class="results">'):]
+        cells = re.findall(r"<tr><td>([^<]*)</td>", results[:results.index("</table>")])
+        assert cells == shown[key], (key, cells)
+
+
+def test_the_controller_table_heads_every_column_and_gives_released_minus_exact(result, controller_html):
+    """The controller's "Exact against released values": the group key, the exact number of people,
+    then per statistic its exact value, its released value and the difference released - exact."""
+    num = pages.fmt_number
+    labels = [a.label for a in result.query.aggregates]
+    head = ["education", "units (exact)"] + [h for name in labels for h in (f"{name} exact", f"{name} released",
+                                                                                 "difference")]
+    table = controller_html[controller_html.index('<table class="exact">'):]
+    table = table[:table.index("</table>")]
+    assert re.findall(r"<th[^>]*>([^<]*)</th>", table) == head
+    exact = result.controller_only.exact.set_index("education")
+    for _, row in result.table.iterrows():
+        ex, rel = float(exact.loc[row["education"], "score_total"]), float(row["score_total"])
+        assert (f'<td class="n">{num(ex)}</td><td class="n">{num(rel)}</td><td class="n">{num(rel - ex)}</td>'
+                in table), row["education"]
+
+
+def test_the_controller_chart_draws_each_released_value_s_interval(result, controller_html):
+    """The raw-against-private chart draws the released value of each group shown with its interval
+    (a whisker from low to high), beside the exact value."""
+    assert "<h3>Raw against private: capital_gain</h3>" in controller_html  # the most clamped statistic
+    chart = controller_html[controller_html.index("<h3>Raw against private"):]
+    chart = chart[:chart.index("</svg>")]
+    values = result.table[["capital_gain", "capital_gain_ci_low", "capital_gain_ci_high"]].astype(float)
+    with_interval = int(np.isfinite(values).all(axis=1).sum())
+    assert with_interval >= 10
+    assert chart.count('stroke="#333333" stroke-width="1" fill="none"/>') == with_interval
+
+
+def test_the_pri_choice_names_its_rule_for_the_analyst_and_marks_its_epsilon_for_the_controller(data):
+    """An epsilon chosen from PRIs: the analyst page states the rule it was chosen by, and the
+    controller's PRI chart marks the chosen epsilon."""
+    q = dp.Query([dp.count(upper=1, name="people")], privacy_unit="person_id", epsilon=1.0)
+    res = pri.release_with_pri(q, data.head(2000), p=50)
+    rule = res.epsilon_choice.public_summary()["rule"]
+    assert rule
+    ctx = make_ctx(epsilon_mode="pri", epsilon_explanation="Chosen by the platform from p = 50.")
+    assert f"<dt>Rule</dt><dd>{html.escape(rule, quote=True).replace('&#x27;', '&#39;')}</dd>" in (
+        pages.render_analyst_report(res, ctx))
+    assert f"chosen epsilon {res.epsilon_choice.epsilon:g}" in pages.render_controller_report(res, ctx)
+
+
+def test_an_ungrouped_release_s_controller_chart_labels_its_one_bar_all(data):
+    single = dp.execute(dp.Query([dp.count(upper=1, name="people")], privacy_unit="person_id", epsilon=1.0), data)
+    page = pages.render_controller_report(single, make_ctx())
+    chart = page[page.index("<h3>Raw against private"):]
+    chart = chart[:chart.index("</svg>")]
+    assert ">all</text>" in chart
+
+
+def test_infinite_numbers_are_shown_as_signed_infinity():
+    assert [pages.fmt_number(v) for v in (math.inf, -math.inf, np.float64("inf"))] == ["∞", "−∞", "∞"]
+
+
+def test_index_paths_rooted_at_a_backslash_are_refused():
+    """A Windows-rooted path (\\\\server\\share or \\dir) would link out of the published folder too."""
+    entry = {"release_id": "rel-9", "dataset": "d", "title": "t", "epsilon": 1, "delta": 0, "published_at": "now"}
+    for path in ("\\\\server\\share\\rel-9.html", "\\www\\rel-9.html"):
+        with pytest.raises(ValueError) as caught:
+            pages.render_index([{**entry, "path": path}])
+        assert str(caught.value) == f"index entry 'rel-9': path must be relative, got {path!r}"
+    with pytest.raises(ValueError, match="series 'visits'"):
+        pages.render_index([], series=[{"name": "visits", "path": "\\visits.html"}])
+
+
+def test_the_bounds_histogram_labels_its_bins_and_greys_those_below_the_threshold(result):
+    """The histogram behind inferred bounds: bins labelled by their edges ([0, 2) starts at "0"),
+    blue where the noisy count reaches the threshold, grey below it (noise only)."""
+    b = {x.aggregate: x for x in result.inferred_bounds}["capital_gain"]
+    svg = pages.bounds_histogram_svg(b)
+    labels = re.findall(r">(\[[^<]*\))</text>", svg)
+    assert "[-2, 0)" in labels and "[0, 2)" in labels
+    fills = re.findall(r'fill="(#[0-9a-f]+)" stroke="#333333" stroke-width="0.3"><title>', svg)  # the bars
+    counts = np.asarray(b.noisy_counts, dtype=float)
+    assert len(fills) == len(labels) and 0 < fills.count("#2d6cdf") < len(fills)
+    assert fills.count("#2d6cdf") == int((counts >= b.threshold).sum())  # every bin above it is shown
+
+
+def test_text_cells_a_spreadsheet_would_run_are_written_quoted(tmp_path):
+    """results.csv: a released key starting with =, +, -, @ is written with a single quote in front
+    (read as text, never run as a formula); other keys as they are."""
+    i = np.arange(900)
+    df = pd.DataFrame({"uid": i, "k": np.array(["=1+1", "@cmd", "plain"])[i % 3]})
+    res = dp.execute(dp.Query([dp.count(upper=1, name="n")], privacy_unit="uid", group_by=("k",), epsilon=5.0,
+                              public_partitions=["=1+1", "@cmd", "plain"]), df)
+    data_files.write_data_files(res, tmp_path)
+    keys = pd.read_csv(tmp_path / "results.csv", dtype=str)["k"].tolist()
+    assert sorted(keys) == ["'=1+1", "'@cmd", "plain"]

@@ -418,3 +418,11 @@ def test_levels_and_tolerances_are_refused_with_their_whole_reason():
         risk.choose_epsilon_for_plan(median_only, trust="low", sensitivity="high", max_risk=0.2, max_noise=10, n=16, m=2)
     assert str(err.value) == ("no statistic of the query has a data-free interval (count, sum, avg with bounds given): "
                               "a tolerable noise cannot be promised; fix epsilon instead")
+
+
+def test_an_average_s_promised_interval_names_the_mechanism_of_its_noise():
+    """An AVG's line names the noise of its sum (discrete Laplace here, Gaussian under noise="gaussian")."""
+    for noise, mechanism in (("laplace", "discrete Laplace"), ("gaussian", "discrete Gaussian")):
+        q = dp.Query([dp.avg("x", 0, 20, name="mean")], privacy_unit="u", epsilon=1.0, delta=1e-6, noise=noise)
+        (line,) = [s.describe() for s in accuracy.statistic_intervals(q, reference_count=250)]
+        assert line.startswith("mean: +-") and line.endswith(f"for a group of 250 people ({mechanism}, epsilon 1)"), line

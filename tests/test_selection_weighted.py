@@ -268,6 +268,35 @@ def test_mad_selection_reads_a_duckdb_relation_like_a_frame():
     pd.testing.assert_frame_equal(by_part(on_relation), by_part(on_frame))
 
 
+@pytest.mark.parametrize("key_type", ["decimal(38,19)", "date", "double"])
+def test_mad_s_second_round_takes_the_weight_off_every_partition_round_one_released(monkeypatch, key_type):
+    """Round 2 moves each unit's weight off the partitions round 1 released onto its other ones: a
+    released partition has no round-2 weight, whatever its key's type. A DECIMAL key with more digits
+    than a double holds (read back as a double) counted as unreleased in round 2 before 2026-11-25."""
+    import datetime as dt
+    import decimal
+
+    import pyarrow as pa
+
+    from dp_core import selection_mad
+
+    keys = {"decimal(38,19)": ([decimal.Decimal("0.1234567890123456789") + i for i in range(4)], pa.decimal128(38, 19)),
+            "date": ([dt.date(2020, 1, 1) + dt.timedelta(days=i) for i in range(4)], pa.date32()),
+            "double": ([0.1 + i for i in range(4)], pa.float64())}[key_type]
+    units = 2000
+    part = [keys[0][(u + k) % 4] for u in range(units) for k in range(2)]
+    table = pa.table({"uid": np.repeat(np.arange(units), 2), "part": pa.array(part, keys[1])})
+    seen = []
+    second_round = selection_mad.mad_second_round
+    monkeypatch.setattr(selection_mad, "mad_second_round", lambda *a, **k: seen.append(second_round(*a, **k)) or seen[-1])
+    q = dp.Query([dp.count(name="n")], privacy_unit="uid", group_by=("part",), epsilon=2.0, delta=1e-6,
+                 max_partitions_contributed=2, selection="mad")
+    dp.execute(q, table)
+    (rows,) = seen
+    assert rows["_mad_r1"].sum() >= 1  # 1,000 units in each partition: round 1 releases them
+    assert (rows.loc[rows["_mad_r1"], "_w2"] == 0).all(), rows[["part", "_mad_r1", "_w2"]]
+
+
 def test_selection_advice_follows_each_mechanism_s_law():
     """The advice's expected releases: the Laplace threshold's P[n + K >= T] equals the sum of the
     discrete Laplace's probabilities above T - n; partitions of 5,000 units are kept by every
@@ -285,6 +314,16 @@ def test_selection_advice_follows_each_mechanism_s_law():
     assert got["laplace-threshold"] == pytest.approx(sum(pmf[x + k >= t].sum() for x in n), rel=1e-9)
     assert all(v == pytest.approx(4.0, abs=1e-6) for v in expected_releases(np.full(4, 5000.0), share, cu, eps).values())
     assert all(v < 1e-6 for v in expected_releases(np.zeros(4), share, cu, eps).values())
+
+
+def test_selection_advice_names_each_mechanism_it_compares():
+    """The advice compares the three selections by the names a query gives them (OPTIONS
+    partition_selection), weighted Gaussian included."""
+    from dp_core.selection_advice import expected_releases
+
+    got = expected_releases(np.full(3, 5000.0), Share("partition selection", epsilon=1.0, delta=1e-6), 2, 1.0)
+    assert sorted(got) == ["laplace-threshold", "truncated-geometric", "weighted_gaussian"]
+    assert got["weighted_gaussian"] == pytest.approx(3.0, abs=1e-6)
 
 
 def test_selection_advice_reads_a_released_count_of_rows_without_a_count_of_units():
@@ -398,3 +437,14 @@ def test_the_zcdp_conversion_refuses_a_delta_outside_0_to_1():
         with pytest.raises(dp.InvalidQueryError) as refused:
             rho_from_eps_delta(1.0, delta)
         assert str(refused.value) == f"a Gaussian mechanism needs epsilon > 0 and 0 < delta < 1, got (1.0, {delta})"
+
+
+def test_selection_advice_estimates_units_from_the_count_of_rows_not_from_another_statistic():
+    """Without a released count of units, the advice divides the released COUNT(*) by its row bound;
+    a SUM before it (with its own upper bound) is not read as a count."""
+    from dp_core.selection_advice import estimated_units
+
+    q = dp.Query([dp.sum_("x", 0, 10, name="total"), dp.count(upper=4, name="rows")], privacy_unit="uid",
+                 group_by=("part",), epsilon=2.0, delta=1e-6, selection="weighted_gaussian")
+    table = pd.DataFrame({"part": ["a", "b"], "total": [70.0, 90.0], "rows": [400.0, 80.0]})
+    assert estimated_units(q, table, None).tolist() == [100.0, 20.0]

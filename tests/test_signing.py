@@ -437,3 +437,29 @@ def test_a_key_pair_is_made_where_no_directory_exists_yet(tmp_path):
     generate_keypair(private, public)
     assert private.exists() and public.exists()
     assert stat.S_IMODE(private.stat().st_mode) == 0o600
+
+
+def test_a_missing_public_key_says_whether_a_trusted_key_was_given(release: Path, keys: tuple[Path, Path]) -> None:
+    """Without a trusted key, a release missing its public key cannot be verified at all; with one,
+    the key is still missing from what was published. The problem says which."""
+    (release / PUBLIC_KEY).unlink()
+    assert verify_directory(release).problems[0] == f"{PUBLIC_KEY}: missing (no key to verify with)"
+    assert verify_directory(release, keys[1]).problems == [
+        f"{PUBLIC_KEY}: missing (the signer's public key is published with the release)"]
+
+
+def test_a_new_private_key_s_directory_is_private_to_its_owner(tmp_path: Path) -> None:
+    """generate_keypair creates the private key's missing directories readable by the owner only,
+    whatever the umask."""
+    old = os.umask(0)
+    try:
+        generate_keypair(tmp_path / "secrets" / "signing" / "release.key", tmp_path / "release.pub.pem")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "secrets" / "signing").stat().st_mode) == 0o700
+
+
+def test_a_public_key_that_is_not_pem_is_refused_naming_what_it_was_given(tmp_path: Path) -> None:
+    with pytest.raises(SigningError) as caught:
+        load_public_key(b"not a key")
+    assert str(caught.value).startswith("public key PEM: not a valid PEM public key (")

@@ -374,6 +374,27 @@ WORD_FOR_WORD = {  # refusals whose whole message is the guidance: rule -> (stat
         "column of a public-groups subquery: (SELECT DISTINCT cols FROM <public table>) outer-joined to the "
         "protected rows (RIGHT JOIN (SELECT DISTINCT ...) or (SELECT DISTINCT ...) LEFT JOIN ...); an expression "
         "is not such a column"),
+    "GROUP BY ... WITH ROLLUP": (f"{DP.format(e=1)} {C1} AS n FROM people GROUP BY dept WITH ROLLUP",
+                                 "GROUP BY ROLLUP is not supported in a DP SELECT"),
+    "an option this engine does not offer": (
+        "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1, delta = 1e-6, privacy_unit_column = uid, "
+        "min_privacy_units_per_group = 5) COUNT(*) AS n FROM people",
+        "OPTIONS min_privacy_units_per_group: not offered by this engine (allowed: epsilon, delta, "
+        "max_groups_contributed, max_rows_contributed, privacy_unit_column, group_selection_strategy, "
+        "partition_selection)"),
+    "an OPTIONS entry without a value": (
+        "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1, delta = 1e-6, privacy_unit_column = uid, "
+        "max_groups_contributed = ) COUNT(*) AS n FROM people",
+        "OPTIONS entry 'max_groups_contributed' needs a value"),
+    "an unknown argument of APPROX_QUANTILES": (
+        f"{DP.format(e=1)} APPROX_QUANTILES(age, 4, contribution_bounds_per_row => (0, 100), foo => 3) AS m "
+        "FROM people",
+        "APPROX_QUANTILES(...): unknown argument(s) ['foo']: bounds go in contribution_bounds_per_row => (L, U)"),
+    "a CTE that is not a query": (  # a DuckDB PIVOT statement as a CTE's body, quoted to its first 80 characters
+        f"WITH t AS (PIVOT people ON dept USING count(*) AS n, avg(age) AS mean_age, max(age) AS oldest GROUP BY age) "
+        f"{DP.format(e=1)} {C1} FROM people",
+        "CTE 't': 'PIVOT people ON dept USING COUNT(*) AS n, AVG(age) AS mean_age, MAX(age) AS olde' is not "
+        "supported here"),
 }
 
 
@@ -383,6 +404,14 @@ def test_refusals_give_their_whole_reason_and_remedy(tables, rule):
     with pytest.raises(dp.DPError) as info:
         compile_statement_for(sql, tables, epsilon=1.0)
     assert str(info.value) == message
+
+
+def test_a_dp_select_with_expressions_keeps_each_plain_aggregate_s_interval_columns(tables):
+    """A DP SELECT whose select list computes over its aggregates (here n * 2): the table keeps, beside
+    each aggregate released as it is, its interval and noise columns; the computed column has none."""
+    result = run_sql(f"{DP.format(e=EPS)} dept, {C1} AS n, {C1} * 2 AS twice FROM people GROUP BY dept", tables)
+    assert list(result.table.columns) == ["dept", "n", "n_ci_low", "n_ci_high", "n_noise_sd", "twice"]
+    assert (result.table["n_ci_low"] <= result.table["n"]).all() and (result.table["n"] <= result.table["n_ci_high"]).all()
 
 
 def test_a_statement_s_result_names_the_tables_it_read_and_its_parts(tables):

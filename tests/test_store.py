@@ -406,6 +406,40 @@ def test_abandon_refunds_and_marks_once_and_a_finished_release_reserves_nothing(
     assert any_store.get_lease("r3") is None
 
 
+def test_an_abandon_racing_an_approval_leaves_the_committed_budget_spent(any_store):
+    """A run abandoned while an approval is committing its reservation: the abandon waits for the
+    approval and then finds the budget committed (it refunds nothing and leaves the release to
+    publish). Without waiting, it would read "reserved" and overwrite the commit with a refund: the
+    released statistics' budget given back. The approval is held open in this thread while the
+    abandon runs in another, and committed a moment later; on PostgreSQL the wait is the entry's row
+    lock, on SQLite the store's write lock."""
+    _register(any_store, epsilon_cap=10.0)
+    any_store.add_release("adult", "{}", release_id="racing")
+    any_store.reserve("adult", "racing", 2.0, 0.0)
+    outcome = {}
+
+    def abandon():
+        try:
+            outcome["abandon"] = any_store.abandon("racing", "failed", "worker lost")
+        except Exception as err:  # reported below, not lost in the thread
+            outcome["error"] = err
+
+    with any_store._transaction() as session:  # the approval's commit, held open
+        entry = any_store._entry(session, "racing", lock=True)
+        entry.status = "committed"
+        session.add(entry)
+        session.flush()
+        worker = threading.Thread(target=abandon)
+        worker.start()
+        time.sleep(1.0)  # the abandon reads the entry now (or waits for it)
+    worker.join(timeout=60)
+    assert "error" not in outcome, outcome.get("error")
+    assert outcome["abandon"] == "committed"
+    assert any_store.ledger_entry("racing").status == "committed"
+    assert any_store.budget("adult")["epsilon_committed"] == 2.0
+    assert any_store.get_release("racing").status == "pending"
+
+
 def test_an_older_store_gains_the_policy_deployment_column(tmp_path):
     """A store created before policies named a deployment opens and takes such policies."""
     import sqlalchemy as sa
@@ -628,3 +662,12 @@ def test_reserved_entries_are_oldest_first_even_after_an_older_row_was_rewritten
     with pg_store.engine.begin() as conn:
         conn.execute(text("UPDATE ledger_entries SET updated_at = updated_at WHERE release_id = 'r0'"))
     assert [e.release_id for e in pg_store.reserved_entries()] == ids
+
+
+def test_a_dataset_in_an_unknown_file_format_is_refused_naming_the_field(sqlite_store):
+    with pytest.raises(ValueError) as caught:
+        sqlite_store.add_dataset("adult", privacy_unit="person_id", blob_path="/escrow/adult.fernet",
+                                 fingerprint="0" * 64, file_format="xlsx", schema={"person_id": "int"},
+                                 epsilon_cap=1.0, delta_cap=1e-6)
+    assert str(caught.value).startswith("file_format must be one of ") and str(caught.value).endswith("; got 'xlsx'")
+    assert sqlite_store.list_datasets() == []

@@ -127,8 +127,9 @@ def fmt_percent(x, digits: int = 1) -> str:
 
 
 def _cell(x) -> str:
-    """A group key or text cell."""
-    if x is None or (isinstance(x, float) and math.isnan(x)):
+    """A group key or text cell; a missing one (NULL: None, NaN, pandas' NA of a nullable integer or
+    boolean column, NaT of a date) as '—'."""
+    if x is None or x is pd.NA or x is pd.NaT or (isinstance(x, float) and math.isnan(x)):
         return "—"
     if isinstance(x, (float, np.floating, int, np.integer)) and not isinstance(x, (bool, np.bool_)):
         return fmt_number(x)
@@ -148,15 +149,18 @@ def _edge_label(x: float) -> str:
     return f"{x:g}"
 
 
-def bounds_histogram_svg(b) -> str:
+def bounds_histogram_svg(b, lower: float | None = None, upper: float | None = None) -> str:
     """The DP log-histogram behind inferred bounds: noisy count per bin, the threshold, the bounds.
 
     Public: the noisy counts are DP. Shows the bins around those above the threshold (the others
-    hold noise only)."""
+    hold noise only). lower/upper: the bounds used where `b` inferred only one (the other was given:
+    b's is None)."""
+    lower = b.lower if lower is None else lower
+    upper = b.upper if upper is None else upper
     counts = np.asarray(b.noisy_counts, dtype=float)
     edges = list(b.bin_edges)
     idx = np.flatnonzero(counts >= b.threshold)
-    inside = [i for i, (lo, hi) in enumerate(edges) if hi > b.lower and lo < b.upper]
+    inside = [i for i, (lo, hi) in enumerate(edges) if hi > lower and lo < upper]
     marks = list(idx) + inside[:1] + inside[-1:]
     if not marks:
         marks = [int(np.argmax(counts))]
@@ -166,7 +170,7 @@ def bounds_histogram_svg(b) -> str:
     y = counts[first:last + 1]
     colours = [_PALETTE["blue"] if counts[i] >= b.threshold else _PALETTE["grey"] for i in sel]
     chart = Chart(f"Noisy histogram of {b.aggregate} per person (bins double in width); "
-                  f"bounds chosen: [{b.lower:g}, {b.upper:g}]", y_label="noisy count of people",
+                  f"bounds chosen: [{lower:g}, {upper:g}]", y_label="noisy count of people",
                   categories=[f"[{_edge_label(edges[i][0])}, {_edge_label(edges[i][1])})" for i in sel],
                   symlog_threshold=10.0)
     chart.bars(y, _PALETTE["blue"], colours=colours)
@@ -352,8 +356,10 @@ def _public_context(result, ctx: ReleaseContext) -> dict:
                   "rule": choice.get("rule"), "guarantee": _spell_out(choice.get("guarantee") or ""),
                   "candidates": ", ".join(f"{c:g}" for c in choice.get("candidates", [])),
                   "beta": choice.get("beta")}
-    histograms = [{"aggregate": b.aggregate, "lower": b.lower, "upper": b.upper, "threshold": b.threshold,
-                   "outside_share": b.outside_share, "svg": Markup(bounds_histogram_svg(b))}
+    used = {row["name"]: (row["lower"], row["upper"]) for row in _bounds_rows(result)}  # a given side included
+    histograms = [{"aggregate": b.aggregate, "lower": used[b.aggregate][0], "upper": used[b.aggregate][1],
+                   "threshold": b.threshold, "outside_share": b.outside_share,
+                   "svg": Markup(bounds_histogram_svg(b, *used[b.aggregate]))}
                   for b in result.inferred_bounds]
     return {
         "ctx": ctx,
