@@ -5,7 +5,6 @@ the registered key; a refused decision leaves the release waiting)."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 from dprelease import decisions
@@ -17,7 +16,7 @@ def decide(settings: Settings, release_id: str, decision: str, key: Path, reason
     """Sign and send a decision; returns the release's status after the run took it. Raises
     DecisionRefused when the decision cannot be signed or the run refuses it."""
     from dprelease.store import Store
-    from flows.approvals import answer
+    from flows.approvals import answer, looks
 
     store = Store(settings.store_url)
     release = store.get_release(release_id)
@@ -28,15 +27,12 @@ def decide(settings: Settings, release_id: str, decision: str, key: Path, reason
     refused_file = settings.archive_dir / release_id / decisions.REFUSED_FILE
     refused_before = _lines(refused_file)
     answer(release.flow_run_id, decision, signed.controller, reason, signed_decision=token)
-    deadline, poll_s = time.monotonic() + timeout, 0.05
-    while time.monotonic() < deadline:
+    for _ in looks(timeout, 0.05, 0.5):  # two small files of the archive, read until the run records the decision
         refused = _lines(refused_file)
         if len(refused) > len(refused_before):
             raise decisions.DecisionRefused(json.loads(refused[-1])["why"])
         if any(d.get("signed_decision") == token for d in decisions.recorded(settings, release_id)):
             return store.get_release(release_id).status
-        time.sleep(poll_s)  # two small files of the archive: the run records the decision within a poll of its own
-        poll_s = min(poll_s * 1.5, 0.5)
     raise decisions.DecisionRefused(f"the run of release {release_id} did not take the decision within {timeout:g} s")
 
 

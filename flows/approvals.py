@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 
 #: seconds between looks at the server while a pause is expected at once (this process's own
 #: run, whose flow thread said it is pausing: awaiting_here) or a resumed run should leave it;
@@ -14,6 +15,19 @@ QUICK_POLL_SECONDS = 0.02
 SLOW_POLL_SECONDS = 0.2
 _awaiting_here: dict[str, threading.Event] = {}
 _awaiting_lock = threading.Lock()
+
+
+def looks(timeout: float, first_s: float, last_s: float = SLOW_POLL_SECONDS) -> Iterator[None]:
+    """Yield before each look until `timeout` seconds have passed, sleeping between looks: first
+    `first_s`, then half as long again each time, up to `last_s`. The caller decides after the
+    loop what running out of time means."""
+    deadline, wait = time.monotonic() + timeout, first_s
+    while True:
+        yield
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(wait)
+        wait = min(wait * 1.5, last_s)
 
 
 def awaiting_here(release_id: str) -> threading.Event:
@@ -30,18 +44,14 @@ def wait_until_paused(flow_run_id: str, timeout: float = 60.0, poll_s: float = S
     input schema not found"), which a loaded machine made happen."""
     from flows.api_client import api_client
 
-    deadline = time.monotonic() + timeout
     with api_client() as client:
-        while True:
+        for _ in looks(timeout, poll_s):
             state = client.read_flow_run(flow_run_id).state
             if state is not None and state.is_paused() and _form_saved(client, flow_run_id, state):
                 return
             if state is not None and state.is_final():
                 raise RuntimeError(f"flow run {flow_run_id} ended ({state.name}) before it asked for approval")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"flow run {flow_run_id} did not pause within {timeout:g} s")
-            time.sleep(poll_s)
-            poll_s = min(poll_s * 1.5, SLOW_POLL_SECONDS)
+    raise TimeoutError(f"flow run {flow_run_id} did not pause within {timeout:g} s")
 
 
 def _form_saved(client, flow_run_id: str, state) -> bool:
@@ -71,13 +81,10 @@ def answer(flow_run_id: str, decision: str, reviewer: str, comment: str = "", ti
     with api_client() as client:
         _resume(client, flow_run_id, {"decision": decision, "reviewer": reviewer, "comment": comment,
                                       "signed_decision": signed_decision})
-        deadline, poll_s = time.monotonic() + timeout, QUICK_POLL_SECONDS
-        while time.monotonic() < deadline:
+        for _ in looks(timeout, QUICK_POLL_SECONDS):
             state = client.read_flow_run(flow_run_id).state
             if state is None or not state.is_paused():
                 return
-            time.sleep(poll_s)
-            poll_s = min(poll_s * 1.5, SLOW_POLL_SECONDS)
 
 
 def _resume(client, flow_run_id: str, run_input: dict) -> None:

@@ -44,8 +44,8 @@ class DecryptingFileSystem(AbstractFileSystem):
         try:
             self._plaintext_size = plain.size
             meta = pq.ParquetFile(plain).metadata
-            self._groups = [_group_span(meta.row_group(g)) for g in range(meta.num_row_groups)
-                            if meta.num_columns]
+            self._groups = [_group_span(meta.row_group(g)) for g in range(meta.num_row_groups)] \
+                if meta.num_columns else []
         finally:
             plain.close()
 
@@ -133,10 +133,7 @@ class _CountingFile(io.RawIOBase):
         with self._lock:
             try:
                 self._plain.seek(start)
-                count = self._plain.readinto(buffer)
-                if count < min(memoryview(buffer).nbytes, max(0, self._plain.size - start)):
-                    raise EscrowError(f"the escrow blob {self._plain.path} ended early (a read at byte {start} "
-                                      "came back short): restore it from a backup or register the dataset again")
+                count = self._plain.readinto(buffer)  # a chunk cut or gone fails its authentication
             except EscrowError as err:
                 self._failures.append(err)
                 raise
