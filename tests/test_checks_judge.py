@@ -113,9 +113,9 @@ def test_every_escrowed_dataset_gets_a_judge_process_and_an_external_one_none():
 
 
 def test_the_release_command_starts_a_judge_for_an_escrowed_dataset(tmp_path, monkeypatch, no_judge_left):
-    """The release command's rule, through its own helper: a small escrowed dataset (500 rows) gets
-    its judge process; a request for a dataset that is not registered gets none (the checks after
-    it refuse the request in one line)."""
+    """The release command's rule, through its own helper: a small escrowed dataset (500 rows) keeps
+    the judge process started ahead; a request for a dataset that is not registered (the checks after
+    it refuse the request in one line) or on Spark ends it at once."""
     from cli import app as cli_app
     from dprelease import admin
     from dprelease.requests import parse_request
@@ -127,10 +127,15 @@ def test_the_release_command_starts_a_judge_for_an_escrowed_dataset(tmp_path, mo
     data = tmp_path / "d.csv"
     pd.DataFrame({"uid": range(500), "x": [1.0] * 500}).to_csv(data, index=False)
     admin.register_dataset(settings, "d", data, "uid", epsilon_cap=1.0)
-    for dataset, judged in (("d", True), ("unknown", False)):
-        request = parse_request({"dataset": dataset, "epsilon": 0.5, "query": {"aggregates": [{"kind": "count"}]}})
-        cli_app._start_checks_judge(request)
-        assert checks_judge.started() is judged, dataset
+    for dataset, backend, judged in (("d", "auto", True), ("unknown", "auto", False), ("d", "spark", False)):
+        request = parse_request({"dataset": dataset, "epsilon": 0.5, "query": {"aggregates": [{"kind": "count"}]},
+                                 "backend": backend})
+        checks_judge.start_ahead()  # as the command does, before it reads the request
+        started = checks_judge._ahead
+        cli_app._keep_checks_judge(request)
+        assert checks_judge.started() is judged, (dataset, backend)
+        if not judged:  # ended at once, not left to run beside the release
+            assert started.process.poll() is not None, (dataset, backend)
         checks_judge.discard()
 
 
