@@ -57,9 +57,17 @@ class OwnRun:
         """Wait until this run pauses for a decision (True), or ends (False). No deadline of its
         own: while the run's thread lives it is on its way (a busy Prefect server can take minutes
         to record the pause; the run's approval timeout bounds the wait that follows)."""
-        from flows.approvals import QUICK_POLL_SECONDS, awaiting_here, wait_until_paused
+        from flows.approvals import awaiting_here, forget_awaiting
 
         said_awaiting = awaiting_here(self.release_id)  # set by the flow's thread as it asks
+        try:
+            return self._wait_for_pause(said_awaiting)
+        finally:
+            forget_awaiting(self.release_id)
+
+    def _wait_for_pause(self, said_awaiting: threading.Event) -> bool:
+        from flows.approvals import QUICK_POLL_SECONDS, wait_until_paused
+
         while self.worker.is_alive():
             said_awaiting.clear()  # before each look: a pause asked after it sets it again
             try:

@@ -37,6 +37,13 @@ def awaiting_here(release_id: str) -> threading.Event:
         return _awaiting_here.setdefault(release_id, threading.Event())
 
 
+def forget_awaiting(release_id: str) -> None:
+    """Drop the release's event (its pause is over, or its command stopped waiting), so that a
+    long-lived process that runs many flows keeps none of them."""
+    with _awaiting_lock:
+        _awaiting_here.pop(release_id, None)
+
+
 def wait_until_paused(flow_run_id: str, timeout: float = 60.0, poll_s: float = SLOW_POLL_SECONDS) -> None:
     """The store says "awaiting approval" just before the flow pauses: wait for the pause itself,
     and for the form it waits for. Prefect sets the Paused state first and saves the form's schema

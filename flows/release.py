@@ -246,6 +246,7 @@ def ask_controller(platform, release_id: str, description: str, key: str, timeou
                                                    comment=comment, signed_decision=answer.signed_decision)
         raise pipeline.ReleaseError("too many refused decisions")
     finally:  # answered, timed out or cancelled: the release no longer awaits anything
+        approvals.forget_awaiting(release_id)
         platform.store.update_release(release_id, status=answered)
 
 
