@@ -132,7 +132,7 @@ def test_release_streams_batches_and_writes_no_plaintext(home, tmp_path, monkeyp
     # row groups: no read is larger than a row group's bytes, so no reader ever holds the whole
     # dataset decrypted (the decrypting file keeps one 1 MiB chunk; DuckDB its row groups)
     assert sum(credited) >= 2 * rows and sum(credited) % rows == 0 and max(credited) <= 5_000
-    plaintext = engine_files.DecryptingFileSystem(
+    plaintext = engine_files.DecryptingFileSystem.for_blob(
         Path(Platform.open(home).store.get_dataset("big").blob_path), Platform.open(home).escrow_key(),
         Platform.open(home).store.get_dataset("big").fingerprint, None, [])._plaintext_size
     assert len(reads) >= 80 and max(reads) < plaintext / 20, (len(reads), max(reads), plaintext)

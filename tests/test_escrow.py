@@ -590,6 +590,50 @@ def test_the_engine_s_reader_holds_the_key_only_on_its_own_connection(tmp_path):
                    for fs in getattr(fsspec.AbstractFileSystem, "_cache", {}).values())
 
 
+def _reachable(root, depth: int = 6) -> list:
+    """Every object reachable from `root` in `depth` steps (what a leak of it would expose)."""
+    import gc
+
+    seen, frontier, found = {id(root)}, [root], [root]
+    for _ in range(depth):
+        following = []
+        for obj in frontier:
+            for ref in gc.get_referents(obj):
+                if id(ref) not in seen and not isinstance(ref, type) and not type(ref).__name__ == "module":
+                    seen.add(id(ref))
+                    following.append(ref)
+        found += following
+        frontier = following
+    return found
+
+
+def test_the_engine_s_reader_holds_its_blob_s_own_keys_not_the_escrow_key(tmp_path):
+    """The filesystem DuckDB reads through lives as long as its connection: it keeps the keys derived
+    for its one blob (which open no other blob), never the escrow key (fsspec keeps a filesystem's
+    constructor arguments: the escrow key was among them); a blob swapped in under the same path,
+    sealed with the same escrow key, is refused with the escrow's own words."""
+    import base64
+
+    settings = _settings(tmp_path)
+    key = load_or_create_key(settings, create=True)
+    blob, digest, _ = seal_file(_write(_frame(), tmp_path / "d.csv"), settings, key)
+    failures: list = []
+    fs = engine_files.DecryptingFileSystem.for_blob(blob, key, digest, None, failures)
+    secrets_held = {bytes(o) for o in _reachable(fs) if isinstance(o, (bytes, bytearray))}
+    assert key not in secrets_held and base64.urlsafe_b64decode(key) not in secrets_held
+    assert any(len(o) == 32 for o in secrets_held)  # the blob's AES key is what it holds
+    con = duckdb.connect()
+    con.register_filesystem(fs)
+    assert con.execute(f"SELECT count(*) FROM read_parquet('{fs.url}')").fetchall() == [(3,)]
+    again, _, _ = seal_file(_write(_frame(), tmp_path / "same.csv"), settings, key)  # same rows, another salt
+    blob.write_bytes(again.read_bytes())
+    with pytest.raises(duckdb.Error):
+        con.execute(f"SELECT count(*) FROM read_parquet('{fs.url}')").fetchall()
+    assert [str(f) for f in failures] == [
+        f"cannot decrypt {blob}: wrong escrow key or the blob was altered (check DPRELEASE_ESCROW_KEY / the key "
+        "file, or register the dataset again)"]
+
+
 def test_a_new_key_file_is_private_from_the_moment_it_exists(tmp_path, monkeypatch):
     """The key file is created with mode 0600, not widened by a loose umask and narrowed after:
     between the two another user could open it. Seen at the first moment the code touches the

@@ -391,8 +391,8 @@ class EscrowRows:
             return None
         from .engine_files import DecryptingFileSystem
 
-        files = DecryptingFileSystem(self.blob_path, _checked_key(self._args[1], "the caller"), self._args[2],
-                                     self._on_rows, self.failures)
+        files = DecryptingFileSystem.for_blob(self.blob_path, _checked_key(self._args[1], "the caller"), self._args[2],
+                                              self._on_rows, self.failures)
         con.register_filesystem(files)
         return f"read_parquet('{files.url}')"
 

@@ -7,7 +7,8 @@ same run). So the engine's connection gets a filesystem of its own (fsspec, whic
 for a path under its protocol) that presents the blob's plaintext as a seekable file: each read
 decrypts and authenticates the chunks it covers (`stream.DecryptingFile`: a changed, dropped,
 reordered or truncated chunk is refused), nothing is written anywhere, and the filesystem, which
-holds the key, lives only as long as that connection. The read speed is the plaintext file's.
+holds that blob's own keys (not the escrow key, which opens every blob), lives only as long as
+that connection. The read speed is the plaintext file's.
 
 Progress counts a row group's rows when a scan first reads the start of its bytes (the Parquet
 footer says where each begins). An escrow error met inside DuckDB (which words it as its own I/O
@@ -31,13 +32,25 @@ from .errors import EscrowError
 class DecryptingFileSystem(AbstractFileSystem):
     """One blob, as the single file `<protocol>://data.parquet`, for one DuckDB connection."""
 
-    cachable = False  # never kept in fsspec's instance cache: it holds the key
+    cachable = False  # never kept in fsspec's instance cache: it holds the blob's keys
 
-    def __init__(self, blob_path: Path, key: bytes, fingerprint: str, on_rows: Callable[[int], None] | None,
-                 failures: list) -> None:
+    @classmethod
+    def for_blob(cls, blob_path: Path, escrow_key: bytes, fingerprint: str,
+                 on_rows: Callable[[int], None] | None, failures: list) -> DecryptingFileSystem:
+        """The filesystem of one blob, given the escrow key: it keeps only the keys derived for that
+        blob (fsspec keeps a filesystem's constructor arguments as `storage_args`: the escrow key
+        must never be one of them)."""
+        with stream.DecryptingFile(Path(blob_path), escrow_key, fingerprint) as plain:
+            blob_key = plain.blob_key
+        return cls(Path(blob_path), blob_key, fingerprint, on_rows, failures)
+
+    def __init__(self, blob_path: Path, blob_key: stream.BlobKey, fingerprint: str,
+                 on_rows: Callable[[int], None] | None, failures: list) -> None:
         super().__init__()
+        if not isinstance(blob_key, stream.BlobKey):
+            raise TypeError("DecryptingFileSystem takes the blob's own keys: use DecryptingFileSystem.for_blob")
         self.protocol = f"dprescrow{secrets.token_hex(6)}"  # unique: several blobs on one connection
-        self._blob = (Path(blob_path), key, fingerprint)
+        self._blob = (Path(blob_path), blob_key, fingerprint)
         self._on_rows = on_rows
         self._failures = failures
         plain = self._plain()

@@ -28,6 +28,7 @@ import hmac
 import io
 import os
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography.exceptions import InvalidTag
@@ -60,6 +61,17 @@ def _derive(fernet_key: bytes, salt: bytes) -> tuple[bytes, bytes]:
     secret = base64.urlsafe_b64decode(fernet_key)
     okm = HKDF(algorithm=hashes.SHA256(), length=64, salt=salt, info=_INFO).derive(secret)
     return okm[:32], okm[32:]
+
+
+@dataclass(frozen=True, repr=False)
+class BlobKey:
+    """One blob's own keys (derived from the escrow key and that blob's salt): what a reader that
+    serves one blob for a while (escrow.engine_files) holds instead of the escrow key, which opens
+    every blob. It opens only a blob with this salt; any other fails its header's check."""
+
+    salt: bytes
+    aes_key: bytes
+    mac_key: bytes
 
 
 def _nonce(prefix: bytes, index: int, final: bool) -> bytes:
@@ -141,9 +153,10 @@ class EncryptingWriter:
 
 class DecryptingFile(io.RawIOBase):
     """The plaintext of a v1 blob as a read-only seekable file; each chunk is authenticated when
-    read (one decrypted chunk cached). Opening checks the key and the registered fingerprint."""
+    read (one decrypted chunk cached). Opening checks the key and the registered fingerprint. The
+    key is the escrow's (Fernet) key or this blob's own (`BlobKey`, e.g. another reader's `blob_key`)."""
 
-    def __init__(self, path: Path | str, fernet_key: bytes, expected_fingerprint: str | None):
+    def __init__(self, path: Path | str, fernet_key: bytes | BlobKey, expected_fingerprint: str | None):
         super().__init__()
         self.path = Path(path)
         try:
@@ -161,7 +174,10 @@ class DecryptingFile(io.RawIOBase):
             raise EscrowError(f"the escrow blob {self.path} has format version {version}; this dprelease reads "
                               f"version {VERSION}: upgrade dprelease")
         self._fixed = header[:FIXED_SIZE]
-        aes_key, mac_key = _derive(fernet_key, salt)
+        if isinstance(fernet_key, BlobKey):  # another blob's keys fail the check below
+            aes_key, mac_key = (fernet_key.aes_key, fernet_key.mac_key) if fernet_key.salt == salt else (b"", b"")
+        else:
+            aes_key, mac_key = _derive(fernet_key, salt)
         check = hmac.new(mac_key, header[:-16], hashlib.sha256).digest()[:16]
         if not hmac.compare_digest(check, header[-16:]):
             self._file.close()
@@ -173,6 +189,7 @@ class DecryptingFile(io.RawIOBase):
             self._file.close()
             raise EscrowError(f"the escrow blob {self.path} does not match the registered fingerprint "
                               "(tampered or swapped): register the dataset again")
+        self.blob_key = BlobKey(salt, aes_key, mac_key)
         self._aead = AESGCM(aes_key)
         self._chunk_size = chunk_size
         body = size - HEADER_SIZE
