@@ -77,7 +77,8 @@ def dataset_register(
     external: str = typer.Option(None, "--external", help="register by reference instead: a Spark table name or a "
                                  "Parquet/CSV lake path, computed on Spark where it lives (nothing is copied)"),
     unit: str = typer.Option(None, "--unit", help="the privacy-unit column (one person, device, ...)"),
-    public: bool = typer.Option(False, "--public", help="a public table (no privacy unit, never charged): DP SQL may join it"),
+    public: bool = typer.Option(False, "--public",
+                                help="a public table (no privacy unit, never charged): DP SQL may join it"),
     epsilon_cap: float = typer.Option(None, help="total epsilon this dataset may ever spend"),
     delta_cap: float = typer.Option(1e-5, help="total delta this dataset may ever spend"),
     add_row_id: bool = typer.Option(False, help="add the unit column as a row number (one row per person)"),
@@ -114,7 +115,8 @@ def dataset_register(
                    "max_risk": _level(max_risk)}
         default = {"sensitivity": "medium", "trust": "low", "n": 2, "max_risk": 0.2}
         _register_snapshot(name, path, snapshot, unit, epsilon_cap, delta_cap, add_row_id, series_budget,
-                           None if profile == default else profile, external)  # None: a later snapshot keeps the series'
+                           None if profile == default else profile,  # None: a later snapshot keeps the series'
+                           external)
 
         return
     if public == bool(unit):
@@ -179,7 +181,8 @@ def dataset_list() -> None:
         if not ds.privacy_unit:  # a public table: never charged
             table.add_row(escape(ds.name), "public", ds.file_format, ds.fingerprint[:16], "-", "-")
             continue
-        table.add_row(escape(ds.name), escape(ds.privacy_unit), ds.file_format, ds.fingerprint[:16], f"{ds.epsilon_cap:g}", f"{ds.delta_cap:g}")
+        table.add_row(escape(ds.name), escape(ds.privacy_unit), ds.file_format, ds.fingerprint[:16],
+                      f"{ds.epsilon_cap:g}", f"{ds.delta_cap:g}")
     console.print(table)
 
 
@@ -193,7 +196,10 @@ def policy_add(
     evaluator: list[str] = typer.Option([], help="an evaluation function the analyst may use (repeatable)"),
     deployment: str = typer.Option(None, help="auto approval: the Prefect deployment whose scheduled runs it approves"),
 ) -> None:
-    """Add a standing policy. Example: dprelease policy add monthly --dataset adult --max-epsilon 0.1 --approval auto --deployment dp-monthly-publication
+    """Add a standing policy.
+
+    Example: dprelease policy add monthly --dataset adult --max-epsilon 0.1 --approval auto \\
+        --deployment dp-monthly-publication
 
     Example: dprelease policy add ana --dataset adult --analyst ana --max-epsilon 1 --evaluator spearman_rank"""
     from dprelease.evaluators import catalogue
@@ -247,8 +253,8 @@ def budget(dataset: str = typer.Argument(None, help="one dataset (default: all)"
             table.add_row(escape(name), "public", "-", "-", "-", "-")
             continue
         b = store.budget(name)
-        table.add_row(escape(name), f"{b['epsilon_cap']:g}", f"{b['epsilon_committed']:g}", f"{b['epsilon_reserved']:g}",
-                      f"{b['epsilon_remaining']:g}", f"{b['delta_remaining']:.3g}")
+        table.add_row(escape(name), f"{b['epsilon_cap']:g}", f"{b['epsilon_committed']:g}",
+                      f"{b['epsilon_reserved']:g}", f"{b['epsilon_remaining']:g}", f"{b['delta_remaining']:.3g}")
     console.print(table)
     if not dataset:
         _series_budgets(store)
@@ -271,8 +277,9 @@ def _series_budgets(store) -> None:
 
 
 @app.command()
-def verify(directory: Path, key: Path = typer.Option(None, help="the publisher's public key (PEM), obtained out of "
-                                                               "band; a key inside the publication is never trusted")) -> None:
+def verify(directory: Path,
+           key: Path = typer.Option(None, help="the publisher's public key (PEM), obtained out of band; a key "
+                                               "inside the publication is never trusted")) -> None:
     """Check a published release: signature, every file's digest, nothing added or removed.
 
     Without --key the files can only be checked against the key shipped with them, which proves
@@ -336,7 +343,8 @@ def _decide(release_id: str, decision: str, key: Path | None, reason: str, overr
         _fail(f"release {release_id} is {rel.status}, not awaiting approval")
     key = key or settings.controller_key
     if key is None:
-        _fail("a decision is signed with your controller key: give --key YOUR_KEY.pem (or set DPRELEASE_CONTROLLER_KEY)")
+        _fail("a decision is signed with your controller key: give --key YOUR_KEY.pem "
+              "(or set DPRELEASE_CONTROLLER_KEY)")
     alive, why = recovery.run_is_alive(platform.store, rel)
     if not alive:  # a pause with no process behind it: resuming it would do nothing
         done = recovery.stop(platform, release_id, f"its run is dead ({why}); found by `{decision}`")
@@ -430,7 +438,8 @@ app.add_typer(decision_app, name="decision")
 @decision_app.command("sign")
 def decision_sign(release_id: str, decision: str = typer.Argument(..., help="approve or reject"),
                   key: Path = typer.Option(None, help=_KEY_HELP), reason: str = typer.Option("", help="why"),
-                  override_risk: str = typer.Option("", help="reason for approving a risk above the tolerable risk")) -> None:
+                  override_risk: str = typer.Option("", help="reason for approving a risk above the tolerable "
+                                                    "risk")) -> None:
     """Print your signed decision, to paste into the Resume form of the paused run in the Prefect UI.
 
     Example: dprelease decision sign 3f2a... approve --key alice.pem --reason checked"""
@@ -618,7 +627,8 @@ def utility(
     """Utility signaling: a DP release, then f(DP output) and f(raw output) with three approvals.
     Each decision is asked here (or answered from the Prefect UI / `dprelease approve`).
 
-    Example: dprelease utility request.yaml --evaluator spearman_rank --params '{"column": "people", "other": "hours"}'"""
+    Example: dprelease utility request.yaml --evaluator spearman_rank \\
+        --params '{"column": "people", "other": "hours"}'"""
     import json
 
     from dp_core import DPError
@@ -656,8 +666,8 @@ def server(port: int = 4200, host: str = typer.Option("127.0.0.1", help="address
         _fail(f"refusing to listen on {host} without authentication: anyone reaching the console could start "
               "and decide releases. Set PREFECT_SERVER_API_AUTH_STRING=user:password, or listen on 127.0.0.1")
     env = dict(os.environ, PREFECT_SERVER_ANALYTICS_ENABLED="false")
-    os.execvpe(sys.executable, [sys.executable, "-m", "prefect", "server", "start", "--host", host, "--port", str(port)],
-               env)
+    os.execvpe(sys.executable,
+               [sys.executable, "-m", "prefect", "server", "start", "--host", host, "--port", str(port)], env)
 
 
 @app.command()

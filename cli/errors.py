@@ -4,8 +4,9 @@
 Expected failures are the project's own error classes (a refused request, an unknown name, a
 store, escrow or signing problem, a file that cannot be read). Anything else is a bug: one line
 that says so and how to see the traceback (exit 1); its traceback is also kept in <home>/logs/,
-so that a failure seen once (under load, in CI) can be reported without running it again. Library logs and warnings are silenced for
-the command (`cli.quiet`); user text is escaped before Rich sees it, so `[uid]` prints as is.
+so that a failure seen once (under load, in CI) can be reported without running it again. Library
+logs and warnings are silenced for the command (`cli.quiet`); user text is escaped before Rich sees
+it, so `[uid]` prints as is.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 Each run is its own release with its own budget entry. A run created by this deployment's schedule
 is approved by a standing automatic policy that names the deployment (epsilon within its limit,
-risk within the tolerable risk); any other run, or one no policy covers, waits for a controller. The publication directory keeps
-the index of every release.
+risk within the tolerable risk); any other run, or one no policy covers, waits for a controller.
+The publication directory keeps the index of every release.
 
 With `series`, a run publishes one snapshot of a dataset series (the latest, or the one named for a
 back-fill), exactly once: the snapshot is claimed in the store before any budget is reserved (a
@@ -65,7 +65,8 @@ def publication_flow(
         return publish_snapshot(request, series, snapshot, approval_timeout)
     state = release_flow(
         dataset=request.dataset, sql=request.sql, query=request.query, title=request.title,
-        epsilon=to_parameter(request), delta=request.delta, max_partitions_contributed=request.max_partitions_contributed,
+        epsilon=to_parameter(request), delta=request.delta,
+        max_partitions_contributed=request.max_partitions_contributed,
         requested_by=request.requested_by or "schedule", approval_timeout=approval_timeout, backend=request.backend,
         return_state=True,
     )

@@ -94,7 +94,8 @@ def _release_key(context, parameters) -> str:
 
 
 @task(name="compute-dp-result", cache_key_fn=_release_key, persist_result=True, retries=1)
-def compute(settings: Settings, release_id: str, planned: pipeline.Plan, decision: pipeline.EpsilonDecision) -> SealedRef:
+def compute(settings: Settings, release_id: str, planned: pipeline.Plan,
+            decision: pipeline.EpsilonDecision) -> SealedRef:
     """Draw the noise once: the result is sealed in the archive under the release id; a retry or
     a resumed run gets the same sealed numbers (and Prefect's cache returns the same reference)."""
     platform = _platform(settings)
@@ -142,7 +143,8 @@ def evaluate_utility(settings: Settings, release_id: str, planned: pipeline.Plan
     utility = pipeline.evaluate_utility(platform, release_id, result, evaluator, params,
                                         pipeline.enabled_evaluators(platform, planned.request))
     markdown = pipeline.utility_summary(utility)
-    create_markdown_artifact(markdown, key=f"utility-{release_id[:12].lower()}", description="utility signal (withheld)")
+    create_markdown_artifact(markdown, key=f"utility-{release_id[:12].lower()}",
+                             description="utility signal (withheld)")
     return markdown
 
 
