@@ -6,8 +6,9 @@ way Prefect's ephemeral mode does, with three differences that make a release st
 and never collide with another command:
 
 - **a private database**: a copy of a migrated, empty Prefect database kept in PREFECT_HOME (built
-  once, under a file lock), so that commands started at once never share a SQLite file (two servers
-  on one file fail with "database is locked") and no command pays for the migrations;
+  once per Prefect version, under a file lock), so that commands started at once never share a
+  SQLite file (two servers on one file fail with "database is locked") and no command pays for the
+  migrations or the block types' registration (the copy holds both: its server skips them);
 - **started early, awaited late**: `start()` only spawns the server process and returns, so it
   boots on the other core while this command imports and plans; `wait_ready()` blocks only when the
   flow is about to run, and spends the wait importing what the flow will need (`warm`);
@@ -64,6 +65,9 @@ class TemporaryServer:
     port: int = 0
     ready: bool = False
     scratch: list[Path] = field(default_factory=list)  # directories removed when the command ends
+    #: the database is a copy of this Prefect version's template, already migrated and holding every
+    #: block type: the server skips both at its start (boot 3.0 -> 2.6 s, medians of 5 alternating)
+    prepared: bool = True
 
     @property
     def api_url(self) -> str:
@@ -77,6 +81,8 @@ class TemporaryServer:
         env = {**os.environ, **get_current_settings().to_environment_variables(exclude_unset=True),
                PREFECT_DB_ENV: f"sqlite+aiosqlite:///{self.database}",
                "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
+        if self.prepared:
+            env.update(PREFECT_API_DATABASE_MIGRATE_ON_START="false", PREFECT_API_BLOCKS_REGISTER_ON_START="false")
         env.pop("PREFECT_API_URL", None)
         import prefect
 
@@ -165,7 +171,7 @@ def _build_template(template: Path) -> None:
     partial = template.with_suffix(".partial")
     for leftover in partial.parent.glob(partial.name + "*"):
         leftover.unlink()
-    builder = TemporaryServer(partial)
+    builder = TemporaryServer(partial, prepared=False)  # it migrates and registers the block types
     builder.spawn()
     try:
         builder.wait_ready()
@@ -181,6 +187,9 @@ def _build_template(template: Path) -> None:
         db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         db.execute("PRAGMA journal_mode=DELETE")
     partial.replace(template)
+    for older in template.parent.glob("dprelease-empty-prefect*.db"):  # other Prefect versions' templates
+        if older != template:
+            older.unlink(missing_ok=True)
 
 
 def start() -> None:
@@ -205,7 +214,10 @@ def _template_path() -> Path:
     """Where this PREFECT_HOME keeps the migrated, empty Prefect database."""
     from prefect.settings import PREFECT_HOME
 
-    return Path(PREFECT_HOME.value()).expanduser() / "dprelease-empty-prefect.db"
+    import prefect
+
+    # one per Prefect version: its servers trust it to be migrated to that version's head
+    return Path(PREFECT_HOME.value()).expanduser() / f"dprelease-empty-prefect-{prefect.__version__}.db"
 
 
 def _existing_template() -> Path | None:

@@ -87,3 +87,33 @@ def test_the_sweep_leaves_the_database_of_a_live_command(tmp_path, monkeypatch):
     (dead / prefect_server.OWNER_FILE).write_text(finished.stdout.strip())
     assert prefect_server.sweep_leftovers() == [dead]
     assert live.exists() and foreign.exists() and not dead.exists()
+
+
+def test_a_server_on_a_copy_of_the_template_starts_without_migrating_and_serves_flows(tmp_path):
+    """The template is this Prefect version's, migrated to its head and holding every block type,
+    so a server on a copy skips both at its start (cli/prefect_server.TemporaryServer.prepared):
+    it answers, lists the block types, and records a flow run."""
+    import shutil
+
+    import httpx
+    import prefect
+
+    from cli import prefect_server
+
+    template = prefect_server.template_database()
+    assert template.name == f"dprelease-empty-prefect-{prefect.__version__}.db"
+    server = prefect_server.TemporaryServer(tmp_path / "prefect.db")
+    assert server.prepared
+    shutil.copyfile(template, server.database)
+    server.spawn()
+    try:
+        server.wait_ready(timeout_s=120)
+        with httpx.Client(base_url=server.api_url, timeout=30) as client:
+            kinds = client.post("/block_types/filter", json={}).json()
+            assert {"local-file-system", "secret"} <= {k["slug"] for k in kinds}
+            flow = client.post("/flows/", json={"name": "template-check"}).json()
+            run = client.post("/flow_runs/", json={"flow_id": flow["id"], "name": "a run"})
+            assert run.status_code == 201, run.text
+            assert client.get(f"/flow_runs/{run.json()['id']}").json()["name"] == "a run"
+    finally:
+        server.kill()
