@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -149,6 +150,7 @@ def run_size(rows: int, csv: bool, python: str, prefect_home: Path, api_url: str
     checks = measure([python, "-c", CHECKS], env)
     engine = measure([python, "-c", ENGINE, str(data)], env)
     engine_s = json.loads(engine["out"].strip().splitlines()[-1])["compute_s"] if engine["code"] == 0 else float("nan")
+    shutil.rmtree(home, ignore_errors=True)  # its escrowed copy of the data: gigabytes at 50M rows
     return {"rows": rows, "file": data.name, "file_gb": data.stat().st_size / 1e9, "register": register,
             "release": release, "engine": engine, "engine_compute_s": engine_s, "checks": checks,
             "checks_s": json.loads(checks["out"].strip().splitlines()[-1])["checks_s"] if checks["code"] == 0
@@ -174,6 +176,15 @@ def median_run(runs: list[dict]) -> dict:
 
 
 def report(rows: int, runs: list[dict], fixed: float, mode: str) -> None:
+    failed = [x for x in runs if x["register"]["code"] or x["release"]["code"] or x["engine"]["code"]]
+    if failed:
+        print(f"\n{rows:,} rows, Prefect: {mode}: {len(failed)} of {len(runs)} runs failed (register, release or "
+              "engine alone exited non-zero); nothing is judged")
+        for x in failed:
+            for step in ("register", "release", "engine"):
+                if x[step]["code"]:
+                    print(f"  {step}: exit {x[step]['code']}: {x[step].get('err', '')[-300:]}")
+        return
     r = median_run(runs)
     total = end_to_end(r)
     peak = max(max(x["register"]["peak_gb"], x["release"]["peak_gb"]) for x in runs)
@@ -199,9 +210,10 @@ def report(rows: int, runs: list[dict], fixed: float, mode: str) -> None:
     print(line)
     if rows in TARGETS:
         max_gb, max_s, max_overhead = TARGETS[rows]
-        verdicts = [f"peak {peak:.2f} GB < {max_gb:g} GB: {'met' if peak < max_gb else 'NOT MET'}"]
-        if max_s is not None:
-            verdicts.append(f"end to end {total:.1f} s < {max_s:g} s: {'met' if total < max_s else 'NOT MET'}")
+        verdicts = [f"peak (highest of the runs) {peak:.2f} GB < {max_gb:g} GB: {'met' if peak < max_gb else 'NOT MET'}"]
+        if max_s is not None:  # the median of the end-to-end times, not the median-overhead run's
+            median_s = sorted(map(end_to_end, runs))[len(runs) // 2]
+            verdicts.append(f"end to end {median_s:.1f} s < {max_s:g} s: {'met' if median_s < max_s else 'NOT MET'}")
         if max_overhead is not None:
             ratio = overhead / engine_s
             verdicts.append(f"overhead {ratio:.2f}x < {max_overhead:g}x: {'met' if ratio < max_overhead else 'NOT MET'}")

@@ -81,8 +81,11 @@ class TemporaryServer:
         env = {**os.environ, **get_current_settings().to_environment_variables(exclude_unset=True),
                PREFECT_DB_ENV: f"sqlite+aiosqlite:///{self.database}",
                "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
-        if self.prepared:
-            env.update(PREFECT_API_DATABASE_MIGRATE_ON_START="false", PREFECT_API_BLOCKS_REGISTER_ON_START="false")
+        # Prefect's current names (they win over the older PREFECT_API_* aliases, also when a profile sets them)
+        on_start = "false" if self.prepared else "true"  # the template's builder always migrates and registers
+        env.update(PREFECT_SERVER_DATABASE_MIGRATE_ON_START=on_start, PREFECT_SERVER_REGISTER_BLOCKS_ON_START=on_start)
+        if not self.prepared:  # Prefect skips a registration it remembers (PREFECT_HOME/memo_store.toml) for the
+            env["PREFECT_MEMOIZE_BLOCK_AUTO_REGISTRATION"] = "false"  # same path: a rebuilt template had none
         env.pop("PREFECT_API_URL", None)
         import prefect
 
@@ -186,10 +189,12 @@ def _build_template(template: Path) -> None:
     with sqlite3.connect(partial) as db:  # fold the write-ahead log in
         db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         db.execute("PRAGMA journal_mode=DELETE")
-    partial.replace(template)
-    for older in template.parent.glob("dprelease-empty-prefect*.db"):  # other Prefect versions' templates
-        if older != template:
-            older.unlink(missing_ok=True)
+        kinds = db.execute("SELECT count(*) FROM block_type").fetchone()[0]
+    if not kinds:  # its copies' servers skip the registration: a template without block types is refused
+        partial.unlink()
+        raise RuntimeError("the Prefect server that built the template database registered no block types; run "
+                           "the command with --debug, or set PREFECT_API_URL to a running server")
+    partial.replace(template)  # other Prefect versions' templates stay: a PREFECT_HOME may serve two
 
 
 def start() -> None:

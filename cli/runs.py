@@ -63,7 +63,7 @@ class OwnRun:
         try:
             return self._wait_for_pause(said_awaiting)
         finally:
-            forget_awaiting(self.release_id)
+            forget_awaiting(self.release_id, said_awaiting)
 
     def _wait_for_pause(self, said_awaiting: threading.Event) -> bool:
         from flows.approvals import QUICK_POLL_SECONDS, wait_until_paused

@@ -37,11 +37,13 @@ def awaiting_here(release_id: str) -> threading.Event:
         return _awaiting_here.setdefault(release_id, threading.Event())
 
 
-def forget_awaiting(release_id: str) -> None:
+def forget_awaiting(release_id: str, event: threading.Event) -> None:
     """Drop the release's event (its pause is over, or its command stopped waiting), so that a
-    long-lived process that runs many flows keeps none of them."""
+    long-lived process that runs many flows keeps none of them; only the caller's own event, never
+    one a later wait of the same release (the `utility` command's next decision) has taken since."""
     with _awaiting_lock:
-        _awaiting_here.pop(release_id, None)
+        if _awaiting_here.get(release_id) is event:
+            del _awaiting_here[release_id]
 
 
 def wait_until_paused(flow_run_id: str, timeout: float = 60.0, poll_s: float = SLOW_POLL_SECONDS) -> None:

@@ -220,7 +220,8 @@ def ask_controller(platform, release_id: str, description: str, key: str, timeou
     deadline = time.monotonic() + timeout
     refused: list[str] = []
     platform.store.update_release(release_id, status="awaiting_approval")
-    approvals.awaiting_here(release_id).set()  # a command answering its own run looks now
+    said = approvals.awaiting_here(release_id)
+    said.set()  # a command answering its own run looks now
     try:
         for attempt in range(1000):
             remaining = int(deadline - time.monotonic())
@@ -246,7 +247,7 @@ def ask_controller(platform, release_id: str, description: str, key: str, timeou
                                                    comment=comment, signed_decision=answer.signed_decision)
         raise pipeline.ReleaseError("too many refused decisions")
     finally:  # answered, timed out or cancelled: the release no longer awaits anything
-        approvals.forget_awaiting(release_id)
+        approvals.forget_awaiting(release_id, said)
         platform.store.update_release(release_id, status=answered)
 
 

@@ -632,6 +632,13 @@ def test_the_engine_s_reader_holds_its_blob_s_own_keys_not_the_escrow_key(tmp_pa
     assert [str(f) for f in failures] == [
         f"cannot decrypt {blob}: wrong escrow key or the blob was altered (check DPRELEASE_ESCROW_KEY / the key "
         "file, or register the dataset again)"]
+    import pickle
+
+    for holder in (fs, fs._blob[1]):  # neither the filesystem nor its blob key is ever serialised
+        with pytest.raises(TypeError, match="never pickled"):
+            pickle.dumps(holder)
+    with pytest.raises(EscrowError, match="a blob key is a 16-byte salt, a 32-byte AES key and a 32-byte MAC key"):
+        stream.BlobKey(fs._blob[1].salt, b"short", fs._blob[1].mac_key)
 
 
 def test_a_new_key_file_is_private_from_the_moment_it_exists(tmp_path, monkeypatch):

@@ -117,3 +117,25 @@ def test_a_server_on_a_copy_of_the_template_starts_without_migrating_and_serves_
             assert client.get(f"/flow_runs/{run.json()['id']}").json()["name"] == "a run"
     finally:
         server.kill()
+
+
+def test_a_template_built_again_holds_every_block_type(tmp_path):
+    """Prefect remembers a block registration per database path (PREFECT_HOME/memo_store.toml): a
+    template built again under the same name (deleted, or a new build of its Prefect version) would
+    have registered none, and its copies' servers skip the registration. The builder forgets that."""
+    code = textwrap.dedent("""
+        import sqlite3
+        from cli import prefect_server
+        counts = []
+        for _build in range(2):
+            template = prefect_server.template_database()
+            counts.append(sqlite3.connect(template).execute("SELECT count(*) FROM block_type").fetchone()[0])
+            template.unlink()  # the next call builds it again
+        print(*counts)
+    """)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(PYTHONPATH=str(ROOT), PREFECT_HOME=str(tmp_path / "prefect-home"), PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    first, second = map(int, done.stdout.split())
+    assert first > 20 and second == first, (first, second)

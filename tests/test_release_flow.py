@@ -566,6 +566,23 @@ def test_only_a_registered_controllers_signed_decision_publishes(platform_env, t
     assert rel.id not in approvals._awaiting_here  # a process that runs many flows keeps no event of this one
 
 
+def test_a_pause_s_event_forgotten_late_never_takes_the_next_wait_s():
+    """The utility command decides three times for one release: its next wait may take a new event
+    before the flow's thread forgets the one it set for the pause just answered. Each side forgets
+    only its own event, so the next pause still wakes the command at once."""
+    from flows import approvals
+
+    release = "utility-release"
+    first = approvals.awaiting_here(release)  # the flow asks (the command waits on the same event)
+    first.set()
+    approvals.forget_awaiting(release, first)  # the command got its answer in and stops waiting
+    second = approvals.awaiting_here(release)  # the command waits for the next decision at once
+    approvals.forget_awaiting(release, first)  # only then does the flow's first pause end
+    assert approvals.awaiting_here(release) is second  # the flow's next ask sets what the command waits on
+    approvals.forget_awaiting(release, second)
+    assert release not in approvals._awaiting_here
+
+
 def test_risk_above_tolerance_needs_an_override_with_a_reason(platform_env):
     """The default profile tolerates 0.2; epsilon 1 gives about 0.31: the summary says so in
     words, approving without an override is refused, with one the reason is archived."""

@@ -62,6 +62,9 @@ class DecryptingFileSystem(AbstractFileSystem):
         finally:
             plain.close()
 
+    def __reduce__(self):
+        raise TypeError("the escrow's engine filesystem is never pickled (it holds a blob's keys)")
+
     @property
     def url(self) -> str:
         """What DuckDB's read_parquet is given."""

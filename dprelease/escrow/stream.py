@@ -73,6 +73,13 @@ class BlobKey:
     aes_key: bytes
     mac_key: bytes
 
+    def __post_init__(self) -> None:
+        if (len(self.salt), len(self.aes_key), len(self.mac_key)) != (16, 32, 32):
+            raise EscrowError("a blob key is a 16-byte salt, a 32-byte AES key and a 32-byte MAC key")
+
+    def __reduce__(self):
+        raise TypeError("a blob key is never pickled (it opens an escrowed dataset)")
+
 
 def _nonce(prefix: bytes, index: int, final: bool) -> bytes:
     return prefix + struct.pack(">IB", index, final)
@@ -174,8 +181,8 @@ class DecryptingFile(io.RawIOBase):
             raise EscrowError(f"the escrow blob {self.path} has format version {version}; this dprelease reads "
                               f"version {VERSION}: upgrade dprelease")
         self._fixed = header[:FIXED_SIZE]
-        if isinstance(fernet_key, BlobKey):  # another blob's keys fail the check below
-            aes_key, mac_key = (fernet_key.aes_key, fernet_key.mac_key) if fernet_key.salt == salt else (b"", b"")
+        if isinstance(fernet_key, BlobKey):  # another blob's keys (another salt) fail the header's check below
+            aes_key, mac_key = fernet_key.aes_key, fernet_key.mac_key
         else:
             aes_key, mac_key = _derive(fernet_key, salt)
         check = hmac.new(mac_key, header[:-16], hashlib.sha256).digest()[:16]
