@@ -556,6 +556,8 @@ def release(
         request = load_request(spec)
         _keep_checks_judge(request)
         prefect_server.start()  # without a shared server, this command's own boots (2.6 s) beside the rest
+        if prefect_server.own_server_started():
+            checks_judge.yield_cpu()  # the flow waits for the server first, for the judge after it
         from dprelease.preflight import check_request  # the pipeline: 0.7 s to import
 
         check_request(_settings(), request)  # refused before any flow starts (quick, same message)

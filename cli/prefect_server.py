@@ -215,6 +215,11 @@ def start() -> None:
         _server.spawn()
 
 
+def own_server_started() -> bool:
+    """This command spawned a temporary server (and it is booting or up)."""
+    return _server is not None and _server.process is not None
+
+
 def _template_path() -> Path:
     """Where this PREFECT_HOME keeps the migrated, empty Prefect database."""
     from prefect.settings import PREFECT_HOME

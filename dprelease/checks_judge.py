@@ -124,6 +124,18 @@ def start_ahead() -> None:
         atexit.register(discard)
 
 
+def yield_cpu(niceness: int = 5) -> None:
+    """Lower the judge process's CPU priority (`niceness` below its command's): something else its
+    command waits for first (its own Prefect server's boot) gets the cores before the judge's import
+    does. 10M-row release with the command's own server, A/B medians of 6: 7.14 -> 6.79 s."""
+    if _ahead is not None and _ahead.process.poll() is None:
+        try:
+            lower = min(19, os.getpriority(os.PRIO_PROCESS, 0) + niceness)
+            os.setpriority(os.PRIO_PROCESS, _ahead.process.pid, lower)
+        except (AttributeError, OSError):  # not on this platform, or the child just ended
+            pass
+
+
 def started() -> bool:
     """A judge process started ahead waits for the next witness."""
     return _ahead is not None

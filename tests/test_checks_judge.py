@@ -152,3 +152,15 @@ def test_a_deferred_module_loads_only_when_used_and_then_works():
             "import scipy.stats as again\nprint(again is stats or again.entropy is stats.entropy)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["deferred", "0.510826", "True"], out  # KL = ln(5/9)/2 + ln(5)/2 = 0.5108
+
+
+def test_a_judge_yields_the_cpu_to_what_its_command_waits_for_first(no_judge_left):
+    """A command booting its own Prefect server lowers its judge's priority (the flow waits for the
+    server before it needs the judge); the judge still answers."""
+    checks_judge.start_ahead()
+    judge = checks_judge._ahead
+    checks_judge.yield_cpu()
+    assert os.getpriority(os.PRIO_PROCESS, judge.process.pid) == os.getpriority(os.PRIO_PROCESS, 0) + 5
+    good, _ = _frames()
+    assert checks.validate(good, checks.default_expectations(good, "uid")).success
+    assert judge.answered
