@@ -290,6 +290,20 @@ def test_a_column_given_twice_in_an_arrow_stream_is_refused_naming_the_stream():
                                  "have its own name)")
 
 
+def test_a_column_given_twice_in_a_pyarrow_dataset_is_refused_naming_the_input():
+    """A pyarrow Dataset is checked like a table: its column names, once each in any case."""
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+
+    table = pa.Table.from_arrays([pa.array([1, 2]), pa.array([1.0, 2.0]), pa.array([3.0, 4.0])],
+                                 names=["uid", "x", "X"])
+    with pytest.raises(InvalidDataError) as caught:
+        run(ds.dataset(table))
+    assert str(caught.value) == ("the input has the column 'X' twice ('x' and 'X' differ only in case, which SQL "
+                                 "ignores), at positions 2 and 3: rename or drop one (each column must have its own "
+                                 "name)")
+
+
 def test_a_file_named_parquet_holding_gzip_is_refused_saying_what_it_is(tmp_path):
     import gzip
 

@@ -14,7 +14,9 @@ import tempfile
 from pathlib import Path
 
 import duckdb
+import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 from cryptography.fernet import Fernet
 
@@ -653,3 +655,78 @@ def test_a_file_that_is_not_an_escrow_blob_is_refused_as_such(tmp_path):
     with pytest.raises(EscrowError) as caught:
         stream.DecryptingFile(other, Fernet.generate_key(), None)
     assert str(caught.value) == f"{other} is not an escrow blob (bad header): register the dataset again"
+
+
+# ------------------------------------------------------------------ the footer's statistics in the engine
+# (moved from tests/test_checks_footer.py, outside mutation testing's selection: dp_core's use of an input's
+# statistics is engine code, and these tests are what shows it)
+
+
+def _units(rows: int = 5_000) -> pa.Table:
+    uid = np.arange(rows) // 3
+    return pa.table({"uid": pa.array(uid, type=pa.int64()), "part": pa.array(uid % 13, type=pa.int32())})
+
+
+class _Streamed:
+    """An engine input that offers column statistics beside its Arrow stream (as EscrowRows does),
+    counting the scans the engine makes of it."""
+
+    def __init__(self, table: pa.Table, statistics):
+        self.table, self.statistics, self.scans = table, statistics, 0
+
+    def __arrow_c_stream__(self, requested_schema=None):
+        self.scans += 1
+        return self.table.__arrow_c_stream__(requested_schema)
+
+    def column_statistics(self):
+        return self.statistics
+
+
+def _count_query(**options):
+    import dp_core as dp
+
+    return dp.Query([dp.count(upper=3)], privacy_unit="uid", group_by=("part",), epsilon=1.0, delta=1e-6,
+                    max_partitions_contributed=2, public_partitions=list(range(13)), **options)
+
+
+@pytest.mark.parametrize("unit, proves", [
+    (escrow.blobs.ColumnStatistics(0, 9, 0, "integer", 5_000), True),
+    (escrow.blobs.ColumnStatistics(0, 9, 1, "integer", 5_000), False),   # a NULL unit: the scan refuses
+    (escrow.blobs.ColumnStatistics(None, None, 0, "integer", 0), False),  # no rows: the scan refuses
+    (escrow.blobs.ColumnStatistics(0.0, 9.0, 0, "float", 5_000), False),  # a float unit may hold NaN
+    (None, False),                                                         # no statistics for the unit
+])
+def test_the_engine_skips_its_whole_input_scan_only_when_statistics_prove_the_rules(unit, proves):
+    import dp_core as dp
+
+    table = _units()
+    source = _Streamed(table, {"uid": unit, "part": None})
+    dp.execute(_count_query(), source)
+    scanned_plain = _Streamed(table, None)
+    dp.execute(_count_query(), scanned_plain)
+    # DuckDB opens a stream more than once per query (its schema, then the scan)
+    assert (source.scans < scanned_plain.scans) if proves else (source.scans == scanned_plain.scans)
+
+
+def test_statistics_never_stand_in_for_a_refusal():
+    """Statistics that show a NULL unit send the engine to its scan, which refuses with the count."""
+    import dp_core as dp
+
+    table = pa.table({"uid": pa.array([1, None, 2], type=pa.int64()), "part": pa.array([0, 1, 2], type=pa.int32())})
+    stats = {"uid": escrow.blobs.ColumnStatistics(1, 2, 1, "integer", 3), "part": None}
+    with pytest.raises(dp.InvalidDataError, match="1 row"):
+        dp.execute(_count_query(), _Streamed(table, stats))
+
+
+@pytest.mark.parametrize("nulls, proves", [(0, True), (1, False)])
+def test_sql_skips_a_tables_whole_input_scan_only_when_statistics_prove_the_rules(nulls, proves):
+    from dp_core.sql import Table, run_sql
+
+    table = _units()
+    sql = ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(epsilon=1, delta=1e-6, max_groups_contributed=2) "
+           "part, COUNT(*) AS n FROM t GROUP BY part")
+    unit = escrow.blobs.ColumnStatistics(0, 1_666, nulls, "integer", len(table))
+    source, plain = _Streamed(table, {"uid": unit, "part": None}), _Streamed(table, None)
+    run_sql(sql, {"t": Table(source, privacy_unit="uid")})
+    run_sql(sql, {"t": Table(plain, privacy_unit="uid")})
+    assert (source.scans < plain.scans) if proves else (source.scans == plain.scans)

@@ -133,3 +133,21 @@ def test_the_readable_table_writes_numbers_short_and_the_public_view_dates_in_is
     table = pd.DataFrame({"day": [day] * len(values), "s": values, "s_ci_low": np.nan, "s_ci_high": np.nan})
     shown = dataclasses.replace(result, table=table).readable_table()["s"].tolist()
     assert shown == ["1,234", "150", "0", "1.50", "1.00", "0.5", "0.0123"]
+
+
+def test_the_notes_say_a_count_of_units_is_the_selection_s_and_each_gaussian_share_a_slice_of_one_pool():
+    """COUNT(DISTINCT unit) under Laplace-threshold selection is released from the selection's count,
+    and Gaussian aggregates are accounted in one zCDP pool: the notes say both, word for word (the
+    pool is the two Gaussian aggregates' two thirds of epsilon 2 and delta 1e-6)."""
+    df = pd.DataFrame({"uid": np.arange(3000), "g": np.arange(3000) % 3, "v": np.arange(3000) % 5})
+    q = dp.Query([dp.count_units(name="people"), dp.sum_("v", 0, 4, name="s"), dp.count(name="n")],
+                 privacy_unit="uid", group_by=("g",), epsilon=2.0, delta=1e-6, noise="gaussian",
+                 selection="laplace-threshold")
+    notes = dp.execute(q, df).notes
+    assert notes[1:3] == (
+        "COUNT(DISTINCT unit) is the partition selection's noisy count, released as is (no extra budget); "
+        "only counts above the threshold are released, so near the threshold they lean high.",
+        "Gaussian aggregates are accounted together in zCDP: their pooled (1.33333, 6.67e-07) is rho = 0.0298682, "
+        "split between them; an aggregate's listed epsilon and delta are its slice of the pool, not a guarantee "
+        "of its own.")
+

@@ -390,6 +390,11 @@ WORD_FOR_WORD = {  # refusals whose whole message is the guidance: rule -> (stat
         f"{DP.format(e=1)} APPROX_QUANTILES(age, 4, contribution_bounds_per_row => (0, 100), foo => 3) AS m "
         "FROM people",
         "APPROX_QUANTILES(...): unknown argument(s) ['foo']: bounds go in contribution_bounds_per_row => (L, U)"),
+    "a protected table read under a CTE's name, qualified": (  # main.people is the table, not the CTE people
+        "WITH people AS (SELECT * FROM depts) SELECT * FROM main.people",
+        "not a DP query: 'people' is a protected table (privacy unit 'uid') read outside a DP SELECT; a plain read "
+        "would release its rows. Read it with SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (...) or SELECT WITH "
+        "ANONYMIZATION (ANON_COUNT, ANON_SUM, ...)"),
     "a CTE that is not a query": (  # a DuckDB PIVOT statement as a CTE's body, quoted to its first 80 characters
         f"WITH t AS (PIVOT people ON dept USING count(*) AS n, avg(age) AS mean_age, max(age) AS oldest GROUP BY age) "
         f"{DP.format(e=1)} {C1} FROM people",
@@ -404,6 +409,20 @@ def test_refusals_give_their_whole_reason_and_remedy(tables, rule):
     with pytest.raises(dp.DPError) as info:
         compile_statement_for(sql, tables, epsilon=1.0)
     assert str(info.value) == message
+
+
+def test_the_unit_a_dp_select_names_in_one_of_two_joined_public_tables_is_that_table_s_column():
+    """OPTIONS (privacy_unit_column = c.id) over public tables that both have an id: the unit is the
+    customers' id, not the orders' (ids 0 to 699 of 1,000 customers have orders, 400 of them in
+    region N); epsilon 100: the counts' noise is far below 0.5."""
+    orders = pd.DataFrame({"id": np.arange(3000), "customer": np.arange(3000) % 700})
+    customers = pd.DataFrame({"id": np.arange(1000), "region": np.where(np.arange(1000) < 400, "N", "S")})
+    sql = ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 100, delta = 1e-6, privacy_unit_column = c.id) "
+           "region, COUNT(*, contribution_bounds_per_group => (0, 1)) AS customers FROM orders o "
+           "JOIN customers c ON o.customer = c.id GROUP BY region ORDER BY region")
+    result = run_sql(sql, {"orders": Table(orders), "customers": Table(customers)})
+    assert result.table["region"].tolist() == ["N", "S"]
+    assert result.table["customers"].round().tolist() == [400.0, 300.0]
 
 
 def test_a_dp_select_with_expressions_keeps_each_plain_aggregate_s_interval_columns(tables):
