@@ -151,3 +151,20 @@ def test_the_notes_say_a_count_of_units_is_the_selection_s_and_each_gaussian_sha
         "split between them; an aggregate's listed epsilon and delta are its slice of the pool, not a guarantee "
         "of its own.")
 
+
+def test_the_public_json_keys_per_partition_bounds_by_numbers_and_dates_as_the_table_holds_them():
+    """Per-partition bounds in to_json name their partition by its keys: an integer key as a number,
+    a date key by its text (json has no date type). Epsilon 8: each partition's 2,000 values of 1 to
+    3 give the bounds [1, 4]."""
+    import datetime
+
+    n = 8000
+    day = np.where(np.arange(n) % 2 == 0, datetime.date(2024, 1, 1), datetime.date(2025, 1, 1))
+    df = pd.DataFrame({"uid": np.arange(n), "year": np.where(np.arange(n) < n // 2, 2024, 2025),
+                       "day": pd.to_datetime(day), "x": np.tile([1.0, 2.0, 3.0], n)[:n]})
+    q = dp.Query([dp.Aggregate("sum", column="x", name="s")], privacy_unit="uid", group_by=("year", "day"),
+                 epsilon=8.0, bounds_scope="partition")
+    found = json.loads(dp.execute(q, df).to_json())["inferred_bounds"]
+    assert [(b["partition"], b["lower"], b["upper"]) for b in found] == [
+        ({"year": year, "day": f"{day} 00:00:00"}, 1.0, 4.0)
+        for year, day in ((2024, "2024-01-01"), (2024, "2025-01-01"), (2025, "2024-01-01"), (2025, "2025-01-01"))]
