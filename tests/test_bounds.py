@@ -354,3 +354,18 @@ def test_a_count_s_per_partition_bounds_are_searched_over_counts_of_zero_and_up(
         assert b.bin_edges == edges and b.threshold == 24 and b.lower is None
         assert b.record.note == "64 bins, threshold 24, failure probability 1e-09"
     assert (found["few"].upper, found["many"].upper) == (3.0, 31.0)
+
+
+def test_per_partition_bounds_show_the_widest_of_the_partitions_bounds_in_the_released_query():
+    """The released query states, for a statistic bounded per partition, the widest bounds its
+    partitions used: the least inferred lower and the greatest upper (values 1 to 3: [1, 4]; 100 to
+    300: [64, 512]); a COUNT's lower stays unset. Epsilon 8: 2,000 units per partition stand far out
+    of the histograms' noise."""
+    rows = []
+    for g, low in (("small", 1.0), ("large", 100.0)):
+        rows += [{"g": g, "v": low * (1 + i % 3)} for i in range(2000)]
+    df = pd.DataFrame(rows).assign(uid=range(len(rows)))
+    q = dp.Query([dp.Aggregate("sum", column="v", name="s"), dp.count(upper=None, name="n")], privacy_unit="uid",
+                 group_by=("g",), epsilon=8.0, bounds_scope="partition")
+    released = dp.execute(q, df).query.aggregates
+    assert [(a.label, a.lower, a.upper) for a in released] == [("s", 1, 512), ("n", None, 1)]

@@ -168,3 +168,19 @@ def test_the_public_json_keys_per_partition_bounds_by_numbers_and_dates_as_the_t
     assert [(b["partition"], b["lower"], b["upper"]) for b in found] == [
         ({"year": year, "day": f"{day} 00:00:00"}, 1.0, 4.0)
         for year, day in ((2024, "2024-01-01"), (2024, "2025-01-01"), (2025, "2024-01-01"), (2025, "2025-01-01"))]
+
+
+def test_the_public_view_says_how_its_partitions_were_chosen():
+    """partition_selection, in the result and its public dict: one partition without GROUP BY, the
+    public keys' count with public partitions, else the selection mechanism and its description."""
+    df = pd.DataFrame({"uid": np.arange(2000), "g": np.arange(2000) % 2})
+    count = [dp.count(upper=1, name="n")]
+    ungrouped = dp.execute(dp.Query(count, privacy_unit="uid", epsilon=1.0), df)
+    public = dp.execute(dp.Query(count, privacy_unit="uid", group_by=("g",), public_partitions=[0, 1], epsilon=1.0), df)
+    private = dp.execute(dp.Query(count, privacy_unit="uid", group_by=("g",), epsilon=1.0, delta=1e-6), df)
+    assert ungrouped.partition_selection == "none (no GROUP BY: one partition, always released)"
+    assert public.partition_selection == ("public partitions (2 keys from public data: the request's list or a "
+                                          "PUBLIC_GROUPS table; no selection)")
+    assert private.partition_selection.startswith("truncated-geometric: ")
+    for r in (ungrouped, public, private):
+        assert r.to_dict()["partition_selection"] == r.partition_selection

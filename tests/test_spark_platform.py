@@ -356,3 +356,20 @@ def test_the_engine_reads_a_table_from_the_spark_session_it_is_given(spark):
     result = dp.execute(dp.Query([dp.count(upper=1, name="n")], privacy_unit="uid", epsilon=50.0), "only_here",
                         backend="spark", spark=other)
     assert result.table["n"].iloc[0] == pytest.approx(200, abs=2)
+
+
+def test_per_partition_bounds_on_spark_are_those_of_duckdb(spark):
+    """bounds_scope="partition" on Spark: each partition's histogram runs in Spark's SQL and gives the
+    bounds DuckDB gives (values 1 to 3: [1, 4]; 100 to 300: [64, 512]; epsilon 8, 1,000 units per
+    partition far out of the noise)."""
+    rows = []
+    for g, low in (("small", 1.0), ("large", 100.0)):
+        rows += [{"g": g, "v": low * (1 + i % 3)} for i in range(1000)]
+    data = pd.DataFrame(rows).assign(uid=range(len(rows)))
+    query = dp.Query([dp.Aggregate("sum", column="v", name="s")], privacy_unit="uid", group_by=("g",), epsilon=8.0,
+                     bounds_scope="partition")
+    found = {}
+    for engine, frame in (("duckdb", data), ("spark", spark.createDataFrame(data))):
+        result = dp.execute(query, frame, backend=engine, spark=spark if engine == "spark" else None)
+        found[engine] = sorted((b.partition["g"], b.lower, b.upper) for b in result.inferred_bounds)
+    assert found["spark"] == found["duckdb"] == [("large", 64.0, 512.0), ("small", 1.0, 4.0)]
