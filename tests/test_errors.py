@@ -304,6 +304,30 @@ def test_a_column_given_twice_in_a_pyarrow_dataset_is_refused_naming_the_input()
                                  "name)")
 
 
+@pytest.mark.parametrize("name", ["rows.csv", "rows.csv.gz"])
+def test_a_csv_with_a_header_and_no_data_row_is_refused(tmp_path, name):
+    path = tmp_path / name
+    text = b"uid,x\n\n"
+    path.write_bytes(gzip.compress(text) if name.endswith(".gz") else text)
+    with pytest.raises(InvalidDataError) as caught:
+        run(str(path))
+    assert str(caught.value) == f"{path} has a header row but no data rows: nothing can be released"
+
+
+@pytest.mark.parametrize("name", ["rows.csv", "rows.csv.gz"])
+def test_the_file_rules_read_only_a_file_s_first_mebibyte(tmp_path, name):
+    """The header and first-row rules read the first MiB of a file (decompressed, for gzip), not the
+    whole file: a byte that is not UTF-8 further on is left to the engine's reader."""
+    from dp_core.input_checks import HEAD_BYTES, check_file
+
+    rows = b"uid,x\n" + b"".join(b"%d,1.5\n" % i for i in range(HEAD_BYTES // 6))
+    text = rows + b"99,\xff\n"
+    assert len(rows) > HEAD_BYTES
+    path = tmp_path / name
+    path.write_bytes(gzip.compress(text) if name.endswith(".gz") else text)
+    assert check_file(path) == name.split(".", 1)[1]
+
+
 def test_a_file_named_parquet_holding_gzip_is_refused_saying_what_it_is(tmp_path):
     import gzip
 
