@@ -409,6 +409,7 @@ WORD_FOR_WORD = {  # refusals whose whole message is the guidance: rule -> (stat
     "an upper bound that is not a number": (
         f"{DP.format(e=1)} SUM(age, contribution_bounds_per_group => (0, 'ninety')) AS s FROM people",
         "SUM(...): the upper bound must be a number literal, got the string 'ninety'"),
+    "two statements": ("SELECT region FROM depts; SELECT dept FROM depts", "give exactly one SQL statement"),
     "OPTIONS never closed": ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1", "OPTIONS ( ... is not closed"),
     "a CTE that is not a query": (  # a DuckDB PIVOT statement as a CTE's body, quoted to its first 80 characters
         f"WITH t AS (PIVOT people ON dept USING count(*) AS n, avg(age) AS mean_age, max(age) AS oldest GROUP BY age) "
