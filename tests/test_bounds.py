@@ -369,3 +369,19 @@ def test_per_partition_bounds_show_the_widest_of_the_partitions_bounds_in_the_re
                  group_by=("g",), epsilon=8.0, bounds_scope="partition")
     released = dp.execute(q, df).query.aggregates
     assert [(a.label, a.lower, a.upper) for a in released] == [("s", 1, 512), ("n", None, 1)]
+
+
+def test_per_partition_bounds_are_inferred_for_the_partition_of_a_missing_key_too():
+    """Rows whose group key is missing form a partition like any other: it gets its own bounds and is
+    released with them (values up to 3: [.., 4]; up to 300: [.., 512]; epsilon 8)."""
+    rows = []
+    for g, high in (("a", 3.0), (None, 300.0)):
+        rows += [{"g": g, "v": high * (i % 10 + 1) / 10} for i in range(2000)]
+    df = pd.DataFrame(rows).assign(uid=range(len(rows)))
+    q = dp.Query([dp.Aggregate("sum", column="v", name="s")], privacy_unit="uid", group_by=("g",), epsilon=8.0,
+                 bounds_scope="partition")
+    r = dp.execute(q, df)
+    uppers = [(b.partition["g"], b.upper) for b in r.inferred_bounds]
+    assert uppers[0] == ("a", 4.0) and pd.isna(uppers[1][0]) and uppers[1][1] == 512.0 and len(uppers) == 2
+    assert r.table["g"].iloc[0] == "a" and pd.isna(r.table["g"].iloc[1]) and len(r.table) == 2
+    assert r.table["s"].iloc[1] == pytest.approx(330_000, rel=0.01)
