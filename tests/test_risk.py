@@ -439,3 +439,13 @@ def test_an_average_s_promised_interval_names_the_mechanism_of_its_noise():
         q = dp.Query([dp.avg("x", 0, 20, name="mean")], privacy_unit="u", epsilon=1.0, delta=1e-6, noise=noise)
         (line,) = [s.describe() for s in accuracy.statistic_intervals(q, reference_count=250)]
         assert line.startswith("mean: +-") and line.endswith(f"for a group of 250 people ({mechanism}, epsilon 1)"), line
+
+
+def test_a_plan_whose_risk_no_epsilon_can_meet_is_refused_with_the_floor_and_the_remedy():
+    """The risk without any release, s (1 - t) / n = 0.7 x 0.7 / 4, is above the tolerable 0.05: the
+    plan chooser refuses, naming that floor and what to change."""
+    with pytest.raises(InvalidQueryError) as caught:
+        risk.choose_epsilon_for_plan(PLAN, trust="low", sensitivity="high", max_risk=0.05, max_noise=10, n=4, m=2)
+    assert str(caught.value) == (
+        "no epsilon keeps the risk within 0.05: even without any release the risk is s (1 - t) / n = 0.122. Raise "
+        "the tolerable risk above that, or share with a more trusted recipient; nothing is released")

@@ -68,6 +68,13 @@ PUBLIC_GROUPS_ACCEPTED = {  # docs/sql.md, "Public groups": DP statement, plain 
         "GROUP BY decade",
         "SELECT b.decade, count(p.uid) AS n FROM (SELECT DISTINCT band * 10 AS decade FROM ages) b "
         "LEFT JOIN people p ON p.age // 10 * 10 = b.decade GROUP BY b.decade"),
+    "two public-groups subqueries with a column of the same name": (
+        f"{PG.format(e=1)} b1.band AS tens, b2.band AS ones, {C1} AS n FROM people "
+        "RIGHT JOIN (SELECT DISTINCT band FROM ages) b1 ON b1.band = people.age // 10 "
+        "RIGHT JOIN (SELECT DISTINCT band FROM ages) b2 ON b2.band = people.age % 10 GROUP BY b1.band, b2.band",
+        "SELECT b1.band AS tens, b2.band AS ones, count(p.uid) AS n FROM (SELECT DISTINCT band FROM ages) b1 "
+        "CROSS JOIN (SELECT DISTINCT band FROM ages) b2 LEFT JOIN people p ON p.age // 10 = b1.band "
+        "AND p.age % 10 = b2.band GROUP BY b1.band, b2.band"),
 }
 
 
