@@ -808,3 +808,22 @@ def test_a_blob_s_keys_are_derived_as_sealed_blobs_were():
     aes_key, mac_key = stream._derive(b"A" * 43 + b"=", b"\x00" * 16)
     assert aes_key.hex() == "4ad83e5c0b891075e3b1dccd808c36004294f48b9d23d8b9a352d2b7ce25c7b8"
     assert len(mac_key) == 32 and mac_key != aes_key
+
+
+def test_the_engine_s_file_system_offers_one_read_only_file_read_from_its_first_byte(tmp_path):
+    """The file system DuckDB reads a blob through (engine_files): one file, described by its name,
+    plaintext size and type; opened for reading it starts at byte 0 (the Parquet magic) and can seek;
+    opened for writing it is refused."""
+    settings = _settings(tmp_path)
+    key = load_or_create_key(settings, create=True)
+    blob, digest, _ = seal_file(_write(_frame(), tmp_path / "d.csv"), settings, key)
+    fs = engine_files.DecryptingFileSystem(blob, key, digest, None, [])
+    size = len(open_blob(blob, key, digest))
+    assert fs.info(fs.url) == {"name": fs.url, "size": size, "type": "file"}
+    with fs.open(fs.url, "rb") as handle:
+        assert handle.read(4) == b"PAR1" and handle.seekable()
+        handle.seek(-4, io.SEEK_END)
+        assert handle.read(4) == b"PAR1"
+    with pytest.raises(PermissionError) as caught:
+        fs.open(fs.url, "wb")
+    assert str(caught.value) == "the escrow is read only"
