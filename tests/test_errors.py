@@ -328,6 +328,17 @@ def test_the_file_rules_read_only_a_file_s_first_mebibyte(tmp_path, name):
     assert check_file(path) == name.split(".", 1)[1]
 
 
+def test_a_csv_with_a_malformed_quoted_field_is_refused_as_bad_data_naming_the_file(tmp_path):
+    """A quoted field with text after its closing quote is not the engine's CSV dialect: the head
+    check leaves it to the reader, whose refusal names the file (never the csv module's own error)."""
+    path = tmp_path / "rows.csv"
+    path.write_bytes(b'uid,x\n1,"a"b\n2,c\n')
+    with pytest.raises(InvalidDataError) as caught:
+        run(str(path), aggregates=[dp.count(upper=1)])
+    assert str(caught.value) == (f'cannot read {path} as CSV with a header row: Invalid Input Error: Error when '
+                                 f'sniffing file "{path}".')
+
+
 def test_a_file_named_parquet_holding_gzip_is_refused_saying_what_it_is(tmp_path):
     import gzip
 

@@ -373,3 +373,21 @@ def test_per_partition_bounds_on_spark_are_those_of_duckdb(spark):
         result = dp.execute(query, frame, backend=engine, spark=spark if engine == "spark" else None)
         found[engine] = sorted((b.partition["g"], b.lower, b.upper) for b in result.inferred_bounds)
     assert found["spark"] == found["duckdb"] == [("large", 64.0, 512.0), ("small", 1.0, 4.0)]
+
+
+def test_a_dp_select_on_spark_reads_its_derived_rows_unchecked_and_names_what_spark_cannot_prepare(spark):
+    """On Spark as on DuckDB, the rows a DP SELECT derives are not checked as an input (a WHERE that
+    keeps none releases a count of 0, never "no rows"); a statement DuckDB accepts but Spark cannot
+    prepare (a DuckDB-only function) is refused in one line that says so."""
+    from dp_core.sql import Table, run_sql
+
+    people = {"people": Table(pd.DataFrame({"uid": range(300), "dept": ["a", "b", "c"] * 100,
+                                            "age": [20 + i % 60 for i in range(300)]}), "uid")}
+    dps = ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 100, delta = 1e-6, privacy_unit_column = uid) "
+           "COUNT(*, contribution_bounds_per_group => (0, 1)) AS n FROM people WHERE ")
+    none_kept = run_sql(dps + "age > 1000", people, backend="spark", spark=spark)
+    assert none_kept.table["n"].tolist() == [0.0]
+    with pytest.raises(dp.InvalidDataError) as caught:
+        run_sql(dps + "regexp_full_match(dept, 'a')", people, backend="spark", spark=spark)
+    assert str(caught.value).startswith("the data engine (Spark) could not prepare the query: [UNRESOLVED_ROUTINE] "
+                                        "Cannot resolve routine `REGEXP_FULL_MATCH`") and "\n" not in str(caught.value)
