@@ -339,6 +339,19 @@ def test_a_csv_with_a_malformed_quoted_field_is_refused_as_bad_data_naming_the_f
                                  f'sniffing file "{path}".')
 
 
+@pytest.mark.parametrize("aggregate, message", [
+    (dp.var("x", 5, 5), "aggregate 'var_x': bounds must differ (L = U = 5 leaves nothing to learn)"),
+    (dp.sum_("x", 0, 0), "aggregate 'sum_x': bounds [0, 0] make every sum 0"),
+    (dp.sum_("x", 0, 10, weight=True), "aggregate 'sum_x': weight must be a positive number, got True"),
+    (dp.sum_("x", 0, True), "aggregate 'sum_x': the upper bound must be a finite number, got True"),
+    (dp.sum_("x", 0, "10"), "aggregate 'sum_x': the upper bound must be a finite number, got '10'"),
+])
+def test_an_aggregate_s_impossible_arguments_are_refused_word_for_word(aggregate, message):
+    with pytest.raises(InvalidQueryError) as caught:
+        run(aggregates=[aggregate])
+    assert str(caught.value) == message
+
+
 def test_a_file_named_parquet_holding_gzip_is_refused_saying_what_it_is(tmp_path):
     import gzip
 

@@ -471,3 +471,24 @@ def test_each_mad_round_s_record_states_its_slice_of_the_selection_budget_and_it
         assert f"released when the noisy weight >= {rnd['threshold'] / WEIGHT_ONE:.6g};" in m.note
         assert 1 < rnd["threshold"] / WEIGHT_ONE < 100
     assert sum(m.delta for m in records) == pytest.approx(sel.delta, rel=1e-12)
+
+
+def test_selection_advice_without_a_count_says_what_to_add():
+    df = pd.DataFrame({"uid": np.arange(100), "x": 1.0, "g": np.arange(100) % 2})
+    r = dp.execute(dp.Query([dp.sum_("x", 0, 10, name="s")], privacy_unit="uid", group_by=("g",), epsilon=1.0,
+                            delta=1e-6), df)
+    assert [n for n in r.notes if n.lower().startswith("selection advice")] == [
+        "Selection advice: add COUNT(DISTINCT unit) or COUNT(*) to the query to see how many groups each partition "
+        "selection would release at this budget."]
+
+
+def test_selection_advice_estimates_units_from_a_released_count_of_units():
+    """A released COUNT(DISTINCT unit) (selection truncated-geometric: not reused) gives the units
+    per partition the advice compares the mechanisms on, with no COUNT(*) in the query."""
+    df = pd.DataFrame({"uid": np.arange(3000), "x": 1.0, "g": np.arange(3000) % 3})
+    r = dp.execute(dp.Query([dp.count_units(name="people"), dp.sum_("x", 0, 10, name="s")], privacy_unit="uid",
+                            group_by=("g",), epsilon=1.0, delta=1e-6), df)
+    assert r.partition_selection.startswith("truncated-geometric")
+    (advice,) = [n for n in r.notes if n.lower().startswith("selection advice")]
+    assert advice.startswith("Selection advice (from the released noisy counts, no extra privacy cost): of the 3 "
+                             "groups released by truncated-geometric, the expected number each mechanism would release")

@@ -378,7 +378,8 @@ def test_per_partition_bounds_on_spark_are_those_of_duckdb(spark):
 def test_a_dp_select_on_spark_reads_its_derived_rows_unchecked_and_names_what_spark_cannot_prepare(spark):
     """On Spark as on DuckDB, the rows a DP SELECT derives are not checked as an input (a WHERE that
     keeps none releases a count of 0, never "no rows"); a statement DuckDB accepts but Spark cannot
-    prepare (a DuckDB-only function) is refused in one line that says so."""
+    prepare (a DuckDB-only function), or cannot run (a remainder by zero, an error under Spark's ANSI
+    mode), is refused in one line that says which."""
     from dp_core.sql import Table, run_sql
 
     people = {"people": Table(pd.DataFrame({"uid": range(300), "dept": ["a", "b", "c"] * 100,
@@ -391,3 +392,7 @@ def test_a_dp_select_on_spark_reads_its_derived_rows_unchecked_and_names_what_sp
         run_sql(dps + "regexp_full_match(dept, 'a')", people, backend="spark", spark=spark)
     assert str(caught.value).startswith("the data engine (Spark) could not prepare the query: [UNRESOLVED_ROUTINE] "
                                         "Cannot resolve routine `REGEXP_FULL_MATCH`") and "\n" not in str(caught.value)
+    with pytest.raises(dp.InvalidDataError) as caught:  # ANSI SQL: an error when the rows are read, not prepared
+        run_sql(dps + "CAST(age AS INTEGER) % (age - age) = 0", people, backend="spark", spark=spark)
+    assert str(caught.value).startswith("the data engine (Spark) could not run the query: [REMAINDER_BY_ZERO] "
+                                        "Remainder by zero.") and "\n" not in str(caught.value)

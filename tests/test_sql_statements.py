@@ -410,6 +410,12 @@ WORD_FOR_WORD = {  # refusals whose whole message is the guidance: rule -> (stat
         f"{DP.format(e=1)} SUM(age, contribution_bounds_per_group => (0, 'ninety')) AS s FROM people",
         "SUM(...): the upper bound must be a number literal, got the string 'ninety'"),
     "two statements": ("SELECT region FROM depts; SELECT dept FROM depts", "give exactly one SQL statement"),
+    "three contribution bounds": (f"{DP.format(e=1)} SUM(age, contribution_bounds_per_group => (0, 1, 2)) AS s "
+                                  "FROM people", "SUM(...): contribution bounds need exactly two numbers (L, U)"),
+    "a DP SELECT inside another": (
+        f"{DP.format(e=1)} COUNT(*) AS n FROM ({DP.format(e=1)} dept, COUNT(*) AS n FROM people GROUP BY dept) d",
+        "a DP SELECT inside another DP SELECT: the inner one's results cannot be the outer one's rows (each row must "
+        "belong to one unit); put the DP SELECTs side by side in an outer query"),
     "OPTIONS never closed": ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1", "OPTIONS ( ... is not closed"),
     "a CTE that is not a query": (  # a DuckDB PIVOT statement as a CTE's body, quoted to its first 80 characters
         f"WITH t AS (PIVOT people ON dept USING count(*) AS n, avg(age) AS mean_age, max(age) AS oldest GROUP BY age) "
