@@ -352,6 +352,13 @@ def test_an_aggregate_s_impossible_arguments_are_refused_word_for_word(aggregate
     assert str(caught.value) == message
 
 
+def test_an_infinite_public_partition_key_is_refused_naming_it():
+    df = pd.DataFrame({"uid": np.arange(100), "k": np.arange(100) % 2 * 1.5})
+    with pytest.raises(InvalidQueryError) as caught:
+        run(df, aggregates=[dp.count(upper=1)], group_by=("k",), public_partitions=[0.0, math.inf])
+    assert str(caught.value) == "non-finite number inf in a query"
+
+
 def test_a_file_named_parquet_holding_gzip_is_refused_saying_what_it_is(tmp_path):
     import gzip
 

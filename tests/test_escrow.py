@@ -827,3 +827,19 @@ def test_the_engine_s_file_system_offers_one_read_only_file_read_from_its_first_
     with pytest.raises(PermissionError) as caught:
         fs.open(fs.url, "wb")
     assert str(caught.value) == "the escrow is read only"
+
+
+def test_a_footer_without_a_row_group_s_statistics_proves_nothing_about_its_columns(tmp_path):
+    """footer_statistics: a column gets statistics only when every row group records its NULL count;
+    a Parquet file written without statistics gives none for any column (so the engine scans the
+    rows for NULL units instead of trusting a partial count)."""
+    import pyarrow.parquet as pq
+
+    from dprelease.escrow.blobs import footer_statistics
+
+    path = tmp_path / "plain.parquet"
+    table = pa.table({"uid": pa.array([1, None, 3], pa.int64()), "x": pa.array([1.0, 2.0, None])})
+    pq.write_table(table, path, write_statistics=False)
+    assert footer_statistics(pq.ParquetFile(path)) == {"uid": None, "x": None}
+    pq.write_table(table, path, row_group_size=2)
+    assert footer_statistics(pq.ParquetFile(path))["uid"] == escrow.blobs.ColumnStatistics(1, 3, 1, "integer", 3)
