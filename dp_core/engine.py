@@ -121,7 +121,7 @@ def infer_missing_bounds(query: Query, backend: Backend, schema: dict[str, str],
     for i, agg in enumerate(query.aggregates):
         if not agg.needs_bounds:
             continue
-        column_type = schema.get(agg.column, "").upper() if agg.column else "BIGINT"
+        column_type = schema[agg.column].upper() if agg.column else "BIGINT"  # check_columns: it exists
         integer = agg.kind == "count" or (agg.kind in ("sum", "quantile") and column_type in INTEGER_TYPES)
         signed = agg.kind != "count" and not column_type.startswith("U")
         counts = backend.run(histogram_sql(plan.with_clause, f"_a{i}_raw", integer))
@@ -162,7 +162,7 @@ def infer_partition_bounds(query: Query, backend: Backend, schema: dict[str, str
     for i, agg in enumerate(query.aggregates):
         if not agg.needs_bounds:
             continue
-        column_type = schema.get(agg.column, "").upper() if agg.column else "BIGINT"
+        column_type = schema[agg.column].upper() if agg.column else "BIGINT"  # check_columns: it exists
         integer = agg.kind == "count" or (agg.kind == "sum" and column_type in INTEGER_TYPES)
         signed = agg.kind != "count" and not column_type.startswith("U")
         counts = backend.run(histogram_by_partition_sql(plan.with_clause, f"_a{i}_raw", integer, keys))
@@ -179,9 +179,7 @@ def infer_partition_bounds(query: Query, backend: Backend, schema: dict[str, str
             except BoundsError:
                 continue  # no bounds: this partition is not released
             lo = 0 if agg.kind == "count" else agg.lower if inferred.lower is None else inferred.lower
-            hi = agg.upper if inferred.upper is None else inferred.upper
-            if agg.kind == "count":
-                hi = max(float(hi), 1.0)
+            hi = agg.upper if inferred.upper is None else inferred.upper  # a count's: 1 or more (bins from [0, 2))
             if lo >= hi:
                 continue
             found.append(replace(inferred, partition=partition))

@@ -134,7 +134,10 @@ class DPResult:
                  **({"privacy_unit": unit} if unit is not None else {})} for name, unit in self.tables_read]
 
     def to_json(self, **kwargs) -> str:
-        return json.dumps(self.to_dict(), default=_jsonable, **kwargs)
+        # json writes every value of to_dict itself (numpy's float64 is a Python float; bounds and keys are
+        # Python numbers) but one: a date or timestamp partition key of per-partition bounds (a pandas
+        # Timestamp), written as its text
+        return json.dumps(self.to_dict(), default=str, **kwargs)
 
     def explain(self) -> str:
         """Plain text: the budget split and each mechanism with its sensitivity and scale."""
@@ -169,10 +172,3 @@ def _fmt(x: float) -> str:
         return f"{x:.2f}"
     return f"{x:.3g}"
 
-
-def _jsonable(x):
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if hasattr(x, "item"):
-        return x.item()
-    return str(x)

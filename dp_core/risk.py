@@ -87,7 +87,10 @@ def truncated_laplace_bound(eps: float, df: float, delta: float) -> float:
     exceeds A = (df / eps) ln(1 + (exp(eps) - 1) / (2 delta))."""
     if not 0.0 < delta < 0.5:
         raise InvalidQueryError(f"bounded noise needs 0 < delta < 1/2, got {delta!r}")
-    return df / eps * math.log1p(math.expm1(eps) / (2.0 * delta))
+    grow = math.expm1(eps) / (2.0 * delta) if eps < 709.0 else math.inf
+    if math.isinf(grow):  # past the largest float: ln(1 + (e^eps - 1) / 2d) = eps + ln(e^-eps + (1 - e^-eps) / 2d)
+        return df / eps * (eps + math.log(math.exp(-eps) - math.expm1(-eps) / (2.0 * delta)))
+    return df / eps * math.log1p(grow)
 
 
 def truncated_laplace_epsilon(bound: float, df: float, delta: float) -> float:

@@ -183,3 +183,39 @@ def test_every_statistic_keeps_the_budget_weight_it_is_given():
             dp.quantile("x", 0.9, 0, 1, weight=3.0), dp.median("x", 0, 1, weight=3.0), dp.min_("x", 0, 1, weight=3.0),
             dp.max_("x", 0, 1, weight=3.0)]
     assert [a.weight for a in made] == [3.0] * len(made)
+
+
+def test_the_controller_s_exact_variance_and_standard_deviation_are_the_data_s():
+    """The controller's exact values of VAR and STDDEV are the population variance of each partition
+    and its square root: a: 20 and 60 alike (variance 400, sd 20); b: 10, 20, 30, 40 (variance 125)."""
+    df = pd.DataFrame({"uid": np.arange(2000), "g": np.repeat(["a", "b"], 1000),
+                       "x": np.concatenate([np.tile([20.0, 60.0], 500), np.tile([10.0, 20.0, 30.0, 40.0], 250)])})
+    q = dp.Query([dp.var("x", 0, 100, name="v"), dp.stddev("x", 0, 100, name="sd")], privacy_unit="uid",
+                 group_by=("g",), public_partitions=["a", "b"], epsilon=1.0)
+    exact = dp.execute(q, df).controller_only.exact.set_index("g")
+    assert exact.loc["a", "v"] == pytest.approx(400.0) and exact.loc["a", "sd"] == pytest.approx(20.0)
+    assert exact.loc["b", "v"] == pytest.approx(125.0) and exact.loc["b", "sd"] == pytest.approx(125.0 ** 0.5)
+
+
+def test_a_sum_of_values_never_above_zero_is_released_at_or_below_zero():
+    """With bounds [-10, 0] a sum cannot be positive: the released value and its interval are capped
+    at 0. Forty partitions whose true sum is 0: without the cap each interval's top would lie above 0
+    with probability 0.975 (the noise is symmetric), all forty below it with probability 0.025^40."""
+    keys = list(range(40))
+    df = pd.DataFrame({"uid": np.arange(4000), "k": np.arange(4000) % 40, "x": 0.0})
+    q = dp.Query([dp.sum_("x", -10, 0, name="s")], privacy_unit="uid", group_by=("k",), public_partitions=keys,
+                 epsilon=1.0)
+    t = dp.execute(q, df).table
+    assert len(t) == 40
+    assert (t["s"] <= 0).all() and (t["s_ci_high"] <= 0).all() and (t["s_ci_low"] <= t["s"]).all()
+
+
+def test_a_missing_key_listed_among_the_public_partitions_is_released_as_its_own_partition():
+    """A public partition None is the group of rows whose key is missing, released beside the others
+    (epsilon 100: the counts' noise is 0); a listed key no row has is released as 0."""
+    df = pd.DataFrame({"uid": np.arange(3000), "g": ["a", None, "b"] * 1000})
+    q = dp.Query([dp.count(upper=1, name="n")], privacy_unit="uid", group_by=("g",), epsilon=100.0,
+                 public_partitions=[None, "a", "c"])
+    t = dp.execute(q, df).table
+    assert t["g"].tolist()[:2] == ["a", "c"] and pd.isna(t["g"].iloc[2]) and len(t) == 3
+    assert t["n"].tolist() == [1000.0, 0.0, 1000.0]

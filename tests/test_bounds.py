@@ -333,3 +333,55 @@ def test_the_bounds_mechanism_is_recorded_as_the_release_publishes_it():
                  "sensitivity_per_partition": 1.0, "max_partitions": 1, "sensitivity": 1.0, "epsilon": 1.0,
                  "delta": 0.0, "rho": None, "scale": 1.0, "grid": 1.0, "note": d["note"]}
     assert d["note"].startswith(f"{len(b.bin_edges)} bins, threshold {b.threshold}, failure probability ")
+
+
+def test_a_count_s_per_partition_bounds_are_searched_over_counts_of_zero_and_up():
+    """A COUNT without its per-unit bound, bounds_scope="partition": each partition's histogram has
+    the 64 bins a count can fall in, [0, 2), [2, 4), ... [2^63, 2^64), none below zero, and its
+    threshold is that of 64 bins (24 at the bounds' epsilon 1, failure 1e-9). Units of "few" have 3
+    rows, of "many" 20: upper bounds 3 and 31 (the integer tops of [2, 4) and [16, 32)); the 2,000
+    units of each bin stand far out of noise of scale 1 (an empty bin passes with probability 1e-9)."""
+    units = np.arange(4000)
+    df = pd.DataFrame({"uid": np.repeat(units, np.where(units < 2000, 3, 20)),
+                       "g": np.repeat(np.where(units < 2000, "few", "many"), np.where(units < 2000, 3, 20))})
+    q = dp.Query([dp.count(upper=None, name="n")], privacy_unit="uid", group_by=("g",), epsilon=4.0,
+                 bounds_scope="partition")
+    r = dp.execute(q, df)
+    edges = tuple((0.0 if e == 0 else 2.0 ** e, 2.0 ** (e + 1)) for e in range(64))
+    found = {b.partition["g"]: b for b in r.inferred_bounds}
+    assert sorted(found) == ["few", "many"]
+    for b in found.values():
+        assert b.bin_edges == edges and b.threshold == 24 and b.lower is None
+        assert b.record.note == "64 bins, threshold 24, failure probability 1e-09"
+    assert (found["few"].upper, found["many"].upper) == (3.0, 31.0)
+
+
+def test_per_partition_bounds_show_the_widest_of_the_partitions_bounds_in_the_released_query():
+    """The released query states, for a statistic bounded per partition, the widest bounds its
+    partitions used: the least inferred lower and the greatest upper (values 1 to 3: [1, 4]; 100 to
+    300: [64, 512]); a COUNT's lower stays unset. Epsilon 8: 2,000 units per partition stand far out
+    of the histograms' noise."""
+    rows = []
+    for g, low in (("small", 1.0), ("large", 100.0)):
+        rows += [{"g": g, "v": low * (1 + i % 3)} for i in range(2000)]
+    df = pd.DataFrame(rows).assign(uid=range(len(rows)))
+    q = dp.Query([dp.Aggregate("sum", column="v", name="s"), dp.count(upper=None, name="n")], privacy_unit="uid",
+                 group_by=("g",), epsilon=8.0, bounds_scope="partition")
+    released = dp.execute(q, df).query.aggregates
+    assert [(a.label, a.lower, a.upper) for a in released] == [("s", 1, 512), ("n", None, 1)]
+
+
+def test_per_partition_bounds_are_inferred_for_the_partition_of_a_missing_key_too():
+    """Rows whose group key is missing form a partition like any other: it gets its own bounds and is
+    released with them (values up to 3: [.., 4]; up to 300: [.., 512]; epsilon 8)."""
+    rows = []
+    for g, high in (("a", 3.0), (None, 300.0)):
+        rows += [{"g": g, "v": high * (i % 10 + 1) / 10} for i in range(2000)]
+    df = pd.DataFrame(rows).assign(uid=range(len(rows)))
+    q = dp.Query([dp.Aggregate("sum", column="v", name="s")], privacy_unit="uid", group_by=("g",), epsilon=8.0,
+                 bounds_scope="partition")
+    r = dp.execute(q, df)
+    uppers = [(b.partition["g"], b.upper) for b in r.inferred_bounds]
+    assert uppers[0] == ("a", 4.0) and pd.isna(uppers[1][0]) and uppers[1][1] == 512.0 and len(uppers) == 2
+    assert r.table["g"].iloc[0] == "a" and pd.isna(r.table["g"].iloc[1]) and len(r.table) == 2
+    assert r.table["s"].iloc[1] == pytest.approx(330_000, rel=0.01)

@@ -290,6 +290,75 @@ def test_a_column_given_twice_in_an_arrow_stream_is_refused_naming_the_stream():
                                  "have its own name)")
 
 
+def test_a_column_given_twice_in_a_pyarrow_dataset_is_refused_naming_the_input():
+    """A pyarrow Dataset is checked like a table: its column names, once each in any case."""
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+
+    table = pa.Table.from_arrays([pa.array([1, 2]), pa.array([1.0, 2.0]), pa.array([3.0, 4.0])],
+                                 names=["uid", "x", "X"])
+    with pytest.raises(InvalidDataError) as caught:
+        run(ds.dataset(table))
+    assert str(caught.value) == ("the input has the column 'X' twice ('x' and 'X' differ only in case, which SQL "
+                                 "ignores), at positions 2 and 3: rename or drop one (each column must have its own "
+                                 "name)")
+
+
+@pytest.mark.parametrize("name", ["rows.csv", "rows.csv.gz"])
+def test_a_csv_with_a_header_and_no_data_row_is_refused(tmp_path, name):
+    path = tmp_path / name
+    text = b"uid,x\n\n"
+    path.write_bytes(gzip.compress(text) if name.endswith(".gz") else text)
+    with pytest.raises(InvalidDataError) as caught:
+        run(str(path))
+    assert str(caught.value) == f"{path} has a header row but no data rows: nothing can be released"
+
+
+@pytest.mark.parametrize("name", ["rows.csv", "rows.csv.gz"])
+def test_the_file_rules_read_only_a_file_s_first_mebibyte(tmp_path, name):
+    """The header and first-row rules read the first MiB of a file (decompressed, for gzip), not the
+    whole file: a byte that is not UTF-8 further on is left to the engine's reader."""
+    from dp_core.input_checks import HEAD_BYTES, check_file
+
+    rows = b"uid,x\n" + b"".join(b"%d,1.5\n" % i for i in range(HEAD_BYTES // 6))
+    text = rows + b"99,\xff\n"
+    assert len(rows) > HEAD_BYTES
+    path = tmp_path / name
+    path.write_bytes(gzip.compress(text) if name.endswith(".gz") else text)
+    assert check_file(path) == name.split(".", 1)[1]
+
+
+def test_a_csv_with_a_malformed_quoted_field_is_refused_as_bad_data_naming_the_file(tmp_path):
+    """A quoted field with text after its closing quote is not the engine's CSV dialect: the head
+    check leaves it to the reader, whose refusal names the file (never the csv module's own error)."""
+    path = tmp_path / "rows.csv"
+    path.write_bytes(b'uid,x\n1,"a"b\n2,c\n')
+    with pytest.raises(InvalidDataError) as caught:
+        run(str(path), aggregates=[dp.count(upper=1)])
+    assert str(caught.value) == (f'cannot read {path} as CSV with a header row: Invalid Input Error: Error when '
+                                 f'sniffing file "{path}".')
+
+
+@pytest.mark.parametrize("aggregate, message", [
+    (dp.var("x", 5, 5), "aggregate 'var_x': bounds must differ (L = U = 5 leaves nothing to learn)"),
+    (dp.sum_("x", 0, 0), "aggregate 'sum_x': bounds [0, 0] make every sum 0"),
+    (dp.sum_("x", 0, 10, weight=True), "aggregate 'sum_x': weight must be a positive number, got True"),
+    (dp.sum_("x", 0, True), "aggregate 'sum_x': the upper bound must be a finite number, got True"),
+    (dp.sum_("x", 0, "10"), "aggregate 'sum_x': the upper bound must be a finite number, got '10'"),
+])
+def test_an_aggregate_s_impossible_arguments_are_refused_word_for_word(aggregate, message):
+    with pytest.raises(InvalidQueryError) as caught:
+        run(aggregates=[aggregate])
+    assert str(caught.value) == message
+
+
+def test_an_infinite_public_partition_key_is_refused_naming_it():
+    df = pd.DataFrame({"uid": np.arange(100), "k": np.arange(100) % 2 * 1.5})
+    with pytest.raises(InvalidQueryError) as caught:
+        run(df, aggregates=[dp.count(upper=1)], group_by=("k",), public_partitions=[0.0, math.inf])
+    assert str(caught.value) == "non-finite number inf in a query"
+
+
 def test_a_file_named_parquet_holding_gzip_is_refused_saying_what_it_is(tmp_path):
     import gzip
 

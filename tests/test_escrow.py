@@ -14,7 +14,9 @@ import tempfile
 from pathlib import Path
 
 import duckdb
+import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 from cryptography.fernet import Fernet
 
@@ -704,3 +706,191 @@ def test_a_file_that_is_not_an_escrow_blob_is_refused_as_such(tmp_path):
     with pytest.raises(EscrowError) as caught:
         stream.DecryptingFile(other, Fernet.generate_key(), None)
     assert str(caught.value) == f"{other} is not an escrow blob (bad header): register the dataset again"
+
+
+# ------------------------------------------------------------------ the footer's statistics in the engine
+# (moved from tests/test_checks_footer.py, outside mutation testing's selection: dp_core's use of an input's
+# statistics is engine code, and these tests are what shows it)
+
+
+def _units(rows: int = 5_000) -> pa.Table:
+    uid = np.arange(rows) // 3
+    return pa.table({"uid": pa.array(uid, type=pa.int64()), "part": pa.array(uid % 13, type=pa.int32())})
+
+
+class _Streamed:
+    """An engine input that offers column statistics beside its Arrow stream (as EscrowRows does),
+    counting the scans the engine makes of it."""
+
+    def __init__(self, table: pa.Table, statistics):
+        self.table, self.statistics, self.scans = table, statistics, 0
+
+    def __arrow_c_stream__(self, requested_schema=None):
+        self.scans += 1
+        return self.table.__arrow_c_stream__(requested_schema)
+
+    def column_statistics(self):
+        return self.statistics
+
+
+def _count_query(**options):
+    import dp_core as dp
+
+    return dp.Query([dp.count(upper=3)], privacy_unit="uid", group_by=("part",), epsilon=1.0, delta=1e-6,
+                    max_partitions_contributed=2, public_partitions=list(range(13)), **options)
+
+
+@pytest.mark.parametrize("unit, proves", [
+    (escrow.blobs.ColumnStatistics(0, 9, 0, "integer", 5_000), True),
+    (escrow.blobs.ColumnStatistics(0, 9, 1, "integer", 5_000), False),   # a NULL unit: the scan refuses
+    (escrow.blobs.ColumnStatistics(None, None, 0, "integer", 0), False),  # no rows: the scan refuses
+    (escrow.blobs.ColumnStatistics(0.0, 9.0, 0, "float", 5_000), False),  # a float unit may hold NaN
+    (None, False),                                                         # no statistics for the unit
+])
+def test_the_engine_skips_its_whole_input_scan_only_when_statistics_prove_the_rules(unit, proves):
+    import dp_core as dp
+
+    table = _units()
+    source = _Streamed(table, {"uid": unit, "part": None})
+    dp.execute(_count_query(), source)
+    scanned_plain = _Streamed(table, None)
+    dp.execute(_count_query(), scanned_plain)
+    # DuckDB opens a stream more than once per query (its schema, then the scan)
+    assert (source.scans < scanned_plain.scans) if proves else (source.scans == scanned_plain.scans)
+
+
+def test_statistics_never_stand_in_for_a_refusal():
+    """Statistics that show a NULL unit send the engine to its scan, which refuses with the count."""
+    import dp_core as dp
+
+    table = pa.table({"uid": pa.array([1, None, 2], type=pa.int64()), "part": pa.array([0, 1, 2], type=pa.int32())})
+    stats = {"uid": escrow.blobs.ColumnStatistics(1, 2, 1, "integer", 3), "part": None}
+    with pytest.raises(dp.InvalidDataError, match="1 row"):
+        dp.execute(_count_query(), _Streamed(table, stats))
+
+
+@pytest.mark.parametrize("nulls, proves", [(0, True), (1, False)])
+def test_sql_skips_a_tables_whole_input_scan_only_when_statistics_prove_the_rules(nulls, proves):
+    from dp_core.sql import Table, run_sql
+
+    table = _units()
+    sql = ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(epsilon=1, delta=1e-6, max_groups_contributed=2) "
+           "part, COUNT(*) AS n FROM t GROUP BY part")
+    unit = escrow.blobs.ColumnStatistics(0, 1_666, nulls, "integer", len(table))
+    source, plain = _Streamed(table, {"uid": unit, "part": None}), _Streamed(table, None)
+    run_sql(sql, {"t": Table(source, privacy_unit="uid")})
+    run_sql(sql, {"t": Table(plain, privacy_unit="uid")})
+    assert (source.scans < plain.scans) if proves else (source.scans == plain.scans)
+
+
+# ------------------------------------------------------------------ each refusal in full
+
+
+def test_each_escrow_refusal_names_the_file_and_the_remedy_in_full(tmp_path):
+    """The whole message of each refusal of registration and reading: a file misnamed .parquet, a CSV
+    DuckDB cannot sniff, a chunk size out of range, a blob sealed for another fingerprint, a blob
+    whose authenticated plaintext is not Parquet."""
+    from dprelease.escrow.blobs import read_source
+
+    settings = _settings(tmp_path)
+    key = load_or_create_key(settings, create=True)
+    fake = tmp_path / "rows.parquet"
+    fake.write_bytes(b"uid,x\n1,2\n")
+    unsniffable = tmp_path / "rows.csv"
+    unsniffable.write_bytes(b'uid,x\n1,"2\n')
+    other, _, _ = seal_file(_write(_frame().head(1), tmp_path / "other.csv"), settings, key)
+    text_blob = tmp_path / "text.escrow"
+    with open(text_blob, "wb") as target:
+        writer = stream.EncryptingWriter(target, key, "ab" * 32, chunk_size=64)
+        writer.write(b"not Parquet")
+        writer.finish()
+    refusals = [
+        (lambda: read_source(fake), f"{fake} is declared parquet but is not a Parquet file: rename it or convert it"),
+        (lambda: read_source(unsniffable),
+         f'cannot read {unsniffable} as CSV with a header row: Invalid Input Error: Error when sniffing file '
+         f'"{unsniffable}".'),
+        (lambda: stream.DecryptingFile(other, key, "cd" * 32),
+         f"the escrow blob {other} does not match the registered fingerprint (tampered or swapped): register the "
+         "dataset again"),
+    ]
+    for attempt, message in refusals:
+        with pytest.raises(EscrowError) as caught:
+            attempt()
+        assert str(caught.value) == message
+    with pytest.raises(ValueError) as caught:
+        stream.EncryptingWriter(io.BytesIO(), key, "ab" * 32, chunk_size=0)
+    assert str(caught.value) == "chunk_size must be between 1 byte and 2 GiB"
+    with pytest.raises(EscrowError) as caught:
+        open_batches(text_blob, key, "ab" * 32)
+    assert re.fullmatch(rf"the escrow blob {re.escape(str(text_blob))} holds no readable Parquet data \([^\n]+\): "
+                        "register the dataset again", str(caught.value)), str(caught.value)
+
+
+def test_a_blob_whose_parquet_pages_do_not_decode_is_refused_as_the_escrow_s_error(tmp_path):
+    """A blob that authenticates but holds a Parquet page that does not decode (a writer's fault, not
+    an attack: chunks are authenticated): the scan is refused with the escrow's one-line message,
+    also recorded in `failures`, not pyarrow's multi-line OSError."""
+    import pyarrow.parquet as pq
+
+    buffer = io.BytesIO()
+    pq.write_table(pa.table({"x": list(range(5000))}), buffer, row_group_size=1000)
+    data = bytearray(buffer.getvalue())
+    start = pq.ParquetFile(io.BytesIO(bytes(data))).metadata.row_group(3).column(0).data_page_offset
+    for i in range(start + 20, start + 200):
+        data[i] ^= 0x5A
+    key, blob = Fernet.generate_key(), tmp_path / "broken.escrow"
+    with open(blob, "wb") as target:
+        writer = stream.EncryptingWriter(target, key, "ab" * 32, chunk_size=64)
+        writer.write(bytes(data))
+        writer.finish()
+    failures: list = []
+    reader = open_batches(blob, key, "ab" * 32, failures=failures)
+    with pytest.raises(EscrowError) as caught:
+        reader.read_all()
+    assert re.fullmatch(rf"the escrow blob {re.escape(str(blob))} holds unreadable Parquet data \([^\n]+\): "
+                        "register the dataset again", str(caught.value)), str(caught.value)
+    assert failures and str(failures[0]) == str(caught.value)
+
+
+def test_a_blob_s_keys_are_derived_as_sealed_blobs_were():
+    """The AES key and header key of a blob come from the escrow key and the blob's salt through
+    HKDF-SHA256 with the stream's own info string: a known answer, so that blobs sealed by earlier
+    versions stay readable."""
+    aes_key, mac_key = stream._derive(b"A" * 43 + b"=", b"\x00" * 16)
+    assert aes_key.hex() == "4ad83e5c0b891075e3b1dccd808c36004294f48b9d23d8b9a352d2b7ce25c7b8"
+    assert len(mac_key) == 32 and mac_key != aes_key
+
+
+def test_the_engine_s_file_system_offers_one_read_only_file_read_from_its_first_byte(tmp_path):
+    """The file system DuckDB reads a blob through (engine_files): one file, described by its name,
+    plaintext size and type; opened for reading it starts at byte 0 (the Parquet magic) and can seek;
+    opened for writing it is refused."""
+    settings = _settings(tmp_path)
+    key = load_or_create_key(settings, create=True)
+    blob, digest, _ = seal_file(_write(_frame(), tmp_path / "d.csv"), settings, key)
+    fs = engine_files.DecryptingFileSystem(blob, key, digest, None, [])
+    size = len(open_blob(blob, key, digest))
+    assert fs.info(fs.url) == {"name": fs.url, "size": size, "type": "file"}
+    with fs.open(fs.url, "rb") as handle:
+        assert handle.read(4) == b"PAR1" and handle.seekable()
+        handle.seek(-4, io.SEEK_END)
+        assert handle.read(4) == b"PAR1"
+    with pytest.raises(PermissionError) as caught:
+        fs.open(fs.url, "wb")
+    assert str(caught.value) == "the escrow is read only"
+
+
+def test_a_footer_without_a_row_group_s_statistics_proves_nothing_about_its_columns(tmp_path):
+    """footer_statistics: a column gets statistics only when every row group records its NULL count;
+    a Parquet file written without statistics gives none for any column (so the engine scans the
+    rows for NULL units instead of trusting a partial count)."""
+    import pyarrow.parquet as pq
+
+    from dprelease.escrow.blobs import footer_statistics
+
+    path = tmp_path / "plain.parquet"
+    table = pa.table({"uid": pa.array([1, None, 3], pa.int64()), "x": pa.array([1.0, 2.0, None])})
+    pq.write_table(table, path, write_statistics=False)
+    assert footer_statistics(pq.ParquetFile(path)) == {"uid": None, "x": None}
+    pq.write_table(table, path, row_group_size=2)
+    assert footer_statistics(pq.ParquetFile(path))["uid"] == escrow.blobs.ColumnStatistics(1, 3, 1, "integer", 3)

@@ -90,6 +90,15 @@ def test_each_partition_s_interval_scales_with_its_own_noise_only():
     assert both[1] == pytest.approx(both[0] * 1e-12, rel=1e-6)
 
 
+def test_a_partition_s_interval_is_its_own_beside_one_whose_noise_is_1e20_times_larger():
+    """Per-partition bounds can differ by 2^90: each partition's half-width is searched from its own
+    bracket, so a partition beside one 1e20 times noisier gets exactly the half-width it gets alone."""
+    base = np.array([2.0, 0.5, 1.0])
+    both = laplace_sum_halfwidth(np.vstack([base * 1e20, base]), 0.05)
+    alone = laplace_sum_halfwidth(np.atleast_2d(base), 0.05)
+    assert both[1] == alone[0] and both[0] == pytest.approx(alone[0] * 1e20, rel=1e-12)
+
+
 def test_the_laplace_half_width_is_the_smallest_whose_tail_is_at_most_alpha():
     """The half-width h of a sum of Laplace noises is the smallest with P(|sum| > h) <= alpha: when
     alpha is exactly the tail at some x (as the tail function computes it), h is x or below, never

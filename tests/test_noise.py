@@ -362,3 +362,20 @@ def test_a_whole_number_scale_is_the_same_exact_scale_as_its_float(whole):
     assert noise.laplace_parameters(whole) == noise.laplace_parameters(3.0)
     assert noise.gaussian_parameters(whole) == noise.gaussian_parameters(3.0)
     assert noise.discrete_laplace(whole, 5).dtype == noise.discrete_gaussian(whole, 5).dtype == np.int64
+
+
+def test_a_noise_scale_over_two_to_the_48_grid_steps_is_refused_naming_it():
+    """2^48 steps is the largest scale the Laplace sampler draws exactly; 2^49 is refused, with the scale."""
+    assert noise.laplace_parameters(2.0**48).s == 1
+    with pytest.raises(noise.DPError) as caught:
+        noise.laplace_parameters(2.0**49)
+    assert str(caught.value) == "noise scale 5.629e+14 is over 2^48 grid steps: refused"
+
+
+def test_a_geometric_draw_past_the_int64_range_is_refused_not_wrapped(monkeypatch):
+    """The discrete Laplace sampler refuses a geometric draw whose product with the scale would not
+    fit an int64 (probability below e^-16384: the geometric stage is handed such a draw here)."""
+    monkeypatch.setattr(noise, "geometric_exp_neg_one", lambda n: np.full(n, 1 << 40, dtype=np.int64))
+    with pytest.raises(noise.DPError) as caught:
+        noise.discrete_laplace(2.0**30, 5)
+    assert str(caught.value) == "discrete Laplace sampler: geometric draw out of range (probability < 1e-7000)"

@@ -243,3 +243,14 @@ def test_the_public_domain_s_extremes_are_each_output_s_own():
     grid = np.concatenate([np.linspace(lower, upper, 7001), [0.0]])
     moved = np.abs(z[..., None] + grid) - np.abs(z)[..., None]
     assert np.allclose(low, moved.min(axis=-1), atol=1e-9) and np.allclose(high, moved.max(axis=-1), atol=1e-9)
+
+
+def test_the_public_dict_carries_the_epsilon_choice_s_public_summary():
+    """A release whose epsilon PRI chose states the choice in its public dict (and so in results.json),
+    the public mode's beta included; a release at a given epsilon states none."""
+    df = pd.DataFrame({"u": np.arange(3000), "x": np.arange(3000) % 7 * 1.0})
+    q = dp.Query([dp.sum_("x", 0, 6, name="s")], privacy_unit="u", epsilon=1.0)
+    chosen = pri.release_with_pri(q, df, 50, mode="public")
+    assert chosen.to_dict()["epsilon_choice"] == chosen.epsilon_choice.public_summary()
+    assert (chosen.to_dict()["epsilon_choice"]["mode"], chosen.to_dict()["epsilon_choice"]["beta"]) == ("public", 0.5)
+    assert dp.execute(q, df).to_dict()["epsilon_choice"] is None

@@ -133,3 +133,54 @@ def test_the_readable_table_writes_numbers_short_and_the_public_view_dates_in_is
     table = pd.DataFrame({"day": [day] * len(values), "s": values, "s_ci_low": np.nan, "s_ci_high": np.nan})
     shown = dataclasses.replace(result, table=table).readable_table()["s"].tolist()
     assert shown == ["1,234", "150", "0", "1.50", "1.00", "0.5", "0.0123"]
+
+
+def test_the_notes_say_a_count_of_units_is_the_selection_s_and_each_gaussian_share_a_slice_of_one_pool():
+    """COUNT(DISTINCT unit) under Laplace-threshold selection is released from the selection's count,
+    and Gaussian aggregates are accounted in one zCDP pool: the notes say both, word for word (the
+    pool is the two Gaussian aggregates' two thirds of epsilon 2 and delta 1e-6)."""
+    df = pd.DataFrame({"uid": np.arange(3000), "g": np.arange(3000) % 3, "v": np.arange(3000) % 5})
+    q = dp.Query([dp.count_units(name="people"), dp.sum_("v", 0, 4, name="s"), dp.count(name="n")],
+                 privacy_unit="uid", group_by=("g",), epsilon=2.0, delta=1e-6, noise="gaussian",
+                 selection="laplace-threshold")
+    notes = dp.execute(q, df).notes
+    assert notes[1:3] == (
+        "COUNT(DISTINCT unit) is the partition selection's noisy count, released as is (no extra budget); "
+        "only counts above the threshold are released, so near the threshold they lean high.",
+        "Gaussian aggregates are accounted together in zCDP: their pooled (1.33333, 6.67e-07) is rho = 0.0298682, "
+        "split between them; an aggregate's listed epsilon and delta are its slice of the pool, not a guarantee "
+        "of its own.")
+
+
+def test_the_public_json_keys_per_partition_bounds_by_numbers_and_dates_as_the_table_holds_them():
+    """Per-partition bounds in to_json name their partition by its keys: an integer key as a number,
+    a date key by its text (json has no date type). Epsilon 8: each partition's 2,000 values of 1 to
+    3 give the bounds [1, 4]."""
+    import datetime
+
+    n = 8000
+    day = np.where(np.arange(n) % 2 == 0, datetime.date(2024, 1, 1), datetime.date(2025, 1, 1))
+    df = pd.DataFrame({"uid": np.arange(n), "year": np.where(np.arange(n) < n // 2, 2024, 2025),
+                       "day": pd.to_datetime(day), "x": np.tile([1.0, 2.0, 3.0], n)[:n]})
+    q = dp.Query([dp.Aggregate("sum", column="x", name="s")], privacy_unit="uid", group_by=("year", "day"),
+                 epsilon=8.0, bounds_scope="partition")
+    found = json.loads(dp.execute(q, df).to_json())["inferred_bounds"]
+    assert [(b["partition"], b["lower"], b["upper"]) for b in found] == [
+        ({"year": year, "day": f"{day} 00:00:00"}, 1.0, 4.0)
+        for year, day in ((2024, "2024-01-01"), (2024, "2025-01-01"), (2025, "2024-01-01"), (2025, "2025-01-01"))]
+
+
+def test_the_public_view_says_how_its_partitions_were_chosen():
+    """partition_selection, in the result and its public dict: one partition without GROUP BY, the
+    public keys' count with public partitions, else the selection mechanism and its description."""
+    df = pd.DataFrame({"uid": np.arange(2000), "g": np.arange(2000) % 2})
+    count = [dp.count(upper=1, name="n")]
+    ungrouped = dp.execute(dp.Query(count, privacy_unit="uid", epsilon=1.0), df)
+    public = dp.execute(dp.Query(count, privacy_unit="uid", group_by=("g",), public_partitions=[0, 1], epsilon=1.0), df)
+    private = dp.execute(dp.Query(count, privacy_unit="uid", group_by=("g",), epsilon=1.0, delta=1e-6), df)
+    assert ungrouped.partition_selection == "none (no GROUP BY: one partition, always released)"
+    assert public.partition_selection == ("public partitions (2 keys from public data: the request's list or a "
+                                          "PUBLIC_GROUPS table; no selection)")
+    assert private.partition_selection.startswith("truncated-geometric: ")
+    for r in (ungrouped, public, private):
+        assert r.to_dict()["partition_selection"] == r.partition_selection

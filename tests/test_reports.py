@@ -546,3 +546,38 @@ def test_text_cells_a_spreadsheet_would_run_are_written_quoted(tmp_path):
     data_files.write_data_files(res, tmp_path)
     keys = pd.read_csv(tmp_path / "results.csv", dtype=str)["k"].tolist()
     assert sorted(keys) == ["'=1+1", "'@cmd", "plain"]
+
+
+def test_the_controller_chart_is_380_high_and_45_wide_per_group_between_600_and_1400():
+    """The raw-against-private chart's size: 380 px high; 200 px plus 45 per group wide, at least 600
+    and at most 1400."""
+    def size(groups: int) -> str:
+        svg = pages.exact_vs_released_svg("s", [f"g{i}" for i in range(groups)], [1.0] * groups, [1.0] * groups,
+                                          [0.5] * groups, [1.5] * groups)
+        return svg[:svg.index(" viewBox")].split(" width=", 1)[1]
+
+    assert [size(n) for n in (2, 12, 40)] == ['"600" height="380"', '"740" height="380"', '"1400" height="380"']
+
+
+def test_without_clamping_the_controller_chart_is_the_first_aggregate_with_exact_values(data):
+    """The controller chart shows the aggregate with the most clamped values; when none is clamped,
+    the first in the query with exact values (here the sum, before the count of units, which has no
+    clamping record)."""
+    q = dp.Query([dp.sum_("age", 0, 200, name="total_age"), dp.count_units(name="people")], privacy_unit="person_id",
+                 group_by=("sex",), epsilon=1.0, delta=1e-6)
+    result = dp.execute(q, data)
+    assert result.controller_only.clamping["total_age"].clamped == 0 and "people" not in result.controller_only.clamping
+    page = pages.render_controller_report(result, make_ctx())
+    chart = page[page.index("<h3>Raw against private"):]
+    assert "<title>total_age: exact against released value per group</title>" in chart[:chart.index("</svg>")]
+
+
+def test_results_csv_ends_each_row_with_one_newline_whatever_the_platform_s_line_separator(tmp_path, monkeypatch):
+    """results.csv ends its rows with "\\n" even where the platform's line separator is "\\r\\n"."""
+    df = pd.DataFrame({"uid": range(40), "k": ["a", "b"] * 20, "x": [1.0] * 40})
+    query = dp.Query([dp.sum_("x", 0, 2, name="total")], privacy_unit="uid", epsilon=1.0, group_by=("k",),
+                     public_partitions=["a", "b"])
+    result = dp.execute(query, df)
+    monkeypatch.setattr(os, "linesep", "\r\n")
+    csv_path, _ = data_files.write_data_files(result, tmp_path)
+    assert b"\r" not in csv_path.read_bytes() and csv_path.read_bytes().count(b"\n") == 3

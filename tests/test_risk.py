@@ -73,6 +73,19 @@ def test_truncated_laplace_edges_and_per_output_delta():
     assert c.summary.endswith("always.")
 
 
+def test_a_noise_bound_just_above_the_sensitivity_needs_an_epsilon_beyond_any_risk_and_is_refused():
+    """A bound within 0.06% of the sensitivity needs epsilon above e^10 (the bisection's top); the
+    bound is computed without overflow there (exp(eps) overflows past 709, the formula's other form
+    does not: 1 + ln(1 / 2d) / eps at eps 800), and the chooser refuses with its reason."""
+    assert risk.truncated_laplace_bound(800.0, 1.0, 1e-6) == pytest.approx(1 + math.log(1 / 2e-6) / 800, rel=1e-12)
+    assert risk.truncated_laplace_bound(700.0, 1.0, 1e-6) == pytest.approx(1 + math.log(1 / 2e-6) / 700, rel=1e-12)
+    assert risk.truncated_laplace_epsilon(1.0000001, 1.0, 1e-6) == pytest.approx(math.exp(10.0))
+    with pytest.raises(InvalidQueryError) as caught:
+        risk.choose_epsilon(trust="low", sensitivity="high", max_risk=0.3, max_noise=1.0000001, n=N, m=M,
+                            bounded_delta=1e-6)
+    assert str(caught.value).startswith("the tolerable noise (1) needs epsilon >= 2.2e+04, but the tolerable risk")
+
+
 def test_bounded_noise_needs_delta_strictly_between_0_and_one_half():
     """The truncated Laplace bound (Geng et al. 2018) holds for 0 < delta < 1/2 only: 1/2 and 0 are refused."""
     assert risk.truncated_laplace_bound(1.0, 1.0, 0.4999) > 0
@@ -426,3 +439,13 @@ def test_an_average_s_promised_interval_names_the_mechanism_of_its_noise():
         q = dp.Query([dp.avg("x", 0, 20, name="mean")], privacy_unit="u", epsilon=1.0, delta=1e-6, noise=noise)
         (line,) = [s.describe() for s in accuracy.statistic_intervals(q, reference_count=250)]
         assert line.startswith("mean: +-") and line.endswith(f"for a group of 250 people ({mechanism}, epsilon 1)"), line
+
+
+def test_a_plan_whose_risk_no_epsilon_can_meet_is_refused_with_the_floor_and_the_remedy():
+    """The risk without any release, s (1 - t) / n = 0.7 x 0.7 / 4, is above the tolerable 0.05: the
+    plan chooser refuses, naming that floor and what to change."""
+    with pytest.raises(InvalidQueryError) as caught:
+        risk.choose_epsilon_for_plan(PLAN, trust="low", sensitivity="high", max_risk=0.05, max_noise=10, n=4, m=2)
+    assert str(caught.value) == (
+        "no epsilon keeps the risk within 0.05: even without any release the risk is s (1 - t) / n = 0.122. Raise "
+        "the tolerable risk above that, or share with a more trusted recipient; nothing is released")

@@ -448,3 +448,47 @@ def test_selection_advice_estimates_units_from_the_count_of_rows_not_from_anothe
                  group_by=("part",), epsilon=2.0, delta=1e-6, selection="weighted_gaussian")
     table = pd.DataFrame({"part": ["a", "b"], "total": [70.0, 90.0], "rows": [400.0, 80.0]})
     assert estimated_units(q, table, None).tolist() == [100.0, 20.0]
+
+
+def test_each_mad_round_s_record_states_its_slice_of_the_selection_budget_and_its_threshold():
+    """MAD's two rounds each record their slice of the selection's share (epsilon, delta and rho in the
+    proportion of the round's rho; the slices add up to the share) and the threshold the round keeps a
+    partition at, in units of one unit's weight."""
+    from dp_core.selection_weighted import WEIGHT_ONE, selection_rounds
+
+    q = dp.Query([dp.count(upper=3)], privacy_unit="uid", group_by=("part",), epsilon=2.0, delta=1e-6,
+                 max_partitions_contributed=3, selection="mad")
+    r = dp.execute(q, skewed(units=4000))
+    sel = r.budget[0]
+    records = [m for m in r.mechanisms if m.target.startswith("partition selection")]
+    rounds = selection_rounds("mad", sel, 3, 2.0)
+    assert [m.target for m in records] == ["partition selection: MAD round 1 weighted histogram",
+                                          "partition selection: MAD round 2 weighted histogram"]
+    for m, rnd in zip(records, rounds):
+        assert m.rho == rnd["rho"] and m.rho < sel.rho
+        assert m.epsilon == pytest.approx(sel.epsilon * rnd["rho"] / sel.rho, rel=1e-12)
+        assert m.delta == pytest.approx(sel.delta * rnd["rho"] / sel.rho, rel=1e-12)
+        assert f"released when the noisy weight >= {rnd['threshold'] / WEIGHT_ONE:.6g};" in m.note
+        assert 1 < rnd["threshold"] / WEIGHT_ONE < 100
+    assert sum(m.delta for m in records) == pytest.approx(sel.delta, rel=1e-12)
+
+
+def test_selection_advice_without_a_count_says_what_to_add():
+    df = pd.DataFrame({"uid": np.arange(100), "x": 1.0, "g": np.arange(100) % 2})
+    r = dp.execute(dp.Query([dp.sum_("x", 0, 10, name="s")], privacy_unit="uid", group_by=("g",), epsilon=1.0,
+                            delta=1e-6), df)
+    assert [n for n in r.notes if n.lower().startswith("selection advice")] == [
+        "Selection advice: add COUNT(DISTINCT unit) or COUNT(*) to the query to see how many groups each partition "
+        "selection would release at this budget."]
+
+
+def test_selection_advice_estimates_units_from_a_released_count_of_units():
+    """A released COUNT(DISTINCT unit) (selection truncated-geometric: not reused) gives the units
+    per partition the advice compares the mechanisms on, with no COUNT(*) in the query."""
+    df = pd.DataFrame({"uid": np.arange(3000), "x": 1.0, "g": np.arange(3000) % 3})
+    r = dp.execute(dp.Query([dp.count_units(name="people"), dp.sum_("x", 0, 10, name="s")], privacy_unit="uid",
+                            group_by=("g",), epsilon=1.0, delta=1e-6), df)
+    assert r.partition_selection.startswith("truncated-geometric")
+    (advice,) = [n for n in r.notes if n.lower().startswith("selection advice")]
+    assert advice.startswith("Selection advice (from the released noisy counts, no extra privacy cost): of the 3 "
+                             "groups released by truncated-geometric, the expected number each mechanism would release")

@@ -245,7 +245,21 @@ def test_signature_not_base64(release: Path) -> None:
     assert f"{SIGNATURE}: not valid base64" in verify_directory(release).problems
 
 
+def test_a_signature_with_one_character_outside_base64_is_refused_as_not_base64(release: Path) -> None:
+    """A character outside the base64 alphabet inside an otherwise valid signature is refused as
+    such, not skipped over by the decoder."""
+    text = (release / SIGNATURE).read_bytes()
+    (release / SIGNATURE).write_bytes(text[:10] + b"*" + text[10:])
+    assert f"{SIGNATURE}: not valid base64" in verify_directory(release).problems
+
+
 # --- keys --------------------------------------------------------------------------------------
+
+
+def test_a_key_pair_is_written_into_new_nested_directories(tmp_path: Path) -> None:
+    private, public = tmp_path / "private" / "a" / "release.key", tmp_path / "public" / "b" / "c" / "release.pub.pem"
+    generate_keypair(private, public)
+    assert private.is_file() and public.read_bytes().startswith(b"-----BEGIN PUBLIC KEY-----")
 
 
 def test_other_trusted_key_fails(release: Path, tmp_path: Path) -> None:

@@ -356,3 +356,43 @@ def test_the_engine_reads_a_table_from_the_spark_session_it_is_given(spark):
     result = dp.execute(dp.Query([dp.count(upper=1, name="n")], privacy_unit="uid", epsilon=50.0), "only_here",
                         backend="spark", spark=other)
     assert result.table["n"].iloc[0] == pytest.approx(200, abs=2)
+
+
+def test_per_partition_bounds_on_spark_are_those_of_duckdb(spark):
+    """bounds_scope="partition" on Spark: each partition's histogram runs in Spark's SQL and gives the
+    bounds DuckDB gives (values 1 to 3: [1, 4]; 100 to 300: [64, 512]; epsilon 8, 1,000 units per
+    partition far out of the noise)."""
+    rows = []
+    for g, low in (("small", 1.0), ("large", 100.0)):
+        rows += [{"g": g, "v": low * (1 + i % 3)} for i in range(1000)]
+    data = pd.DataFrame(rows).assign(uid=range(len(rows)))
+    query = dp.Query([dp.Aggregate("sum", column="v", name="s")], privacy_unit="uid", group_by=("g",), epsilon=8.0,
+                     bounds_scope="partition")
+    found = {}
+    for engine, frame in (("duckdb", data), ("spark", spark.createDataFrame(data))):
+        result = dp.execute(query, frame, backend=engine, spark=spark if engine == "spark" else None)
+        found[engine] = sorted((b.partition["g"], b.lower, b.upper) for b in result.inferred_bounds)
+    assert found["spark"] == found["duckdb"] == [("large", 64.0, 512.0), ("small", 1.0, 4.0)]
+
+
+def test_a_dp_select_on_spark_reads_its_derived_rows_unchecked_and_names_what_spark_cannot_prepare(spark):
+    """On Spark as on DuckDB, the rows a DP SELECT derives are not checked as an input (a WHERE that
+    keeps none releases a count of 0, never "no rows"); a statement DuckDB accepts but Spark cannot
+    prepare (a DuckDB-only function), or cannot run (a remainder by zero, an error under Spark's ANSI
+    mode), is refused in one line that says which."""
+    from dp_core.sql import Table, run_sql
+
+    people = {"people": Table(pd.DataFrame({"uid": range(300), "dept": ["a", "b", "c"] * 100,
+                                            "age": [20 + i % 60 for i in range(300)]}), "uid")}
+    dps = ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 100, delta = 1e-6, privacy_unit_column = uid) "
+           "COUNT(*, contribution_bounds_per_group => (0, 1)) AS n FROM people WHERE ")
+    none_kept = run_sql(dps + "age > 1000", people, backend="spark", spark=spark)
+    assert none_kept.table["n"].tolist() == [0.0]
+    with pytest.raises(dp.InvalidDataError) as caught:
+        run_sql(dps + "regexp_full_match(dept, 'a')", people, backend="spark", spark=spark)
+    assert str(caught.value).startswith("the data engine (Spark) could not prepare the query: [UNRESOLVED_ROUTINE] "
+                                        "Cannot resolve routine `REGEXP_FULL_MATCH`") and "\n" not in str(caught.value)
+    with pytest.raises(dp.InvalidDataError) as caught:  # ANSI SQL: an error when the rows are read, not prepared
+        run_sql(dps + "CAST(age AS INTEGER) % (age - age) = 0", people, backend="spark", spark=spark)
+    assert str(caught.value).startswith("the data engine (Spark) could not run the query: [REMAINDER_BY_ZERO] "
+                                        "Remainder by zero.") and "\n" not in str(caught.value)

@@ -62,6 +62,19 @@ PUBLIC_GROUPS_ACCEPTED = {  # docs/sql.md, "Public groups": DP statement, plain 
         "RIGHT OUTER JOIN (SELECT DISTINCT dept FROM depts) USING (dept)) GROUP BY d2",
         "SELECT d.dept AS d2, count(p.uid) AS n FROM (SELECT DISTINCT dept FROM depts) d LEFT JOIN people p "
         "USING (dept) GROUP BY d.dept"),
+    "groups listed by a GROUP BY of an expression": (
+        f"{PG.format(e=1)} decade, {C1} AS n FROM people "
+        "RIGHT JOIN (SELECT band * 10 AS decade FROM ages GROUP BY band * 10) b ON b.decade = people.age // 10 * 10 "
+        "GROUP BY decade",
+        "SELECT b.decade, count(p.uid) AS n FROM (SELECT DISTINCT band * 10 AS decade FROM ages) b "
+        "LEFT JOIN people p ON p.age // 10 * 10 = b.decade GROUP BY b.decade"),
+    "two public-groups subqueries with a column of the same name": (
+        f"{PG.format(e=1)} b1.band AS tens, b2.band AS ones, {C1} AS n FROM people "
+        "RIGHT JOIN (SELECT DISTINCT band FROM ages) b1 ON b1.band = people.age // 10 "
+        "RIGHT JOIN (SELECT DISTINCT band FROM ages) b2 ON b2.band = people.age % 10 GROUP BY b1.band, b2.band",
+        "SELECT b1.band AS tens, b2.band AS ones, count(p.uid) AS n FROM (SELECT DISTINCT band FROM ages) b1 "
+        "CROSS JOIN (SELECT DISTINCT band FROM ages) b2 LEFT JOIN people p ON p.age // 10 = b1.band "
+        "AND p.age % 10 = b2.band GROUP BY b1.band, b2.band"),
 }
 
 
@@ -323,3 +336,20 @@ def test_approx_quantiles_is_the_array_of_its_quantiles(tables):
 def test_more_reference_syntax_refusals(tables, sql, message):
     with pytest.raises(dp.DPError, match=message):
         compile_statement_for(sql, tables, epsilon=1.0)
+
+
+def test_a_public_column_named_like_the_engine_s_marker_is_read_as_a_column(tables):
+    """The engine marks each DP SELECT with a function `__dpmark_<n>()`; a public table's column of
+    that name is only a column, read first in a plain SELECT or beside a DP SELECT's results (epsilon
+    100: the counts' noise is far below 0.5)."""
+    marked = {**tables, "codes": Table(pd.DataFrame({"__dpmark_0": ["a", "b"], "region": ["N", "S"]}))}
+    plain_read = run_sql("SELECT __dpmark_0, region FROM codes ORDER BY 1", marked)
+    assert plain_read.table.to_dict("list") == {"__dpmark_0": ["a", "b"], "region": ["N", "S"]}
+    dp_select = (f"SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 100, delta = 1e-6) dept, {C1} AS n "
+                 "FROM people GROUP BY dept")
+    joined = run_sql(f"SELECT c.__dpmark_0, n FROM codes c JOIN ({dp_select}) r ON r.dept = c.__dpmark_0 ORDER BY 1",
+                     marked)
+    counts = plain(tables, "SELECT dept, count(*) AS n FROM people WHERE dept IN ('a', 'b') GROUP BY dept "
+                           "ORDER BY dept")
+    assert joined.table["__dpmark_0"].tolist() == ["a", "b"]
+    assert joined.table["n"].round().tolist() == counts["n"].astype(float).tolist()

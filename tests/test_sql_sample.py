@@ -139,6 +139,8 @@ def test_one_hundred_percent_is_every_row(tables):
     ("TABLESAMPLE BERNOULLI (10 PERCENT) REPEATABLE (3)", "REPEATABLE"),
     ("TABLESAMPLE SYSTEM (0 PERCENT)", r"must be in \(0, 100\], got 0"),
     ("TABLESAMPLE BERNOULLI (150 PERCENT)", r"must be in \(0, 100\], got 150"),
+    ("TABLESAMPLE BERNOULLI (100.5 PERCENT)", r"must be in \(0, 100\], got 100.5"),
+    ("TABLESAMPLE (BUCKET 1 OUT OF 4 ON uid)", r"only TABLESAMPLE BERNOULLI / SYSTEM \(p PERCENT\) is supported"),
     ("TABLESAMPLE BERNOULLI (-5 PERCENT)", r"not valid SQL|must be in \(0, 100\]"),  # sqlglot reads no sign there
     ("TABLESAMPLE BERNOULLI", "the sample's percentage is missing: it must be a number literal"),
     ("TABLESAMPLE ()", "the sample's percentage is missing"),

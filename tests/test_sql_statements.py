@@ -97,6 +97,10 @@ ACCEPTED = {
     "HAVING on released values (and on a select-list alias)": (
         f"{DP.format(e=EPS)} dept, {C1} AS n FROM people GROUP BY dept HAVING n > 600 AND {C1} < 10000 ORDER BY dept",
         "SELECT dept, count(*) AS n FROM people GROUP BY dept HAVING count(*) > 600 ORDER BY dept"),
+    "HAVING on a DP aggregate after a WHERE with parentheses": (
+        f"{DP.format(e=EPS)} dept, {C1} AS n FROM people WHERE age IN (20, 30, 40) GROUP BY dept HAVING {C1} > 10 "
+        "ORDER BY dept",
+        "SELECT dept, count(*) AS n FROM people WHERE age IN (20, 30, 40) GROUP BY dept HAVING count(*) > 10 ORDER BY dept"),
     "WITH ANONYMIZATION, OPTIONS and CLAMPED BETWEEN": (
         f"SELECT WITH ANONYMIZATION OPTIONS (epsilon = {EPS}, delta = 1e-6, kappa = 1) dept, "
         "ANON_SUM(age CLAMPED BETWEEN 0 AND 100) AS s FROM people GROUP BY dept ORDER BY dept",
@@ -390,6 +394,29 @@ WORD_FOR_WORD = {  # refusals whose whole message is the guidance: rule -> (stat
         f"{DP.format(e=1)} APPROX_QUANTILES(age, 4, contribution_bounds_per_row => (0, 100), foo => 3) AS m "
         "FROM people",
         "APPROX_QUANTILES(...): unknown argument(s) ['foo']: bounds go in contribution_bounds_per_row => (L, U)"),
+    "a protected table read under a CTE's name, qualified": (  # main.people is the table, not the CTE people
+        "WITH people AS (SELECT * FROM depts) SELECT * FROM main.people",
+        "not a DP query: 'people' is a protected table (privacy unit 'uid') read outside a DP SELECT; a plain read "
+        "would release its rows. Read it with SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (...) or SELECT WITH "
+        "ANONYMIZATION (ANON_COUNT, ANON_SUM, ...)"),
+    "an ANONYMIZATION function in a DIFFERENTIAL_PRIVACY SELECT": (
+        f"{DP.format(e=1)} ANON_COUNT(*) AS n FROM people",
+        "ANON_COUNT belongs to SELECT WITH ANONYMIZATION; with DIFFERENTIAL_PRIVACY use COUNT, SUM, AVG, VAR_POP, "
+        "STDDEV_POP, PERCENTILE_CONT"),
+    "positional bounds of ANON_STDDEV_POP": (  # ANON_SUM(x, L, U) has them; the seed's STDDEV does not
+        "SELECT WITH ANONYMIZATION OPTIONS (epsilon = 1, delta = 1e-6) ANON_STDDEV_POP(age, 0, 90) AS s FROM people",
+        "ANON_STDDEV_POP(...): takes 1 positional argument(s), got 3: bounds go in CLAMPED BETWEEN L AND U"),
+    "an upper bound that is not a number": (
+        f"{DP.format(e=1)} SUM(age, contribution_bounds_per_group => (0, 'ninety')) AS s FROM people",
+        "SUM(...): the upper bound must be a number literal, got the string 'ninety'"),
+    "two statements": ("SELECT region FROM depts; SELECT dept FROM depts", "give exactly one SQL statement"),
+    "three contribution bounds": (f"{DP.format(e=1)} SUM(age, contribution_bounds_per_group => (0, 1, 2)) AS s "
+                                  "FROM people", "SUM(...): contribution bounds need exactly two numbers (L, U)"),
+    "a DP SELECT inside another": (
+        f"{DP.format(e=1)} COUNT(*) AS n FROM ({DP.format(e=1)} dept, COUNT(*) AS n FROM people GROUP BY dept) d",
+        "a DP SELECT inside another DP SELECT: the inner one's results cannot be the outer one's rows (each row must "
+        "belong to one unit); put the DP SELECTs side by side in an outer query"),
+    "OPTIONS never closed": ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1", "OPTIONS ( ... is not closed"),
     "a CTE that is not a query": (  # a DuckDB PIVOT statement as a CTE's body, quoted to its first 80 characters
         f"WITH t AS (PIVOT people ON dept USING count(*) AS n, avg(age) AS mean_age, max(age) AS oldest GROUP BY age) "
         f"{DP.format(e=1)} {C1} FROM people",
@@ -404,6 +431,42 @@ def test_refusals_give_their_whole_reason_and_remedy(tables, rule):
     with pytest.raises(dp.DPError) as info:
         compile_statement_for(sql, tables, epsilon=1.0)
     assert str(info.value) == message
+
+
+def test_the_unit_a_dp_select_names_in_one_of_two_joined_public_tables_is_that_table_s_column():
+    """OPTIONS (privacy_unit_column = c.id) over public tables that both have an id: the unit is the
+    customers' id, not the orders' (ids 0 to 699 of 1,000 customers have orders, 400 of them in
+    region N); epsilon 100: the counts' noise is far below 0.5."""
+    orders = pd.DataFrame({"id": np.arange(3000), "customer": np.arange(3000) % 700})
+    customers = pd.DataFrame({"id": np.arange(1000), "region": np.where(np.arange(1000) < 400, "N", "S")})
+    sql = ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 100, delta = 1e-6, privacy_unit_column = c.id) "
+           "region, COUNT(*, contribution_bounds_per_group => (0, 1)) AS customers FROM orders o "
+           "JOIN customers c ON o.customer = c.id GROUP BY region ORDER BY region")
+    result = run_sql(sql, {"orders": Table(orders), "customers": Table(customers)})
+    assert result.table["region"].tolist() == ["N", "S"]
+    assert result.table["customers"].round().tolist() == [400.0, 300.0]
+
+
+def test_a_count_bounded_from_above_zero_counts_a_unit_with_only_missing_values_as_its_lower_bound():
+    """COUNT(x, contribution_bounds_per_group => (1, 2)) clamps each unit's count of x to [1, 2], as
+    BigQuery does: a unit whose x is always missing counts 1, a unit with three values 2 (400 * 1 +
+    600 * 2 = 1,600; epsilon 100: the noise is far below 0.5)."""
+    uid = np.repeat(np.arange(1000), 3)
+    people = pd.DataFrame({"uid": uid, "x": np.where(uid < 400, np.nan, 1.0)})
+    sql = ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 100, delta = 1e-6, privacy_unit_column = uid) "
+           "COUNT(x, contribution_bounds_per_group => (1, 2)) AS n FROM people")
+    assert run_sql(sql, {"people": Table(people, "uid")}).table["n"].round().tolist() == [1600.0]
+
+
+def test_a_group_key_is_released_under_the_name_the_select_list_writes():
+    """SELECT Dept ... GROUP BY dept: the key column is Dept, as the select list writes it (SQL
+    matches the two names whatever their case)."""
+    people = pd.DataFrame({"uid": np.arange(600), "dept": ["a", "b", "c"] * 200})
+    sql = ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 100, delta = 1e-6, privacy_unit_column = uid) Dept, "
+           "COUNT(*, contribution_bounds_per_group => (0, 1)) AS n FROM people GROUP BY dept ORDER BY 1")
+    result = run_sql(sql, {"people": Table(people, "uid")})
+    assert list(result.table.columns) == ["Dept", "n", "n_ci_low", "n_ci_high", "n_noise_sd"]
+    assert result.table["Dept"].tolist() == ["a", "b", "c"]
 
 
 def test_a_dp_select_with_expressions_keeps_each_plain_aggregate_s_interval_columns(tables):

@@ -252,9 +252,9 @@ def open_batches(blob_path: Path | str, key: bytes, expected_fingerprint: str, f
                 if failures is not None:
                     failures.append(err)
                 raise
-            except pa.ArrowException as err:
-                failure = EscrowError(f"the escrow blob {blob_path} holds unreadable Parquet data ({err}): "
-                                      "register the dataset again")
+            except (pa.ArrowException, OSError) as err:  # a page that does not decode: pyarrow's OSError
+                failure = EscrowError(f"the escrow blob {blob_path} holds unreadable Parquet data "
+                                      f"({str(err).splitlines()[0]}): register the dataset again")
                 if failures is not None:
                     failures.append(failure)
                 raise failure from None
