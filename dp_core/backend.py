@@ -19,6 +19,7 @@ import duckdb
 import pandas as pd
 
 from .bounding import INPUT_NAME
+from .engine_errors import duckdb_message
 from .errors import InvalidDataError
 from .input_checks import FLOAT_TYPES, check_column_names, check_file, check_frame, missing_as_null
 from .sql_text import ident, literal
@@ -86,7 +87,8 @@ class DuckDBBackend:
                 return self.relation.query(INPUT_NAME, sql).df()
             return self.connection.sql(sql).df()
         except duckdb.Error as err:
-            raise InvalidDataError(f"the data engine could not run the query: {err}") from None
+            words = duckdb_message(err) or str(err)  # never a value of the data (dp_core.engine_errors)
+            raise InvalidDataError(f"the data engine could not run the query: {words}") from None
 
     def schema(self) -> dict[str, str]:
         """Column name -> DuckDB type name of the input."""

@@ -22,6 +22,7 @@ import sqlglot
 from sqlglot import exp
 
 from .bounding import INPUT_NAME
+from .engine_errors import blank_quoted, spark_message
 from .errors import InvalidDataError
 from .input_checks import check_column_names
 
@@ -94,7 +95,8 @@ class SparkBackend:
             table = self.spark.sql(text).toArrow()
         except PySparkException as err:
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise InvalidDataError(f"the data engine (Spark) could not run the query: {first}") from None
+            words = spark_message(_condition(err), first)  # never a value of the data (dp_core.engine_errors)
+            raise InvalidDataError(f"the data engine (Spark) could not run the query: {words}") from None
         except Py4JJavaError as err:  # a failure inside the JVM, e.g. a CSV read FAILFAST
             raise InvalidDataError(java_failure(str(err))) from None
         return table.to_pandas(maps_as_pydicts="strict")
@@ -107,6 +109,18 @@ class SparkBackend:
         self.spark.catalog.dropTempView(self.view)
 
 
+def _condition(err) -> str | None:
+    """A PySpark error's condition (its error class), e.g. CAST_INVALID_INPUT, when it has one."""
+    for getter in ("getCondition", "getErrorClass"):
+        try:
+            value = getattr(err, getter)()
+        except Exception:  # noqa: BLE001, S112 - older PySpark, or an error without one
+            continue
+        if value:
+            return str(value)
+    return None
+
+
 def java_failure(text: str) -> str:
     """One line for a Java exception's many: a malformed CSV names its file and the remedy, never
     the record (Spark quotes the record's values); anything else, its innermost cause."""
@@ -116,7 +130,7 @@ def java_failure(text: str) -> str:
         return (f"cannot read {where} with Spark: a malformed record (a row whose fields do not match the "
                 "header); fix the file, or convert it to Parquet")
     causes = re.findall(r"Caused by: [\w.$]+: (.+)", text) or [text.strip().splitlines()[0] if text.strip() else ""]
-    return f"the data engine (Spark) failed: {causes[-1].strip()[:300]}"
+    return f"the data engine (Spark) failed: {blank_quoted(causes[-1].strip())[:300]}"
 
 
 def to_spark_sql(sql: str, views: dict[str, str]) -> str:

@@ -403,3 +403,22 @@ def test_public_partitions_of_numpy_values_are_plain_values():
                                  public_partitions=[np.int64(1), np.int64(2)]),
                         pd.DataFrame({"uid": [1, 2, 3], "g": [1, 2, 2]}))
     assert sorted(result.table["g"]) == [1, 2]
+
+
+@pytest.mark.parametrize("where, kind", [
+    ("CAST(name AS INTEGER) > 3", "Conversion Error"),  # DuckDB: Could not convert string 'x-secret-7' ...
+    ("CAST(x AS TINYINT) > 3", "Conversion Error"),  # ... Type INT64 with value 1234567 can't be cast ...
+    ("strptime(name, '%Y') IS NULL", "Invalid Input Error"),  # ... Could not parse string "x-secret-7" ...
+])
+def test_a_query_failing_on_a_value_of_the_data_never_quotes_it(where, kind):
+    """DuckDB quotes the value a cast or a parse failed on; the refusal names the failure and the
+    remedy, never the value (it would reach the store, the logs and the Prefect UI in plain text)."""
+    from dp_core.sql import Table, run_sql
+
+    people = {"t": Table(pd.DataFrame({"uid": [1, 2, 3], "name": ["x-secret-7"] * 3, "x": [1, 2, 1234567]}), "uid")}
+    with pytest.raises(dp.InvalidDataError) as caught:
+        run_sql("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1, delta = 1e-6, privacy_unit_column = uid) "
+                f"COUNT(*) AS n FROM t WHERE {where}", people)
+    assert str(caught.value) == (
+        f"the data engine could not run the query: {kind}: a value of the data does not fit the query (not shown: "
+        "it is the data's); check the query's casts, arithmetic and formats, or filter such rows out")

@@ -396,3 +396,28 @@ def test_a_dp_select_on_spark_reads_its_derived_rows_unchecked_and_names_what_sp
         run_sql(dps + "CAST(age AS INTEGER) % (age - age) = 0", people, backend="spark", spark=spark)
     assert str(caught.value).startswith("the data engine (Spark) could not run the query: [REMAINDER_BY_ZERO] "
                                         "Remainder by zero.") and "\n" not in str(caught.value)
+
+
+def test_a_spark_query_failing_on_a_value_never_quotes_it(spark):
+    """ANSI SQL: a cast of a text value fails when the rows are read, and Spark's message quotes
+    the value ("The value 'secret' of the type STRING..."): the refusal names the condition and the
+    remedy, never the value (it would reach the store, the logs and the Prefect UI)."""
+    from dp_core.sql import Table, run_sql
+
+    people = {"people": Table(pd.DataFrame({"uid": range(30), "code": ["x-secret-7"] * 30}), "uid")}
+    with pytest.raises(dp.InvalidDataError) as caught:
+        run_sql("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1, delta = 1e-6, privacy_unit_column = uid) "
+                "COUNT(*) AS n FROM people WHERE CAST(code AS INTEGER) > 0", people, backend="spark", spark=spark)
+    assert str(caught.value) == (
+        "the data engine (Spark) could not run the query: [CAST_INVALID_INPUT] a value of the data does not fit the "
+        "query (not shown: it is the data's); check the query's casts, arithmetic and formats, or filter such rows out")
+
+
+def test_a_java_failure_s_cause_has_its_quoted_values_blanked():
+    """A cause from inside the JVM may quote the value it failed on (Java's NumberFormatException
+    says `For input string: "x-secret-7"`): every quoted literal is blanked."""
+    from dp_core.backend_spark import java_failure
+
+    trace = ('py4j.protocol.Py4JJavaError: An error occurred while calling o9.collect.\n'
+             'Caused by: java.lang.NumberFormatException: For input string: "x-secret-7" in \'column\'\n')
+    assert java_failure(trace) == ('the data engine (Spark) failed: For input string: "…" in \'…\'')
