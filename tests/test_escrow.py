@@ -868,7 +868,7 @@ def test_the_engine_s_file_system_offers_one_read_only_file_read_from_its_first_
     settings = _settings(tmp_path)
     key = load_or_create_key(settings, create=True)
     blob, digest, _ = seal_file(_write(_frame(), tmp_path / "d.csv"), settings, key)
-    fs = engine_files.DecryptingFileSystem(blob, key, digest, None, [])
+    fs = engine_files.DecryptingFileSystem.for_blob(blob, key, digest, None, [])
     size = len(open_blob(blob, key, digest))
     assert fs.info(fs.url) == {"name": fs.url, "size": size, "type": "file"}
     with fs.open(fs.url, "rb") as handle:
