@@ -7,6 +7,7 @@ here looks at the query only, so a malformed query is refused before any data is
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Literal
@@ -49,6 +50,14 @@ class Aggregate:
     q: float | None = None
     name: str | None = None
     weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        # a NumPy number (np.int64(4), as a DataFrame's max gives) is taken as the Python number it
+        # holds, as a float64 already is: validate() then judges the value, not its type
+        for field in ("lower", "upper", "q", "weight"):
+            value = getattr(self, field)
+            if isinstance(value, numbers.Real) and not isinstance(value, (int, float)) and hasattr(value, "item"):
+                object.__setattr__(self, field, value.item())
 
     @property
     def label(self) -> str:

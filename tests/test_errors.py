@@ -422,3 +422,16 @@ def test_a_query_failing_on_a_value_of_the_data_never_quotes_it(where, kind):
     assert str(caught.value) == (
         f"the data engine could not run the query: {kind}: a value of the data does not fit the query (not shown: "
         "it is the data's); check the query's casts, arithmetic and formats, or filter such rows out")
+
+
+def test_numpy_numbers_are_bounds_like_the_python_numbers_they_hold():
+    """A bound taken from a DataFrame (np.int64, np.float64) is the number it holds: the query is the
+    one written with Python numbers, and runs alike; a NumPy boolean is still no bound."""
+    frame = pd.DataFrame({"uid": range(40), "x": [i % 7 for i in range(40)]})
+    written = dp.Query([dp.count(upper=3), dp.sum_("x", 0, 6)], privacy_unit="uid", epsilon=1.0)
+    taken = dp.Query([dp.count(upper=np.int64(3)), dp.sum_("x", np.int64(0), np.int64(frame["x"].max()))],
+                     privacy_unit="uid", epsilon=1.0)
+    assert taken == written
+    assert dp.execute(taken, frame).explain() == dp.execute(written, frame).explain()
+    with pytest.raises(InvalidQueryError, match=r"the lower bound must be a finite number, got np.True_"):
+        dp.execute(dp.Query([dp.sum_("x", np.bool_(True), 6)], privacy_unit="uid", epsilon=1.0), frame)
