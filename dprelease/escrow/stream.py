@@ -163,7 +163,7 @@ class DecryptingFile(io.RawIOBase):
     read (one decrypted chunk cached). Opening checks the key and the registered fingerprint. The
     key is the escrow's (Fernet) key or this blob's own (`BlobKey`, e.g. another reader's `blob_key`)."""
 
-    def __init__(self, path: Path | str, fernet_key: bytes | BlobKey, expected_fingerprint: str | None):
+    def __init__(self, path: Path | str, key: bytes | BlobKey, expected_fingerprint: str | None):
         super().__init__()
         self.path = Path(path)
         try:
@@ -181,10 +181,10 @@ class DecryptingFile(io.RawIOBase):
             raise EscrowError(f"the escrow blob {self.path} has format version {version}; this dprelease reads "
                               f"version {VERSION}: upgrade dprelease")
         self._fixed = header[:FIXED_SIZE]
-        if isinstance(fernet_key, BlobKey):  # another blob's keys (another salt) fail the header's check below
-            aes_key, mac_key = fernet_key.aes_key, fernet_key.mac_key
+        if isinstance(key, BlobKey):  # another blob's keys (another salt) fail the header's check below
+            aes_key, mac_key = key.aes_key, key.mac_key
         else:
-            aes_key, mac_key = _derive(fernet_key, salt)
+            aes_key, mac_key = _derive(key, salt)
         check = hmac.new(mac_key, header[:-16], hashlib.sha256).digest()[:16]
         if not hmac.compare_digest(check, header[-16:]):
             self._file.close()

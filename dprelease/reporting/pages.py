@@ -356,7 +356,8 @@ def _public_context(result, ctx: ReleaseContext) -> dict:
                   "rule": choice.get("rule"), "guarantee": _spell_out(choice.get("guarantee") or ""),
                   "candidates": ", ".join(f"{c:g}" for c in choice.get("candidates", [])),
                   "beta": choice.get("beta")}
-    used = {row["name"]: (row["lower"], row["upper"]) for row in _bounds_rows(result)}  # a given side included
+    bounds = _bounds_rows(result)
+    used = {row["name"]: (row["lower"], row["upper"]) for row in bounds}  # a given side included
     histograms = [{"aggregate": b.aggregate, "lower": used[b.aggregate][0], "upper": used[b.aggregate][1],
                    "threshold": b.threshold, "outside_share": b.outside_share,
                    "svg": Markup(bounds_histogram_svg(b, *used[b.aggregate]))}
@@ -377,7 +378,7 @@ def _public_context(result, ctx: ReleaseContext) -> dict:
         "missing_groups_note": MISSING_GROUPS_NOTE if result.query.private_partitions else None,
         "budget": [{"part": s.part, "epsilon": s.epsilon, "delta": s.delta, "rho": s.rho} for s in result.budget],
         "mechanisms": [m.to_dict() for m in result.mechanisms],
-        "bounds": _bounds_rows(result),
+        "bounds": bounds,
         "histograms": histograms,
         "readable_head": r_head,
         "readable_rows": r_rows,
