@@ -12,14 +12,17 @@ each a separate process tree; printed: wall time and peak memory of the whole pr
 measures the fixed costs (interpreter, imports, Prefect's temporary server, great-expectations)
 in the same run, so the size-dependent overhead can be told apart from them.
 
-The release is measured twice per size: as a lone controller runs it (the command starts its own
-temporary Prefect server: cli/prefect_server.py), and against a shared Prefect server started
-once before (PREFECT_API_URL, the setup for several controllers; the server's own memory is
-printed apart, since it serves every release).
+The release is measured per size in up to three setups of the Prefect server: `local` (the
+default of a lone controller: the PREFECT_HOME's local server, started by the first command, here
+the 10k-row run's, and reused by the commands after it: cli/local_prefect_server.py), `temporary`
+(DPRELEASE_PREFECT_SERVER=temporary: each command starts its own and it dies with it, included in
+the peak: cli/temporary_prefect_server.py) and `shared` (PREFECT_API_URL: a server started once
+before, the setup for several controllers). The memory of a local or shared server is printed
+apart, since it serves every release.
 
 Targets: 50M rows under 4 GB peak and under 60 s end to end; 10M rows under 1.5 GB; platform
 overhead (all but the engine's compute) under 2x the engine's time at 10M rows.
-Run: python bench/platform_scale.py [--rows 10000000 50000000] [--csv] [--prefect temporary|shared|both]
+Run: python bench/platform_scale.py [--rows 10000000 50000000] [--csv] [--prefect local temporary shared]
      [--repeat N] (N runs per size and server, the run of median overhead reported with the spread, and each target
      judged: this machine is shared, and one run moves by a second with its load)
 """
@@ -116,17 +119,25 @@ def shared_prefect_server(prefect_home: Path):
                       PREFECT_LOGGING_LEVEL="WARNING")
     os.environ.pop("PREFECT_API_URL", None)
     sys.path.insert(0, str(ROOT))
-    from cli import prefect_server
+    from cli import temporary_prefect_server
 
     scratch = Path(tempfile.mkdtemp(prefix="dprelease-scale-shared-"))
-    shutil.copyfile(prefect_server.template_database(), scratch / "prefect.db")
-    server = prefect_server.TemporaryServer(scratch / "prefect.db", scratch=[scratch])
+    shutil.copyfile(temporary_prefect_server.template_database(), scratch / "prefect.db")
+    server = temporary_prefect_server.TemporaryServer(scratch / "prefect.db", scratch=[scratch])
     server.spawn()
     server.wait_ready()
     return server
 
 
-def run_size(rows: int, csv: bool, python: str, prefect_home: Path, api_url: str | None = None) -> dict:
+def local_server_rss(prefect_home: Path) -> float:
+    """Resident memory of the home's local Prefect server (GB; 0 if none runs)."""
+    state = next(prefect_home.glob("dprelease-local-server-*.json"), None)
+    if state is None:
+        return 0.0
+    return tree_rss(json.loads(state.read_text())["pid"]) / 1e9
+
+
+def run_size(rows: int, csv: bool, python: str, prefect_home: Path, mode: str, shared=None) -> dict:
     data = source_file(rows, csv)
     home = Path(tempfile.mkdtemp(prefix="dprelease-scale-"))
     env = dict(os.environ, DPRELEASE_HOME=str(home), PREFECT_HOME=str(prefect_home),
@@ -134,8 +145,9 @@ def run_size(rows: int, csv: bool, python: str, prefect_home: Path, api_url: str
                PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="300",
                DPRELEASE_PROGRESS="log", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("PREFECT_API_URL", None)
-    if api_url:
-        env["PREFECT_API_URL"] = api_url
+    env["DPRELEASE_PREFECT_SERVER"] = "temporary" if mode == "temporary" else "local"
+    if shared is not None:  # a server of ours: its API asks for its secret
+        env.update(PREFECT_API_URL=shared.api_url, PREFECT_API_AUTH_STRING=shared.auth)
     cli = [python, "-c", "from cli.app import main; main()"]  # what the `dprelease` script runs
     subprocess.run(cli + ["init"], env=env, check=True, capture_output=True, cwd=ROOT)
     key = home / "controllers" / "bench.pem"  # decisions are signed by a registered controller
@@ -227,35 +239,48 @@ def main() -> None:
     ap.add_argument("--skip-fixed", action="store_true", help="skip the 10k-row run that measures fixed costs")
     ap.add_argument("--repeat", type=int, default=1,
                     help="runs per size and server; the run of median overhead is reported (default 1)")
-    ap.add_argument("--prefect", choices=["temporary", "shared", "both"], default="both",
-                    help="the command's own temporary Prefect server, a shared one, or both (default)")
+    ap.add_argument("--prefect", nargs="+", choices=["local", "temporary", "shared"],
+                    default=["local", "temporary", "shared"],
+                    help="the setups of the Prefect server to measure (default: all three)")
     args = ap.parse_args()
     python = sys.executable
     prefect_home = Path(tempfile.mkdtemp(prefix="dprelease-scale-prefect-"))  # one controller's, reused
-    modes = ["temporary", "shared"] if args.prefect == "both" else [args.prefect]
     shared = None
-    if "shared" in modes:
+    if "shared" in args.prefect:
         started = time.perf_counter()
         shared = shared_prefect_server(prefect_home)
         print(f"shared Prefect server: ready in {time.perf_counter() - started:.1f} s "
               f"(first start on this home builds the migrated template), "
               f"{tree_rss(shared.process.pid) / 1e9:.2f} GB resident")
     try:
-        for mode in modes:
-            api_url = shared.api_url if mode == "shared" else None
+        for mode in args.prefect:
+            server = shared if mode == "shared" else None
             fixed = 0.0
-            if not args.skip_fixed:
-                tiny = run_size(10_000, args.csv, python, prefect_home, api_url)
+            if not args.skip_fixed or mode == "local":  # in local mode, the run that starts the server
+                tiny = run_size(10_000, args.csv, python, prefect_home, mode, server)
                 fixed = tiny["register"]["wall_s"] + tiny["release"]["wall_s"]
-                print(f"fixed costs (10k rows, Prefect: {mode}): register {tiny['register']['wall_s']:.1f} s "
-                      f"(peak {tiny['register']['peak_gb']:.2f} GB), release {tiny['release']['wall_s']:.1f} s "
-                      f"(peak {tiny['release']['peak_gb']:.2f} GB): interpreters, imports, Prefect, checks")
+                print(f"fixed costs (10k rows, Prefect: {mode}{', its first command starts it' if mode == 'local' else ''}"
+                      f"): register {tiny['register']['wall_s']:.1f} s (peak {tiny['register']['peak_gb']:.2f} GB), "
+                      f"release {tiny['release']['wall_s']:.1f} s (peak {tiny['release']['peak_gb']:.2f} GB): "
+                      "interpreters, imports, Prefect, checks")
+                if mode == "local":
+                    again = run_size(10_000, args.csv, python, prefect_home, mode, server)
+                    fixed = again["register"]["wall_s"] + again["release"]["wall_s"]
+                    print(f"fixed costs (10k rows, Prefect: local, started before): register "
+                          f"{again['register']['wall_s']:.1f} s, release {again['release']['wall_s']:.1f} s; "
+                          f"the local server holds {local_server_rss(prefect_home):.2f} GB resident")
             for rows in args.rows:
-                runs = [run_size(rows, args.csv, python, prefect_home, api_url) for _ in range(max(1, args.repeat))]
+                runs = [run_size(rows, args.csv, python, prefect_home, mode, server)
+                        for _ in range(max(1, args.repeat))]
                 report(rows, runs, fixed, mode)
     finally:
         if shared is not None:
             shared.kill()
+        if "local" in args.prefect:
+            sys.path.insert(0, str(ROOT))
+            from cli import local_prefect_server
+
+            print(local_prefect_server.stop_running(prefect_home))
 
 
 if __name__ == "__main__":

@@ -345,18 +345,19 @@ def _decide(release_id: str, decision: str, key: Path | None, reason: str, overr
     if key is None:
         _fail("a decision is signed with your controller key: give --key YOUR_KEY.pem "
               "(or set DPRELEASE_CONTROLLER_KEY)")
+    from . import prefect_server
+
+    attached = prefect_server.attach_running()  # the home's local server, if the run is there
     alive, why = recovery.run_is_alive(platform.store, rel)
     if not alive:  # a pause with no process behind it: resuming it would do nothing
         done = recovery.stop(platform, release_id, f"its run is dead ({why}); found by `{decision}`")
         cancel_flow_run(rel.flow_run_id, done.reason)
         console.print(f"[red]error:[/red] nothing was {decision}d: {escape(done.line())}", highlight=False)
         raise typer.Exit(1)
-    from prefect.settings import PREFECT_API_URL
-
-    if not PREFECT_API_URL.value():
+    if not attached:
         _fail(f"release {release_id} waits in the command that runs it ({why}), on that command's temporary "
-              "Prefect server: answer at its prompt; to answer from another terminal, run a shared server "
-              "(`dprelease server`) and set PREFECT_API_URL for every command")
+              "Prefect server (DPRELEASE_PREFECT_SERVER=temporary): answer at its prompt; to answer from another "
+              "terminal, leave DPRELEASE_PREFECT_SERVER unset (the home's local server) or run a shared server")
     try:
         decide(settings, release_id, decision, key, reason, override_risk)
     except (decisions.DecisionRefused, Exception) as err:  # noqa: BLE001 - one line for every refusal
@@ -398,7 +399,10 @@ def recover() -> None:
     from dprelease import pipeline, recovery
     from flows.approvals import cancel_flow_run
 
+    from . import prefect_server
+
     platform = pipeline.Platform.open(_settings())
+    prefect_server.attach_running()  # to mark the dead runs Cancelled on the home's local server too
     done = recovery.sweep(platform)
     for item in done:
         console.print(f"recovered {item.line()}", highlight=False, markup=False)
@@ -655,13 +659,25 @@ _LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
 @app.command()
-def server(port: int = 4200, host: str = typer.Option("127.0.0.1", help="address to listen on")) -> None:
+def server(port: int = 4200, host: str = typer.Option("127.0.0.1", help="address to listen on"),
+           stop: bool = typer.Option(False, "--stop", help="stop this PREFECT_HOME's local server (the one "
+                                     "commands start and share when PREFECT_API_URL is unset) and exit")) -> None:
     """Start a Prefect server (analytics off); its UI is the controllers' console. Beyond localhost
     it must be protected: set PREFECT_SERVER_API_AUTH_STRING=user:password (Prefect's basic auth)
     and give controllers PREFECT_API_AUTH_STRING.
 
     Example: dprelease server --port 4200"""
     from prefect.settings import get_current_settings
+
+    if stop:
+        from . import local_prefect_server
+        from .temporary_prefect_server import prefect_home
+
+        try:
+            console.print(local_prefect_server.stop_running(prefect_home()), highlight=False)
+        except RuntimeError as err:
+            _fail(str(err))
+        return
 
     auth = get_current_settings().server.api.auth_string
     if host not in _LOCAL_HOSTS and not (auth and auth.get_secret_value()):

@@ -41,6 +41,9 @@ def prepare_environment() -> Path:
     home.mkdir(parents=True, exist_ok=True)
     os.environ["DPRELEASE_HOME"] = str(home)
     os.environ.setdefault("PREFECT_HOME", str(home / "prefect"))
+    # one command shows the whole path: its Prefect server ends with it (nothing left running, and
+    # the next demo, which deletes this home, never pulls a database from under a live server)
+    os.environ.setdefault("DPRELEASE_PREFECT_SERVER", "temporary")
     os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     # Prefect polls its temporary server's /health until it answers; its default patience (20 s of

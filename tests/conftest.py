@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
 ADULT = Path(__file__).resolve().parents[1] / "examples" / "data" / "adult.csv.gz"
+
+# the commands the tests start without PREFECT_API_URL share their PREFECT_HOME's local Prefect server
+# (cli/local_prefect_server.py); each such server ends a minute after its last command, not 30 min
+os.environ.setdefault("DPRELEASE_LOCAL_SERVER_IDLE_S", "60")
 
 
 @pytest.fixture(scope="session")

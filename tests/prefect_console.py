@@ -31,10 +31,10 @@ def _free_port() -> int:
 
 def start_prefect_server(workdir: Path) -> tuple[subprocess.Popen, str]:
     """`prefect server start` (UI included) on a free port, on a copy of the migrated empty Prefect
-    database the CLI keeps (cli/prefect_server.py), so that no migration runs here. Returns (process, UI url)."""
+    database the CLI keeps (cli/temporary_prefect_server.py), so that no migration runs here. Returns (process, UI url)."""
     import httpx
 
-    from cli import prefect_server
+    from cli import temporary_prefect_server as prefect_server
 
     template = prefect_server.template_database()
     db = workdir / "prefect.db"

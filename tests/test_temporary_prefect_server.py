@@ -1,4 +1,5 @@
-"""The command's temporary Prefect server (cli/prefect_server.py) never outlives its command: a
+"""A command's temporary Prefect server (DPRELEASE_PREFECT_SERVER=temporary,
+cli/temporary_prefect_server.py) never outlives its command: a
 command killed with kill -9 takes its server with it, and the next command removes the private
 database it left. Real processes, a real server, a real SIGKILL."""
 
@@ -49,11 +50,12 @@ def _gone(pid: int, within_s: float) -> bool:
 def test_kill_9_of_the_command_takes_its_server_and_the_next_command_removes_its_database():
     import httpx
 
-    from cli import prefect_server
+    from cli import temporary_prefect_server as prefect_server
 
     prefect_server.template_database()  # built once per Prefect home (shared with other tests)
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    env.update(PYTHONPATH=str(ROOT), PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_LOGGING_LEVEL="ERROR")
+    env.update(PYTHONPATH=str(ROOT), PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_LOGGING_LEVEL="ERROR",
+               DPRELEASE_PREFECT_SERVER="temporary")
     command = subprocess.Popen([sys.executable, "-c", COMMAND], env=env, cwd=ROOT, stdout=subprocess.PIPE,
                                stderr=subprocess.DEVNULL, text=True)
     try:
@@ -73,7 +75,7 @@ def test_kill_9_of_the_command_takes_its_server_and_the_next_command_removes_its
 
 
 def test_the_sweep_leaves_the_database_of_a_live_command(tmp_path, monkeypatch):
-    from cli import prefect_server
+    from cli import temporary_prefect_server as prefect_server
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     live = tmp_path / f"{prefect_server.SCRATCH_PREFIX}live"
@@ -91,7 +93,7 @@ def test_the_sweep_leaves_the_database_of_a_live_command(tmp_path, monkeypatch):
 
 def test_a_server_on_a_copy_of_the_template_starts_without_migrating_and_serves_flows(tmp_path):
     """The template is this Prefect version's, migrated to its head and holding every block type,
-    so a server on a copy skips both at its start (cli/prefect_server.TemporaryServer.prepared):
+    so a server on a copy skips both at its start (cli/temporary_prefect_server.TemporaryServer.prepared):
     it answers, lists the block types, and records a flow run."""
     import shutil
 
@@ -99,7 +101,7 @@ def test_a_server_on_a_copy_of_the_template_starts_without_migrating_and_serves_
     from prefect import Flow
     from prefect.client.orchestration import SyncPrefectClient
 
-    from cli import prefect_server
+    from cli import temporary_prefect_server as prefect_server
 
     template = prefect_server.template_database()
     assert template.name == f"dprelease-empty-prefect-{prefect.__version__}.db"
@@ -115,7 +117,7 @@ def test_a_server_on_a_copy_of_the_template_starts_without_migrating_and_serves_
             assert told["PREFECT_SERVER_DATABASE_MIGRATE_ON_START"] == "false"
             assert told["PREFECT_SERVER_REGISTER_BLOCKS_ON_START"] == "false"
         # Prefect's own client, as a command uses it: it retries what a busy server answers 503
-        with SyncPrefectClient(server.api_url) as client:
+        with SyncPrefectClient(server.api_url, auth_string=server.auth) as client:
             assert {"local-file-system", "secret"} <= {k.slug for k in client.read_block_types()}
             flow_id = client.create_flow_from_name("template-check")
             made = client.create_flow_run(Flow(fn=lambda: None, name="template-check"), name="a run")
@@ -130,7 +132,7 @@ def test_a_template_built_again_holds_every_block_type(tmp_path):
     have registered none, and its copies' servers skip the registration. The builder forgets that."""
     code = textwrap.dedent("""
         import sqlite3
-        from cli import prefect_server
+        from cli import temporary_prefect_server as prefect_server
         counts = []
         for _build in range(2):
             template = prefect_server.template_database()

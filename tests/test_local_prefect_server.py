@@ -1,0 +1,281 @@
+"""The local Prefect server of a PREFECT_HOME (cli/local_prefect_server.py), the default when no
+PREFECT_API_URL is set: one server per home, shared by the commands that need it, stopped once
+nobody has used it for its idle time; never two for a home, even when commands start at once; a
+dead server or a stale record is replaced, never trusted; its API refuses calls without its
+secret. Real processes, a real server, real SIGKILLs, and real releases through `dprelease`."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CLI = str(Path(sys.executable).with_name("dprelease"))
+DATA = ROOT / "examples" / "data" / "adult.csv.gz"
+
+#: a command's use of the server, as `dprelease release` makes it: find or start, wait (unless
+#: "spawned"), print what it found, then hold it for argv[2] seconds
+ATTACH = textwrap.dedent("""
+    import json, sys, time
+    from cli import prefect_server
+    prefect_server.start()
+    if sys.argv[1] != "spawned":
+        prefect_server.wait_ready()
+    local = prefect_server._local
+    print(json.dumps({"pid": local.record.pid, "port": local.record.port, "auth": local.record.auth,
+                      "started": local.process is not None}), flush=True)
+    time.sleep(float(sys.argv[2]))
+""")
+
+
+@pytest.fixture
+def prefect_home(tmp_path):
+    """A fresh PREFECT_HOME holding the migrated template (copied: built once per machine's home);
+    every local server left in it is killed at the end."""
+    from cli import temporary_prefect_server
+
+    template = temporary_prefect_server.template_database()
+    home = tmp_path / "prefect-home"
+    home.mkdir()
+    shutil.copyfile(template, home / template.name)
+    yield home
+    for state in home.glob("dprelease-local-server-*.json"):
+        try:
+            os.kill(json.loads(state.read_text())["pid"], signal.SIGKILL)
+        except (OSError, ValueError, KeyError):
+            pass
+
+
+def _env(prefect_home: Path, idle_s: float, **more: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "DPRELEASE_PREFECT_SERVER")}
+    env.update(PREFECT_HOME=str(prefect_home), PYTHONPATH=str(ROOT), DPRELEASE_LOCAL_SERVER_IDLE_S=str(idle_s),
+               PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_LOGGING_LEVEL="ERROR")
+    env.update(more)
+    return env
+
+
+def _attach(env: dict, hold_s: float = 0, wait: str = "ready") -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", ATTACH, wait, str(hold_s)], env=env, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _found(command: subprocess.Popen, timeout: float = 300) -> dict:
+    """What the command found (its first line), or its stderr if it failed."""
+    line = command.stdout.readline()
+    if not line:
+        command.wait(timeout)
+        raise AssertionError(f"the command printed nothing (exit {command.returncode}):\n{command.stderr.read()}")
+    return json.loads(line)
+
+
+def _run(env: dict) -> dict:
+    command = _attach(env)
+    found = _found(command)
+    assert command.wait(60) == 0, command.stderr.read()
+    return found
+
+
+def _gone(pid: int, within_s: float) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return True  # killed, not yet reaped
+        except (ProcessLookupError, FileNotFoundError):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def _answers(found: dict) -> bool:
+    response = httpx.post(f"http://127.0.0.1:{found['port']}/api/flow_runs/filter", json={},
+                          auth=tuple(found["auth"].split(":", 1)), timeout=10)
+    return response.status_code == 200
+
+
+def test_commands_one_after_another_share_one_server(prefect_home):
+    env = _env(prefect_home, idle_s=120)
+    first = _run(env)
+    second = _run(env)
+    assert first["started"] and not second["started"]
+    assert (second["pid"], second["port"]) == (first["pid"], first["port"])
+    assert _answers(second)
+
+
+def test_commands_started_at_once_start_one_server(prefect_home):
+    env = _env(prefect_home, idle_s=120)
+    commands = [_attach(env) for _ in range(4)]
+    found = [_found(c) for c in commands]
+    for c in commands:
+        assert c.wait(60) == 0, c.stderr.read()
+    assert sum(f["started"] for f in found) == 1, found
+    assert len({f["pid"] for f in found}) == 1, found
+
+
+def test_a_server_in_use_stays_and_stops_once_its_last_user_is_killed(prefect_home):
+    env = _env(prefect_home, idle_s=2)
+    holder = _attach(env, hold_s=600)
+    found = _found(holder)
+    time.sleep(8)  # four times the idle time, with a user attached all along
+    assert _answers(found)
+    holder.send_signal(signal.SIGKILL)  # the kernel drops its lock: the server sees nobody left
+    holder.wait(10)
+    assert _gone(found["pid"], within_s=60), "the server outlived its idle time"
+    assert not list(prefect_home.glob("dprelease-local-server-*.json")), "a stopped server left its record"
+    after = _run(env)
+    assert after["started"] and after["pid"] != found["pid"]
+
+
+def test_a_killed_command_leaves_its_booting_server_to_the_next(prefect_home):
+    env = _env(prefect_home, idle_s=120)
+    starter = _attach(env, hold_s=600, wait="spawned")
+    spawned = _found(starter)
+    starter.send_signal(signal.SIGKILL)  # while its server boots
+    starter.wait(10)
+    later = _run(env)
+    assert not later["started"] and later["pid"] == spawned["pid"]
+    assert _answers(later)
+
+
+def test_a_killed_server_is_replaced(prefect_home):
+    env = _env(prefect_home, idle_s=120)
+    first = _run(env)
+    os.kill(first["pid"], signal.SIGKILL)
+    assert _gone(first["pid"], within_s=30)
+    second = _run(env)
+    assert second["started"] and second["pid"] != first["pid"]
+    assert _answers(second)
+
+
+def test_a_record_naming_another_process_is_neither_trusted_nor_killed(prefect_home):
+    from importlib.metadata import version
+
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        record = {"pid": bystander.pid, "port": 8999, "auth": "dprelease:x", "version": version("prefect"),
+                  "started": 1.0}  # a pid reused by another process (its start time differs)
+        (prefect_home / f"dprelease-local-server-{version('prefect')}.json").write_text(json.dumps(record))
+        found = _run(_env(prefect_home, idle_s=120))
+        assert found["started"] and found["pid"] != bystander.pid
+        assert _answers(found)
+        assert bystander.poll() is None, "a process named by a stale record was signalled"
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_the_api_refuses_calls_without_the_server_s_secret(prefect_home):
+    found = _run(_env(prefect_home, idle_s=120))
+    state = next(prefect_home.glob("dprelease-local-server-*.json"))
+    assert stat.S_IMODE(state.stat().st_mode) == 0o600  # the secret is its owner's only
+    base = f"http://127.0.0.1:{found['port']}/api"
+    assert httpx.get(f"{base}/health", timeout=10).status_code == 200  # health is open, as for probes
+    assert httpx.post(f"{base}/flow_runs/filter", json={}, timeout=10).status_code == 401
+    assert httpx.post(f"{base}/flow_runs/filter", json={}, auth=("dprelease", "guess"), timeout=10).status_code == 401
+    assert _answers(found)
+
+
+def test_server_stop_refuses_while_a_command_uses_it_then_stops_it(prefect_home):
+    env = _env(prefect_home, idle_s=600)
+    holder = _attach(env, hold_s=600)
+    found = _found(holder)
+    refused = subprocess.run([CLI, "server", "--stop"], env=env, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2
+    assert refused.stderr.strip().startswith("error: the local Prefect server is in use by a running command")
+    assert len(refused.stderr.strip().splitlines()) == 1 and _answers(found)
+    holder.kill()
+    holder.wait(10)
+    stopped = subprocess.run([CLI, "server", "--stop"], env=env, capture_output=True, text=True, timeout=120)
+    assert stopped.returncode == 0, stopped.stderr
+    assert f"stopped the local Prefect server (process {found['pid']}" in stopped.stdout
+    assert _gone(found["pid"], within_s=30)
+    again = subprocess.run([CLI, "server", "--stop"], env=env, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and "no local Prefect server runs" in again.stdout
+
+
+def test_an_unknown_server_mode_is_refused_in_one_line(prefect_home, tmp_path):
+    env = _env(prefect_home, idle_s=120, DPRELEASE_PREFECT_SERVER="shared-please", DPRELEASE_HOME=str(tmp_path / "h"))
+    (tmp_path / "request.yaml").write_text("dataset: adult\nepsilon: 1\nsql: SELECT 1\n")
+    done = subprocess.run([CLI, "release", str(tmp_path / "request.yaml")], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode != 0
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "DPRELEASE_PREFECT_SERVER='shared-please' is not a server mode" in lines[0], done.stderr
+    assert not list(prefect_home.glob("dprelease-local-server-*.json"))
+
+
+REQUEST = """dataset: adult
+title: local server test
+sql: |
+  SELECT WITH ANONYMIZATION sex, ANON_COUNT(*, 1) AS people FROM adult GROUP BY sex
+epsilon: 0.25
+delta: 1.0e-7
+"""
+
+
+@pytest.mark.slow
+def test_releases_share_the_local_server_and_another_terminal_answers_a_paused_one(prefect_home, tmp_path):
+    """Two releases at once, then one decided with `dprelease approve` from another process: all on
+    the one local server the first command started (and said so), the budget charged once each."""
+    from dprelease import admin, decisions
+    from dprelease.settings import Settings
+    from dprelease.store import Store
+
+    settings = Settings.from_env({"DPRELEASE_HOME": str(tmp_path / "home")})
+    admin.init(settings)
+    admin.register_dataset(settings, "adult", DATA, "person_id", epsilon_cap=10.0, add_row_id=True,
+                           risk_profile={"max_risk": 0.5})
+    keys = {}
+    for name in ("ana", "bo"):
+        keys[name] = tmp_path / f"{name}.pem"
+        decisions.create_controller(settings, name, keys[name])
+    (tmp_path / "request.yaml").write_text(REQUEST)
+    env = _env(prefect_home, idle_s=120, DPRELEASE_HOME=str(settings.home), PREFECT_LOGGING_LEVEL="WARNING")
+    env = {k: v for k, v in env.items() if k != "DPRELEASE_CONTROLLER_KEY"}
+
+    def release(name: str, *extra: str) -> subprocess.Popen:
+        return subprocess.Popen([CLI, "release", str(tmp_path / "request.yaml"), *extra],
+                                env={**env, "DPRELEASE_CONTROLLER_KEY": str(keys[name])}, cwd=tmp_path,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    together = [release(name, "--approve-as", name) for name in ("ana", "bo")]
+    outputs = [c.communicate(timeout=600) for c in together]
+    for c, (out, err) in zip(together, outputs, strict=True):
+        assert c.returncode == 0, out[-2000:] + err[-2000:]
+        assert "'status': 'published'" in out, out[-2000:]
+    notices = [err for _, err in outputs if "started this PREFECT_HOME's local Prefect server" in err]
+    assert len(notices) == 1, [err for _, err in outputs]
+    server_pid = json.loads(next(prefect_home.glob("dprelease-local-server-*.json")).read_text())["pid"]
+
+    paused = release("ana")  # no terminal: it waits for a decision from elsewhere
+    store = Store(settings.store_url)
+    deadline = time.monotonic() + 600
+    while not (waiting := store.list_releases(status="awaiting_approval")) and time.monotonic() < deadline:
+        assert paused.poll() is None, paused.communicate()
+        time.sleep(0.3)
+    assert waiting, "the release never paused for a decision"
+    release_id = waiting[0].id
+    approve = subprocess.run([CLI, "approve", release_id, "--key", str(keys["bo"]), "--reason", "checked"],
+                             env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert approve.returncode == 0, approve.stdout + approve.stderr
+    assert f"approve of release {release_id} accepted: published" in approve.stdout
+    out, err = paused.communicate(timeout=600)
+    assert paused.returncode == 0 and "'status': 'published'" in out, out[-2000:] + err[-2000:]
+    assert "started this PREFECT_HOME's local Prefect server" not in err
+    record = json.loads(next(prefect_home.glob("dprelease-local-server-*.json")).read_text())
+    assert record["pid"] == server_pid  # one server served all four commands
+    assert store.get_release(release_id).decision_by == "bo"
+    assert store.budget("adult")["epsilon_committed"] == pytest.approx(3 * 0.25)
+    assert store.budget("adult")["epsilon_reserved"] == 0
