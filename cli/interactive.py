@@ -56,7 +56,7 @@ def run_release_interactively(settings: Settings, request, *, approve_as: str | 
 
 def warm_release_imports() -> None:
     """What a release imports on its way (the report renderer; the checks framework unless its own
-    process judges the checks), loaded while the temporary Prefect server boots rather than after."""
+    process judges the checks), loaded while a Prefect server this command started boots, not after."""
     from dprelease import checks_judge
     from dprelease.reporting import pages  # noqa: F401
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
-import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -122,11 +121,12 @@ def wait_ready(warm: Callable[[], None] | None = None) -> None:
 
 
 def _announce(local: local_prefect_server.LocalServer) -> None:
-    """Say that a process now runs beyond this command, for how long, and how to end it."""
+    """Say that a process now runs beyond this command, for how long, and how to end it (on stdout,
+    with the command's other news: stderr stays the one line of a refusal)."""
     idle_min = local_prefect_server.idle_seconds() / 60
     print(f"dprelease: started this PREFECT_HOME's local Prefect server on 127.0.0.1:{local.record.port} for the "
           f"next commands (it stops after {idle_min:g} min unused; `dprelease server --stop` stops it now)",
-          file=sys.stderr, flush=True)
+          flush=True)
 
 
 def _point_client_at(api_url: str, auth: str) -> None:

@@ -3,7 +3,7 @@ user's business are silenced once, at CLI start (`--debug` keeps them all).
 
 - Prefect: its console handler (flow/task run lines, "Starting temporary server", failure
   tracebacks) is raised to CRITICAL, in this process and, through the environment, in the
-  temporary server it starts as a subprocess; its telemetry (whose heartbeat fails with
+  Prefect server it starts as a subprocess; its telemetry (whose heartbeat fails with
   "database is locked" on SQLite) is off. Logs still reach the Prefect API, so the UI keeps them.
 - great-expectations, SQLAlchemy, docket, uvicorn, httpx ...: their loggers print nothing here.
 - Python warnings (pandas, great-expectations, ...) are ignored, here and in subprocesses.

@@ -255,8 +255,8 @@ def test_releases_share_the_local_server_and_another_terminal_answers_a_paused_o
     for c, (out, err) in zip(together, outputs, strict=True):
         assert c.returncode == 0, out[-2000:] + err[-2000:]
         assert "'status': 'published'" in out, out[-2000:]
-    notices = [err for _, err in outputs if "started this PREFECT_HOME's local Prefect server" in err]
-    assert len(notices) == 1, [err for _, err in outputs]
+    notices = [out for out, _ in outputs if "started this PREFECT_HOME's local Prefect server" in out]
+    assert len(notices) == 1, outputs  # on stdout: stderr is left to a refusal's one line
     server_pid = json.loads(next(prefect_home.glob("dprelease-local-server-*.json")).read_text())["pid"]
 
     paused = release("ana")  # no terminal: it waits for a decision from elsewhere
@@ -273,9 +273,29 @@ def test_releases_share_the_local_server_and_another_terminal_answers_a_paused_o
     assert f"approve of release {release_id} accepted: published" in approve.stdout
     out, err = paused.communicate(timeout=600)
     assert paused.returncode == 0 and "'status': 'published'" in out, out[-2000:] + err[-2000:]
-    assert "started this PREFECT_HOME's local Prefect server" not in err
+    assert "started this PREFECT_HOME's local Prefect server" not in out + err
     record = json.loads(next(prefect_home.glob("dprelease-local-server-*.json")).read_text())
     assert record["pid"] == server_pid  # one server served all four commands
     assert store.get_release(release_id).decision_by == "bo"
     assert store.budget("adult")["epsilon_committed"] == pytest.approx(3 * 0.25)
     assert store.budget("adult")["epsilon_reserved"] == 0
+
+
+def test_a_refusal_in_the_flow_of_the_command_that_started_the_server_is_one_line(prefect_home, tmp_path):
+    """The notice of a started server goes to stdout: the refusal stays stderr's one line."""
+    from dprelease import admin
+    from dprelease.settings import Settings
+    from dprelease.store import Store
+
+    settings = Settings.from_env({"DPRELEASE_HOME": str(tmp_path / "home")})
+    admin.init(settings)
+    admin.register_dataset(settings, "adult", DATA, "person_id", epsilon_cap=10.0, add_row_id=True)
+    Path(Store(settings.store_url).get_dataset("adult").blob_path).write_bytes(b"garbage")  # fails in the flow
+    (tmp_path / "request.yaml").write_text(REQUEST)
+    env = _env(prefect_home, idle_s=120, DPRELEASE_HOME=str(settings.home))
+    done = subprocess.run([CLI, "release", str(tmp_path / "request.yaml"), "--approve-as", "ana"], env=env,
+                          cwd=tmp_path, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+    assert "started this PREFECT_HOME's local Prefect server" in done.stdout
+    assert Store(settings.store_url).budget("adult")["epsilon_reserved"] == 0
