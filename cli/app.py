@@ -347,13 +347,20 @@ def _decide(release_id: str, decision: str, key: Path | None, reason: str, overr
               "(or set DPRELEASE_CONTROLLER_KEY)")
     from . import prefect_server
 
-    attached = prefect_server.attach_running()  # the home's local server, if the run is there
+    try:
+        attached = prefect_server.attach_running()  # the home's local server, if the run is there
+    except prefect_server.ServerUnavailable as err:
+        attached, unreachable = False, str(err)
+    else:
+        unreachable = ""
     alive, why = recovery.run_is_alive(platform.store, rel)
     if not alive:  # a pause with no process behind it: resuming it would do nothing
         done = recovery.stop(platform, release_id, f"its run is dead ({why}); found by `{decision}`")
         cancel_flow_run(rel.flow_run_id, done.reason)
         console.print(f"[red]error:[/red] nothing was {decision}d: {escape(done.line())}", highlight=False)
         raise typer.Exit(1)
+    if unreachable:
+        _fail(f"release {release_id} waits in a live run ({why}), but {unreachable}")
     if not attached:
         _fail(f"release {release_id} waits in the command that runs it ({why}), on that command's temporary "
               "Prefect server (DPRELEASE_PREFECT_SERVER=temporary): answer at its prompt; to answer from another "
@@ -402,11 +409,17 @@ def recover() -> None:
     from . import prefect_server
 
     platform = pipeline.Platform.open(_settings())
-    prefect_server.attach_running()  # to mark the dead runs Cancelled on the home's local server too
-    done = recovery.sweep(platform)
+    done = recovery.sweep(platform)  # the store first: the budget never waits for Prefect
     for item in done:
         console.print(f"recovered {item.line()}", highlight=False, markup=False)
-        if item.flow_run_id and item.outcome != "published":
+    stopped = [item for item in done if item.flow_run_id and item.outcome != "published"]
+    if stopped:
+        try:  # their runs marked Cancelled on the home's local server too
+            prefect_server.attach_running(timeout_s=10)
+        except prefect_server.ServerUnavailable as err:
+            console.print(f"[yellow]their Prefect runs stay as they were: {escape(str(err))}[/yellow]",
+                          highlight=False)
+        for item in stopped:
             cancel_flow_run(item.flow_run_id, item.reason)
     alive = [r for r in recovery.unfinished(platform.store) if recovery.run_is_alive(platform.store, r)[0]]
     console.print(f"{len(done)} release(s) recovered; {len(alive)} running", highlight=False)

@@ -37,6 +37,7 @@ EXPECTED_ERRORS = (
     ("dprelease.escrow.errors", "EscrowError"),  # keys, blobs, registration
     ("dprelease.reporting.signing", "SigningError"),
     ("prefect.exceptions", "FlowPauseTimeout"),  # nobody answered in time
+    ("cli.temporary_prefect_server", "ServerUnavailable"),  # a Prefect server of ours did not start or answer
 )
 #: standard errors that are about the user's input or environment, not a bug
 EXPECTED_BUILTINS = (OSError, ValueError)

@@ -10,21 +10,25 @@ shared server of `dprelease server` does, and later commands only attach to it (
 How it stays correct with several commands and faults:
 
 - **who uses it**: every command attached to the server holds a shared `flock` on
-  `<PREFECT_HOME>/dprelease-local-server.users` for its whole life; the kernel drops it when the
-  command ends, by kill -9 too. The server polls that lock: while it cannot take it exclusively
-  someone uses it; once nobody has for `DPRELEASE_LOCAL_SERVER_IDLE_S` seconds (default 1800) it
-  takes the lock exclusively and shuts down holding it, so no command attaches to a server that is
-  stopping (an attaching command waits for the exit, then starts a new one).
+  `<PREFECT_HOME>/dprelease-local-server-<version>.users` for its whole life; the kernel drops it
+  when the command ends, by kill -9 too. The server polls that lock: while it cannot take it
+  exclusively someone uses it; once nobody has for `DPRELEASE_LOCAL_SERVER_IDLE_S` seconds
+  (default 1800) it takes the lock exclusively and shuts down holding it, so no command attaches to
+  a server that is stopping (an attaching command waits for the exit, then starts a new one).
 - **one server per home and Prefect version**: finding or starting it happens under an exclusive
-  `flock` (`...start.lock`); its state (pid, port, credentials) is a file of this home, readable
-  by its owner only; a recorded server is reused only if that process still runs and answers with
-  this Prefect version and these credentials (a stale file, a reused pid or port is replaced).
-- **nobody else drives it**: it listens on 127.0.0.1 with Prefect's basic authentication and a
-  random secret kept in the state file, so another local user cannot read or change its runs.
+  `flock` (`...start.lock`); its record (pid, port, secret, home) is a file of this home readable by
+  its owner only, and a server whose record no longer names it (a new one was started, the record
+  was removed or damaged, the home deleted or copied) stops by itself. A record is trusted only if
+  it is well-formed, names this home, and its process still runs with the start time recorded (a
+  reused pid is not it) and as this module; a process it names is never signalled otherwise.
+- **nobody else drives it**: the command binds the listening socket on 127.0.0.1 (a port the
+  kernel picks) and hands it to the server, so no other process can take the port first and pose
+  as the server; every call but /health needs Prefect's basic authentication with a random secret
+  kept in the record; the server's database and log are its owner's only (umask 077).
 - **its own database**: `dprelease-local-prefect-<version>.db` in the home, first a copy of the
-  migrated template (cli/temporary_prefect_server.template_database), so it starts without migrating; the
-  runs it holds stay for the UI and `prefect` commands (not Prefect's default database, which a
-  `prefect server start` of the user's could open at the same time).
+  migrated template (cli/temporary_prefect_server.template_database), so it starts without
+  migrating; the runs it holds stay for the UI and `prefect` commands (not Prefect's default
+  database, which a `prefect server start` of the user's could open at the same time).
 - **detached**: its own session, its output in `dprelease-local-server.log`, so that it never holds
   a terminal's or a CI job's pipes, nor dies with the terminal's Ctrl-C.
 """
@@ -32,27 +36,33 @@ How it stays correct with several commands and faults:
 from __future__ import annotations
 
 import fcntl
+import functools
 import json
+import math
 import os
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .temporary_prefect_server import free_port, server_environment, template_database
+from .temporary_prefect_server import ServerUnavailable, listening_socket, server_environment, template_database
 
 MODE_ENV = "DPRELEASE_PREFECT_SERVER"  # "local" (the default) or "temporary"
 IDLE_ENV = "DPRELEASE_LOCAL_SERVER_IDLE_S"
 DEFAULT_IDLE_S = 1800.0
-POLL_S = 1.0  # how often the server looks whether anyone uses it
+POLL_S = 1.0  # how often the server looks whether anyone uses it and whether it is still the recorded one
 STOP_GRACE_S = 20.0  # a clean stop that takes longer than this is cut short
-MAX_STARTS = 5  # servers started in a row that died before answering (a port taken meanwhile, ...)
+MAX_STARTS = 5  # servers started in a row that died before answering
 START_TIMEOUT_S = 300.0
+SERVER_MODULE = "cli.local_prefect_server"  # in the server's command line: how a record's process is recognised
+_HAS_PROC = Path("/proc/self/stat").exists()
 
 
 def wanted() -> bool:
@@ -70,24 +80,43 @@ def idle_seconds() -> float:
         value = float(raw) if raw.strip() else DEFAULT_IDLE_S
     except ValueError:
         value = -1.0
-    if not value > 0:
+    if not (value > 0 and math.isfinite(value)):
         raise ValueError(f"{IDLE_ENV}={raw!r} is not a number of seconds above 0: give e.g. 1800 (30 minutes)")
     return value
 
 
-@dataclass
+def idle_words(seconds: float) -> str:
+    return f"{seconds / 60:g} min" if seconds >= 60 and seconds % 60 == 0 else f"{seconds:g} s"
+
+
+@dataclass(frozen=True)
 class ServerRecord:
-    """What the state file says about the running server."""
+    """What the record file says about the running server."""
 
     pid: int
     port: int
     auth: str  # Prefect's basic-auth string, "user:secret"
     version: str  # Prefect's version
     started: float  # the process's start, as the kernel counts it (a reused pid starts later)
+    home: str  # the resolved PREFECT_HOME it serves (a copied home's record is not its own)
 
     @property
     def api_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/api"
+
+    @classmethod
+    def parse(cls, text: str) -> ServerRecord | None:
+        """The record, or None when it is not one (damaged, or from an older layout)."""
+        try:
+            fields = json.loads(text)
+            record = cls(**fields)
+        except (ValueError, TypeError):
+            return None
+        well_formed = (type(record.pid) is int and record.pid > 1 and type(record.port) is int
+                       and 0 < record.port < 65536 and isinstance(record.auth, str) and ":" in record.auth
+                       and isinstance(record.version, str) and isinstance(record.home, str)
+                       and isinstance(record.started, int | float))
+        return record if well_formed else None
 
 
 @dataclass
@@ -100,39 +129,46 @@ class LocalServer:
     ready: bool = False
     _users: object = None  # the open lock file whose shared lock says this command uses the server
 
+    def __post_init__(self) -> None:
+        self.home = Path(self.home).expanduser().resolve()  # a relative home would mean another in the server
+
     # --- where things are ------------------------------------------------------------------------
+    def _named(self, what: str) -> Path:
+        return self.home / f"dprelease-local-{what}".replace("<version>", _prefect_version())
+
     @property
     def state_file(self) -> Path:
-        return self.home / f"dprelease-local-server-{_prefect_version()}.json"
+        return self._named("server-<version>.json")
 
     @property
     def users_lock(self) -> Path:
-        return self.home / "dprelease-local-server.users"
+        return self._named("server-<version>.users")
 
     @property
     def start_lock(self) -> Path:
-        return self.home / "dprelease-local-server.start.lock"
+        return self._named("server-<version>.start.lock")
 
     @property
     def database(self) -> Path:
-        return self.home / f"dprelease-local-prefect-{_prefect_version()}.db"
+        return self._named("prefect-<version>.db")
 
     @property
     def log_file(self) -> Path:
-        return self.home / "dprelease-local-server.log"
+        return self._named("server.log")
 
     # --- a command's side ------------------------------------------------------------------------
     def attach(self, may_start: bool = True) -> bool:
         """Take the users' lock, then find the running server or (may_start) start one. Returns at
         once: a server started here boots while the command goes on (`wait_ready`). False when no
         server runs and none may be started."""
-        self.home.mkdir(parents=True, exist_ok=True)
+        if not self.home.exists():
+            self.home.mkdir(parents=True, exist_ok=True, mode=0o700)
         if self._users is None:
             self._users = open(self.users_lock, "a")  # noqa: SIM115 - held until the command ends
             fcntl.flock(self._users, fcntl.LOCK_SH)  # waits while a server that found itself idle stops
         with _locked(self.start_lock):
-            record = self._read_state()
-            if _runs(record):
+            record = self.read_record()
+            if record is not None and _runs(record):
                 self.record = record
                 return True
             if not may_start:
@@ -145,25 +181,27 @@ class LocalServer:
         deadline = time.monotonic() + timeout_s
         starts = 0
         while time.monotonic() < deadline:
-            if _answers(self.record):
+            alive = _runs(self.record) and (self.process is None or self.process.poll() is None)
+            if alive and _answers(self.record):  # alive first: a dead server's port may be someone else's
                 self.ready = True
                 return
-            if not _runs(self.record) or (self.process is not None and self.process.poll() is not None):
+            if not alive:
                 starts += 1
                 if starts > MAX_STARTS:
-                    raise RuntimeError(f"the local Prefect server stopped before it was ready {MAX_STARTS} times; "
-                                       f"see {self.log_file}, or set PREFECT_API_URL to a running server")
+                    raise ServerUnavailable(f"the local Prefect server stopped before it was ready {MAX_STARTS} "
+                                            f"times; see {self.log_file}, or set PREFECT_API_URL to a running server")
                 self.process = None
                 with _locked(self.start_lock):
-                    record = self._read_state()
+                    record = self.read_record()
                     if record is not None and record != self.record and _runs(record):
                         self.record = record  # another command started the next one
                     else:
                         self._start()
                 continue
             time.sleep(0.05)
-        raise RuntimeError(f"the local Prefect server did not answer within {timeout_s:.0f} s (see {self.log_file}); "
-                           "set PREFECT_API_URL to a running server, or try again when the machine is less busy")
+        raise ServerUnavailable(f"the local Prefect server did not answer within {timeout_s:.0f} s (see "
+                                f"{self.log_file}); `dprelease server --stop`, or try again when the machine is "
+                                "less busy")
 
     def detach(self) -> None:
         """Stop using the server (also done by the kernel when the command ends)."""
@@ -171,31 +209,57 @@ class LocalServer:
             self._users.close()
             self._users = None
 
+    def abandon_if_unused(self) -> None:
+        """At the end of a command that started a server it never used (refused before its flow):
+        stop that server unless another command uses it, so that no refused command leaves one."""
+        if self.process is None or self.ready:
+            return
+        self.detach()
+        with open(self.users_lock, "a") as users:
+            try:
+                fcntl.flock(users, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return  # another command attached to it meanwhile: it is theirs now
+            with _locked(self.start_lock):
+                if self.read_record() == self.record:
+                    self.state_file.unlink(missing_ok=True)
+            self.process.kill()
+            self.process.wait(10)
+
     def _start(self) -> None:
         """Spawn the server (under the start lock) and record it."""
         if not self.database.exists():
-            partial = self.database.with_suffix(".partial")
+            fd, partial = tempfile.mkstemp(dir=self.home, prefix=".dprelease-local-prefect-", suffix=".partial")
+            os.close(fd)  # created 0600: the copy keeps that mode
             shutil.copyfile(template_database(), partial)
-            partial.replace(self.database)
-        port = free_port()
+            os.replace(partial, self.database)
         auth = f"dprelease:{secrets.token_urlsafe(24)}"
         env = server_environment(self.database, prepared=True, auth=auth)
-        env[IDLE_ENV] = str(idle_seconds())
-        with open(self.log_file, "ab") as log:
+        env.update({IDLE_ENV: str(idle_seconds()), "PREFECT_HOME": str(self.home)})
+        sock = listening_socket()
+        log = os.open(self.log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "cli.local_prefect_server", str(self.home), str(port)],
-                env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+                [sys.executable, "-m", SERVER_MODULE, str(self.home), str(sock.fileno())], env=env,
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, pass_fds=(sock.fileno(),), start_new_session=True,
                 cwd=self.home)
+            port = sock.getsockname()[1]
+        finally:
+            sock.close()  # the server holds it now
+            os.close(log)
         self.record = ServerRecord(pid=self.process.pid, port=port, auth=auth, version=_prefect_version(),
-                                   started=_start_time(self.process.pid))
+                                   started=_start_time(self.process.pid), home=str(self.home))
         _write_private(self.state_file, json.dumps(asdict(self.record)))
 
-    def _read_state(self) -> ServerRecord | None:
+    def read_record(self) -> ServerRecord | None:
+        """The record of this home's server, if there is a well-formed one for this home."""
         try:
-            record = ServerRecord(**json.loads(self.state_file.read_text()))
-        except (OSError, ValueError, TypeError):
+            record = ServerRecord.parse(self.state_file.read_text())
+        except OSError:
             return None
-        return record if record.version == _prefect_version() else None
+        if record is None or record.version != _prefect_version() or record.home != str(self.home):
+            return None
+        return record
 
 
 def stop_running(home: Path) -> str:
@@ -207,37 +271,63 @@ def stop_running(home: Path) -> str:
         try:
             fcntl.flock(users, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise RuntimeError("the local Prefect server is in use by a running command; stop it when that "
-                               "command has ended") from None
+            raise ServerUnavailable("the local Prefect server is in use by a running command; stop it when that "
+                                    "command has ended") from None
         with _locked(server.start_lock):
-            record = server._read_state()
+            record = server.read_record()
+            if record is not None and _runs(record):
+                os.kill(record.pid, signal.SIGTERM)  # first: a server whose record is gone also stops by itself
             server.state_file.unlink(missing_ok=True)
         if record is None or not _runs(record):
             return "no local Prefect server runs for this PREFECT_HOME (a stale record was removed)"
-        os.kill(record.pid, signal.SIGTERM)
         _wait_gone(record, STOP_GRACE_S + 5)
     return f"stopped the local Prefect server (process {record.pid}, port {record.port})"
 
 
 # --- the server's side -------------------------------------------------------------------------
-def serve(home: Path, port: int) -> None:
-    """Run Prefect's API on 127.0.0.1:port until nobody has used it for the idle time."""
+def serve(home: Path, fd: int) -> None:
+    """Run Prefect's API on the listening socket handed over until nobody has used it for the idle
+    time, or until the home's record no longer names this process."""
+    os.umask(0o077)  # the database, its journal and the log hold the runs: the owner's only
     import uvicorn
 
-    config = uvicorn.Config("prefect.server.api.server:create_app", factory=True, host="127.0.0.1", port=port,
-                            log_level="error", lifespan="on")
+    config = uvicorn.Config("prefect.server.api.server:create_app", factory=True, log_level="error", lifespan="on")
     server = uvicorn.Server(config)
-    threading.Thread(target=_stop_when_idle, args=(server, LocalServer(home), idle_seconds()),
-                     name="idle-watch", daemon=True).start()
-    server.run()
+    threading.Thread(target=_watch, args=(server, LocalServer(home), idle_seconds()), name="idle-watch",
+                     daemon=True).start()
+    server.run(sockets=[socket.socket(fileno=fd)])
 
 
-def _stop_when_idle(server, local: LocalServer, idle_s: float) -> None:
-    """Ask uvicorn to stop once the users' lock has been free for idle_s; hold it while stopping."""
+def _watch(server, local: LocalServer, idle_s: float) -> None:
+    """The server's watchdog: any failure of its own (the home deleted under it) ends the process,
+    never leaves a server nobody can stop."""
+    try:
+        _stop_when_idle_or_replaced(server, local, idle_s)
+    except BaseException as err:  # noqa: BLE001 - a dead watchdog would keep the server forever
+        print(f"dprelease: the local server's watchdog failed ({err!r}): stopping", file=sys.stderr, flush=True)
+    server.should_exit = True
+    time.sleep(STOP_GRACE_S)
+    os._exit(0)  # a stop that hangs must not keep the users' lock forever
+
+
+def _stop_when_idle_or_replaced(server, local: LocalServer, idle_s: float) -> None:
+    """Return once the users' lock has been free for idle_s (then holding it, and the record
+    removed), or once the record names another process or none (nothing to remove then)."""
     last_used = time.monotonic()
     users = open(local.users_lock, "a")  # noqa: SIM115 - kept until the process ends
     while True:
         time.sleep(POLL_S)
+        if server.started and (local.read_record() or _NO_RECORD).pid != os.getpid():
+            return  # replaced or forgotten: a second server on the database must not stay
+        if os.fstat(users.fileno()).st_ino != _inode(local.users_lock):  # the file was removed or replaced
+            try:  # a command may still hold the old one
+                fcntl.flock(users, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(users, fcntl.LOCK_UN)
+                users.close()
+                users = open(local.users_lock, "a")  # noqa: SIM115 - the file new commands lock
+            except BlockingIOError:
+                last_used = time.monotonic()
+                continue
         try:
             fcntl.flock(users, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -247,15 +337,16 @@ def _stop_when_idle(server, local: LocalServer, idle_s: float) -> None:
             fcntl.flock(users, fcntl.LOCK_UN)
             continue
         with _locked(local.start_lock):  # the record goes first: nobody finds a server that is stopping
-            record = local._read_state()
+            record = local.read_record()
             if record is not None and record.pid == os.getpid():
                 local.state_file.unlink(missing_ok=True)
-        server.should_exit = True
-        time.sleep(STOP_GRACE_S)
-        os._exit(0)  # a stop that hangs must not keep the users' lock forever
+        return
 
 
 # --- helpers ------------------------------------------------------------------------------------
+_NO_RECORD = ServerRecord(pid=-1, port=0, auth="", version="", started=0.0, home="")
+
+
 class _locked:
     """An exclusive flock on a file for the duration of a with-block."""
 
@@ -271,55 +362,76 @@ class _locked:
         self.file.close()
 
 
+@functools.cache
 def _prefect_version() -> str:
     from importlib.metadata import version
 
     return version("prefect")
 
 
+def _inode(path: Path) -> int | None:
+    try:
+        return path.stat().st_ino
+    except OSError:
+        return None
+
+
 def _write_private(path: Path, text: str) -> None:
     """Write a file only its owner can read (it holds the server's secret), replacing it at once."""
-    partial = path.with_suffix(".partial")
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(text)
-    partial.replace(path)
+    fd, partial = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")  # 0600, new
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(text)
+        os.replace(partial, path)
+    except BaseException:
+        Path(partial).unlink(missing_ok=True)
+        raise
+
+
+def _proc_stat(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name (None when the process is gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
 
 
 def _start_time(pid: int) -> float:
     """When the kernel started the process (clock ticks since boot; 0 where /proc is missing)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return 0.0
-    return float(stat.rsplit(")", 1)[1].split()[19])
+    fields = _proc_stat(pid) if _HAS_PROC else None
+    return float(fields[19]) if fields else 0.0
 
 
 def _runs(record: ServerRecord | None) -> bool:
-    """The recorded process is still the one that was started (not a reused pid, not a zombie)."""
-    if record is None:
+    """The recorded process is still the one that was started: alive, not a zombie, the start time
+    recorded, this module in its command line (a reused pid is not it)."""
+    if record is None or record.pid <= 1:
+        return False
+    if not _HAS_PROC:  # elsewhere than Linux: alive is all there is to know (the answer decides)
+        try:
+            os.kill(record.pid, 0)
+        except OSError:
+            return False
+        return True
+    fields = _proc_stat(record.pid)
+    if fields is None or fields[0] == "Z" or float(fields[19]) != record.started:
         return False
     try:
-        os.kill(record.pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process took the pid
-        return False
-    try:
-        state = Path(f"/proc/{record.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        command = Path(f"/proc/{record.pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
-        return True  # no /proc: the answer of the server decides (_answers)
-    return state != "Z" and _start_time(record.pid) == record.started
+        return False
+    return SERVER_MODULE.encode() in command
 
 
 def _answers(record: ServerRecord | None) -> bool:
-    """The server answers with this Prefect version to these credentials."""
+    """The server answers with this Prefect version to these credentials (a call waits in the
+    socket's queue while the server boots)."""
     if record is None:
         return False
     import httpx
 
     try:
-        response = httpx.get(f"{record.api_url}/admin/version", auth=tuple(record.auth.split(":", 1)), timeout=5)
+        response = httpx.get(f"{record.api_url}/admin/version", auth=tuple(record.auth.split(":", 1)), timeout=10)
     except httpx.HTTPError:
         return False
     return response.status_code == 200 and response.json() == record.version

@@ -25,6 +25,7 @@ from .temporary_prefect_server import (
     OWNER_FILE,
     PREFECT_DB_ENV,
     SCRATCH_PREFIX,
+    ServerUnavailable,
     TemporaryServer,
     existing_template,
     prefect_home,
@@ -53,6 +54,7 @@ def start() -> None:
     if local_prefect_server.wanted():
         _local = local_prefect_server.LocalServer(prefect_home())
         _local.attach(may_start=_local.database.exists() or existing_template() is not None)
+        atexit.register(_local.abandon_if_unused)  # a command refused before its flow leaves no server
         return
     sweep_leftovers()
     template = existing_template()
@@ -65,10 +67,11 @@ def start() -> None:
         _server.spawn()
 
 
-def attach_running() -> bool:
+def attach_running(timeout_s: float = 30.0) -> bool:
     """Point this process at the home's local server if one runs, never starting one: for the
     commands that answer or correct a run another command started. True when a Prefect API is set
-    (shared, or the local server); False when runs live only in their commands' temporary servers."""
+    (shared, or the local server); False when runs live only in their commands' temporary servers.
+    ServerUnavailable when the recorded server does not answer within timeout_s."""
     global _local
     if not _needs_own_server():
         return True
@@ -79,7 +82,7 @@ def attach_running() -> bool:
         local.detach()
         return False
     _local = local
-    local.wait_ready(timeout_s=60)
+    local.wait_ready(timeout_s=timeout_s)
     _point_client_at(local.record.api_url, local.record.auth)
     return True
 
@@ -123,10 +126,9 @@ def wait_ready(warm: Callable[[], None] | None = None) -> None:
 def _announce(local: local_prefect_server.LocalServer) -> None:
     """Say that a process now runs beyond this command, for how long, and how to end it (on stdout,
     with the command's other news: stderr stays the one line of a refusal)."""
-    idle_min = local_prefect_server.idle_seconds() / 60
+    idle = local_prefect_server.idle_words(local_prefect_server.idle_seconds())
     print(f"dprelease: started this PREFECT_HOME's local Prefect server on 127.0.0.1:{local.record.port} for the "
-          f"next commands (it stops after {idle_min:g} min unused; `dprelease server --stop` stops it now)",
-          flush=True)
+          f"next commands (it stops after {idle} unused; `dprelease server --stop` stops it now)", flush=True)
 
 
 def _point_client_at(api_url: str, auth: str) -> None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import random
 import secrets
 import shutil
 import socket
@@ -37,23 +36,38 @@ from pathlib import Path
 
 START_TIMEOUT_S = 300
 PREFECT_DB_ENV = "PREFECT_API_DATABASE_CONNECTION_URL"
-_PORTS = range(8000, 9000)  # Prefect's own range for temporary servers
-_PORT_IN_USE = 3  # uvicorn's exit code when its port was taken between our check and its bind
 SCRATCH_PREFIX = "dprelease-prefect-"
 OWNER_FILE = "owner.pid"
-#: run as `python -c LAUNCHER OWNER_PID UVICORN_ARGS...`: ask the kernel to SIGKILL this process
-#: when its parent dies (PR_SET_PDEATHSIG = 1; kept across exec), give up if the parent is already
-#: gone, then become uvicorn. Elsewhere than Linux the sweep alone cleans up.
+#: run as `python -c LAUNCHER OWNER_PID SOCKET_FD`: ask the kernel to SIGKILL this process when its
+#: parent dies (PR_SET_PDEATHSIG = 1), give up if the parent is already gone, then serve Prefect's
+#: API on the listening socket the parent bound and handed over (no port is ever free for another
+#: process to take between a choice and a bind). Elsewhere than Linux the sweep alone cleans up.
 LAUNCHER = """
-import ctypes, os, signal, sys
+import ctypes, os, signal, socket, sys
 try:
     ctypes.CDLL(None).prctl(1, signal.SIGKILL)
 except (AttributeError, OSError):
     pass
 if os.getppid() != int(sys.argv[1]):
     sys.exit(0)
-os.execv(sys.executable, [sys.executable, "-m", "uvicorn", *sys.argv[2:]])
+import uvicorn
+config = uvicorn.Config("prefect.server.api.server:create_app", factory=True, log_level="error", lifespan="on")
+uvicorn.Server(config).run(sockets=[socket.socket(fileno=int(sys.argv[2]))])
 """
+
+
+class ServerUnavailable(RuntimeError):
+    """A Prefect server of ours did not start or does not answer (one line at the command line)."""
+
+
+def listening_socket() -> socket.socket:
+    """A socket listening on 127.0.0.1, on a port the kernel chose: handed to the server process,
+    so that no other local process can take the port first and pose as the server (it would
+    receive the server's secret with the first call)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    return sock
 
 
 @dataclass
@@ -76,31 +90,29 @@ class TemporaryServer:
         return f"http://127.0.0.1:{self.port}/api"
 
     def spawn(self) -> None:
-        """Start the server process on a free port (returns at once)."""
-        import prefect
-
-        self.port = free_port()
-        self.process = subprocess.Popen(
-            [sys.executable, "-c", LAUNCHER, str(os.getpid()), "--app-dir", str(prefect.__module_path__.parent),
-             "--factory", "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
-             "--log-level", "error", "--lifespan", "on"],
-            env=server_environment(self.database, self.prepared, self.auth), stdin=subprocess.DEVNULL)
+        """Start the server process on a socket bound here (returns at once)."""
+        sock = listening_socket()
+        try:
+            self.port = sock.getsockname()[1]
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", LAUNCHER, str(os.getpid()), str(sock.fileno())], pass_fds=(sock.fileno(),),
+                env=server_environment(self.database, self.prepared, self.auth), stdin=subprocess.DEVNULL)
+        finally:
+            sock.close()  # the server holds it now
 
     def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> None:
-        """Block until the server answers /health (respawning on a port taken meanwhile)."""
+        """Block until the server answers /health (its socket listens from the start: a call waits
+        in its queue until the app is up)."""
         import httpx
 
         deadline = time.monotonic() + timeout_s
-        with httpx.Client(timeout=5) as client:
+        with httpx.Client(timeout=10) as client:
             while time.monotonic() < deadline:
                 code = self.process.poll()
-                if code == _PORT_IN_USE:
-                    self.spawn()
-                    continue
                 if code is not None:
-                    raise RuntimeError(f"the temporary Prefect server exited with code {code} before it was "
-                                       "ready; run the command with --debug, or set PREFECT_API_URL to a "
-                                       "running server")
+                    raise ServerUnavailable(f"the temporary Prefect server exited with code {code} before it was "
+                                            "ready; run the command with --debug, or set PREFECT_API_URL to a "
+                                            "running server")
                 try:
                     if client.get(f"{self.api_url}/health").status_code == 200:
                         self.ready = True
@@ -109,8 +121,8 @@ class TemporaryServer:
                     pass
                 time.sleep(0.1)
         self.kill()
-        raise RuntimeError(f"the temporary Prefect server did not answer within {timeout_s:.0f} s; set "
-                           "PREFECT_API_URL to a running server, or try again when the machine is less busy")
+        raise ServerUnavailable(f"the temporary Prefect server did not answer within {timeout_s:.0f} s; set "
+                                "PREFECT_API_URL to a running server, or try again when the machine is less busy")
 
     def kill(self) -> None:
         """End the process at once (its database is private: nothing to shut down gracefully)."""
@@ -145,19 +157,6 @@ def server_environment(database: Path, prepared: bool, auth: str | None = None) 
     if auth is not None:
         env["PREFECT_SERVER_API_AUTH_STRING"] = auth
     return env
-
-
-def free_port() -> int:
-    for _ in range(50):
-        port = random.choice(_PORTS)
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-                return port
-            except OSError:
-                continue
-    raise RuntimeError("no free port in 8000-8999 for a temporary Prefect server; set PREFECT_API_URL to a "
-                       "running server")
 
 
 def template_database() -> Path:
@@ -198,8 +197,8 @@ def _build_template(template: Path) -> None:
         kinds = db.execute("SELECT count(*) FROM block_type").fetchone()[0]
     if not kinds:  # its copies' servers skip the registration: a template without block types is refused
         partial.unlink()
-        raise RuntimeError("the Prefect server that built the template database registered no block types; run "
-                           "the command with --debug, or set PREFECT_API_URL to a running server")
+        raise ServerUnavailable("the Prefect server that built the template database registered no block types; "
+                                "run the command with --debug, or set PREFECT_API_URL to a running server")
     partial.replace(template)  # other Prefect versions' templates stay: a PREFECT_HOME may serve two
 
 

@@ -71,8 +71,10 @@ def _attach(env: dict, hold_s: float = 0, wait: str = "ready") -> subprocess.Pop
 
 
 def _found(command: subprocess.Popen, timeout: float = 300) -> dict:
-    """What the command found (its first line), or its stderr if it failed."""
+    """What the command found (its first line after the notice of a started server), or its stderr."""
     line = command.stdout.readline()
+    if line.startswith("dprelease: started"):
+        line = command.stdout.readline()
     if not line:
         command.wait(timeout)
         raise AssertionError(f"the command printed nothing (exit {command.returncode}):\n{command.stderr.read()}")
@@ -165,7 +167,7 @@ def test_a_record_naming_another_process_is_neither_trusted_nor_killed(prefect_h
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     try:
         record = {"pid": bystander.pid, "port": 8999, "auth": "dprelease:x", "version": version("prefect"),
-                  "started": 1.0}  # a pid reused by another process (its start time differs)
+                  "started": 1.0, "home": str(prefect_home.resolve())}  # a pid reused by another process
         (prefect_home / f"dprelease-local-server-{version('prefect')}.json").write_text(json.dumps(record))
         found = _run(_env(prefect_home, idle_s=120))
         assert found["started"] and found["pid"] != bystander.pid
@@ -299,3 +301,81 @@ def test_a_refusal_in_the_flow_of_the_command_that_started_the_server_is_one_lin
     assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), done.stderr
     assert "started this PREFECT_HOME's local Prefect server" in done.stdout
     assert Store(settings.store_url).budget("adult")["epsilon_reserved"] == 0
+
+
+def _record(prefect_home: Path) -> dict:
+    return json.loads(next(prefect_home.glob("dprelease-local-server-*.json")).read_text())
+
+
+def test_a_release_refused_before_its_flow_leaves_no_server(prefect_home, tmp_path):
+    env = _env(prefect_home, idle_s=600, DPRELEASE_HOME=str(tmp_path / "home"))
+    assert subprocess.run([CLI, "init"], env=env, capture_output=True, timeout=120).returncode == 0
+    (tmp_path / "request.yaml").write_text(REQUEST.replace("dataset: adult", "dataset: nosuch"))
+    done = subprocess.run([CLI, "release", str(tmp_path / "request.yaml")], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 2 and "unknown dataset 'nosuch'" in done.stderr, done.stderr
+    assert not list(prefect_home.glob("dprelease-local-server-*.json"))
+    servers = subprocess.run(["pgrep", "-f", f"local_prefect_server {prefect_home.resolve()} "], capture_output=True,
+                             text=True)
+    assert servers.stdout.strip() == "", "a refused release left its server running"
+
+
+def test_a_server_whose_record_names_another_stops_by_itself(prefect_home):
+    """A second server on the same database (its record overwritten, damaged or removed) must not stay."""
+    env = _env(prefect_home, idle_s=600)
+    first = _run(env)
+    state = next(prefect_home.glob("dprelease-local-server-*.json"))
+    state.write_text('{"pid": 1, "port":')  # damaged: the next command starts another server
+    second = _run(env)
+    assert second["started"] and second["pid"] != first["pid"]
+    assert _gone(first["pid"], within_s=60), "the server no record names kept running"
+    assert _answers(second) and _record(prefect_home)["pid"] == second["pid"]
+
+
+def test_a_deleted_home_stops_its_server(prefect_home):
+    found = _run(_env(prefect_home, idle_s=600))
+    shutil.rmtree(prefect_home)
+    assert _gone(found["pid"], within_s=60), "a server whose home was deleted kept running"
+
+
+def test_a_relative_home_is_the_same_home_for_the_server(prefect_home):
+    env = _env(prefect_home, idle_s=600)
+    env["PREFECT_HOME"] = prefect_home.name  # relative to the command's directory
+    command = subprocess.Popen([sys.executable, "-c", ATTACH, "ready", "0"], env=env, cwd=prefect_home.parent,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    found = _found(command)
+    assert command.wait(60) == 0, command.stderr.read()
+    assert _record(prefect_home)["home"] == str(prefect_home.resolve())
+    created = httpx.post(f"http://127.0.0.1:{found['port']}/api/flows/", json={"name": "relative-home"},
+                         auth=tuple(found["auth"].split(":", 1)), timeout=10)
+    assert created.status_code in (200, 201), created.text  # its database is the migrated copy in that home
+    assert not (prefect_home / prefect_home.name).exists()
+
+
+def test_a_malformed_record_signals_nobody(prefect_home):
+    """A record naming pid 0 (every process of the group) or a pid that is no number is not a
+    server's (pid -1, every process of the user, is refused by the same check: not run here, where
+    a regression would signal the whole machine)."""
+    from importlib.metadata import version
+
+    state = prefect_home / f"dprelease-local-server-{version('prefect')}.json"
+    env = _env(prefect_home, idle_s=600)
+    for pid in (0, "123"):
+        state.write_text(json.dumps({"pid": pid, "port": 8999, "auth": "dprelease:x", "version": version("prefect"),
+                                     "started": 1.0, "home": str(prefect_home.resolve())}))
+        stopped = subprocess.run([CLI, "server", "--stop"], env=env, capture_output=True, text=True, timeout=120,
+                                 start_new_session=True)
+        assert stopped.returncode == 0, stopped.stderr  # not killed by its own SIGTERM
+        assert "no local Prefect server runs" in stopped.stdout
+    state.write_text(json.dumps({"pid": 0, "port": 8999, "auth": "dprelease:x", "version": version("prefect"),
+                                 "started": 1.0, "home": str(prefect_home.resolve())}))
+    found = _run(env)
+    assert found["started"] and found["pid"] > 1
+
+
+def test_the_server_s_files_are_its_owner_s_only(prefect_home):
+    found = _run(_env(prefect_home, idle_s=600))
+    assert _answers(found)  # a call: the database and its journal are written
+    for name in ("dprelease-local-prefect-*.db*", "dprelease-local-server.log", "dprelease-local-server-*.json"):
+        for path in prefect_home.glob(name):
+            assert stat.S_IMODE(path.stat().st_mode) & 0o077 == 0, f"{path.name} is readable by others"
