@@ -638,3 +638,28 @@ def test_an_ungrouped_release_s_controller_report_takes_any_aggregate_names(data
         assert f'<th class="n">{name} exact</th><th class="n">{name} released</th>' in page
         assert (f'<td class="n">{pages.fmt_number(exact[name].iloc[0])}</td>'
                 f'<td class="n">{pages.fmt_number(single.table[name].iloc[0])}</td>') in page
+
+
+def test_the_analyst_page_states_the_epsilon_a_pri_choice_chose(data):
+    """How epsilon was chosen: the chosen epsilon is stated beside its mode, p and rule."""
+    q = dp.Query([dp.count(upper=1, name="people")], privacy_unit="person_id", epsilon=1.0)
+    res = pri.release_with_pri(q, data.head(2000), p=50)
+    page = pages.render_analyst_report(res, make_ctx(epsilon_mode="pri"))
+    assert (f"<dt>Chosen epsilon</dt><dd>{pages.fmt_number(res.epsilon_choice.epsilon)}</dd>\n  <dt>Mode</dt>"
+            f"<dd>public</dd>") in page
+
+
+def test_the_controller_chart_names_each_bar_by_its_group_s_keys_or_all(data):
+    """The raw-against-private chart labels a bar with its group's keys joined by ", " (a release by sex
+    and income), and the one bar of an ungrouped release "all"."""
+    def chart(query) -> str:
+        page = pages.render_controller_report(dp.execute(query, data), make_ctx())
+        part = page[page.index("<h3>Raw against private"):]
+        return part[:part.index("</svg>")]
+
+    grouped = chart(dp.Query([dp.count(upper=1, name="people")], privacy_unit="person_id", epsilon=1.0,
+                             group_by=("sex", "income")))
+    for label in ("Female, &lt;=50K", "Female, &gt;50K", "Male, &lt;=50K", "Male, &gt;50K"):
+        assert f">{label}</text>" in grouped, label
+    assert ">all</text>" not in grouped
+    assert ">all</text>" in chart(dp.Query([dp.count(upper=1, name="people")], privacy_unit="person_id", epsilon=1.0))
