@@ -254,3 +254,15 @@ def test_the_public_dict_carries_the_epsilon_choice_s_public_summary():
     assert chosen.to_dict()["epsilon_choice"] == chosen.epsilon_choice.public_summary()
     assert (chosen.to_dict()["epsilon_choice"]["mode"], chosen.to_dict()["epsilon_choice"]["beta"]) == ("public", 0.5)
     assert dp.execute(q, df).to_dict()["epsilon_choice"] is None
+
+
+def test_the_public_mode_s_refusal_and_its_simulated_uniforms():
+    """Public mode: when no candidate passes, the refusal says so in full with its remedy; the data-free
+    simulation's uniforms (SHAKE-256 of a public tag) spread over (0, 1), not a part of it."""
+    q = dp.Query([dp.count(upper=1, name="people")], privacy_unit="person_id", epsilon=1.0)
+    with pytest.raises(pri.NoEpsilonError) as caught:
+        pri.choose_epsilon_public(q, 0, grid=[5.0])
+    assert str(caught.value) == ("no candidate epsilon passes the PRI test at p = 0 with probability beta = 0.5 "
+                                 "(public mode): nothing is released; raise p, lower beta, or allow smaller epsilons")
+    u = pri._public_uniforms((100, 100), "a public tag")
+    assert 0 < u.min() < 0.001 and 0.999 < u.max() < 1 and abs(u.mean() - 0.5) < 0.01

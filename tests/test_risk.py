@@ -449,3 +449,7 @@ def test_a_plan_whose_risk_no_epsilon_can_meet_is_refused_with_the_floor_and_the
     assert str(caught.value) == (
         "no epsilon keeps the risk within 0.05: even without any release the risk is s (1 - t) / n = 0.122. Raise "
         "the tolerable risk above that, or share with a more trusted recipient; nothing is released")
+
+
+def test_a_negative_level_is_the_lowest_level():
+    assert [risk.level_name(x) for x in (-0.1, -0.3, -0.5, -5.0)] == ["very low"] * 4

@@ -422,6 +422,39 @@ WORD_FOR_WORD = {  # refusals whose whole message is the guidance: rule -> (stat
         f"{DP.format(e=1)} {C1} FROM people",
         "CTE 't': 'PIVOT people ON dept USING COUNT(*) AS n, AVG(age) AS mean_age, MAX(age) AS olde' is not "
         "supported here"),
+    "a subquery of protected rows after a public one in a DP SELECT list expression": (  # each subquery is checked
+        f"{DP.format(e=1)} dept, (SELECT 1 FROM depts LIMIT 1) + (COUNT(*) + (SELECT age FROM people LIMIT 1)) AS w "
+        "FROM people GROUP BY dept",
+        "the DP SELECT list: '(SELECT 1 FROM depts LIMIT 1) + (__DP_COUNT(*) + (SELECT age': subquery 'SELECT age "
+        "FROM people LIMIT 1': LIMIT inside a subquery over protected rows keeps rows depending on other units' rows"),
+    "WITH RECURSIVE in a subquery": (
+        f"{DP.format(e=1)} COUNT(*) FROM (WITH RECURSIVE r AS (SELECT uid, dept FROM people) SELECT * FROM r) q",
+        "subquery 'WITH RECURSIVE r AS (SELECT uid, dept FROM people) SELECT * ': WITH RECURSIVE is not allowed here "
+        "(a recursive CTE can mix units' rows)"),
+    "a NATURAL join of protected rows of two units": (
+        f"{DP.format(e=1)} COUNT(*) FROM people p NATURAL JOIN (SELECT person, 'a' AS dept FROM other) o",
+        'the DP SELECT: "NATURAL JOIN (SELECT person, \'a\' AS dept FROM other) AS o" does not join on the unit: '
+        "NATURAL must include the unit column of both sides (person, uid)"),
+    "a join off the unit in the first branch of a UNION": (
+        f"{DP.format(e=1)} COUNT(*) FROM (SELECT uid, dept FROM people JOIN visits ON people.uid = visits.cost "
+        "UNION ALL SELECT uid, dept FROM extra) u",
+        "subquery 'SELECT uid, dept FROM people JOIN visits ON people.uid = vis' (UNION branch): 'JOIN visits ON "
+        "people.uid = visits.cost' does not join on the unit: ON must include visits.uid = <other side>.<its unit> "
+        "(both sides unit columns) as one of its AND-ed terms; without it rows of different units would be paired"),
+    "OPTIONS without parentheses": ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS epsilon = 1 COUNT(*) FROM people",
+                                    "OPTIONS must be followed by a parenthesised list: OPTIONS (epsilon = 1, ...)"),
+    "a sample's percentage given as a parameter": (
+        f"{DP.format(e=1)} COUNT(*) FROM people TABLESAMPLE BERNOULLI (@p PERCENT)",
+        "the DP SELECT: 'TABLESAMPLE BERNOULLI ($p PERCENT)': the sample's percentage must be a number literal, got "
+        "'$p'"),
+    "a repeatable sample": (
+        f"{DP.format(e=1)} COUNT(*) FROM people TABLESAMPLE BERNOULLI (10 PERCENT) REPEATABLE (3)",
+        "the DP SELECT: 'TABLESAMPLE BERNOULLI (10 PERCENT) REPEATABLE (3)': REPEATABLE (seed) is not supported: a "
+        "seeded sample keeps rows by their position in the scan, so one unit's rows shift which of the others' are "
+        "kept; leave it out (each release draws its own per-row sample)"),
+    "a BLOCK sample": (f"{DP.format(e=1)} COUNT(*) FROM people TABLESAMPLE BLOCK (10 PERCENT)",
+                       "the DP SELECT: 'TABLESAMPLE BLOCK (10 PERCENT)': only TABLESAMPLE BERNOULLI / SYSTEM (p "
+                       "PERCENT) is supported"),
 }
 
 
