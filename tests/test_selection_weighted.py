@@ -492,3 +492,14 @@ def test_selection_advice_estimates_units_from_a_released_count_of_units():
     (advice,) = [n for n in r.notes if n.lower().startswith("selection advice")]
     assert advice.startswith("Selection advice (from the released noisy counts, no extra privacy cost): of the 3 "
                              "groups released by truncated-geometric, the expected number each mechanism would release")
+
+
+def test_selection_advice_ends_by_saying_what_it_cannot_count():
+    """The advice ranks the mechanisms and says, word for word, what it does not count."""
+    df = pd.DataFrame({"uid": np.arange(3000), "x": 1.0, "g": np.arange(3000) % 3})
+    r = dp.execute(dp.Query([dp.count_units(name="people")], privacy_unit="uid", group_by=("g",), epsilon=1.0,
+                            delta=1e-6), df)
+    (advice,) = [n for n in r.notes if n.startswith("Selection advice")]
+    assert advice.endswith("; mad (MaxAdaptiveDegree) releases at least about as many as weighted_gaussian when "
+                           "units share popular groups. Groups not released leave no number to judge from, so this "
+                           "ranks the mechanisms; it does not count the extra groups the better ones would find.")

@@ -113,3 +113,12 @@ def test_the_discrete_laplace_threshold_is_one_above_the_smallest_tail_within_th
         d = ps.per_partition_delta(delta, 1)
         assert q ** (threshold - 1) / (1 + q) <= d < q ** (threshold - 2) / (1 + q), (delta, threshold)
     assert ps.discrete_laplace_threshold(1.0, math.exp(-(10 - 5e-10)) / (1 + q), 1) == 11
+
+
+def test_a_release_says_its_partitions_were_kept_by_the_truncated_geometric_law():
+    df = pd.DataFrame({"uid": np.arange(600), "g": np.arange(600) % 3})
+    result = dp.execute(dp.Query([dp.count(upper=1, name="n")], privacy_unit="uid", epsilon=1.0, delta=1e-6,
+                                 group_by=("g",), selection="truncated-geometric"), df)
+    assert result.partition_selection == (
+        "truncated-geometric: each partition kept with the near-optimal probability p(n) of its unit count "
+        "(truncated geometric, Desfontaines et al. 2022)")
