@@ -455,3 +455,13 @@ def test_a_tsv_is_read_by_its_tabs_when_its_head_is_checked(tmp_path):
     fine = tmp_path / "fine.tsv"
     fine.write_text("uid\tnote\n1\ta,b\n")
     check_file(fine)
+
+
+def test_a_row_filter_s_refusal_quotes_the_part_as_duckdb_writes_it():
+    """The quoted part of a refused row filter is DuckDB's spelling of what was written (RANDOM(), not
+    the generic RAND())."""
+    from dp_core.row_filter import compile_filter
+
+    with pytest.raises(InvalidQueryError) as caught:
+        compile_filter("random() < 0.5")
+    assert str(caught.value) == "the row filter may only test each row's own values; 'RANDOM()' is random()"
