@@ -149,6 +149,12 @@ def test_a_misnamed_file_is_refused_with_the_fix_that_fits_its_content(tmp_path,
     assert str(caught.value) == f"{path} {advice}"
 
 
+def _x_twice(path) -> str:
+    """The refusal of a file whose header names x at positions 2 and 3."""
+    return (f"{path} has the column 'x' twice, at positions 2 and 3: rename or drop one (each column must have its "
+            "own name)")
+
+
 def test_a_csv_header_naming_a_column_twice_once_in_quotes_is_refused(tmp_path):
     """A header's quoted name is the same name: `uid,"x",x` names x twice (DuckDB would read one of
     them as x_1 and release from either), refused like any repeated column."""
@@ -156,8 +162,7 @@ def test_a_csv_header_naming_a_column_twice_once_in_quotes_is_refused(tmp_path):
     path.write_text('uid,"x",x\n1,2,3\n2,3,4\n')
     with pytest.raises(InvalidDataError) as caught:
         run(path)
-    assert str(caught.value) == (f"{path} has the column 'x' twice, at positions 2 and 3: rename or drop one (each "
-                                 "column must have its own name)")
+    assert str(caught.value) == _x_twice(path)
 
 
 def test_a_row_filter_is_one_condition_read_as_duckdb_sql():
@@ -435,3 +440,28 @@ def test_numpy_numbers_are_bounds_like_the_python_numbers_they_hold():
     assert dp.execute(taken, frame).explain() == dp.execute(written, frame).explain()
     with pytest.raises(InvalidQueryError, match=r"the lower bound must be a finite number, got np.True_"):
         dp.execute(dp.Query([dp.sum_("x", np.bool_(True), 6)], privacy_unit="uid", epsilon=1.0), frame)
+
+
+def test_a_tsv_is_read_by_its_tabs_when_its_head_is_checked(tmp_path):
+    """The file rules read a .tsv's head split at tabs: a column given twice is refused naming both
+    positions, as in a CSV; a comma inside a value is just text."""
+    from dp_core.input_checks import check_file
+
+    twice = tmp_path / "dup.tsv"
+    twice.write_text("uid\tx\tx\n1\t2\t3\n")
+    with pytest.raises(InvalidDataError) as caught:
+        check_file(twice)
+    assert str(caught.value) == _x_twice(twice)
+    fine = tmp_path / "fine.tsv"
+    fine.write_text("uid\tnote\n1\ta,b\n")
+    check_file(fine)
+
+
+def test_a_row_filter_s_refusal_quotes_the_part_as_duckdb_writes_it():
+    """The quoted part of a refused row filter is DuckDB's spelling of what was written (RANDOM(), not
+    the generic RAND())."""
+    from dp_core.row_filter import compile_filter
+
+    with pytest.raises(InvalidQueryError) as caught:
+        compile_filter("random() < 0.5")
+    assert str(caught.value) == "the row filter may only test each row's own values; 'RANDOM()' is random()"

@@ -894,3 +894,214 @@ def test_a_footer_without_a_row_group_s_statistics_proves_nothing_about_its_colu
     assert footer_statistics(pq.ParquetFile(path)) == {"uid": None, "x": None}
     pq.write_table(table, path, row_group_size=2)
     assert footer_statistics(pq.ParquetFile(path))["uid"] == escrow.blobs.ColumnStatistics(1, 3, 1, "integer", 3)
+
+
+def test_the_engine_s_file_credits_a_row_group_once_when_a_read_first_takes_its_bytes(tmp_path, monkeypatch):
+    """Progress through the engine's file (engine_files): a read that takes bytes of a row group's column
+    chunks credits that group's rows, once per handle, and no other group's; reading it again credits
+    nothing, nor does a read that reaches the end of the file (the footer's). Read here directly, as one
+    of DuckDB's threads would."""
+    import pyarrow.parquet as pq
+
+    blob, key, digest, _ = _grouped_blob(tmp_path, monkeypatch, rows=2_000)
+    meta = pq.ParquetFile(io.BytesIO(open_blob(blob, key, digest))).metadata
+    starts = [min(meta.row_group(g).column(c).data_page_offset for c in range(meta.num_columns))
+              for g in range(meta.num_row_groups)]
+    ends = [max(meta.row_group(g).column(c).data_page_offset + meta.row_group(g).column(c).total_compressed_size
+                for c in range(meta.num_columns)) for g in range(meta.num_row_groups)]
+    assert meta.num_row_groups == 4 and [meta.row_group(g).num_rows for g in range(4)] == [500] * 4
+    credited: list[int] = []
+    fs = engine_files.DecryptingFileSystem.for_blob(blob, key, digest, credited.append, [])
+    with fs.open(fs.url, "rb") as handle:
+        handle.seek(-8, io.SEEK_END)
+        assert handle.read(8)[4:] == b"PAR1" and credited == []
+        handle.seek(starts[2])
+        handle.read(16)
+        assert credited == [500]
+        handle.seek(starts[2] + 4)
+        handle.read(16)
+        handle.seek(starts[0])
+        handle.read(16)
+        assert credited == [500, 500]
+        handle.read(16)
+        assert credited == [500, 500]
+    with fs.open(fs.url, "rb") as handle:  # a new handle (a new scan) credits its groups again
+        handle.seek(starts[3])
+        handle.read(16)
+        handle.seek(ends[1] - 16)  # a group's last bytes (its last column's) are its bytes too
+        handle.read(16)
+    assert credited == [500, 500, 500, 500]
+
+
+def test_the_engine_s_file_seeks_from_its_position_and_refuses_to_open_for_update(tmp_path):
+    """The engine's file seeks from the start, the current position and the end as io does; opened for
+    reading and writing ("r+b", "rb+") it is refused like any write: the escrow is read only."""
+    settings = _settings(tmp_path)
+    key = load_or_create_key(settings, create=True)
+    blob, digest, _ = seal_file(_write(_frame(), tmp_path / "d.csv"), settings, key)
+    plain = open_blob(blob, key, digest)
+    fs = engine_files.DecryptingFileSystem.for_blob(blob, key, digest, None, [])
+    with fs.open(fs.url, "rb") as handle:
+        assert handle.seek(10) == 10 and handle.seek(5, io.SEEK_CUR) == 15
+        assert handle.read(6) == plain[15:21]
+        assert handle.seek(-3, io.SEEK_CUR) == 18 and handle.read(3) == plain[18:21]
+        assert handle.seek(-6, io.SEEK_END) == len(plain) - 6 and handle.read() == plain[-6:]
+    for mode in ("r+b", "rb+"):
+        with pytest.raises(PermissionError) as caught:
+            fs.open(fs.url, mode)
+        assert str(caught.value) == "the escrow is read only"
+
+
+def test_the_escrow_s_other_refusals_are_worded_in_full(tmp_path):
+    """The whole message of refusals not covered above: a malformed key (with the command that makes a
+    good one), footer statistics asked of a blob replaced since by one that holds no Parquet, the engine's
+    file system handed the escrow key instead of a blob's own keys, a chunk size one byte over 2 GiB
+    (2 GiB itself is accepted)."""
+    from dprelease.escrow.blobs import EscrowRows
+
+    settings = _settings(tmp_path)
+    key = load_or_create_key(settings, create=True)
+    blob, digest, _ = seal_file(_write(_frame(), tmp_path / "d.csv"), settings, key)
+    with pytest.raises(EscrowError) as caught:
+        open_blob(blob, b"not-a-key", digest)
+    assert str(caught.value) == (
+        "the escrow key from the caller is not a valid Fernet key (32 url-safe base64-encoded bytes); generate one "
+        "with `python -c 'from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())'`")
+    rows = EscrowRows(blob, key, digest)
+    with open(blob, "wb") as target:  # another blob under the same path, same key and fingerprint
+        writer = stream.EncryptingWriter(target, key, digest, chunk_size=64)
+        writer.write(b"not Parquet")
+        writer.finish()
+    with pytest.raises(EscrowError) as caught:
+        rows.column_statistics()
+    assert re.fullmatch(rf"the escrow blob {re.escape(str(blob))} holds no readable Parquet data \([^\n]+\): "
+                        "register the dataset again", str(caught.value)), str(caught.value)
+    with pytest.raises(TypeError) as caught:
+        engine_files.DecryptingFileSystem(blob, key, digest, None, [])
+    assert str(caught.value) == "DecryptingFileSystem takes the blob's own keys: use DecryptingFileSystem.for_blob"
+    stream.EncryptingWriter(io.BytesIO(), key, "ab" * 32, chunk_size=1 << 31)
+    with pytest.raises(ValueError) as caught:
+        stream.EncryptingWriter(io.BytesIO(), key, "ab" * 32, chunk_size=(1 << 31) + 1)
+    assert str(caught.value) == "chunk_size must be between 1 byte and 2 GiB"
+
+
+def test_a_decrypted_blob_is_a_seekable_file_to_the_standard_library_s_buffered_reader(tmp_path):
+    """DecryptingFile says it is seekable: io.BufferedReader (which refuses seeks on a raw file that says
+    otherwise) reads its footer from the end and its start again."""
+    settings = _settings(tmp_path)
+    key = load_or_create_key(settings, create=True)
+    blob, digest, _ = seal_file(_write(_frame(), tmp_path / "d.csv"), settings, key)
+    with io.BufferedReader(stream.DecryptingFile(blob, key, digest)) as buffered:
+        assert buffered.seekable()
+        buffered.seek(-4, io.SEEK_END)
+        assert buffered.read() == b"PAR1"
+        buffered.seek(0)
+        assert buffered.read(4) == b"PAR1"
+
+
+def test_a_file_s_fingerprint_reports_progress_in_blocks_of_eight_mebibytes(tmp_path):
+    """file_fingerprint reads (and reports to on_bytes) 8 MiB at a time: a 9 MiB file in two steps."""
+    import hashlib
+
+    path = tmp_path / "big.bin"
+    data = os.urandom(1 << 20) * 9
+    path.write_bytes(data)
+    steps: list[int] = []
+    assert file_fingerprint(path, on_bytes=steps.append) == hashlib.sha256(data).hexdigest()
+    assert steps == [8 << 20, 1 << 20]
+
+
+def test_a_flat_column_beside_a_list_of_structs_keeps_its_footer_statistics(tmp_path):
+    """A list of structs is stored as one leaf column per struct field (two here): counted so, the flat
+    columns after it line up with their leaves and get their statistics; the nested one gets none."""
+    import pyarrow.parquet as pq
+
+    from dprelease.escrow.blobs import ColumnStatistics, footer_statistics
+
+    items = pa.list_(pa.struct([("a", pa.int64()), ("b", pa.string())]))
+    for list_type in (items, pa.large_list(items.value_type)):
+        path = tmp_path / "nested.parquet"
+        pq.write_table(pa.table({"uid": pa.array([1, 2, 3], pa.int64()),
+                                 "items": pa.array([[{"a": 1, "b": "x"}], [], None], list_type),
+                                 "x": pa.array([0.5, None, 2.5])}), path)
+        assert footer_statistics(pq.ParquetFile(path)) == {
+            "uid": ColumnStatistics(1, 3, 0, "integer", 3), "items": None,
+            "x": ColumnStatistics(0.5, 2.5, 1, "float", 3)}, list_type
+
+
+def test_a_legacy_parquet_blob_written_with_an_index_gives_only_its_columns(tmp_path):
+    """A Parquet file of the first (Fernet) format written by pandas from a frame with a non-default index
+    (rows kept by a filter): the index is not one of the dataset's columns."""
+    settings = _settings(tmp_path)
+    key = load_or_create_key(settings, create=True)
+    source = tmp_path / "d.parquet"
+    _frame().set_axis([10, 20, 30]).to_parquet(source, engine="pyarrow")
+    legacy = tmp_path / "d.parquet.fernet"
+    legacy.write_bytes(Fernet(key).encrypt(source.read_bytes()))
+    rows = escrow.EscrowRows(legacy, key, escrow.fingerprint(source.read_bytes()), "parquet")
+    assert rows.schema.names == ["person_id", "name", "age"]
+    pd.testing.assert_frame_equal(rows.reader().read_all().to_pandas(), _frame())
+
+
+def test_a_blob_grown_after_the_engine_planned_its_scan_is_refused_naming_the_change(tmp_path):
+    """The engine's file system checks the blob's size at each open against the one its footer was read
+    at: bytes appended since are refused in the escrow's words (also recorded in `failures`)."""
+    settings = _settings(tmp_path)
+    key = load_or_create_key(settings, create=True)
+    blob, digest, _ = seal_file(_write(_frame(), tmp_path / "d.csv"), settings, key)
+    failures: list = []
+    fs = engine_files.DecryptingFileSystem.for_blob(blob, key, digest, None, failures)
+    blob.write_bytes(blob.read_bytes() + bytes(100))
+    with pytest.raises(EscrowError) as caught:
+        fs.open(fs.url, "rb")
+    assert str(caught.value) == (
+        f"the escrow blob {blob} changed while it was being read (its size is not the one its footer was read at): "
+        "restore it from a backup or register the dataset again")
+    assert failures == [caught.value]
+
+
+def test_small_reads_within_one_chunk_decrypt_it_once(tmp_path):
+    """DecryptingFile keeps the chunk it decrypted last: the engine's many small reads of one chunk (a
+    footer, a page header) authenticate and decrypt it once, not once per read."""
+    settings = _settings(tmp_path)
+    key = load_or_create_key(settings, create=True)
+    blob, digest, _ = seal_file(_write(_frame(), tmp_path / "d.csv"), settings, key, chunk_size=256)
+    with stream.DecryptingFile(blob, key, digest) as plain:
+        assert plain.size > 512
+        pieces = [plain.read(16) for _ in range(16)]
+        assert b"".join(pieces) == open_blob(blob, key, digest)[:256] and plain.chunks_read == 1
+        plain.seek(300)
+        plain.read(8)
+        plain.seek(260)
+        plain.read(8)
+        assert plain.chunks_read == 2
+
+
+def test_a_categorical_column_has_footer_statistics_like_its_values(tmp_path):
+    """A dictionary-typed (categorical) column is one leaf column: it and the columns after it get their
+    statistics."""
+    import pyarrow.parquet as pq
+
+    from dprelease.escrow.blobs import ColumnStatistics, footer_statistics
+
+    path = tmp_path / "categorical.parquet"
+    pq.write_table(pa.table({"kind": pa.array(["b", "a", None]).dictionary_encode(),
+                             "uid": pa.array([1, 2, 3], pa.int64())}), path)
+    stats = footer_statistics(pq.ParquetFile(path))
+    assert stats["uid"] == ColumnStatistics(1, 3, 0, "integer", 3) and stats["kind"].nulls == 1
+
+
+def test_a_writer_closed_by_its_user_says_so_and_is_sealed_by_finish_alone(tmp_path):
+    """pyarrow closes the sink it wrote to; the EncryptingWriter then reports itself closed (as a file
+    does) but is sealed only by finish(), after which the blob reads back."""
+    key = Fernet.generate_key()
+    target = io.BytesIO()
+    writer = stream.EncryptingWriter(target, key, "ab" * 32, chunk_size=64)
+    writer.write(b"x" * 100)
+    writer.close()
+    assert writer.closed
+    assert writer.finish() == 2
+    blob = tmp_path / "b.escrow"
+    blob.write_bytes(target.getvalue())
+    with stream.DecryptingFile(blob, key, "ab" * 32) as plain:
+        assert plain.read() == b"x" * 100

@@ -177,3 +177,10 @@ def test_budget_split_sums_to_the_query_budget():
     only = plan_budget(dp.Query([dp.count_units()], privacy_unit="u", group_by=("g",), epsilon=1.0))
     assert only.selection == "laplace-threshold" and only.reused == {0}
     assert [s.part for s in only.shares] == ["partition selection"] and only.epsilon == 1.0
+
+
+def test_a_sum_of_gaussians_half_width_is_z_975_times_the_root_of_their_variances():
+    from dp_core.intervals import gaussian_sum_halfwidth
+
+    assert gaussian_sum_halfwidth(np.array([[3.0, 4.0], [1.0, 0.0]]), 0.05) == pytest.approx(
+        [1.959963984540054 * 5, 1.959963984540054], rel=1e-12)

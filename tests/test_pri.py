@@ -254,3 +254,26 @@ def test_the_public_dict_carries_the_epsilon_choice_s_public_summary():
     assert chosen.to_dict()["epsilon_choice"] == chosen.epsilon_choice.public_summary()
     assert (chosen.to_dict()["epsilon_choice"]["mode"], chosen.to_dict()["epsilon_choice"]["beta"]) == ("public", 0.5)
     assert dp.execute(q, df).to_dict()["epsilon_choice"] is None
+
+
+def test_the_public_mode_s_refusal_and_its_simulated_uniforms():
+    """Public mode: when no candidate passes, the refusal says so in full with its remedy; the data-free
+    simulation's uniforms (SHAKE-256 of a public tag) spread over (0, 1), not a part of it."""
+    q = dp.Query([dp.count(upper=1, name="people")], privacy_unit="person_id", epsilon=1.0)
+    with pytest.raises(pri.NoEpsilonError) as caught:
+        pri.choose_epsilon_public(q, 0, grid=[5.0])
+    assert str(caught.value) == ("no candidate epsilon passes the PRI test at p = 0 with probability beta = 0.5 "
+                                 "(public mode): nothing is released; raise p, lower beta, or allow smaller epsilons")
+    u = pri._public_uniforms((100, 100), "a public tag")
+    assert 0 < u.min() < 0.001 and 0.999 < u.max() < 1 and abs(u.mean() - 0.5) < 0.01
+
+
+def test_a_data_mode_release_never_chooses_an_epsilon_above_the_dataset_s_cap():
+    """release_with_pri in data mode passes the budget cap (and what is spent) to the choice: with p = 100
+    every candidate passes, and the largest one within the cap is chosen and spent, not the grid's top."""
+    df = pd.DataFrame({"uid": np.arange(500), "g": np.arange(500) % 2})
+    q = dp.Query([dp.count(upper=1, name="n")], privacy_unit="uid", group_by=("g",), epsilon=1.0,
+                 public_partitions=[0, 1])
+    res = pri.release_with_pri(q, df, 100, mode="data", spent=0.2, cap=0.7)
+    assert res.epsilon_choice.candidates and max(res.epsilon_choice.candidates) <= 0.5 + 1e-12
+    assert res.epsilon_spent == res.epsilon_choice.epsilon == max(res.epsilon_choice.candidates)

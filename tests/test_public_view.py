@@ -184,3 +184,16 @@ def test_the_public_view_says_how_its_partitions_were_chosen():
     assert private.partition_selection.startswith("truncated-geometric: ")
     for r in (ungrouped, public, private):
         assert r.to_dict()["partition_selection"] == r.partition_selection
+
+
+def test_explain_marks_an_inferred_bound_s_given_side_as_given():
+    """A sum whose upper bound is given and whose lower one is inferred: explain() shows the inferred
+    lower bound and the upper one as "given"."""
+    import re
+
+    df = pd.DataFrame({"uid": np.arange(3000), "x": np.arange(3000) % 50 - 10.0})
+    result = dp.execute(dp.Query([dp.Aggregate("sum", column="x", name="total", upper=40)], privacy_unit="uid",
+                                 epsilon=1.0), df)
+    lines = [line for line in result.explain().splitlines() if "inferred (APPROX_BOUNDS)" in line]
+    assert len(lines) == 1 and re.fullmatch(r"  bounds of total inferred \(APPROX_BOUNDS\): \[-?\d+, given\], "
+                                            r"estimated share of values outside: \d+\.\d%", lines[0]), lines

@@ -581,3 +581,85 @@ def test_results_csv_ends_each_row_with_one_newline_whatever_the_platform_s_line
     monkeypatch.setattr(os, "linesep", "\r\n")
     csv_path, _ = data_files.write_data_files(result, tmp_path)
     assert b"\r" not in csv_path.read_bytes() and csv_path.read_bytes().count(b"\n") == 3
+
+
+def test_the_analyst_page_states_each_promise_for_its_group_size_and_the_epsilons_tried(data):
+    """How epsilon was chosen: an average's promised interval is stated for the group size it holds for
+    (its reference count), and a PRI choice lists every candidate epsilon it tried."""
+    from dp_core import accuracy
+
+    plan = dp.Query([dp.count(upper=1, name="people"), dp.avg("age", 17, 90, name="average_age")],
+                    privacy_unit="person_id", epsilon=1.0, group_by=("education",))
+    choice = risk_model.choose_epsilon_for_plan(plan, trust="low", sensitivity="high", max_risk=0.2, max_noise=10,
+                                                n=16, m=2)
+    released = dp.execute(dataclasses.replace(plan, epsilon=choice.epsilon), data)
+    page = pages.render_analyst_report(released, make_ctx(promise=choice))
+    average = choice.promised("average_age")
+    assert isinstance(average, accuracy.StatisticInterval) and average.reference_count == 100
+    assert (f"<td>average_age</td><td>±{pages.fmt_number(average.halfwidth)} at 90% for a group of 100 people</td>"
+            in page)
+    q = dp.Query([dp.count(upper=1, name="people")], privacy_unit="person_id", epsilon=1.0)
+    res = pri.release_with_pri(q, data.head(2000), p=50)
+    tried = res.epsilon_choice.candidates
+    assert len(tried) >= 2
+    assert f"<dt>Candidates tried</dt><dd>{', '.join(f'{c:g}' for c in tried)}</dd>" in pages.render_analyst_report(
+        res, make_ctx(epsilon_mode="pri"))
+
+
+def test_a_sql_release_s_page_names_each_table_it_read_and_whether_it_was_charged(data):
+    """The analyst page of a SQL release lists the tables the statement read: the protected one with its
+    privacy unit (charged), the public one (no one's rows, not charged)."""
+    from dp_core.sql import Table, run_sql
+
+    people = data[["person_id", "education", "age"]]
+    levels = pd.DataFrame({"education": sorted(people["education"].unique())})
+    sql = ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1, privacy_unit_column = person_id) "
+           "education, COUNT(*) AS n FROM people WHERE education IN (SELECT education FROM levels) GROUP BY education")
+    released = run_sql(sql, {"people": Table(people, "person_id"), "levels": Table(levels, None)})
+    page = pages.render_analyst_report(released, make_ctx())
+    assert ('<dd id="tables-read"><code>people</code> (protected, privacy unit <code>person_id</code>: charged); '
+            '<code>levels</code> (public: no one\'s rows, not charged)</dd>') in page.replace("&#39;", "'")
+
+
+def test_the_controller_chart_s_legend_names_the_exact_and_the_released_bars():
+    svg = pages.exact_vs_released_svg("s", ["a", "b"], [1.0, 2.0], [1.5, 2.5], [1.0, 2.0], [2.0, 3.0])
+    assert ">exact (raw data, not DP)</text>" in svg and ">released (DP) with interval</text>" in svg
+
+
+def test_an_ungrouped_release_s_controller_report_takes_any_aggregate_names(data):
+    """Aggregate names are the analyst's: an ungrouped release of statistics named "index" and "level_0"
+    (the names pandas gives an index it turns into a column) gets its controller report, exact values
+    beside released ones."""
+    single = dp.execute(dp.Query([dp.count(upper=1, name="index"), dp.sum_("age", 0, 100, name="level_0")],
+                                 privacy_unit="person_id", epsilon=1.0), data)
+    page = pages.render_controller_report(single, make_ctx())
+    exact = single.controller_only.exact
+    for name in ("index", "level_0"):
+        assert f'<th class="n">{name} exact</th><th class="n">{name} released</th>' in page
+        assert (f'<td class="n">{pages.fmt_number(exact[name].iloc[0])}</td>'
+                f'<td class="n">{pages.fmt_number(single.table[name].iloc[0])}</td>') in page
+
+
+def test_the_analyst_page_states_the_epsilon_a_pri_choice_chose(data):
+    """How epsilon was chosen: the chosen epsilon is stated beside its mode, p and rule."""
+    q = dp.Query([dp.count(upper=1, name="people")], privacy_unit="person_id", epsilon=1.0)
+    res = pri.release_with_pri(q, data.head(2000), p=50)
+    page = pages.render_analyst_report(res, make_ctx(epsilon_mode="pri"))
+    assert (f"<dt>Chosen epsilon</dt><dd>{pages.fmt_number(res.epsilon_choice.epsilon)}</dd>\n  <dt>Mode</dt>"
+            f"<dd>public</dd>") in page
+
+
+def test_the_controller_chart_names_each_bar_by_its_group_s_keys_or_all(data):
+    """The raw-against-private chart labels a bar with its group's keys joined by ", " (a release by sex
+    and income), and the one bar of an ungrouped release "all"."""
+    def chart(query) -> str:
+        page = pages.render_controller_report(dp.execute(query, data), make_ctx())
+        part = page[page.index("<h3>Raw against private"):]
+        return part[:part.index("</svg>")]
+
+    grouped = chart(dp.Query([dp.count(upper=1, name="people")], privacy_unit="person_id", epsilon=1.0,
+                             group_by=("sex", "income")))
+    for label in ("Female, &lt;=50K", "Female, &gt;50K", "Male, &lt;=50K", "Male, &gt;50K"):
+        assert f">{label}</text>" in grouped, label
+    assert ">all</text>" not in grouped
+    assert ">all</text>" in chart(dp.Query([dp.count(upper=1, name="people")], privacy_unit="person_id", epsilon=1.0))

@@ -449,3 +449,14 @@ def test_a_plan_whose_risk_no_epsilon_can_meet_is_refused_with_the_floor_and_the
     assert str(caught.value) == (
         "no epsilon keeps the risk within 0.05: even without any release the risk is s (1 - t) / n = 0.122. Raise "
         "the tolerable risk above that, or share with a more trusted recipient; nothing is released")
+
+
+def test_a_negative_level_is_the_lowest_level():
+    assert [risk.level_name(x) for x in (-0.1, -0.3, -0.5, -5.0)] == ["very low"] * 4
+
+
+def test_the_plan_summary_quotes_each_tolerance_asked_beside_its_promise():
+    c = risk.choose_epsilon_for_plan(PLAN, trust="low", sensitivity="high", max_risk=0.2, max_noise=10, n=16, m=2)
+    assert ("people (count): a count of 100 would be released as 100 +- 10, i.e. between 90 and 110 with 90% "
+            "probability (tolerance asked: +-10).") in c.summary
+    assert "average_age (avg): +- " in c.summary and "(tolerance asked" not in c.summary.split("average_age (avg)")[1]

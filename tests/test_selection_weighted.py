@@ -492,3 +492,43 @@ def test_selection_advice_estimates_units_from_a_released_count_of_units():
     (advice,) = [n for n in r.notes if n.lower().startswith("selection advice")]
     assert advice.startswith("Selection advice (from the released noisy counts, no extra privacy cost): of the 3 "
                              "groups released by truncated-geometric, the expected number each mechanism would release")
+
+
+def test_selection_advice_ends_by_saying_what_it_cannot_count():
+    """The advice ranks the mechanisms and says, word for word, what it does not count."""
+    df = pd.DataFrame({"uid": np.arange(3000), "x": 1.0, "g": np.arange(3000) % 3})
+    r = dp.execute(dp.Query([dp.count_units(name="people")], privacy_unit="uid", group_by=("g",), epsilon=1.0,
+                            delta=1e-6), df)
+    (advice,) = [n for n in r.notes if n.startswith("Selection advice")]
+    assert advice.endswith("; mad (MaxAdaptiveDegree) releases at least about as many as weighted_gaussian when "
+                           "units share popular groups. Groups not released leave no number to judge from, so this "
+                           "ranks the mechanisms; it does not count the extra groups the better ones would find.")
+
+
+def test_mad_selection_takes_group_keys_named_as_pandas_names_an_index():
+    """MAD sorts the bounded rows (round one's noise follows row order) without keeping the old row
+    numbers: group keys named "index" and "level_0" release their six groups."""
+    n = 3000
+    df = pd.DataFrame({"uid": np.arange(n), "index": np.arange(n) % 2, "level_0": np.arange(n) % 3})
+    q = dp.Query([dp.count(upper=1, name="c")], privacy_unit="uid", group_by=("index", "level_0"), epsilon=2.0,
+                 delta=1e-6, selection="mad")
+    result = dp.execute(q, df)
+    assert sorted(zip(result.table["index"], result.table["level_0"])) == [(i, j) for i in range(2) for j in range(3)]
+
+
+def test_the_advice_s_weighted_gaussian_uses_the_rho_the_release_s_own_selection_would_use():
+    """For the weighted Gaussian the advice takes the selection's zCDP budget as plan_budget gives a
+    weighted Gaussian selection (rho from epsilon and half its delta): its expected count of released
+    groups is the one the mechanism's own threshold and sigma give."""
+    from dp_core.normal_law import normal_sf
+    from dp_core.selection_advice import expected_releases
+    from dp_core.selection_weighted import WEIGHT_ONE, selection_rounds
+
+    q = dp.Query([dp.count(upper=1, name="n")], privacy_unit="uid", group_by=("g",), epsilon=1.0, delta=1e-6,
+                 max_partitions_contributed=2, selection="weighted_gaussian")
+    share = plan_budget(q).selection_share
+    (rnd,) = selection_rounds("weighted_gaussian", share, 2, q.epsilon)
+    n = np.array([5.0, 20.0, 40.0, 80.0])
+    expected = float(normal_sf((rnd["threshold"] - n / math.sqrt(2) * WEIGHT_ONE) / rnd["sigma"]).sum())
+    advice = expected_releases(n, Share(share.part, share.epsilon, share.delta), 2, q.epsilon)
+    assert advice["weighted_gaussian"] == pytest.approx(expected, rel=1e-12) and 0.5 < expected < 3.5

@@ -477,3 +477,20 @@ def test_a_public_key_that_is_not_pem_is_refused_naming_what_it_was_given(tmp_pa
     with pytest.raises(SigningError) as caught:
         load_public_key(b"not a key")
     assert str(caught.value).startswith("public key PEM: not a valid PEM public key (")
+
+
+def test_a_reserved_name_taken_by_a_directory_and_a_missing_public_key_file_are_refused_word_for_word(
+        tmp_path: Path, keys: tuple[Path, Path]) -> None:
+    """A directory at the top of a release under a signature file's name is refused as such (nothing is
+    signed); a public key file that does not exist is named as the public key file."""
+    directory = tmp_path / "r"
+    (directory / MANIFEST).mkdir(parents=True)
+    (directory / "data.csv").write_bytes(b"a\n1\n")
+    with pytest.raises(SigningError) as info:
+        sign_directory(directory, FACTS, load_private_key(keys[0]))
+    assert str(info.value) == (f"refusing to sign {directory}: {MANIFEST}: a directory, but the name is reserved for "
+                               "the signature files")
+    missing = tmp_path / "nope.pem"
+    with pytest.raises(SigningError) as info:
+        load_public_key(missing)
+    assert str(info.value) == f"public key file {missing} does not exist"

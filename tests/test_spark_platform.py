@@ -421,3 +421,24 @@ def test_a_java_failure_s_cause_has_its_quoted_values_blanked():
     trace = ('py4j.protocol.Py4JJavaError: An error occurred while calling o9.collect.\n'
              'Caused by: java.lang.NumberFormatException: For input string: "x-secret-7" in \'column\'\n')
     assert java_failure(trace) == ('the data engine (Spark) failed: For input string: "…" in \'…\'')
+
+
+def test_spark_reads_a_lake_url_and_names_a_path_it_cannot_place(spark, tmp_path):
+    """A URL (here file://) is a lake folder of Parquet handed to Spark as is, whether or not it is a local
+    path; a path that is neither a file of a known kind nor a folder is refused saying what may be given."""
+    from dp_core import InvalidDataError
+    from dp_core.backend_spark import SparkBackend
+
+    lake = tmp_path / "lake"
+    lake.mkdir()
+    pd.DataFrame({"uid": [1, 2, 3], "x": [1.0, 2.0, 3.0]}).to_parquet(lake / "part-0.parquet", index=False)
+    backend = SparkBackend.for_input(lake.as_uri(), spark)
+    try:
+        assert backend.schema() == {"uid": "BIGINT", "x": "DOUBLE"}
+    finally:
+        backend.close()
+    missing = tmp_path / "no" / "such"
+    with pytest.raises(InvalidDataError) as caught:
+        SparkBackend.for_input(str(missing), spark)
+    assert str(caught.value) == (f"input file not found: {missing} (give a table name, a .parquet, .pq, .csv, "
+                                 ".csv.gz, .tsv, .tsv.gz file, or a folder or lake URL of Parquet files)")

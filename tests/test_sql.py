@@ -229,3 +229,23 @@ def test_a_table_whose_privacy_unit_is_none_of_its_columns_is_refused_naming_the
     sql = "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1) dept, COUNT(*) AS n FROM E GROUP BY dept"
     with pytest.raises(dp.DPError, match='does not have a column named "person"'):
         run_sql(sql, {"E": Table(df, "person")}, epsilon=1.0)
+
+
+def test_a_non_finite_number_is_refused_as_sql_naming_it():
+    from dp_core.sql_text import literal
+
+    for value, shown in ((float("inf"), "inf"), (float("-inf"), "-inf"), (float("nan"), "nan")):
+        with pytest.raises(dp.DPError) as caught:
+            literal(value)
+        assert str(caught.value) == f"non-finite number {shown} in a query"
+
+
+def test_a_text_value_with_quotes_is_one_sql_string_of_that_text():
+    """sql_text.literal doubles each single quote: DuckDB reads back exactly the text given (a key value
+    like O'Brien, or one that tries to close the string)."""
+    import duckdb
+
+    from dp_core.sql_text import literal
+
+    for text in ("O'Brien", "''", "x' OR '1' = '1", "plain"):
+        assert duckdb.sql(f"SELECT {literal(text)} AS v").fetchall() == [(text,)]

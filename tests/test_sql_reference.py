@@ -121,6 +121,9 @@ PUBLIC_GROUPS_REFUSED = {
         "does not join on the unit"),
     "a public table that is not a SELECT DISTINCT": (
         f"{PG.format(e=1)} dept, {C1} FROM people RIGHT JOIN depts USING (dept) GROUP BY dept", "RIGHT OUTER join"),
+    "a UNION ALL of public rows as the groups (they may repeat)": (  # each repeat would count a unit's rows again
+        f"{PG.format(e=1)} dept, {C1} FROM people RIGHT JOIN (SELECT dept FROM depts UNION ALL SELECT dept FROM depts) "
+        "g USING (dept) GROUP BY dept", "the right table in a RIGHT OUTER join must contain user data"),
     "a FULL OUTER join with the public groups": (
         f"{PG.format(e=1)} {C1} FROM people FULL JOIN (SELECT DISTINCT dept FROM depts) g USING (dept) GROUP BY dept",
         "FULL OUTER"),
@@ -353,3 +356,12 @@ def test_a_public_column_named_like_the_engine_s_marker_is_read_as_a_column(tabl
                            "ORDER BY dept")
     assert joined.table["__dpmark_0"].tolist() == ["a", "b"]
     assert joined.table["n"].round().tolist() == counts["n"].astype(float).tolist()
+
+
+def test_aggregates_after_one_with_a_report_are_read_as_written(tables):
+    """WITH REPORT on one ANON_ aggregate: the aggregates after it in the list keep their own syntax
+    (CLAMPED BETWEEN) and bounds."""
+    sql = ("SELECT WITH ANONYMIZATION ANON_SUM(age CLAMPED BETWEEN 0 AND 90 WITH REPORT(FORMAT = JSON)) AS s, "
+           "ANON_AVG(age CLAMPED BETWEEN 10 AND 80) AS m FROM people")
+    part = compile_statement_for(sql, tables, epsilon=1.0).parts[0]
+    assert [(a.kind, a.lower, a.upper) for a in part.query.aggregates] == [("sum", 0, 90), ("avg", 10, 80)]

@@ -59,6 +59,10 @@ ACCEPTED = {
         f"SELECT dept, n FROM ({DP.format(e=EPS)} dept, {C1} AS n FROM people GROUP BY dept) d "
         "WHERE n > 10 ORDER BY dept LIMIT 2",
         "SELECT dept, count(*) AS n FROM people GROUP BY dept ORDER BY dept LIMIT 2"),
+    "an outer query comparing and computing on an integer group key": (  # the check types the key as released
+        f"SELECT age + 1 AS next_age, n FROM ({DP.format(e=EPS)} age, {C1} AS n FROM people GROUP BY age) t "
+        "WHERE age > 50 ORDER BY next_age",
+        "SELECT age + 1 AS next_age, count(*) AS n FROM people WHERE age > 50 GROUP BY age ORDER BY next_age"),
     "two DP SELECTs in CTEs, joined, with arithmetic and a public table": (
         f"WITH a AS ({DP.format(e=EPS)} dept, {C1} AS n FROM people GROUP BY dept), "
         f"b AS ({DP.format(e=EPS)} dept, SUM(age, contribution_bounds_per_group => (0, 100)) AS s FROM people GROUP BY dept) "
@@ -422,6 +426,39 @@ WORD_FOR_WORD = {  # refusals whose whole message is the guidance: rule -> (stat
         f"{DP.format(e=1)} {C1} FROM people",
         "CTE 't': 'PIVOT people ON dept USING COUNT(*) AS n, AVG(age) AS mean_age, MAX(age) AS olde' is not "
         "supported here"),
+    "a subquery of protected rows after a public one in a DP SELECT list expression": (  # each subquery is checked
+        f"{DP.format(e=1)} dept, (SELECT 1 FROM depts LIMIT 1) + (COUNT(*) + (SELECT age FROM people LIMIT 1)) AS w "
+        "FROM people GROUP BY dept",
+        "the DP SELECT list: '(SELECT 1 FROM depts LIMIT 1) + (__DP_COUNT(*) + (SELECT age': subquery 'SELECT age "
+        "FROM people LIMIT 1': LIMIT inside a subquery over protected rows keeps rows depending on other units' rows"),
+    "WITH RECURSIVE in a subquery": (
+        f"{DP.format(e=1)} COUNT(*) FROM (WITH RECURSIVE r AS (SELECT uid, dept FROM people) SELECT * FROM r) q",
+        "subquery 'WITH RECURSIVE r AS (SELECT uid, dept FROM people) SELECT * ': WITH RECURSIVE is not allowed here "
+        "(a recursive CTE can mix units' rows)"),
+    "a NATURAL join of protected rows of two units": (
+        f"{DP.format(e=1)} COUNT(*) FROM people p NATURAL JOIN (SELECT person, 'a' AS dept FROM other) o",
+        'the DP SELECT: "NATURAL JOIN (SELECT person, \'a\' AS dept FROM other) AS o" does not join on the unit: '
+        "NATURAL must include the unit column of both sides (person, uid)"),
+    "a join off the unit in the first branch of a UNION": (
+        f"{DP.format(e=1)} COUNT(*) FROM (SELECT uid, dept FROM people JOIN visits ON people.uid = visits.cost "
+        "UNION ALL SELECT uid, dept FROM extra) u",
+        "subquery 'SELECT uid, dept FROM people JOIN visits ON people.uid = vis' (UNION branch): 'JOIN visits ON "
+        "people.uid = visits.cost' does not join on the unit: ON must include visits.uid = <other side>.<its unit> "
+        "(both sides unit columns) as one of its AND-ed terms; without it rows of different units would be paired"),
+    "OPTIONS without parentheses": ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS epsilon = 1 COUNT(*) FROM people",
+                                    "OPTIONS must be followed by a parenthesised list: OPTIONS (epsilon = 1, ...)"),
+    "a sample's percentage given as a parameter": (
+        f"{DP.format(e=1)} COUNT(*) FROM people TABLESAMPLE BERNOULLI (@p PERCENT)",
+        "the DP SELECT: 'TABLESAMPLE BERNOULLI ($p PERCENT)': the sample's percentage must be a number literal, got "
+        "'$p'"),
+    "a repeatable sample": (
+        f"{DP.format(e=1)} COUNT(*) FROM people TABLESAMPLE BERNOULLI (10 PERCENT) REPEATABLE (3)",
+        "the DP SELECT: 'TABLESAMPLE BERNOULLI (10 PERCENT) REPEATABLE (3)': REPEATABLE (seed) is not supported: a "
+        "seeded sample keeps rows by their position in the scan, so one unit's rows shift which of the others' are "
+        "kept; leave it out (each release draws its own per-row sample)"),
+    "a BLOCK sample": (f"{DP.format(e=1)} COUNT(*) FROM people TABLESAMPLE BLOCK (10 PERCENT)",
+                       "the DP SELECT: 'TABLESAMPLE BLOCK (10 PERCENT)': only TABLESAMPLE BERNOULLI / SYSTEM (p "
+                       "PERCENT) is supported"),
 }
 
 
@@ -745,3 +782,19 @@ def test_a_full_join_of_protected_tables_counts_the_units_of_either_side(tables)
     expected = plain(tables, "SELECT COUNT(*) AS n FROM people p FULL JOIN extra e ON p.uid = e.uid")["n"].iloc[0]
     assert expected == N + 500
     assert run_sql(sql, tables).table["n"].iloc[0] == pytest.approx(expected, abs=1)
+
+
+def test_options_may_spend_the_whole_request_delta_leaving_zero_to_a_dp_select_that_needs_none(tables):
+    """The request's delta is the statement's total: OPTIONS of one DP SELECT may spend all of it; another
+    DP SELECT without a delta of its own (an ungrouped count: Laplace noise, no selection) gets 0, and the
+    epsilon left is its own."""
+    sql = (f"SELECT a.n, b.m FROM ({DP.format(e=1)} {C1} AS n FROM people) a, "
+           f"(SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (privacy_unit_column = uid) {C1} AS m FROM people) b")
+    compiled = compile_statement_for(sql, tables, epsilon=2.0, delta=1e-6)
+    assert [(part.query.epsilon, part.query.delta) for part in compiled.parts] == [(1.0, 1e-6), (1.0, 0.0)]
+
+
+def test_a_plain_read_of_a_public_table_selects_no_partitions_and_spends_nothing(tables):
+    result = run_sql("SELECT dept FROM depts ORDER BY dept", tables, epsilon=1.0)
+    assert isinstance(result, StatementResult) and result.partition_selection == "none"
+    assert (result.epsilon_spent, result.delta_spent) == (0.0, 0.0) and list(result.table["dept"]) == ["a", "b", "c"]

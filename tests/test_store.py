@@ -671,3 +671,14 @@ def test_a_dataset_in_an_unknown_file_format_is_refused_naming_the_field(sqlite_
                                  epsilon_cap=1.0, delta_cap=1e-6)
     assert str(caught.value).startswith("file_format must be one of ") and str(caught.value).endswith("; got 'xlsx'")
     assert sqlite_store.list_datasets() == []
+
+
+def test_a_json_field_given_as_text_that_is_not_json_is_refused_saying_what_to_pass(sqlite_store):
+    """A *_json field may be given as JSON text; text that does not parse is refused with the parser's
+    reason and what to pass instead, and nothing is stored."""
+    with pytest.raises(ValueError) as caught:
+        sqlite_store.add_dataset("x", privacy_unit="pid", blob_path="b", fingerprint="f", file_format="csv",
+                                 schema="{not json", epsilon_cap=1.0, delta_cap=0.0)
+    assert str(caught.value) == ("not valid JSON (Expecting property name enclosed in double quotes: line 1 column 2 "
+                                 "(char 1)): pass a dict or list, or a JSON string")
+    assert sqlite_store.list_datasets() == []

@@ -101,3 +101,24 @@ def test_the_mechanisms_listed_account_for_the_whole_budget_with_reused_unit_cou
     r = dp.execute(q, df)
     assert [m.target for m in r.mechanisms] == ["bounds of s", "partition selection: distinct units", "s.sum"]
     assert sum(m.epsilon for m in r.mechanisms) == pytest.approx(r.epsilon_spent) == pytest.approx(2.0)
+
+
+def test_the_discrete_laplace_threshold_is_one_above_the_smallest_tail_within_the_partition_s_delta():
+    """T = 1 + the smallest m with q^m / (1 + q) <= d (q = e^(-eps / C_u), d the per-partition delta):
+    checked where log(d (1 + q)) / log(q) lies 5e-10 below the integer 10 (m = 10 fits, 9 does not; a
+    threshold one higher drops partitions for nothing) and at ordinary deltas."""
+    q = math.exp(-1.0)
+    for delta in (math.exp(-(10 - 5e-10)) / (1 + q), 1e-5, 1e-9, 3e-7):
+        threshold = ps.discrete_laplace_threshold(1.0, delta, 1)
+        d = ps.per_partition_delta(delta, 1)
+        assert q ** (threshold - 1) / (1 + q) <= d < q ** (threshold - 2) / (1 + q), (delta, threshold)
+    assert ps.discrete_laplace_threshold(1.0, math.exp(-(10 - 5e-10)) / (1 + q), 1) == 11
+
+
+def test_a_release_says_its_partitions_were_kept_by_the_truncated_geometric_law():
+    df = pd.DataFrame({"uid": np.arange(600), "g": np.arange(600) % 3})
+    result = dp.execute(dp.Query([dp.count(upper=1, name="n")], privacy_unit="uid", epsilon=1.0, delta=1e-6,
+                                 group_by=("g",), selection="truncated-geometric"), df)
+    assert result.partition_selection == (
+        "truncated-geometric: each partition kept with the near-optimal probability p(n) of its unit count "
+        "(truncated geometric, Desfontaines et al. 2022)")

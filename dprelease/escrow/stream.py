@@ -237,8 +237,8 @@ class DecryptingFile(io.RawIOBase):
                 f"the escrow blob {self.path} failed authentication at chunk {index + 1} of {self._chunks}: "
                 "it was altered, truncated, reordered or extended; restore it from a backup or register "
                 "the dataset again") from None
-        if not final and len(plain) != self._chunk_size:
-            raise EscrowError(f"the escrow blob {self.path} is malformed at chunk {index + 1}: register the dataset again")
+        # a chunk before the last is read whole (chunk_size + TAG_SIZE bytes, as the size at opening says);
+        # one cut short since fails authentication: the writer never seals a short chunk but the final one
         self._cached = (index, plain)
         self.chunks_read += 1
         return plain
