@@ -277,3 +277,14 @@ def test_a_data_mode_release_never_chooses_an_epsilon_above_the_dataset_s_cap():
     res = pri.release_with_pri(q, df, 100, mode="data", spent=0.2, cap=0.7)
     assert res.epsilon_choice.candidates and max(res.epsilon_choice.candidates) <= 0.5 + 1e-12
     assert res.epsilon_spent == res.epsilon_choice.epsilon == max(res.epsilon_choice.candidates)
+
+
+def test_a_public_mode_release_never_chooses_an_epsilon_above_the_dataset_s_cap():
+    """release_with_pri in public mode passes the budget cap (and what is spent) to the data-free choice too:
+    with p = 100 every candidate passes, and the largest one within the cap is chosen and spent."""
+    df = pd.DataFrame({"uid": np.arange(500), "g": np.arange(500) % 2})
+    q = dp.Query([dp.count(upper=1, name="n")], privacy_unit="uid", group_by=("g",), epsilon=1.0,
+                 public_partitions=[0, 1])
+    res = pri.release_with_pri(q, df, 100, mode="public", spent=0.2, cap=0.7, controller_ranges=False)
+    assert res.epsilon_choice.candidates and max(res.epsilon_choice.candidates) <= 0.5 + 1e-12
+    assert res.epsilon_spent == res.epsilon_choice.epsilon == max(res.epsilon_choice.candidates)
