@@ -459,6 +459,16 @@ WORD_FOR_WORD = {  # refusals whose whole message is the guidance: rule -> (stat
     "a BLOCK sample": (f"{DP.format(e=1)} COUNT(*) FROM people TABLESAMPLE BLOCK (10 PERCENT)",
                        "the DP SELECT: 'TABLESAMPLE BLOCK (10 PERCENT)': only TABLESAMPLE BERNOULLI / SYSTEM (p "
                        "PERCENT) is supported"),
+    "an ASOF join": (f"{DP.format(e=1)} COUNT(*) FROM people ASOF JOIN visits ON people.uid = visits.uid AND "
+                     "people.age >= visits.cost",
+                     "the DP SELECT: 'ASOF JOIN visits ON people.uid = visits.uid AND people.age >= visits.cost': ASOF "
+                     "joins are not supported"),
+    "a statement that ends at the AS after its DP clause": (
+        "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1) AS",
+        "a DP SELECT needs a FROM clause (the rows must come from a registered table)"),
+    "an unknown column": (f"{DP.format(e=1)} COUNT(*) FROM people WHERE nosuch > 1",
+                          "unknown column 'nosuch' (available: age, dept, uid); a subquery may not refer to the "
+                          "columns of the query around it"),
 }
 
 
@@ -569,6 +579,24 @@ def test_request_parameters_and_options_are_read_as_written(tables):
     for name in ("sales.depts", "lake.sales.people"):
         released = run_sql(f"SELECT region FROM {name} ORDER BY region", qualified).table
         assert released["region"].tolist() == ["N", "N", "S"]
+
+
+def test_a_sign_apart_from_its_number_and_the_laplace_threshold_strategy_are_read_as_written(tables):
+    """`max_groups_contributed = + 5` is 5 (the sign and the digits are separate tokens); `group_selection_strategy =
+    LAPLACE_THRESHOLD` selects the groups by the Laplace threshold, the engine's "laplace-threshold"."""
+    base = "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1, {}) dept, COUNT(DISTINCT uid) AS n FROM people GROUP BY dept"
+    assert compile_statement_for(base.format("max_groups_contributed = + 5"), tables).parts[0].query \
+        .max_partitions_contributed == 5
+    query = compile_statement_for(base.format("group_selection_strategy = LAPLACE_THRESHOLD"), tables).parts[0].query
+    assert query.selection == "laplace-threshold"
+
+
+def test_a_qualified_public_table_named_like_a_protected_cte_is_read_as_that_table(tables):
+    """`WITH p AS (SELECT * FROM people) SELECT region FROM sales.p`: sales.p is the registered public table,
+    not the protected CTE p (a CTE has no schema), so the plain read is allowed."""
+    registered = {"people": tables["people"], "sales.p": tables["depts"]}
+    sql = "WITH p AS (SELECT * FROM people) SELECT region FROM sales.p ORDER BY region"
+    assert run_sql(sql, registered).table["region"].tolist() == ["N", "N", "S"]
 
 
 def test_options_in_parentheses_and_unsupported_options_set_to_null_are_read_as_written(tables):
