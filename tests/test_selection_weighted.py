@@ -397,6 +397,20 @@ def test_the_release_describes_its_weighted_selection(strategy):
         assert f"{rounds[0]['threshold'] / WEIGHT_ONE:.6g}" in text and "Chen et al. 2025" in text
 
 
+@pytest.mark.parametrize("strategy", ["weighted_gaussian", "mad"])
+def test_the_release_notes_how_its_gaussian_selection_is_accounted(strategy):
+    """A release whose partitions a Gaussian selection kept notes, word for word, how that selection's share
+    is accounted: rho from its epsilon and half its delta, plus the threshold's failure probability."""
+    q = dp.Query([dp.count()], privacy_unit="uid", group_by=("part",), epsilon=1.0, delta=1e-6,
+                 max_partitions_contributed=4, selection=strategy)
+    share = plan_budget(q).selection_share
+    note = (f"Partition selection ({strategy}) is a Gaussian mechanism on a weighted count of units: its "
+            f"({share.epsilon:.6g}, {share.delta:.3g}) share is rho = {share.rho:.6g} (zCDP; from epsilon and half "
+            "the delta, pooled with the Gaussian aggregates when there are any) plus the threshold's failure "
+            "probability (the other half of the delta, times e^-epsilon).")
+    assert note in dp.execute(q, skewed(units=3_000)).notes
+
+
 def test_a_noisy_weight_equal_to_the_threshold_passes():
     """Weights and noise are integers (weight steps), so a noisy weight lands on the threshold with
     positive probability: the rule the delta bound assumes is `>=`. Noise of sigma 0.05 steps is 0
