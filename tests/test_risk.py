@@ -460,3 +460,27 @@ def test_the_plan_summary_quotes_each_tolerance_asked_beside_its_promise():
     assert ("people (count): a count of 100 would be released as 100 +- 10, i.e. between 90 and 110 with 90% "
             "probability (tolerance asked: +-10).") in c.summary
     assert "average_age (avg): +- " in c.summary and "(tolerance asked" not in c.summary.split("average_age (avg)")[1]
+
+
+def test_the_refusal_for_two_tolerances_lists_each_as_asked_and_each_noise_the_risk_allows():
+    """Two statistics given a tolerable noise: the refusal lists both as asked, comma-separated, then the
+    noise each would have at the epsilon the risk allows (a count's half-width whole, an average's to 4
+    significant digits), word for word."""
+    with pytest.raises(InvalidQueryError) as err:
+        risk.choose_epsilon_for_plan(PLAN, trust="low", sensitivity="high", n=16, m=2, max_risk=0.2,
+                                     max_noise={"people": 3, "average_age": 0.5}, reference_count=500)
+    assert str(err.value) == (
+        "the tolerable noise (people +-3, average_age +-0.5 at 90%) needs a total epsilon of at least 3.84 for this "
+        "plan, but the tolerable risk (0.2) allows at most 1.17. Relax one: accept noise of people +-8 (asked +-3); "
+        "average_age +-1.644 (asked +-0.5) at 90% (the noise at epsilon 1.17), or accept a risk of 0.487 instead of "
+        "0.2 (the risk at epsilon 3.84); nothing is released")
+
+
+@pytest.mark.parametrize("prefer", ["privacy", "accuracy"])
+def test_the_plan_choice_records_which_epsilon_was_preferred(prefer):
+    """The choice says which rule chose its epsilon (the platform's explanation quotes it): "privacy", the
+    smallest that meets the noise, or "accuracy", the largest within the risk."""
+    c = risk.choose_epsilon_for_plan(PLAN, trust="low", sensitivity="high", max_risk=0.2, max_noise=10, n=16, m=2,
+                                     prefer=prefer)
+    assert c.prefer == prefer
+    assert c.epsilon == (c.epsilon_noise if prefer == "privacy" else c.epsilon_risk)
