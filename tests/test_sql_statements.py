@@ -826,3 +826,16 @@ def test_a_plain_read_of_a_public_table_selects_no_partitions_and_spends_nothing
     result = run_sql("SELECT dept FROM depts ORDER BY dept", tables, epsilon=1.0)
     assert isinstance(result, StatementResult) and result.partition_selection == "none"
     assert (result.epsilon_spent, result.delta_spent) == (0.0, 0.0) and list(result.table["dept"]) == ["a", "b", "c"]
+
+
+def test_a_statement_of_two_dp_selects_states_their_summed_epsilon_and_one_exact_table_numbered_from_0(tables):
+    """Two DP SELECTs (epsilon 0.5 and 0.25): the statement's query states the total epsilon spent, 0.75, and
+    the controller's exact values are one table, its rows numbered 0 to n - 1 (not each part's own 0, 1, ...)."""
+    part = ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = {e}, delta = 1e-6, privacy_unit_column = uid) "
+            f"dept, {C1} AS {{name}} FROM people GROUP BY dept")
+    sql = (f"WITH a AS ({part.format(e=0.5, name='n')}), b AS ({part.format(e=0.25, name='m')}) "
+           "SELECT a.dept, n, m FROM a JOIN b USING (dept) ORDER BY a.dept")
+    result = run_sql(sql, tables)
+    assert result.query.epsilon == result.epsilon_spent == 0.75
+    exact = result.controller_only.exact
+    assert sorted(set(exact["dp_select"])) == [1, 2] and exact.index.tolist() == list(range(len(exact)))
