@@ -442,3 +442,22 @@ def test_spark_reads_a_lake_url_and_names_a_path_it_cannot_place(spark, tmp_path
         SparkBackend.for_input(str(missing), spark)
     assert str(caught.value) == (f"input file not found: {missing} (give a table name, a .parquet, .pq, .csv, "
                                  ".csv.gz, .tsv, .tsv.gz file, or a folder or lake URL of Parquet files)")
+
+
+def test_a_missing_path_with_a_trailing_slash_is_read_by_its_suffix_and_a_malformed_csv_record_is_never_quoted(
+        tmp_path):
+    """`missing.parquet/` and `missing.csv/` are named by their suffix (a missing file of a known kind, not a
+    path of unknown kind), before any Spark session is needed; a Java failure that carries only Spark's
+    MALFORMED_CSV_RECORD class is the malformed-record refusal naming the file, never the record's values."""
+    from dp_core import InvalidDataError
+    from dp_core.backend_spark import _read, java_failure
+
+    for name in ("missing.parquet/", "missing.csv/"):
+        with pytest.raises(InvalidDataError) as caught:
+            _read(None, f"{tmp_path}/{name}")
+        assert str(caught.value) == f"input file not found: {tmp_path}/{name}"
+    failure = ("org.apache.spark.SparkException: Encountered error while reading file file:///d/people.csv. Details:\n"
+               "Caused by: org.apache.spark.SparkRuntimeException: [MALFORMED_CSV_RECORD] Malformed CSV record: "
+               "17,jane,42 SQLSTATE: KD000\n\tat org.apache.spark.sql.catalyst.csv.UnivocityParser.parse")
+    assert java_failure(failure) == ("cannot read /d/people.csv with Spark: a malformed record (a row whose fields do "
+                                     "not match the header); fix the file, or convert it to Parquet")
