@@ -466,6 +466,8 @@ WORD_FOR_WORD = {  # refusals whose whole message is the guidance: rule -> (stat
     "a statement that ends at the AS after its DP clause": (
         "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1) AS",
         "a DP SELECT needs a FROM clause (the rows must come from a registered table)"),
+    "a recursive WITH": (f"WITH RECURSIVE r AS (SELECT 1 AS x) {DP.format(e=1)} COUNT(*) FROM people",
+                         "WITH RECURSIVE is not allowed (a recursive CTE can mix units' rows)"),
     "an unknown column": (f"{DP.format(e=1)} COUNT(*) FROM people WHERE nosuch > 1",
                           "unknown column 'nosuch' (available: age, dept, uid); a subquery may not refer to the "
                           "columns of the query around it"),
@@ -839,3 +841,15 @@ def test_a_statement_of_two_dp_selects_states_their_summed_epsilon_and_one_exact
     assert result.query.epsilon == result.epsilon_spent == 0.75
     exact = result.controller_only.exact
     assert sorted(set(exact["dp_select"])) == [1, 2] and exact.index.tolist() == list(range(len(exact)))
+
+
+def test_a_having_after_a_subquery_in_from_is_read_as_the_dp_clause_s_aggregates(tables):
+    """`FROM (SELECT * FROM people) p GROUP BY dept HAVING COUNT(...) > 10`: the HAVING's COUNT is the DP
+    clause's, as after a plain table; every department has far more than 10 people, and epsilon 100 leaves
+    each count within 0.5 of the plain one."""
+    sql = (f"{DP.format(e=100)} dept, {C1} AS n FROM (SELECT * FROM people) p GROUP BY dept HAVING {C1} > 10 "
+           "ORDER BY dept")
+    expected = plain(tables, "SELECT dept, COUNT(*) AS n FROM people GROUP BY dept ORDER BY dept")
+    released = run_sql(sql, tables).table
+    assert released["dept"].tolist() == expected["dept"].tolist()
+    assert released["n"].round().tolist() == expected["n"].astype(float).tolist()
