@@ -853,3 +853,22 @@ def test_a_having_after_a_subquery_in_from_is_read_as_the_dp_clause_s_aggregates
     released = run_sql(sql, tables).table
     assert released["dept"].tolist() == expected["dept"].tolist()
     assert released["n"].round().tolist() == expected["n"].astype(float).tolist()
+
+
+def test_a_tokenizer_or_parser_failure_without_a_message_is_named_by_its_type(monkeypatch):
+    """sqlglot's tokenizer and parser at times raise errors other than their own; one without a message
+    is reported by its repr, not as an empty reason (nor a crash on its missing first line)."""
+    from dp_core.sql import syntax
+
+    def fail(*args, **kwargs):
+        raise ValueError()
+
+    with monkeypatch.context() as patch:
+        patch.setattr(syntax._Tokenizer, "tokenize", fail)
+        with pytest.raises(dp.DPError) as caught:
+            syntax.parse_statement("SELECT 1")
+    assert str(caught.value) == "the query is not valid SQL: ValueError()"
+    monkeypatch.setattr(syntax.sqlglot, "parse", fail)
+    with pytest.raises(dp.DPError) as caught:
+        syntax.parse_statement("SELECT 1")
+    assert str(caught.value) == "the query is not valid SQL: ValueError()"
