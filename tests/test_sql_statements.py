@@ -872,3 +872,16 @@ def test_a_tokenizer_or_parser_failure_without_a_message_is_named_by_its_type(mo
     with pytest.raises(dp.DPError) as caught:
         syntax.parse_statement("SELECT 1")
     assert str(caught.value) == "the query is not valid SQL: ValueError()"
+
+
+def test_the_outer_query_reads_a_sampled_public_cte_as_the_same_sample_the_dp_select_read(tables):
+    """`WITH p AS (SELECT * FROM depts TABLESAMPLE BERNOULLI (50 PERCENT))` read by the DP SELECT and again
+    by the outer query is one sample (sample.py): the outer query passes the check before any budget is spent,
+    runs, and every department released through p in the DP SELECT is found in the outer query's p (a LEFT
+    JOIN leaves no region missing), whichever departments the release's key kept."""
+    sampled = "WITH p AS (SELECT * FROM depts TABLESAMPLE BERNOULLI (50 PERCENT)) "
+    part = f"{DP.format(e=1)} dept, {C1} AS n FROM people JOIN p USING (dept) GROUP BY dept"
+    result = run_sql(f"{sampled}SELECT d.dept, p.region FROM ({part}) d LEFT JOIN p USING (dept) ORDER BY d.dept",
+                     tables)
+    regions = {"a": "N", "b": "S", "c": "N"}
+    assert [regions[d] for d in result.table["dept"]] == result.table["region"].tolist()
