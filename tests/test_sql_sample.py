@@ -209,3 +209,14 @@ def test_a_sample_below_one_percent_is_kept_and_a_sample_of_rows_is_refused_whol
         "the DP SELECT: 'TABLESAMPLE RESERVOIR (10 ROWS)': a sample of n ROWS (RESERVOIR) is not supported: it keeps "
         "n rows chosen among all units' rows, so one unit's rows change which of the others' are kept (the per-unit "
         "bound breaks); use TABLESAMPLE BERNOULLI (p PERCENT)")
+
+
+def test_a_sampled_public_table_in_a_scalar_subquery_of_the_select_list_runs(tables):
+    """The select list's subqueries are post-processing over public rows: a sample there is decided
+    with the release's key like any other (DuckDB had refused the bare placeholder function)."""
+    sub = "(SELECT dept FROM depts TABLESAMPLE BERNOULLI (50 PERCENT) ORDER BY dept LIMIT 1)"
+    result = run_sql(f"{DPS} dept, {C1} AS n, {sub} AS first_kept FROM people GROUP BY dept", tables)
+    kept = result.table["first_kept"].unique().tolist()
+    assert len(kept) == 1  # one sample decision for every row of the output
+    # the least kept of 1000 rows kept with probability 1/2 each: above 39 with probability 2^-40
+    assert 0 <= kept[0] <= 39

@@ -44,9 +44,11 @@ class StatementResult(DPResult):
         return out
 
 
-def released_table(result: DPResult, part: CompiledQuery, with_ci: bool, data: dict | None = None) -> pd.DataFrame:
+def released_table(result: DPResult, part: CompiledQuery, with_ci: bool, data: dict | None = None,
+                   sample_key: int | None = None) -> pd.DataFrame:
     """The DP SELECT's own output: its select list (expressions over the released values),
-    ORDER BY and LIMIT. with_ci keeps each plain aggregate's interval columns beside it."""
+    ORDER BY and LIMIT. with_ci keeps each plain aggregate's interval columns beside it; a sampled
+    public table in the list's subqueries is decided with the release's `sample_key` (sample.py)."""
     columns = []
     for name, sql in part.outputs:
         columns.append(f"{sql} AS {_ident(name)}")
@@ -64,7 +66,7 @@ def released_table(result: DPResult, part: CompiledQuery, with_ci: bool, data: d
     public = {n: data[n] for n in part.output_tables if data and n in data}  # public subqueries of the list
     backend = DuckDBBackend.for_tables({"__released": result.table, **public})
     try:
-        return backend.run(sql)
+        return backend.run(render(sql, "duckdb", sample_key))
     finally:
         backend.close()
 
@@ -89,7 +91,7 @@ def run_statement(compiled: CompiledStatement, data: dict, *, threads: int | Non
     if compiled.simple:
         return postprocess(results[0], compiled.parts[0])
     only_part = len(compiled.parts) == 1 and compiled.outer_sql() == f"SELECT * FROM {released_name(0)}"
-    frames = {released_name(i): released_table(r, p, with_ci=only_part, data=data)
+    frames = {released_name(i): released_table(r, p, with_ci=only_part, data=data, sample_key=key)
               for i, (r, p) in enumerate(zip(results, compiled.parts))}
     if only_part:
         table = frames[released_name(0)]
@@ -197,7 +199,8 @@ def check_executable(compiled: CompiledStatement, backend: DuckDBBackend) -> Non
         try:
             con.execute(f"CREATE OR REPLACE TEMP TABLE __released AS SELECT {', '.join(columns)} LIMIT 0")
             having = f" WHERE {part.having}" if part.having else ""
-            con.execute(f"CREATE OR REPLACE TEMP TABLE {released_name(i)} AS SELECT {outputs} FROM __released{having}")
+            select = render(f"SELECT {outputs} FROM __released{having}", "duckdb", 0)  # a sample's stand-in key
+            con.execute(f"CREATE OR REPLACE TEMP TABLE {released_name(i)} AS {select}")
         except Exception as err:  # noqa: BLE001 - DuckDB's errors
             raise InvalidQueryError(f"DP SELECT {i + 1}: its select list cannot be computed: {_first_line(err)}") from None
     if compiled.outer is not None:
