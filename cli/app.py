@@ -347,20 +347,17 @@ def _decide(release_id: str, decision: str, key: Path | None, reason: str, overr
               "(or set DPRELEASE_CONTROLLER_KEY)")
     from . import prefect_server
 
-    try:
-        attached = prefect_server.attach_running()  # the home's local server, if the run is there
-    except prefect_server.ServerUnavailable as err:
-        attached, unreachable = False, str(err)
-    else:
-        unreachable = ""
     alive, why = recovery.run_is_alive(platform.store, rel)
     if not alive:  # a pause with no process behind it: resuming it would do nothing
         done = recovery.stop(platform, release_id, f"its run is dead ({why}); found by `{decision}`")
+        prefect_server.attach_for_corrections()
         cancel_flow_run(rel.flow_run_id, done.reason)
         console.print(f"[red]error:[/red] nothing was {decision}d: {escape(done.line())}", highlight=False)
         raise typer.Exit(1)
-    if unreachable:
-        _fail(f"release {release_id} waits in a live run ({why}), but {unreachable}")
+    try:
+        attached = prefect_server.attach_running()  # the home's local server, where the run waits
+    except prefect_server.ServerUnavailable as err:
+        _fail(f"release {release_id} waits in a live run ({why}), but {err}")
     if not attached:
         _fail(f"release {release_id} waits in the command that runs it ({why}), on that command's temporary "
               "Prefect server (DPRELEASE_PREFECT_SERVER=temporary): answer at its prompt; to answer from another "
@@ -414,11 +411,7 @@ def recover() -> None:
         console.print(f"recovered {item.line()}", highlight=False, markup=False)
     stopped = [item for item in done if item.flow_run_id and item.outcome != "published"]
     if stopped:
-        try:  # their runs marked Cancelled on the home's local server too
-            prefect_server.attach_running(timeout_s=10)
-        except prefect_server.ServerUnavailable as err:
-            console.print(f"[yellow]their Prefect runs stay as they were: {escape(str(err))}[/yellow]",
-                          highlight=False)
+        prefect_server.attach_for_corrections()  # their runs marked Cancelled on the home's local server too
         for item in stopped:
             cancel_flow_run(item.flow_run_id, item.reason)
     alive = [r for r in recovery.unfinished(platform.store) if recovery.run_is_alive(platform.store, r)[0]]

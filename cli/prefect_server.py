@@ -51,17 +51,16 @@ def start() -> None:
     global _server, _local
     if _server is not None or _local is not None or not _needs_own_server():
         return
+    atexit.register(stop)  # registered before Prefect's own exit handlers, so it runs after them
     if local_prefect_server.wanted():
         _local = local_prefect_server.LocalServer(prefect_home())
         _local.attach(may_start=_local.database.exists() or existing_template() is not None)
-        atexit.register(_local.abandon_if_unused)  # a command refused before its flow leaves no server
         return
     sweep_leftovers()
     template = existing_template()
     scratch = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX))
     (scratch / OWNER_FILE).write_text(str(os.getpid()))
     _server = TemporaryServer(scratch / "prefect.db", scratch=[scratch])
-    atexit.register(stop)  # registered before Prefect's own exit handlers, so it runs after them
     if template is not None:
         shutil.copyfile(template, _server.database)
         _server.spawn()
@@ -85,6 +84,15 @@ def attach_running(timeout_s: float = 30.0) -> bool:
     local.wait_ready(timeout_s=timeout_s)
     _point_client_at(local.record.api_url, local.record.auth)
     return True
+
+
+def attach_for_corrections(timeout_s: float = 10.0) -> None:
+    """Best effort, for marking stopped runs Cancelled: the home's local server if it answers soon;
+    the store has already been corrected, so a server that does not answer is only mentioned."""
+    try:
+        attach_running(timeout_s)
+    except ServerUnavailable as err:
+        print(f"dprelease: the runs stay as they were in Prefect: {err}", flush=True)
 
 
 def own_server_started() -> bool:
@@ -141,7 +149,10 @@ def _point_client_at(api_url: str, auth: str) -> None:
 
 
 def stop() -> None:
-    """Kill this command's temporary server and remove its database (at exit, and before os._exit);
-    the local server is left to the next command (this one's use of it ends with its process)."""
+    """At exit, and before os._exit: kill this command's temporary server and remove its database;
+    stop the local server this command started but never used (refused or interrupted before its
+    flow) unless another command uses it. A local server in use is left to the next command."""
     if _server is not None:
         _server.kill()
+    if _local is not None:
+        _local.abandon_if_unused()

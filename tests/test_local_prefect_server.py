@@ -377,5 +377,23 @@ def test_the_server_s_files_are_its_owner_s_only(prefect_home):
     found = _run(_env(prefect_home, idle_s=600))
     assert _answers(found)  # a call: the database and its journal are written
     for name in ("dprelease-local-prefect-*.db*", "dprelease-local-server.log", "dprelease-local-server-*.json"):
-        for path in prefect_home.glob(name):
+        paths = list(prefect_home.glob(name))
+        assert paths, f"no {name} in the home"
+        for path in paths:
             assert stat.S_IMODE(path.stat().st_mode) & 0o077 == 0, f"{path.name} is readable by others"
+
+
+def test_the_port_listens_before_the_server_has_booted(prefect_home):
+    """The command binds the socket and hands it over: the port is the server's from its spawn, with
+    no moment when another process could take it (a call waits in the queue until the app is up)."""
+    import socket
+
+    starter = _attach(_env(prefect_home, idle_s=600), hold_s=600, wait="spawned")
+    try:
+        spawned = _found(starter)  # printed at once after the spawn, long before Prefect's imports end
+        with socket.create_connection(("127.0.0.1", spawned["port"]), timeout=5):
+            pass  # refused if the server were still to bind its port
+        assert _answers(spawned)
+    finally:
+        starter.kill()
+        starter.wait(10)
