@@ -107,6 +107,13 @@ def calibrate(*, quantum: float, sensitivity_quanta: int, max_partitions: int, s
                        max_partitions * sensitivity, nominal)
 
 
+def grid_steps(exact_quanta: np.ndarray, shift: int) -> np.ndarray:
+    """The exact values (integers in quanta) rounded to the nearest step of a grid 2^shift quanta wide,
+    half up: floor(x / 2^shift + 1/2), in integer arithmetic (an arithmetic shift floors toward minus
+    infinity), so no float rounding moves a value by a step."""
+    return exact_quanta if shift == 0 else (exact_quanta + (1 << (shift - 1))) >> shift
+
+
 def add_noise(
     exact_quanta: np.ndarray,
     *,
@@ -134,7 +141,7 @@ def add_noise(
     cal = calibrate(quantum=quantum, sensitivity_quanta=sensitivity_quanta, max_partitions=max_partitions,
                     share=share, noise=noise, confidence=confidence)
     grid, shift, nominal = cal.grid, cal.shift, cal.nominal
-    units = exact_quanta if shift == 0 else (exact_quanta + (1 << (shift - 1))) >> shift
+    units = grid_steps(exact_quanta, shift)
     if units.size and np.abs(units).max() >= 2**52:  # draws stay below 80 t < 2^19 steps
         raise DPError(f"{target}: the exact value is too large for its noise grid (over 2^52 steps)")
     if nominal > MAX_SCALE_PER_SENSITIVITY * sensitivity:
