@@ -288,3 +288,28 @@ def test_a_public_mode_release_never_chooses_an_epsilon_above_the_dataset_s_cap(
     res = pri.release_with_pri(q, df, 100, mode="public", spent=0.2, cap=0.7, controller_ranges=False)
     assert res.epsilon_choice.candidates and max(res.epsilon_choice.candidates) <= 0.5 + 1e-12
     assert res.epsilon_spent == res.epsilon_choice.epsilon == max(res.epsilon_choice.candidates)
+
+
+@pytest.mark.parametrize("mode", ["public", "data"])
+def test_the_controller_s_pri_ranges_come_from_the_release_s_own_engine_options(monkeypatch, mode):
+    """The PRI ranges the controller sees are those of the rows the release bounds with its options (here
+    the bounding seed, which picks the one partition each unit keeps of its four): with the probes' noise
+    replayed, they equal the ranges computed from `contributions` at the same seed, draw for draw. Options
+    dropped on the way would bound with a fresh seed from the OS and give other ranges."""
+    from noise_replay import replay_noise
+
+    df = pd.DataFrame({"uid": np.repeat(np.arange(400), 4), "g": np.tile(np.arange(4), 400)})
+    df["x"] = (df["uid"] * 7 + df["g"] * 3) % 10 * 1.0
+    q = dp.Query([dp.sum_("x", 0, 9, name="s")], privacy_unit="uid", group_by=("g",), epsilon=1.0,
+                 public_partitions=[0, 1, 2, 3], max_partitions_contributed=1)
+    replay_noise(monkeypatch, 11)
+    chosen = pri.release_with_pri(q, df, 50, mode=mode, bounding_seed=SEED)
+    candidates = chosen.epsilon_choice.candidates
+    replay_noise(monkeypatch, 11)
+    c = pri.contributions(q, df, bounding_seed=SEED)
+    cache: dict = {}
+    expected = tuple(pri.pri_range(c, e, 50, cache) for e in candidates)
+    assert len(expected) == len(chosen.controller_only.pri_ranges) >= 3
+    assert chosen.controller_only.pri_ranges == expected
+    other = pri.contributions(q, df, bounding_seed=SEED + 1)  # the seed matters: other rows, other sums
+    assert not np.array_equal(other.values[0], c.values[0])

@@ -8,15 +8,12 @@ One local[2] SparkSession serves the whole suite (conftest `spark`); skipped wit
 from __future__ import annotations
 
 import dataclasses
-import random
-import types
 
 import numpy as np
 import pandas as pd
 import pytest
 
 import dp_core as dp
-from dp_core import noise
 from dp_core.bounding import build_plan
 from dp_core.bounds import histogram_by_partition_sql, histogram_sql
 from dp_core.engine import check_columns, exact_statistics, execute
@@ -24,6 +21,7 @@ from dp_core.engine_backend import open_backend
 from dp_core.errors import InvalidDataError
 from dp_core.quantiles import dense_histograms
 from dp_core.selection_mad import round_two_sql
+from noise_replay import replay_noise
 
 pytestmark = pytest.mark.xdist_group("spark")  # one worker, one SparkSession (pyproject: --dist loadgroup)
 
@@ -200,38 +198,25 @@ def test_per_partition_bounds_plan_equals_duckdb(spark, frames):
     assert_same_frame(duck, on_spark, ["part"])
 
 
-class _Replay:
-    """A deterministic stand-in for the OS CSPRNG (tests only): the same byte stream on both runs."""
-
-    def __init__(self, seed: int):
-        self.rng = random.Random(seed)
-
-    def urandom(self, n: int) -> bytes:
-        return self.rng.randbytes(n)
-
-    def randbits(self, k: int) -> int:
-        return self.rng.getrandbits(k)
-
-    def randbelow(self, n: int) -> int:
-        return self.rng.randrange(n)
-
-
-@pytest.mark.parametrize("selection,noise_kind", [("auto", "laplace"), ("mad", "gaussian")])
-def test_same_randomness_same_release_on_both(spark, frames, monkeypatch, selection, noise_kind):
-    """With the noise source replayed identically, the whole release (automatic bounds, selection
-    with MAD's second round, noise, quantiles) is the same table on DuckDB and Spark."""
+@pytest.mark.parametrize("selection,noise_kind,bounds_scope", [("auto", "laplace", "dataset"), ("mad", "gaussian", "dataset"),
+                                                            ("auto", "laplace", "partition")])
+def test_same_randomness_same_release_on_both(spark, frames, monkeypatch, selection, noise_kind, bounds_scope):
+    """With the noise source replayed identically, the whole release (automatic bounds, dataset-wide
+    or per partition, selection with MAD's second round, noise, quantiles) is the same table on DuckDB
+    and Spark, and so are the bounds' noisy histograms: a histogram built from other rows of the units
+    over C_u (another hash than the portable one) would show in a noisy count."""
     query = dp.Query([dp.count(), dp.sum_("k", None, None), dp.avg("x", 0, 30)], privacy_unit="uid",
-                     group_by=("part",), epsilon=5.0, max_partitions_contributed=CU, noise=noise_kind,
-                     selection=selection)
-    tables = []
+                     group_by=("part",), epsilon=5.0 if bounds_scope == "dataset" else 50.0,  # ~100 units a partition
+                     max_partitions_contributed=CU, noise=noise_kind, selection=selection, bounds_scope=bounds_scope)
+    results = []
     for data in frames:
-        replay = _Replay(99)
-        monkeypatch.setattr(noise, "os", types.SimpleNamespace(urandom=replay.urandom))
-        monkeypatch.setattr(noise, "secrets", replay)
-        tables.append(execute(query, data, bounding_seed=SEED, portable_hash=True).table)
+        replay_noise(monkeypatch, 99)
+        results.append(execute(query, data, bounding_seed=SEED, portable_hash=True))
     monkeypatch.undo()
-    assert len(tables[0]) > 0
-    assert_same_frame(tables[0], tables[1], ["part"])
+    assert len(results[0].table) > 0
+    assert_same_frame(results[0].table, results[1].table, ["part"])
+    histograms = [[(b.partition, b.noisy_counts) for b in r.inferred_bounds] for r in results]
+    assert len(histograms[0]) == (1 if bounds_scope == "dataset" else 12) and histograms[0] == histograms[1]
 
 
 def test_execute_on_spark_table_name_and_parquet_folder(spark, data, tmp_path):
