@@ -158,6 +158,23 @@ def test_other_samples_are_refused_with_their_reason(tables, sample, message):
         assert "\n" not in str(err.value)
 
 
+def test_a_sample_the_checker_left_in_a_compiled_source_is_refused_not_run():
+    """The safety net behind the rewrite: a TABLESAMPLE still in a DP SELECT's compiled source (which the
+    checker never leaves: each one above is rewritten or refused first) would be DuckDB's own sample,
+    outside the accounting; it is refused, naming which DP SELECT, and a source without one passes."""
+    import sqlglot
+
+    from dp_core.sql.statement import refuse_samples_left
+
+    clean = sqlglot.parse_one("SELECT uid FROM people")
+    left = sqlglot.parse_one("SELECT uid FROM (SELECT * FROM people TABLESAMPLE BERNOULLI (10 PERCENT)) AS s")
+    refuse_samples_left([clean, clean])
+    with pytest.raises(dp.UnsupportedError) as err:
+        refuse_samples_left([clean, left])
+    assert str(err.value) == ("DP SELECT 2: TABLESAMPLE is supported after a table or a subquery in a FROM clause "
+                              "only")
+
+
 def test_a_sample_on_the_first_table_of_a_parenthesized_join(tables):
     result = run_sql(f"{DPS} {C1} AS n FROM (people p TABLESAMPLE BERNOULLI (10 PERCENT) JOIN depts d "
                      "ON p.dept = d.dept) JOIN many m USING (uid)", tables)

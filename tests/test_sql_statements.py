@@ -468,6 +468,23 @@ WORD_FOR_WORD = {  # refusals whose whole message is the guidance: rule -> (stat
         "a DP SELECT needs a FROM clause (the rows must come from a registered table)"),
     "a recursive WITH": (f"WITH RECURSIVE r AS (SELECT 1 AS x) {DP.format(e=1)} COUNT(*) FROM people",
                          "WITH RECURSIVE is not allowed (a recursive CTE can mix units' rows)"),
+    "a read of the engine's released table by its name": (
+        f"SELECT * FROM ({DP.format(e=1)} dept, COUNT(*) AS n FROM people GROUP BY dept) r JOIN __DP_release_1 x "
+        "USING (dept)",
+        "the table name '__DP_release_1' is reserved: names starting with '__dp_release_' are the engine's released "
+        "tables; rename the table or CTE"),
+    "a CTE named like the engine's released tables": (
+        f"WITH __dp_release_0 AS (SELECT * FROM people) {DP.format(e=1)} COUNT(*) FROM __dp_release_0",
+        "the table name '__dp_release_0' is reserved: names starting with '__dp_release_' are the engine's released "
+        "tables; rename the table or CTE"),
+    "the engine's sample function, in a DP SELECT": (
+        f"{DP.format(e=1)} COUNT(*) FROM people WHERE __rowsample_keep(uid, 1)",
+        "'__ROWSAMPLE_KEEP(uid, 1)': __rowsample_keep is the engine's own sample function; sample rows with "
+        "TABLESAMPLE BERNOULLI (p PERCENT) after a table in a FROM"),
+    "the engine's sample function, in the outer query": (
+        f"SELECT __rowsample_keep(n, 2) AS k FROM ({DP.format(e=1)} COUNT(*) AS n FROM people) r",
+        "'__ROWSAMPLE_KEEP(n, 2)': __rowsample_keep is the engine's own sample function; sample rows with "
+        "TABLESAMPLE BERNOULLI (p PERCENT) after a table in a FROM"),
     "an unknown column": (f"{DP.format(e=1)} COUNT(*) FROM people WHERE nosuch > 1",
                           "unknown column 'nosuch' (available: age, dept, uid); a subquery may not refer to the "
                           "columns of the query around it"),

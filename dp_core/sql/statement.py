@@ -25,6 +25,7 @@ from sqlglot import exp
 from ..errors import InvalidQueryError, UnsupportedError
 from .compile import CompiledQuery, Compiler
 from .ownership import OwnershipChecker, TableInfo, _arg, check_functions
+from .sample import PLACEHOLDER as SAMPLE_FUNCTION
 from .sample import sample_fraction
 from .syntax import ParsedStatement, mark_of, parse_statement, quote
 
@@ -120,6 +121,7 @@ def compile_statement(sql: str, catalog: dict[str, TableInfo], *, epsilon=None, 
     SELECT with its budget share."""
     parsed: ParsedStatement = parse_statement(sql)
     tree = parsed.tree
+    refuse_engine_names(tree)
     checker = OwnershipChecker(catalog)
     marked = sorted((s for s in tree.find_all(exp.Select) if mark_of(s) is not None), key=mark_of)
     for s in marked:
@@ -164,14 +166,41 @@ def compile_statement(sql: str, catalog: dict[str, TableInfo], *, epsilon=None, 
             s, parsed.clauses[n], kept, epsilon=eps[n], delta=dlt[n],
             max_partitions_contributed=max_partitions_contributed, own_with=s is not tree, **options))
 
-    for i, part in enumerate(parts):  # every sample of a DP SELECT's rows was rewritten by the checker (sample.py)
-        if part.source.find(exp.TableSample) is not None:
-            raise UnsupportedError(f"DP SELECT {i + 1}: TABLESAMPLE is supported after a table or a subquery in a FROM "
-                                   "clause only")
+    refuse_samples_left([part.source for part in parts])
     if any(s is tree for s in marked) and parts[0].plain:
         return CompiledStatement(tuple(parts), None, (), options_epsilon=fixed_epsilon)
     outer, public = _outer_query(tree, catalog, kinds)
     return CompiledStatement(tuple(parts), outer, public, options_epsilon=fixed_epsilon)
+
+
+def refuse_engine_names(tree: exp.Expression) -> None:
+    """The names the engine gives its own parts are not the user's to use: its released tables
+    (`__dp_release_<n>`, which the outer query reads in place of each DP SELECT) as a table or CTE
+    name, and its sample function (`__rowsample_keep`, sample.py) as a call. Each would otherwise read
+    an internal table or call an internal function under a confusing error, or none."""
+    for node in tree.walk():
+        if isinstance(node, exp.Table) and not node.args.get("db"):
+            name = node.name
+        elif isinstance(node, exp.CTE):
+            name = node.alias
+        else:
+            name = None
+        if name and name.lower().startswith(RELEASED_PREFIX):
+            raise InvalidQueryError(f"the table name {name!r} is reserved: names starting with {RELEASED_PREFIX!r} "
+                                    "are the engine's released tables; rename the table or CTE")
+        if isinstance(node, exp.Anonymous) and str(node.name).lower() == SAMPLE_FUNCTION:
+            raise InvalidQueryError(f"{quote(node)[:60]!r}: {SAMPLE_FUNCTION} is the engine's own sample function; "
+                                    "sample rows with TABLESAMPLE BERNOULLI (p PERCENT) after a table in a FROM")
+
+
+def refuse_samples_left(sources: list[exp.Expression]) -> None:
+    """A safety net: the ownership checker rewrites every sample of a DP SELECT's rows into the seeded
+    per-unit sample (sample.py) or refuses it; a TABLESAMPLE still in a compiled source would be the
+    engine's own row sampling, outside the accounting, so the statement is refused instead of run."""
+    for i, source in enumerate(sources):
+        if source.find(exp.TableSample) is not None:
+            raise UnsupportedError(f"DP SELECT {i + 1}: TABLESAMPLE is supported after a table or a subquery in a FROM "
+                                   "clause only")
 
 
 def _outer_query(tree: exp.Expression, catalog: dict[str, TableInfo], kinds: dict[str, str]):
