@@ -511,6 +511,13 @@ def test_the_unit_a_dp_select_names_in_one_of_two_joined_public_tables_is_that_t
     result = run_sql(sql, {"orders": Table(orders), "customers": Table(customers)})
     assert result.table["region"].tolist() == ["N", "S"]
     assert result.table["customers"].round().tolist() == [400.0, 300.0]
+    # the named column is the unit everywhere in that SELECT: counted distinct, and never a group key
+    distinct = run_sql(sql.replace("COUNT(*, contribution_bounds_per_group => (0, 1))", "COUNT(DISTINCT c.id)"),
+                       {"orders": Table(orders), "customers": Table(customers)})
+    assert distinct.table["customers"].round().tolist() == [400.0, 300.0]
+    with pytest.raises(dp.DPError, match=r"^GROUP BY c.id: grouping by the privacy unit would publish one row per unit$"):
+        compile_statement_for(sql.replace("GROUP BY region", "GROUP BY c.id"), {"orders": Table(orders),
+                                                                                 "customers": Table(customers)})
 
 
 def test_a_count_bounded_from_above_zero_counts_a_unit_with_only_missing_values_as_its_lower_bound():

@@ -106,10 +106,14 @@ class Scope:
         return rel.is_unit(name) and rel.alias.lower() in self.unit_aliases
 
     def is_unit(self, col: exp.Column) -> bool:
+        """A unit column of a joined relation, or the column OPTIONS (privacy_unit_column = ...) names
+        over public relations (the scope's unit expression itself)."""
         rel, name = self.resolve(col)
         if rel is None:
             return any(r.is_unit(name) for r in self.relations)
-        return rel.is_unit(name)
+        named = self.unit_expr
+        return rel.is_unit(name) or (isinstance(named, exp.Column) and named.name.lower() == name.lower()
+                                     and named.table.lower() == rel.alias.lower())
 
 
 def _arg(node: exp.Expression, name: str):
