@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
+import uuid as _uuid
 
 from .errors import InvalidQueryError
 
@@ -18,7 +19,8 @@ def ident(name: str) -> str:
 
 def literal(x: object) -> str:
     """An exact SQL literal: integers stay integers (integer sums stay exact), floats use repr
-    (round-trips exactly) cast to DOUBLE, strings are quoted, None is NULL."""
+    (round-trips exactly) cast to DOUBLE, strings are quoted, None is NULL; dates, timestamps, times,
+    UUIDs and bytes as the values of such key columns come back from the engine."""
     if x is None:
         return "NULL"
     if isinstance(x, bool):
@@ -26,6 +28,7 @@ def literal(x: object) -> str:
     if isinstance(x, int):
         return str(x)
     if isinstance(x, float):
+        x = float(x)  # a NumPy float64 is a float whose repr is "np.float64(...)"
         if not math.isfinite(x):
             raise InvalidQueryError(f"non-finite number {x!r} in a query")
         if x.is_integer() and abs(x) < 2**53:
@@ -37,6 +40,12 @@ def literal(x: object) -> str:
         return f"TIMESTAMP '{x.isoformat(sep=' ')}'"
     if isinstance(x, _dt.date):
         return f"DATE '{x.isoformat()}'"
+    if isinstance(x, _dt.time) and x.tzinfo is None:
+        return f"TIME '{x.isoformat()}'"
+    if isinstance(x, _uuid.UUID):  # a UUID column's value: compared as text, or cast to the column's type
+        return f"'{x}'"
+    if isinstance(x, (bytes, bytearray, memoryview)):  # a BLOB's value, in hex (any byte is safe)
+        return f"unhex('{bytes(x).hex()}')"
     if hasattr(x, "item"):  # numpy scalar
         return literal(x.item())
     raise InvalidQueryError(f"cannot use {x!r} ({type(x).__name__}) as a partition key or bound")

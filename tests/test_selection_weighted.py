@@ -268,13 +268,15 @@ def test_mad_selection_reads_a_duckdb_relation_like_a_frame():
     pd.testing.assert_frame_equal(by_part(on_relation), by_part(on_frame))
 
 
-@pytest.mark.parametrize("key_type", ["decimal(38,19)", "date", "double"])
+@pytest.mark.parametrize("key_type", ["decimal(38,19)", "date", "double", "time", "blob", "uuid"])
 def test_mad_s_second_round_takes_the_weight_off_every_partition_round_one_released(monkeypatch, key_type):
     """Round 2 moves each unit's weight off the partitions round 1 released onto its other ones: a
     released partition has no round-2 weight, whatever its key's type. A DECIMAL key with more digits
-    than a double holds (read back as a double) counted as unreleased in round 2 before 2026-11-25."""
+    than a double holds (read back as a double) counted as unreleased in round 2 before 2026-11-25; a
+    TIME, BLOB or UUID key failed the release ("cannot use ... as a partition key") until 2026-11-25."""
     import datetime as dt
     import decimal
+    import uuid
 
     import pyarrow as pa
 
@@ -282,7 +284,10 @@ def test_mad_s_second_round_takes_the_weight_off_every_partition_round_one_relea
 
     keys = {"decimal(38,19)": ([decimal.Decimal("0.1234567890123456789") + i for i in range(4)], pa.decimal128(38, 19)),
             "date": ([dt.date(2020, 1, 1) + dt.timedelta(days=i) for i in range(4)], pa.date32()),
-            "double": ([0.1 + i for i in range(4)], pa.float64())}[key_type]
+            "double": ([0.1 + i for i in range(4)], pa.float64()),
+            "time": ([dt.time(9, i, 30) for i in range(4)], pa.time64("us")),
+            "blob": ([bytes([i, 39, 0]) for i in range(4)], pa.binary()),  # a quote and a zero byte in each
+            "uuid": ([uuid.UUID(int=i << 64).bytes for i in range(4)], pa.uuid())}[key_type]
     units = 2000
     part = [keys[0][(u + k) % 4] for u in range(units) for k in range(2)]
     table = pa.table({"uid": np.repeat(np.arange(units), 2), "part": pa.array(part, keys[1])})

@@ -249,3 +249,24 @@ def test_a_text_value_with_quotes_is_one_sql_string_of_that_text():
 
     for text in ("O'Brien", "''", "x' OR '1' = '1", "plain"):
         assert duckdb.sql(f"SELECT {literal(text)} AS v").fetchall() == [(text,)]
+
+
+def test_every_kind_of_key_value_is_read_back_by_duckdb_as_itself():
+    """sql_text.literal writes each value a key column can hold (NULL, booleans, integers past 2^53,
+    doubles, text, dates, timestamps, times, UUIDs, bytes with a quote and a zero byte) so that DuckDB
+    reads back exactly that value: the keys of public partitions, per-partition bounds and MAD's second
+    round are written so."""
+    import datetime as dt
+    import uuid
+
+    import duckdb
+
+    from dp_core.sql_text import literal
+
+    values = [None, True, False, 2**60 + 1, -7, 0.1, 1e300, "naïve 'x'", dt.date(2024, 2, 29),
+              dt.datetime(2024, 2, 29, 13, 5, 7, 123456), dt.time(23, 59, 58, 1), uuid.UUID(int=2**100 + 5),
+              b"\x00'\xff", np.int64(-3), np.float64(2.5)]
+    for v in values:
+        ((back,),) = duckdb.sql(f"SELECT {literal(v)} AS v").fetchall()
+        expected = v.item() if isinstance(v, np.generic) else str(v) if isinstance(v, uuid.UUID) else v
+        assert back == expected and type(back) is type(expected), (v, back)
