@@ -429,6 +429,21 @@ def test_a_query_failing_on_a_value_of_the_data_never_quotes_it(where, kind):
         "it is the data's); check the query's casts, arithmetic and formats, or filter such rows out")
 
 
+def test_an_engine_error_on_the_query_itself_keeps_the_engine_s_words():
+    """Only the errors raised on a value of the data lose DuckDB's words: a mistake of the query (here a
+    function DuckDB does not know, which the front end leaves to it) keeps them, since they name only the
+    query's parts and say how to mend it."""
+    from dp_core.backend import DuckDBBackend
+
+    backend = DuckDBBackend.for_input(pd.DataFrame({"uid": [1, 2, 3]}))
+    with pytest.raises(dp.InvalidDataError) as caught:
+        backend.run("SELECT no_such_function(uid) FROM dp_input")
+    message = str(caught.value)
+    assert message.startswith("the data engine could not run the query: Catalog Error: Scalar Function with name "
+                              "no_such_function does not exist!")
+    assert "not shown" not in message
+
+
 def test_numpy_numbers_are_bounds_like_the_python_numbers_they_hold():
     """A bound taken from a DataFrame (np.int64, np.float64) is the number it holds: the query is the
     one written with Python numbers, and runs alike; a NumPy boolean is still no bound."""

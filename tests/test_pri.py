@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -313,3 +314,30 @@ def test_the_controller_s_pri_ranges_come_from_the_release_s_own_engine_options(
     assert chosen.controller_only.pri_ranges == expected
     other = pri.contributions(q, df, bounding_seed=SEED + 1)  # the seed matters: other rows, other sums
     assert not np.array_equal(other.values[0], c.values[0])
+
+
+def test_the_public_pass_probability_of_two_aggregates_equals_a_brute_force_over_every_unit():
+    """Public mode with two aggregates over two public partitions (C_u = 1): for each simulated noise, the
+    smallest and largest PRI any unit could have, found by trying every partition the unit could be in and
+    every contribution it could make to each aggregate (0..2 rows, present or not), against the same public
+    uniforms. The PRI's base is the noise of every output of both aggregates, not of the last one alone."""
+    from dp_core.accounting import plan_budget
+
+    q = dp.Query([dp.count(upper=2, name="rows"), dp.count_units(name="people")], privacy_unit="uid",
+                 group_by=("g",), public_partitions=["a", "b"], epsilon=1.0, max_partitions_contributed=1)
+    eps, p, sims, tag = 0.8, 40.0, 300, "a test tag"
+    budget = plan_budget(dataclasses.replace(q, epsilon=eps))
+    noise = []
+    for i, (agg, top) in enumerate([(q.aggregates[0], 2), (q.aggregates[1], 1)]):
+        share = budget.component_shares[(i, "count")]
+        b = 1 * top / share.epsilon
+        u = pri._public_uniforms((sims, 2), f"{tag}/{i}")
+        noise.append((-b * np.sign(u - 0.5) * np.log1p(-2.0 * np.abs(u - 0.5)), top))
+    passed = 0
+    for s in range(sims):
+        base = sum(np.abs(z[s]).sum() for z, _ in noise)
+        pris = [base + sum(abs(z[s, j] + c) - abs(z[s, j]) for (z, _), c in zip(noise, (c0, c1)))
+                for j in range(2) for c0 in range(noise[0][1] + 1) for c1 in range(noise[1][1] + 1)]
+        passed += bool(pri.passes(min(pris), max(pris), p))
+    assert pri.public_pass_probability(q, eps, p, sims, tag) == pytest.approx(passed / sims, abs=1e-12)
+    assert 0 < passed < sims  # a probability the test can tell from 0 and 1

@@ -67,6 +67,9 @@ def test_explain_states_each_mechanism_the_inferred_bounds_and_the_epsilon_choic
                  max_partitions_contributed=2, public_partitions=["a", "b", "c"])
     r = dp.execute(q, df)
     lines = r.explain().splitlines()
+    assert lines[:6] == ["Total: epsilon 3, delta 0 (basic composition)", "  share bounds of n: epsilon 0.5, delta 0",
+                         "  share bounds of s: epsilon 0.5, delta 0", "  share m: epsilon 1, delta 0",
+                         "  share n: epsilon 0.5, delta 0", "  share s: epsilon 0.5, delta 0"]  # Laplace: no rho
     (median_line,) = [line for line in lines if line.startswith("  m: ")]
     assert "x C_u=2 -> 1, epsilon 1 (" in median_line  # no noise scale to state
     assert any(line.startswith("  n.count: discrete Laplace") and ", scale 12," in line for line in lines)
@@ -74,6 +77,8 @@ def test_explain_states_each_mechanism_the_inferred_bounds_and_the_epsilon_choic
     assert any(line.startswith("  bounds of s inferred (APPROX_BOUNDS): [8, 16],") for line in lines)  # sums of 15
     d = r.to_dict()
     assert (d["privacy_unit"], d["group_by"], d["max_partitions_contributed"], d["confidence"]) == ("uid", ["g"], 2, 0.95)
+    assert d["budget"][2] == {"part": "m", "epsilon": 1.0, "delta": 0.0, "rho": None} and len(d["budget"]) == 5
+    assert r.to_json(indent=1).splitlines()[:2] == ["{", ' "epsilon": 3.0,']  # json.dumps's options reach it
     assert d["aggregates"][0] == {"name": "m", "kind": "quantile", "column": "x", "lower": 0, "upper": 10, "q": 0.5}
 
     chosen = pri.release_with_pri(dp.Query([dp.count(upper=1, name="people")], privacy_unit="uid", epsilon=1.0),
