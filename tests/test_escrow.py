@@ -1105,3 +1105,46 @@ def test_a_writer_closed_by_its_user_says_so_and_is_sealed_by_finish_alone(tmp_p
     blob.write_bytes(target.getvalue())
     with stream.DecryptingFile(blob, key, "ab" * 32) as plain:
         assert plain.read() == b"x" * 100
+
+
+def test_a_parquet_file_cut_short_is_refused_with_the_reader_s_reason_and_nothing_sealed(tmp_path):
+    """A file with Parquet's magic bytes at both ends but cut in the middle (a copy that stopped
+    half-way): sealing it is refused naming the file and, in one line, why the Parquet reader cannot
+    read it (the footer it points to is not there), and nothing is left in the escrow."""
+    import pyarrow.parquet as pq
+
+    settings = _settings(tmp_path)
+    key = load_or_create_key(settings, create=True)
+    whole = _write(_frame(), tmp_path / "whole.parquet").read_bytes()
+    cut = tmp_path / "cut.parquet"
+    cut.write_bytes(whole[:len(whole) // 2] + b"PAR1")
+    with pytest.raises(pa.ArrowException) as reader:
+        pq.ParquetFile(cut)
+    reason = str(reader.value).splitlines()[0]
+    assert reason
+    with pytest.raises(EscrowError) as caught:
+        seal_file(cut, settings, key)
+    assert str(caught.value) == f"cannot read {cut} as Parquet: {reason}"
+    assert not settings.escrow_dir.exists() or not any(settings.escrow_dir.iterdir())
+
+
+def test_rows_without_columns_are_refused_by_the_engine_as_unreadable_input(tmp_path):
+    """A source with rows but no column (a Parquet file whose footer counts rows and names no column
+    reads as such): the blob sealed from it is refused by the engine as input it cannot read, with
+    DuckDB's reason, like any other unreadable input, not with a crash of the escrow's reader while it
+    maps the row groups for progress."""
+    from dp_core.backend import DuckDBBackend
+    from dp_core.errors import InvalidDataError
+    from dprelease.escrow.blobs import EscrowRows, SourceReader, seal_source
+
+    settings = _settings(tmp_path)
+    key = load_or_create_key(settings, create=True)
+    batch = pa.record_batch({"x": [1, 2, 3]}).select([])
+    assert (batch.num_rows, batch.num_columns) == (3, 0)
+    sealed = seal_source(tmp_path / "no_columns.parquet", SourceReader(batch.schema, iter([batch]), 3, lambda: None),
+                         "ab" * 32, settings, key)
+    with pytest.raises(InvalidDataError) as caught:
+        DuckDBBackend.for_input(EscrowRows(sealed.path, key, "ab" * 32))
+    assert re.fullmatch(r"cannot read the input: Invalid Input Error: Failed to read Parquet file "
+                        r"'dprescrow[0-9a-f]{12}://data\.parquet': Need at least one non-root column in the file",
+                        str(caught.value)), str(caught.value)

@@ -663,3 +663,26 @@ def test_the_controller_chart_names_each_bar_by_its_group_s_keys_or_all(data):
         assert f">{label}</text>" in grouped, label
     assert ">all</text>" not in grouped
     assert ">all</text>" in chart(dp.Query([dp.count(upper=1, name="people")], privacy_unit="person_id", epsilon=1.0))
+
+
+def test_a_count_of_people_needs_no_bounds_and_the_analyst_page_says_so():
+    """COUNT(DISTINCT unit) in "Bounds used": each person counts once per group, so it has no lower or
+    upper bound and none is needed; the page must not describe it as a value limited to bounds that
+    were "given" (the analyst would look for bounds nobody chose)."""
+    df = pd.DataFrame({"uid": [1, 1, 2, 3, 3, 3], "k": ["a", "b", "a", "a", "b", "b"]})
+    q = dp.Query([dp.count_units(name="people"), dp.count(upper=2, name="rows")], privacy_unit="uid", epsilon=1.0,
+                 group_by=("k",), public_partitions=["a", "b"])
+    page = pages.render_analyst_report(dp.execute(q, df), make_ctx())
+    bounds = page[page.index('<section id="bounds">'):]
+    bounds = bounds[:bounds.index("</section>")]
+    assert ("<tr><td>people</td><td>count_units</td><td>—</td><td>each person counts once per group</td>\n"
+            '<td class="n">—</td><td class="n">—</td><td>none needed</td></tr>') in bounds
+    assert ("<tr><td>rows</td><td>count</td><td>—</td><td>rows per person and group counted at most</td>\n"
+            '<td class="n">0</td><td class="n">2</td><td>given</td></tr>') in bounds
+
+
+def test_a_number_from_ten_to_the_fifteen_on_is_shown_in_scientific_form():
+    """A table cell of 10^15 (16 digits) or more is shown in scientific form, 10^15 itself and a
+    non-integer just above it included; the largest integer below it is shown in full."""
+    assert [pages.fmt_number(v) for v in (1e15, -1e15, 1e15 + 0.5, 999_999_999_999_999.0)] == [
+        "1e+15", "-1e+15", "1e+15", "999999999999999"]

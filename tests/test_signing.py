@@ -494,3 +494,19 @@ def test_a_reserved_name_taken_by_a_directory_and_a_missing_public_key_file_are_
     with pytest.raises(SigningError) as info:
         load_public_key(missing)
     assert str(info.value) == f"public key file {missing} does not exist"
+
+
+def test_a_private_key_of_another_kind_is_refused_naming_the_kind_it_holds(tmp_path: Path) -> None:
+    """A readable PEM private key that is not Ed25519 (here X25519, a key-agreement key on the same
+    curve, an easy mix-up): signing refuses it, and the message says which kind of key the file holds
+    so the operator knows what was given instead of an Ed25519 signing key."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+    path = tmp_path / "agreement.key"
+    path.write_bytes(X25519PrivateKey.generate().private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    path.chmod(0o600)
+    with pytest.raises(SigningError) as caught:
+        load_private_key(path)
+    assert str(caught.value) == f"{path}: holds a X25519PrivateKey, expected an Ed25519 private key"
