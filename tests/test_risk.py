@@ -441,6 +441,18 @@ def test_an_average_s_promised_interval_names_the_mechanism_of_its_noise():
         assert line.startswith("mean: +-") and line.endswith(f"for a group of 250 people ({mechanism}, epsilon 1)"), line
 
 
+def test_a_statistic_the_engine_would_refuse_at_that_epsilon_promises_an_infinite_interval():
+    """At an epsilon so small that the noise would be over 2^20 times the sensitivity, the engine refuses
+    to release (pure noise); the promised half-width of a count, a sum and an average is then infinite,
+    a number every comparison with a tolerance handles, and the line says so."""
+    q = dp.Query([dp.count(upper=1, name="n"), dp.sum_("x", 0, 20, name="s"), dp.avg("x", 0, 20, name="mean")],
+                 privacy_unit="u", epsilon=1.0)
+    far = accuracy.statistic_intervals(q, epsilon=1e-9, reference_count=250)
+    assert [s.halfwidth for s in far] == [math.inf] * 3
+    assert all(s.describe().startswith(f"{s.name}: +-inf") for s in far), [s.describe() for s in far]
+    assert all(math.isfinite(s.halfwidth) for s in accuracy.statistic_intervals(q, epsilon=1.0, reference_count=250))
+
+
 def test_a_plan_whose_risk_no_epsilon_can_meet_is_refused_with_the_floor_and_the_remedy():
     """The risk without any release, s (1 - t) / n = 0.7 x 0.7 / 4, is above the tolerable 0.05: the
     plan chooser refuses, naming that floor and what to change."""

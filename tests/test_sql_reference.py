@@ -147,6 +147,12 @@ PUBLIC_GROUPS_REFUSED = {
     "a computed column between the nested public groups join and the aggregation": (
         f"{PG.format(e=1)} dept, {C1} FROM (SELECT uid, dept, upper(dept) AS u FROM people "
         "RIGHT JOIN (SELECT DISTINCT dept FROM depts) USING (dept)) GROUP BY dept", "does not allow operations"),
+    "OFFSET alone between the nested public groups join and the aggregation": (
+        f"{PG.format(e=1)} dept, {C1} FROM (SELECT uid, dept FROM people RIGHT JOIN (SELECT DISTINCT dept FROM depts) "
+        "USING (dept) OFFSET 5) GROUP BY dept",
+        "OPTIONS group_selection_strategy = PUBLIC_GROUPS does not allow operations between the public groups join "
+        "and the aggregation (offset in 'SELECT uid, dept FROM people JOIN (SELECT DISTINCT dept FROM'): select "
+        "plain columns there, or join the public groups in the DP SELECT itself"),
     "a join after the nested public groups join": (
         f"{PG.format(e=1)} dept, {C1} FROM (SELECT uid, dept FROM people RIGHT JOIN (SELECT DISTINCT dept FROM depts) "
         "USING (dept)) s JOIN visits USING (uid) GROUP BY dept",

@@ -158,6 +158,15 @@ def test_other_samples_are_refused_with_their_reason(tables, sample, message):
         assert "\n" not in str(err.value)
 
 
+def test_a_table_whose_column_names_need_quotes_is_sampled():
+    """The sample's rewrite names every column of the sampled rows: names with a space, a keyword and a
+    quote are quoted there, so the sample runs and keeps about its share of the units."""
+    people = pd.DataFrame({"user id": np.arange(N), "order": np.arange(N) % 4, 'say "hi"': 1})
+    result = run_sql(f"{DPS} {C1} AS n FROM t TABLESAMPLE BERNOULLI (10 PERCENT)",
+                     {"t": Table(people, "user id")})
+    assert within_binomial(exact_n(result), N, 0.10)
+
+
 def test_a_sample_the_checker_left_in_a_compiled_source_is_refused_not_run():
     """The safety net behind the rewrite: a TABLESAMPLE still in a DP SELECT's compiled source (which the
     checker never leaves: each one above is rewritten or refused first) would be DuckDB's own sample,

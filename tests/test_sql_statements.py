@@ -485,6 +485,15 @@ WORD_FOR_WORD = {  # refusals whose whole message is the guidance: rule -> (stat
         f"SELECT __rowsample_keep(n, 2) AS k FROM ({DP.format(e=1)} COUNT(*) AS n FROM people) r",
         "'__ROWSAMPLE_KEEP(n, 2)': __rowsample_keep is the engine's own sample function; sample rows with "
         "TABLESAMPLE BERNOULLI (p PERCENT) after a table in a FROM"),
+    "a plain aggregate beside an ANON_ aggregate": (
+        "SELECT WITH ANONYMIZATION OPTIONS (epsilon = 1) ANON_COUNT(*) + MAX(age) AS n FROM people",
+        "'ANON_COUNT(*) + MAX(age) AS n': 'MAX(age)' is not a DP aggregate: use ANON_COUNT, ANON_SUM, ..."),
+    "a qualified quoted name in a subquery without FROM (only a bare quoted name is BigQuery's string)": (
+        f'{DP.format(e=1)} COUNT(*) FROM people WHERE dept IN (SELECT x."a")',
+        "unknown table or alias 'x' in 'x.\"a\"' (a subquery may not refer to the columns of the query around it)"),
+    "the engine's name of a DP aggregate in the outer query": (
+        f"SELECT __dp_count(n) FROM ({DP.format(e=1)} COUNT(*) AS n FROM people) r",
+        "'__DP_COUNT(n)': a DP aggregate outside a DP SELECT list; write SELECT WITH DIFFERENTIAL_PRIVACY ... before it"),
     "an unknown column": (f"{DP.format(e=1)} COUNT(*) FROM people WHERE nosuch > 1",
                           "unknown column 'nosuch' (available: age, dept, uid); a subquery may not refer to the "
                           "columns of the query around it"),
@@ -852,6 +861,8 @@ def test_a_plain_read_of_a_public_table_selects_no_partitions_and_spends_nothing
     result = run_sql("SELECT dept FROM depts ORDER BY dept", tables, epsilon=1.0)
     assert isinstance(result, StatementResult) and result.partition_selection == "none"
     assert (result.epsilon_spent, result.delta_spent) == (0.0, 0.0) and list(result.table["dept"]) == ["a", "b", "c"]
+    # its query (what results.json states) has no privacy unit, no statistic and no budget
+    assert (result.query.privacy_unit, result.query.aggregates, result.query.epsilon) == ("", (), 0.0)
 
 
 def test_a_statement_of_two_dp_selects_states_their_summed_epsilon_and_one_exact_table_numbered_from_0(tables):
