@@ -376,6 +376,14 @@ def test_a_whole_number_scale_is_the_same_exact_scale_as_its_float(whole):
     assert noise.discrete_laplace(whole, 5).dtype == noise.discrete_gaussian(whole, 5).dtype == np.int64
 
 
+def test_a_noise_variance_of_zero_or_less_is_refused_naming_it():
+    """No noise at all (a zero variance) or a negative one is never drawn from: refused, saying what was given."""
+    for variance, shown in ((0, "0.0"), (Fraction(0), "0.0"), (Fraction(-1, 4), "-0.25")):
+        with pytest.raises(noise.DPError) as caught:
+            noise.gaussian_parameters(variance)
+        assert str(caught.value) == f"noise variance must be positive, got {shown}"
+
+
 def test_a_noise_scale_over_two_to_the_48_grid_steps_is_refused_naming_it():
     """2^48 steps is the largest scale the Laplace sampler draws exactly; 2^49 is refused, with the scale."""
     assert noise.laplace_parameters(2.0**48).s == 1

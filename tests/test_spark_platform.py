@@ -461,3 +461,37 @@ def test_a_missing_path_with_a_trailing_slash_is_read_by_its_suffix_and_a_malfor
                "17,jane,42 SQLSTATE: KD000\n\tat org.apache.spark.sql.catalyst.csv.UnivocityParser.parse")
     assert java_failure(failure) == ("cannot read /d/people.csv with Spark: a malformed record (a row whose fields do "
                                      "not match the header); fix the file, or convert it to Parquet")
+
+
+def test_a_statement_on_spark_reads_a_spark_frame_a_tsv_and_skips_nan_in_a_single_precision_column(spark, tmp_path):
+    """Each table of a statement on Spark is read as given: a Spark DataFrame as itself, a .tsv file by
+    its tabs; a NaN in a single-precision (FLOAT) column is missing, as on DuckDB and as in a DOUBLE one,
+    so each person's value is counted once and no NaN reaches a sum (epsilon 100: the noise is far below
+    0.5 on the counts and below 2 on the sums)."""
+    from pyspark.sql import types as T
+
+    from dp_core.sql import Table, run_sql
+
+    rows = [(u, "a" if u % 2 else "b", float("nan") if u % 3 == 0 else 1.5, float("nan") if u % 5 == 0 else 2.0)
+            for u in range(600)]
+    schema = T.StructType([T.StructField("uid", T.LongType()), T.StructField("dept", T.StringType()),
+                           T.StructField("f", T.FloatType()), T.StructField("d", T.DoubleType())])
+    frame = spark.createDataFrame(rows, schema)
+    tsv = tmp_path / "depts.tsv"
+    tsv.write_text("dept\tregion\na\tnorth\nb\tsouth\n")
+    dps = ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 100, delta = 1e-6, privacy_unit_column = uid) "
+           "region, COUNT(f, contribution_bounds_per_group => (0, 1)) AS nf, "
+           "SUM(f, contribution_bounds_per_group => (0, 2)) AS sf, "
+           "COUNT(d, contribution_bounds_per_group => (0, 1)) AS nd FROM people JOIN depts USING (dept) "
+           "GROUP BY region")
+    result = run_sql(f"SELECT * FROM ({dps}) ORDER BY region", {"people": Table(frame, "uid"), "depts": Table(str(tsv))},
+                     backend="spark", spark=spark)
+    assert result.table["region"].tolist() == ["north", "south"]
+    expected_f = [sum(1 for u in range(600) if u % 2 == odd and u % 3) for odd in (1, 0)]
+    assert result.table["nf"].round().tolist() == expected_f
+    assert result.table["sf"].round().tolist() == pytest.approx([1.5 * n for n in expected_f], abs=2)
+    assert result.table["nd"].round().tolist() == [sum(1 for u in range(600) if u % 2 == odd and u % 5) for odd in (1, 0)]
+    missing = run_sql("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 100, delta = 1e-6, privacy_unit_column = uid) "
+                      "COUNT(*, contribution_bounds_per_group => (0, 1)) AS n FROM people WHERE f IS NULL",
+                      {"people": Table(frame, "uid")}, backend="spark", spark=spark)
+    assert missing.table["n"].round().tolist() == [200.0]  # the NaN rows are the missing ones, as on DuckDB
