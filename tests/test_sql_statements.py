@@ -429,7 +429,7 @@ WORD_FOR_WORD = {  # refusals whose whole message is the guidance: rule -> (stat
     "a subquery of protected rows after a public one in a DP SELECT list expression": (  # each subquery is checked
         f"{DP.format(e=1)} dept, (SELECT 1 FROM depts LIMIT 1) + (COUNT(*) + (SELECT age FROM people LIMIT 1)) AS w "
         "FROM people GROUP BY dept",
-        "the DP SELECT list: '(SELECT 1 FROM depts LIMIT 1) + (__DP_COUNT(*) + (SELECT age': subquery 'SELECT age "
+        "the DP SELECT list: '(SELECT 1 FROM depts LIMIT 1) + (COUNT(*) + (SELECT age FROM': subquery 'SELECT age "
         "FROM people LIMIT 1': LIMIT inside a subquery over protected rows keeps rows depending on other units' rows"),
     "WITH RECURSIVE in a subquery": (
         f"{DP.format(e=1)} COUNT(*) FROM (WITH RECURSIVE r AS (SELECT uid, dept FROM people) SELECT * FROM r) q",
@@ -485,6 +485,9 @@ WORD_FOR_WORD = {  # refusals whose whole message is the guidance: rule -> (stat
         f"SELECT __rowsample_keep(n, 2) AS k FROM ({DP.format(e=1)} COUNT(*) AS n FROM people) r",
         "'__ROWSAMPLE_KEEP(n, 2)': __rowsample_keep is the engine's own sample function; sample rows with "
         "TABLESAMPLE BERNOULLI (p PERCENT) after a table in a FROM"),
+    "a plain aggregate beside a DP aggregate, quoted as written": (
+        f"{DP.format(e=1)} COUNT(*) + MAX(age) AS n FROM people",
+        "'COUNT(*) + MAX(age) AS n': 'MAX(age)' is not a DP aggregate: use COUNT, SUM, AVG, ... of the DP clause"),
     "a plain aggregate beside an ANON_ aggregate": (
         "SELECT WITH ANONYMIZATION OPTIONS (epsilon = 1) ANON_COUNT(*) + MAX(age) AS n FROM people",
         "'ANON_COUNT(*) + MAX(age) AS n': 'MAX(age)' is not a DP aggregate: use ANON_COUNT, ANON_SUM, ..."),
@@ -493,7 +496,7 @@ WORD_FOR_WORD = {  # refusals whose whole message is the guidance: rule -> (stat
         "unknown table or alias 'x' in 'x.\"a\"' (a subquery may not refer to the columns of the query around it)"),
     "the engine's name of a DP aggregate in the outer query": (
         f"SELECT __dp_count(n) FROM ({DP.format(e=1)} COUNT(*) AS n FROM people) r",
-        "'__DP_COUNT(n)': a DP aggregate outside a DP SELECT list; write SELECT WITH DIFFERENTIAL_PRIVACY ... before it"),
+        "'COUNT(n)': a DP aggregate outside a DP SELECT list; write SELECT WITH DIFFERENTIAL_PRIVACY ... before it"),
     "an unknown column": (f"{DP.format(e=1)} COUNT(*) FROM people WHERE nosuch > 1",
                           "unknown column 'nosuch' (available: age, dept, uid); a subquery may not refer to the "
                           "columns of the query around it"),

@@ -17,6 +17,7 @@ paths, BigQuery-only functions).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import sqlglot
@@ -61,11 +62,15 @@ class ParsedStatement:
 
 
 def quote(sql: exp.Expression) -> str:
-    """A node as DuckDB SQL, for a refusal's message (its class name if it cannot be rendered)."""
+    """A node as DuckDB SQL, for a refusal's message (its class name if it cannot be rendered), with
+    the DP aggregates as the user wrote them (`COUNT(*)`, not the parser's `__DP_COUNT(*)`)."""
     try:
-        return sql.sql("duckdb")
+        return _DP_CALL.sub("", sql.sql("duckdb"))
     except Exception:  # noqa: BLE001 - rendering is for messages only
         return type(sql).__name__
+
+
+_DP_CALL = re.compile(r"\b__DP_(?=\w+\()")  # the parser's prefix of a DP aggregate call
 
 
 def number_literal(node: exp.Expression | None, what: str, integer: bool = False) -> float:
