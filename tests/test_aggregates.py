@@ -231,3 +231,18 @@ def test_a_missing_key_listed_among_the_public_partitions_is_released_as_its_own
     t = dp.execute(q, df).table
     assert t["g"].tolist()[:2] == ["a", "c"] and pd.isna(t["g"].iloc[2]) and len(t) == 3
     assert t["n"].tolist() == [1000.0, 0.0, 1000.0]
+
+
+def test_a_released_average_lies_within_its_bounds_whatever_the_noise():
+    """AVG releases its noisy mean clamped to [lower, upper] (post-processing: the true mean lies there).
+    60 public partitions of 5 people each, half of them all at the lower bound, half at the upper, at a
+    small epsilon: about half of each half comes out past its bound before clamping, so some land exactly
+    on each bound (each fails to with probability 2^-30) and none beyond it."""
+    keys = [f"p{i:02d}" for i in range(60)]
+    df = pd.DataFrame({"uid": np.arange(300), "g": np.repeat(keys, 5), "x": np.repeat([0.0, 10.0], 150)})
+    q = dp.Query([dp.avg("x", 0, 10, name="m")], privacy_unit="uid", group_by=("g",), epsilon=0.5,
+                 public_partitions=keys)
+    released = dp.execute(q, df).table.set_index("g")["m"]
+    low, high = released[keys[:30]], released[keys[30:]]
+    assert released.between(0.0, 10.0).all(), released.describe()
+    assert (low == 0.0).any() and (high == 10.0).any()

@@ -63,6 +63,19 @@ def test_bad_query_is_refused_with_a_named_reason(kwargs, error, words):
     assert isinstance(info.value, DPError)
 
 
+@pytest.mark.parametrize("kwargs, message", [
+    ({"aggregates": []}, "the query has no aggregates: add at least one (e.g. count())"),
+    ({"privacy_unit": ""}, "privacy_unit must name the column that identifies each person/unit"),
+    ({"privacy_unit": None}, "privacy_unit must name the column that identifies each person/unit"),
+    ({"privacy_unit": 7}, "privacy_unit must name the column that identifies each person/unit"),
+])
+def test_a_query_without_a_statistic_or_a_unit_is_refused_word_for_word(kwargs, message):
+    """The two things every query needs, refused in the whole sentence that says what to give."""
+    with pytest.raises(InvalidQueryError) as info:
+        run(**kwargs)
+    assert str(info.value) == message
+
+
 def test_public_partitions_without_a_group_by_are_refused_as_such():
     with pytest.raises(InvalidQueryError) as caught:
         run(public_partitions=["a"])

@@ -392,6 +392,19 @@ def test_a_noise_scale_over_two_to_the_48_grid_steps_is_refused_naming_it():
     assert str(caught.value) == "noise scale 5.629e+14 is over 2^48 grid steps: refused"
 
 
+def test_a_scale_below_two_to_the_minus_24_steps_is_sampled_as_1_over_s_and_below_2_to_the_minus_62_refused():
+    """The other end of the sampler's range: below 2^-24 steps the numerator 2^b stays 1 (b is capped at 0)
+    and S = floor(1 / scale) carries the scale, rounded up by less than 1 / S; a scale whose S would pass
+    2^62 is refused, naming it."""
+    for scale in (Fraction(1, 2**30), Fraction(3, 2**40), Fraction(1, 3 * 2**25)):
+        params = noise.laplace_parameters(scale)
+        assert (params.t_bits, params.s) == (0, math.floor(1 / scale))
+        assert scale <= params.scale < scale * (1 + Fraction(1, params.s))
+    with pytest.raises(noise.DPError) as caught:
+        noise.laplace_parameters(Fraction(1, 2**63))
+    assert str(caught.value) == "noise scale 1.084e-19 is below 2^-62 grid steps: refused"
+
+
 def test_a_geometric_draw_past_the_int64_range_is_refused_not_wrapped(monkeypatch):
     """The discrete Laplace sampler refuses a geometric draw whose product with the scale would not
     fit an int64 (probability below e^-16384: the geometric stage is handed such a draw here)."""
