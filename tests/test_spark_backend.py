@@ -198,16 +198,14 @@ def test_per_partition_bounds_plan_equals_duckdb(spark, frames):
     assert_same_frame(duck, on_spark, ["part"])
 
 
-@pytest.mark.parametrize("selection,noise_kind,bounds_scope", [("auto", "laplace", "dataset"), ("mad", "gaussian", "dataset"),
-                                                            ("auto", "laplace", "partition")])
-def test_same_randomness_same_release_on_both(spark, frames, monkeypatch, selection, noise_kind, bounds_scope):
-    """With the noise source replayed identically, the whole release (automatic bounds, dataset-wide
-    or per partition, selection with MAD's second round, noise, quantiles) is the same table on DuckDB
-    and Spark, and so are the bounds' noisy histograms: a histogram built from other rows of the units
-    over C_u (another hash than the portable one) would show in a noisy count."""
+@pytest.mark.parametrize("selection,noise_kind", [("auto", "laplace"), ("mad", "gaussian")])
+def test_same_randomness_same_release_on_both(spark, frames, monkeypatch, selection, noise_kind):
+    """With the noise source replayed identically, the whole release (automatic bounds, selection
+    with MAD's second round, noise, quantiles) is the same table on DuckDB and Spark, and so is the
+    bounds' noisy histogram (per-partition bounds: tests/test_spark_platform.py)."""
     query = dp.Query([dp.count(), dp.sum_("k", None, None), dp.avg("x", 0, 30)], privacy_unit="uid",
-                     group_by=("part",), epsilon=5.0 if bounds_scope == "dataset" else 50.0,  # ~100 units a partition
-                     max_partitions_contributed=CU, noise=noise_kind, selection=selection, bounds_scope=bounds_scope)
+                     group_by=("part",), epsilon=5.0, max_partitions_contributed=CU, noise=noise_kind,
+                     selection=selection)
     results = []
     for data in frames:
         replay_noise(monkeypatch, 99)
@@ -215,8 +213,8 @@ def test_same_randomness_same_release_on_both(spark, frames, monkeypatch, select
     monkeypatch.undo()
     assert len(results[0].table) > 0
     assert_same_frame(results[0].table, results[1].table, ["part"])
-    histograms = [[(b.partition, b.noisy_counts) for b in r.inferred_bounds] for r in results]
-    assert len(histograms[0]) == (1 if bounds_scope == "dataset" else 12) and histograms[0] == histograms[1]
+    (histogram,) = [b.noisy_counts for b in results[0].inferred_bounds]
+    assert [b.noisy_counts for b in results[1].inferred_bounds] == [histogram]
 
 
 def test_execute_on_spark_table_name_and_parquet_folder(spark, data, tmp_path):

@@ -375,6 +375,28 @@ def test_per_partition_bounds_on_spark_are_those_of_duckdb(spark):
     assert found["spark"] == found["duckdb"] == [("large", 64.0, 512.0), ("small", 1.0, 4.0)]
 
 
+def test_per_partition_bounds_over_units_past_their_bound_are_the_same_noisy_histograms_on_spark(spark, monkeypatch):
+    """Each unit is in 4 of 6 partitions and keeps 2 (C_u): which 2 is the portable hash's choice for the
+    seed, on both engines, so with the noise replayed each partition's bounds histogram is the same noisy
+    counts and the release the same table on DuckDB and Spark (another hash would keep other rows, and a
+    count would differ)."""
+    from noise_replay import replay_noise
+
+    data = pd.DataFrame([{"uid": u, "g": f"p{(u + k) % 6}", "v": float(1 + (u * 7 + k) % 50)}
+                         for u in range(1200) for k in range(4)])
+    query = dp.Query([dp.Aggregate("sum", column="v", name="s")], privacy_unit="uid", group_by=("g",), epsilon=50.0,
+                     max_partitions_contributed=2, bounds_scope="partition")
+    found = {}
+    for engine, frame in (("duckdb", data), ("spark", spark.createDataFrame(data))):
+        replay_noise(monkeypatch, 21)
+        result = dp.execute(query, frame, backend=engine, spark=spark if engine == "spark" else None,
+                            bounding_seed=77, portable_hash=True)
+        found[engine] = ([(b.partition["g"], b.noisy_counts) for b in result.inferred_bounds],
+                         result.table.sort_values("g")["s"].tolist())
+    monkeypatch.undo()
+    assert len(found["duckdb"][0]) == 6 and found["spark"] == found["duckdb"]
+
+
 def test_a_dp_select_on_spark_reads_its_derived_rows_unchecked_and_names_what_spark_cannot_prepare(spark):
     """On Spark as on DuckDB, the rows a DP SELECT derives are not checked as an input (a WHERE that
     keeps none releases a count of 0, never "no rows"); a statement DuckDB accepts but Spark cannot
