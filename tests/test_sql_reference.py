@@ -105,6 +105,25 @@ def test_public_groups_spend_no_selection_budget_and_list_the_empty_group(tables
     assert result.epsilon_spent == pytest.approx(1.0)
 
 
+def test_public_groups_with_delta_zero_are_released_under_pure_epsilon(tables):
+    """OPTIONS (delta = 0) with PUBLIC_GROUPS: no groups are selected (they are read from public data), so
+    no delta is needed; Laplace noise at epsilon 100 releases every public group, the empty one too, with
+    its count (noise far below 0.5), and delta 0 is spent. Without public groups delta = 0 is refused."""
+    sql = ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 100, delta = 0, group_selection_strategy = "
+           f"PUBLIC_GROUPS) dept, {C1} AS n FROM people RIGHT OUTER JOIN (SELECT DISTINCT dept FROM depts) "
+           "USING (dept) GROUP BY dept ORDER BY dept")
+    result = run_sql(sql, tables)
+    exact = plain(tables, "SELECT d.dept, count(p.uid) AS n FROM (SELECT DISTINCT dept FROM depts) d "
+                          "LEFT JOIN people p USING (dept) GROUP BY d.dept ORDER BY d.dept")
+    assert result.table["dept"].tolist() == ["a", "b", "c", "z"]
+    assert np.allclose(result.table["n"], exact["n"], atol=0.5)
+    assert result.delta_spent == 0
+    selected = (f"SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 100, delta = 0) dept, {C1} AS n FROM people "
+                "GROUP BY dept")
+    with pytest.raises(dp.DPError, match="delta = 0 is impossible with private partitions"):
+        compile_statement_for(selected, tables)
+
+
 def test_public_groups_without_group_by_is_one_partition(tables):
     result = run_sql(f"{PG.format(e=1)} {C1} AS n FROM people", tables)
     assert len(result.table) == 1
@@ -159,6 +178,13 @@ PUBLIC_GROUPS_REFUSED = {
         "the right table in a RIGHT OUTER join must contain user data (a protected table)"),
     "an unknown strategy": ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (group_selection_strategy = OTHER) COUNT(*) "
                             "FROM people", "must be LAPLACE_THRESHOLD or PUBLIC_GROUPS"),
+    # the CTE has no dept (EXCLUDE): joined to people, DuckDB reads `dept` as the person's; listed alone, the
+    # groups cannot be computed: refused before any budget is spent, with DuckDB's reason whole
+    "public groups that DuckDB cannot list on their own": (
+        f"WITH pd AS (SELECT * EXCLUDE (dept) FROM depts) {PG.format(e=1)} region, {C1} AS n FROM people "
+        "RIGHT JOIN (SELECT DISTINCT region FROM pd WHERE dept = 'a') g ON g.region = people.dept GROUP BY region",
+        'DP SELECT 1: its public groups (PUBLIC_GROUPS): Binder Error: Referenced column "dept" not found in FROM '
+        "clause!"),
 }
 
 

@@ -15,7 +15,10 @@ must derive from the rows of one privacy unit only, and carry that unit.
                       at the same position in every branch (each row keeps its unit)
     everything else   refused: a join of two protected tables without unit equality, aggregates
                       without the unit, window functions and LIMIT / ORDER BY over protected rows,
-                      subqueries reading protected tables in conditions or SELECT lists
+                      subqueries reading protected tables in conditions or SELECT lists; over
+                      protected rows, what renames or pairs columns unseen by these checks (a
+                      column list after a name, v(a, b); * EXCLUDE / REPLACE / RENAME; COLUMNS(...);
+                      UNION BY NAME) and DISTINCT ON (one row per value, of whichever unit)
 
 `check_select` returns the relation (with the unit carried) and what it holds. Every refusal
 quotes the offending clause and says why it would break the guarantee.
@@ -215,6 +218,17 @@ def check_outside_clauses(node: exp.Expression, rel: Relation, where: str) -> No
                                 "query without it, or put it inside a SELECT where the rules check it)")
 
 
+def check_column_list(node: exp.Expression, rel: Relation, where: str) -> None:
+    """Refuse a column list after the name of protected rows (`AS v(a, b)`, `WITH v(a, b) AS (...)`): it
+    renames their columns by position, which the checks here do not follow (they would take another
+    column for the privacy unit); public rows may have one."""
+    alias = node.args.get("alias")
+    if isinstance(alias, exp.TableAlias) and alias.columns and rel.unit is not None:
+        raise InvalidQueryError(f"{where}: the column list of {quote(alias)!r} renames columns of protected rows by "
+                                "position, which the ownership check does not follow: not allowed (name the columns in "
+                                "the SELECT list with AS instead)")
+
+
 class OwnershipChecker:
     """Checks FROM clauses against the catalog of registered tables and CTEs."""
 
@@ -303,6 +317,7 @@ class OwnershipChecker:
                 "is not supported: write the joins one after another (a JOIN b ON ... JOIN c ON ...)")
         rel = self._relation(node, where)
         check_outside_clauses(node, rel, where)
+        check_column_list(node, rel, where)
         if node.args.get("sample") is not None:
             self._sample(node, rel, where)
         return rel
@@ -476,7 +491,9 @@ class OwnershipChecker:
         for cte in with_clause.expressions:
             if not cte.alias:
                 raise InvalidQueryError(f"{where}: a CTE needs a name: {quote(cte)[:60]!r}")
-            self.ctes[cte.alias.lower()] = self.query(cte.this, f"{where}: CTE {cte.alias!r}")
+            rel = self.query(cte.this, f"{where}: CTE {cte.alias!r}")
+            check_column_list(cte, rel, f"{where}: CTE {cte.alias!r}")
+            self.ctes[cte.alias.lower()] = rel
         return saved
 
     def _query(self, node: exp.Query, where: str) -> Relation:
@@ -485,6 +502,7 @@ class OwnershipChecker:
         if isinstance(node, exp.Subquery):
             rel = self.query(node.this, where)
             check_outside_clauses(node, rel, where)
+            check_column_list(node, rel, where)
             return rel
         if isinstance(node, SET_OPERATIONS):
             return self.set_operation(node, where)
@@ -501,6 +519,11 @@ class OwnershipChecker:
                 f"{where}: {name} mixes rows of a protected table with rows of a public one: the public rows "
                 "would have no privacy unit"
             )
+        if node.args.get("by_name") and left.unit is not None:
+            raise InvalidQueryError(f"{where}: {name} BY NAME over protected rows pairs the branches' columns by "
+                                    "name, which the ownership check does not follow (it pairs them by position): not "
+                                    "allowed (select the same columns in the same order in every branch, without BY "
+                                    "NAME)")
         if len(left.columns) != len(right.columns):
             raise InvalidQueryError(f"{where}: the branches of {name} have {len(left.columns)} and {len(right.columns)} columns")
         if left.unit is not None:
@@ -540,6 +563,10 @@ class OwnershipChecker:
                     f"{where}: {clause.upper()} inside a subquery over protected rows keeps rows depending on other "
                     "units' rows"
                 )
+        distinct = select.args.get("distinct")
+        if distinct is not None and distinct.args.get("on") is not None:  # one row per value, of any unit
+            raise InvalidQueryError(f"{where}: DISTINCT ON inside a subquery over protected rows keeps rows depending "
+                                    "on other units' rows")
         for clause in ("pivots", "connect", "match"):
             if select.args.get(clause):
                 raise InvalidQueryError(f"{where}: {clause.upper().rstrip('S')} over protected rows mixes rows of "
@@ -574,6 +601,18 @@ class OwnershipChecker:
         copies: set[str] = set()
         composite: set[str] = set()
         for e in select.expressions:
+            if scope.protected:  # column sets DuckDB names by itself: another column could become the unit's
+                star = e if isinstance(e, exp.Star) else e.this if isinstance(e, exp.Column) else None
+                if isinstance(star, exp.Star) and any(star.args.get(k) for k in ("except", "except_", "replace",
+                                                                                 "rename")):
+                    raise InvalidQueryError(f"{where}: {quote(e)[:80]!r}: * EXCLUDE, REPLACE or RENAME over protected "
+                                            "rows changes which column holds what, which the ownership check does not "
+                                            "follow: not allowed (select the columns by name instead)")
+                pattern = next((n for n in e.walk(prune=lambda n: is_subquery(n)) if isinstance(n, exp.Columns)), None)
+                if pattern is not None:
+                    raise InvalidQueryError(f"{where}: {quote(pattern)[:80]!r}: COLUMNS(...) over protected rows "
+                                            "selects and names columns by pattern, which the ownership check does not "
+                                            "follow: not allowed (select the columns by name instead)")
             if isinstance(e, exp.Star) or (isinstance(e, exp.Column) and isinstance(e.this, exp.Star)):
                 rels = scope.relations
                 if isinstance(e, exp.Column) and e.table:
