@@ -237,7 +237,7 @@ def test_a_released_average_lies_within_its_bounds_whatever_the_noise():
     """AVG releases its noisy mean clamped to [lower, upper] (post-processing: the true mean lies there).
     60 public partitions of 5 people each, half of them all at the lower bound, half at the upper, at a
     small epsilon: about half of each half comes out past its bound before clamping, so some land exactly
-    on each bound (each fails to with probability 2^-30) and none beyond it."""
+    on each bound (each fails to with probability about 2^-30) and none beyond it."""
     keys = [f"p{i:02d}" for i in range(60)]
     df = pd.DataFrame({"uid": np.arange(300), "g": np.repeat(keys, 5), "x": np.repeat([0.0, 10.0], 150)})
     q = dp.Query([dp.avg("x", 0, 10, name="m")], privacy_unit="uid", group_by=("g",), epsilon=0.5,
