@@ -535,6 +535,60 @@ WORD_FOR_WORD = {  # refusals whose whole message is the guidance: rule -> (stat
         "subquery 'SELECT COLUMNS(\\'cost()\\') AS \"uid\\\\1\" FROM visits': \"COLUMNS('cost()')\": COLUMNS(...) over "
         "protected rows selects and names columns by pattern, which the ownership check does not follow: not "
         "allowed (select the columns by name instead)"),
+    # more columns DuckDB names or lists otherwise than the check did (until 2026-11-26): a name given twice (DuckDB
+    # reads the first: `SELECT cost AS uid, uid` took cost for the unit, a COUNT bounded at 1 per unit over 10 units
+    # released 1,000), a * listing the unit's name twice, a public column list or unnamed expression beside protected
+    # rows, an UNNEST of a STRUCT (one column per field) and LATERAL VIEW (unchecked columns and expressions)
+    "a name given twice over protected rows": (
+        f"{DP.format(e=1)} {C1} AS n FROM (SELECT cost AS uid, uid FROM visits) v",
+        "subquery 'SELECT cost AS uid, uid FROM visits': the output column name(s) uid are given twice over protected "
+        "rows: DuckDB reads such a name as its first column and renames the others, which the ownership check does "
+        "not follow (another column could pass for the privacy unit): not allowed (give each output column its own "
+        "name with AS)"),
+    "qualified stars listing a USING column twice": (
+        f"{DP.format(e=1)} {C1} AS n FROM (SELECT p.*, v.* FROM people p JOIN visits v USING (uid)) pv",
+        "subquery 'SELECT p.*, v.* FROM people AS p JOIN visits AS v USING (uid': the output column name(s) uid are "
+        "given twice over protected rows: DuckDB reads such a name as its first column and renames the others, which "
+        "the ownership check does not follow (another column could pass for the privacy unit): not allowed (give "
+        "each output column its own name with AS)"),
+    "a public column list naming a column like the unit beside protected rows": (
+        f"{DP.format(e=1)} {C1} AS n FROM (SELECT * FROM (SELECT dept FROM depts) AS d(uid), visits) dv",
+        "subquery 'SELECT * FROM (SELECT dept FROM depts) AS d(uid), visits': the output column name(s) uid are given "
+        "twice over protected rows: DuckDB reads such a name as its first column and renames the others, which the "
+        "ownership check does not follow (another column could pass for the privacy unit): not allowed (give each "
+        "output column its own name with AS)"),
+    "a * over public rows DuckDB names itself, beside protected rows": (
+        f"{DP.format(e=1)} {C1} AS n FROM (SELECT * FROM (SELECT (d.dept) FROM depts d) d, visits) dv",
+        "subquery 'SELECT * FROM (SELECT (d.dept) FROM depts AS d) AS d, visits': '*' reads every column of 'd', whose "
+        "columns DuckDB names otherwise than they are written (a name twice, an unnamed expression, * EXCLUDE / "
+        "REPLACE / RENAME, COLUMNS(...), UNNEST, BY NAME): beside protected rows one of them could pass for the "
+        "privacy unit; not allowed (select its columns by name, or name them with AS in that subquery)"),
+    "UNNEST as a whole select item over protected rows": (
+        f"{DP.format(e=1)} {C1} AS n FROM (SELECT UNNEST({{'uid': cost}}), uid FROM visits) v",
+        "subquery \"SELECT UNNEST({'uid': cost}), uid FROM visits\": \"UNNEST({'uid': cost})\": UNNEST as a whole "
+        "select item over protected rows expands a STRUCT into one column per field, named by the struct, which the "
+        "ownership check does not follow (a field could pass for the privacy unit): not allowed (unnest a list inside "
+        "an expression, e.g. CAST(UNNEST(x) AS <type>) AS name)"),
+    "LATERAL VIEW": (  # was accepted: #3 read a column the check never saw, here a MAX over every unit's rows
+        f"{DP.format(e=1)} SUM(c, contribution_bounds_per_group => (0, 10)) AS s FROM (SELECT uid, #3 AS c FROM visits "
+        "LATERAL VIEW explode([(SELECT MAX(cost) FROM visits)]) t AS c) v",
+        "subquery 'SELECT uid, #3 AS c FROM visits CROSS JOIN UNNEST([(SELECT M': 'CROSS JOIN UNNEST([(SELECT "
+        "MAX(cost) FROM visits)]) AS t(c)': LATERAL VIEW adds columns and rows that the ownership check does not see "
+        "(its expressions could read any table, and name columns like the privacy unit): not allowed (unnest a list "
+        "in the SELECT list instead: CAST(UNNEST(x) AS <type>) AS name)"),
+    # a public subquery's HAVING (GROUP BY, ORDER BY, LIMIT, ...) was not checked: its rows could list one unit's raw
+    # values, released as group keys (over 10 units of 100 distinct costs, unit 3's costs came out as keys)
+    "a protected table read in a public subquery's HAVING": (
+        f"{DP.format(e=1)} region, {C1} AS n FROM people CROSS JOIN (SELECT region FROM depts GROUP BY region "
+        "HAVING region IN (SELECT dept FROM people WHERE uid = 3)) d GROUP BY region",
+        "subquery 'SELECT region FROM depts GROUP BY region HAVING region IN (S' HAVING: the subquery 'SELECT dept, "
+        "\"people\".\"uid\" AS \"uid\" FROM people WHERE uid = 3' reads a protected table: a condition may read "
+        "public tables only (rows of other units would decide which rows count)"),
+    "a table function reading a file in the outer query": (  # was accepted: a protected table's own file, released raw
+        f"SELECT * FROM ({DP.format(e=1)} {C1} AS n FROM people) a, read_csv('people.csv') b",
+        "the outer query: \"READ_CSV('people.csv') AS b\" cannot be used in FROM: a table function reads rows of no "
+        "registered table (a file, a path or other SQL), which could hold a protected table's rows; read registered "
+        "tables by name (RANGE, GENERATE_SERIES and UNNEST are allowed)"),
     "DISTINCT ON over protected rows": (
         f"{DP.format(e=1)} {C1} AS n FROM (SELECT DISTINCT ON (dept) uid, dept FROM people) p",
         "subquery 'SELECT DISTINCT ON (dept) uid, dept FROM people': DISTINCT ON inside a subquery over protected "
@@ -988,3 +1042,17 @@ def test_a_table_qualified_by_its_schema_is_read_even_where_a_released_cte_has_i
                           "GROUP BY dept ORDER BY dept")
     assert released["dept"].tolist() == ["a", "b", "c"]
     assert np.allclose(released[["n", "m"]].to_numpy(), exact[["n", "m"]].to_numpy(), atol=0.5)
+
+
+def test_an_unnamed_expression_duckdb_names_like_the_unit_is_not_taken_for_it():
+    """`SELECT (pub.uid), visits.uid` in a subquery: DuckDB names the first column uid (the public
+    table's, here equal to the visit's cost) and reads that one for `uid` outside; until 2026-11-26 the
+    check named it _col0 and took the second for the unit, so that over 10 units of 100 visits with
+    distinct costs a COUNT bounded at 1 per unit released 1,000. The check now writes its name in
+    (`(pub.uid) AS _col0`): 10 units, 10 (epsilon 100: the noise is far below 0.5)."""
+    visits = pd.DataFrame({"uid": np.repeat(np.arange(10), 100), "cost": np.arange(1000)})
+    pub = pd.DataFrame({"uid": np.arange(1000), "k": np.arange(1000)})
+    tables = {"visits": Table(visits, "uid"), "pub": Table(pub)}
+    sql = (f"{DP.format(e=EPS)} {C1} AS n FROM (SELECT (pub.uid), visits.uid FROM visits "
+           "JOIN pub ON pub.k = visits.cost) v")
+    assert run_sql(sql, tables).table["n"].round().tolist() == [10.0]

@@ -18,7 +18,10 @@ must derive from the rows of one privacy unit only, and carry that unit.
                       subqueries reading protected tables in conditions or SELECT lists; over
                       protected rows, what renames or pairs columns unseen by these checks (a
                       column list after a name, v(a, b); * EXCLUDE / REPLACE / RENAME; COLUMNS(...);
-                      UNION BY NAME) and DISTINCT ON (one row per value, of whichever unit)
+                      UNION BY NAME; an output name given twice; UNNEST of a STRUCT as a select
+                      item; LATERAL VIEW) and DISTINCT ON (one row per value, of whichever unit);
+                      subqueries of any clause (GROUP BY, HAVING, ORDER BY, LIMIT, ...) reading
+                      protected tables, over public rows too
 
 `check_select` returns the relation (with the unit carried) and what it holds. Every refusal
 quotes the offending clause and says why it would break the guarantee.
@@ -26,7 +29,7 @@ quotes the offending clause and says why it would break the guarantee.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import sqlglot
 from sqlglot import exp
@@ -54,6 +57,10 @@ class Relation:
     unit: str | None
     copies: frozenset[str] = frozenset()  # other columns holding the unit (SELECT uid AS x, uid AS y)
     composite: frozenset[str] = frozenset()  # columns holding a STRUCT or an ARRAY (cannot be a unit)
+    #: public rows whose output columns DuckDB names or counts otherwise than `columns` says (a name
+    #: twice, an unnamed expression, * EXCLUDE, COLUMNS(...), UNNEST of a STRUCT, BY NAME): fine as
+    #: public rows, but a * over them beside protected rows would put unknown names beside the unit
+    opaque: bool = False
 
     def has(self, column: str) -> bool:
         return column.lower() in self.columns
@@ -218,15 +225,22 @@ def check_outside_clauses(node: exp.Expression, rel: Relation, where: str) -> No
                                 "query without it, or put it inside a SELECT where the rules check it)")
 
 
-def check_column_list(node: exp.Expression, rel: Relation, where: str) -> None:
+def check_column_list(node: exp.Expression, rel: Relation, where: str) -> Relation:
     """Refuse a column list after the name of protected rows (`AS v(a, b)`, `WITH v(a, b) AS (...)`): it
     renames their columns by position, which the checks here do not follow (they would take another
-    column for the privacy unit); public rows may have one."""
+    column for the privacy unit); public rows may have one, and their relation is returned renamed
+    as DuckDB renames it (the first columns, by position)."""
     alias = node.args.get("alias")
     if isinstance(alias, exp.TableAlias) and alias.columns and rel.unit is not None:
         raise InvalidQueryError(f"{where}: the column list of {quote(alias)!r} renames columns of protected rows by "
                                 "position, which the ownership check does not follow: not allowed (name the columns in "
                                 "the SELECT list with AS instead)")
+    if isinstance(alias, exp.TableAlias) and alias.columns:
+        names = [c.name for c in alias.columns] + list(rel.columns.values())[len(alias.columns):]
+        columns = {n.lower(): n for n in names}
+        return replace(rel, columns=columns, composite=frozenset(),
+                       opaque=rel.opaque or len(columns) != len(names) or len(alias.columns) > len(rel.columns))
+    return rel
 
 
 class OwnershipChecker:
@@ -255,6 +269,22 @@ class OwnershipChecker:
                 raise InvalidQueryError(f"{where}: {quote(node)!r} is an aggregate, which is not allowed here")
             if isinstance(node, exp.Column) and not isinstance(node.this, exp.Star):
                 scope.resolve(node)
+
+    def clause_subqueries(self, node: exp.Expression, checked: tuple[str, ...], where: str) -> None:
+        """The subqueries in the clauses of `node` other than `checked` (GROUP BY, HAVING, ORDER BY, LIMIT,
+        QUALIFY, ... of a SELECT, a set operation or a parenthesized query): public tables only,
+        uncorrelated, as in a condition; over public rows too, whose rows they would otherwise decide
+        (`(SELECT k FROM pub GROUP BY k HAVING k IN (SELECT cost FROM t WHERE uid = 3))` listed one
+        unit's raw values as public rows, until 2026-11-26)."""
+        for key, value in node.args.items():
+            if key.rstrip("_") in checked or not value:
+                continue
+            for part in value if isinstance(value, list) else [value]:
+                if not isinstance(part, exp.Expression):
+                    continue
+                for sub in part.walk(prune=lambda n: n is not part and is_subquery(n)):
+                    if is_subquery(sub):
+                        self.public_subquery(sub, f"{where} {key.upper().rstrip('_')}")
 
     def public_subquery(self, node: exp.Expression, where: str) -> Relation:
         """A subquery in a condition: it must read public tables only (no unit), uncorrelated."""
@@ -317,7 +347,8 @@ class OwnershipChecker:
                 "is not supported: write the joins one after another (a JOIN b ON ... JOIN c ON ...)")
         rel = self._relation(node, where)
         check_outside_clauses(node, rel, where)
-        check_column_list(node, rel, where)
+        self.clause_subqueries(node, ("this", "alias", "joins", "sample", "with"), where)
+        rel = check_column_list(node, rel, where)
         if node.args.get("sample") is not None:
             self._sample(node, rel, where)
         return rel
@@ -361,7 +392,7 @@ class OwnershipChecker:
                 )
             if not node.args.get("db") and name.lower() in self.ctes:
                 rel = self.ctes[name.lower()]
-                return Relation(alias, dict(rel.columns), rel.unit, rel.copies, rel.composite)
+                return Relation(alias, dict(rel.columns), rel.unit, rel.copies, rel.composite, rel.opaque)
             info = self.table_info(node)
             if info is None:
                 known = ", ".join(sorted(t.name for t in self.catalog.values()))
@@ -381,7 +412,7 @@ class OwnershipChecker:
             alias = node.alias_or_name or f"_sub{len(self.ctes)}_{id(node) % 10_000}"
             if not node.alias:
                 node.set("alias", exp.TableAlias(this=exp.to_identifier(alias)))
-            return Relation(alias, rel.columns, rel.unit, rel.copies, rel.composite)
+            return Relation(alias, rel.columns, rel.unit, rel.copies, rel.composite, rel.opaque)
         raise InvalidQueryError(f"{where}: {quote(node)[:80]!r} cannot be used in FROM (use a table, a CTE or a subquery)")
 
     def join(self, join: exp.Join, scope: Scope, where: str) -> None:
@@ -492,7 +523,7 @@ class OwnershipChecker:
             if not cte.alias:
                 raise InvalidQueryError(f"{where}: a CTE needs a name: {quote(cte)[:60]!r}")
             rel = self.query(cte.this, f"{where}: CTE {cte.alias!r}")
-            check_column_list(cte, rel, f"{where}: CTE {cte.alias!r}")
+            rel = check_column_list(cte, rel, f"{where}: CTE {cte.alias!r}")
             self.ctes[cte.alias.lower()] = rel
         return saved
 
@@ -502,8 +533,8 @@ class OwnershipChecker:
         if isinstance(node, exp.Subquery):
             rel = self.query(node.this, where)
             check_outside_clauses(node, rel, where)
-            check_column_list(node, rel, where)
-            return rel
+            self.clause_subqueries(node, ("this", "alias", "joins", "sample", "with"), where)
+            return check_column_list(node, rel, where)
         if isinstance(node, SET_OPERATIONS):
             return self.set_operation(node, where)
         raise InvalidQueryError(f"{where}: {quote(node)[:80]!r} is not supported here")
@@ -514,6 +545,7 @@ class OwnershipChecker:
         name = type(node).__name__.upper()
         left = self.query(node.this, f"{where} ({name} branch)")
         right = self.query(node.expression, f"{where} ({name} branch)")
+        self.clause_subqueries(node, ("this", "expression", "with"), where)
         if (left.unit is None) != (right.unit is None):
             raise InvalidQueryError(
                 f"{where}: {name} mixes rows of a protected table with rows of a public one: the public rows "
@@ -537,7 +569,8 @@ class OwnershipChecker:
             for clause in ("order", "limit", "offset"):
                 if node.args.get(clause) is not None:
                     raise InvalidQueryError(f"{where}: {clause.upper()} over protected rows keeps rows depending on other units' rows")
-        return Relation("", dict(left.columns), left.unit)
+        return Relation("", dict(left.columns), left.unit,
+                        opaque=left.opaque or right.opaque or bool(node.args.get("by_name")))
 
     def check_select(self, select: exp.Select, where: str) -> Relation:
         """A SELECT inside FROM (or a CTE or a condition): checked, and rewritten to carry the unit."""
@@ -547,6 +580,11 @@ class OwnershipChecker:
                         and col.find_ancestor(exp.Select) is select):  # not one of a nested subquery
                     col.replace(exp.Literal.string(col.name))
         scope = self.from_scope(select, where)
+        if select.args.get("laterals"):
+            raise InvalidQueryError(
+                f"{where}: {quote(select.args['laterals'][0])[:80]!r}: LATERAL VIEW adds columns and rows that the "
+                "ownership check does not see (its expressions could read any table, and name columns like the "
+                "privacy unit): not allowed (unnest a list in the SELECT list instead: CAST(UNNEST(x) AS <type>) AS name)")
         self.check_condition(select.args.get("where"), scope, f"{where} WHERE")
         for e in select.expressions:
             check_functions(e, where)
@@ -556,6 +594,7 @@ class OwnershipChecker:
                 if is_subquery(node) and node is not e:
                     self.public_subquery(node, f"{where} SELECT list")
         if not scope.protected:
+            self.clause_subqueries(select, ("from", "joins", "with", "where", "expressions"), where)
             return self._project(select, scope, where)
         for clause in ("order", "limit", "offset"):
             if select.args.get(clause) is not None:
@@ -591,41 +630,67 @@ class OwnershipChecker:
                 for node in having.walk():
                     if is_subquery(node) and node is not having:
                         raise InvalidQueryError(f"{where} HAVING: {quote(node)!r} is not allowed")
+        self.clause_subqueries(select, ("from", "joins", "with", "where", "expressions", "group", "having"), where)
         return self._project(select, scope, where)
 
     @staticmethod
     def _project(select: exp.Select, scope: Scope, where: str) -> Relation:
-        """Output columns of the SELECT; the unit is appended when the analyst did not select it."""
+        """Output columns of the SELECT; the unit is appended when the analyst did not select it.
+
+        Over protected rows the names here must be DuckDB's own, since the query around reads the
+        unit by its name (DuckDB takes the first column of a name) and a set operation pairs columns
+        by position: a name given twice, an unnamed expression (DuckDB names `(p.uid)` uid) and an
+        UNNEST of a STRUCT (one column per field) would each let another column pass for the unit.
+        Unnamed expressions are named here `_col<n>` (written into the query, so that DuckDB uses the
+        same name); the other two are refused. Over public rows they are allowed and the relation is
+        marked opaque (a * over it beside protected rows is refused)."""
         columns: dict[str, str] = {}
+        names: list[str] = []  # every output column, in order, as DuckDB lists them (duplicates too)
         unit_out = None
         copies: set[str] = set()
         composite: set[str] = set()
+        opaque = False
         for e in select.expressions:
-            if scope.protected:  # column sets DuckDB names by itself: another column could become the unit's
-                star = e if isinstance(e, exp.Star) else e.this if isinstance(e, exp.Column) else None
-                if isinstance(star, exp.Star) and any(star.args.get(k) for k in ("except", "except_", "replace",
-                                                                                 "rename")):
+            star = e if isinstance(e, exp.Star) else e.this if isinstance(e, exp.Column) else None
+            if isinstance(star, exp.Star) and any(star.args.get(k) for k in ("except", "except_", "replace", "rename")):
+                if scope.protected:  # column sets DuckDB names by itself: another column could become the unit's
                     raise InvalidQueryError(f"{where}: {quote(e)[:80]!r}: * EXCLUDE, REPLACE or RENAME over protected "
                                             "rows changes which column holds what, which the ownership check does not "
                                             "follow: not allowed (select the columns by name instead)")
-                pattern = next((n for n in e.walk(prune=lambda n: is_subquery(n)) if isinstance(n, exp.Columns)), None)
-                if pattern is not None:
+                opaque = True
+            pattern = next((n for n in e.walk(prune=lambda n: is_subquery(n)) if isinstance(n, exp.Columns)), None)
+            if pattern is not None:
+                if scope.protected:
                     raise InvalidQueryError(f"{where}: {quote(pattern)[:80]!r}: COLUMNS(...) over protected rows "
                                             "selects and names columns by pattern, which the ownership check does not "
                                             "follow: not allowed (select the columns by name instead)")
+                opaque = True
             if isinstance(e, exp.Star) or (isinstance(e, exp.Column) and isinstance(e.this, exp.Star)):
                 rels = scope.relations
-                if isinstance(e, exp.Column) and e.table:
+                qualified = isinstance(e, exp.Column) and bool(e.table)
+                if qualified:
                     rels = [r for r in scope.relations if r.alias.lower() == e.table.lower()]
                     if not rels:
                         raise InvalidQueryError(f"{where}: unknown table {e.table!r} in {quote(e)!r}")
                 if not rels:
                     raise InvalidQueryError(f"{where}: SELECT * needs a FROM clause")
+                seen_merged: set[str] = set()
                 for r in rels:
+                    if r.opaque and scope.protected:
+                        raise InvalidQueryError(
+                            f"{where}: {quote(e)!r} reads every column of {r.alias or 'a subquery'!r}, whose columns "
+                            "DuckDB names otherwise than they are written (a name twice, an unnamed expression, "
+                            "* EXCLUDE / REPLACE / RENAME, COLUMNS(...), UNNEST, BY NAME): beside protected rows one "
+                            "of them could pass for the privacy unit; not allowed (select its columns by name, or "
+                            "name them with AS in that subquery)")
+                    opaque = opaque or r.opaque
                     for low, name in r.columns.items():
-                        if low in scope.merged and low in columns:
-                            continue  # USING columns appear once
-                        columns[low] = name
+                        if not qualified and low in scope.merged:
+                            if low in seen_merged:
+                                continue  # USING columns appear once in an unqualified *
+                            seen_merged.add(low)
+                        names.append(name)
+                        columns.setdefault(low, name)
                     if unit_out is None and r.unit is not None and scope.protected and (
                             scope.unit_name is None or r.is_unit(scope.unit_name)):
                         unit_out = r.unit
@@ -634,10 +699,27 @@ class OwnershipChecker:
             for node in inner.walk(prune=lambda n: is_subquery(n)):
                 if isinstance(node, exp.Column) and not isinstance(node.this, exp.Star):
                     scope.resolve(node)
-            name = e.alias_or_name
-            if not name:
-                name = f"_col{len(columns)}"  # BigQuery names it internally; it cannot be referenced
-            columns[name.lower()] = name
+            root = inner
+            while isinstance(root, exp.Paren):
+                root = root.this
+            if quote(root).upper().startswith("UNNEST("):  # of a STRUCT: one column per field, named by it
+                if scope.protected:
+                    raise InvalidQueryError(
+                        f"{where}: {quote(e)[:80]!r}: UNNEST as a whole select item over protected rows expands a "
+                        "STRUCT into one column per field, named by the struct, which the ownership check does not "
+                        "follow (a field could pass for the privacy unit): not allowed (unnest a list inside an "
+                        "expression, e.g. CAST(UNNEST(x) AS <type>) AS name)")
+                opaque = True
+            if isinstance(e, (exp.Alias, exp.Column)):
+                name = e.alias_or_name
+            else:  # DuckDB names it by its text or by a column inside it: the checker's name is written in
+                name = f"_col{len(names)}"
+                if scope.protected:
+                    e.replace(exp.alias_(e.copy(), name, quoted=True))
+                else:
+                    opaque = True
+            names.append(name)
+            columns.setdefault(name.lower(), name)
             if isinstance(inner, (exp.Struct, exp.Array)) or (
                     isinstance(inner, exp.Subquery) and isinstance(inner.this, exp.Select)
                     and str(inner.this.args.get("kind") or "").upper() in ("STRUCT", "ARRAY")):
@@ -647,6 +729,15 @@ class OwnershipChecker:
                     unit_out = name
                 else:
                     copies.add(name.lower())
+        if len(columns) != len(names):
+            twice = sorted({n for n in names if [m.lower() for m in names].count(n.lower()) > 1})
+            if scope.protected:
+                raise InvalidQueryError(
+                    f"{where}: the output column name(s) {', '.join(twice)} are given twice over protected rows: "
+                    "DuckDB reads such a name as its first column and renames the others, which the ownership "
+                    "check does not follow (another column could pass for the privacy unit): not allowed (give "
+                    "each output column its own name with AS)")
+            opaque = True
         if scope.protected and unit_out is None:  # carry the unit automatically
             unit_name = scope.unit_name or "unit"
             if unit_name.lower() in columns:
@@ -658,5 +749,4 @@ class OwnershipChecker:
             columns[unit_name.lower()] = unit_name
             unit_out = unit_name
         return Relation("", columns, unit_out if scope.protected else None, frozenset(copies - {(unit_out or "").lower()}),
-                        frozenset(composite))
-
+                        frozenset(composite), opaque and not scope.protected)

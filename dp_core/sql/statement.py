@@ -30,6 +30,8 @@ from .sample import sample_fraction
 from .syntax import ParsedStatement, mark_of, parse_statement, quote
 
 RELEASED_PREFIX = "__dp_release_"
+#: the table functions an outer query may read: they generate rows and read nothing
+GENERATORS = (exp.GenerateSeries,)
 
 
 @dataclass(frozen=True)
@@ -152,7 +154,7 @@ def compile_statement(sql: str, catalog: dict[str, TableInfo], *, epsilon=None, 
                 kinds[name.lower()] = "released"
                 continue
             rel = checker.query(body, f"CTE {name!r}")
-            check_column_list(cte, rel, f"CTE {name!r}")
+            rel = check_column_list(cte, rel, f"CTE {name!r}")
             checker.ctes[name.lower()] = rel
             kinds[name.lower()] = "protected" if rel.unit is not None else "public"
             kept.append(cte)
@@ -231,6 +233,14 @@ def _outer_query(tree: exp.Expression, catalog: dict[str, TableInfo], kinds: dic
         else:  # DuckDB reads the percentage bare: `BERNOULLI ((10) PERCENT)` is its syntax error
             node.set("method", exp.var("BERNOULLI"))
             node.set("percent", node.args["percent"].unnest())
+    for node in outer.find_all(exp.Table):
+        if not isinstance(node.this, exp.Identifier) and not isinstance(node.this, GENERATORS):
+            # read_csv('people.csv'), read_parquet, query('...'), glob: rows of no registered table, read
+            # unchecked (a protected table registered by its file path would be released as it is)
+            raise InvalidQueryError(
+                f"the outer query: {quote(node)[:80]!r} cannot be used in FROM: a table function reads rows of no "
+                "registered table (a file, a path or other SQL), which could hold a protected table's rows; read "
+                "registered tables by name (RANGE, GENERATE_SERIES and UNNEST are allowed)")
     lowered = {k.lower(): v for k, v in catalog.items()}
     public = set()
     for t in _tables(outer):
