@@ -535,7 +535,7 @@ WORD_FOR_WORD = {  # refusals whose whole message is the guidance: rule -> (stat
         "subquery 'SELECT COLUMNS(\\'cost()\\') AS \"uid\\\\1\" FROM visits': \"COLUMNS('cost()')\": COLUMNS(...) over "
         "protected rows selects and names columns by pattern, which the ownership check does not follow: not "
         "allowed (select the columns by name instead)"),
-    # more columns DuckDB names or lists otherwise than the check did (until 2026-11-26): a name given twice (DuckDB
+    # more columns DuckDB names or lists otherwise than the check did (until 2026-11-25): a name given twice (DuckDB
     # reads the first: `SELECT cost AS uid, uid` took cost for the unit, a COUNT bounded at 1 per unit over 10 units
     # released 1,000), a * listing the unit's name twice, a public column list or unnamed expression beside protected
     # rows, an UNNEST of a STRUCT (one column per field) and LATERAL VIEW (unchecked columns and expressions)
@@ -1046,7 +1046,7 @@ def test_a_table_qualified_by_its_schema_is_read_even_where_a_released_cte_has_i
 
 def test_an_unnamed_expression_duckdb_names_like_the_unit_is_not_taken_for_it():
     """`SELECT (pub.uid), visits.uid` in a subquery: DuckDB names the first column uid (the public
-    table's, here equal to the visit's cost) and reads that one for `uid` outside; until 2026-11-26 the
+    table's, here equal to the visit's cost) and reads that one for `uid` outside; until 2026-11-25 the
     check named it _col0 and took the second for the unit, so that over 10 units of 100 visits with
     distinct costs a COUNT bounded at 1 per unit released 1,000. The check now writes its name in
     (`(pub.uid) AS _col0`): 10 units, 10 (epsilon 100: the noise is far below 0.5)."""

@@ -275,7 +275,7 @@ class OwnershipChecker:
         QUALIFY, ... of a SELECT, a set operation or a parenthesized query): public tables only,
         uncorrelated, as in a condition; over public rows too, whose rows they would otherwise decide
         (`(SELECT k FROM pub GROUP BY k HAVING k IN (SELECT cost FROM t WHERE uid = 3))` listed one
-        unit's raw values as public rows, until 2026-11-26)."""
+        unit's raw values as public rows, until 2026-11-25)."""
         for key, value in node.args.items():
             if key.rstrip("_") in checked or not value:
                 continue
