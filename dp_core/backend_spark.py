@@ -134,15 +134,38 @@ def java_failure(text: str) -> str:
 
 
 def to_spark_sql(sql: str, views: dict[str, str]) -> str:
-    """DuckDB-syntax SQL as Spark SQL, each table named in `views` read from its temporary view."""
+    """DuckDB-syntax SQL as Spark SQL, each table named in `views` read from its temporary view.
+
+    A name is matched as DuckDB and the ownership check match it: without regard to case, and only
+    where it reads a table, not a CTE of that name (a CTE is seen by the CTEs after it and by its
+    query). Until 2026-11-25 a CTE named like a registered table was read from that table's view on
+    Spark (`WITH visits AS (<public rows>) ... FROM visits` read the protected table's rows, under a
+    unit the analyst chose for public rows), and `FROM VISITS` read no registered table."""
     tree = sqlglot.parse_one(sql, read="duckdb")
-    for table in tree.find_all(exp.Table):
-        if table.name in views and not table.args.get("db"):
-            name, alias = table.name, table.alias
-            table.set("this", exp.to_identifier(views[name]))
-            if not alias:  # columns qualified by the table's name still resolve
-                table.set("alias", exp.TableAlias(this=exp.to_identifier(name)))
+    lowered = {name.lower(): view for name, view in views.items()}
+    for table in [t for t in _table_reads(tree, frozenset()) if t.name.lower() in lowered]:
+        name, alias = table.name, table.alias
+        table.set("this", exp.to_identifier(lowered[name.lower()]))
+        if not alias:  # columns qualified by the table's name still resolve
+            table.set("alias", exp.TableAlias(this=exp.to_identifier(name)))
     return tree.sql(dialect="spark")
+
+
+def _table_reads(node: exp.Expression, ctes: frozenset[str]) -> list[exp.Table]:
+    """The unqualified table names in `node` that read a table (not a CTE visible where they are)."""
+    found = []
+    with_clause = node.args.get("with_", node.args.get("with"))
+    if isinstance(with_clause, exp.With):
+        for cte in with_clause.expressions:
+            found += _table_reads(cte.this, ctes)
+            ctes = ctes | {cte.alias.lower()}
+    if (isinstance(node, exp.Table) and isinstance(node.this, exp.Identifier) and not node.args.get("db")
+            and node.name.lower() not in ctes):
+        found.append(node)
+    for child in node.iter_expressions():
+        if child is not with_clause:
+            found += _table_reads(child, ctes)
+    return found
 
 
 @dataclass

@@ -589,6 +589,28 @@ WORD_FOR_WORD = {  # refusals whose whole message is the guidance: rule -> (stat
         "the outer query: \"READ_CSV('people.csv') AS b\" cannot be used in FROM: a table function reads rows of no "
         "registered table (a file, a path or other SQL), which could hold a protected table's rows; read registered "
         "tables by name (RANGE, GENERATE_SERIES and UNNEST are allowed)"),
+    # a CTE is seen by the CTEs after it and by its query, not by its own body nor the CTEs before it, where DuckDB
+    # reads a table or a file of that name: a released CTE (unchecked) read `"people.parquet"` there, and a CTE of that
+    # name after it made the outer check take it for the CTE, so a protected table's own file came out raw (until
+    # 2026-11-25); a DP SELECT list's subqueries run beside the released values, where no CTE is defined (the same)
+    "a CTE read before its definition in the outer query": (
+        f'WITH r AS ({DP.format(e=1)} {C1} AS n FROM people), a AS (SELECT * FROM r, "people.parquet"), '
+        '"people.parquet" AS (SELECT 1 AS z) SELECT * FROM a',
+        "the outer query: 'people.parquet' is read in its own CTE or in a CTE before it, where the CTE is not yet "
+        "defined: DuckDB reads a table or a file of that name there (a CTE named after a protected table's file "
+        "released its raw rows); not allowed (define a CTE before the queries that read it)"),
+    "a CTE read in its own body in the outer query": (
+        f'WITH "people.parquet" AS (SELECT * FROM ({DP.format(e=1)} {C1} AS n FROM people) r, "people.parquet") '
+        'SELECT * FROM "people.parquet"',
+        "the outer query: 'people.parquet' is read in its own CTE or in a CTE before it, where the CTE is not yet "
+        "defined: DuckDB reads a table or a file of that name there (a CTE named after a protected table's file "
+        "released its raw rows); not allowed (define a CTE before the queries that read it)"),
+    "a CTE read by a subquery of a DP SELECT list": (
+        f"WITH x AS (SELECT dept FROM depts) {DP.format(e=1)} {C1} AS n, (SELECT MAX(dept) FROM x) AS m FROM people",
+        "the DP SELECT list: '(SELECT MAX(dept) FROM x) AS m': the subquery reads the CTE 'x', but it is computed "
+        "beside the released values, where the statement's CTEs are not defined: DuckDB would read a table or a file "
+        "of that name instead (a CTE named after a protected table's file released its raw rows): not allowed (read "
+        "registered public tables in it, or join the CTE in an outer query)"),
     "DISTINCT ON over protected rows": (
         f"{DP.format(e=1)} {C1} AS n FROM (SELECT DISTINCT ON (dept) uid, dept FROM people) p",
         "subquery 'SELECT DISTINCT ON (dept) uid, dept FROM people': DISTINCT ON inside a subquery over protected "
@@ -602,6 +624,45 @@ def test_refusals_give_their_whole_reason_and_remedy(tables, rule):
     with pytest.raises(dp.DPError) as info:
         compile_statement_for(sql, tables, epsilon=1.0)
     assert str(info.value) == message
+
+
+def test_a_cte_named_after_a_protected_table_s_file_never_reads_the_file(tmp_path, monkeypatch):
+    """A protected table registered by its file: a CTE named after the file's path, read where the CTE is
+    not defined (before it, in its own body, in a DP SELECT list's subquery), made DuckDB read the file
+    itself; each statement released the ten raw ages (30 to 39) until 2026-11-25, and is now refused."""
+    monkeypatch.chdir(tmp_path)
+    people = pd.DataFrame({"uid": np.arange(10), "age": 30 + np.arange(10)})
+    people.to_parquet(tmp_path / "p.parquet")
+    tables = {"people": Table(str(tmp_path / "p.parquet"), "uid"), "depts": Table(pd.DataFrame({"dept": [0, 1]}))}
+    dp_select = f"{DP.format(e=100)} {C1} AS n FROM people"
+    leaks = [f'WITH r AS ({dp_select}), a AS (SELECT * FROM r, "p.parquet"), "p.parquet" AS (SELECT 1 AS z) '
+             "SELECT * FROM a",
+             f'WITH "p.parquet" AS (SELECT * FROM ({dp_select}) r, "p.parquet") SELECT * FROM "p.parquet"',
+             f'WITH "p.parquet" AS (SELECT 1 AS age) {dp_select[:-len(" FROM people")]}, '
+             '(SELECT string_agg(CAST(age AS VARCHAR), \',\') FROM "p.parquet") AS ages FROM people']
+    for sql in leaks:
+        with pytest.raises(dp.DPError, match="CTE"):
+            run_sql(sql, tables)
+    # where the CTE is defined, the name reads it (not the file), in the outer query as in a DP SELECT list
+    fine = run_sql(f'WITH "p.parquet" AS (SELECT 1 AS z), r AS ({dp_select}) SELECT * FROM r, "p.parquet"', tables)
+    assert fine.table["z"].tolist() == [1]
+
+
+def test_spark_reads_a_cte_named_like_a_registered_table_as_the_cte_and_names_without_regard_to_case():
+    """The Spark rendering of a source maps registered names to their views where DuckDB reads a table:
+    not a CTE of that name (a public CTE `visits` was read from the protected table's view on Spark: with
+    privacy_unit_column = cost over it, each person's raw visit count came out per uid, until 2026-11-25),
+    and whatever the case (`FROM VISITS` read no registered table on Spark)."""
+    from dp_core.backend_spark import to_spark_sql
+
+    views = {"visits": "v_123", "depts": "d_456"}
+    cte = to_spark_sql("WITH visits AS (SELECT dept AS uid FROM depts) SELECT uid FROM visits", views)
+    assert "v_123" not in cte and "d_456" in cte
+    assert "v_123" in to_spark_sql("SELECT uid FROM VISITS", views)
+    before = to_spark_sql("WITH a AS (SELECT * FROM visits), visits AS (SELECT 1 AS uid) SELECT * FROM a", views)
+    assert before.count("v_123") == 1  # the first CTE reads the table, as in DuckDB; the main query its CTE
+    nested = to_spark_sql("SELECT * FROM (WITH visits AS (SELECT 1 AS uid) SELECT * FROM visits) s, visits", views)
+    assert nested.count("v_123") == 1
 
 
 def test_the_unit_a_dp_select_names_in_one_of_two_joined_public_tables_is_that_table_s_column():

@@ -22,7 +22,7 @@ from sqlglot import exp
 from .. import query as q
 from ..errors import InvalidQueryError, UnsupportedError
 from . import public_groups
-from .ownership import OwnershipChecker, Scope, _arg, check_functions, is_dp_call, is_subquery
+from .ownership import OwnershipChecker, Scope, _arg, check_functions, is_dp_call, is_subquery, outside_cte_reads
 from .syntax import DPClause, mark_of, number_literal, quote
 
 #: seed names -> (kind, quantile)
@@ -513,6 +513,14 @@ class Compiler:
                 # an uncorrelated subquery over public tables: a constant of public data, computed
                 # beside the released values (public_subquery refuses protected or correlated ones)
                 self.checker.public_subquery(node, f"the DP SELECT list: {quote(item)[:60]!r}")
+                ctes = outside_cte_reads(node, set(self.checker.ctes) | self.checker.released)
+                if ctes:  # computed beside the released values, where no CTE of the statement is defined
+                    raise InvalidQueryError(
+                        f"the DP SELECT list: {quote(item)[:60]!r}: the subquery reads the CTE {ctes[0].name!r}, but "
+                        "it is computed beside the released values, where the statement's CTEs are not defined: "
+                        "DuckDB would read a table or a file of that name instead (a CTE named after a protected "
+                        "table's file released its raw rows): not allowed (read registered public tables in it, or "
+                        "join the CTE in an outer query)")
                 self.output_tables |= set(self.checker.public_tables_in(node))
                 continue
             if isinstance(node, exp.Window):

@@ -206,6 +206,31 @@ def refuse_samples_left(sources: list[exp.Expression]) -> None:
                                    "clause only")
 
 
+def _scoped_reads(node: exp.Expression, kinds: dict[str, str], visible: dict[str, str] | None = None):
+    """(id of a table node, kind of the CTE it reads) for every unqualified name of the outer query that
+    reads a CTE, following DuckDB's scopes: a CTE is seen by the CTEs after it in its WITH clause and by
+    the query the clause belongs to, not by its own body nor the CTEs before it (there the name reads
+    a table, or a file: `WITH a AS (SELECT * FROM r, "people.parquet"), "people.parquet" AS (SELECT 1)`
+    read the protected table's own file, until 2026-11-25). kinds: the statement's CTEs by lower-case
+    name (released, public, protected); a CTE of a nested WITH in the outer query is `local` (its body
+    is checked here like the rest of the outer query)."""
+    visible = dict(visible or {})
+    top = kinds if not visible and _arg(node, "with") is not None and node.parent is None else None
+    with_clause = _arg(node, "with")
+    if isinstance(with_clause, exp.With):
+        for cte in with_clause.expressions:
+            kind = (top or {}).get(cte.alias.lower(), "local")
+            if kind != "protected":  # a protected CTE's body was checked row by row (it leaves the outer query)
+                yield from _scoped_reads(cte.this, kinds, visible)
+            visible[cte.alias.lower()] = kind
+    if isinstance(node, exp.Table) and isinstance(node.this, exp.Identifier) and not node.args.get("db"):
+        if node.name.lower() in visible:
+            yield id(node), visible[node.name.lower()]
+    for child in node.iter_expressions():
+        if child is not with_clause:
+            yield from _scoped_reads(child, kinds, visible)
+
+
 def _outer_query(tree: exp.Expression, catalog: dict[str, TableInfo], kinds: dict[str, str]):
     """The statement with each DP SELECT replaced by a read of its released table; checked to read
     no protected table and no CTE over one."""
@@ -216,6 +241,7 @@ def _outer_query(tree: exp.Expression, catalog: dict[str, TableInfo], kinds: dic
             outer = read
         else:
             s.replace(read)
+    ctes_seen = dict(_scoped_reads(outer, kinds))  # before the protected CTEs leave the WITH clause
     with_clause = _arg(outer, "with")
     if with_clause is not None:
         keep = [c for c in with_clause.expressions if kinds.get(c.alias.lower()) != "protected"]
@@ -245,15 +271,21 @@ def _outer_query(tree: exp.Expression, catalog: dict[str, TableInfo], kinds: dic
     public = set()
     for t in _tables(outer):
         name = t.name.lower()
-        if not t.args.get("db") and (name.startswith(RELEASED_PREFIX) or kinds.get(name) in ("released", "public")):
+        kind = ctes_seen.get(id(t))  # the CTE this name reads where it is written (None: a table)
+        if not t.args.get("db") and (name.startswith(RELEASED_PREFIX) or kind in ("released", "public", "local")):
             continue
-        if not t.args.get("db") and kinds.get(name) == "protected":
+        if not t.args.get("db") and kind == "protected":
             raise InvalidQueryError(
                 f"not a DP query: the CTE {t.name!r} holds rows of a protected table and is read outside a DP SELECT "
                 "(a plain read would release them): read it only in the FROM of SELECT WITH DIFFERENTIAL_PRIVACY"
             )
         parts = [p.name for p in (t.args.get("catalog"), t.args.get("db"), t.this) if p is not None]
         info = lowered.get(".".join(parts).lower()) or lowered.get(name)
+        if info is None and not t.args.get("db") and name in kinds:
+            raise InvalidQueryError(
+                f"the outer query: {t.name!r} is read in its own CTE or in a CTE before it, where the CTE is not yet "
+                "defined: DuckDB reads a table or a file of that name there (a CTE named after a protected table's "
+                "file released its raw rows); not allowed (define a CTE before the queries that read it)")
         if info is None:
             known = ", ".join(sorted(i.name for i in catalog.values()))
             raise InvalidQueryError(f"unknown table {t.name!r} (registered: {known or 'none'})")
