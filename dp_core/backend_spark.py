@@ -25,6 +25,7 @@ from .bounding import INPUT_NAME
 from .engine_errors import blank_quoted, spark_message
 from .errors import InvalidDataError
 from .input_checks import check_column_names
+from .sql_scopes import table_reads
 
 #: Spark's simple type names -> the DuckDB names the engine's checks speak (schema())
 SPARK_TYPES = {"tinyint": "TINYINT", "smallint": "SMALLINT", "int": "INTEGER", "bigint": "BIGINT",
@@ -143,29 +144,12 @@ def to_spark_sql(sql: str, views: dict[str, str]) -> str:
     unit the analyst chose for public rows), and `FROM VISITS` read no registered table."""
     tree = sqlglot.parse_one(sql, read="duckdb")
     lowered = {name.lower(): view for name, view in views.items()}
-    for table in [t for t in _table_reads(tree, frozenset()) if t.name.lower() in lowered]:
+    for table in [t for t, cte in table_reads(tree) if cte is None and t.name.lower() in lowered]:
         name, alias = table.name, table.alias
         table.set("this", exp.to_identifier(lowered[name.lower()]))
         if not alias:  # columns qualified by the table's name still resolve
             table.set("alias", exp.TableAlias(this=exp.to_identifier(name)))
     return tree.sql(dialect="spark")
-
-
-def _table_reads(node: exp.Expression, ctes: frozenset[str]) -> list[exp.Table]:
-    """The unqualified table names in `node` that read a table (not a CTE visible where they are)."""
-    found = []
-    with_clause = node.args.get("with_", node.args.get("with"))
-    if isinstance(with_clause, exp.With):
-        for cte in with_clause.expressions:
-            found += _table_reads(cte.this, ctes)
-            ctes = ctes | {cte.alias.lower()}
-    if (isinstance(node, exp.Table) and isinstance(node.this, exp.Identifier) and not node.args.get("db")
-            and node.name.lower() not in ctes):
-        found.append(node)
-    for child in node.iter_expressions():
-        if child is not with_clause:
-            found += _table_reads(child, ctes)
-    return found
 
 
 @dataclass

@@ -35,6 +35,7 @@ import sqlglot
 from sqlglot import exp
 
 from ..errors import InvalidQueryError, UnsupportedError
+from ..sql_scopes import table_reads
 from . import sample as row_sample
 from .syntax import quote
 
@@ -166,22 +167,10 @@ def check_functions(expr: exp.Expression | None, where: str) -> None:
             raise InvalidQueryError(f"{where}: unknown function {str(node.name)!r} in {quote(node)[:80]!r}")
 
 
-def outside_cte_reads(node: exp.Expression, names, defined: frozenset[str] = frozenset()) -> list[exp.Table]:
-    """The unqualified reads in `node` of the CTE names `names` (lower case) that no WITH inside `node`
-    defines where they are read (DuckDB's scopes: a CTE is seen by the CTEs after it and by its query)."""
-    found = []
-    with_clause = _arg(node, "with")
-    if isinstance(with_clause, exp.With):
-        for cte in with_clause.expressions:
-            found += outside_cte_reads(cte.this, names, defined)
-            defined = defined | {cte.alias.lower()}
-    if (isinstance(node, exp.Table) and isinstance(node.this, exp.Identifier) and not node.args.get("db")
-            and node.name.lower() in names and node.name.lower() not in defined):
-        found.append(node)
-    for child in node.iter_expressions():
-        if child is not with_clause:
-            found += outside_cte_reads(child, names, defined)
-    return found
+def outside_cte_reads(node: exp.Expression, names) -> list[exp.Table]:
+    """The unqualified reads in `node` of the CTE names `names` (lower case) where no WITH inside `node`
+    defines them (sql_scopes.table_reads: DuckDB reads a table or a file of that name there)."""
+    return [t for t, cte in table_reads(node) if cte is None and t.name.lower() in names]
 
 
 def _and_terms(condition: exp.Expression) -> list[exp.Expression]:

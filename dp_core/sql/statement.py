@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from ..errors import InvalidQueryError, UnsupportedError
+from ..sql_scopes import table_reads
 from .compile import CompiledQuery, Compiler
 from .ownership import OwnershipChecker, TableInfo, _arg, check_column_list, check_functions
 from .sample import PLACEHOLDER as SAMPLE_FUNCTION
@@ -206,29 +207,15 @@ def refuse_samples_left(sources: list[exp.Expression]) -> None:
                                    "clause only")
 
 
-def _scoped_reads(node: exp.Expression, kinds: dict[str, str], visible: dict[str, str] | None = None):
-    """(id of a table node, kind of the CTE it reads) for every unqualified name of the outer query that
-    reads a CTE, following DuckDB's scopes: a CTE is seen by the CTEs after it in its WITH clause and by
-    the query the clause belongs to, not by its own body nor the CTEs before it (there the name reads
-    a table, or a file: `WITH a AS (SELECT * FROM r, "people.parquet"), "people.parquet" AS (SELECT 1)`
-    read the protected table's own file, until 2026-11-25). kinds: the statement's CTEs by lower-case
-    name (released, public, protected); a CTE of a nested WITH in the outer query is `local` (its body
-    is checked here like the rest of the outer query)."""
-    visible = dict(visible or {})
-    top = kinds if not visible and _arg(node, "with") is not None and node.parent is None else None
-    with_clause = _arg(node, "with")
-    if isinstance(with_clause, exp.With):
-        for cte in with_clause.expressions:
-            kind = (top or {}).get(cte.alias.lower(), "local")
-            if kind != "protected":  # a protected CTE's body was checked row by row (it leaves the outer query)
-                yield from _scoped_reads(cte.this, kinds, visible)
-            visible[cte.alias.lower()] = kind
-    if isinstance(node, exp.Table) and isinstance(node.this, exp.Identifier) and not node.args.get("db"):
-        if node.name.lower() in visible:
-            yield id(node), visible[node.name.lower()]
-    for child in node.iter_expressions():
-        if child is not with_clause:
-            yield from _scoped_reads(child, kinds, visible)
+def _cte_kinds_read(outer: exp.Expression, kinds: dict[str, str]) -> dict[int, str]:
+    """id of each table node of the outer query that reads a CTE where it is written
+    (sql_scopes.table_reads) -> that CTE's kind: the statement's own (released, public, protected)
+    for a CTE of its top WITH clause, `local` for one of a nested WITH (its body is checked here like
+    the rest of the outer query). A name read where its CTE is not yet defined is absent: a table."""
+    top = _arg(outer, "with")
+    top_ctes = {id(c) for c in top.expressions} if isinstance(top, exp.With) else set()
+    return {id(t): kinds.get(cte.alias.lower(), "local") if id(cte) in top_ctes else "local"
+            for t, cte in table_reads(outer) if cte is not None}
 
 
 def _outer_query(tree: exp.Expression, catalog: dict[str, TableInfo], kinds: dict[str, str]):
@@ -241,7 +228,7 @@ def _outer_query(tree: exp.Expression, catalog: dict[str, TableInfo], kinds: dic
             outer = read
         else:
             s.replace(read)
-    ctes_seen = dict(_scoped_reads(outer, kinds))  # before the protected CTEs leave the WITH clause
+    ctes_seen = _cte_kinds_read(outer, kinds)  # before the protected CTEs leave the WITH clause
     with_clause = _arg(outer, "with")
     if with_clause is not None:
         keep = [c for c in with_clause.expressions if kinds.get(c.alias.lower()) != "protected"]
