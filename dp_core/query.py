@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
 from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Literal
@@ -21,6 +22,13 @@ SelectionKind = Literal["auto", "laplace-threshold", "truncated-geometric", "wei
 
 NOISE_KINDS = ("laplace", "gaussian")
 SELECTION_KINDS = ("auto", "laplace-threshold", "truncated-geometric", "weighted_gaussian", "mad")
+
+
+#: the names the bounding plan, the selections and MAD give their own columns (bounding.py,
+#: aggregates.py, selection_mad.py); the group keys and the unit travel through the same relations,
+#: and DuckDB matches names without regard to case
+PLAN_COLUMN = re.compile(r"_(n_units|dropped_pairs|dropped_part|rk|m|over|t|deg|deg_c|c|le|pos|r|b|w1|w2|mad_r1|pid|"
+                         r"row_draw|hist|u\d+|a\d+(_\w*)?)", re.IGNORECASE)
 
 
 def _finite(x: object) -> bool:
@@ -260,6 +268,13 @@ class Query:
             raise InvalidQueryError(f"quantile_bins must be an integer in [2, 65536], got {self.quantile_bins!r}")
         if len(set(self.group_by)) != len(self.group_by):
             raise InvalidQueryError(f"group_by repeats a column: {list(self.group_by)}")
+        clash = [c for c in (self.privacy_unit, *self.group_by) if isinstance(c, str) and PLAN_COLUMN.fullmatch(c)]
+        if clash:
+            raise InvalidQueryError(
+                f"the column name {clash[0]!r} is one of the engine's internal column names ({clash[0].lower()!r}): "
+                "the plan would read that column for its own (a group key named _n_units was read as the "
+                "number of units, and released one person's value); rename it, e.g. "
+                f"SELECT {clash[0]} AS {clash[0].lstrip('_')} or group_by=({clash[0].lstrip('_')!r},)")
         if self.privacy_unit in self.group_by:
             raise InvalidQueryError(
                 f"grouping by the privacy unit {self.privacy_unit!r} would publish one row per unit"

@@ -26,7 +26,9 @@ from .sql_text import ident
 def round_two_sql(with_clause: str, query, released_keys: list[tuple], key_types: dict | None,
                   dialect: str = "duckdb") -> str:
     """Round 2's weighted histogram: each unit's kept partitions not released in round 1, with
-    weight q_r, r the number of such partitions of the unit. One statement over the same plan."""
+    weight q_r, r the number of such partitions of the unit. One statement over the same plan.
+    The released partitions given by their keys as values (for keys that are plain values; the
+    release itself names them by number: round_two_by_number_sql)."""
     unit = ident(query.privacy_unit)
     keys = [ident(k) for k in query.group_by]
     cols = ", ".join(keys)
@@ -40,11 +42,38 @@ def round_two_sql(with_clause: str, query, released_keys: list[tuple], key_types
     )
 
 
+def numbered_sql(with_clause: str, body: str, query) -> str:
+    """The plan's per-partition rows, each with its partition's number `_pid` (its rank in the
+    order of the keys, computed by the engine on the keys' own values: the same number for the same
+    partition in every statement over the same plan)."""
+    order = ", ".join(ident(k) for k in query.group_by)
+    return f"{with_clause}\nSELECT row_number() OVER (ORDER BY {order}) AS _pid, _b.* FROM ({body}) AS _b"
+
+
+def round_two_by_number_sql(with_clause: str, query, released: list[int], dialect: str = "duckdb") -> str:
+    """Round 2's weights (as round_two_sql) per partition number `_pid` (numbered_sql), the released
+    partitions named by their numbers. Keys never leave the engine: a key read back through pandas
+    and written into SQL again (an INTERVAL, a LIST, a HUGEINT beyond a double's integers, a NULL
+    beside a NaN) failed to convert or matched another partition, after round 1 had decided."""
+    unit = ident(query.privacy_unit)
+    keys = tuple(query.group_by)
+    order = ", ".join(ident(k) for k in keys)
+    at = DIALECT_PIECES[dialect]["at"]
+    return (
+        f"{with_clause},\n_ids AS (SELECT {order}, row_number() OVER (ORDER BY {order}) AS _pid FROM _final),\n"
+        f"_left AS (SELECT _bounded.{unit} AS {unit}, _ids._pid AS _pid FROM _bounded JOIN _ids ON "
+        f"{_same_key('_ids', '_bounded', keys)} WHERE _ids._pid NOT IN ({', '.join(str(int(i)) for i in released)})),\n"
+        f"_ldeg AS (SELECT {unit}, count(*) AS _r FROM _left GROUP BY {unit})\n"
+        f"SELECT _pid, CAST(sum({weight_sql('_r', query.effective_max_partitions, at)}) AS BIGINT) AS _w2 "
+        f"FROM _left JOIN _ldeg USING ({unit}) GROUP BY _pid"
+    )
+
+
 def mad_rows(backend, query, plan, share: Share, key_types: dict | None) -> pd.DataFrame:
     """The plan's per-partition rows plus MAD's round 1 (`_mad_r1`, noise drawn here, once) and
     round-2 weights (`_w2`; 0 for partitions released in round 1)."""
     if getattr(backend, "connection", None) is None or not plan.ctes:  # Spark, or a DuckDB relation
-        rows = backend.run(plan.sql)
+        rows = backend.run(numbered_sql(plan.with_clause, plan.body, query))
         return mad_second_round(backend, query, plan, rows, share, key_types, plan.with_clause)
     at = next(i for i, cte in enumerate(plan.ctes) if cte.startswith("_bounded AS ("))
     name = f"_mad_bounded_{secrets.token_hex(6)}"
@@ -52,7 +81,7 @@ def mad_rows(backend, query, plan, share: Share, key_types: dict | None) -> pd.D
     try:
         cut = cut_from_bounded_cte(query.effective_max_partitions)
         with_clause = "WITH " + ",\n".join([f"_bounded AS (SELECT * FROM {name})", cut, *plan.ctes[at + 1 :]])
-        rows = backend.run(f"{with_clause}\n{plan.body}")
+        rows = backend.run(numbered_sql(with_clause, plan.body, query))
         return mad_second_round(backend, query, plan, rows, share, key_types, with_clause)
     finally:
         backend.connection.execute(f"DROP TABLE IF EXISTS {name}")
@@ -68,15 +97,11 @@ def mad_second_round(backend, query, plan, rows: pd.DataFrame, share: Share, key
     out["_mad_r1"] = r1
     if not r1.any():
         out["_w2"] = out["_w1"].to_numpy(dtype=np.int64)  # nothing released: every unit keeps all
-        return out
-    released = [tuple(_plain(v) for v in row) for row in rows.loc[r1, keys].itertuples(index=False)]
-    # the released keys come back through pandas, where a DECIMAL is a float64: cast back to a DECIMAL
-    # with more digits than a double holds it would no longer equal its own column value (the partition
-    # would stay in round 2); left a DOUBLE, it is compared as the column's value is read, and matches
-    exact = {k: t for k, t in (key_types or {}).items() if not str(t).upper().startswith("DECIMAL")}
-    w2 = backend.run(round_two_sql(with_clause, query, released, exact, backend.dialect))
-    merged = out.merge(w2, on=keys, how="left", sort=False)
-    if len(merged) != len(out):  # keys are unique per partition; a mismatch would be a plan bug
-        raise RuntimeError("MAD round 2: partition keys did not match the plan's rows")
+        return out.drop(columns="_pid")
+    released = rows.loc[r1, "_pid"].tolist()  # by number: the keys stay in the engine (round_two_by_number_sql)
+    w2 = backend.run(round_two_by_number_sql(with_clause, query, released, backend.dialect))
+    merged = out.merge(w2, on="_pid", how="left", sort=False)
+    if len(merged) != len(out):  # one row per partition number; a mismatch would be a plan bug
+        raise RuntimeError("MAD round 2: partition numbers did not match the plan's rows")
     merged["_w2"] = merged["_w2"].fillna(0).to_numpy(dtype=np.int64)
-    return merged
+    return merged.drop(columns="_pid")

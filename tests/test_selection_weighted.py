@@ -551,3 +551,34 @@ def test_the_advice_s_weighted_gaussian_uses_the_rho_the_release_s_own_selection
     expected = float(normal_sf((rnd["threshold"] - n / math.sqrt(2) * WEIGHT_ONE) / rnd["sigma"]).sum())
     advice = expected_releases(n, Share(share.part, share.epsilon, share.delta), 2, q.epsilon)
     assert advice["weighted_gaussian"] == pytest.approx(expected, rel=1e-12) and 0.5 < expected < 3.5
+
+
+@pytest.mark.parametrize("key_sql", [
+    "INTERVAL (i % 4) DAY",
+    "[i % 4]",
+    "CAST(170141183460469231731687303715884105000 AS HUGEINT) + i % 4",  # beyond a double's integers
+    "CASE i % 4 WHEN 0 THEN NULL WHEN 1 THEN CAST('nan' AS DOUBLE) ELSE (i % 4) * 1.0 END",  # pandas reads both as NaN
+])
+def test_mad_s_second_round_names_round_one_s_partitions_by_number_whatever_their_keys(monkeypatch, key_sql):
+    """MAD's round 2 must know which partitions round 1 released. It wrote their keys, read back
+    through pandas, into SQL again: an INTERVAL or LIST key failed ("cannot use ... as a partition
+    key", a conversion error), four HUGEINT keys read back as one double, a NULL key and a NaN key
+    both as NaN (round 2 then failed matching them). The failure came only after round 1 had
+    released something, so whether a query failed told about the data. Since 2026-11-25 the
+    engine numbers the partitions and round 2 is told the numbers: every key type releases, and a
+    released partition has no round-2 weight."""
+    import duckdb
+
+    from dp_core import selection_mad
+
+    seen = []
+    second_round = selection_mad.mad_second_round
+    monkeypatch.setattr(selection_mad, "mad_second_round", lambda *a, **k: seen.append(second_round(*a, **k)) or seen[-1])
+    relation = duckdb.connect().sql(f"SELECT i // 2 AS uid, {key_sql} AS part FROM range(8000) t(i)")
+    q = dp.Query([dp.count(upper=1, name="n")], privacy_unit="uid", group_by=("part",), epsilon=2.0, delta=1e-6,
+                 max_partitions_contributed=2, selection="mad")
+    result = dp.execute(q, relation)
+    (rows,) = seen
+    assert len(result.table) == 4 and len(rows) == 4
+    assert rows["_mad_r1"].sum() >= 1
+    assert (rows.loc[rows["_mad_r1"], "_w2"] == 0).all(), rows[["part", "_mad_r1", "_w2"]]

@@ -270,3 +270,32 @@ def test_every_kind_of_key_value_is_read_back_by_duckdb_as_itself():
         ((back,),) = duckdb.sql(f"SELECT {literal(v)} AS v").fetchall()
         expected = v.item() if isinstance(v, np.generic) else str(v) if isinstance(v, uuid.UUID) else v
         assert back == expected and type(back) is type(expected), (v, back)
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(epsilon=1, delta=1e-6, max_groups_contributed=1) secret AS _n_units, "
+    "COUNT(*, contribution_bounds_per_group => (0, 1)) AS c FROM t GROUP BY secret",
+    "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(epsilon=1, delta=1e-6, max_groups_contributed=1) _N_UNITS, "
+    "COUNT(*, contribution_bounds_per_group => (0, 1)) AS c FROM (SELECT uid, secret AS _N_UNITS FROM t) GROUP BY _N_UNITS",
+])
+def test_a_group_key_named_like_the_plan_s_own_count_of_units_is_refused_and_releases_no_one_s_value(sql):
+    """The bounding plan names its per-partition count of units `_n_units`, and private partition
+    selection reads that column from the plan's rows. A group key the analyst named `_n_units`
+    (DuckDB names are case-blind, so `_N_UNITS` too) came out under that name first, so selection read
+    the key's value as the number of units: one person's value 1,000,000 was released as a partition
+    of its own at epsilon 1 until 2026-11-25. Such names are refused before any data is read."""
+    df = pd.DataFrame({"uid": [1, 2, 3], "secret": [1_000_000, 5, 7]})
+    with pytest.raises(dp.InvalidQueryError, match="(?i)_n_units.*internal column"):
+        run_sql(sql, {"t": Table(df, privacy_unit="uid")}, epsilon=1.0, delta=1e-6)
+
+
+@pytest.mark.parametrize("name", ["_n_units", "_rk", "_w1", "_dropped_pairs", "_a0_raw", "_pid", "_Mad_R1"])
+def test_a_typed_query_refuses_group_keys_and_units_named_like_the_plan_s_internal_columns(name):
+    """The same refusal on the typed API, for every column name the bounding plan, the selections
+    and MAD give their own columns (a clash lets the plan read the data's column for its own), on
+    both the group keys and the privacy unit; a name that merely starts with "_" is accepted."""
+    with pytest.raises(dp.InvalidQueryError, match="internal column"):
+        dp.Query([dp.count(upper=1, name="n")], privacy_unit="uid", epsilon=1.0, group_by=(name,)).validate()
+    with pytest.raises(dp.InvalidQueryError, match="internal column"):
+        dp.Query([dp.count(upper=1, name="n")], privacy_unit=name, epsilon=1.0, group_by=("g",)).validate()
+    dp.Query([dp.count(upper=1, name="n")], privacy_unit="_uid", epsilon=1.0, group_by=("_run",)).validate()
