@@ -65,6 +65,9 @@ def public_keys_sql(query: Query, key_types: dict[str, str] | None = None) -> st
 
     rows = ", ".join("(" + ", ".join(value(v, t) for v, t in zip(key, types)) + ")" for key in query.public_partitions)
     cols = ", ".join(ident(k) for k in query.group_by)
+    if not rows:  # no public key: a table of the key columns without rows (VALUES needs one)
+        nulls = ", ".join(f"CAST(NULL AS {t})" if t else "NULL" for t in types)
+        return f"(SELECT {nulls} WHERE FALSE) AS _pk({cols})"
     return f"(VALUES {rows}) AS _pk({cols})"
 
 

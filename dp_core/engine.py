@@ -32,6 +32,8 @@ from .selection_mad import mad_rows
 from .sql_text import ident
 
 NUMERIC_KINDS = ("sum", "avg", "var", "stddev", "quantile")
+#: the DuckDB types that hold 'infinity' (DATE, the TIMESTAMP family): never a released key (check_values)
+INFINITE_DATE_TYPES = ("DATE", "TIMESTAMP", "TIMESTAMP WITH TIME ZONE", "TIMESTAMP_S", "TIMESTAMP_MS", "TIMESTAMP_NS")
 
 
 def execute(query: Query, data, *, threads: int | None = None, bounding_seed: int | None = None,
@@ -247,9 +249,13 @@ def check_values(query: Query, backend: Backend, schema: dict[str, str]) -> None
         return
     floats = sorted({a.column for a in query.aggregates if a.kind in NUMERIC_KINDS
                      and schema[a.column].upper() in FLOAT_TYPES})
-    if not floats and rules_hold_by_statistics(getattr(backend, "source", None), query.privacy_unit):
+    # DuckDB's DATE and TIMESTAMP hold 'infinity', which no released key can be (pandas cannot hold
+    # it): refused for the whole input, not only when a row filter keeps that row (Spark has none)
+    dates = sorted({k for k in query.group_by if schema[k].upper() in INFINITE_DATE_TYPES}) \
+        if backend.dialect == "duckdb" else []
+    if not floats and not dates and rules_hold_by_statistics(getattr(backend, "source", None), query.privacy_unit):
         return
-    check_rows(backend.run, INPUT_NAME, query.privacy_unit, floats)
+    check_rows(backend.run, INPUT_NAME, query.privacy_unit, floats, dates=dates)
 
 
 def rules_hold_by_statistics(source, unit: str) -> bool:
@@ -264,13 +270,15 @@ def rules_hold_by_statistics(source, unit: str) -> bool:
     return column is not None and column.kind != "float" and column.rows > 0 and column.nulls == 0
 
 
-def check_rows(run, relation: str, unit: str, floats=(), label: str | None = None) -> None:
+def check_rows(run, relation: str, unit: str, floats=(), label: str | None = None, dates=()) -> None:
     """One scan of a whole input `relation` (SQL name) through `run`: not empty, no null unit id,
-    no infinite value in `floats`. label: how the message names the input (None: "the input")."""
+    no infinite value in `floats` nor in the DuckDB date or timestamp group keys `dates`. label: how
+    the message names the input (None: "the input")."""
     unit_sql = ident(unit)
     checks = ["count(*) AS n", f"count(*) - count({unit_sql}) AS null_units"]
     checks += [f"count(*) FILTER (WHERE abs({ident(c)}) = CAST('Infinity' AS DOUBLE)) AS bad{i}"
                for i, c in enumerate(floats)]
+    checks += [f"count(*) FILTER (WHERE NOT isfinite({ident(c)})) AS inf{i}" for i, c in enumerate(dates)]
     row = run(f"SELECT {', '.join(checks)} FROM {relation}").iloc[0]
     if row["n"] == 0:
         raise InvalidDataError(f"{label or 'the input'} has no rows: nothing can be released")
@@ -286,6 +294,13 @@ def check_rows(run, relation: str, unit: str, floats=(), label: str | None = Non
             raise InvalidDataError(
                 f"{lead}column {c!r} has {bad} infinite value(s): drop those rows or make them missing (an empty "
                 "cell, NULL or NaN, which aggregates skip) before a DP aggregate reads it"
+            )
+    for i, c in enumerate(dates):
+        bad = int(row[f"inf{i}"])
+        if bad:
+            raise InvalidDataError(
+                f"{lead}group-by column {c!r} has {bad} infinite date(s) or timestamp(s) ('infinity'): no partition "
+                "can be keyed by one; drop those rows or make them missing (NULL) before grouping by it"
             )
 
 

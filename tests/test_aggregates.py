@@ -246,3 +246,13 @@ def test_a_released_average_lies_within_its_bounds_whatever_the_noise():
     low, high = released[keys[:30]], released[keys[30:]]
     assert released.between(0.0, 10.0).all(), released.describe()
     assert (low == 0.0).any() and (high == 10.0).any()
+
+
+def test_an_empty_list_of_public_partitions_releases_an_empty_table():
+    """public_partitions=[] names no partition: the release is a table of the key and statistic columns
+    without rows (its SQL was `(VALUES )`, a syntax error, until 2026-11-25)."""
+    df = pd.DataFrame({"uid": np.arange(50), "g": ["a", "b"] * 25, "x": 1.0})
+    q = dp.Query([dp.count_units(name="n"), dp.sum_("x", 0, 2, name="s")], privacy_unit="uid", group_by=("g",),
+                 epsilon=1.0, public_partitions=[])
+    table = dp.execute(q, df).table
+    assert len(table) == 0 and {"g", "n", "s"} <= set(table.columns)

@@ -193,18 +193,24 @@ def test_hash_ties_at_the_cutoff_never_keep_more_than_cu(monkeypatch):
     assert (kept.reindex(have.index, fill_value=0) == np.where(have <= CU, have, 0)).all()
 
 
-@pytest.mark.xfail(strict=True, reason="a DATE 'infinity' group key fails DuckDB's conversion to pandas when the "
-                   "plan's rows are fetched; the whole-input checks do not look at group-by columns' infinite dates")
-def test_whether_a_release_fails_does_not_depend_on_a_row_filter_selecting_an_infinite_date_key():
-    """A refusal that depends on the rows a filter selects is a bit outside the mechanism. A DATE
-    'infinity' group key (a value DuckDB stores and pandas cannot hold) ends the query with a
-    conversion error only when the filter keeps that row: `where="uid = 0"` says whether unit 0's
-    date is infinite. Both filters should release (or both be refused for the whole input)."""
+@pytest.mark.parametrize("kind", ["DATE", "TIMESTAMP", "TIMESTAMPTZ"])
+def test_whether_a_release_fails_does_not_depend_on_a_row_filter_selecting_an_infinite_date_key(kind):
+    """A refusal that depends on the rows a filter selects is a bit outside the mechanism. A DATE or
+    TIMESTAMP 'infinity' group key (a value DuckDB stores and pandas cannot hold) ended the query with
+    a conversion error only when the filter kept that row (until 2026-11-25): `where="uid = 0"` said
+    whether unit 0's date is infinite. Now the whole input is refused, whatever the filter, saying why."""
     import duckdb
 
-    relation = duckdb.connect().sql("SELECT i AS uid, CASE WHEN i = 0 THEN DATE 'infinity' ELSE DATE '2020-01-01' END "
-                                    "AS d FROM range(10) t(i)")
+    relation = duckdb.connect().sql(f"SELECT i AS uid, CASE WHEN i = 0 THEN {kind} 'infinity' ELSE {kind} "
+                                    "'2020-01-01' END AS d FROM range(10) t(i)")
     for where in ("uid = 0", "uid = 1"):
         q = dp.Query([dp.count(upper=1, name="n")], privacy_unit="uid", group_by=("d",), epsilon=1.0, delta=1e-6,
                      where=where)
-        dp.execute(q, relation)
+        with pytest.raises(dp.InvalidDataError) as caught:
+            dp.execute(q, relation)
+        assert str(caught.value) == ("group-by column 'd' has 1 infinite date(s) or timestamp(s) ('infinity'): no "
+                                     "partition can be keyed by one; drop those rows or make them missing (NULL) "
+                                     "before grouping by it")
+    finite = duckdb.connect().sql(f"SELECT i AS uid, {kind} '2020-01-01' AS d FROM range(10) t(i)")
+    assert len(dp.execute(dp.Query([dp.count(upper=1, name="n")], privacy_unit="uid", group_by=("d",), epsilon=1.0,
+                                   delta=1e-6, public_partitions=[]), finite).table) == 0
