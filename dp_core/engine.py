@@ -288,20 +288,15 @@ def check_rows(run, relation: str, unit: str, floats=(), label: str | None = Non
             f"{lead}{int(row['null_units'])} row(s) have no privacy unit id (column {unit!r} is "
             "null): every row must belong to a unit; fix or drop those rows"
         )
-    for i, c in enumerate(floats):
-        bad = int(row[f"bad{i}"])
-        if bad:
-            raise InvalidDataError(
-                f"{lead}column {c!r} has {bad} infinite value(s): drop those rows or make them missing (an empty "
-                "cell, NULL or NaN, which aggregates skip) before a DP aggregate reads it"
-            )
-    for i, c in enumerate(dates):
-        bad = int(row[f"inf{i}"])
-        if bad:
-            raise InvalidDataError(
-                f"{lead}group-by column {c!r} has {bad} infinite date(s) or timestamp(s) ('infinity'): no partition "
-                "can be keyed by one; drop those rows or make them missing (NULL) before grouping by it"
-            )
+    infinite = [(f"bad{i}", lambda n, c=c: f"column {c!r} has {n} infinite value(s): drop those rows or make them "
+                 "missing (an empty cell, NULL or NaN, which aggregates skip) before a DP aggregate reads it")
+                for i, c in enumerate(floats)]
+    infinite += [(f"inf{i}", lambda n, c=c: f"group-by column {c!r} has {n} infinite date(s) or timestamp(s) "
+                  "('infinity'): no partition can be keyed by one; drop those rows or make them missing (NULL) before "
+                  "grouping by it") for i, c in enumerate(dates)]
+    for column, message in infinite:
+        if int(row[column]):
+            raise InvalidDataError(lead + message(int(row[column])))
 
 
 def release(query: Query, plan: BoundingPlan, budget: BudgetPlan, rows: pd.DataFrame,
