@@ -95,7 +95,7 @@ def exact_statistics(query: Query, data, *, threads: int | None = None, bounding
         plan = build_plan(query, integer_columns, seed=seed, key_types=schema, partition_bounds=per_partition,
                           dialect=backend.dialect, transpile=False, portable_hash=portable_hash)
         if budget is not None and budget.selection == "mad" and not with_units:  # + its round 1 and round 2's SQL
-            rows = mad_rows(backend, query, plan, budget.selection_share, schema)
+            rows = mad_rows(backend, query, plan, budget.selection_share)
         else:
             rows = backend.run(plan.sql)
         if query.group_by:  # one order on every backend: the noise is drawn in row order

@@ -18,28 +18,20 @@ import numpy as np
 import pandas as pd
 
 from .accounting import Share
-from .bounding import DIALECT_PIECES, _plain, _same_key, cut_from_bounded_cte, public_keys_sql
+from .bounding import DIALECT_PIECES, _same_key, cut_from_bounded_cte, public_keys_sql
 from .selection_weighted import round_one, weight_sql
 from .sql_text import ident
 
 
 def round_two_sql(with_clause: str, query, released_keys: list[tuple], key_types: dict | None,
                   dialect: str = "duckdb") -> str:
-    """Round 2's weighted histogram: each unit's kept partitions not released in round 1, with
-    weight q_r, r the number of such partitions of the unit. One statement over the same plan.
-    The released partitions given by their keys as values (for keys that are plain values; the
-    release itself names them by number: round_two_by_number_sql)."""
-    unit = ident(query.privacy_unit)
-    keys = [ident(k) for k in query.group_by]
-    cols = ", ".join(keys)
-    released = public_keys_sql(replace(query, public_partitions=tuple(released_keys)), key_types)
-    return (
-        f"{with_clause},\n_left AS (SELECT {unit}, {cols} FROM _bounded WHERE NOT EXISTS "
-        f"(SELECT 1 FROM {released} WHERE {_same_key('_pk', '_bounded', tuple(query.group_by))})),\n"
-        f"_ldeg AS (SELECT {unit}, count(*) AS _r FROM _left GROUP BY {unit})\n"
-        f"SELECT {cols}, CAST(sum({weight_sql('_r', query.effective_max_partitions, DIALECT_PIECES[dialect]['at'])}) AS BIGINT) AS _w2 "
-        f"FROM _left JOIN _ldeg USING ({unit}) GROUP BY {cols}"
-    )
+    """Round 2's weights per partition, its keys as columns, the released partitions given by their
+    key values (plain values: the tests and the audit harness name them so). The same statement as
+    the release's (`round_two_by_number_sql`), the released numbers looked up from the keys."""
+    keys = tuple(query.group_by)
+    given = public_keys_sql(replace(query, public_partitions=tuple(released_keys)), key_types)
+    released = f"SELECT _ids._pid FROM _ids JOIN {given} ON {_same_key('_pk', '_ids', keys)}"
+    return _round_two(with_clause, query, released, dialect, keyed=True)
 
 
 def numbered_sql(with_clause: str, body: str, query) -> str:
@@ -51,30 +43,39 @@ def numbered_sql(with_clause: str, body: str, query) -> str:
 
 
 def round_two_by_number_sql(with_clause: str, query, released: list[int], dialect: str = "duckdb") -> str:
-    """Round 2's weights (as round_two_sql) per partition number `_pid` (numbered_sql), the released
-    partitions named by their numbers. Keys never leave the engine: a key read back through pandas
-    and written into SQL again (an INTERVAL, a LIST, a HUGEINT beyond a double's integers, a NULL
-    beside a NaN) failed to convert or matched another partition, after round 1 had decided."""
+    """Round 2's weighted histogram per partition number `_pid` (numbered_sql): each unit's kept
+    partitions not released in round 1, with weight q_r, r the number of such partitions of the unit;
+    one statement over the same plan. The released partitions are named by their numbers: keys never
+    leave the engine (a key read back through pandas and written into SQL again, an INTERVAL, a LIST,
+    a HUGEINT beyond a double's integers, a NULL beside a NaN, failed to convert or matched another
+    partition, after round 1 had decided, until 2026-11-25)."""
+    return _round_two(with_clause, query, ", ".join(str(int(i)) for i in released) or "-1", dialect, keyed=False)
+
+
+def _round_two(with_clause: str, query, released: str, dialect: str, keyed: bool) -> str:
+    """The round-2 statement; `released`: the released partitions' numbers (a list or a subquery);
+    keyed: the output names each partition by its keys, else by its number."""
     unit = ident(query.privacy_unit)
     keys = tuple(query.group_by)
     order = ", ".join(ident(k) for k in keys)
+    out = ", ".join(f"_ids.{ident(k)}" for k in keys) if keyed else "_pid"
     at = DIALECT_PIECES[dialect]["at"]
     return (
         f"{with_clause},\n_ids AS (SELECT {order}, row_number() OVER (ORDER BY {order}) AS _pid FROM _final),\n"
         f"_left AS (SELECT _bounded.{unit} AS {unit}, _ids._pid AS _pid FROM _bounded JOIN _ids ON "
-        f"{_same_key('_ids', '_bounded', keys)} WHERE _ids._pid NOT IN ({', '.join(str(int(i)) for i in released)})),\n"
+        f"{_same_key('_ids', '_bounded', keys)} WHERE _ids._pid NOT IN ({released})),\n"
         f"_ldeg AS (SELECT {unit}, count(*) AS _r FROM _left GROUP BY {unit})\n"
-        f"SELECT _pid, CAST(sum({weight_sql('_r', query.effective_max_partitions, at)}) AS BIGINT) AS _w2 "
-        f"FROM _left JOIN _ldeg USING ({unit}) GROUP BY _pid"
+        f"SELECT {out}, CAST(sum({weight_sql('_r', query.effective_max_partitions, at)}) AS BIGINT) AS _w2 "
+        f"FROM _left JOIN _ldeg USING ({unit})" + (" JOIN _ids USING (_pid)" if keyed else "") + f" GROUP BY {out}"
     )
 
 
-def mad_rows(backend, query, plan, share: Share, key_types: dict | None) -> pd.DataFrame:
+def mad_rows(backend, query, plan, share: Share) -> pd.DataFrame:
     """The plan's per-partition rows plus MAD's round 1 (`_mad_r1`, noise drawn here, once) and
     round-2 weights (`_w2`; 0 for partitions released in round 1)."""
     if getattr(backend, "connection", None) is None or not plan.ctes:  # Spark, or a DuckDB relation
         rows = backend.run(numbered_sql(plan.with_clause, plan.body, query))
-        return mad_second_round(backend, query, plan, rows, share, key_types, plan.with_clause)
+        return mad_second_round(backend, query, plan, rows, share, plan.with_clause)
     at = next(i for i, cte in enumerate(plan.ctes) if cte.startswith("_bounded AS ("))
     name = f"_mad_bounded_{secrets.token_hex(6)}"
     backend.connection.execute(f"CREATE TEMP TABLE {name} AS WITH {', '.join(plan.ctes[: at + 1])} SELECT * FROM _bounded")
@@ -82,13 +83,12 @@ def mad_rows(backend, query, plan, share: Share, key_types: dict | None) -> pd.D
         cut = cut_from_bounded_cte(query.effective_max_partitions)
         with_clause = "WITH " + ",\n".join([f"_bounded AS (SELECT * FROM {name})", cut, *plan.ctes[at + 1 :]])
         rows = backend.run(numbered_sql(with_clause, plan.body, query))
-        return mad_second_round(backend, query, plan, rows, share, key_types, with_clause)
+        return mad_second_round(backend, query, plan, rows, share, with_clause)
     finally:
         backend.connection.execute(f"DROP TABLE IF EXISTS {name}")
 
 
-def mad_second_round(backend, query, plan, rows: pd.DataFrame, share: Share, key_types: dict | None,
-                     with_clause: str) -> pd.DataFrame:
+def mad_second_round(backend, query, plan, rows: pd.DataFrame, share: Share, with_clause: str) -> pd.DataFrame:
     """Run MAD's first round on `rows` and the round-2 SQL over `with_clause` (ending in `_bounded`)."""
     keys = list(query.group_by)  # one order on every backend: round 1's noise is drawn in row order
     rows = rows.sort_values(keys, na_position="last", kind="stable").reset_index(drop=True)

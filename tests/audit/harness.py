@@ -35,7 +35,7 @@ import pandas as pd
 from scipy import stats
 
 import dp_core.bounds as bounds_module
-from dp_core import aggregates, engine, selection_mad
+from dp_core import aggregates, bounding, engine, selection_mad
 from dp_core.accounting import plan_budget
 from dp_core.backend import DuckDBBackend
 from dp_core.bounding import build_plan
@@ -206,14 +206,15 @@ def mad_release_samples(query: Query, d1, d2, runs: int) -> tuple[np.ndarray, np
             at = next(i for i, cte in enumerate(stats.plan.ctes) if cte.startswith("_bounded AS ("))
             backend.connection.execute("CREATE TEMP TABLE _audit_bounded AS WITH "
                                        f"{', '.join(stats.plan.ctes[: at + 1])} SELECT * FROM _bounded")
-            with_clause = "WITH _bounded AS (SELECT * FROM _audit_bounded)"
+            with_clause = "WITH " + ",\n".join(["_bounded AS (SELECT * FROM _audit_bounded)",  # as mad_rows
+                                                  bounding.cut_from_bounded_cte(cu), *stats.plan.ctes[at + 1:]])
             memo: dict[tuple, np.ndarray] = {}
 
             def round_two_weights(released: tuple, base=base, backend=backend, schema=schema, memo=memo,
                                   with_clause=with_clause):
                 if released not in memo:
                     keys = list(query.group_by)
-                    chosen = [tuple(selection_mad._plain(v) for v in row)
+                    chosen = [tuple(bounding._plain(v) for v in row)
                               for row in base.loc[list(released), keys].itertuples(index=False)]
                     if not chosen:
                         memo[released] = base["_w1"].to_numpy(dtype=np.int64)
