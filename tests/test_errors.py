@@ -149,6 +149,9 @@ MISNAMED = [  # (file name, content, the advice the refusal ends with)
     ("d.csv", b"PK\x03\x04" + bytes(30), "is a zip archive (or an Excel workbook) but named .csv: export or "
                                            "decompress it to a .csv, .csv.gz, .tsv, .tsv.gz or .parquet file"),
     ("d.csv.gz", gzip.compress(b"PAR1" + bytes(30), mtime=0), "holds a Parquet file inside the gzip, not CSV text"),
+    ("d.parquet", b"uid,x\n1,2\n",
+     "is named .parquet but is not a Parquet file: convert it, or rename it if it is CSV"),
+    ("d.parquet", b"\x1f\x8b" + bytes(30), "is named .parquet but is not a Parquet file: it is gzip-compressed"),
 ]
 
 

@@ -412,3 +412,25 @@ def test_a_geometric_draw_past_the_int64_range_is_refused_not_wrapped(monkeypatc
     with pytest.raises(noise.DPError) as caught:
         noise.discrete_laplace(2.0**30, 5)
     assert str(caught.value) == "discrete Laplace sampler: geometric draw out of range (probability < 1e-7000)"
+
+
+def test_a_bernoulli_of_one_in_two_to_the_31_or_more_is_drawn_exactly_as_a_uniform_below_k():
+    """Bernoulli(1 / k) for k at or past 2^31 (no 32-bit word holds k - 1) is an exact uniform draw below k
+    that equals 0: n draws of booleans, almost surely all False (each True with probability 1 / k: any of
+    the 3,000 draws at k = 2^40 and 2^62 + 3 with probability below 3e-9)."""
+    for k in (2**40, 2**62 + 3):
+        drawn = noise._one_in(k, 1500)
+        assert drawn.dtype == bool and drawn.shape == (1500,) and not drawn.any()
+
+
+def test_the_gaussian_noise_is_drawn_at_the_exact_variance_of_its_calibration(monkeypatch):
+    """add_noise hands the sampler the variance C_u steps^2 / (2 rho) as an exact fraction, never a float
+    sigma squared: at rho = 1/4 and one step the variance is exactly 2, which sqrt(2) squared in floats
+    overshoots (2.0000000000000004), and the sampler's parameters would round up from there."""
+    seen = []
+    real = noise.gaussian_parameters
+    monkeypatch.setattr(noise, "gaussian_parameters", lambda variance: seen.append(variance) or real(variance))
+    share = Share("x", epsilon=1.0, delta=1e-6, rho=0.25)
+    add_noise(np.array([5, 7]), target="t", quantum=1.0, sensitivity_quanta=1, max_partitions=1, share=share,
+              noise="gaussian", confidence=0.95)
+    assert seen == [Fraction(2)] and real(Fraction(2)) != real(Fraction(math.sqrt(2)) ** 2)

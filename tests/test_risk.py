@@ -433,6 +433,16 @@ def test_levels_and_tolerances_are_refused_with_their_whole_reason():
                               "a tolerable noise cannot be promised; fix epsilon instead")
 
 
+@pytest.mark.parametrize("tolerance", [0, -1.5, float("nan"), "ten"])
+def test_a_tolerable_noise_that_is_not_a_positive_number_is_refused_naming_it(tolerance):
+    """smallest_epsilon's tolerances must be numbers above 0: anything else is refused in one sentence
+    naming the statistic and the value given."""
+    q = dp.Query([dp.count(upper=1, name="n")], privacy_unit="u", epsilon=1.0)
+    with pytest.raises(InvalidQueryError) as err:
+        accuracy.smallest_epsilon(q, {"n": tolerance})
+    assert str(err.value) == f"the tolerable noise of 'n' must be a number > 0, got {tolerance!r}"
+
+
 def test_an_average_s_promised_interval_names_the_mechanism_of_its_noise():
     """An AVG's line names the noise of its sum (discrete Laplace here, Gaussian under noise="gaussian")."""
     for noise, mechanism in (("laplace", "discrete Laplace"), ("gaussian", "discrete Gaussian")):
@@ -485,6 +495,20 @@ def test_the_refusal_for_two_tolerances_lists_each_as_asked_and_each_noise_the_r
         "the tolerable noise (people +-3, average_age +-0.5 at 90%) needs a total epsilon of at least 3.84 for this "
         "plan, but the tolerable risk (0.2) allows at most 1.17. Relax one: accept noise of people +-8 (asked +-3); "
         "average_age +-1.644 (asked +-0.5) at 90% (the noise at epsilon 1.17), or accept a risk of 0.487 instead of "
+        "0.2 (the risk at epsilon 3.84); nothing is released")
+
+
+def test_the_refusal_quotes_the_risk_of_the_bound_the_attacker_model_gives():
+    """With dv / df = 2 (an attacker twice as good at telling values apart), the risk the tolerable noise
+    needs is that of the weaker bound, in both halves of the refusal: the risk allows half the epsilon
+    (0.584 against 1.17 at dv / df = 1) and the noise's epsilon carries a risk of 0.49 (0.487 at 1)."""
+    with pytest.raises(InvalidQueryError) as err:
+        risk.choose_epsilon_for_plan(PLAN, trust="low", sensitivity="high", n=16, m=2, max_risk=0.2,
+                                     max_noise={"people": 3, "average_age": 0.5}, reference_count=500, dv_over_df=2.0)
+    assert str(err.value) == (
+        "the tolerable noise (people +-3, average_age +-0.5 at 90%) needs a total epsilon of at least 3.84 for this "
+        "plan, but the tolerable risk (0.2) allows at most 0.584. Relax one: accept noise of people +-16 (asked +-3); "
+        "average_age +-3.288 (asked +-0.5) at 90% (the noise at epsilon 0.584), or accept a risk of 0.49 instead of "
         "0.2 (the risk at epsilon 3.84); nothing is released")
 
 

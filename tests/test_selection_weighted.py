@@ -488,6 +488,7 @@ def test_each_mad_round_s_record_states_its_slice_of_the_selection_budget_and_it
         assert m.epsilon == pytest.approx(sel.epsilon * rnd["rho"] / sel.rho, rel=1e-12)
         assert m.delta == pytest.approx(sel.delta * rnd["rho"] / sel.rho, rel=1e-12)
         assert f"released when the noisy weight >= {rnd['threshold'] / WEIGHT_ONE:.6g};" in m.note
+        assert m.note.endswith("the round's epsilon and delta are its slice of the selection's share (rho adds up)")
         assert 1 < rnd["threshold"] / WEIGHT_ONE < 100
     assert sum(m.delta for m in records) == pytest.approx(sel.delta, rel=1e-12)
 

@@ -320,6 +320,47 @@ def test_any_other_java_failure_is_one_line_its_innermost_cause():
         "the data engine (Spark) failed: An error occurred while calling o1.x.")
 
 
+def test_spark_reads_an_arrow_table_and_a_statement_takes_its_session_from_a_spark_frame(spark):
+    """Two inputs of the Spark backend: a pyarrow Table (read through pandas, its column names checked as
+    any frame's) and, in a statement without spark=, a Spark DataFrame, whose own session runs it."""
+    import pyarrow as pa
+
+    from dp_core.sql import Table, run_sql
+
+    arrow = pa.table({"uid": list(range(300)), "g": ["a", "b", "c"] * 100})
+    q = dp.Query([dp.count(upper=1, name="n")], privacy_unit="uid", group_by=("g",), epsilon=100.0,
+                 public_partitions=["a", "b", "c"])
+    released = dp.execute(q, arrow, backend="spark", spark=spark).table.sort_values("g")
+    assert released["n"].round().tolist() == [100.0, 100.0, 100.0]
+    twice = pa.Table.from_arrays([arrow["uid"], arrow["g"], arrow["uid"]], names=["uid", "g", "uid"])
+    with pytest.raises(dp.InvalidDataError) as caught:
+        dp.execute(q, twice, backend="spark", spark=spark)
+    assert str(caught.value) == ("the input has the column 'uid' twice, at positions 1 and 3: rename or drop one (each "
+                                 "column must have its own name)")
+    frame = spark.createDataFrame(arrow.to_pandas())
+    result = run_sql("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 100, delta = 1e-6, privacy_unit_column = uid) "
+                     "COUNT(*, contribution_bounds_per_group => (0, 1)) AS n FROM people", {"people": Table(frame, "uid")},
+                     backend="spark")
+    assert result.table["n"].round().tolist() == [300.0]
+
+
+def test_a_malformed_record_is_named_without_its_values_in_either_wording_of_spark():
+    """Spark words a malformed CSV record with its condition (MALFORMED_RECORD_IN_PARSING) or, from the
+    CSV reader's own exception, only as "Malformed records are detected ...": either way the failure
+    names the file and the remedy and never the record, whose values Spark quotes."""
+    from dp_core.backend_spark import java_failure
+
+    expected = ("cannot read /data/visits.csv with Spark: a malformed record (a row whose fields do not match the "
+                "header); fix the file, or convert it to Parquet")
+    for words in ("[MALFORMED_RECORD_IN_PARSING.WITHOUT_SUGGESTION] Malformed records are detected in record "
+                  "parsing: [alice,42,secret].", "Malformed records are detected in record parsing. Parse Mode: "
+                  "FAILFAST. Record: alice,42,secret"):
+        trace = (f"An error occurred while calling o60.csv.\n: org.apache.spark.SparkException: Encountered error "
+                 f"while reading file file:///data/visits.csv. Details:\nCaused by: org.apache.spark.SparkException: "
+                 f"{words}\n")
+        assert java_failure(trace) == expected
+
+
 def test_grouped_quantiles_on_spark_are_binned_per_partition_like_duckdb(spark):
     """Spark has no histogram(): each quantile's bins are counted per partition and joined back to their
     partition (two keys here). The plan's pre-noise partials on Spark equal DuckDB's, bin for bin (the
