@@ -143,3 +143,19 @@ def test_the_controller_chart_shows_the_forty_groups_with_the_largest_exact_valu
     context = pages._controller_context(r, SimpleNamespace(charts={}))
     assert sorted(shown["n"]) == sorted(g for g, n in sizes.items() if n >= 200)  # the 40 largest: g10 to g49
     assert (context["chart"]["shown"], context["chart"]["total"]) == (40, 50)
+
+
+def test_the_bounds_histogram_labels_bin_edges_from_1024_on_as_signed_powers_of_two():
+    """A bin edge of magnitude 2^10 or more is labelled as a power of two with its sign ("-2^11",
+    "2^10"), a smaller one as the number itself, zero as "0": the bins of a signed column read in order."""
+    from types import SimpleNamespace
+
+    from dprelease.reporting import pages
+
+    edges = [(-4096, -2048), (-2048, -1024), (-1024, -512), (0, 1), (512, 1024), (1024, 2048), (2048, 4096)]
+    svg = pages.bounds_histogram_svg(SimpleNamespace(noisy_counts=[100.0] * 7, bin_edges=edges, threshold=25.0,
+                                                     lower=-4096, upper=4096, aggregate="balance"))
+    _check(svg)
+    for label in ("[-2^12, -2^11)", "[-2^11, -2^10)", "[-2^10, -512)", "[0, 1)", "[512, 2^10)", "[2^10, 2^11)",
+                  "[2^11, 2^12)"):
+        assert f">{label}</text>" in svg, label

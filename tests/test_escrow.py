@@ -133,13 +133,14 @@ def test_loose_key_file_refused(tmp_path):
         load_or_create_key(settings, create=False)
 
 
-@pytest.mark.parametrize("inside", ["escrow", "published"])
+@pytest.mark.parametrize("inside", ["escrow", "published", "archive"])
 def test_key_inside_a_data_directory_refused(tmp_path, inside):
     settings = _settings(tmp_path, key_dir=tmp_path / "home" / inside / "keys")
     with pytest.raises(EscrowError) as caught:
         load_or_create_key(settings, create=True)
     label, directory = {"escrow": ("escrow", settings.escrow_dir),
-                        "published": ("publication", settings.publication_dir)}[inside]
+                        "published": ("publication", settings.publication_dir),
+                        "archive": ("archive", settings.archive_dir)}[inside]
     assert str(caught.value) == (
         f"the escrow key file {settings.escrow_key_file.resolve()} is inside the {label} directory "
         f"{directory.resolve()}: keep keys apart from the data (set DPRELEASE_KEY_DIR elsewhere) or set "
@@ -1148,3 +1149,129 @@ def test_rows_without_columns_are_refused_by_the_engine_as_unreadable_input(tmp_
     assert re.fullmatch(r"cannot read the input: Invalid Input Error: Failed to read Parquet file "
                         r"'dprescrow[0-9a-f]{12}://data\.parquet': Need at least one non-root column in the file",
                         str(caught.value)), str(caught.value)
+
+
+# ------------------------------------------------------------------ mutation sample of seed 20270130
+
+
+def test_a_struct_column_of_common_types_is_read_by_duckdb_and_one_holding_a_duration_as_arrow(tmp_path):
+    """A struct column whose fields DuckDB's Parquet reader types as the Arrow scan does goes to that
+    reader (as a STRUCT); a struct holding a duration field sends the blob to its Arrow stream, where
+    the field is an INTERVAL."""
+    import pyarrow.parquet as pq
+
+    settings = _settings(tmp_path)
+    key = load_or_create_key(settings, create=True)
+    for name, field_type, reader_expected, typed in (
+            ("plain", pa.int64(), True, "STRUCT(a BIGINT, b VARCHAR)"),
+            ("odd", pa.duration("s"), False, "STRUCT(a INTERVAL, b VARCHAR)")):
+        path = tmp_path / f"{name}.parquet"
+        kind = pa.struct([("a", field_type), ("b", pa.string())])
+        pq.write_table(pa.table({"person_id": [1, 2],
+                                 "pair": pa.array([{"a": 5, "b": "x"}, {"a": 7, "b": "y"}], kind)}), path)
+        blob, digest, _ = seal_file(path, settings, key)
+        rows = escrow.EscrowRows(blob, key, digest)
+        con = duckdb.connect()
+        reader = rows.duckdb_reader(con)
+        assert (reader is not None) == reader_expected, name
+        if reader is None:
+            con.register("rows", rows)
+            reader = "rows"
+        assert con.execute(f"SELECT typeof(pair), count(*) FROM {reader} GROUP BY 1").fetchall() == [(typed, 2)]
+
+
+def test_a_legacy_blob_opened_as_batches_comes_back_in_batches_of_at_most_the_row_group_size(tmp_path,
+                                                                                             monkeypatch):
+    """open_batches on a blob of the first format: decrypted whole, then handed out (and reported to
+    `on_batch`) in batches of at most BATCH_ROWS rows, as a streamed blob's row groups are."""
+    monkeypatch.setattr(escrow.blobs, "BATCH_ROWS", 500)
+    key = Fernet.generate_key()
+    source = _write(pd.DataFrame({"person_id": range(1_200), "age": [1.5] * 1_200}), tmp_path / "d.csv")
+    legacy = tmp_path / "d.csv.fernet"
+    legacy.write_bytes(Fernet(key).encrypt(source.read_bytes()))
+    seen: list[int] = []
+    reader = open_batches(legacy, key, escrow.fingerprint(source.read_bytes()), "csv",
+                          on_batch=lambda batch: seen.append(batch.num_rows))
+    assert [batch.num_rows for batch in reader] == [500, 500, 200]
+    assert seen == [500, 500, 200]
+
+
+def test_a_blob_is_written_under_a_hidden_temporary_name_in_the_escrow_directory_itself(tmp_path):
+    """While a dataset is sealed, its ciphertext goes to a hidden temporary file beside the final blob
+    (in the escrow directory, so that the final rename is atomic and never crosses a file system);
+    once sealed, only the blob is there, under the temporary name's stem."""
+    settings = _settings(tmp_path)
+    key = load_or_create_key(settings, create=True)
+    during: list[list[str]] = []
+    blob, _, _ = seal_file(_write(_frame(), tmp_path / "d.csv"), settings, key,
+                           on_batch=lambda batch: during.append(sorted(p.name for p in settings.escrow_dir.iterdir())))
+    assert len(during) == 1 and len(during[0]) == 1, during
+    assert re.fullmatch(rf"\.{re.escape(blob.name)}\.[^/]+\.tmp", during[0][0]), during
+    assert [p.name for p in settings.escrow_dir.iterdir()] == [blob.name]
+
+
+def test_a_blob_read_as_arrow_and_attacked_after_the_release_opened_it_is_reported_in_the_escrow_s_words(tmp_path):
+    """A blob the engine reads as its Arrow stream (a duration column), changed after EscrowRows
+    checked it: the release's scan fails, and `failures` (what the pipeline reports instead of the
+    engine's wording) holds the escrow's own error, whether the change is met when the scan opens the
+    blob (its footer) or while it reads the rows."""
+    import pyarrow.parquet as pq
+
+    import dp_core as dp
+
+    settings = _settings(tmp_path)
+    key = load_or_create_key(settings, create=True)
+    path = tmp_path / "d.parquet"
+    pq.write_table(pa.table({"person_id": [1, 2, 3], "age": [31.5, 42.0, 57.25],
+                             "wait": pa.array([5, 7, 9], pa.duration("s"))}), path)
+    blob, digest, _ = seal_file(path, settings, key, chunk_size=CHUNK)
+    query = dp.Query([dp.count(upper=1), dp.sum_("age", 0, 100)], privacy_unit="person_id", epsilon=1.0)
+    rows = escrow.EscrowRows(blob, key, digest)
+    assert rows.duckdb_reader(duckdb.connect()) is None
+    assert len(dp.execute(query, rows).table) == 1  # intact: released
+    data = blob.read_bytes()
+    header, body = data[:stream.HEADER_SIZE], data[stream.HEADER_SIZE:]
+    size = CHUNK + stream.TAG_SIZE
+    chunks = [body[i:i + size] for i in range(0, len(body), size)]
+    blob.write_bytes(header + b"".join(_tampered(chunks, "changed chunk")))
+    with pytest.raises(dp.InvalidDataError):
+        dp.execute(query, rows)
+    assert rows.failures, "the escrow's error was not recorded"
+    assert str(rows.failures[0]) == (
+        f"the escrow blob {blob} failed authentication at chunk 3 of {len(chunks)}: it was altered, truncated, "
+        "reordered or extended; restore it from a backup or register the dataset again")
+
+
+def test_the_engine_s_file_is_readable_to_the_standard_library_s_buffered_reader(tmp_path):
+    """The engine's file (engine_files) says it is readable: io.BufferedReader, which refuses a raw
+    file that says otherwise, reads the Parquet magic at its start and its end through it."""
+    settings = _settings(tmp_path)
+    key = load_or_create_key(settings, create=True)
+    blob, digest, _ = seal_file(_write(_frame(), tmp_path / "d.csv"), settings, key)
+    fs = engine_files.DecryptingFileSystem.for_blob(blob, key, digest, None, [])
+    with io.BufferedReader(fs.open(fs.url, "rb")) as buffered:
+        assert buffered.readable() and buffered.read(4) == b"PAR1"
+        buffered.seek(-4, io.SEEK_END)
+        assert buffered.read() == b"PAR1"
+
+
+def test_a_read_of_the_engine_s_file_that_reaches_its_end_credits_no_row_group_even_one_it_covers(tmp_path,
+                                                                                                  monkeypatch):
+    """A read that reaches the end of the file is the footer's (DuckDB reads a small file's footer with
+    the bytes before it): it credits no row group, not even the last one, whose bytes it covers; a
+    read of that group's bytes that stops short of the end credits it. Read directly, as one of
+    DuckDB's threads would."""
+    import pyarrow.parquet as pq
+
+    blob, key, digest, _ = _grouped_blob(tmp_path, monkeypatch, rows=1_000)
+    meta = pq.ParquetFile(io.BytesIO(open_blob(blob, key, digest))).metadata
+    last = min(meta.row_group(1).column(c).data_page_offset for c in range(meta.num_columns))
+    credited: list[int] = []
+    fs = engine_files.DecryptingFileSystem.for_blob(blob, key, digest, credited.append, [])
+    with fs.open(fs.url, "rb") as handle:
+        handle.seek(last)
+        assert handle.read()[-4:] == b"PAR1"
+        assert credited == []
+        handle.seek(last)
+        handle.read(16)
+        assert credited == [500]

@@ -686,3 +686,21 @@ def test_a_number_from_ten_to_the_fifteen_on_is_shown_in_scientific_form():
     non-integer just above it included; the largest integer below it is shown in full."""
     assert [pages.fmt_number(v) for v in (1e15, -1e15, 1e15 + 0.5, 999_999_999_999_999.0)] == [
         "1e+15", "-1e+15", "1e+15", "999999999999999"]
+
+
+def test_the_numeric_table_shows_text_group_keys_as_written_and_the_values_as_numbers():
+    """The analyst page's numeric table (value, low, high, noise sd per group): a text key that looks
+    like a number ("007", "1e3", "nan") is shown as written, not as the number it parses to, and a
+    value column as a number."""
+    df = pd.DataFrame({"uid": range(6), "code": ["007", "007", "1e3", "1e3", "nan", "nan"]})
+    q = dp.Query([dp.count(upper=1, name="people")], privacy_unit="uid", epsilon=1.0, group_by=("code",),
+                 public_partitions=["007", "1e3", "nan"])
+    res = dp.execute(q, df)
+    page = pages.render_analyst_report(res, make_ctx())
+    numeric = page[page.index('<table class="numeric">'):]
+    numeric = numeric[numeric.index("<tbody>"):numeric.index("</tbody>")]
+    cells = [re.findall(r"<td[^>]*>([^<]*)</td>", row) for row in re.findall(r"<tr>(.*?)</tr>", numeric)]
+    assert [row[0] for row in cells] == ["007", "1e3", "nan"]
+    expected = {k: pages.fmt_number(v) for k, v in zip(res.table["code"], res.table["people"])}
+    assert [row[1] for row in cells] == [expected[k] for k in ("007", "1e3", "nan")]
+    assert all(re.fullmatch(r"-?\d+", row[1]) for row in cells), cells

@@ -682,3 +682,32 @@ def test_a_json_field_given_as_text_that_is_not_json_is_refused_saying_what_to_p
     assert str(caught.value) == ("not valid JSON (Expecting property name enclosed in double quotes: line 1 column 2 "
                                  "(char 1)): pass a dict or list, or a JSON string")
     assert sqlite_store.list_datasets() == []
+
+
+def test_a_release_id_taken_by_another_controller_after_the_check_is_refused_with_the_same_words(pg_store, monkeypatch):
+    """Two controllers record a release under the same id at once (PostgreSQL; SQLite's BEGIN IMMEDIATE
+    serialises them): the other's insert lands after this one's check found no such release, so the
+    primary key refuses this insert, and the controller is told the same as when the check catches it,
+    word for word."""
+    from dprelease.store.tables import Release
+
+    _register(pg_store)
+    other = Store(pg_store.engine.url.render_as_string(hide_password=False))
+    checked = store_module.Session.get
+    raced: list[str] = []
+
+    def get_then_race(session, entity, ident, *args, **kwargs):
+        found = checked(session, entity, ident, *args, **kwargs)
+        if entity is Release and ident == "raced" and session.bind is pg_store.engine and not raced:
+            raced.append(other.add_release("adult", "{}", release_id="raced").id)  # committed meanwhile
+        return found
+
+    monkeypatch.setattr(store_module.Session, "get", get_then_race)
+    try:
+        with pytest.raises(StoreError) as caught:
+            pg_store.add_release("adult", "{}", release_id="raced")
+    finally:
+        other.close()
+    assert raced == ["raced"]
+    assert str(caught.value) == "release 'raced' already exists: use update_release to change it"
+    assert isinstance(caught.value.__cause__, store_module.IntegrityError)

@@ -225,43 +225,52 @@ def open_batches(blob_path: Path | str, key: bytes, expected_fingerprint: str, f
                  failures: list | None = None) -> pa.RecordBatchReader:
     """The dataset's rows as a RecordBatchReader: one row group decrypted and decoded at a time
     (legacy Fernet blobs: decrypted whole, then batched). An EscrowError met while a consumer
-    reads (a chunk failing authentication) is also appended to `failures`, so the caller can
-    report it even when the consumer (DuckDB) wraps it in its own error."""
+    opens or reads it (a chunk of the footer or of the rows failing authentication: EscrowRows
+    opens the blob afresh for each scan) is also appended to `failures`, so the caller can report
+    it even when the consumer (DuckDB) wraps it in its own error."""
     blob_path = Path(blob_path)
-    if not blob_path.exists():
-        raise EscrowError(f"the escrow blob {blob_path} is missing: register the dataset again")
-    if not stream.is_stream_blob(blob_path):
-        table = _legacy_table(open_blob(blob_path, key, expected_fingerprint), file_format)
-        batches = iter(table.to_batches(max_chunksize=BATCH_ROWS))
-        schema = table.schema
-    else:
-        plain = stream.DecryptingFile(blob_path, _checked_key(key, "the caller"), expected_fingerprint)
-        try:
-            parquet = pq.ParquetFile(plain)
-        except pa.ArrowException as err:
-            plain.close()
-            raise EscrowError(f"the escrow blob {blob_path} holds no readable Parquet data ({err}): "
-                              "register the dataset again") from None
-        schema = parquet.schema_arrow
-
-        def decrypted() -> Iterator[pa.RecordBatch]:
+    try:
+        if not blob_path.exists():
+            raise EscrowError(f"the escrow blob {blob_path} is missing: register the dataset again")
+        if not stream.is_stream_blob(blob_path):
+            table = _legacy_table(open_blob(blob_path, key, expected_fingerprint), file_format)
+            batches = iter(table.to_batches(max_chunksize=BATCH_ROWS))
+            schema = table.schema
+        else:
+            plain = stream.DecryptingFile(blob_path, _checked_key(key, "the caller"), expected_fingerprint)
             try:
-                for group in range(parquet.num_row_groups):
-                    yield from parquet.read_row_group(group).to_batches()
-            except EscrowError as err:
-                if failures is not None:
-                    failures.append(err)
-                raise
-            except (pa.ArrowException, OSError) as err:  # a page that does not decode: pyarrow's OSError
-                failure = EscrowError(f"the escrow blob {blob_path} holds unreadable Parquet data "
-                                      f"({str(err).splitlines()[0]}): register the dataset again")
-                if failures is not None:
-                    failures.append(failure)
-                raise failure from None
-            finally:
+                parquet = pq.ParquetFile(plain)  # its footer's chunks are authenticated: EscrowError
+            except EscrowError:
                 plain.close()
+                raise
+            except pa.ArrowException as err:
+                plain.close()
+                raise EscrowError(f"the escrow blob {blob_path} holds no readable Parquet data ({err}): "
+                                  "register the dataset again") from None
+            schema = parquet.schema_arrow
 
-        batches = decrypted()
+            def decrypted() -> Iterator[pa.RecordBatch]:
+                try:
+                    for group in range(parquet.num_row_groups):
+                        yield from parquet.read_row_group(group).to_batches()
+                except EscrowError as err:
+                    if failures is not None:
+                        failures.append(err)
+                    raise
+                except (pa.ArrowException, OSError) as err:  # a page that does not decode: pyarrow's OSError
+                    failure = EscrowError(f"the escrow blob {blob_path} holds unreadable Parquet data "
+                                          f"({str(err).splitlines()[0]}): register the dataset again")
+                    if failures is not None:
+                        failures.append(failure)
+                    raise failure from None
+                finally:
+                    plain.close()
+
+            batches = decrypted()
+    except EscrowError as err:  # met when a consumer opens a scan (DuckDB, through EscrowRows): recorded too
+        if failures is not None:
+            failures.append(err)
+        raise
     if on_batch is not None:
         batches = _observed(batches, on_batch)
     return pa.RecordBatchReader.from_batches(schema, batches)
