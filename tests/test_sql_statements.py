@@ -52,6 +52,7 @@ def plain(tables, sql):
 
 DP = "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = {e}, delta = 1e-6, privacy_unit_column = uid)"
 C1 = "COUNT(*, contribution_bounds_per_group => (0, 1))"
+AN = "SELECT WITH ANONYMIZATION OPTIONS (epsilon = 1, delta = 1e-6)"
 
 # rule -> (DP statement, plain SQL giving the same numbers); noise sd at EPS is well under 0.1 per count
 ACCEPTED = {
@@ -615,6 +616,27 @@ WORD_FOR_WORD = {  # refusals whose whole message is the guidance: rule -> (stat
         f"{DP.format(e=1)} {C1} AS n FROM (SELECT DISTINCT ON (dept) uid, dept FROM people) p",
         "subquery 'SELECT DISTINCT ON (dept) uid, dept FROM people': DISTINCT ON inside a subquery over protected "
         "rows keeps rows depending on other units' rows"),
+    "a comma join of two protected tables": (  # mutants seed 20270130: ownership join 107
+        f"{DP.format(e=1)} {C1} AS n FROM people, visits",
+        "the DP SELECT: ', visits' is a cross or comma join of two protected tables: it pairs rows of different "
+        "units. Join on the unit: USING (unit) or ON a.unit = b.unit"),
+    "a qualified * naming no table of a public subquery": (  # ownership check_select 55: the place is named
+        f"{DP.format(e=1)} {C1} AS n FROM people WHERE dept IN (SELECT d.* FROM depts)",
+        "WHERE: subquery 'SELECT d.* FROM depts': unknown table 'd' in 'd.*'"),
+    "CLAMPED BETWEEN L AND-U read with U's sign": (  # syntax _select_list_edits 114: no space after AND
+        f"{AN} ANON_SUM(age CLAMPED BETWEEN 50 AND-1) AS s FROM people",
+        "ANON_SUM(...): lower bound 50 exceeds upper bound -1 (give (L, U) with L <= U)"),
+    "a WITH REPORT format with a quote in it": (  # syntax _with_report_edit 52: its quotes are dropped
+        f"{AN} ANON_COUNT(* WITH REPORT(FORMAT = 'CS''V')) AS n FROM people",
+        "ANON_COUNT(...): the report format must be \"JSON\" or \"PROTO\", got 'CSV'"),
+    "a WITH REPORT(FORMAT = ...) left open at the end of the statement": (  # _with_report_edit 59
+        f"{AN} ANON_COUNT(* WITH REPORT(FORMAT = JSON",
+        "the query is not valid SQL: Expecting ). Line 1, Col: 76."),
+    "TABLESAMPLE RESERVOIR as the statement's last words": (  # syntax parse_statement 11
+        f"{DP.format(e=1)} {C1} AS n FROM people TABLESAMPLE RESERVOIR",
+        "TABLESAMPLE RESERVOIR (n ROWS) is not supported: it keeps n rows chosen among all units' rows, so one "
+        "unit's rows change which of the others' are kept (the per-unit bound breaks); use TABLESAMPLE BERNOULLI "
+        "(p PERCENT)"),
 }
 
 
@@ -624,6 +646,35 @@ def test_refusals_give_their_whole_reason_and_remedy(tables, rule):
     with pytest.raises(dp.DPError) as info:
         compile_statement_for(sql, tables, epsilon=1.0)
     assert str(info.value) == message
+
+
+def test_a_sql_count_of_rows_gives_the_selection_advice_its_units_and_reports_no_column(tables):
+    """COUNT(*) in a DP SELECT is the engine's count with no column (None, not ''): the selection
+    advice reads the units per group from it (a count of rows bounded by U, not a count of a column's
+    values), and the report says the count reads no column (mutants seed 20270130: compile's
+    Compiler.aggregate 140)."""
+    result = run_sql(f"{DP.format(e=EPS)} dept, {C1} AS n FROM people GROUP BY dept", tables)
+    assert [n for n in result.notes if n.startswith("Selection advice")] == [
+        "Selection advice (from the released noisy counts, no extra privacy cost): of the 3 groups released by "
+        "truncated-geometric, the expected number each mechanism would release at this budget is laplace-threshold "
+        "3, truncated-geometric 3, weighted_gaussian 3; mad (MaxAdaptiveDegree) releases at least about as many as "
+        "weighted_gaussian when units share popular groups. Groups not released leave no number to judge from, so "
+        "this ranks the mechanisms; it does not count the extra groups the better ones would find."]
+    assert result.to_dict()["aggregates"] == [
+        {"name": "n", "kind": "count", "column": None, "lower": None, "upper": 1, "q": None}]
+
+
+def test_a_percentile_bins_integers_above_two_to_the_53_as_the_doubles_they_round_to():
+    """Bounds at or above 2**53 are written as DOUBLEs (sql_text.literal), so the per-unit values are
+    binned as the doubles they round to: 2**53 + 1 (an odd BIGINT, halfway between two doubles) rounds
+    to even, 2**53, and the median of 2000 units holding it, bounded by [2**53, 2**53 + 4], is 2**53
+    (written as an integer literal it was binned exactly and released 2**53 + 2; mutants seed 20270130:
+    sql_text.literal 21)."""
+    big = 2**53
+    data = {"t": Table(pd.DataFrame({"uid": np.arange(N), "v": np.full(N, big + 1, dtype=np.int64)}), "uid")}
+    result = run_sql(f"{DP.format(e=EPS)} PERCENTILE_CONT(v, 0.5, contribution_bounds_per_row => ({big}, {big + 4})) "
+                     "AS m FROM t", data)
+    assert list(result.table.columns[:1]) == ["m"] and result.table["m"].tolist() == [float(big)]
 
 
 def test_a_cte_named_after_a_protected_table_s_file_never_reads_the_file(tmp_path, monkeypatch):
