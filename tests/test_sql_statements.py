@@ -626,9 +626,12 @@ WORD_FOR_WORD = {  # refusals whose whole message is the guidance: rule -> (stat
     "CLAMPED BETWEEN L AND-U read with U's sign": (  # syntax _select_list_edits 114: no space after AND
         f"{AN} ANON_SUM(age CLAMPED BETWEEN 50 AND-1) AS s FROM people",
         "ANON_SUM(...): lower bound 50 exceeds upper bound -1 (give (L, U) with L <= U)"),
-    "a WITH REPORT format with a quote in it": (  # syntax _with_report_edit 52: its quotes are dropped
+    "a WITH REPORT format with a quote in it": (  # syntax _with_report_edit 52: its quotes kept, as written
         f"{AN} ANON_COUNT(* WITH REPORT(FORMAT = 'CS''V')) AS n FROM people",
-        "ANON_COUNT(...): the report format must be \"JSON\" or \"PROTO\", got 'CSV'"),
+        "ANON_COUNT(...): the report format must be \"JSON\" or \"PROTO\", got 'CS''V'"),
+    "JSON with a quote in it is not JSON": (  # its quote was dropped and it read as JSON until 2026-11-25
+        f"{AN} ANON_COUNT(* WITH REPORT(FORMAT = 'JS''ON')) AS n FROM people",
+        "ANON_COUNT(...): the report format must be \"JSON\" or \"PROTO\", got 'JS''ON'"),
     "a WITH REPORT(FORMAT = ...) left open at the end of the statement": (  # _with_report_edit 59
         f"{AN} ANON_COUNT(* WITH REPORT(FORMAT = JSON",
         "the query is not valid SQL: Expecting ). Line 1, Col: 76."),

@@ -300,10 +300,10 @@ def _with_report_edit(tokens, i: int, edits: list) -> int:
             k += 1
         inner = tokens[j + 1:k]
         if (len(inner) == 3 and inner[0].text.upper() == "FORMAT" and inner[1].token_type == TokenType.EQ):
-            value = inner[2].text.replace("'", "")
+            value = inner[2].text.replace("'", "''")  # the format as written: 'JS''ON' is JS'ON, not JSON
             edits.append((tokens[i].start, tokens[min(k, len(tokens) - 1)].end + 1, f", __report_format => '{value}'"))
         else:
-            what = (inner[0].text if inner else "").replace("'", "") or "nothing"
+            what = (inner[0].text if inner else "").replace("'", "''") or "nothing"
             edits.append((tokens[i].start, tokens[min(k, len(tokens) - 1)].end + 1, f", __report_bad => '{what}'"))
         return k + 1
     edits.append((tokens[i].start, tokens[i + 1].end + 1, ", __report_bad => 'nothing'"))

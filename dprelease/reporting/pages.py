@@ -388,9 +388,7 @@ def _public_context(result, ctx: ReleaseContext) -> dict:
         "notes": list(result.notes),
         "choice": choice,
         "epsilon_mode": EPSILON_MODES.get(ctx.epsilon_mode, ctx.epsilon_mode),
-        "guess": {"n": EXPLAIN_N, "prior": 100.0 / EXPLAIN_N, "posterior": q_pct,
-                  "advantage": 100.0 * risk_model.guessing_advantage(q_pct / 100.0, EXPLAIN_N),
-                  "odds": math.exp(eps)},
+        "guess": {"n": EXPLAIN_N, "prior": 100.0 / EXPLAIN_N, "posterior": q_pct, "odds": math.exp(eps)},
         "controller": None,
         "promise": promise_rows(result, ctx.promise),
     }
