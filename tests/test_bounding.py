@@ -214,3 +214,38 @@ def test_whether_a_release_fails_does_not_depend_on_a_row_filter_selecting_an_in
     finite = duckdb.connect().sql(f"SELECT i AS uid, {kind} '2020-01-01' AS d FROM range(10) t(i)")
     assert len(dp.execute(dp.Query([dp.count(upper=1, name="n")], privacy_unit="uid", group_by=("d",), epsilon=1.0,
                                    delta=1e-6, public_partitions=[]), finite).table) == 0
+
+
+def test_every_column_the_plan_names_for_itself_is_refused_as_a_group_key_or_unit():
+    """Query.validate refuses a group key or unit named like one of the plan's own columns (PLAN_COLUMN:
+    a key named _n_units was read as the partition's count of units). The list is kept by hand, so this
+    checks it against the plans themselves: every column name starting with "_" that the bounding plan
+    (DuckDB's and Spark's window form), the automatic and per-partition bounds, the selections and MAD's
+    two rounds give their rows is refused (a new internal column the list misses fails here)."""
+    import sqlglot
+    from sqlglot import exp
+
+    from dp_core.query import PLAN_COLUMN
+    from dp_core.selection_mad import numbered_sql, round_two_by_number_sql
+
+    rng = np.random.default_rng(1)  # test data only
+    df = pd.DataFrame({"uid": np.repeat(np.arange(3000), 3), "g": rng.integers(0, 5, 9000).astype(str),
+                       "x": rng.normal(10, 3, 9000)})
+    kw = dict(privacy_unit="uid", group_by=("g",), epsilon=50.0, delta=1e-6)
+    queries = [dp.Query([dp.count(), dp.count_units(), dp.sum_("x", None, None), dp.avg("x", 0, 20), dp.var("x", 0, 20),
+                         dp.median("x", 0, 20)], **kw),
+               dp.Query([dp.sum_("x", None, None)], bounds_scope="partition", **kw),
+               dp.Query([dp.count()], noise="gaussian", selection="mad", **kw),
+               dp.Query([dp.count()], noise="gaussian", selection="weighted_gaussian", **kw),
+               dp.Query([dp.count(upper=3)], privacy_unit="uid", group_by=("g",), epsilon=1.0, public_partitions=["0"])]
+    names = set()
+    for q in queries:
+        stats = exact_statistics(q, df, bounding_seed=1)
+        window = build_plan(stats.query, set(), 1, dialect="spark", transpile=False)
+        for sql in (stats.plan.sql, window.sql, numbered_sql(stats.plan.with_clause, stats.plan.body, q),
+                    round_two_by_number_sql(stats.plan.with_clause, q, [1])):
+            names |= {a.alias for a in sqlglot.parse_one(sql, read="duckdb").find_all(exp.Alias)}
+        names |= set(stats.rows.columns)
+    internal = {n for n in names if n.startswith("_")}
+    assert {"_n_units", "_rk", "_w1", "_w2", "_pid", "_a0_raw"} <= internal
+    assert sorted(n for n in internal if not PLAN_COLUMN.fullmatch(n)) == []

@@ -423,6 +423,19 @@ def test_a_bernoulli_of_one_in_two_to_the_31_or_more_is_drawn_exactly_as_a_unifo
         assert drawn.dtype == bool and drawn.shape == (1500,) and not drawn.any()
 
 
+def test_a_bernoulli_of_one_in_k_past_two_to_the_31_is_true_exactly_where_the_uniform_draw_is_zero(monkeypatch):
+    """The other half of the test above (which a sampler that is never True would pass): the draw is True
+    where the uniform integer below k is 0 and only there, and the uniform is asked for that k."""
+    asked = []
+
+    def uniform(bound, n):
+        asked.append(bound)
+        return np.array([0, 5, 0, bound - 1], dtype=object)[:n]
+
+    monkeypatch.setattr(noise, "uniform_below", uniform)
+    assert noise._one_in(2**40, 4).tolist() == [True, False, True, False] and asked == [2**40]
+
+
 def test_the_gaussian_noise_is_drawn_at_the_exact_variance_of_its_calibration(monkeypatch):
     """add_noise hands the sampler the variance C_u steps^2 / (2 rho) as an exact fraction, never a float
     sigma squared: at rho = 1/4 and one step the variance is exactly 2, which sqrt(2) squared in floats

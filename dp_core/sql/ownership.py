@@ -399,7 +399,7 @@ class OwnershipChecker:
                 )
             if not node.args.get("db") and name.lower() in self.ctes:
                 rel = self.ctes[name.lower()]
-                return Relation(alias, dict(rel.columns), rel.unit, rel.copies, rel.composite, rel.opaque)
+                return replace(rel, alias=alias, columns=dict(rel.columns))  # the CTE under this name
             info = self.table_info(node)
             if info is None:
                 known = ", ".join(sorted(t.name for t in self.catalog.values()))
@@ -419,7 +419,7 @@ class OwnershipChecker:
             alias = node.alias_or_name or f"_sub{len(self.ctes)}_{id(node) % 10_000}"
             if not node.alias:
                 node.set("alias", exp.TableAlias(this=exp.to_identifier(alias)))
-            return Relation(alias, rel.columns, rel.unit, rel.copies, rel.composite, rel.opaque)
+            return replace(rel, alias=alias)
         raise InvalidQueryError(f"{where}: {quote(node)[:80]!r} cannot be used in FROM (use a table, a CTE or a subquery)")
 
     def join(self, join: exp.Join, scope: Scope, where: str) -> None:
