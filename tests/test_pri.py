@@ -291,6 +291,28 @@ def test_a_public_mode_release_never_chooses_an_epsilon_above_the_dataset_s_cap(
     assert res.epsilon_spent == res.epsilon_choice.epsilon == max(res.epsilon_choice.candidates)
 
 
+def test_a_data_mode_release_searches_the_epsilon_grid_it_is_given():
+    """release_with_pri in data mode searches the caller's grid, not the default one: with p = 100 every
+    candidate passes, so the largest one given is chosen and spent."""
+    df = pd.DataFrame({"uid": np.arange(500), "g": np.arange(500) % 2})
+    q = dp.Query([dp.count(upper=1, name="n")], privacy_unit="uid", group_by=("g",), epsilon=1.0,
+                 public_partitions=[0, 1])
+    res = pri.release_with_pri(q, df, 100, mode="data", grid=[0.3, 0.7])
+    assert res.epsilon_choice.candidates == (0.7, 0.3)
+    assert res.epsilon_spent == res.epsilon_choice.epsilon == 0.7
+
+
+def test_a_data_mode_choice_is_stated_as_data_mode_in_the_release_s_public_dict():
+    """A release whose epsilon the data's PRIs chose says so in its public dict (results.json): mode "data",
+    the data mode's guarantee, and no beta or pass probabilities (those belong to the public mode)."""
+    df = pd.DataFrame({"uid": np.arange(500), "g": np.arange(500) % 2})
+    q = dp.Query([dp.count(upper=1, name="n")], privacy_unit="uid", group_by=("g",), epsilon=1.0,
+                 public_partitions=[0, 1])
+    res = pri.release_with_pri(q, df, 100, mode="data", grid=[0.5], controller_ranges=False)
+    assert res.to_dict()["epsilon_choice"] == {"epsilon": 0.5, "mode": "data", "p": 100.0, "rule": "search",
+                                               "candidates": [0.5], "guarantee": pri.GUARANTEE["data"]}
+
+
 @pytest.mark.parametrize("mode", ["public", "data"])
 def test_the_controller_s_pri_ranges_come_from_the_release_s_own_engine_options(monkeypatch, mode):
     """The PRI ranges the controller sees are those of the rows the release bounds with its options (here
