@@ -87,6 +87,20 @@ def test_what_the_grid_cannot_carry_and_pure_noise_are_refused_with_their_reason
     assert noisy([3], eps=1e-6).values.shape == (1,)
 
 
+def test_noise_of_exactly_two_to_the_twenty_sensitivities_is_released_and_more_is_refused():
+    """The pure-noise limit refuses noise OVER 2^20 times the sensitivity (as the accuracy planner
+    counts it): at epsilon 2^-20 the Laplace scale is exactly 2^20 sensitivities and the value is released;
+    at the next smaller epsilon it is refused."""
+    def noisy(eps):
+        return add_noise(np.array([3], dtype=np.int64), target="t", quantum=1.0, sensitivity_quanta=1,
+                         max_partitions=1, share=Share("x", epsilon=eps), noise="laplace", confidence=0.95)
+
+    at_limit = noisy(2.0**-20)
+    assert at_limit.scale == 2.0**20 and at_limit.values.shape == (1,)
+    with pytest.raises(noise.DPError, match="over 2\\^20 times the sensitivity"):
+        noisy(math.nextafter(2.0**-20, 0.0))
+
+
 def discrete_laplace_cdf(scale):
     """P(K <= k) of the discrete Laplace with this scale (vectorised over integer k)."""
     q = math.exp(-1.0 / float(scale))
