@@ -26,6 +26,18 @@ def test_units_with_only_missing_values_contribute_nothing():
     assert abs(r["a"] - 80) < 2  # noise at epsilon 1 per aggregate over 2,000 units is far smaller
 
 
+def test_a_count_of_a_column_counts_only_the_rows_where_it_is_present():
+    """COUNT(x) counts the rows whose x is not missing, COUNT(*) every row (the controller's exact table
+    shows both); an unnamed COUNT(x) is released as count_x."""
+    x = pd.array([1.0, None, None, 2.0, 3.0, None], dtype="Float64")
+    df = pd.DataFrame({"uid": [1, 1, 2, 3, 4, 4], "x": x})
+    q = dp.Query([dp.count(upper=5, column="x", name="present"), dp.count(upper=5, name="rows")],
+                 privacy_unit="uid", epsilon=1.0)
+    exact = dp.execute(q, df).controller_only.exact.iloc[0]
+    assert (exact["present"], exact["rows"]) == (3, 6)
+    assert dp.count(column="x").label == "count_x"
+
+
 def test_median_of_a_repeated_value_is_found():
     df = pd.DataFrame({"uid": np.arange(2000), "x": 42.0})
     q = dp.Query([dp.median("x", 0, 100, name="m"), dp.min_("x", 0, 100, name="lo")], privacy_unit="uid", epsilon=10.0)
