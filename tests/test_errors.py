@@ -373,6 +373,15 @@ def test_an_aggregate_s_impossible_arguments_are_refused_word_for_word(aggregate
     assert str(caught.value) == message
 
 
+@pytest.mark.parametrize("weight", [0, -1.0, math.nan, math.inf, True, "2"])
+def test_a_selection_weight_that_is_not_a_positive_number_is_refused_word_for_word(weight):
+    """The selection's budget weight must be a finite number above 0: anything else is refused in one
+    sentence naming the parameter and the value given."""
+    with pytest.raises(InvalidQueryError) as caught:
+        run(group_by=("g",), delta=1e-6, selection_weight=weight)
+    assert str(caught.value) == f"selection_weight must be > 0, got {weight!r}"
+
+
 def test_an_infinite_public_partition_key_is_refused_naming_it():
     df = pd.DataFrame({"uid": np.arange(100), "k": np.arange(100) % 2 * 1.5})
     with pytest.raises(InvalidQueryError) as caught:
