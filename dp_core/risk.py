@@ -239,6 +239,7 @@ def plan_tolerances(query, max_noise, *, headline: str | None = None, reference_
     first aggregate that has a data-free interval); or a mapping statistic name -> number or
     percentage, each of which must be met."""
     def absolute(name, value) -> float:
+        given = value  # a refusal quotes what the request said ('-5%'), not the number it came to
         if isinstance(value, str) and value.strip().endswith("%"):
             try:
                 pct = float(value.strip()[:-1])
@@ -247,7 +248,7 @@ def plan_tolerances(query, max_noise, *, headline: str | None = None, reference_
             value = pct / 100.0 * float(reference_value)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
             raise InvalidQueryError(f"the tolerable noise of {name!r} must be a number > 0 or a percentage "
-                                    f"such as '10%', got {value!r}")
+                                    f"such as '10%', got {given!r}")
         return float(value)
 
     if isinstance(max_noise, dict):

@@ -443,6 +443,19 @@ def test_a_tolerable_noise_that_is_not_a_positive_number_is_refused_naming_it(to
     assert str(err.value) == f"the tolerable noise of 'n' must be a number > 0, got {tolerance!r}"
 
 
+@pytest.mark.parametrize("max_noise, shown", [(0, "0"), (-2.5, "-2.5"), (float("inf"), "inf"), (True, "True"),
+                                              ("ten", "'ten'"), ("-5%", "'-5%'"), ({"n": "0%"}, "'0%'")])
+def test_a_plan_s_tolerable_noise_that_is_not_a_positive_number_or_percentage_is_refused_naming_it(max_noise, shown):
+    """The plan's tolerable noise (alone or per statistic) must be a number above 0 or a percentage of the
+    reference value: anything else is refused in one sentence naming the statistic, the two accepted forms
+    and the value as given (a percentage as written, not the number it comes to)."""
+    q = dp.Query([dp.count(upper=1, name="n")], privacy_unit="u", epsilon=1.0)
+    with pytest.raises(InvalidQueryError) as err:
+        risk.choose_epsilon_for_plan(q, trust="low", sensitivity="high", max_risk=0.2, max_noise=max_noise, n=16, m=2)
+    assert str(err.value) == ("the tolerable noise of 'n' must be a number > 0 or a percentage such as '10%', "
+                              f"got {shown}")
+
+
 def test_an_average_s_promised_interval_names_the_mechanism_of_its_noise():
     """An AVG's line names the noise of its sum (discrete Laplace here, Gaussian under noise="gaussian")."""
     for noise, mechanism in (("laplace", "discrete Laplace"), ("gaussian", "discrete Gaussian")):
