@@ -302,6 +302,37 @@ def test_mad_s_second_round_takes_the_weight_off_every_partition_round_one_relea
     assert (rows.loc[rows["_mad_r1"], "_w2"] == 0).all(), rows[["part", "_mad_r1", "_w2"]]
 
 
+def test_mad_s_round_two_weighs_the_partitions_of_two_group_keys_by_each_unit_s_partitions_left():
+    """Round 2 over two group-by keys (a, b), round 1 having released (x, 1): a unit's weight goes to its
+    partitions left, q_r each with r their number, whether the released partitions are named by their keys
+    (round_two_sql, the audit's form) or by their numbers (the release's own statement)."""
+    from dp_core.selection_mad import numbered_sql, round_two_by_number_sql
+
+    groups = [(5, (("x", 1), ("x", 2), ("y", 1))), (3, (("x", 2),)), (2, (("y", 1), ("y", 2)))]
+    records, uid = [], 0
+    for count, parts in groups:
+        for _ in range(count):
+            records += [(uid, a, b) for a, b in parts]
+            uid += 1
+    df = pd.DataFrame(records, columns=["uid", "a", "b"])
+    q = dp.Query([dp.count()], privacy_unit="uid", group_by=("a", "b"), epsilon=1.0, max_partitions_contributed=3,
+                 selection="mad")
+    types = {"uid": "BIGINT", "a": "VARCHAR", "b": "BIGINT"}
+    plan = build_plan(q, {"uid", "b"}, seed=12345, key_types=types)
+    q1, q2, _ = unit_weights(3)
+    expected = {("x", 2): 5 * q2 + 3 * q1, ("y", 1): 7 * q2, ("y", 2): 2 * q2}
+    backend = DuckDBBackend.for_input(df)
+    try:
+        keyed = backend.run(round_two_sql(plan.with_clause, q, [("x", 1)], types))
+        numbers = backend.run(numbered_sql(plan.with_clause, plan.body, q))[["_pid", "a", "b"]]
+        released = numbers.loc[(numbers["a"] == "x") & (numbers["b"] == 1), "_pid"].tolist()
+        by_number = backend.run(round_two_by_number_sql(plan.with_clause, q, released)).merge(numbers, on="_pid")
+    finally:
+        backend.close()
+    for w2 in (keyed, by_number):
+        assert {(a, int(b)): int(w) for a, b, w in zip(w2["a"], w2["b"], w2["_w2"])} == expected
+
+
 def test_selection_advice_follows_each_mechanism_s_law():
     """The advice's expected releases: the Laplace threshold's P[n + K >= T] equals the sum of the
     discrete Laplace's probabilities above T - n; partitions of 5,000 units are kept by every
