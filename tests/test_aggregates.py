@@ -268,3 +268,16 @@ def test_an_empty_list_of_public_partitions_releases_an_empty_table():
                  epsilon=1.0, public_partitions=[])
     table = dp.execute(q, df).table
     assert len(table) == 0 and {"g", "n", "s"} <= set(table.columns)
+
+
+def test_an_empty_release_of_public_partitions_keeps_each_key_column_s_type():
+    """With public_partitions=[] the released table's key columns have the types of the input's keys
+    (an integer key stays integer, a real one real), as in a release that names a partition."""
+    df = pd.DataFrame({"uid": np.arange(40), "k": np.arange(40) % 3, "r": (np.arange(40) % 2) / 2.0})
+    types = {}
+    for public in ([], [(0, 0.5)]):
+        q = dp.Query([dp.count_units(name="n")], privacy_unit="uid", group_by=("k", "r"), epsilon=1.0,
+                     public_partitions=public)
+        table = dp.execute(q, df).table
+        types[len(public)] = (str(table["k"].dtype), str(table["r"].dtype))
+    assert types[0] == types[1] == ("int64", "float64")

@@ -336,6 +336,10 @@ def test_the_bounds_mechanism_is_recorded_as_the_release_publishes_it():
     assert d["note"].startswith(f"{len(b.bin_edges)} bins, threshold {b.threshold}, failure probability ")
 
 
+#: the 64 bins of a per-unit count (never below zero): [0, 2), [2, 4), ... [2^63, 2^64)
+COUNT_BINS = tuple((0.0 if e == 0 else 2.0 ** e, 2.0 ** (e + 1)) for e in range(64))
+
+
 def test_a_count_s_per_partition_bounds_are_searched_over_counts_of_zero_and_up():
     """A COUNT without its per-unit bound, bounds_scope="partition": each partition's histogram has
     the 64 bins a count can fall in, [0, 2), [2, 4), ... [2^63, 2^64), none below zero, and its
@@ -348,11 +352,10 @@ def test_a_count_s_per_partition_bounds_are_searched_over_counts_of_zero_and_up(
     q = dp.Query([dp.count(upper=None, name="n")], privacy_unit="uid", group_by=("g",), epsilon=4.0,
                  bounds_scope="partition")
     r = dp.execute(q, df)
-    edges = tuple((0.0 if e == 0 else 2.0 ** e, 2.0 ** (e + 1)) for e in range(64))
     found = {b.partition["g"]: b for b in r.inferred_bounds}
     assert sorted(found) == ["few", "many"]
     for b in found.values():
-        assert b.bin_edges == edges and b.threshold == 24 and b.lower is None
+        assert b.bin_edges == COUNT_BINS and b.threshold == 24 and b.lower is None
         assert b.record.note == "64 bins, threshold 24, failure probability 1e-09"
     assert (found["few"].upper, found["many"].upper) == (3.0, 31.0)
 
@@ -386,3 +389,33 @@ def test_per_partition_bounds_are_inferred_for_the_partition_of_a_missing_key_to
     assert uppers[0] == ("a", 4.0) and pd.isna(uppers[1][0]) and uppers[1][1] == 512.0 and len(uppers) == 2
     assert r.table["g"].iloc[0] == "a" and pd.isna(r.table["g"].iloc[1]) and len(r.table) == 2
     assert r.table["s"].iloc[1] == pytest.approx(330_000, rel=0.01)
+
+
+def test_a_count_s_dataset_wide_bound_is_searched_over_counts_of_zero_and_up():
+    """A COUNT without its per-unit bound (bounds_scope="dataset"): one histogram of the 64 bins a count can
+    fall in, none below zero, with the threshold of 64 bins; units of 3 and of 20 rows give the upper bound
+    31, the integer top of [16, 32) (2,000 units per bin against noise of scale 1; an empty bin passes with
+    probability 1e-9)."""
+    units = np.arange(4000)
+    df = pd.DataFrame({"uid": np.repeat(units, np.where(units < 2000, 3, 20))})
+    q = dp.Query([dp.count(upper=None, name="n")], privacy_unit="uid", epsilon=4.0)
+    r = dp.execute(q, df)
+    (b,) = r.inferred_bounds
+    assert b.bin_edges == COUNT_BINS and b.lower is None and b.upper == 31.0
+    assert b.threshold == bounds.discrete_threshold(b.record.epsilon, 1, 64, q.bounds_failure)
+    assert r.query.aggregates[0].upper == 31
+
+
+def test_an_integer_column_s_sum_bounded_per_partition_gets_the_integer_tops_of_its_bins():
+    """SUM of an integer column with bounds inferred per partition: each partition's histogram has the
+    integer bins [0, 2), [2, 4), ..., and an upper bound is the largest whole number of its bin (per-unit
+    sums 5 and 20: [4, 7] and [16, 31], not the real bins' [4, 8] and [16, 32]); 2,000 units per bin at
+    epsilon 4 stand far out of the noise."""
+    units = np.arange(4000)
+    df = pd.DataFrame({"uid": units, "g": np.where(units < 2000, "few", "many"),
+                       "x": np.where(units < 2000, 5, 20).astype(np.int64)})
+    q = dp.Query([dp.Aggregate("sum", column="x", name="s")], privacy_unit="uid", group_by=("g",), epsilon=4.0,
+                 bounds_scope="partition")
+    found = {b.partition["g"]: b for b in dp.execute(q, df).inferred_bounds}
+    assert {g: (b.lower, b.upper) for g, b in found.items()} == {"few": (4.0, 7.0), "many": (16.0, 31.0)}
+    assert all(len(b.bin_edges) == 128 and b.bin_edges[64] == (0.0, 2.0) for b in found.values())  # 64 each side of 0

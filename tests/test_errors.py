@@ -245,6 +245,19 @@ def test_the_engine_asked_for_is_the_one_that_runs():
         run(viewable)
 
 
+@pytest.mark.parametrize("threads", [1, 3])
+def test_the_duckdb_an_input_is_opened_on_runs_the_threads_it_is_given(threads):
+    """open_backend's threads reach DuckDB: the platform runs a release on one thread by default to bound
+    its memory (one hash table per thread), whatever the machine's cores."""
+    from dp_core.engine_backend import open_backend
+
+    backend = open_backend(DF, threads=threads)
+    try:
+        assert backend.run("SELECT current_setting('threads') AS t")["t"].tolist() == [threads]
+    finally:
+        backend.close()
+
+
 def test_a_stream_of_record_batches_is_read_like_its_frame():
     """An Arrow stream (the escrow's decrypted batches) is scanned once into memory and released
     from the same exact values as the frame it holds."""

@@ -213,6 +213,16 @@ def test_statistics_without_a_data_free_interval_are_named_and_refused():
         accuracy.smallest_epsilon(q, {"people": 1.0})
 
 
+def test_a_tolerance_for_a_name_the_query_lacks_is_refused_listing_the_query_s_statistics():
+    """The refusal of an unknown name lists the query's statistics, comma-separated, so the analyst sees the
+    names to choose from."""
+    q = dp.Query([dp.count(upper=1, name="people"), dp.sum_("x", 0, 10, name="total")], privacy_unit="u", epsilon=1.0)
+    with pytest.raises(InvalidQueryError) as caught:
+        accuracy.smallest_epsilon(q, {"peeple": 1.0})
+    assert str(caught.value) == ("the tolerable noise names 'peeple', which is not a statistic of the query "
+                                 "(statistics: people, total)")
+
+
 def test_reused_distinct_count_is_the_selection_count():
     q = dp.Query([dp.count_units(name="people")], privacy_unit="unit", epsilon=1.0, group_by=("g",),
                  max_partitions_contributed=2, confidence=0.9)

@@ -235,6 +235,40 @@ def test_spark_reads_one_parquet_file_and_a_csv_with_typed_columns(spark, tmp_pa
         assert str(caught.value) == "backend='duckdb' cannot read a Spark DataFrame: use backend='spark'"
 
 
+def test_a_csv_on_spark_reads_quoted_fields_as_rfc_4180_writes_them(spark, tmp_path):
+    """A quoted CSV field's doubled quote is one quote and a backslash is itself (RFC 4180, what pandas,
+    DuckDB and spreadsheets write): the values Spark reads are those written, so keys and labels match."""
+    from dp_core.backend_spark import SparkBackend
+
+    sites = ['say "hi" now', "C:\\dir\\", "a,b"]
+    csv = tmp_path / "quoted.csv"
+    pd.DataFrame({"uid": [1, 2, 3], "site": sites}).to_csv(csv, index=False)
+    assert '"say ""hi"" now"' in csv.read_text()  # the file quotes as RFC 4180 does
+    backend = SparkBackend.for_input(str(csv), spark)
+    try:
+        assert backend.run("SELECT site FROM dp_input ORDER BY uid")["site"].tolist() == sites
+    finally:
+        backend.close()
+
+
+def test_a_spark_failure_is_refused_without_a_deprecation_warning(spark):
+    """PySpark 4 warns (FutureWarning) when an error's condition is read by its old name, getErrorClass: the
+    refusal names the condition read by its new name, and the analyst sees the refusal, not a warning."""
+    import warnings
+
+    from dp_core.backend_spark import SparkBackend
+
+    backend = SparkBackend.for_input(pd.DataFrame({"uid": [1, 2], "code": ["x-7", "y-8"]}), spark)
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            with pytest.raises(dp.InvalidDataError, match=r"could not run the query: \[CAST_INVALID_INPUT\] "):
+                backend.run("SELECT sum(CAST(code AS INTEGER)) AS s FROM dp_input")
+    finally:
+        backend.close()
+    assert [str(w.message) for w in seen if issubclass(w.category, (DeprecationWarning, FutureWarning))] == []
+
+
 def test_spark_refuses_a_malformed_csv_and_names_every_column_type(spark, tmp_path):
     """A CSV row with a field too many is refused on Spark (read FAILFAST), not read with the field
     dropped, in one line naming the file (not Spark's Java trace, which quotes the record); a column of a Spark type the engine has no name for keeps Spark's (upper-cased), so
