@@ -637,9 +637,11 @@ def test_the_engine_s_reader_holds_its_blob_s_own_keys_not_the_escrow_key(tmp_pa
         "file, or register the dataset again)"]
     import pickle
 
-    for holder in (fs, fs._blob[1]):  # neither the filesystem nor its blob key is ever serialised
-        with pytest.raises(TypeError, match="never pickled"):
+    for holder, why in ((fs, "the escrow's engine filesystem is never pickled (it holds a blob's keys)"),
+                        (fs._blob[1], "a blob key is never pickled (it opens an escrowed dataset)")):
+        with pytest.raises(TypeError) as caught:  # neither is ever serialised, and the refusal says why
             pickle.dumps(holder)
+        assert str(caught.value) == why
     with pytest.raises(EscrowError, match="a blob key is a 16-byte salt, a 32-byte AES key and a 32-byte MAC key"):
         stream.BlobKey(fs._blob[1].salt, b"short", fs._blob[1].mac_key)
 
@@ -879,6 +881,22 @@ def test_the_engine_s_file_system_offers_one_read_only_file_read_from_its_first_
     with pytest.raises(PermissionError) as caught:
         fs.open(fs.url, "wb")
     assert str(caught.value) == "the escrow is read only"
+
+
+def test_the_engine_s_file_system_lists_its_one_file_to_a_pattern_and_to_a_listing_without_details(tmp_path):
+    """A pattern over the engine's file system (DuckDB's glob() and a read of *.parquet, which list the
+    directory with details) finds its one file and reads it; fsspec's listing without details gives
+    that file's name, with details its description."""
+    settings = _settings(tmp_path)
+    key = load_or_create_key(settings, create=True)
+    blob, digest, _ = seal_file(_write(_frame(), tmp_path / "d.csv"), settings, key)
+    fs = engine_files.DecryptingFileSystem.for_blob(blob, key, digest, None, [])
+    con = duckdb.connect()
+    con.register_filesystem(fs)
+    assert con.execute(f"SELECT * FROM glob('{fs.protocol}://*')").fetchall() == [(fs.url,)]
+    assert con.execute(f"SELECT count(*) FROM read_parquet('{fs.protocol}://*.parquet')").fetchall() == [(3,)]
+    assert fs.ls(fs.url, detail=False) == [fs.url]
+    assert fs.ls(fs.url) == [fs.info(fs.url)]
 
 
 def test_a_footer_without_a_row_group_s_statistics_proves_nothing_about_its_columns(tmp_path):
