@@ -703,6 +703,28 @@ def test_a_new_escrow_key_is_created_with_every_missing_directory_above_it(tmp_p
     assert stat.S_IMODE(settings.escrow_key_file.parent.stat().st_mode) == 0o700
 
 
+def test_an_escrow_key_another_process_created_first_is_the_one_both_use(tmp_path, monkeypatch):
+    """Two `dprelease init` at once: the one whose exclusive create finds the key file the other wrote
+    since it looked uses that key, so the escrow has one key, never two. The other process's write is
+    made at the last step before the create (the new key's generation)."""
+    from dprelease.escrow import keys
+
+    settings = _settings(tmp_path)
+    theirs = Fernet.generate_key()
+
+    class Raced(Fernet):
+        @classmethod
+        def generate_key(cls) -> bytes:
+            fd = os.open(settings.escrow_key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            os.write(fd, theirs + b"\n")
+            os.close(fd)
+            return Fernet.generate_key()
+
+    monkeypatch.setattr(keys, "Fernet", Raced)
+    assert load_or_create_key(settings, create=True) == theirs
+    assert settings.escrow_key_file.read_bytes() == theirs + b"\n"
+
+
 def test_a_file_that_is_not_an_escrow_blob_is_refused_as_such(tmp_path):
     other = tmp_path / "notes.escrow"
     other.write_bytes(b"x" * 200)
