@@ -725,6 +725,23 @@ def test_an_escrow_key_another_process_created_first_is_the_one_both_use(tmp_pat
     assert settings.escrow_key_file.read_bytes() == theirs + b"\n"
 
 
+def test_an_escrow_key_file_that_links_to_nothing_is_refused_saying_so(tmp_path):
+    """The key file as a symbolic link whose target is missing (a secrets volume not mounted): reading
+    and `dprelease init` alike say so and name the target; init creates no key through the link."""
+    settings = _settings(tmp_path)
+    settings.escrow_key_file.parent.mkdir(parents=True, mode=0o700)
+    target = tmp_path / "secrets" / "escrow.key"
+    settings.escrow_key_file.symlink_to(target)
+    for create in (False, True):
+        with pytest.raises(EscrowError) as caught:
+            load_or_create_key(settings, create=create)
+        assert str(caught.value) == (
+            f"the escrow key file {settings.escrow_key_file} is a symbolic link to {target}, which does not "
+            "exist: restore the key there, or remove the link and run `dprelease init` again for a new key "
+            "(which opens no dataset sealed with the old one)")
+    assert not target.exists()
+
+
 def test_a_file_that_is_not_an_escrow_blob_is_refused_as_such(tmp_path):
     other = tmp_path / "notes.escrow"
     other.write_bytes(b"x" * 200)
