@@ -96,6 +96,9 @@ class Aggregate:
         if self.kind != "count" and not self.column:
             raise InvalidQueryError(f"{where}: needs a column")
         if self.kind == "count":
+            if not (self.lower is None or (_finite(self.lower) and self.lower == 0)):  # the engine never reads it
+                raise InvalidQueryError(f"{where}: a count takes no lower bound (each person's rows in a group are "
+                                        f"counted from 0 up to the upper bound): leave it out, got {self.lower!r}")
             if self.upper is not None and not (_finite(self.upper) and self.upper >= 1 and float(self.upper).is_integer()):
                 raise InvalidQueryError(
                     f"{where}: the per-unit row bound must be a whole number >= 1, got {self.upper!r}"
