@@ -31,6 +31,11 @@ PLAN_COLUMN = re.compile(r"_(n_units|dropped_pairs|dropped_part|rk|m|over|t|deg|
                          r"row_draw|hist|u\d+|a\d+(_\w*)?)", re.IGNORECASE)
 
 
+#: the columns the controller's table of exact values (ControllerOnly.exact, engine._controller_view)
+#: has beside the group keys and the statistics: a key or statistic of the same name would overwrite one
+EXACT_COLUMNS = {"units": "the number of privacy units in each group", "released": "whether each group was released"}
+
+
 def _finite(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
@@ -91,6 +96,9 @@ class Aggregate:
         if self.kind != "count" and not self.column:
             raise InvalidQueryError(f"{where}: needs a column")
         if self.kind == "count":
+            if not (self.lower is None or (_finite(self.lower) and self.lower == 0)):  # the engine never reads it
+                raise InvalidQueryError(f"{where}: a count takes no lower bound (each person's rows in a group are "
+                                        f"counted from 0 up to the upper bound): leave it out, got {self.lower!r}")
             if self.upper is not None and not (_finite(self.upper) and self.upper >= 1 and float(self.upper).is_integer()):
                 raise InvalidQueryError(
                     f"{where}: the per-unit row bound must be a whole number >= 1, got {self.upper!r}"
@@ -303,5 +311,10 @@ class Query:
         clash = {x for x in labels if labels.count(x) > 1} | (set(labels) & set(self.group_by))
         if clash:
             raise InvalidQueryError(f"output names must be unique; repeated: {sorted(clash)} (give name=...)")
+        taken = [x for x in (*self.group_by, *labels) if x in EXACT_COLUMNS]
+        if taken:
+            raise InvalidQueryError(
+                f"the output name {taken[0]!r} is taken: the controller's table of exact values has a column of its "
+                f"own by that name ({EXACT_COLUMNS[taken[0]]}); rename it, e.g. {taken[0]}_")
         for agg in self.aggregates:
             agg.validate()

@@ -518,3 +518,35 @@ def test_a_row_filter_s_refusal_quotes_the_part_as_duckdb_writes_it():
     with pytest.raises(InvalidQueryError) as caught:
         compile_filter("random() < 0.5")
     assert str(caught.value) == "the row filter may only test each row's own values; 'RANDOM()' is random()"
+
+
+def test_a_statistic_or_group_key_named_units_or_released_is_refused_naming_the_exact_table_s_column():
+    """The controller's table of exact values has columns "units" (people per group) and "released"
+    (whether the group was released) of its own: a statistic or group key of either name overwrote one
+    (the controller's page showed "yes" as a count's exact value, or failed), so it is refused saying
+    which column it would take and how to rename it."""
+    meanings = {"units": "the number of privacy units in each group", "released": "whether each group was released"}
+    for name, meaning in meanings.items():
+        words = (f"the output name {name!r} is taken: the controller's table of exact values has a column of its "
+                 f"own by that name ({meaning}); rename it, e.g. {name}_")
+        with pytest.raises(InvalidQueryError) as caught:
+            run(aggregates=[dp.count(name=name)])
+        assert str(caught.value) == words
+        with pytest.raises(InvalidQueryError) as caught:
+            run(DF.rename(columns={"g": name}), group_by=(name,))
+        assert str(caught.value) == words
+    assert set(run(aggregates=[dp.count(name="units_")]).controller_only.exact.columns) == {"units", "units_",
+                                                                                             "released"}
+
+
+def test_a_count_given_a_lower_bound_other_than_zero_is_refused_as_the_count_would_not_use_it():
+    """A count clamps each person's rows in a group to [0, upper]: a lower bound of 3 was accepted and
+    silently not applied (people with one row counted once, and the analyst's page showed 3 as the lower
+    bound used), so any lower bound but 0 is refused; 0, or none, is the count's own."""
+    for lower in (3, -1, 0.5, math.nan):
+        with pytest.raises(InvalidQueryError) as caught:
+            run(aggregates=[dp.Aggregate("count", lower=lower, upper=2, name="n")])
+        assert str(caught.value) == ("aggregate 'n': a count takes no lower bound (each person's rows in a group are "
+                                     f"counted from 0 up to the upper bound): leave it out, got {lower!r}")
+    for lower in (0, 0.0, None):
+        assert run(aggregates=[dp.Aggregate("count", lower=lower, upper=2, name="n")]).mechanisms[0].sensitivity == 2

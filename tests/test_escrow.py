@@ -637,9 +637,11 @@ def test_the_engine_s_reader_holds_its_blob_s_own_keys_not_the_escrow_key(tmp_pa
         "file, or register the dataset again)"]
     import pickle
 
-    for holder in (fs, fs._blob[1]):  # neither the filesystem nor its blob key is ever serialised
-        with pytest.raises(TypeError, match="never pickled"):
+    for holder, why in ((fs, "the escrow's engine filesystem is never pickled (it holds a blob's keys)"),
+                        (fs._blob[1], "a blob key is never pickled (it opens an escrowed dataset)")):
+        with pytest.raises(TypeError) as caught:  # neither is ever serialised, and the refusal says why
             pickle.dumps(holder)
+        assert str(caught.value) == why
     with pytest.raises(EscrowError, match="a blob key is a 16-byte salt, a 32-byte AES key and a 32-byte MAC key"):
         stream.BlobKey(fs._blob[1].salt, b"short", fs._blob[1].mac_key)
 
@@ -699,6 +701,45 @@ def test_a_new_escrow_key_is_created_with_every_missing_directory_above_it(tmp_p
     key = load_or_create_key(settings, create=True)
     assert settings.escrow_key_file.read_bytes().strip() == key
     assert stat.S_IMODE(settings.escrow_key_file.parent.stat().st_mode) == 0o700
+
+
+def test_an_escrow_key_another_process_created_first_is_the_one_both_use(tmp_path, monkeypatch):
+    """Two `dprelease init` at once: the one whose exclusive create finds the key file the other wrote
+    since it looked uses that key, so the escrow has one key, never two. The other process's write is
+    made at the last step before the create (the new key's generation)."""
+    from dprelease.escrow import keys
+
+    settings = _settings(tmp_path)
+    theirs = Fernet.generate_key()
+
+    class Raced(Fernet):
+        @classmethod
+        def generate_key(cls) -> bytes:
+            fd = os.open(settings.escrow_key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            os.write(fd, theirs + b"\n")
+            os.close(fd)
+            return Fernet.generate_key()
+
+    monkeypatch.setattr(keys, "Fernet", Raced)
+    assert load_or_create_key(settings, create=True) == theirs
+    assert settings.escrow_key_file.read_bytes() == theirs + b"\n"
+
+
+def test_an_escrow_key_file_that_links_to_nothing_is_refused_saying_so(tmp_path):
+    """The key file as a symbolic link whose target is missing (a secrets volume not mounted): reading
+    and `dprelease init` alike say so and name the target; init creates no key through the link."""
+    settings = _settings(tmp_path)
+    settings.escrow_key_file.parent.mkdir(parents=True, mode=0o700)
+    target = tmp_path / "secrets" / "escrow.key"
+    settings.escrow_key_file.symlink_to(target)
+    for create in (False, True):
+        with pytest.raises(EscrowError) as caught:
+            load_or_create_key(settings, create=create)
+        assert str(caught.value) == (
+            f"the escrow key file {settings.escrow_key_file} is a symbolic link to {target}, which does not "
+            "exist: restore the key there, or remove the link and run `dprelease init` again for a new key "
+            "(which opens no dataset sealed with the old one)")
+    assert not target.exists()
 
 
 def test_a_file_that_is_not_an_escrow_blob_is_refused_as_such(tmp_path):
@@ -879,6 +920,22 @@ def test_the_engine_s_file_system_offers_one_read_only_file_read_from_its_first_
     with pytest.raises(PermissionError) as caught:
         fs.open(fs.url, "wb")
     assert str(caught.value) == "the escrow is read only"
+
+
+def test_the_engine_s_file_system_lists_its_one_file_to_a_pattern_and_to_a_listing_without_details(tmp_path):
+    """A pattern over the engine's file system (DuckDB's glob() and a read of *.parquet, which list the
+    directory with details) finds its one file and reads it; fsspec's listing without details gives
+    that file's name, with details its description."""
+    settings = _settings(tmp_path)
+    key = load_or_create_key(settings, create=True)
+    blob, digest, _ = seal_file(_write(_frame(), tmp_path / "d.csv"), settings, key)
+    fs = engine_files.DecryptingFileSystem.for_blob(blob, key, digest, None, [])
+    con = duckdb.connect()
+    con.register_filesystem(fs)
+    assert con.execute(f"SELECT * FROM glob('{fs.protocol}://*')").fetchall() == [(fs.url,)]
+    assert con.execute(f"SELECT count(*) FROM read_parquet('{fs.protocol}://*.parquet')").fetchall() == [(3,)]
+    assert fs.ls(fs.url, detail=False) == [fs.url]
+    assert fs.ls(fs.url) == [fs.info(fs.url)]
 
 
 def test_a_footer_without_a_row_group_s_statistics_proves_nothing_about_its_columns(tmp_path):

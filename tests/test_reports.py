@@ -704,3 +704,20 @@ def test_the_numeric_table_shows_text_group_keys_as_written_and_the_values_as_nu
     expected = {k: pages.fmt_number(v) for k, v in zip(res.table["code"], res.table["people"])}
     assert [row[1] for row in cells] == [expected[k] for k in ("007", "1e3", "nan")]
     assert all(re.fullmatch(r"-?\d+", row[1]) for row in cells), cells
+
+
+def test_the_controller_s_pri_table_says_yes_or_no_for_each_candidate_epsilon():
+    """The controller's "PRI ranges per candidate epsilon": one row per candidate, its PRI range as numbers
+    and whether it passed the PRI test as "yes" or "no" (fixed ranges: a candidate that failed, one that
+    passed)."""
+    df = pd.DataFrame({"uid": range(6), "k": ["a", "a", "a", "b", "b", "b"]})
+    res = dp.execute(dp.Query([dp.count(upper=1, name="people")], privacy_unit="uid", epsilon=1.0, group_by=("k",),
+                              public_partitions=["a", "b"]), df)
+    ranges = (pri.PRIRange(2.0, 0.125, 0.25, 0.5, False), pri.PRIRange(1.0, 0.375, 0.4, 0.5, True))
+    res = dataclasses.replace(res, controller_only=dataclasses.replace(res.controller_only, pri_ranges=ranges))
+    page = pages.render_controller_report(res, make_ctx())
+    table = page[page.index("<h3>PRI ranges per candidate epsilon</h3>"):]
+    table = table[table.index("<tbody>"):table.index("</tbody>")]
+    assert re.findall(r"<tr>.*</tr>", table) == [
+        '<tr><td class="n">2</td><td class="n">0.125</td><td class="n">0.25</td><td class="n">0.5</td><td>no</td></tr>',
+        '<tr><td class="n">1</td><td class="n">0.375</td><td class="n">0.4</td><td class="n">0.5</td><td>yes</td></tr>']

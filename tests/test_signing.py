@@ -510,3 +510,20 @@ def test_a_private_key_of_another_kind_is_refused_naming_the_kind_it_holds(tmp_p
     with pytest.raises(SigningError) as caught:
         load_private_key(path)
     assert str(caught.value) == f"{path}: holds a X25519PrivateKey, expected an Ed25519 private key"
+
+
+def test_a_private_key_path_that_is_missing_or_a_directory_is_refused_naming_the_private_key_file(
+        tmp_path: Path) -> None:
+    """A private key file that does not exist, and one that cannot be read (here a directory), are each
+    named as the private key file, with the reason the system gives; a public key path likewise."""
+    missing, folder = tmp_path / "gone.key", tmp_path / "folder.key"
+    folder.mkdir()
+    with pytest.raises(SigningError) as caught:
+        load_private_key(missing)
+    assert str(caught.value) == f"private key file {missing} does not exist"
+    with pytest.raises(SigningError) as caught:
+        load_private_key(folder)
+    assert str(caught.value) == f"cannot read private key file {folder}: Is a directory"
+    with pytest.raises(SigningError) as caught:
+        load_public_key(folder)
+    assert str(caught.value) == f"cannot read public key file {folder}: Is a directory"

@@ -156,6 +156,24 @@ def test_commit_and_refund_rules(any_store):
     assert any_store.budget("adult")["epsilon_committed"] == 1.0
 
 
+def test_settling_a_reservation_already_settled_the_other_way_is_refused_saying_what_to_do(sqlite_store):
+    """Committing a refunded reservation is refused telling the controller to reserve again under a new
+    release id; refunding a committed one says committed budget is never returned (word for word)."""
+    _register(sqlite_store)
+    sqlite_store.reserve("adult", "back", 1.0, 0.0)
+    sqlite_store.reserve("adult", "spent", 1.0, 0.0)
+    sqlite_store.refund("back")
+    sqlite_store.commit("spent")
+    with pytest.raises(StoreError) as caught:
+        sqlite_store.commit("back")
+    assert str(caught.value) == ("cannot mark the reservation of release 'back' committed: it is already refunded; "
+                                 "reserve again under a new release id")
+    with pytest.raises(StoreError) as caught:
+        sqlite_store.refund("spent")
+    assert str(caught.value) == ("cannot mark the reservation of release 'spent' refunded: it is already committed "
+                                 "(committed budget is never returned)")
+
+
 def test_a_refunded_reservation_gives_its_snapshot_back(sqlite_store):
     """A release of a series' snapshot whose reservation is refunded (its run still open, not yet
     marked final) no longer holds the snapshot: the next run may claim and publish it."""

@@ -84,6 +84,12 @@ def load_or_create_key(settings: Settings, create: bool) -> bytes:
         return _checked_key(settings.escrow_key.strip().encode("ascii", "replace"), "DPRELEASE_ESCROW_KEY")
     key_file = settings.escrow_key_file
     _refuse_key_in_data_dir(key_file, settings)
+    if key_file.is_symlink() and not key_file.exists():  # a link to nothing: "does not exist", yet no key can be made
+        raise EscrowError(
+            f"the escrow key file {key_file} is a symbolic link to {os.readlink(key_file)}, which does not exist: "
+            "restore the key there, or remove the link and run `dprelease init` again for a new key (which opens "
+            "no dataset sealed with the old one)"
+        )
     if key_file.exists():
         return _read_key_file(key_file)
     if not create:
