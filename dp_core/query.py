@@ -32,8 +32,10 @@ PLAN_COLUMN = re.compile(r"_(n_units|dropped_pairs|dropped_part|rk|m|over|t|deg|
 
 
 #: the columns the controller's table of exact values (ControllerOnly.exact, engine._controller_view)
-#: has beside the group keys and the statistics: a key or statistic of the same name would overwrite one
-EXACT_COLUMNS = {"units": "the number of privacy units in each group", "released": "whether each group was released"}
+#: has beside the group keys and the statistics (dp_select: sql/outer.combine's): a key or statistic of the same name
+#: would overwrite one
+EXACT_COLUMNS = {"units": "the number of privacy units in each group", "released": "whether each group was released",
+                 "dp_select": "the number of the DP SELECT each row comes from, in a SQL statement's table"}
 
 
 def _finite(x: object) -> bool:

@@ -521,11 +521,12 @@ def test_a_row_filter_s_refusal_quotes_the_part_as_duckdb_writes_it():
 
 
 def test_a_statistic_or_group_key_named_units_or_released_is_refused_naming_the_exact_table_s_column():
-    """The controller's table of exact values has columns "units" (people per group) and "released"
-    (whether the group was released) of its own: a statistic or group key of either name overwrote one
-    (the controller's page showed "yes" as a count's exact value, or failed), so it is refused saying
-    which column it would take and how to rename it."""
-    meanings = {"units": "the number of privacy units in each group", "released": "whether each group was released"}
+    """The controller's table of exact values has columns "units" (people per group), "released"
+    (whether the group was released) and, in a SQL statement's, "dp_select" of its own: a statistic or group
+    key of any of these names overwrote one (the controller's page showed "yes" as a count's exact value, or
+    failed), so it is refused saying which column it would take and how to rename it."""
+    meanings = {"units": "the number of privacy units in each group", "released": "whether each group was released",
+                "dp_select": "the number of the DP SELECT each row comes from, in a SQL statement's table"}
     for name, meaning in meanings.items():
         words = (f"the output name {name!r} is taken: the controller's table of exact values has a column of its "
                  f"own by that name ({meaning}); rename it, e.g. {name}_")
