@@ -1171,3 +1171,25 @@ def test_an_unnamed_expression_duckdb_names_like_the_unit_is_not_taken_for_it():
     sql = (f"{DP.format(e=EPS)} {C1} AS n FROM (SELECT (pub.uid), visits.uid FROM visits "
            "JOIN pub ON pub.k = visits.cost) v")
     assert run_sql(sql, tables).table["n"].round().tolist() == [10.0]
+
+
+def test_a_parenthesized_join_whose_first_query_has_its_own_with_or_limit_is_read_with_its_parentheses(tables):
+    """`FROM ((WITH d AS (...) (SELECT * FROM d) LIMIT 10) JOIN people USING (dept))`: the query keeps
+    its parentheses when the join is flattened. Until 2026-11-25 its WITH and LIMIT were left bare in
+    the FROM: `d` was refused as an unknown table, a LIMIT or ORDER BY there failed in the engine's
+    parser, and a CTE of protected rows named like the public table it hides (`depts`) passed the
+    check unread, refused only by that parser; now the check reads it and gives its own reason."""
+    north = (f"({DP.format(e=EPS)} {C1} AS n FROM ((WITH d AS (SELECT * FROM depts WHERE region = 'N') "
+             "(SELECT * FROM d) LIMIT 10) JOIN people USING (dept)))")
+    first = (f"({DP.format(e=EPS)} {C1} AS m FROM (((SELECT * FROM depts) ORDER BY dept LIMIT 2) "
+             "JOIN people USING (dept)))")
+    released = run_sql(f"SELECT * FROM {north} x, {first} y", tables).table
+    exact = plain(tables, "SELECT COUNT(*) FILTER (WHERE dept <> 'b') AS n, COUNT(*) FILTER (WHERE dept <> 'c') AS m "
+                          "FROM people")
+    assert np.allclose(released[["n", "m"]].to_numpy(), exact[["n", "m"]].to_numpy(), atol=0.5)
+    hidden = (f"{DP.format(e=1)} {C1} AS n FROM ((WITH depts AS (SELECT uid AS dept FROM people) "
+              "(SELECT * FROM depts) LIMIT 10) JOIN people USING (dept))")
+    with pytest.raises(dp.DPError) as info:
+        compile_statement_for(hidden, tables)
+    assert "LIMIT applied to protected rows outside their SELECT" in str(info.value), str(info.value)
+
