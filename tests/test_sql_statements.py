@@ -640,6 +640,11 @@ WORD_FOR_WORD = {  # refusals whose whole message is the guidance: rule -> (stat
         "TABLESAMPLE RESERVOIR (n ROWS) is not supported: it keeps n rows chosen among all units' rows, so one "
         "unit's rows change which of the others' are kept (the per-unit bound breaks); use TABLESAMPLE BERNOULLI "
         "(p PERCENT)"),
+    "a sample of the outer query's rows outside (0, 100] percent": (  # statement _outer_query 54
+        "SELECT dept FROM depts TABLESAMPLE BERNOULLI (0 PERCENT)",
+        "the outer query: 'TABLESAMPLE BERNOULLI (0 PERCENT)': the sample's percentage must be in (0, 100], got 0"),
+    "OPTIONS cut short after an entry's name": (  # syntax _parse_options 62: an index error, not the remedy
+        "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon", "OPTIONS entry 'epsilon' needs '= value'"),
 }
 
 
@@ -1171,3 +1176,97 @@ def test_an_unnamed_expression_duckdb_names_like_the_unit_is_not_taken_for_it():
     sql = (f"{DP.format(e=EPS)} {C1} AS n FROM (SELECT (pub.uid), visits.uid FROM visits "
            "JOIN pub ON pub.k = visits.cost) v")
     assert run_sql(sql, tables).table["n"].round().tolist() == [10.0]
+
+
+def test_a_group_key_and_an_aggregate_named_with_a_double_quote_are_released_beside_a_computed_column():
+    """`"we""ird"` as a GROUP BY key and `AS "n""s"` as an aggregate's name, in a select list that also
+    computes (n * 2): the released table names them as written (the quote doubled inside SQL's quotes,
+    never mangled) and holds each group's count (epsilon 100: the noise is far below 0.5)."""
+    people = pd.DataFrame({"uid": np.arange(300), 'we"ird': np.arange(300) % 2})
+    sql = (f'{DP.format(e=EPS)} "we""ird", {C1} AS "n""s", {C1} * 2 AS twice FROM people GROUP BY "we""ird" '
+           "ORDER BY 1")
+    released = run_sql(sql, {"people": Table(people, "uid")}).table
+    assert list(released.columns) == ['we"ird', 'n"s', 'n"s_ci_low', 'n"s_ci_high', 'n"s_noise_sd', "twice"]
+    assert released['we"ird'].tolist() == [0, 1] and released['n"s'].round().tolist() == [150.0, 150.0]
+    assert (released["twice"] / 2).round().tolist() == [150.0, 150.0]
+
+
+@pytest.mark.xdist_group("spark")
+def test_on_spark_a_column_named_with_a_letter_beyond_ascii_is_read_wherever_the_compiler_names_it(spark):
+    """Spark refuses `café` unquoted (INVALID_IDENTIFIER): the column names the compiler writes itself
+    are quoted: the unit that OPTIONS (privacy_unit_column = "café") names over a public table, the
+    unit of a protected table joined after a public one, and the columns of a per-row sample. 50 units
+    of 2 rows, bounded at 1 row each (epsilon 100: the noise is far below 0.5); the 50% sample keeps a
+    unit when it keeps either row, Binomial(50, 3/4) units: fewer than 20 with probability 3.5e-8."""
+    people = pd.DataFrame({"café": np.repeat(np.arange(50), 2), "dept": np.arange(100) % 2})
+    depts = pd.DataFrame({"dept": [0, 1]})
+    dp_select = "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = {e}, delta = 1e-6{unit}) {c} AS n FROM "
+    named = dp_select.format(e=EPS, unit=', privacy_unit_column = "café"', c=C1) + "people"
+    joined = dp_select.format(e=EPS, unit="", c=C1) + "depts d JOIN people p ON d.dept = p.dept"
+    sampled = dp_select.format(e=EPS, unit="", c=C1) + "people TABLESAMPLE BERNOULLI (50 PERCENT)"
+    protected = {"people": Table(people, "café"), "depts": Table(depts)}
+    counts = [run_sql(sql, tables, backend="spark", spark=spark).table["n"].round().tolist()[0]
+              for sql, tables in ((named, {"people": Table(people)}), (joined, protected), (sampled, protected))]
+    assert counts[:2] == [50.0, 50.0] and 20 <= counts[2] <= 50
+
+
+def test_rows_tied_under_a_dp_select_s_order_by_keep_the_order_of_their_keys():
+    """GROUP BY a, b ORDER BY a DESC LIMIT 25: the release lists its groups by their keys, and rows
+    equal in `a` keep that order (a stable sort), so the 25 rows are the 20 groups of a = 1 by b, then
+    the first 5 of a = 0: the same rows on every run (more than 16 groups: numpy's unstable sort
+    keeps small inputs in order). 150 units per group at epsilon 100: every group is released."""
+    people = pd.DataFrame({"uid": np.arange(6000), "a": np.arange(6000) % 2, "b": np.arange(6000) % 40})
+    sql = f"{DP.format(e=EPS)} a, b, {C1} AS n FROM people GROUP BY a, b ORDER BY a DESC LIMIT 25"
+    released = run_sql(sql, {"people": Table(people, "uid")}).table
+    expected = [(1, b) for b in range(1, 40, 2)] + [(0, b) for b in range(0, 10, 2)]
+    assert list(zip(released["a"], released["b"])) == expected
+
+
+def test_a_parenthesized_join_whose_first_query_has_its_own_with_or_limit_is_read_with_its_parentheses(tables):
+    """`FROM ((WITH d AS (...) (SELECT * FROM d) LIMIT 10) JOIN people USING (dept))`: the query keeps
+    its parentheses when the join is flattened. Until 2026-11-25 its WITH and LIMIT were left bare in
+    the FROM: `d` was refused as an unknown table, a LIMIT or ORDER BY there failed in the engine's
+    parser, and a CTE of protected rows named like the public table it hides (`depts`) passed the
+    check unread, refused only by that parser; now the check reads it and gives its own reason."""
+    north = (f"({DP.format(e=EPS)} {C1} AS n FROM ((WITH d AS (SELECT * FROM depts WHERE region = 'N') "
+             "(SELECT * FROM d) LIMIT 10) JOIN people USING (dept)))")
+    first = (f"({DP.format(e=EPS)} {C1} AS m FROM (((SELECT * FROM depts) ORDER BY dept LIMIT 2) "
+             "JOIN people USING (dept)))")
+    released = run_sql(f"SELECT * FROM {north} x, {first} y", tables).table
+    exact = plain(tables, "SELECT COUNT(*) FILTER (WHERE dept <> 'b') AS n, COUNT(*) FILTER (WHERE dept <> 'c') AS m "
+                          "FROM people")
+    assert np.allclose(released[["n", "m"]].to_numpy(), exact[["n", "m"]].to_numpy(), atol=0.5)
+    hidden = (f"{DP.format(e=1)} {C1} AS n FROM ((WITH depts AS (SELECT uid AS dept FROM people) "
+              "(SELECT * FROM depts) LIMIT 10) JOIN people USING (dept))")
+    with pytest.raises(dp.DPError) as info:
+        compile_statement_for(hidden, tables)
+    assert "LIMIT applied to protected rows outside their SELECT" in str(info.value), str(info.value)
+
+
+def test_an_unnamed_public_groups_subquery_is_named_in_a_refusal_by_a_name_the_analyst_can_then_write():
+    """GROUP BY dept, with dept in both the protected table and an unnamed public-groups subquery: the
+    refusal names the subquery `__public_groups_1` (its place in the FROM), the same name on every run,
+    and the statement qualified with it as advised releases every public group (5: no unit's, pure noise)."""
+    people = pd.DataFrame({"uid": np.arange(1000), "dept": np.arange(1000) % 3})
+    tables = {"people": Table(people, "uid"), "depts": Table(pd.DataFrame({"dept": [0, 1, 5]}))}
+    sql = ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 100, delta = 1e-6, privacy_unit_column = uid, "
+           f"group_selection_strategy = PUBLIC_GROUPS) {{key}}, {C1} AS n FROM people RIGHT JOIN "
+           "(SELECT DISTINCT dept FROM depts) ON people.dept = {key} GROUP BY {key} ORDER BY 1")
+    with pytest.raises(dp.DPError) as info:
+        compile_statement_for(sql.format(key="dept"), tables)
+    assert str(info.value) == "column 'dept' is ambiguous: qualify it with one of ['people', '__public_groups_1']"
+    released = run_sql(sql.format(key="__public_groups_1.dept"), tables).table
+    assert released["dept"].tolist() == [0, 1, 5] and released["n"].round().tolist()[:2] == [334.0, 333.0]
+
+
+def test_a_public_table_registered_under_a_qualified_name_like_a_released_table_s_is_read_by_it(tables):
+    """Unqualified, `__dp_release_0` is the engine's name for a DP SELECT's released table and is
+    refused; `sales.__dp_release_0`, a public table registered under that qualified name, is that
+    table, read beside the release the outer query joins it to (the regions of depts)."""
+    registered = {"people": tables["people"], "sales.__dp_release_0": tables["depts"]}
+    part = f"{DP.format(e=EPS)} dept, {C1} AS n FROM people GROUP BY dept"
+    with pytest.raises(dp.DPError, match="the table name '__dp_release_0' is reserved"):
+        compile_statement_for(f"SELECT d.dept, r.region FROM ({part}) d JOIN __dp_release_0 r USING (dept)", registered)
+    sql = f"SELECT d.dept, r.region FROM ({part}) d JOIN sales.__dp_release_0 r USING (dept) ORDER BY d.dept"
+    released = run_sql(sql, registered).table
+    assert released["region"].tolist() == ["N", "S", "N"]

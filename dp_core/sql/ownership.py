@@ -182,21 +182,30 @@ def _and_terms(condition: exp.Expression) -> list[exp.Expression]:
     return [condition]
 
 
+#: what a parenthesized query may hold and still be a FROM item without the parentheses around it
+STANDS_IN_FROM = ("this", "alias", "joins", "sample")
+
+
 def _flatten_parenthesized_join(node: exp.Expression) -> tuple[exp.Expression, list[exp.Join]]:
     """A parenthesized join first in FROM, `(a JOIN b ON ...) JOIN c`, read as `a JOIN b ON ... JOIN c`
     (the same rows: the leftmost join is evaluated first either way). Returns the first relation
     and the joins inside the parentheses, in order (the first relation a copy without them); any
     other node is returned as it is. The joins may hang on the first relation itself (a table or
-    an aliased subquery) or on a parenthesized subquery around it, at any depth."""
+    an aliased subquery) or on a parenthesized subquery around it, at any depth. Parentheses around
+    a query with clauses of its own, `((WITH d AS (...) (SELECT ...) LIMIT 5) JOIN c)`, are kept: without
+    them its WITH and LIMIT would be left in the FROM, where the check did not read the WITH and the
+    engine cannot parse either (until 2026-11-25)."""
     joins = list(node.args.get("joins") or [])
     if joins:
         base = node.copy()
         base.set("joins", None)
         inner, inner_joins = _flatten_parenthesized_join(base)
         return inner, inner_joins + joins
+    child = node.this
     if (isinstance(node, exp.Subquery) and not node.alias and node.args.get("sample") is None
-            and isinstance(node.this, (exp.Table, exp.Subquery))):
-        return _flatten_parenthesized_join(node.this)
+            and (isinstance(child, exp.Table) or (isinstance(child, exp.Subquery)
+                                                  and all(k in STANDS_IN_FROM for k, v in child.args.items() if v)))):
+        return _flatten_parenthesized_join(child)
     return node, []
 
 
