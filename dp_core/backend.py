@@ -12,6 +12,7 @@ connection, nothing copied).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,15 +55,25 @@ class DuckDBBackend:
 
     @classmethod
     def for_tables(cls, tables: dict, threads: int | None = None) -> DuckDBBackend:
-        """Several named inputs (for SQL queries); `define_input` then sets `dp_input`."""
+        """Several named inputs (for SQL queries); `define_input` then sets `dp_input`. The connection
+        reads no file but those the tables are read from: DuckDB itself refuses read_csv('<any other
+        path>'), COPY ... TO, ATTACH and INSTALL on it. SQL reads registered tables by name only: the
+        SQL check refuses anything else first (ownership.py); this holds should the check miss a way."""
         con = _connect(threads)
-        frames = {}
+        frames, paths, directories = {}, [], []
         for name, data in tables.items():
             if isinstance(data, duckdb.DuckDBPyRelation):
                 raise InvalidDataError(f"table {name!r}: give a DataFrame, Arrow table or file for SQL queries")
-            _register(con, name, data)
+            reader = _register(con, name, data)
+            if isinstance(data, (str, Path)):
+                paths.append(str(data))
+            elif reader is not None and (url := re.match(r"read_parquet\('([a-z][a-z0-9+.-]*://)", reader)):
+                directories.append(url.group(1))  # a file system registered for one table (the escrow's)
             if isinstance(data, pd.DataFrame):
                 frames[name] = data
+        con.execute(f"SET allowed_paths = [{', '.join(literal(p) for p in paths)}]")
+        con.execute(f"SET allowed_directories = [{', '.join(literal(d) for d in directories)}]")
+        con.execute("SET enable_external_access = false")  # cannot be set back on this connection
         return cls(con, frames=frames)
 
     def define_input(self, sql: str) -> None:
@@ -109,8 +120,9 @@ def _connect(threads: int | None) -> duckdb.DuckDBPyConnection:
     return con
 
 
-def _register(con, name: str, data) -> None:
-    """Register one input under `name`: a DataFrame or Arrow table in place, a file as a view."""
+def _register(con, name: str, data) -> str | None:
+    """Register one input under `name`: a DataFrame or Arrow table in place, a file as a view.
+    Returns the table function of an input DuckDB reads itself (_own_reader), else None."""
     if isinstance(data, (str, Path)):
         path = Path(data)
         check_file(path)  # the shared file rules (same verdict as registration)
@@ -138,6 +150,7 @@ def _register(con, name: str, data) -> None:
             con.execute(f"CREATE VIEW {ident(name)} AS {missing_as_null(con, 'SELECT * FROM ' + reader)}")
         except duckdb.Error as err:
             raise InvalidDataError(f"cannot read the input: {str(err).splitlines()[0]}") from None
+        return reader
     elif _is_batch_stream(data):
         _load_stream(con, name, data)
     elif (isinstance(data, pd.DataFrame) or type(data).__module__.startswith("pyarrow")

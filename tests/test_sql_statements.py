@@ -1270,3 +1270,29 @@ def test_a_public_table_registered_under_a_qualified_name_like_a_released_table_
     sql = f"SELECT d.dept, r.region FROM ({part}) d JOIN sales.__dp_release_0 r USING (dept) ORDER BY d.dept"
     released = run_sql(sql, registered).table
     assert released["region"].tolist() == ["N", "S", "N"]
+
+
+def test_a_sql_connection_reads_no_file_but_its_own_tables_whatever_the_check_lets_through(tmp_path):
+    """Every DuckDB connection of the SQL front end (compiling, the DP SELECTs' sources, the public
+    groups, the outer query) is opened by DuckDBBackend.for_tables, which leaves it no file access but
+    its tables' own: were the SQL check to miss a way to name a file, DuckDB itself refuses to read
+    another file, write one (COPY), ATTACH a database or INSTALL an extension, while the table read
+    from a file is still read. Run here straight on the connection, past the check."""
+    from dp_core.backend import DuckDBBackend
+    from dp_core.sql_text import literal
+
+    secret = tmp_path / "secret.csv"
+    secret.write_text("cost\n42\n")
+    public = tmp_path / "public.parquet"
+    pd.DataFrame({"dept": ["a", "b"]}).to_parquet(public)
+    backend = DuckDBBackend.for_tables({"depts": public, "rows": pd.DataFrame({"n": [1, 2, 3]})})
+    try:
+        assert backend.run("SELECT count(*) AS k FROM depts, rows")["k"].tolist() == [6]
+        for sql in (f"SELECT * FROM read_csv({literal(str(secret))})", f"SELECT * FROM {literal(str(secret))}",
+                    f"COPY rows TO {literal(str(tmp_path / 'out.csv'))}", f"ATTACH {literal(str(tmp_path / 'x.db'))}",
+                    "INSTALL httpfs", "SET enable_external_access = true"):
+            with pytest.raises(Exception, match="file system operations are disabled|Cannot enable external access"):
+                backend.connection.execute(sql)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["public.parquet", "secret.csv"]
+    finally:
+        backend.close()
