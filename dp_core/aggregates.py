@@ -32,6 +32,11 @@ from .sql_text import ident, literal
 #: per-unit values of real components are quantised to 2^(floor(log2 M) - QUANTUM_BITS), M the
 #: largest |value|: a per-unit value is at most 2^33 quanta, so sums of up to 2^29 units fit BIGINT.
 QUANTUM_BITS = 32
+#: the widest bound an integer statistic is summed at exactly (quantum 1): a unit's value is then at
+#: most 2^33 too, so sums of up to 2^29 units fit BIGINT; an integer SUM with wider bounds is quantised
+#: as a real one is (its quantum a power of two >= 2), where it overflowed BIGINT (until 2026-11-25:
+#: 3,000 units of 2^53 each failed with a conversion error)
+EXACT_INTEGER_MAX = 2.0 ** (QUANTUM_BITS + 1)
 
 
 @dataclass(frozen=True)
@@ -147,7 +152,8 @@ def plan_aggregate(index: int, agg: Aggregate, integer_columns: set[str], seed_s
     lo, hi = float(agg.lower), float(agg.upper)
     if kind == "sum":
         clamped = _clamp_sql(v, agg.lower, agg.upper)
-        if agg.column in integer_columns and _is_integer_bound(agg.lower) and _is_integer_bound(agg.upper):
+        if (agg.column in integer_columns and _is_integer_bound(agg.lower) and _is_integer_bound(agg.upper)
+                and max(abs(lo), abs(hi)) <= EXACT_INTEGER_MAX):
             comp, total = Component("sum", f"{p}_sum", 1.0, int(max(abs(lo), abs(hi)))), _integer_sum(clamped)
         else:
             comp, total = _real_component("sum", f"{p}_sum", clamped, lo, hi)
@@ -257,7 +263,7 @@ def _plan_with_partition_bounds(index: int, agg: Aggregate, integer_columns: set
     if agg.kind in ("count", "sum"):
         clamped = f"least({v}, {hi_sql})" if agg.kind == "count" else _clamp_sql(v, lo_sql, hi_sql)
         integer = all(float(x).is_integer() for b in bounds for x in b) and (
-            agg.kind == "count" or agg.column in integer_columns)
+            agg.kind == "count" or (agg.column in integer_columns and widest <= EXACT_INTEGER_MAX))
         key = "count" if agg.kind == "count" else "sum"
         if integer:
             comp, total = Component(key, f"{p}_sum", 1.0, int(widest)), _integer_sum(clamped)

@@ -281,3 +281,16 @@ def test_an_empty_release_of_public_partitions_keeps_each_key_column_s_type():
         table = dp.execute(q, df).table
         types[len(public)] = (str(table["k"].dtype), str(table["r"].dtype))
     assert types[0] == types[1] == ("int64", "float64")
+
+
+def test_an_integer_sum_of_units_near_two_to_the_53_is_released_not_overflowed():
+    """An integer SUM was summed exactly (quantum 1) in BIGINT whatever its bounds: 3,000 units of
+    2^53 each (2.7e19, past 2^63) failed with the engine's conversion error. Bounds past 2^33 are now
+    quantised as a real SUM's are (quantum 2^21 here, which 2^53 is a multiple of), so the release
+    runs, its exact value is exactly 3,000 x 2^53 and its sensitivity is still the bound."""
+    units = 3000
+    df = pd.DataFrame({"uid": np.repeat(np.arange(units), 2), "v": np.full(2 * units, 2**53, dtype=np.int64)})
+    result = dp.execute(dp.Query([dp.sum_("v", 0, 2**53, name="s")], privacy_unit="uid", epsilon=1.0), df)
+    assert result.controller_only.exact["s"].iloc[0] == units * 2.0**53
+    assert [m.sensitivity for m in result.mechanisms] == [2.0**53]
+    assert np.isfinite(result.table["s"].iloc[0])
