@@ -159,6 +159,11 @@ PUBLIC_GROUPS_REFUSED = {
         f"{PG.format(e=1)} dept, {C1} FROM people RIGHT JOIN (SELECT DISTINCT dept FROM depts) USING (dept) "
         "JOIN visits AS the_visits_of_every_person_who_enrolled_in_the_2026_study USING (uid) GROUP BY dept",
         "and the aggregation ('visits AS the_visits_of_every_person_who_enrolled_in_the_202'): join it inside"),
+    "a join after public groups that come first and are LEFT JOINed to the protected rows": (
+        f"{PG.format(e=1)} dept, {C1} FROM (SELECT DISTINCT dept FROM depts) g LEFT JOIN people USING (dept) "
+        "JOIN visits USING (uid) GROUP BY dept",
+        "OPTIONS group_selection_strategy = PUBLIC_GROUPS does not allow JOIN operations between the public groups "
+        "join and the aggregation ('visits'): join it inside a subquery of the protected side instead"),
     "DISTINCT between the nested public groups join and the aggregation": (
         f"{PG.format(e=1)} dept, {C1} FROM (SELECT DISTINCT uid, dept FROM people "
         "RIGHT JOIN (SELECT DISTINCT dept FROM depts) USING (dept)) GROUP BY dept",
