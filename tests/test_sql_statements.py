@@ -564,6 +564,18 @@ WORD_FOR_WORD = {  # refusals whose whole message is the guidance: rule -> (stat
         "columns DuckDB names otherwise than they are written (a name twice, an unnamed expression, * EXCLUDE / "
         "REPLACE / RENAME, COLUMNS(...), UNNEST, BY NAME): beside protected rows one of them could pass for the "
         "privacy unit; not allowed (select its columns by name, or name them with AS in that subquery)"),
+    # a set operation of public rows is named as its branches are: one branch DuckDB names itself, or BY NAME,
+    # makes the whole of it so (mutants seed 20270150: ownership set_operation 75)
+    **{f"a * over a public UNION {how}, beside protected rows": (
+        f"{DP.format(e=1)} {C1} AS n FROM (SELECT * FROM ({union}) u, visits) uv",
+        f"subquery {f'SELECT * FROM ({union}'[:60]!r}: '*' reads every column of 'u', whose columns DuckDB names "
+        "otherwise than they are written (a name twice, an unnamed expression, * EXCLUDE / REPLACE / RENAME, "
+        "COLUMNS(...), UNNEST, BY NAME): beside protected rows one of them could pass for the privacy unit; not "
+        "allowed (select its columns by name, or name them with AS in that subquery)")
+       for how, union in (
+           ("whose first branch DuckDB names itself", "SELECT (d.dept) FROM depts AS d UNION ALL SELECT dept FROM depts"),
+           ("whose second branch DuckDB names itself", "SELECT dept FROM depts UNION ALL SELECT (d.dept) FROM depts AS d"),
+           ("BY NAME", "SELECT dept FROM depts UNION ALL BY NAME SELECT dept FROM depts"))},
     "UNNEST as a whole select item over protected rows": (
         f"{DP.format(e=1)} {C1} AS n FROM (SELECT UNNEST({{'uid': cost}}), uid FROM visits) v",
         "subquery \"SELECT UNNEST({'uid': cost}), uid FROM visits\": \"UNNEST({'uid': cost})\": UNNEST as a whole "
