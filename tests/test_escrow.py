@@ -1165,6 +1165,17 @@ def test_a_writer_closed_by_its_user_says_so_and_is_sealed_by_finish_alone(tmp_p
         assert plain.read() == b"x" * 100
 
 
+def test_an_encrypting_writer_tells_how_many_plaintext_bytes_it_was_given_in_all():
+    """The writer is a file to its user: tell() is the count of plaintext bytes written so far, over
+    every write (none, a few, ones that seal chunks), not the ciphertext's size nor the last write's."""
+    writer = stream.EncryptingWriter(io.BytesIO(), Fernet.generate_key(), "ab" * 32, chunk_size=64)
+    told = []
+    for size in (0, 5, 64, 100, 3):
+        assert writer.write(b"x" * size) == size
+        told.append(writer.tell())
+    assert told == [0, 5, 69, 169, 172]
+
+
 def test_a_parquet_file_cut_short_is_refused_with_the_reader_s_reason_and_nothing_sealed(tmp_path):
     """A file with Parquet's magic bytes at both ends but cut in the middle (a copy that stopped
     half-way): sealing it is refused naming the file and, in one line, why the Parquet reader cannot
