@@ -227,6 +227,18 @@ def test_float_rounding_does_not_refuse_an_exact_fit(sqlite_store):
         sqlite_store.reserve("adult", "r3", 1e-6, 0.0)
 
 
+def test_a_request_over_a_small_cap_by_more_than_rounding_error_is_refused(sqlite_store):
+    """The rounding allowance is relative to the cap: over a delta cap of 1e-6 (and an epsilon cap of 0.1),
+    a request 0.01% (0.0000005%) over it is refused, though by less than 1e-9 in absolute terms; the
+    exact cap still fits."""
+    _register(sqlite_store, epsilon_cap=0.1, delta_cap=1e-6)
+    with pytest.raises(BudgetExceeded, match="delta cap"):
+        sqlite_store.reserve("adult", "over delta", 0.05, 1.0001e-6)
+    with pytest.raises(BudgetExceeded, match="epsilon cap"):
+        sqlite_store.reserve("adult", "over epsilon", 0.1000000005, 0.0)
+    sqlite_store.reserve("adult", "exact", 0.1, 1e-6)
+
+
 def test_refund_frees_budget_for_new_releases(sqlite_store):
     _register(sqlite_store, epsilon_cap=1.0)
     sqlite_store.reserve("adult", "a", 1.0, 0.0)
