@@ -487,6 +487,24 @@ def test_an_older_store_gains_the_policy_deployment_column(tmp_path):
     store.close()
 
 
+def test_a_store_creates_its_own_tables_and_no_other_table_the_program_declared(tmp_path):
+    """SQLModel's metadata is shared by the whole program: a table another part of it declared there (an
+    application embedding the platform) is not created in the store's database, only the store's own."""
+    from sqlalchemy import Column, Integer, Table, inspect
+    from sqlmodel import SQLModel
+
+    foreign = Table("application_notes", SQLModel.metadata, Column("id", Integer, primary_key=True))
+    try:
+        store = Store(f"sqlite:///{tmp_path / 'store.db'}")
+        store.create_all()
+        names = set(inspect(store.engine).get_table_names())
+        store.close()
+    finally:
+        SQLModel.metadata.remove(foreign)
+    assert names == {"controllers", "datasets", "leases", "ledger_entries", "policies", "releases", "series",
+                     "series_claims", "series_snapshots"}
+
+
 def test_policy_fields_are_stored_and_listed_by_name(sqlite_store):
     """What a policy records is what was given (the deployment an automatic policy names included);
     lists come sorted by name, whatever the order of registration; a repeated name is refused."""
