@@ -487,6 +487,23 @@ def test_the_controller_chart_draws_each_released_value_s_interval(result, contr
     assert chart.count('stroke="#333333" stroke-width="1" fill="none"/>') == with_interval
 
 
+@pytest.mark.parametrize("mode, guarantee", [
+    ("public", "epsilon was chosen without looking at the data (the privacy risk indicator test over the public "
+               "domain of contributions, on simulated noise); the released output is a fresh draw at that epsilon, "
+               "so the release is epsilon-DP end to end"),
+    ("data", "epsilon was chosen from the privacy risk indicators of the actual data (the seed's Algorithm 1); the "
+             "released output is a fresh draw at that epsilon and is epsilon-DP given epsilon, but epsilon itself "
+             "and the decision to release depend on the data: the release as a whole has no end-to-end DP guarantee"),
+])
+def test_the_analyst_page_states_the_guarantee_of_an_epsilon_chosen_by_the_risk_indicator(data, mode, guarantee):
+    """An epsilon chosen from PRIs: the analyst page states what guarantee the release has in that mode (in
+    data mode, none end to end), with the acronym written out."""
+    q = dp.Query([dp.count(upper=1, name="people")], privacy_unit="person_id", epsilon=1.0)
+    res = pri.release_with_pri(q, data.head(2000), p=50, mode=mode)
+    page = pages.render_analyst_report(res, make_ctx(epsilon_mode="pri"))
+    assert f"<dt>Guarantee</dt><dd>{html.escape(guarantee).replace('&#x27;', '&#39;')}</dd>" in page
+
+
 def test_the_pri_choice_names_its_rule_for_the_analyst_and_marks_its_epsilon_for_the_controller(data):
     """An epsilon chosen from PRIs: the analyst page states the rule it was chosen by, and the
     controller's PRI chart marks the chosen epsilon."""
