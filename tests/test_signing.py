@@ -102,7 +102,8 @@ def test_manifest_lists_every_file_with_digest_and_size(release: Path) -> None:
         assert manifest["files"][rel] == {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
 
 
-def test_a_file_larger_than_one_read_block_is_listed_with_its_whole_size(tmp_path: Path, keys: tuple[Path, Path]) -> None:
+def test_a_file_larger_than_one_read_block_is_listed_with_its_whole_size(tmp_path: Path,
+                                                                        keys: tuple[Path, Path]) -> None:
     """Files are read in blocks of 1 MiB: the manifest gives a file of three blocks and 5 bytes its whole size
     (what anyone checking the release with stat and sha256sum finds), not its last block's."""
     directory = tmp_path / "r"

@@ -573,8 +573,10 @@ WORD_FOR_WORD = {  # refusals whose whole message is the guidance: rule -> (stat
         "COLUMNS(...), UNNEST, BY NAME): beside protected rows one of them could pass for the privacy unit; not "
         "allowed (select its columns by name, or name them with AS in that subquery)")
        for how, union in (
-           ("whose first branch DuckDB names itself", "SELECT (d.dept) FROM depts AS d UNION ALL SELECT dept FROM depts"),
-           ("whose second branch DuckDB names itself", "SELECT dept FROM depts UNION ALL SELECT (d.dept) FROM depts AS d"),
+           ("whose first branch DuckDB names itself",
+            "SELECT (d.dept) FROM depts AS d UNION ALL SELECT dept FROM depts"),
+           ("whose second branch DuckDB names itself",
+            "SELECT dept FROM depts UNION ALL SELECT (d.dept) FROM depts AS d"),
            ("BY NAME", "SELECT dept FROM depts UNION ALL BY NAME SELECT dept FROM depts"))},
     "UNNEST as a whole select item over protected rows": (
         f"{DP.format(e=1)} {C1} AS n FROM (SELECT UNNEST({{'uid': cost}}), uid FROM visits) v",
