@@ -412,6 +412,34 @@ def test_a_file_named_parquet_holding_gzip_is_refused_saying_what_it_is(tmp_path
     assert str(caught.value) == f"{path} is named .parquet but is not a Parquet file: it is gzip-compressed"
 
 
+def test_an_empty_file_is_refused_as_empty_and_a_one_byte_file_for_what_it_lacks(tmp_path):
+    """A file of 0 bytes is refused as empty; one of a single byte is not empty, and is refused for
+    its missing data row (the byte is its header)."""
+    empty, one = tmp_path / "empty.csv", tmp_path / "one.csv"
+    empty.write_bytes(b"")
+    one.write_bytes(b"x")
+    with pytest.raises(InvalidDataError) as caught:
+        run(str(empty))
+    assert str(caught.value) == f"{empty} is empty (0 bytes): give a file with a header row and at least one data row"
+    with pytest.raises(InvalidDataError) as caught:
+        run(str(one))
+    assert str(caught.value) == f"{one} has a header row but no data rows: nothing can be released"
+
+
+@pytest.mark.parametrize("content, reason", [
+    (gzip.compress(b"uid,x\n1,2\n", mtime=0)[:12], "Compressed file ended before the end-of-stream marker was reached"),
+    (b"\x1f\x8b" + bytes(30), "Unknown compression method"),
+])
+def test_a_gzip_file_that_does_not_decompress_is_refused_with_the_reason(tmp_path, content, reason):
+    """A .csv.gz that starts as gzip but is cut short or corrupt is refused naming the file, the
+    decompressor's reason and the fix, before any engine reads it."""
+    path = tmp_path / "rows.csv.gz"
+    path.write_bytes(content)
+    with pytest.raises(InvalidDataError) as caught:
+        run(str(path))
+    assert str(caught.value) == f"{path} is not a valid gzip file ({reason}): compress it again"
+
+
 def test_a_row_filter_that_is_not_sql_is_refused_with_the_parser_s_reason():
     """An unfinished condition: refused in one line quoting the filter and the parser's reason."""
     with pytest.raises(InvalidQueryError) as caught:
