@@ -260,7 +260,8 @@ def test_the_public_dict_carries_the_epsilon_choice_s_public_summary():
 @pytest.mark.parametrize("p, beta, refusal", [
     (50, 0.0, "beta must be in (0, 1), got 0.0"), (50, 1.0, "beta must be in (0, 1), got 1.0"),
     (50, 1.5, "beta must be in (0, 1), got 1.5"), (50, math.nan, "beta must be in (0, 1), got nan"),
-    (101, 0.5, "the percentage p must be in [0, 100], got 101"), (-1, 0.5, "the percentage p must be in [0, 100], got -1"),
+    (101, 0.5, "the percentage p must be in [0, 100], got 101"),
+    (-1, 0.5, "the percentage p must be in [0, 100], got -1"),
 ])
 def test_a_public_choice_with_p_or_beta_out_of_range_is_refused_naming_the_value(p, beta, refusal):
     """Public mode's p is a percentage and beta a probability strictly between 0 and 1 (the quantile of
