@@ -180,16 +180,22 @@ def smallest_epsilon(query: Query, tolerances: dict[str, float], *, confidence: 
         if not (isinstance(tol, (int, float)) and math.isfinite(tol) and tol > 0):
             raise InvalidQueryError(f"the tolerable noise of {name!r} must be a number > 0, got {tol!r}")
 
+    def intervals(eps: float) -> dict[str, StatisticInterval]:
+        return {s.name: s for s in _intervals(query, eps, confidence, integer_columns, reference_count, tolerances)}
+
     def meets(eps: float) -> bool:
-        got = {s.name: s.halfwidth for s in _intervals(query, eps, confidence, integer_columns, reference_count,
-                                                        tolerances)}
-        return all(got[name] <= tol for name, tol in tolerances.items())
+        got = intervals(eps)
+        return all(got[name].halfwidth <= tol for name, tol in tolerances.items())
 
     lo, hi = EPSILON_SEARCH
-    if not meets(hi):
+    at_hi = intervals(hi)
+    unmet = [at_hi[name] for name, tol in tolerances.items() if at_hi[name].halfwidth > tol]
+    if unmet:  # the noise at the largest epsilon searched: what the tolerance must at least allow
         raise InvalidQueryError(
-            f"no epsilon up to {hi:g} meets the tolerable noise {_tolerance_text(tolerances)}: "
-            "a tolerance of 0 (or below one grid step of an integer statistic at this confidence) cannot be met"
+            f"no epsilon up to {hi:g} meets the tolerable noise {_tolerance_text(tolerances)}: even at epsilon "
+            f"{hi:g} the noise is {', '.join(f'{s.name} +-{_short(s.halfwidth)}' for s in unmet)} "
+            f"(at {100 * unmet[0].confidence:g}%); tolerate at least that, or lower the sensitivity (narrower "
+            "bounds, a smaller max_partitions_contributed)"
         )
     log_lo, log_hi = math.log(lo), math.log(hi)
     while log_hi - log_lo > 1e-12:

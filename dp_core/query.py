@@ -38,6 +38,11 @@ EXACT_COLUMNS = {"units": "the number of privacy units in each group", "released
                  "dp_select": "the number of the DP SELECT each row comes from, in a SQL statement's table"}
 
 
+#: the largest bound magnitude of a VAR or STDDEV: its squared deviations (up to 2^200), their noise
+#: and the noise's square in the interval stay finite doubles (a bound of 1e160 overflowed)
+SPREAD_BOUND_MAX = 2.0**100
+
+
 def _finite(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
@@ -109,6 +114,10 @@ class Aggregate:
         for side, value in (("lower", self.lower), ("upper", self.upper)):
             if value is not None and not _finite(value):
                 raise InvalidQueryError(f"{where}: the {side} bound must be a finite number, got {value!r}")
+            if value is not None and self.kind in ("var", "stddev") and abs(value) > SPREAD_BOUND_MAX:
+                raise InvalidQueryError(
+                    f"{where}: the {side} bound of a variance or standard deviation must be within +-2^100 "
+                    f"(about 1.27e30: beyond, its squares overflow), got {value!r}")
         if self.lower is not None and self.upper is not None:
             if self.lower > self.upper:
                 raise InvalidQueryError(f"{where}: lower bound L={self.lower} exceeds upper bound U={self.upper}")

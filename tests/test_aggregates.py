@@ -270,6 +270,16 @@ def test_an_empty_list_of_public_partitions_releases_an_empty_table():
     assert len(table) == 0 and {"g", "n", "s"} <= set(table.columns)
 
 
+def test_a_quantile_over_no_partition_releases_an_empty_table():
+    """Quantiles over public_partitions=[] (no partition to release) give a table with the key and
+    quantile columns and no rows: the exponential mechanism runs over zero histograms without failing."""
+    df = pd.DataFrame({"uid": np.arange(50), "g": ["a", "b"] * 25, "x": np.arange(50) % 7 * 1.0})
+    q = dp.Query([dp.median("x", 0, 10, name="m"), dp.quantile("x", 0.9, 0, 10, name="p90")], privacy_unit="uid",
+                 group_by=("g",), epsilon=1.0, public_partitions=[])
+    table = dp.execute(q, df).table
+    assert len(table) == 0 and {"g", "m", "p90"} <= set(table.columns)
+
+
 def test_an_empty_release_of_public_partitions_keeps_each_key_column_s_type():
     """With public_partitions=[] the released table's key columns have the types of the input's keys
     (an integer key stays integer, a real one real), as in a release that names a partition."""

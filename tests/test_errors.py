@@ -412,6 +412,54 @@ def test_a_file_named_parquet_holding_gzip_is_refused_saying_what_it_is(tmp_path
     assert str(caught.value) == f"{path} is named .parquet but is not a Parquet file: it is gzip-compressed"
 
 
+def test_an_empty_file_is_refused_as_empty_and_a_one_byte_file_for_what_it_lacks(tmp_path):
+    """A file of 0 bytes is refused as empty; one of a single byte is not empty, and is refused for
+    its missing data row (the byte is its header)."""
+    empty, one = tmp_path / "empty.csv", tmp_path / "one.csv"
+    empty.write_bytes(b"")
+    one.write_bytes(b"x")
+    with pytest.raises(InvalidDataError) as caught:
+        run(str(empty))
+    assert str(caught.value) == f"{empty} is empty (0 bytes): give a file with a header row and at least one data row"
+    with pytest.raises(InvalidDataError) as caught:
+        run(str(one))
+    assert str(caught.value) == f"{one} has a header row but no data rows: nothing can be released"
+
+
+@pytest.mark.parametrize("content, reason", [
+    (gzip.compress(b"uid,x\n1,2\n", mtime=0)[:12], "Compressed file ended before the end-of-stream marker was reached"),
+    (b"\x1f\x8b" + bytes(30), "Unknown compression method"),
+])
+def test_a_gzip_file_that_does_not_decompress_is_refused_with_the_reason(tmp_path, content, reason):
+    """A .csv.gz that starts as gzip but is cut short or corrupt is refused naming the file, the
+    decompressor's reason and the fix, before any engine reads it."""
+    path = tmp_path / "rows.csv.gz"
+    path.write_bytes(content)
+    with pytest.raises(InvalidDataError) as caught:
+        run(str(path))
+    assert str(caught.value) == f"{path} is not a valid gzip file ({reason}): compress it again"
+
+
+@pytest.mark.parametrize("kind", ["var", "stddev"])
+@pytest.mark.parametrize("scope", ["dataset", "partition"])
+def test_a_variance_bound_whose_square_would_overflow_is_refused_naming_it(kind, scope):
+    """A VAR or STDDEV bound beyond +-2^100 is refused in one sentence naming it, whether the other
+    bound is given or inferred (a lower bound of 1e300 with the upper inferred failed with Python's
+    OverflowError, 'cannot convert float infinity to integer', while planning); 2^100 itself is released."""
+    df = pd.DataFrame({"uid": np.arange(400), "g": ["a", "b"] * 200, "x": np.arange(400) % 50 * 1.0})
+    refusal = ("aggregate 's': the {} bound of a variance or standard deviation must be within +-2^100 (about "
+               "1.27e30: beyond, its squares overflow), got {!r}")
+    for bounds, side, value in (((1e300, None), "lower", 1e300), ((0, 2.0**101), "upper", 2.0**101),
+                                ((-1e160, 1e160), "lower", -1e160)):
+        with pytest.raises(InvalidQueryError) as caught:
+            run(df, aggregates=[dp.Aggregate(kind, column="x", lower=bounds[0], upper=bounds[1], name="s")],
+                group_by=("g",), bounds_scope=scope)
+        assert str(caught.value) == refusal.format(side, value)
+    released = run(df, aggregates=[dp.Aggregate(kind, column="x", lower=-(2.0**100), upper=2.0**100, name="s")],
+                   group_by=("g",), bounds_scope=scope, delta=1e-6)
+    assert list(released.table.columns[:2]) == ["g", "s"]
+
+
 def test_a_row_filter_that_is_not_sql_is_refused_with_the_parser_s_reason():
     """An unfinished condition: refused in one line quoting the filter and the parser's reason."""
     with pytest.raises(InvalidQueryError) as caught:

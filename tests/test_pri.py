@@ -257,6 +257,21 @@ def test_the_public_dict_carries_the_epsilon_choice_s_public_summary():
     assert dp.execute(q, df).to_dict()["epsilon_choice"] is None
 
 
+@pytest.mark.parametrize("p, beta, refusal", [
+    (50, 0.0, "beta must be in (0, 1), got 0.0"), (50, 1.0, "beta must be in (0, 1), got 1.0"),
+    (50, 1.5, "beta must be in (0, 1), got 1.5"), (50, math.nan, "beta must be in (0, 1), got nan"),
+    (101, 0.5, "the percentage p must be in [0, 100], got 101"),
+    (-1, 0.5, "the percentage p must be in [0, 100], got -1"),
+])
+def test_a_public_choice_with_p_or_beta_out_of_range_is_refused_naming_the_value(p, beta, refusal):
+    """Public mode's p is a percentage and beta a probability strictly between 0 and 1 (the quantile of
+    the simulated stop): anything else is refused before any simulation, in one sentence with the value."""
+    q = dp.Query([dp.count(upper=1, name="people")], privacy_unit="person_id", epsilon=1.0)
+    with pytest.raises(dp.InvalidQueryError) as caught:
+        pri.choose_epsilon_public(q, p, beta=beta)
+    assert str(caught.value) == refusal
+
+
 def test_the_public_mode_s_refusal_and_its_simulated_uniforms():
     """Public mode: when no candidate passes, the refusal says so in full with its remedy; the data-free
     simulation's uniforms (SHAKE-256 of a public tag) spread over (0, 1), not a part of it."""

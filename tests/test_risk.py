@@ -453,6 +453,23 @@ def test_a_tolerable_noise_that_is_not_a_positive_number_is_refused_naming_it(to
     assert str(err.value) == f"the tolerable noise of 'n' must be a number > 0, got {tolerance!r}"
 
 
+def test_a_tolerance_no_epsilon_up_to_the_search_limit_meets_is_refused_with_the_noise_at_that_limit():
+    """A unit in up to 100 groups (C_u) leaves a count +-6 and a sum +-30 of noise even at epsilon 100:
+    tolerances of 2 and 3 are refused with the noise each statistic still has there (what to tolerate
+    instead) and the knobs that lower it; a met tolerance (the count's 7) is not named."""
+    q = dp.Query([dp.count(upper=1, name="n"), dp.sum_("x", 0, 5, name="s")], privacy_unit="u", epsilon=1.0,
+                 group_by=("g",), max_partitions_contributed=100, public_partitions=["a"])
+    for tolerances, asked, noise in (({"n": 2, "s": 3}, "n +-2, s +-3", "n +-6, s +-30"),
+                                     ({"n": 7, "s": 3}, "n +-7, s +-3", "s +-30")):
+        with pytest.raises(InvalidQueryError) as err:
+            accuracy.smallest_epsilon(q, tolerances)
+        assert str(err.value) == (
+            f"no epsilon up to 100 meets the tolerable noise {asked}: even at epsilon "
+            f"100 the noise is {noise} (at 95%); tolerate at least that, or lower the sensitivity (narrower bounds, "
+            "a smaller max_partitions_contributed)")
+    assert accuracy.smallest_epsilon(q, {"n": 6, "s": 30}) <= 100
+
+
 @pytest.mark.parametrize("max_noise, shown", [(0, "0"), (-2.5, "-2.5"), (float("inf"), "inf"), (True, "True"),
                                               ("ten", "'ten'"), ("-5%", "'-5%'"), ({"n": "0%"}, "'0%'")])
 def test_a_plan_s_tolerable_noise_that_is_not_a_positive_number_or_percentage_is_refused_naming_it(max_noise, shown):

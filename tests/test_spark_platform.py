@@ -472,6 +472,31 @@ def test_per_partition_bounds_over_units_past_their_bound_are_the_same_noisy_his
     assert len(found["duckdb"][0]) == 6 and found["spark"] == found["duckdb"]
 
 
+def test_a_mad_selection_on_spark_runs_both_rounds_and_releases_what_duckdb_releases(spark, monkeypatch):
+    """MaxAdaptiveDegree on Spark (no DuckDB connection to keep the bounded rows in): round 1 releases
+    the three large partitions, round 2 the six small ones, and with the noise replayed and the
+    portable hash the release is the table DuckDB gives, partition for partition."""
+    from noise_replay import replay_noise
+    from test_spark_backend import assert_same_frame
+
+    rows = [(f"u{u}", f"big{u % 3}", u % 5) for u in range(900)]
+    rows += [(f"v{u}", f"small{u % 6}", u % 7) for u in range(360)] + [(f"v{u}", f"small{(u + 1) % 6}", 2)
+                                                                       for u in range(120)]
+    data = pd.DataFrame(rows, columns=["uid", "part", "k"])
+    query = dp.Query([dp.count(name="n"), dp.sum_("k", 0, 6, name="s")], privacy_unit="uid", group_by=("part",),
+                     epsilon=1.0, max_partitions_contributed=2, noise="gaussian", selection="mad")
+    found = {}
+    for engine, frame in (("duckdb", data), ("spark", spark.createDataFrame(data))):
+        replay_noise(monkeypatch, 5)
+        found[engine] = dp.execute(query, frame, backend=engine, spark=spark if engine == "spark" else None,
+                                   bounding_seed=7, portable_hash=True)
+    monkeypatch.undo()
+    said = found["duckdb"].partition_selection
+    assert "released 3 partitions" in said and "released 6 more" in said, said
+    assert found["spark"].partition_selection == said
+    assert_same_frame(found["duckdb"].table, found["spark"].table, ["part"])
+
+
 def test_a_dp_select_on_spark_reads_its_derived_rows_unchecked_and_names_what_spark_cannot_prepare(spark):
     """On Spark as on DuckDB, the rows a DP SELECT derives are not checked as an input (a WHERE that
     keeps none releases a count of 0, never "no rows"); a statement DuckDB accepts but Spark cannot
