@@ -38,6 +38,10 @@ EXACT_COLUMNS = {"units": "the number of privacy units in each group", "released
                  "dp_select": "the number of the DP SELECT each row comes from, in a SQL statement's table"}
 
 
+#: the columns the released table gives each statistic beside its value (engine.release): `<name>_ci_low`, ...
+INTERVAL_SUFFIXES = ("_ci_low", "_ci_high", "_noise_sd")
+
+
 #: the largest bound magnitude of a VAR or STDDEV: its squared deviations (up to 2^200), their noise
 #: and the noise's square in the interval stay finite doubles (a bound of 1e160 overflowed)
 SPREAD_BOUND_MAX = 2.0**100
@@ -327,5 +331,13 @@ class Query:
             raise InvalidQueryError(
                 f"the output name {taken[0]!r} is taken: the controller's table of exact values has a column of its "
                 f"own by that name ({EXACT_COLUMNS[taken[0]]}); rename it, e.g. {taken[0]}_")
+        beside = {f"{label}{suffix}": label for label in labels for suffix in INTERVAL_SUFFIXES}
+        shadowed = [x for x in (*self.group_by, *labels) if x in beside]
+        if shadowed:  # the engine writes the interval column over the key's or statistic's values
+            owner = beside[shadowed[0]]
+            raise InvalidQueryError(
+                f"the output name {shadowed[0]!r} is taken: the released table gives the statistic {owner!r} a "
+                f"column of that name ({', '.join(owner + suffix for suffix in INTERVAL_SUFFIXES)}); rename one of "
+                "them")
         for agg in self.aggregates:
             agg.validate()

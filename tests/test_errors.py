@@ -599,3 +599,26 @@ def test_a_count_given_a_lower_bound_other_than_zero_is_refused_as_the_count_wou
                                      f"counted from 0 up to the upper bound): leave it out, got {lower!r}")
     for lower in (0, 0.0, None):
         assert run(aggregates=[dp.Aggregate("count", lower=lower, upper=2, name="n")]).mechanisms[0].sensitivity == 2
+
+
+def test_a_group_key_or_statistic_named_like_another_statistic_s_interval_column_is_refused_in_python_and_sql():
+    """The released table gives each statistic `<name>_ci_low`, `_ci_high` and `_noise_sd` beside it: a
+    group key named `n_ci_high` beside `COUNT(*) AS n` had its released keys overwritten by the count's
+    interval bounds (974, 1009, ... for 0, 1, 2), without a word. Such a name is refused, in the same
+    words through the Python API and the SQL front end."""
+    from dp_core.sql import Table, run_sql
+
+    words = ("the output name 'n_ci_high' is taken: the released table gives the statistic 'n' a column of that name "
+             "(n_ci_low, n_ci_high, n_noise_sd); rename one of them")
+    data = pd.DataFrame({"uid": range(30), "n_ci_high": [i % 3 for i in range(30)]})
+    with pytest.raises(InvalidQueryError) as caught:
+        run(data, aggregates=[dp.count(name="n")], group_by=("n_ci_high",))
+    assert str(caught.value) == words
+    with pytest.raises(InvalidQueryError) as caught:
+        run_sql("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1, delta = 1e-6) n_ci_high, COUNT(*) AS n "
+                "FROM people GROUP BY n_ci_high", {"people": Table(data, privacy_unit="uid")})
+    assert str(caught.value).endswith(words)
+    with pytest.raises(InvalidQueryError, match="'n_noise_sd' is taken: the released table gives the statistic 'n'"):
+        run(data, aggregates=[dp.count(name="n"), dp.count(name="n_noise_sd")])
+    assert list(run(data, aggregates=[dp.count(name="n")]).table.columns) == ["n", "n_ci_low", "n_ci_high",
+                                                                              "n_noise_sd"]
