@@ -564,6 +564,12 @@ WORD_FOR_WORD = {  # refusals whose whole message is the guidance: rule -> (stat
         "columns DuckDB names otherwise than they are written (a name twice, an unnamed expression, * EXCLUDE / "
         "REPLACE / RENAME, COLUMNS(...), UNNEST, BY NAME): beside protected rows one of them could pass for the "
         "privacy unit; not allowed (select its columns by name, or name them with AS in that subquery)"),
+    "a * over a public column list naming a column twice, beside protected rows": (  # DuckDB lists x and x_1
+        f"{DP.format(e=1)} {C1} AS n FROM (SELECT * FROM (SELECT dept, region FROM depts) AS d(x, x), visits) dv",
+        "subquery 'SELECT * FROM (SELECT dept, region FROM depts) AS d(x, x), v': '*' reads every column of 'd', whose "
+        "columns DuckDB names otherwise than they are written (a name twice, an unnamed expression, * EXCLUDE / "
+        "REPLACE / RENAME, COLUMNS(...), UNNEST, BY NAME): beside protected rows one of them could pass for the "
+        "privacy unit; not allowed (select its columns by name, or name them with AS in that subquery)"),
     # a set operation of public rows is named as its branches are: one branch DuckDB names itself, or BY NAME,
     # makes the whole of it so (mutants seed 20270150: ownership set_operation 75)
     **{f"a * over a public UNION {how}, beside protected rows": (
