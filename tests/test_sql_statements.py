@@ -663,6 +663,9 @@ WORD_FOR_WORD = {  # refusals whose whole message is the guidance: rule -> (stat
     "a sample of the outer query's rows outside (0, 100] percent": (  # statement _outer_query 54
         "SELECT dept FROM depts TABLESAMPLE BERNOULLI (0 PERCENT)",
         "the outer query: 'TABLESAMPLE BERNOULLI (0 PERCENT)': the sample's percentage must be in (0, 100], got 0"),
+    "an unknown function, quoted with its arguments": (  # ownership check_functions 14: the call is named
+        f"{DP.format(e=1)} my_udf(COUNT(*)) AS x FROM people",
+        "the DP SELECT list: unknown function 'my_udf' in 'MY_UDF(COUNT(*))'"),
     "OPTIONS cut short after an entry's name": (  # syntax _parse_options 62: an index error, not the remedy
         "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon", "OPTIONS entry 'epsilon' needs '= value'"),
 }
