@@ -391,6 +391,24 @@ def test_per_partition_bounds_are_inferred_for_the_partition_of_a_missing_key_to
     assert r.table["s"].iloc[1] == pytest.approx(330_000, rel=0.01)
 
 
+def test_the_bounds_of_a_partition_that_is_not_released_are_not_published():
+    """A partition left out of the release keeps its inferred bounds to itself: "b" has bounds for SUM(x) but
+    none for SUM(y) (y is missing on all its rows), so "b" is not released, and only "a"'s bounds are
+    published; publishing "b"'s would tell that "b" exists. Epsilon 8: 2,000 units per partition stand far
+    out of the histograms' noise, and an empty histogram passes with probability 1e-9."""
+    rows = []
+    for g in ("a", "b"):
+        rows += [{"g": g, "x": 3.0 * (i % 10 + 1) / 10, "y": 300.0 * (i % 10 + 1) / 10 if g == "a" else None}
+                 for i in range(2000)]
+    df = pd.DataFrame(rows).assign(uid=range(len(rows)))
+    q = dp.Query([dp.Aggregate("sum", column="x", name="sx"), dp.Aggregate("sum", column="y", name="sy")],
+                 privacy_unit="uid", group_by=("g",), epsilon=8.0, bounds_scope="partition")
+    r = dp.execute(q, df)
+    assert list(r.table["g"]) == ["a"]
+    assert [(b.aggregate, b.partition, b.upper) for b in r.inferred_bounds] == [("sx", {"g": "a"}, 4.0),
+                                                                                ("sy", {"g": "a"}, 512.0)]
+
+
 def test_a_count_s_dataset_wide_bound_is_searched_over_counts_of_zero_and_up():
     """A COUNT without its per-unit bound (bounds_scope="dataset"): one histogram of the 64 bins a count can
     fall in, none below zero, with the threshold of 64 bins; units of 3 and of 20 rows give the upper bound

@@ -154,6 +154,7 @@ FORBIDDEN = [
      "does not match the registered privacy unit"),
     ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1, delta = 2) COUNT(*) FROM Employee", "delta must be in [0, 1)"),
     ("SELECT WITH ANONYMIZATION ANON_COUNT(DISTINCT dept) FROM Employee", "cannot be bounded"),
+    ("SELECT WITH ANONYMIZATION ANON_COUNT(DISTINCT uid, dept) FROM Employee", "cannot be bounded"),  # unit-dept pairs
     ("SELECT WITH ANONYMIZATION uid, ANON_COUNT(*, 1) FROM Employee GROUP BY uid", "one row per unit"),
     ("SELECT WITH ANONYMIZATION ANON_SUM(age, 9, 1) FROM Employee", "exceeds upper bound"),
     ("SELECT WITH ANONYMIZATION dept, ANON_COUNT(*, 1) FROM Employee GROUP BY dept HAVING ANON_COUNT(*, 1) > 2",

@@ -246,3 +246,17 @@ def test_a_sampled_public_table_in_a_scalar_subquery_of_the_select_list_runs(tab
     assert len(kept) == 1  # one sample decision for every row of the output
     # the least kept of 1000 rows kept with probability 1/2 each: above 39 with probability 2^-40
     assert 0 <= kept[0] <= 39
+
+
+@pytest.mark.parametrize("public", ["SELECT *, dept + 1000 FROM depts", "SELECT dept, dept, dept + 1000 FROM depts",
+                                    "SELECT dept + 1000 FROM depts UNION ALL SELECT dept + 2000 FROM depts"])
+def test_a_sampled_public_subquery_s_unnamed_column_is_read_by_the_name_the_checker_gave_it(tables, public):
+    """An unnamed column of a sampled public subquery is read by the name `_col<n>` the refusals list (its
+    place among the columns: beside a *, after a name given twice, in a UNION's first branch): the sample's
+    rewrite names it so, where DuckDB named it otherwise (DuckDB's binder error before). The departments kept
+    by half a sample of the 1,000 (read back from dept + 1000), each of 100 rows of `many`, are counted."""
+    name = "_col0" if public.startswith("SELECT dept +") else "_col1" if "*" in public else "_col2"
+    sql = (f"{DPS} {C1} AS n FROM many WHERE dept IN "
+           f"(SELECT {name} - 1000 FROM ({public}) TABLESAMPLE BERNOULLI (50 PERCENT))")
+    n = exact_n(run_sql(sql, tables))
+    assert n % 100 == 0 and within_binomial(n / 100, 1000, 0.5), n  # not 0: the column read is dept + 1000

@@ -564,6 +564,12 @@ WORD_FOR_WORD = {  # refusals whose whole message is the guidance: rule -> (stat
         "columns DuckDB names otherwise than they are written (a name twice, an unnamed expression, * EXCLUDE / "
         "REPLACE / RENAME, COLUMNS(...), UNNEST, BY NAME): beside protected rows one of them could pass for the "
         "privacy unit; not allowed (select its columns by name, or name them with AS in that subquery)"),
+    "a * over a public column list naming a column twice, beside protected rows": (  # DuckDB lists x and x_1
+        f"{DP.format(e=1)} {C1} AS n FROM (SELECT * FROM (SELECT dept, region FROM depts) AS d(x, x), visits) dv",
+        "subquery 'SELECT * FROM (SELECT dept, region FROM depts) AS d(x, x), v': '*' reads every column of 'd', whose "
+        "columns DuckDB names otherwise than they are written (a name twice, an unnamed expression, * EXCLUDE / "
+        "REPLACE / RENAME, COLUMNS(...), UNNEST, BY NAME): beside protected rows one of them could pass for the "
+        "privacy unit; not allowed (select its columns by name, or name them with AS in that subquery)"),
     # a set operation of public rows is named as its branches are: one branch DuckDB names itself, or BY NAME,
     # makes the whole of it so (mutants seed 20270150: ownership set_operation 75)
     **{f"a * over a public UNION {how}, beside protected rows": (
@@ -657,6 +663,9 @@ WORD_FOR_WORD = {  # refusals whose whole message is the guidance: rule -> (stat
     "a sample of the outer query's rows outside (0, 100] percent": (  # statement _outer_query 54
         "SELECT dept FROM depts TABLESAMPLE BERNOULLI (0 PERCENT)",
         "the outer query: 'TABLESAMPLE BERNOULLI (0 PERCENT)': the sample's percentage must be in (0, 100], got 0"),
+    "an unknown function, quoted with its arguments": (  # ownership check_functions 14: the call is named
+        f"{DP.format(e=1)} my_udf(COUNT(*)) AS x FROM people",
+        "the DP SELECT list: unknown function 'my_udf' in 'MY_UDF(COUNT(*))'"),
     "OPTIONS cut short after an entry's name": (  # syntax _parse_options 62: an index error, not the remedy
         "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon", "OPTIONS entry 'epsilon' needs '= value'"),
 }

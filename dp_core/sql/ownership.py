@@ -141,6 +141,8 @@ def is_subquery(node: exp.Expression) -> bool:
 
 
 SET_OPERATIONS = (exp.Union, exp.Intersect, exp.Except)
+#: meta key of an unnamed select item over public rows: the name `_col<n>` the checker gave it
+CHECKER_NAME = "dp_checker_name"
 
 _KNOWN_FUNCTIONS: set[str] | None = None
 
@@ -380,12 +382,13 @@ class OwnershipChecker:
             raise UnsupportedError(f"{where}: TABLESAMPLE is not supported here: sample the table in a subquery, "
                                    "(SELECT * FROM t TABLESAMPLE BERNOULLI (p PERCENT))")
         self.samples += 1
-        if (isinstance(node, exp.Subquery) and isinstance(node.this, exp.Select)
-                and len(node.this.expressions) == len(rel.columns)
-                and not any(isinstance(e, exp.Star) or isinstance(e.this, exp.Star) for e in node.this.expressions)):
-            for i, e in enumerate(node.this.expressions):  # unnamed items get the names the checker gave them
-                if not e.alias_or_name and not isinstance(e, exp.Star):
-                    e.replace(exp.alias_(e.copy(), list(rel.columns.values())[i], quoted=True))
+        first = node.this if isinstance(node, exp.Subquery) else None
+        while isinstance(first, SET_OPERATIONS) and not first.args.get("by_name"):
+            first = first.this  # a set operation's columns are named by its first branch
+        if isinstance(first, exp.Select):  # the sample lists its columns by name: unnamed items get the
+            for e in first.expressions:  # checker's names, which DuckDB does not give them by itself
+                if not e.alias_or_name and CHECKER_NAME in e.meta:
+                    e.replace(exp.alias_(e.copy(), e.meta[CHECKER_NAME], quoted=True))
         columns = list(rel.columns.values())
         if isinstance(node, exp.Table):
             inner = node.copy()
@@ -733,6 +736,7 @@ class OwnershipChecker:
                 if scope.protected:
                     e.replace(exp.alias_(e.copy(), name, quoted=True))
                 else:
+                    e.meta[CHECKER_NAME] = name  # written in only if the rows are sampled (_sample)
                     opaque = True
             names.append(name)
             columns.setdefault(name.lower(), name)
