@@ -184,3 +184,17 @@ def test_a_sum_of_gaussians_half_width_is_z_975_times_the_root_of_their_variance
 
     assert gaussian_sum_halfwidth(np.array([[3.0, 4.0], [1.0, 0.0]]), 0.05) == pytest.approx(
         [1.959963984540054 * 5, 1.959963984540054], rel=1e-12)
+
+
+def test_a_small_variance_s_interval_reaches_down_below_it_towards_zero_not_up_to_one():
+    """VAR (and STDDEV) of values in [0, 1] (20,000 units, one row each): the released variance (about
+    1/12) lies inside its interval, whose lower end is clipped at 0, the least a variance can be, and not
+    higher (clipped at 1 it came out at the cap 1/4, above the value); at epsilon 1 the interval is a few
+    thousandths wide, and a variance as large as the cap is hundreds of noise SDs away."""
+    values = (np.arange(20_000) % 1000) / 999.0
+    df = pd.DataFrame({"uid": np.arange(20_000), "x": values})
+    for kind in ("var", "stddev"):
+        q = dp.Query([dp.Aggregate(kind, column="x", lower=0.0, upper=1.0, name="v")], privacy_unit="uid",
+                     epsilon=1.0)
+        row = dp.execute(q, df).table.iloc[0]
+        assert row["v_ci_low"] <= row["v"] <= row["v_ci_high"] and row["v_ci_high"] - row["v_ci_low"] < 0.05
