@@ -42,8 +42,9 @@ EXACT_COLUMNS = {"units": "the number of privacy units in each group", "released
 INTERVAL_SUFFIXES = ("_ci_low", "_ci_high", "_noise_sd")
 
 
-#: the largest bound magnitude of a VAR or STDDEV: its squared deviations (up to 2^200), their noise
-#: and the noise's square in the interval stay finite doubles (a bound of 1e160 overflowed)
+#: the largest bound magnitude of an AVG, VAR or STDDEV: its squared deviations (up to 2^200), their
+#: noise and the noise's square in the interval stay finite doubles (a bound of 1e160 overflowed: an
+#: AVG's interval came out zero-wide beside an infinite noise SD, with NumPy's overflow warnings)
 SPREAD_BOUND_MAX = 2.0**100
 
 
@@ -118,9 +119,9 @@ class Aggregate:
         for side, value in (("lower", self.lower), ("upper", self.upper)):
             if value is not None and not _finite(value):
                 raise InvalidQueryError(f"{where}: the {side} bound must be a finite number, got {value!r}")
-            if value is not None and self.kind in ("var", "stddev") and abs(value) > SPREAD_BOUND_MAX:
+            if value is not None and self.kind in ("avg", "var", "stddev") and abs(value) > SPREAD_BOUND_MAX:
                 raise InvalidQueryError(
-                    f"{where}: the {side} bound of a variance or standard deviation must be within +-2^100 "
+                    f"{where}: the {side} bound of a mean, variance or standard deviation must be within +-2^100 "
                     f"(about 1.27e30: beyond, its squares overflow), got {value!r}")
         if self.lower is not None and self.upper is not None:
             if self.lower > self.upper:

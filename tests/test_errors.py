@@ -440,15 +440,16 @@ def test_a_gzip_file_that_does_not_decompress_is_refused_with_the_reason(tmp_pat
     assert str(caught.value) == f"{path} is not a valid gzip file ({reason}): compress it again"
 
 
-@pytest.mark.parametrize("kind", ["var", "stddev"])
+@pytest.mark.parametrize("kind", ["avg", "var", "stddev"])
 @pytest.mark.parametrize("scope", ["dataset", "partition"])
 def test_a_variance_bound_whose_square_would_overflow_is_refused_naming_it(kind, scope):
-    """A VAR or STDDEV bound beyond +-2^100 is refused in one sentence naming it, whether the other
+    """An AVG, VAR or STDDEV bound beyond +-2^100 is refused in one sentence naming it, whether the other
     bound is given or inferred (a lower bound of 1e300 with the upper inferred failed with Python's
-    OverflowError, 'cannot convert float infinity to integer', while planning); 2^100 itself is released."""
+    OverflowError, 'cannot convert float infinity to integer', while planning; an AVG within +-1e300
+    came out with a zero-wide interval and an infinite noise SD); 2^100 itself is released."""
     df = pd.DataFrame({"uid": np.arange(400), "g": ["a", "b"] * 200, "x": np.arange(400) % 50 * 1.0})
-    refusal = ("aggregate 's': the {} bound of a variance or standard deviation must be within +-2^100 (about "
-               "1.27e30: beyond, its squares overflow), got {!r}")
+    refusal = ("aggregate 's': the {} bound of a mean, variance or standard deviation must be within +-2^100 "
+               "(about 1.27e30: beyond, its squares overflow), got {!r}")
     for bounds, side, value in (((1e300, None), "lower", 1e300), ((0, 2.0**101), "upper", 2.0**101),
                                 ((-1e160, 1e160), "lower", -1e160)):
         with pytest.raises(InvalidQueryError) as caught:
