@@ -391,6 +391,28 @@ def test_per_partition_bounds_are_inferred_for_the_partition_of_a_missing_key_to
     assert r.table["s"].iloc[1] == pytest.approx(330_000, rel=0.01)
 
 
+def test_the_controller_sees_the_values_clamped_to_each_partition_s_own_bounds():
+    """A SUM bounded per partition reports its clamping loss to the controller like one bounded once:
+    the values outside their own partition's released bounds (3 far above "a"'s [0.25, 4], 3 far below
+    "b"'s [16, 512]) and the distance they moved. Three units in a bin pass its threshold of 12 with
+    probability below 1e-8, so the outliers stay out of the bounds."""
+    rows = []
+    for g, high, outlier in (("a", 3.0, 1e6), ("b", 300.0, -1e6)):
+        rows += [{"g": g, "v": high * (i % 10 + 1) / 10} for i in range(2000)] + [{"g": g, "v": outlier}] * 3
+    df = pd.DataFrame(rows).assign(uid=range(len(rows)))
+    q = dp.Query([dp.Aggregate("sum", column="v", name="s")], privacy_unit="uid", group_by=("g",), epsilon=8.0,
+                 bounds_scope="partition")
+    r = dp.execute(q, df)
+    clamped, shift = 0, 0.0
+    for b in r.inferred_bounds:
+        v = df.loc[df["g"] == b.partition["g"], "v"]
+        clamped += int(((v < b.lower) | (v > b.upper)).sum())
+        shift += float((b.lower - v).clip(lower=0).sum() + (v - b.upper).clip(lower=0).sum())
+    assert len(r.inferred_bounds) == 2 and clamped == 6
+    loss = r.controller_only.clamping["s"]
+    assert (loss.values, loss.clamped) == (len(df), 6) and loss.total_shift == pytest.approx(shift, rel=1e-12)
+
+
 def test_the_bounds_of_a_partition_that_is_not_released_are_not_published():
     """A partition left out of the release keeps its inferred bounds to itself: "b" has bounds for SUM(x) but
     none for SUM(y) (y is missing on all its rows), so "b" is not released, and only "a"'s bounds are
