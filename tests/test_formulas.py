@@ -198,3 +198,9 @@ def test_a_small_variance_s_interval_reaches_down_below_it_towards_zero_not_up_t
                      epsilon=1.0)
         row = dp.execute(q, df).table.iloc[0]
         assert row["v_ci_low"] <= row["v"] <= row["v_ci_high"] and row["v_ci_high"] - row["v_ci_low"] < 0.05
+
+
+def test_a_sum_with_several_noiseless_components_has_the_half_width_of_its_one_noisy_component():
+    """Components of scale zero add no noise, however many: a Laplace of scale 2 beside two of them has
+    the plain Laplace half-width 2 ln(1/alpha), not an interval collapsed to nothing."""
+    assert laplace_sum_halfwidth(np.array([[2.0, 0.0, 0.0]]), 0.05)[0] == pytest.approx(2 * math.log(20), rel=1e-6)
