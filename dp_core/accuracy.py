@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from numbers import Real
 
 import numpy as np
 
@@ -40,6 +41,8 @@ from .release import MAX_SCALE_PER_SENSITIVITY, calibrate
 
 #: the group size for which AVG's interval is stated by default (the seed's "a count of 100")
 REFERENCE_COUNT = 100.0
+#: the largest group size an AVG's interval may be stated for (no group of people is larger)
+MAX_REFERENCE_COUNT = 1e12
 #: the search range of `smallest_epsilon` (total epsilon)
 EPSILON_SEARCH = (1e-9, 100.0)
 
@@ -87,7 +90,17 @@ def statistic_intervals(query: Query, epsilon: float | None = None, *, confidenc
     of the two half-widths is given (a promise that holds either way). A statistic whose noise
     would exceed 2^20 times its sensitivity (the engine refuses to release it) gets an infinite
     half-width."""
+    _check_reference_count(reference_count)
     return _intervals(query, epsilon, confidence, integer_columns, reference_count, None)
+
+
+def _check_reference_count(reference_count) -> None:
+    """Refuses a group size no AVG promise can be stated for: below one person, NaN or huge, it gave
+    NaN or negative half-widths, hence a nonsense epsilon, with NumPy's warnings in the terminal."""
+    if isinstance(reference_count, bool) or not isinstance(reference_count, Real) or \
+            not 1.0 <= reference_count <= MAX_REFERENCE_COUNT:
+        raise InvalidQueryError("the reference count (the group size an average's interval is stated for) must "
+                                f"be a number of people from 1 to {MAX_REFERENCE_COUNT:g}, got {reference_count!r}")
 
 
 def _intervals(query: Query, epsilon, confidence, integer_columns, reference_count, names) -> tuple[StatisticInterval, ...]:
@@ -168,6 +181,7 @@ def smallest_epsilon(query: Query, tolerances: dict[str, float], *, confidence: 
     whole-number half-widths, so a tolerance of 10.5 on a count is met as +-10."""
     if not tolerances:
         raise InvalidQueryError("no tolerable noise given: name at least one statistic and its tolerance")
+    # the intervals at epsilon 1 also check the query and the reference count
     at_one = {s.name: s for s in statistic_intervals(query, 1.0, confidence=confidence,
                                                       integer_columns=integer_columns,
                                                       reference_count=reference_count)}

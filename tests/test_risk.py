@@ -4,6 +4,7 @@ worked example (SIRD states: n = 4; a histogram: m = 2)."""
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -560,3 +561,17 @@ def test_the_plan_choice_records_which_epsilon_was_preferred(prefer):
                                      prefer=prefer)
     assert c.prefer == prefer
     assert c.epsilon == (c.epsilon_noise if prefer == "privacy" else c.epsilon_risk)
+
+
+@pytest.mark.parametrize("count", [0, -5, 0.5, math.nan, math.inf, 1e13])
+def test_an_average_s_promise_for_a_group_of_no_sensible_size_is_refused(count):
+    """A reference count below one person, NaN or beyond 10^12 states no promise: it gave an average's
+    half-width of NaN or of a negative group, hence an epsilon of 7.6e-6 "meeting" +-2.5 for a count of 0."""
+    refused = f"must be a number of people from 1 to 1e+12, got {count!r}"
+    with pytest.raises(InvalidQueryError, match=re.escape(refused)):
+        risk.choose_epsilon_for_plan(PLAN, trust="low", sensitivity="high", max_risk=0.3, n=16, m=2,
+                                     max_noise={"average_age": 2.5}, reference_count=count)
+    with pytest.raises(InvalidQueryError, match=re.escape(refused)):
+        accuracy.smallest_epsilon(PLAN, {"average_age": 2.5}, reference_count=count)
+    with pytest.raises(InvalidQueryError, match=re.escape(refused)):
+        accuracy.statistic_intervals(PLAN, reference_count=count)
