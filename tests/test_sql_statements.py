@@ -967,6 +967,17 @@ def test_a_dp_select_with_group_by_only_releases_the_groups(tables):
     assert result.epsilon_spent == pytest.approx(EPS)
 
 
+def test_a_dp_subquery_ordered_by_two_keys_then_limited_keeps_the_first_rows_of_that_order():
+    """ORDER BY dept DESC, age LIMIT 2 inside a DP subquery: the outer query sees the two youngest
+    groups of the last department, whatever order it then gives them."""
+    people = pd.DataFrame({"uid": np.arange(600), "dept": np.repeat(["a", "b"], 300),
+                           "age": np.tile(np.repeat([20, 30, 40], 100), 2)})
+    sql = (f"SELECT dept, age FROM ({DP.format(e=EPS)} dept, age, {C1} AS n FROM people GROUP BY dept, age "
+           "ORDER BY dept DESC, age LIMIT 2) t")
+    table = run_sql(sql, {"people": Table(people, "uid")}).table
+    assert sorted(zip(table["dept"], table["age"])) == [("b", 20), ("b", 30)]
+
+
 # ------------------------------------------------------------------ grammar fuzzing
 
 DP_CLAUSES = ["SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1, privacy_unit_column = uid)",
