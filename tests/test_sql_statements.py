@@ -805,7 +805,8 @@ def test_an_expression_over_a_group_key_in_the_dp_select_list_is_computed_on_eac
     people = pd.DataFrame({"uid": np.arange(300), "age": np.repeat([20, 30, 40], 100)})
     sql = ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 100, delta = 1e-6, privacy_unit_column = uid) age, "
            "age + 1 AS next_age, COUNT(*, contribution_bounds_per_group => (0, 1)) AS n, "
-           "COUNT(*, contribution_bounds_per_group => (0, 1)) + age AS n_plus_age FROM people GROUP BY age ORDER BY age")
+           "COUNT(*, contribution_bounds_per_group => (0, 1)) + age AS n_plus_age FROM people GROUP BY age "
+           "ORDER BY age")
     table = run_sql(sql, {"people": Table(people, "uid")}).table
     assert not table.empty
     assert (table["next_age"] == table["age"] + 1).all()
