@@ -118,6 +118,27 @@ def test_bounds_histogram_marks_the_threshold_on_a_symmetric_log_axis():
     assert bars["1200"] / bars["300"] == pytest.approx(math.log10(121) / math.log10(31), rel=1e-3)
 
 
+def test_the_bounds_histogram_shows_three_bins_either_side_of_those_above_the_threshold_and_the_bounds():
+    """Of 31 bins, only those from three below the first bin above the threshold (or holding the
+    bounds) to three above the last are drawn: the bins far away hold noise only."""
+    import re
+    from types import SimpleNamespace
+
+    from dprelease.reporting import pages
+
+    edges = [(0, 1)] + [(2 ** k, 2 ** (k + 1)) for k in range(30)]
+    counts = [1.0] * 31
+    counts[10:13] = [80.0, 200.0, 90.0]  # [512, 2^10), [2^10, 2^11), [2^11, 2^12)
+    svg = pages.bounds_histogram_svg(SimpleNamespace(noisy_counts=counts, bin_edges=edges, threshold=25.0, lower=512,
+                                                     upper=4096, aggregate="income"))
+    labels = re.findall(r">(\[[^<]*\))</text>", svg)
+    assert labels == ["[64, 128)", "[128, 256)", "[256, 512)", "[512, 2^10)", "[2^10, 2^11)", "[2^11, 2^12)",
+                      "[2^12, 2^13)", "[2^13, 2^14)", "[2^14, 2^15)"]
+    wider = pages.bounds_histogram_svg(SimpleNamespace(noisy_counts=counts, bin_edges=edges, threshold=25.0, lower=512,
+                                                       upper=4096, aggregate="income"), upper=2 ** 20)
+    assert re.findall(r">(\[[^<]*\))</text>", wider)[-1] == "[2^22, 2^23)"  # the given bound's bin, and three more
+
+
 def test_the_controller_chart_shows_the_forty_groups_with_the_largest_exact_values(monkeypatch):
     """With more groups than the exact-against-released chart holds (40), it shows those with the
     largest exact values, not the first 40 of the table."""

@@ -553,6 +553,12 @@ def test_the_bounds_histogram_labels_its_bins_and_greys_those_below_the_threshol
     assert fills.count("#2d6cdf") == int((counts >= b.threshold).sum())  # every bin above it is shown
 
 
+def test_a_table_cell_shows_a_number_at_most_four_decimals_without_trailing_zeros_or_point():
+    """2.00001 reads "2" (not "2." nor "2.0000"), 2.5 reads "2.5", -0.12345 reads "-0.1235"."""
+    assert [pages.fmt_number(v) for v in (2.00001, -7.99999, 2.5, -0.12345, 1234.56789)] == \
+        ["2", "-8", "2.5", "-0.1235", "1234.5679"]
+
+
 def test_text_cells_a_spreadsheet_would_run_are_written_quoted(tmp_path):
     """results.csv: a released key starting with =, +, -, @ is written with a single quote in front
     (read as text, never run as a formula); other keys as they are."""

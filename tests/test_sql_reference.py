@@ -68,6 +68,11 @@ PUBLIC_GROUPS_ACCEPTED = {  # docs/sql.md, "Public groups": DP statement, plain 
         "GROUP BY decade",
         "SELECT b.decade, count(p.uid) AS n FROM (SELECT DISTINCT band * 10 AS decade FROM ages) b "
         "LEFT JOIN people p ON p.age // 10 * 10 = b.decade GROUP BY b.decade"),
+    "groups listed by a GROUP BY naming the selected column qualified and in another case": (
+        f"{PG.format(e=1)} dept, {C1} AS n FROM people "
+        "RIGHT JOIN (SELECT DEPT FROM depts GROUP BY depts.dept) g USING (dept) GROUP BY dept",
+        "SELECT d.dept, count(p.uid) AS n FROM (SELECT DISTINCT dept FROM depts) d LEFT JOIN people p USING (dept) "
+        "GROUP BY d.dept"),
     "two public-groups subqueries with a column of the same name": (
         f"{PG.format(e=1)} b1.band AS tens, b2.band AS ones, {C1} AS n FROM people "
         "RIGHT JOIN (SELECT DISTINCT band FROM ages) b1 ON b1.band = people.age // 10 "

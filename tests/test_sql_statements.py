@@ -152,6 +152,15 @@ def test_two_dp_selects_spend_exactly_the_sum_reported_before_running(tables):
     assert sum(s.epsilon for s in result.budget) == pytest.approx(1.0)
 
 
+def test_the_budget_shown_before_running_lists_each_dp_select_s_share_then_the_total(tables):
+    """What a user is shown before anything runs: one line per DP SELECT, in order, then the sum."""
+    sql = (f"WITH a AS ({DP.format(e=0.3)} dept, {C1} AS n FROM people GROUP BY dept), "
+           f"b AS ({DP.format(e=0.7)} dept, {C1} AS m FROM extra GROUP BY dept) SELECT * FROM a JOIN b USING (dept)")
+    assert compile_statement_for(sql, tables).budget_lines() == [
+        "DP SELECT 1: epsilon 0.3, delta 1e-06", "DP SELECT 2: epsilon 0.7, delta 1e-06",
+        "total: epsilon 1, delta 2e-06"]
+
+
 def test_the_request_epsilon_is_shared_by_dp_selects_without_options(tables):
     bare = "SELECT WITH DIFFERENTIAL_PRIVACY dept, COUNT(*) AS n FROM {t} GROUP BY dept"
     sql = f"SELECT * FROM ({bare.format(t='people')}) a UNION ALL SELECT * FROM ({bare.format(t='extra')}) b"
@@ -790,6 +799,31 @@ def test_a_group_key_is_released_under_the_name_the_select_list_writes():
     assert result.table["Dept"].tolist() == ["a", "b", "c"]
 
 
+def test_an_expression_over_a_group_key_in_the_dp_select_list_is_computed_on_each_released_key():
+    """SELECT age, age + 1 ... GROUP BY age: the computed column is the key plus one on every row, the
+    key itself beside it, and an aggregate plus the key adds the two (exact: no noise in the keys)."""
+    people = pd.DataFrame({"uid": np.arange(300), "age": np.repeat([20, 30, 40], 100)})
+    sql = ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 100, delta = 1e-6, privacy_unit_column = uid) age, "
+           "age + 1 AS next_age, COUNT(*, contribution_bounds_per_group => (0, 1)) AS n, "
+           "COUNT(*, contribution_bounds_per_group => (0, 1)) + age AS n_plus_age FROM people GROUP BY age "
+           "ORDER BY age")
+    table = run_sql(sql, {"people": Table(people, "uid")}).table
+    assert not table.empty
+    assert (table["next_age"] == table["age"] + 1).all()
+    assert np.allclose(table["n_plus_age"], table["n"] + table["age"])
+
+
+def test_a_summed_column_that_is_also_the_group_key_is_shown_under_the_first_free_name():
+    """SUM(age) ... GROUP BY age: the key keeps the name age, and the analyst's view names the summed
+    source column age_2 (the first suffix free), not a name that skips one."""
+    people = pd.DataFrame({"uid": np.arange(300), "age": np.repeat([20, 30, 40], 100)})
+    sql = ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 100, delta = 1e-6, privacy_unit_column = uid) age, "
+           "SUM(age, contribution_bounds_per_group => (0, 100)) AS s FROM people GROUP BY age")
+    view = run_sql(sql, {"people": Table(people, "uid")}).to_dict()
+    assert view["group_by"] == ["age"]
+    assert [(a["name"], a["kind"], a["column"]) for a in view["aggregates"]] == [("s", "sum", "age_2")]
+
+
 def test_a_dp_select_with_expressions_keeps_each_plain_aggregate_s_interval_columns(tables):
     """A DP SELECT whose select list computes over its aggregates (here n * 2): the table keeps, beside
     each aggregate released as it is, its interval and noise columns; the computed column has none."""
@@ -932,6 +966,17 @@ def test_a_dp_select_with_group_by_only_releases_the_groups(tables):
     result = run_sql(f"{DP.format(e=EPS)} dept FROM people GROUP BY dept ORDER BY dept", tables)
     assert list(result.table.columns) == ["dept"] and list(result.table["dept"]) == ["a", "b", "c"]
     assert result.epsilon_spent == pytest.approx(EPS)
+
+
+def test_a_dp_subquery_ordered_by_two_keys_then_limited_keeps_the_first_rows_of_that_order():
+    """ORDER BY dept DESC, age LIMIT 2 inside a DP subquery: the outer query sees the two youngest
+    groups of the last department, whatever order it then gives them."""
+    people = pd.DataFrame({"uid": np.arange(600), "dept": np.repeat(["a", "b"], 300),
+                           "age": np.tile(np.repeat([20, 30, 40], 100), 2)})
+    sql = (f"SELECT dept, age FROM ({DP.format(e=EPS)} dept, age, {C1} AS n FROM people GROUP BY dept, age "
+           "ORDER BY dept DESC, age LIMIT 2) t")
+    table = run_sql(sql, {"people": Table(people, "uid")}).table
+    assert sorted(zip(table["dept"], table["age"])) == [("b", 20), ("b", 30)]
 
 
 # ------------------------------------------------------------------ grammar fuzzing

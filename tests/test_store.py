@@ -4,6 +4,7 @@ plus reserved never exceed the cap) under 20 concurrent reservations, on SQLite 
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 import time
@@ -123,6 +124,16 @@ def test_unsupported_url_and_missing_directory_are_named(tmp_path):
 
 
 # --- the ledger -----------------------------------------------------------------------------------
+
+
+def test_a_reservation_of_no_finite_positive_epsilon_is_refused_by_name_and_reserves_nothing(sqlite_store):
+    """reserve(epsilon=0, -1, inf or nan) names the epsilon it refuses, and the budget is left untouched."""
+    _register(sqlite_store)
+    for value in (0.0, -1.0, math.inf, math.nan):
+        with pytest.raises(ValueError) as caught:
+            sqlite_store.reserve("adult", "r", value, 0.0)
+        assert str(caught.value) == f"epsilon must be a finite number > 0, got {value!r}"
+    assert sqlite_store.budget("adult")["epsilon_reserved"] == 0
 
 
 def test_ledger_lifecycle_and_budget_numbers(any_store):

@@ -50,8 +50,10 @@ def _is_distinct_query(node: exp.Expression) -> bool:
     if group is None or any(isinstance(n, exp.AggFunc) for e in node.expressions for n in e.walk()):
         return False
     selected = {quote(e.this if isinstance(e, exp.Alias) else e) for e in node.expressions}
-    selected |= {e.alias.lower() for e in node.expressions if isinstance(e, exp.Alias)}
-    return all(quote(k) in selected or (isinstance(k, exp.Column) and k.name.lower() in selected)
+    # names a GROUP BY column may match, without regard to case as SQL does: aliases, unqualified columns
+    names = {e.alias.lower() for e in node.expressions if isinstance(e, exp.Alias)}
+    names |= {e.name.lower() for e in node.expressions if isinstance(e, exp.Column) and not e.table and e.name}
+    return all(quote(k) in selected or (isinstance(k, exp.Column) and k.name.lower() in names)
                for k in group.expressions)  # GROUP BY a, b with a dropped from the list: rows repeat
 
 
