@@ -202,3 +202,12 @@ def test_explain_marks_an_inferred_bound_s_given_side_as_given():
     lines = [line for line in result.explain().splitlines() if "inferred (APPROX_BOUNDS)" in line]
     assert len(lines) == 1 and re.fullmatch(r"  bounds of total inferred \(APPROX_BOUNDS\): \[-?\d+, given\], "
                                             r"estimated share of values outside: \d+\.\d%", lines[0]), lines
+
+
+def test_the_public_dict_states_every_mechanism_under_its_key():
+    """The analyst's dict lists each mechanism (its target, sensitivity and budget share) under
+    "mechanisms", one entry per noisy sum the release drew, exactly the release's own records."""
+    r = release()
+    d = r.to_dict()
+    assert d["mechanisms"] == [m.to_dict() for m in r.mechanisms] and len(d["mechanisms"]) >= 2
+    assert {m["target"] for m in d["mechanisms"]} >= {"s.sum", "n.count"}
