@@ -677,6 +677,16 @@ WORD_FOR_WORD = {  # refusals whose whole message is the guidance: rule -> (stat
         "the DP SELECT list: unknown function 'my_udf' in 'MY_UDF(COUNT(*))'"),
     "OPTIONS cut short after an entry's name": (  # syntax _parse_options 62: an index error, not the remedy
         "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon", "OPTIONS entry 'epsilon' needs '= value'"),
+    "a DIFFERENTIAL_PRIVACY bounds argument in an ANONYMIZATION aggregate": (  # compile Compiler.aggregate 85
+        f"{AN} ANON_SUM(age, contribution_bounds_per_group => (0, 9)) AS s FROM people",
+        "ANON_SUM(...): named arguments ['contribution_bounds_per_group'] belong to WITH DIFFERENTIAL_PRIVACY; with "
+        "ANONYMIZATION write CLAMPED BETWEEN L AND U"),
+    "an OPTIONS value written as arithmetic": (  # syntax _option_value 86: the message was None
+        "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1+2) COUNT(*) FROM people",
+        "OPTIONS epsilon must be a number, got '1+2'"),
+    "an OPTIONS value of two numbers": (  # read as epsilon 12 until 2026-11-25
+        "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1 2) COUNT(*) FROM people",
+        "OPTIONS epsilon must be a number, got '1 2'"),
 }
 
 

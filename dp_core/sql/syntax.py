@@ -217,12 +217,18 @@ def _option_value(name: str, sql: str, value_tokens) -> object:
         return None  # BigQuery: NULL means "the default"
     if types & {TokenType.STRING, TokenType.VAR, TokenType.IDENTIFIER}:
         raise InvalidQueryError(f"OPTIONS {name} must be a number, got {text!r}")
+    # a sign may stand apart from its number (+ 5), but the number is one word: `1 2` is not 12
+    signed = value_tokens[0].token_type in (TokenType.PLUS, TokenType.DASH) and len(value_tokens) > 1
+    number = sql[value_tokens[int(signed)].start:value_tokens[-1].end + 1]
+    compact = (value_tokens[0].text if signed else "") + number
     try:
-        value = float(text.replace(" ", ""))
+        if any(c.isspace() for c in number):
+            raise ValueError(number)
+        value = float(compact)
     except ValueError:
         raise InvalidQueryError(f"OPTIONS {name} must be a number, got {text!r}") from None
     if name in ("max_groups_contributed", "max_rows_contributed"):
-        digits = text.replace(" ", "").lstrip("+")
+        digits = compact.lstrip("+")
         if not digits.isdigit() or not 1 <= value <= 2**31 - 1:
             raise InvalidQueryError(f"OPTIONS {name} must be a whole number in [1, 2147483647] "
                                     f"(an INT64 literal), got {text}")
