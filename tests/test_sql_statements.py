@@ -909,6 +909,18 @@ def test_a_sign_apart_from_its_number_and_the_laplace_threshold_strategy_are_rea
     assert query.selection == "laplace-threshold"
 
 
+def test_a_public_cte_beside_a_protected_one_is_read_by_the_outer_query(tables):
+    """`WITH p AS (<protected>), r AS (<public>)`: the outer query keeps r and joins on it; p, read
+    only by the DP SELECT, leaves the outer query's WITH (mutants seed 20270160: statement
+    _outer_query 38, where p stayed and the valid statement was refused as a plain read of people)."""
+    sql = (f"WITH p AS (SELECT * FROM people), r AS (SELECT dept, region FROM depts) SELECT d.dept, r.region "
+           f"FROM ({DP.format(e=EPS)} dept, {C1} AS n FROM p GROUP BY dept) d JOIN r USING (dept) ORDER BY dept")
+    compiled = compile_statement_for(sql, tables)
+    assert compiled.outer_sql().startswith("WITH r AS (SELECT dept, region FROM depts) SELECT")
+    released = run_sql(sql, tables).table
+    assert released[["dept", "region"]].values.tolist() == [["a", "N"], ["b", "S"], ["c", "N"]]
+
+
 def test_a_qualified_public_table_named_like_a_protected_cte_is_read_as_that_table(tables):
     """`WITH p AS (SELECT * FROM people) SELECT region FROM sales.p`: sales.p is the registered public table,
     not the protected CTE p (a CTE has no schema), so the plain read is allowed."""
