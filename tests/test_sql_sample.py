@@ -105,6 +105,15 @@ def test_every_scan_of_one_release_reads_the_same_sampled_rows(tables):
     other.close()
 
 
+def test_sql_shown_without_a_key_keeps_its_sample_placeholders(tables):
+    """With no key (SQL shown, never run) the sampled source comes back as it is, placeholders and all;
+    with a key they are decided (mutants seed 20270160: sample render 1, which failed on the missing key)."""
+    compiled = compile_statement_for(f"{DPS} {C1} AS n FROM people TABLESAMPLE BERNOULLI (30 PERCENT)", tables)
+    source = compiled.parts[0].source_sql()
+    assert has_samples(source) and render(source, "duckdb", None) == source
+    assert not has_samples(render(source, "duckdb", 7))
+
+
 def test_a_sampled_public_groups_list_is_the_same_sample_in_the_key_list_and_the_join(tables):
     sql = ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1, group_selection_strategy = PUBLIC_GROUPS) dept, "
            f"{C1} AS n FROM many RIGHT OUTER JOIN (SELECT DISTINCT dept FROM depts) TABLESAMPLE BERNOULLI (50 PERCENT) "
