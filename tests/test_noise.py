@@ -461,3 +461,19 @@ def test_the_gaussian_noise_is_drawn_at_the_exact_variance_of_its_calibration(mo
     add_noise(np.array([5, 7]), target="t", quantum=1.0, sensitivity_quanta=1, max_partitions=1, share=share,
               noise="gaussian", confidence=0.95)
     assert seen == [Fraction(2)] and real(Fraction(2)) != real(Fraction(math.sqrt(2)) ** 2)
+
+
+def test_a_gaussian_s_nominal_scale_and_grid_grow_with_its_sensitivity():
+    """The Gaussian's nominal scale is sqrt(C_u) * D / sqrt(2 rho) and its grid 2^(ceil(log2 min(nominal, D))
+    - 12), as the Laplace's is C_u * D / epsilon: at rho = 1/2, C_u = 4 and D = 1,000 quanta of 1 the
+    nominal scale is 2,000 and the grid 2^(10 - 12) = 1/4, raised to the quantum 1; at D = 2^20 it is
+    2^21 and the grid 2^8, so the released sum moves in steps of 256 and sigma is counted in those steps."""
+    from dp_core.release import calibrate
+
+    share = Share("s.sum", epsilon=1.0, delta=1e-6, rho=0.5)
+    small = calibrate(quantum=1.0, sensitivity_quanta=1000, max_partitions=4, share=share, noise="gaussian",
+                      confidence=0.95)
+    assert small.nominal == 2000.0 and small.grid == 1.0 and small.scale_steps == 2000.0
+    large = calibrate(quantum=1.0, sensitivity_quanta=2**20, max_partitions=4, share=share, noise="gaussian",
+                      confidence=0.95)
+    assert large.nominal == 2.0**21 and large.grid == 2.0**8 and large.scale_steps == 2.0 * 2**12
