@@ -12,7 +12,6 @@ connection, nothing copied).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,17 +59,17 @@ class DuckDBBackend:
         path>'), COPY ... TO, ATTACH and INSTALL on it. SQL reads registered tables by name only: the
         SQL check refuses anything else first (ownership.py); this holds should the check miss a way."""
         con = _connect(threads)
-        frames, paths, directories = {}, [], []
+        frames, paths = {}, []
         for name, data in tables.items():
             if isinstance(data, duckdb.DuckDBPyRelation):
                 raise InvalidDataError(f"table {name!r}: give a DataFrame, Arrow table or file for SQL queries")
-            reader = _register(con, name, data)
+            _register(con, name, data)
             if isinstance(data, (str, Path)):
                 paths.append(str(data))
-            elif reader is not None and (url := re.match(r"read_parquet\('([a-z][a-z0-9+.-]*://)", reader)):
-                directories.append(url.group(1))  # a file system registered for one table (the escrow's)
             if isinstance(data, pd.DataFrame):
                 frames[name] = data
+        # the file systems registered for the tables (the escrow's, one per blob): the connection is new
+        directories = [f"{protocol}://" for protocol in con.list_filesystems()]
         con.execute(f"SET allowed_paths = [{', '.join(literal(p) for p in paths)}]")
         con.execute(f"SET allowed_directories = [{', '.join(literal(d) for d in directories)}]")
         con.execute("SET enable_external_access = false")  # cannot be set back on this connection
@@ -120,9 +119,8 @@ def _connect(threads: int | None) -> duckdb.DuckDBPyConnection:
     return con
 
 
-def _register(con, name: str, data) -> str | None:
-    """Register one input under `name`: a DataFrame or Arrow table in place, a file as a view.
-    Returns the table function of an input DuckDB reads itself (_own_reader), else None."""
+def _register(con, name: str, data) -> None:
+    """Register one input under `name`: a DataFrame or Arrow table in place, a file as a view."""
     if isinstance(data, (str, Path)):
         path = Path(data)
         check_file(path)  # the shared file rules (same verdict as registration)
@@ -150,7 +148,6 @@ def _register(con, name: str, data) -> str | None:
             con.execute(f"CREATE VIEW {ident(name)} AS {missing_as_null(con, 'SELECT * FROM ' + reader)}")
         except duckdb.Error as err:
             raise InvalidDataError(f"cannot read the input: {str(err).splitlines()[0]}") from None
-        return reader
     elif _is_batch_stream(data):
         _load_stream(con, name, data)
     elif (isinstance(data, pd.DataFrame) or type(data).__module__.startswith("pyarrow")

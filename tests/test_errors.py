@@ -68,9 +68,13 @@ def test_bad_query_is_refused_with_a_named_reason(kwargs, error, words):
     ({"privacy_unit": ""}, "privacy_unit must name the column that identifies each person/unit"),
     ({"privacy_unit": None}, "privacy_unit must name the column that identifies each person/unit"),
     ({"privacy_unit": 7}, "privacy_unit must name the column that identifies each person/unit"),
+    ({"bounds_failure": 0.5}, "bounds_failure must be in (0, 0.5), got 0.5"),
+    ({"bounds_failure": 0.0}, "bounds_failure must be in (0, 0.5), got 0.0"),
+    ({"bounds_failure": math.nan}, "bounds_failure must be in (0, 0.5), got nan"),
 ])
 def test_a_query_without_a_statistic_or_a_unit_is_refused_word_for_word(kwargs, message):
-    """The two things every query needs, refused in the whole sentence that says what to give."""
+    """The two things every query needs, and a failure probability for bound inference that means
+    something, refused in the whole sentence that says what to give."""
     with pytest.raises(InvalidQueryError) as info:
         run(**kwargs)
     assert str(info.value) == message

@@ -593,6 +593,28 @@ def test_the_engine_s_reader_holds_the_key_only_on_its_own_connection(tmp_path):
                    for fs in getattr(fsspec.AbstractFileSystem, "_cache", {}).values())
 
 
+def test_a_sql_connection_locked_to_its_tables_still_reads_each_escrowed_blob(tmp_path):
+    """The SQL front end's connections (DuckDBBackend.for_tables) read no file but their tables' own:
+    two escrowed tables, each read through its own decrypting filesystem, stay readable once external
+    access is off, while a plain file beside them is refused."""
+    from dp_core.backend import DuckDBBackend
+
+    settings = _settings(tmp_path)
+    key = load_or_create_key(settings, create=True)
+    first, digest_1, _ = seal_file(_write(_frame(), tmp_path / "a.csv"), settings, key)
+    second, digest_2, _ = seal_file(_write(_frame().head(2), tmp_path / "b.csv"), settings, key)
+    backend = DuckDBBackend.for_tables({"a": escrow.EscrowRows(first, key, digest_1),
+                                        "b": escrow.EscrowRows(second, key, digest_2)})
+    try:
+        assert len(backend.connection.list_filesystems()) == 2  # one decrypting filesystem per blob
+        counts = backend.run("SELECT (SELECT count(*) FROM a) AS a, (SELECT count(*) FROM b) AS b")
+        assert counts.iloc[0].tolist() == [3, 2]
+        with pytest.raises(duckdb.Error, match="file system operations are disabled"):
+            backend.connection.execute(f"SELECT * FROM read_csv('{tmp_path / 'a.csv'}')")
+    finally:
+        backend.close()
+
+
 def _reachable(root, depth: int = 6) -> list:
     """Every object reachable from `root` in `depth` steps (what a leak of it would expose)."""
     import gc
