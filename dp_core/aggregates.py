@@ -198,6 +198,19 @@ def avg_noise_weights(n: np.ndarray, s: np.ndarray, n_scale: float, s_scale: flo
     return np.stack([np.full_like(n, s_scale) / n, np.abs(s) * n_scale / n**2], axis=1)
 
 
+def stddev_noise_sd(variance: np.ndarray, variance_sd: np.ndarray) -> np.ndarray:
+    """Noise sd of a released standard deviation sqrt(V) from its variance's sd s: the first-order
+    s / (2 sqrt(V)) (d sqrt(v) = dv / (2 sqrt(v))), capped by sqrt(s), which holds at any V: for
+    a, b >= 0, |sqrt(a) - sqrt(b)| <= sqrt(|a - b|), so E[(sqrt(V') - sqrt(V))^2] <= E|V' - V| <= s.
+    At V = 0 (a noisy variance clipped to 0) the first-order term is infinite and the cap is the sd."""
+    variance, variance_sd = np.broadcast_arrays(np.asarray(variance, dtype=np.float64),
+                                                np.asarray(variance_sd, dtype=np.float64))
+    cap = np.sqrt(variance_sd)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        first_order = variance_sd / (2.0 * np.sqrt(variance))
+    return np.where(variance > 0, np.minimum(first_order, cap), cap)
+
+
 def finish(agg: Aggregate, noisy: dict, noise: str, alpha: float) -> tuple[np.ndarray, ...]:
     """Released value, confidence interval (low, high) and noise sd per partition, from the noisy
     components (ratios: first-order sd, like their intervals).
@@ -242,9 +255,7 @@ def finish(agg: Aggregate, noisy: dict, noise: str, alpha: float) -> tuple[np.nd
     hi = np.where(too_few, half * half, np.clip(raw + h, 0.0, half * half))
     sd = sum_sd(noise, weights)
     if agg.kind == "stddev":
-        with np.errstate(divide="ignore", invalid="ignore"):  # d sqrt(v) = dv / (2 sqrt(v))
-            sd_std = np.where(variance > 0, sd / (2.0 * np.sqrt(variance)), np.nan)
-        return np.sqrt(variance), np.sqrt(lo), np.sqrt(hi), sd_std
+        return np.sqrt(variance), np.sqrt(lo), np.sqrt(hi), stddev_noise_sd(variance, sd)
     return variance, lo, hi, sd
 
 

@@ -221,6 +221,28 @@ def test_the_controller_s_exact_variance_and_standard_deviation_are_the_data_s()
     assert exact.loc["b", "v"] == pytest.approx(125.0) and exact.loc["b", "sd"] == pytest.approx(125.0 ** 0.5)
 
 
+def test_a_standard_deviation_s_noise_sd_is_first_order_capped_by_the_root_of_its_variance_s():
+    """sd of sqrt(V') around sqrt(V): s / (2 sqrt(V)) to first order, never above sqrt(s) (for a, b >= 0,
+    |sqrt(a) - sqrt(b)| <= sqrt(|a - b|)); at V = 0, where the first order is infinite, sqrt(s)."""
+    from dp_core.aggregates import stddev_noise_sd
+
+    sd = stddev_noise_sd(np.array([0.0, 1e-12, 4.0]), np.array([0.01, 0.01, 0.01]))
+    assert sd.tolist() == pytest.approx([0.1, 0.1, 0.0025])
+
+
+def test_a_standard_deviation_whose_noisy_variance_is_clipped_to_zero_has_a_finite_noise_sd():
+    """Every unit's value is 5: each partition's true variance is 0 and its noisy one is clipped to 0
+    about half the time (P(no partition of 200 is) ~ 2^-200); each such partition gets sqrt(s) for a
+    noise sd, not NaN."""
+    df = pd.DataFrame({"uid": np.arange(4000), "g": np.repeat(np.arange(200), 20), "x": 5.0})
+    q = dp.Query([dp.stddev("x", 0, 10, name="sd")], privacy_unit="uid", group_by=("g",),
+                 public_partitions=list(range(200)), epsilon=1.0)
+    table = dp.execute(q, df).table
+    zero = table["sd"] == 0.0
+    assert zero.sum() > 0
+    assert np.isfinite(table["sd_noise_sd"]).all() and (table.loc[zero, "sd_noise_sd"] > 0).all()
+
+
 def test_a_sum_of_values_never_above_zero_is_released_at_or_below_zero():
     """With bounds [-10, 0] a sum cannot be positive: the released value and its interval are capped
     at 0. Forty partitions whose true sum is 0: without the cap each interval's top would lie above 0
