@@ -243,6 +243,20 @@ def check_outside_clauses(node: exp.Expression, rel: Relation, where: str) -> No
                                 "query without it, or put it inside a SELECT where the rules check it)")
 
 
+def write_checker_names(query: exp.Expression) -> None:
+    """Name each unnamed select item over public rows `_col<n>`, as the check listed it (CHECKER_NAME),
+    in a query whose columns are read by name (a subquery or CTE in FROM, a sample): DuckDB would
+    name it by its text, `(dept + 1)`, and a reference the check let through would not bind. A set
+    operation's columns are named by its first branch."""
+    first = query
+    while isinstance(first, exp.Subquery) or (isinstance(first, SET_OPERATIONS) and not first.args.get("by_name")):
+        first = first.this
+    if isinstance(first, exp.Select):
+        for e in first.expressions:
+            if not e.alias_or_name and CHECKER_NAME in e.meta:
+                e.replace(exp.alias_(e.copy(), e.meta[CHECKER_NAME], quoted=True))
+
+
 def check_column_list(node: exp.Expression, rel: Relation, where: str) -> Relation:
     """Refuse a column list after the name of protected rows (`AS v(a, b)`, `WITH v(a, b) AS (...)`): it
     renames their columns by position, which the checks here do not follow (they would take another
@@ -382,13 +396,8 @@ class OwnershipChecker:
             raise UnsupportedError(f"{where}: TABLESAMPLE is not supported here: sample the table in a subquery, "
                                    "(SELECT * FROM t TABLESAMPLE BERNOULLI (p PERCENT))")
         self.samples += 1
-        first = node.this if isinstance(node, exp.Subquery) else None
-        while isinstance(first, SET_OPERATIONS) and not first.args.get("by_name"):
-            first = first.this  # a set operation's columns are named by its first branch
-        if isinstance(first, exp.Select):  # the sample lists its columns by name: unnamed items get the
-            for e in first.expressions:  # checker's names, which DuckDB does not give them by itself
-                if not e.alias_or_name and CHECKER_NAME in e.meta:
-                    e.replace(exp.alias_(e.copy(), e.meta[CHECKER_NAME], quoted=True))
+        if isinstance(node, exp.Subquery):  # the sample lists its columns by name
+            write_checker_names(node.this)
         columns = list(rel.columns.values())
         if isinstance(node, exp.Table):
             inner = node.copy()
@@ -428,6 +437,7 @@ class OwnershipChecker:
             if not isinstance(inner, exp.Query):
                 raise InvalidQueryError(f"{where}: {quote(node)[:80]!r} cannot be used in FROM")
             rel = self.query(inner, f"subquery {quote(inner)[:60]!r}")
+            write_checker_names(inner)  # the query around reads its columns by the names the check lists
             alias = node.alias_or_name or f"_sub{len(self.ctes)}_{id(node) % 10_000}"
             if not node.alias:
                 node.set("alias", exp.TableAlias(this=exp.to_identifier(alias)))
@@ -542,6 +552,7 @@ class OwnershipChecker:
             if not cte.alias:
                 raise InvalidQueryError(f"{where}: a CTE needs a name: {quote(cte)[:60]!r}")
             rel = self.query(cte.this, f"{where}: CTE {cte.alias!r}")
+            write_checker_names(cte.this)
             rel = check_column_list(cte, rel, f"{where}: CTE {cte.alias!r}")
             self.ctes[cte.alias.lower()] = rel
         return saved
@@ -736,7 +747,7 @@ class OwnershipChecker:
                 if scope.protected:
                     e.replace(exp.alias_(e.copy(), name, quoted=True))
                 else:
-                    e.meta[CHECKER_NAME] = name  # written in only if the rows are sampled (_sample)
+                    e.meta[CHECKER_NAME] = name  # written in where its rows are read by name (write_checker_names)
                     opaque = True
             names.append(name)
             columns.setdefault(name.lower(), name)
