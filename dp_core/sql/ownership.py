@@ -62,6 +62,9 @@ class Relation:
     #: twice, an unnamed expression, * EXCLUDE, COLUMNS(...), UNNEST of a STRUCT, BY NAME): fine as
     #: public rows, but a * over them beside protected rows would put unknown names beside the unit
     opaque: bool = False
+    #: public rows some of whose output names the check cannot tell (* EXCLUDE / REPLACE / RENAME,
+    #: COLUMNS(...), an UNNEST of a STRUCT, BY NAME): a sample, which reads its rows' columns by name, is refused
+    names_unknown: bool = False
 
     def has(self, column: str) -> bool:
         return column.lower() in self.columns
@@ -243,6 +246,20 @@ def check_outside_clauses(node: exp.Expression, rel: Relation, where: str) -> No
                                 "query without it, or put it inside a SELECT where the rules check it)")
 
 
+def write_checker_names(query: exp.Expression) -> None:
+    """Name each unnamed select item over public rows `_col<n>`, as the check listed it (CHECKER_NAME),
+    in a query whose columns are read by name (a subquery or CTE in FROM, a sample): DuckDB would
+    name it by its text, `(dept + 1)`, and a reference the check let through would not bind. A set
+    operation's columns are named by its first branch."""
+    first = query
+    while isinstance(first, exp.Subquery) or (isinstance(first, SET_OPERATIONS) and not first.args.get("by_name")):
+        first = first.this
+    if isinstance(first, exp.Select):
+        for e in first.expressions:
+            if not e.alias_or_name and CHECKER_NAME in e.meta:
+                e.replace(exp.alias_(e.copy(), e.meta[CHECKER_NAME], quoted=True))
+
+
 def check_column_list(node: exp.Expression, rel: Relation, where: str) -> Relation:
     """Refuse a column list after the name of protected rows (`AS v(a, b)`, `WITH v(a, b) AS (...)`): it
     renames their columns by position, which the checks here do not follow (they would take another
@@ -366,15 +383,21 @@ class OwnershipChecker:
         rel = self._relation(node, where)
         check_outside_clauses(node, rel, where)
         self.clause_subqueries(node, ("this", "alias", "joins", "sample", "with"), where)
-        rel = check_column_list(node, rel, where)
+        named = check_column_list(node, rel, where)
         if node.args.get("sample") is not None:
-            self._sample(node, rel, where)
-        return rel
+            self._sample(node, rel, where)  # inside a column list: the rows' own names
+        return named
 
     def _sample(self, node: exp.Expression, rel: Relation, where: str) -> None:
         """Rewrite `node TABLESAMPLE BERNOULLI / SYSTEM (p PERCENT)` in place as the subquery of its
-        per-row sample (the same alias and columns); refuse the other samples."""
+        per-row sample (the same alias, column list and columns); refuse the other samples. `rel`:
+        the rows' columns under their own names (a column list renames them after the sample)."""
         fraction = row_sample.sample_fraction(node.args["sample"], where)
+        if rel.names_unknown:
+            raise UnsupportedError(
+                f"{where}: {quote(node)[:80]!r}: TABLESAMPLE reads each row's columns by name, and DuckDB names some "
+                "of these (* EXCLUDE / REPLACE / RENAME, COLUMNS(...), UNNEST of a STRUCT, BY NAME) otherwise than "
+                "the check can tell: not supported (select the columns by name, with AS, in that subquery)")
         node.set("sample", None)
         if fraction >= 1:
             return  # 100 PERCENT: every row
@@ -382,19 +405,16 @@ class OwnershipChecker:
             raise UnsupportedError(f"{where}: TABLESAMPLE is not supported here: sample the table in a subquery, "
                                    "(SELECT * FROM t TABLESAMPLE BERNOULLI (p PERCENT))")
         self.samples += 1
-        first = node.this if isinstance(node, exp.Subquery) else None
-        while isinstance(first, SET_OPERATIONS) and not first.args.get("by_name"):
-            first = first.this  # a set operation's columns are named by its first branch
-        if isinstance(first, exp.Select):  # the sample lists its columns by name: unnamed items get the
-            for e in first.expressions:  # checker's names, which DuckDB does not give them by itself
-                if not e.alias_or_name and CHECKER_NAME in e.meta:
-                    e.replace(exp.alias_(e.copy(), e.meta[CHECKER_NAME], quoted=True))
+        if isinstance(node, exp.Subquery):  # the sample lists its columns by name
+            write_checker_names(node.this)
         columns = list(rel.columns.values())
         if isinstance(node, exp.Table):
             inner = node.copy()
             inner.set("alias", None)
+            listed = node.args.get("alias").columns if isinstance(node.args.get("alias"), exp.TableAlias) else []
             node.replace(exp.Subquery(this=row_sample.sampled_select(inner, columns, fraction, self.samples),
-                                      alias=exp.TableAlias(this=exp.to_identifier(rel.alias))))
+                                      alias=exp.TableAlias(this=exp.to_identifier(rel.alias),
+                                                           columns=[c.copy() for c in listed])))
         else:
             node.set("this", row_sample.sampled_select(node.this, columns, fraction, self.samples))
 
@@ -428,6 +448,7 @@ class OwnershipChecker:
             if not isinstance(inner, exp.Query):
                 raise InvalidQueryError(f"{where}: {quote(node)[:80]!r} cannot be used in FROM")
             rel = self.query(inner, f"subquery {quote(inner)[:60]!r}")
+            write_checker_names(inner)  # the query around reads its columns by the names the check lists
             alias = node.alias_or_name or f"_sub{len(self.ctes)}_{id(node) % 10_000}"
             if not node.alias:
                 node.set("alias", exp.TableAlias(this=exp.to_identifier(alias)))
@@ -542,6 +563,7 @@ class OwnershipChecker:
             if not cte.alias:
                 raise InvalidQueryError(f"{where}: a CTE needs a name: {quote(cte)[:60]!r}")
             rel = self.query(cte.this, f"{where}: CTE {cte.alias!r}")
+            write_checker_names(cte.this)
             rel = check_column_list(cte, rel, f"{where}: CTE {cte.alias!r}")
             self.ctes[cte.alias.lower()] = rel
         return saved
@@ -589,7 +611,8 @@ class OwnershipChecker:
                 if node.args.get(clause) is not None:
                     raise InvalidQueryError(f"{where}: {clause.upper()} over protected rows keeps rows depending on other units' rows")
         return Relation("", dict(left.columns), left.unit,
-                        opaque=left.opaque or right.opaque or bool(node.args.get("by_name")))
+                        opaque=left.opaque or right.opaque or bool(node.args.get("by_name")),
+                        names_unknown=left.names_unknown or bool(node.args.get("by_name")))
 
     def check_select(self, select: exp.Select, where: str) -> Relation:
         """A SELECT inside FROM (or a CTE or a condition): checked, and rewritten to carry the unit."""
@@ -668,7 +691,7 @@ class OwnershipChecker:
         unit_out = None
         copies: set[str] = set()
         composite: set[str] = set()
-        opaque = False
+        opaque = names_unknown = False
         for e in select.expressions:
             star = e if isinstance(e, exp.Star) else e.this if isinstance(e, exp.Column) else None
             if isinstance(star, exp.Star) and any(star.args.get(k) for k in ("except", "except_", "replace", "rename")):
@@ -676,14 +699,14 @@ class OwnershipChecker:
                     raise InvalidQueryError(f"{where}: {quote(e)[:80]!r}: * EXCLUDE, REPLACE or RENAME over protected "
                                             "rows changes which column holds what, which the ownership check does not "
                                             "follow: not allowed (select the columns by name instead)")
-                opaque = True
+                opaque = names_unknown = True
             pattern = next((n for n in e.walk(prune=lambda n: is_subquery(n)) if isinstance(n, exp.Columns)), None)
             if pattern is not None:
                 if scope.protected:
                     raise InvalidQueryError(f"{where}: {quote(pattern)[:80]!r}: COLUMNS(...) over protected rows "
                                             "selects and names columns by pattern, which the ownership check does not "
                                             "follow: not allowed (select the columns by name instead)")
-                opaque = True
+                opaque = names_unknown = True
             if isinstance(e, exp.Star) or (isinstance(e, exp.Column) and isinstance(e.this, exp.Star)):
                 rels = scope.relations
                 qualified = isinstance(e, exp.Column) and bool(e.table)
@@ -703,6 +726,7 @@ class OwnershipChecker:
                             "of them could pass for the privacy unit; not allowed (select its columns by name, or "
                             "name them with AS in that subquery)")
                     opaque = opaque or r.opaque
+                    names_unknown = names_unknown or r.names_unknown
                     for low, name in r.columns.items():
                         if not qualified and low in scope.merged:
                             if low in seen_merged:
@@ -728,7 +752,7 @@ class OwnershipChecker:
                         "STRUCT into one column per field, named by the struct, which the ownership check does not "
                         "follow (a field could pass for the privacy unit): not allowed (unnest a list inside an "
                         "expression, e.g. CAST(UNNEST(x) AS <type>) AS name)")
-                opaque = True
+                opaque = names_unknown = True
             if isinstance(e, (exp.Alias, exp.Column)):
                 name = e.alias_or_name
             else:  # DuckDB names it by its text or by a column inside it: the checker's name is written in
@@ -736,7 +760,7 @@ class OwnershipChecker:
                 if scope.protected:
                     e.replace(exp.alias_(e.copy(), name, quoted=True))
                 else:
-                    e.meta[CHECKER_NAME] = name  # written in only if the rows are sampled (_sample)
+                    e.meta[CHECKER_NAME] = name  # written in where its rows are read by name (write_checker_names)
                     opaque = True
             names.append(name)
             columns.setdefault(name.lower(), name)
@@ -769,4 +793,4 @@ class OwnershipChecker:
             columns[unit_name.lower()] = unit_name
             unit_out = unit_name
         return Relation("", columns, unit_out if scope.protected else None, frozenset(copies - {(unit_out or "").lower()}),
-                        frozenset(composite), opaque and not scope.protected)
+                        frozenset(composite), opaque and not scope.protected, names_unknown and not scope.protected)
