@@ -353,7 +353,7 @@ def public_pass_probability(query: Query, epsilon: float, p: float, simulations:
         u = _public_uniforms((simulations, k), f"{tag}/{i}", stratified=k * len(query.aggregates) == 1)
         z = -b * np.sign(u - 0.5) * np.log1p(-2.0 * np.abs(u - 0.5))  # Laplace(b) by inversion
         base += np.abs(z).sum(axis=1)
-        lo, hi = _domain_extremes(z, agg.kind, float(agg.lower or 0.0), float(agg.upper or 1.0))
+        lo, hi = _domain_extremes(z, agg.kind, float(agg.lower or 0.0), 1.0 if agg.upper is None else float(agg.upper))
         low += lo
         high += hi
     take = min(cu, k)

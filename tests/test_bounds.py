@@ -222,6 +222,29 @@ def test_per_partition_bounds_limit_one_units_influence_to_its_partitions_bounds
         assert d * comp.quantum == pytest.approx(max(abs(lo), abs(hi)), rel=1e-6)
 
 
+def test_a_sum_with_per_partition_bounds_counts_a_unit_below_its_partition_s_lower_bound_as_that_bound():
+    """SUM with per-partition bounds: a unit far below every partition's lower bound is clamped up to
+    each partition's own lower bound, so it adds exactly that bound (in quanta) to each partition's sum."""
+    from dp_core.aggregates import _quantise_py
+    from dp_core.backend import DuckDBBackend
+    from dp_core.bounding import build_plan
+
+    base = _magnitudes(np.random.default_rng(6), 2000, 2000).assign(x=lambda d: d.x.round(3))
+    light = pd.DataFrame({"uid": 10**7, "g": ["small", "big"] * 50, "x": -1e9})
+    bounds = {0: pd.DataFrame({"g": ["small", "big"], "lo": [1.0, 2048.0], "hi": [4.0, 524288.0]})}
+    q = dp.Query([dp.sum_("x", 0, 1, name="s")], privacy_unit="uid", group_by=("g",), epsilon=1.0,
+                 max_partitions_contributed=2)
+    plan = build_plan(q, set(), 77, partition_bounds=bounds)
+    (comp,) = plan.aggregates[0].components
+
+    def sums(df):
+        return DuckDBBackend.for_input(df).run(plan.sql).set_index("g")["_a0_sum"]
+
+    before, after = sums(base), sums(pd.concat([base, light], ignore_index=True))
+    for g, lo in [("small", 1.0), ("big", 2048.0)]:
+        assert after[g] - before[g] == _quantise_py(lo, comp.quantum), g
+
+
 @pytest.mark.parametrize("kind", ["avg", "var", "stddev"])
 def test_per_partition_bounds_limit_a_units_influence_on_every_component_of_a_ratio(kind):
     """AVG, VAR and STDDEV with per-partition bounds: a unit far below or far above its

@@ -366,6 +366,18 @@ def test_the_file_rules_read_only_a_file_s_first_mebibyte(tmp_path, name):
     assert check_file(path) == name.split(".", 1)[1]
 
 
+def test_a_short_csv_that_ends_inside_a_multi_byte_character_is_refused_as_not_utf8(tmp_path):
+    """A file shorter than the head the rules read has no read limit to excuse a cut character: a
+    last UTF-8 sequence left unfinished (0xc3 with nothing after it) is refused, naming that byte."""
+    from dp_core.input_checks import check_file
+
+    path = tmp_path / "rows.csv"
+    path.write_bytes(b"uid,city\n1,K\xc3")
+    with pytest.raises(InvalidDataError) as caught:
+        check_file(path)
+    assert str(caught.value) == f"{path} is not UTF-8 text (byte 0xc3 at offset 12): save it as UTF-8 CSV"
+
+
 def test_a_csv_with_a_malformed_quoted_field_is_refused_as_bad_data_naming_the_file(tmp_path):
     """A quoted field with text after its closing quote is not the engine's CSV dialect: the head
     check leaves it to the reader, whose refusal names the file (never the csv module's own error)."""

@@ -234,6 +234,18 @@ def test_the_exact_avg_var_and_stddev_are_those_of_the_units_values():
         assert out[i] == pytest.approx(expected[order].to_numpy(), rel=1e-9, abs=1e-9), query.aggregates[i].kind
 
 
+def test_public_mode_simulates_a_sum_bounded_above_by_zero_over_its_own_bounds():
+    """A SUM with bounds [-5, 0] is simulated over exactly those contributions: by the noise's
+    symmetry its pass probabilities and choice equal those of its mirror [0, 5], and are not those
+    of [-5, 1] (an upper bound of 0 was once read as a missing bound, i.e. 1)."""
+    def choice(lower, upper):
+        return pri.choose_epsilon_public(dp.Query([dp.sum_("x", lower, upper)], privacy_unit="u", epsilon=1.0), 50)
+
+    below, mirror, wider = choice(-5, 0), choice(0, 5), choice(-5, 1)
+    assert below.pass_probability == mirror.pass_probability and below.epsilon == mirror.epsilon
+    assert below.pass_probability != wider.pass_probability
+
+
 def test_the_public_domain_s_extremes_are_each_output_s_own():
     """For each output's noise z, the smallest and largest |z + c| - |z| over the contributions c a unit
     can make (a SUM: any c in [L, U], or 0 when absent), checked against a fine grid of c, output by

@@ -88,6 +88,17 @@ def test_explain_states_each_mechanism_the_inferred_bounds_and_the_epsilon_choic
         f"Epsilon chosen from the privacy risk indicator ({c.mode} mode, p = 50): {c.guarantee}.")
 
 
+def test_explain_states_a_mechanism_without_a_note_with_nothing_after_its_epsilon():
+    """A mechanism with no note (a count and a sum with given bounds) ends its explain() line at its
+    epsilon: no empty parentheses."""
+    df = pd.DataFrame({"uid": np.arange(100), "x": np.arange(100) % 7})
+    r = dp.execute(dp.Query([dp.count(upper=1, name="people"), dp.sum_("x", 0, 6, name="t")], privacy_unit="uid",
+                            epsilon=1.0), df)
+    assert r.explain().splitlines()[4:6] == [
+        "  people.count: discrete Laplace, sensitivity 1 per partition x C_u=1 -> 1, scale 2, epsilon 0.5",
+        "  t.sum: discrete Laplace, sensitivity 6 per partition x C_u=1 -> 6, scale 12, epsilon 0.5"]
+
+
 def test_the_public_view_states_the_budget_spent_and_notes_a_variance_s_first_order_interval():
     """to_dict names what was spent ("epsilon", "delta", as a reader of the JSON looks them up), and a
     release with a VAR (no AVG or STDDEV beside it) carries the note on first-order intervals."""

@@ -74,6 +74,14 @@ def test_truncated_laplace_edges_and_per_output_delta():
     assert c.summary.endswith("always.")
 
 
+def test_a_noise_bound_equal_to_df_over_two_delta_is_refused_as_met_by_any_epsilon():
+    """df / (2 delta) is the truncated-Laplace bound's limit as epsilon -> 0, never reached: a bound
+    exactly there (2 for df 1, delta 1/4) is met by every epsilon, so none is chosen for it."""
+    with pytest.raises(InvalidQueryError) as caught:
+        risk.truncated_laplace_epsilon(2.0, 1.0, 0.25)
+    assert str(caught.value) == "a noise bound of 2 is above df / (2 delta): any epsilon meets it"
+
+
 def test_a_noise_bound_just_above_the_sensitivity_needs_an_epsilon_beyond_any_risk_and_is_refused():
     """A bound within 0.06% of the sensitivity needs epsilon above e^10 (the bisection's top); the
     bound is computed without overflow there (exp(eps) overflows past 709, the formula's other form
@@ -523,6 +531,22 @@ def test_the_plan_summary_quotes_each_tolerance_asked_beside_its_promise():
     assert ("people (count): a count of 100 would be released as 100 +- 10, i.e. between 90 and 110 with 90% "
             "probability (tolerance asked: +-10).") in c.summary
     assert "average_age (avg): +- " in c.summary and "(tolerance asked" not in c.summary.split("average_age (avg)")[1]
+
+
+def test_the_plan_summary_states_a_failure_probability_only_for_a_plan_that_spends_delta():
+    """A plan with delta 0 (one count, no partition selection) states its guessing bound as certain,
+    with no "may fail" clause; a plan whose partition selection spends delta states that delta."""
+    count = dp.Query([dp.count(upper=1, name="people")], privacy_unit="id", epsilon=1.0)
+    c = risk.choose_epsilon_for_plan(count, trust="low", sensitivity="high", max_risk=0.2, max_noise=10, n=16, m=2)
+    assert c.summary == (
+        "Epsilon 0.219 for the whole plan (people 0.219); one person's data can affect all of it. An attacker who "
+        "knows everyone else's data guesses a person's value (one of 16; a changed value: exponent 2 x 0.219) with "
+        "probability at most 9%; the risk of sharing is 0.05 (very low). people (count): a count of 100 would be "
+        "released as 100 +- 10, i.e. between 90 and 110 with 90% probability (tolerance asked: +-10).")
+    selected = risk.choose_epsilon_for_plan(PLAN, trust="low", sensitivity="high", max_risk=0.2, max_noise=10, n=16,
+                                            m=2)
+    assert ("(one of 16; a changed value: exponent 2 x 0.875) with probability at most 28% (the bound may fail with "
+            "probability delta = 1e-06); the risk of sharing is ") in selected.summary
 
 
 def test_the_refusal_for_two_tolerances_lists_each_as_asked_and_each_noise_the_risk_allows():

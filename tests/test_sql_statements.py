@@ -943,6 +943,14 @@ def test_options_in_parentheses_and_unsupported_options_set_to_null_are_read_as_
     assert (query.epsilon, query.delta) == (1.0, 1e-7)
 
 
+def test_an_options_list_cut_off_right_after_an_entry_set_to_null_is_refused_as_not_closed(tables):
+    """`k_threshold = NULL` is skipped even as the last tokens of the statement: a statement cut off
+    just after it is refused because its OPTIONS list is never closed, not because of k_threshold."""
+    with pytest.raises(dp.InvalidQueryError) as info:
+        compile_statement_for("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1, k_threshold = NULL,", tables)
+    assert str(info.value) == "OPTIONS ( ... is not closed"
+
+
 # ------------------------------------------------------------------ join shapes (ownership)
 
 JOIN_SHAPES = [  # (FROM clause, accepted?)
