@@ -180,3 +180,22 @@ def test_the_bounds_histogram_labels_bin_edges_from_1024_on_as_signed_powers_of_
     for label in ("[-2^12, -2^11)", "[-2^11, -2^10)", "[-2^10, -512)", "[0, 1)", "[512, 2^10)", "[2^10, 2^11)",
                   "[2^11, 2^12)"):
         assert f">{label}</text>" in svg, label
+
+
+def test_the_bounds_histogram_is_titled_for_its_statistic_and_its_bounds_and_its_axis_counts_people():
+    """The histogram behind inferred bounds says what it shows: its title names the statistic and the
+    bounds chosen, and its vertical axis reads "noisy count of people" (the bins count people, not rows)."""
+    import re
+    from types import SimpleNamespace
+
+    from dprelease.reporting import pages
+
+    edges = [(0, 1)] + [(2 ** k, 2 ** (k + 1)) for k in range(8)]
+    svg = pages.bounds_histogram_svg(SimpleNamespace(noisy_counts=[1.0, 2.0, 40.0, 90.0, 3.0, 0.0, 1.0, 2.0, 0.0],
+                                                     bin_edges=edges, threshold=25.0, lower=2, upper=8,
+                                                     aggregate="income"))
+    _check(svg)
+    assert re.findall(r'<text x="[^"]*" y="20" font-size="13" text-anchor="middle">([^<]*)</text>', svg) == [
+        "Noisy histogram of income per person (bins double in width); bounds chosen: [2, 8]"]
+    assert re.findall(r'rotate\(-90\)" font-size="11" text-anchor="middle">([^<]*)</text>', svg) == [
+        "noisy count of people"]

@@ -1365,3 +1365,77 @@ def test_a_read_of_the_engine_s_file_that_reaches_its_end_credits_no_row_group_e
         handle.seek(last)
         handle.read(16)
         assert credited == [500]
+
+
+# ------------------------------------------------------------------ mutation sample of seed 20270170
+
+
+def test_a_streamed_blob_sealed_for_another_source_is_refused_by_every_reader_of_its_batches(tmp_path):
+    """A blob swapped for another dataset's (same escrow key, valid chunks, another source's
+    fingerprint in its header): opening it batch by batch, as a frame or as the engine's rows is
+    refused naming the blob, and open_batches records the refusal in `failures`; no row is read."""
+    settings = _settings(tmp_path)
+    key = load_or_create_key(settings, create=True)
+    _, digest, _ = seal_file(_write(_frame(), tmp_path / "d.csv"), settings, key)
+    other, _, _ = seal_file(_write(_frame().head(1), tmp_path / "other.csv"), settings, key)
+    message = (f"the escrow blob {other} does not match the registered fingerprint (tampered or swapped): "
+               "register the dataset again")
+    failures: list = []
+    for read in (lambda: open_batches(other, key, digest, failures=failures),
+                 lambda: load_frame(other, key, digest, "parquet"),
+                 lambda: escrow.EscrowRows(other, key, digest)):
+        with pytest.raises(EscrowError) as caught:
+            read()
+        assert str(caught.value) == message
+    assert [str(f) for f in failures] == [message]
+
+
+def test_escrow_rows_read_a_legacy_parquet_blob_when_no_format_is_given(tmp_path):
+    """EscrowRows' file format defaults to Parquet: a Fernet blob of a Parquet file (the first
+    format) opens and gives its rows without the format being named."""
+    settings = _settings(tmp_path)
+    key = load_or_create_key(settings, create=True)
+    source = _write(_frame(), tmp_path / "d.parquet")
+    legacy = tmp_path / "d.parquet.fernet"
+    legacy.write_bytes(Fernet(key).encrypt(source.read_bytes()))
+    rows = escrow.EscrowRows(legacy, key, escrow.fingerprint(source.read_bytes()))
+    assert rows.schema.names == ["person_id", "name", "age"]
+    pd.testing.assert_frame_equal(rows.reader().read_all().to_pandas(), _frame())
+
+
+def test_footer_statistics_asked_after_the_caller_spoiled_its_key_are_refused_naming_the_caller(tmp_path):
+    """The key is checked again when the footer is read: a caller that overwrote its key buffer after
+    making the rows (here with text that is no Fernet key) gets the malformed-key refusal, in full,
+    naming the caller as where the key came from."""
+    from dprelease.escrow.blobs import EscrowRows
+
+    settings = _settings(tmp_path)
+    key = bytearray(load_or_create_key(settings, create=True))
+    blob, digest, _ = seal_file(_write(_frame(), tmp_path / "d.csv"), settings, bytes(key))
+    rows = EscrowRows(blob, key, digest)
+    key[:] = b"not-a-key"
+    with pytest.raises(EscrowError) as caught:
+        rows.column_statistics()
+    assert str(caught.value) == (
+        "the escrow key from the caller is not a valid Fernet key (32 url-safe base64-encoded bytes); generate one "
+        "with `python -c 'from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())'`")
+
+
+def test_a_decrypted_blob_read_up_to_and_past_its_end_gives_the_bytes_left_then_nothing(tmp_path):
+    """A blob whose plaintext fills its chunks exactly (two of 64 bytes): a read asking for more than
+    is left gives what is left, and reads at or past the end give no bytes (end of file), not an
+    attempt at a chunk that does not exist."""
+    key, blob = Fernet.generate_key(), tmp_path / "b.escrow"
+    data = bytes(range(128))
+    with open(blob, "wb") as target:
+        writer = stream.EncryptingWriter(target, key, "ab" * 32, chunk_size=64)
+        writer.write(data)
+        assert writer.finish() == 2
+    with stream.DecryptingFile(blob, key, "ab" * 32) as plain:
+        assert plain.size == 128
+        plain.seek(100)
+        assert plain.read(1000) == data[100:]
+        assert plain.read(1) == b""
+        assert plain.seek(500) == 500
+        assert plain.read(10) == b""
+        assert plain.readinto(bytearray(10)) == 0

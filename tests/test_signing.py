@@ -231,6 +231,16 @@ def test_every_problem_is_reported_not_just_the_first(release: Path) -> None:
     assert f"{len(report.problems)} problems" in str(report)
 
 
+def test_a_deleted_file_does_not_hide_a_changed_file_listed_after_it(release: Path) -> None:
+    """The manifest's first file deleted and its last one changed: verification goes on past the
+    missing file and reports both, in path order."""
+    (release / "data.csv").unlink()
+    flip_byte(release / "sub" / "table.csv")
+    report = verify_directory(release)
+    assert report.problems == ["data.csv: missing (deleted after signing)",
+                               "sub/table.csv: SHA-256 differs (changed after signing)"]
+
+
 def test_missing_signature_files_are_reported(release: Path) -> None:
     for name in (MANIFEST, SIGNATURE, PUBLIC_KEY):
         (release / name).unlink()
@@ -541,3 +551,18 @@ def test_a_private_key_path_that_is_missing_or_a_directory_is_refused_naming_the
     with pytest.raises(SigningError) as caught:
         load_public_key(folder)
     assert str(caught.value) == f"cannot read public key file {folder}: Is a directory"
+
+
+def test_signing_with_something_other_than_a_private_key_is_refused_naming_what_was_given(
+        tmp_path: Path, keys: tuple[Path, Path]) -> None:
+    """A key file's path, or the public half of the key, given where the Ed25519 private key belongs:
+    refused before anything is written, the message naming the type that was given."""
+    directory = tmp_path / "r"
+    directory.mkdir()
+    (directory / "data.csv").write_bytes(CONTENT["data.csv"])
+    for given, name in ((keys[0], type(keys[0]).__name__),
+                        (load_private_key(keys[0]).public_key(), "Ed25519PublicKey")):
+        with pytest.raises(SigningError) as caught:
+            sign_directory(directory, FACTS, given)
+        assert str(caught.value) == f"expected an Ed25519PrivateKey, got {name} (use load_private_key)"
+    assert sorted(p.name for p in directory.iterdir()) == ["data.csv"]
