@@ -65,12 +65,14 @@ def make_ctx(**kw) -> pages.ReleaseContext:
     return pages.ReleaseContext(**base)
 
 
-@pytest.fixture(scope="module")
+# rendered in each test that reads them (cheap): mutation testing runs, for a mutant of the renderer,
+# only the tests that call it themselves, and a module-scoped page would count for its first test only
+@pytest.fixture
 def analyst_html(result) -> str:
     return pages.render_analyst_report(result, make_ctx())
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def controller_html(result) -> str:
     return pages.render_controller_report(result, make_ctx())
 
