@@ -482,3 +482,27 @@ def test_an_integer_column_s_sum_bounded_per_partition_gets_the_integer_tops_of_
     found = {b.partition["g"]: b for b in dp.execute(q, df).inferred_bounds}
     assert {g: (b.lower, b.upper) for g, b in found.items()} == {"few": (4.0, 7.0), "many": (16.0, 31.0)}
     assert all(len(b.bin_edges) == 128 and b.bin_edges[64] == (0.0, 2.0) for b in found.values())  # 64 each side of 0
+
+
+def test_real_values_just_above_two_to_the_minus_33_are_counted_in_the_lowest_bin():
+    """A real column's lowest bins are [0, 2^-31) and (-2^-31, 0]: every value nearer zero than 2^-31
+    is counted there, so per-unit sums of 1.5e-10 (between 2^-33 and 2^-32) give the bounds [0, 2^-31]
+    rather than falling in no bin. Epsilon 8: the 2,000 units stand far out of the histogram's noise,
+    and an empty bin passes with probability 1e-9 (bounds_failure)."""
+    df = pd.DataFrame({"uid": np.arange(2000), "x": np.full(2000, 1.5e-10)})
+    r = dp.execute(dp.Query([dp.Aggregate("sum", column="x", name="s")], privacy_unit="uid", epsilon=8.0), df)
+    (b,) = r.inferred_bounds
+    assert (b.lower, b.upper) == (0.0, 2.0**-31)
+    assert (r.query.aggregates[0].lower, r.query.aggregates[0].upper) == (0, 2.0**-31)
+
+
+def test_an_integer_sum_of_minus_one_per_unit_gets_the_bounds_minus_one_to_zero():
+    """Integer bins move their open edge in by one; the bin (-2, 0] holding -1 has no positive top to
+    move, so per-unit sums of -1 get the bounds [-1, 0] (not the empty [-1, -1], which is refused).
+    Epsilon 8: the 2,000 units stand far out of the noise; an empty bin passes with probability 1e-9."""
+    df = pd.DataFrame({"uid": np.arange(2000), "x": np.full(2000, -1, dtype=np.int64)})
+    r = dp.execute(dp.Query([dp.Aggregate("sum", column="x", name="s")], privacy_unit="uid", epsilon=8.0), df)
+    (b,) = r.inferred_bounds
+    assert (b.lower, b.upper) == (-1.0, 0.0)
+    assert (r.query.aggregates[0].lower, r.query.aggregates[0].upper) == (-1, 0)
+    assert r.controller_only.exact["s"].iloc[0] == -2000

@@ -390,3 +390,18 @@ def test_the_public_pass_probability_of_two_aggregates_equals_a_brute_force_over
         passed += bool(pri.passes(min(pris), max(pris), p))
     assert pri.public_pass_probability(q, eps, p, sims, tag) == pytest.approx(passed / sims, abs=1e-12)
     assert 0 < passed < sims  # a probability the test can tell from 0 and 1
+
+
+def test_a_unit_without_a_value_for_one_aggregate_has_no_term_from_it_in_its_pri():
+    """Two sums, each with one unit's value (unit 1: x = 3, no y; unit 2: y = 4, no x), against the
+    output r = (10, 10): base = |10 - 3| + |10 - 4| = 13; without unit 1 the outputs are (0, 4), PRI
+    16; without unit 2 they are (3, 0), PRI 17. A unit with no value for an aggregate adds nothing
+    for it, whichever unit comes last in the contributions."""
+    df = pd.DataFrame({"uid": [1, 2], "x": [3.0, None], "y": [None, 4.0]})
+    query = dp.Query([dp.sum_("x", 0, 5), dp.sum_("y", 0, 5)], privacy_unit="uid", epsilon=1.0)
+    c = pri.contributions(query, df, bounding_seed=SEED)
+    r = {0: np.array([10.0]), 1: np.array([10.0])}
+    found, base = pri.pris_for_probe(c, r)
+    units = pd.factorize(c.stats.units["uid"])[1]
+    assert base == 13.0
+    assert dict(zip(units.tolist(), found.tolist())) == {1: 16.0, 2: 17.0}

@@ -115,6 +115,18 @@ def test_the_discrete_laplace_threshold_is_one_above_the_smallest_tail_within_th
     assert ps.discrete_laplace_threshold(1.0, math.exp(-(10 - 5e-10)) / (1 + q), 1) == 11
 
 
+def test_the_discrete_laplace_threshold_steps_up_where_the_closed_form_lies_just_past_an_integer():
+    """Where log(d (1 + q)) / log(q) lies 5e-10 above the integer 10, the closed form's ceiling (its
+    1e-9 slack for rounding) gives m = 10, which does not fit (q^10 / (1 + q) > d): the rounding guard
+    steps on to m = 11, so T = 12, and m = 11 fits."""
+    q = math.exp(-1.0)
+    delta = math.exp(-(10 + 5e-10)) / (1 + q)
+    d = ps.per_partition_delta(delta, 1)
+    assert math.ceil(math.log(d * (1 + q)) / math.log(q) - 1e-9) == 10 and q**10 / (1 + q) > d
+    assert ps.discrete_laplace_threshold(1.0, delta, 1) == 12
+    assert q**11 / (1 + q) <= d
+
+
 def test_a_release_says_its_partitions_were_kept_by_the_truncated_geometric_law():
     df = pd.DataFrame({"uid": np.arange(600), "g": np.arange(600) % 3})
     result = dp.execute(dp.Query([dp.count(upper=1, name="n")], privacy_unit="uid", epsilon=1.0, delta=1e-6,
