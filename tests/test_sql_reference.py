@@ -175,7 +175,10 @@ PUBLIC_GROUPS_REFUSED = {
         "does not allow operations between the public groups join and the aggregation (distinct in "),
     "a computed column between the nested public groups join and the aggregation": (
         f"{PG.format(e=1)} dept, {C1} FROM (SELECT uid, dept, upper(dept) AS u FROM people "
-        "RIGHT JOIN (SELECT DISTINCT dept FROM depts) USING (dept)) GROUP BY dept", "does not allow operations"),
+        "RIGHT JOIN (SELECT DISTINCT dept FROM depts) USING (dept)) GROUP BY dept",  # whole: public_groups _nested 68
+        "OPTIONS group_selection_strategy = PUBLIC_GROUPS does not allow operations between the public groups join and "
+        "the aggregation (a computed column in 'SELECT uid, dept, UPPER(dept) AS u FROM people JOIN (SELECT '): select "
+        "plain columns there, or join the public groups in the DP SELECT itself"),
     "OFFSET alone between the nested public groups join and the aggregation": (
         f"{PG.format(e=1)} dept, {C1} FROM (SELECT uid, dept FROM people RIGHT JOIN (SELECT DISTINCT dept FROM depts) "
         "USING (dept) OFFSET 5) GROUP BY dept",

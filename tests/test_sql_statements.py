@@ -687,6 +687,28 @@ WORD_FOR_WORD = {  # refusals whose whole message is the guidance: rule -> (stat
     "an OPTIONS value of two numbers": (  # read as epsilon 12 until 2026-11-25
         "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1 2) COUNT(*) FROM people",
         "OPTIONS epsilon must be a number, got '1 2'"),
+    "ORDER BY on a set operation of protected rows in a subquery": (  # ownership set_operation 63 (seed 20270170)
+        f"{DP.format(e=1)} {C1} AS n FROM (SELECT uid, dept FROM people UNION ALL SELECT uid, dept FROM extra "
+        "ORDER BY dept) u",
+        "subquery 'SELECT uid, dept FROM people UNION ALL SELECT uid, dept FROM': ORDER over protected rows keeps "
+        "rows depending on other units' rows"),
+    "a WITH REPORT of another option closing at the statement's end leaves its call open": (  # _with_report_edit 83
+        f"{AN} ANON_COUNT(* WITH REPORT(XML)",
+        "the query is not valid SQL: Expecting ). Line 1, Col: 72."),
+    # these two quote the query as the ownership check rewrote it, not as written (the name it gives an unnamed
+    # column, the unit it carries, a sample's per-row subquery), as the HAVING case above: their text pins those
+    # rewrites as they stand (mutants seed 20270170: ownership _project 142, sample sampled_select 31)
+    "a protected table read in a condition's subquery, its unnamed column named by the check": (
+        f"{DP.format(e=1)} {C1} AS n FROM people WHERE age IN (SELECT cost + 1 FROM visits)",
+        "WHERE: the subquery 'SELECT cost + 1 AS \"_col0\", \"visits\".\"uid\" AS \"uid\" FROM visits' reads a "
+        "protected table: a condition may read public tables only (rows of other units would decide which rows count)"),
+    "a join of a sampled protected table off the unit": (
+        f"{DP.format(e=1)} {C1} AS n FROM people p JOIN visits v TABLESAMPLE BERNOULLI (50 PERCENT) ON p.uid = v.cost",
+        "the DP SELECT: 'JOIN (SELECT \"uid\", \"cost\" FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY \"uid\", "
+        "\"cost\" ORDER BY \"uid\") AS __dp_dup FROM visits AS __dp_s) AS __dp_r WHERE __ROWSAMPLE_KEEP(0.5, 1, "
+        "__dp_dup, \"uid\", \"cost\")) AS v ON p.uid = v.cost' does not join on the unit: ON must include v.uid = "
+        "<other side>.<its unit> (both sides unit columns) as one of its AND-ed terms; without it rows of different "
+        "units would be paired"),
 }
 
 
@@ -1089,6 +1111,20 @@ def test_a_statement_of_two_dp_selects_keeps_each_part_s_controller_only_numbers
     people = tables["people"].data
     for dept, rows in people.groupby("dept"):
         assert exact[(1, dept)] == len(rows) and exact[(2, dept)] == rows["age"].clip(0, 50).sum()
+
+
+def test_a_statement_of_two_dp_selects_lists_the_bounds_each_of_them_inferred(tables):
+    """Each DP SELECT's automatic bounds (APPROX_BOUNDS: sums without bounds) are listed in the
+    statement's result, the first's then the second's, not the last one's alone (mutant seed
+    20270170: outer combine 37)."""
+    sql = (f"SELECT * FROM ({DP.format(e=1)} SUM(age) AS a FROM people) p, "
+           f"({DP.format(e=1)} SUM(cost) AS c FROM visits) v")
+    result = run_sql(sql, tables)
+    first, second = (part.inferred_bounds for part in result.parts)
+    assert [b.aggregate for b in first] == ["a"] and [b.aggregate for b in second] == ["c"]
+    assert len(result.inferred_bounds) == 2
+    assert all(got is part for got, part in zip(result.inferred_bounds, first + second))
+    assert [b["aggregate"] for b in result.to_dict()["inferred_bounds"]] == ["a", "c"]
 
 
 def test_a_statement_s_budget_names_each_share_by_its_dp_select(tables):
