@@ -611,8 +611,8 @@ WORD_FOR_WORD = {  # refusals whose whole message is the guidance: rule -> (stat
     "a protected table read in a public subquery's HAVING": (
         f"{DP.format(e=1)} region, {C1} AS n FROM people CROSS JOIN (SELECT region FROM depts GROUP BY region "
         "HAVING region IN (SELECT dept FROM people WHERE uid = 3)) d GROUP BY region",
-        "subquery 'SELECT region FROM depts GROUP BY region HAVING region IN (S' HAVING: the subquery 'SELECT dept, "
-        "\"people\".\"uid\" AS \"uid\" FROM people WHERE uid = 3' reads a protected table: a condition may read "
+        "subquery 'SELECT region FROM depts GROUP BY region HAVING region IN (S' HAVING: the subquery 'SELECT dept "
+        "FROM people WHERE uid = 3' reads a protected table: a condition may read "
         "public tables only (rows of other units would decide which rows count)"),
     "a table function reading a file in the outer query": (  # was accepted: a protected table's own file, released raw
         f"SELECT * FROM ({DP.format(e=1)} {C1} AS n FROM people) a, read_csv('people.csv') b",
@@ -695,18 +695,17 @@ WORD_FOR_WORD = {  # refusals whose whole message is the guidance: rule -> (stat
     "a WITH REPORT of another option closing at the statement's end leaves its call open": (  # _with_report_edit 83
         f"{AN} ANON_COUNT(* WITH REPORT(XML)",
         "the query is not valid SQL: Expecting ). Line 1, Col: 72."),
-    # these two quote the query as the ownership check rewrote it, not as written (the name it gives an unnamed
-    # column, the unit it carries, a sample's per-row subquery), as the HAVING case above: their text pins those
-    # rewrites as they stand (mutants seed 20270170: ownership _project 142, sample sampled_select 31)
+    # these two quote the query as written, not as the ownership check rewrites it (the name it gives an unnamed
+    # column, the unit it carries, a sample's per-row subquery), which they showed until 2026-11-25 (mutants seed
+    # 20270170: ownership _project 142, sample sampled_select 31)
     "a protected table read in a condition's subquery, its unnamed column named by the check": (
         f"{DP.format(e=1)} {C1} AS n FROM people WHERE age IN (SELECT cost + 1 FROM visits)",
-        "WHERE: the subquery 'SELECT cost + 1 AS \"_col0\", \"visits\".\"uid\" AS \"uid\" FROM visits' reads a "
+        "WHERE: the subquery 'SELECT cost + 1 FROM visits' reads a "
         "protected table: a condition may read public tables only (rows of other units would decide which rows count)"),
     "a join of a sampled protected table off the unit": (
         f"{DP.format(e=1)} {C1} AS n FROM people p JOIN visits v TABLESAMPLE BERNOULLI (50 PERCENT) ON p.uid = v.cost",
-        "the DP SELECT: 'JOIN (SELECT \"uid\", \"cost\" FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY \"uid\", "
-        "\"cost\" ORDER BY \"uid\") AS __dp_dup FROM visits AS __dp_s) AS __dp_r WHERE __ROWSAMPLE_KEEP(0.5, 1, "
-        "__dp_dup, \"uid\", \"cost\")) AS v ON p.uid = v.cost' does not join on the unit: ON must include v.uid = "
+        "the DP SELECT: 'JOIN visits AS v TABLESAMPLE BERNOULLI (50 PERCENT) ON p.uid = v.cost' does not join on the "
+        "unit: ON must include v.uid = "
         "<other side>.<its unit> (both sides unit columns) as one of its AND-ed terms; without it rows of different "
         "units would be paired"),
 }

@@ -326,10 +326,11 @@ class OwnershipChecker:
         query = node.this if isinstance(node, (exp.Subquery, exp.Exists)) else node
         if not isinstance(query, exp.Query):
             raise InvalidQueryError(f"{where}: {quote(node)[:80]!r} is not a query")
-        rel = self.query(query, f"{where}: subquery {quote(query)[:60]!r}")
+        text = quote(query)  # as written: the check below rewrites it (names, the unit it carries)
+        rel = self.query(query, f"{where}: subquery {text[:60]!r}")
         if rel.unit is not None:
             raise InvalidQueryError(
-                f"{where}: the subquery {quote(query)[:80]!r} reads a protected table: a condition may read "
+                f"{where}: the subquery {text[:80]!r} reads a protected table: a condition may read "
                 "public tables only (rows of other units would decide which rows count)"
             )
         return rel
@@ -456,11 +457,11 @@ class OwnershipChecker:
         raise InvalidQueryError(f"{where}: {quote(node)[:80]!r} cannot be used in FROM (use a table, a CTE or a subquery)")
 
     def join(self, join: exp.Join, scope: Scope, where: str) -> None:
+        text = quote(join)  # as written: checking the joined relation rewrites it (a sample, the unit it carries)
         right = self.relation(join.this, where)
         side = (join.args.get("side") or "").upper()
         kind = (join.args.get("kind") or "").upper()
         natural = (join.args.get("method") or "").upper() == "NATURAL"
-        text = quote(join)
         on, using = join.args.get("on"), join.args.get("using")
         if kind in ("SEMI", "ANTI", "ASOF", "POSITIONAL") or (join.args.get("method") or "").upper() not in ("", "NATURAL"):
             raise InvalidQueryError(f"{where}: {text!r}: {kind or join.args.get('method')} joins are not supported")
