@@ -186,6 +186,16 @@ def test_a_sum_of_gaussians_half_width_is_z_975_times_the_root_of_their_variance
         [1.959963984540054 * 5, 1.959963984540054], rel=1e-12)
 
 
+def test_a_sum_s_standard_deviation_from_integer_scales_is_computed_in_floats_without_overflow():
+    """sum_sd takes any array of scales: integer ones (here 3e9 and 4e9, whose int64 squares would
+    overflow) are read as floats, so the root of the summed variances is exact, not wrapped around."""
+    from dp_core.intervals import sum_sd
+
+    scales = np.array([[3_000_000_000, 4_000_000_000]], dtype=np.int64)
+    assert sum_sd("gaussian", scales).tolist() == [5e9]
+    assert sum_sd("laplace", scales).tolist() == [math.sqrt(2.0) * 5e9]
+
+
 def test_a_small_variance_s_interval_reaches_down_below_it_towards_zero_not_up_to_one():
     """VAR (and STDDEV) of values in [0, 1] (20,000 units, one row each): the released variance (about
     1/12) lies inside its interval, whose lower end is clipped at 0, the least a variance can be, and not

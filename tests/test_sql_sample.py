@@ -167,6 +167,18 @@ def test_other_samples_are_refused_with_their_reason(tables, sample, message):
         assert "\n" not in str(err.value)
 
 
+def test_a_bucket_sample_with_only_its_bucket_number_is_refused_as_a_bucket_sample(tables):
+    """TABLESAMPLE (BUCKET 1), a Hive bucket sample cut short: sqlglot reads its bucket number alone
+    (no OUT OF, no ON); it is refused as the unsupported sample it is, not as a missing percentage."""
+    for sql, where in ((f"{DPS} {C1} FROM people TABLESAMPLE (BUCKET 1)", "the DP SELECT"),
+                       (f"SELECT * FROM ({DPS} dept, {C1} AS n FROM people GROUP BY dept) TABLESAMPLE (BUCKET 1)",
+                        "the outer query")):
+        with pytest.raises(dp.UnsupportedError) as err:
+            compile_statement_for(sql, tables, epsilon=1.0)
+        assert str(err.value) == (f"{where}: 'TABLESAMPLE SYSTEM (BUCKET 1 OUT OF )': only TABLESAMPLE BERNOULLI / "
+                                  "SYSTEM (p PERCENT) is supported")
+
+
 def test_a_table_whose_column_names_need_quotes_is_sampled():
     """The sample's rewrite names every column of the sampled rows: names with a space, a keyword and a
     quote are quoted there, so the sample runs and keeps about its share of the units."""
