@@ -345,6 +345,19 @@ def test_legacy_fernet_blobs_stay_readable(tmp_path):
             load_frame(legacy, key, digest, fmt)
 
 
+def test_a_legacy_gzip_csv_blob_reads_back_as_its_rows(tmp_path):
+    """A blob of the first format holding a gzip-compressed CSV (file format csv.gz) decrypts and
+    decompresses into the source's rows, through load_frame and through open_batches."""
+    settings = _settings(tmp_path)
+    key = load_or_create_key(settings, create=True)
+    source = _write(_frame(), tmp_path / "d.csv.gz")
+    legacy = tmp_path / "d.csv.gz.fernet"
+    legacy.write_bytes(Fernet(key).encrypt(source.read_bytes()))
+    digest = escrow.fingerprint(source.read_bytes())
+    pd.testing.assert_frame_equal(load_frame(legacy, key, digest, "csv.gz"), _frame(), check_dtype=False)
+    assert open_batches(legacy, key, digest, "csv.gz").read_all().column("name").to_pylist() == [MARKER, "bob", "carol"]
+
+
 def test_legacy_blobs_are_replayable_rows_for_the_engine(tmp_path):
     """EscrowRows over a legacy Fernet blob: the right fingerprint gives the rows, again at every
     scan; another file's fingerprint is refused when the rows are made, before any engine work."""
@@ -1091,6 +1104,20 @@ def test_a_file_s_fingerprint_reports_progress_in_blocks_of_eight_mebibytes(tmp_
     assert steps == [8 << 20, 1 << 20]
 
 
+def test_a_float_column_whose_row_group_holds_only_nans_gets_no_footer_statistics(tmp_path):
+    """footer_statistics: a row group of values but no recorded minimum and maximum (only NaNs: the
+    writer leaves them out) proves nothing, so the column gets None; the integer column beside it keeps its own."""
+    import pyarrow.parquet as pq
+
+    from dprelease.escrow.blobs import ColumnStatistics, footer_statistics
+
+    path = tmp_path / "nans.parquet"
+    nan = float("nan")
+    pq.write_table(pa.table({"uid": pa.array([1, 2, 3, 4], pa.int64()), "x": pa.array([nan, nan, 1.5, None])}),
+                   path, row_group_size=2)
+    assert footer_statistics(pq.ParquetFile(path)) == {"uid": ColumnStatistics(1, 4, 0, "integer", 4), "x": None}
+
+
 def test_a_flat_column_beside_a_list_of_structs_keeps_its_footer_statistics(tmp_path):
     """A list of structs is stored as one leaf column per struct field (two here): counted so, the flat
     columns after it line up with their leaves and get their statistics; the nested one gets none."""
@@ -1388,6 +1415,23 @@ def test_a_streamed_blob_sealed_for_another_source_is_refused_by_every_reader_of
             read()
         assert str(caught.value) == message
     assert [str(f) for f in failures] == [message]
+
+
+def test_escrowed_rows_record_a_scan_s_escrow_error_in_the_list_their_caller_gave(tmp_path):
+    """EscrowRows(failures=...): the caller's own list receives the escrow's error met by a later scan
+    (here the blob removed after the rows were made), so the caller can report it in the escrow's words."""
+    settings = _settings(tmp_path)
+    key = load_or_create_key(settings, create=True)
+    blob, digest, _ = seal_file(_write(_frame(), tmp_path / "d.csv"), settings, key)
+    earlier = EscrowError("an earlier failure")
+    mine: list = [earlier]
+    rows = escrow.EscrowRows(blob, key, digest, failures=mine)
+    assert rows.reader().read_all().num_rows == 3
+    blob.unlink()
+    with pytest.raises(EscrowError) as caught:
+        rows.reader()
+    assert str(caught.value) == f"the escrow blob {blob} is missing: register the dataset again"
+    assert mine == [earlier, caught.value]
 
 
 def test_escrow_rows_read_a_legacy_parquet_blob_when_no_format_is_given(tmp_path):

@@ -548,6 +548,15 @@ def test_index_paths_rooted_at_a_backslash_are_refused():
         pages.render_index([], series=[{"name": "visits", "path": "\\visits.html"}])
 
 
+def test_a_series_page_linked_by_an_absolute_path_is_refused_naming_the_series():
+    """The index links a series page only inside the published folder: a path rooted at "/" is refused,
+    naming the series and the path, like a release entry's."""
+    for path in ("/srv/www/visits.html", "//example.org/visits.html"):
+        with pytest.raises(ValueError) as caught:
+            pages.render_index([], series=[{"name": "visits", "path": path}])
+        assert str(caught.value) == f"series 'visits': path must be relative, got {path!r}"
+
+
 def test_the_bounds_histogram_labels_its_bins_and_greys_those_below_the_threshold(result):
     """The histogram behind inferred bounds: bins labelled by their edges ([0, 2) starts at "0"),
     blue where the noisy count reaches the threshold, grey below it (noise only)."""

@@ -536,6 +536,24 @@ def test_a_private_key_of_another_kind_is_refused_naming_the_kind_it_holds(tmp_p
     assert str(caught.value) == f"{path}: holds a X25519PrivateKey, expected an Ed25519 private key"
 
 
+def test_a_public_key_of_another_kind_is_refused_naming_the_kind_it_holds(tmp_path: Path) -> None:
+    """A readable PEM public key that is not Ed25519 (an X25519 key-agreement key): refused, from a file
+    or from bytes, and the message names the kind of key it holds and where it came from."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+    pem = X25519PrivateKey.generate().public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    path = tmp_path / "agreement.pem"
+    path.write_bytes(pem)
+    with pytest.raises(SigningError) as caught:
+        load_public_key(path)
+    assert str(caught.value) == f"{path}: holds a X25519PublicKey, expected an Ed25519 public key"
+    with pytest.raises(SigningError) as caught:
+        load_public_key(pem)
+    assert str(caught.value) == "public key PEM: holds a X25519PublicKey, expected an Ed25519 public key"
+
+
 def test_a_private_key_path_that_is_missing_or_a_directory_is_refused_naming_the_private_key_file(
         tmp_path: Path) -> None:
     """A private key file that does not exist, and one that cannot be read (here a directory), are each
