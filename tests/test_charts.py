@@ -199,3 +199,39 @@ def test_the_bounds_histogram_is_titled_for_its_statistic_and_its_bounds_and_its
         "Noisy histogram of income per person (bins double in width); bounds chosen: [2, 8]"]
     assert re.findall(r'rotate\(-90\)" font-size="11" text-anchor="middle">([^<]*)</text>', svg) == [
         "noisy count of people"]
+
+
+def test_a_bin_whose_noisy_count_equals_the_threshold_is_drawn_blue_with_three_bins_either_side():
+    """A noisy count reaching the threshold exactly counts as above it: that bin (far above the
+    bounds here) is drawn blue, with the three bins beyond it, as a bin above the threshold is."""
+    import re
+    from types import SimpleNamespace
+
+    from dprelease.reporting import pages
+
+    edges = [(0, 1)] + [(2 ** k, 2 ** (k + 1)) for k in range(30)]
+    counts = [1.0] * 31
+    counts[11] = 80.0  # [2^10, 2^11): inside the bounds
+    counts[20] = 25.0  # [2^19, 2^20): exactly the threshold
+    svg = pages.bounds_histogram_svg(SimpleNamespace(noisy_counts=counts, bin_edges=edges, threshold=25.0, lower=1024,
+                                                     upper=2048, aggregate="income"))
+    labels = re.findall(r">(\[[^<]*\))</text>", svg)
+    assert labels == ["[128, 256)", "[256, 512)", "[512, 2^10)"] + [f"[2^{k}, 2^{k + 1})" for k in range(10, 23)]
+    fills = re.findall(r'fill="(#[0-9a-f]+)" stroke="#333333" stroke-width="0.3"><title>', svg)
+    assert [i for i, f in enumerate(fills) if f == "#2d6cdf"] == [labels.index("[2^10, 2^11)"),
+                                                                  labels.index("[2^19, 2^20)")]
+
+
+def test_the_released_values_chart_takes_a_value_or_interval_end_given_as_none_as_missing():
+    """A released value or an interval end given as None is missing, as NaN is: no bar for a missing
+    value (its group ranked last), no whisker for a missing end; the chart is the one drawn from NaN."""
+    from dprelease.reporting import pages
+
+    nan = float("nan")
+    svg = pages.released_values_svg("people", ["a", "b", "c"], [100.0, None, 25.0], [None, 40.0, 20.0],
+                                    [110.0, 60.0, 30.0])
+    _check(svg)
+    assert [b["title"] for b in _bars(svg)] == ["a: 100", "c: 25"]
+    assert svg.count("<path") == 1  # c's whisker; a has no low end
+    assert svg == pages.released_values_svg("people", ["a", "b", "c"], [100.0, nan, 25.0], [nan, 40.0, 20.0],
+                                            [110.0, 60.0, 30.0])

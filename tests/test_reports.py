@@ -761,3 +761,65 @@ def test_the_controller_s_pri_table_says_yes_or_no_for_each_candidate_epsilon():
     assert re.findall(r"<tr>.*</tr>", table) == [
         '<tr><td class="n">2</td><td class="n">0.125</td><td class="n">0.25</td><td class="n">0.5</td><td>no</td></tr>',
         '<tr><td class="n">1</td><td class="n">0.375</td><td class="n">0.4</td><td class="n">0.5</td><td>yes</td></tr>']
+
+
+@pytest.mark.parametrize("mode, words", [
+    ("fixed", "fixed in the request"),
+    ("pri", "chosen by the platform with the privacy risk indicator test (a fresh draw at the chosen epsilon)"),
+    ("risk", "chosen from the data owner&#39;s trust in the recipient, the data&#39;s sensitivity and the tolerable "
+             "risk"),
+    ("agreed with the data owner", "agreed with the data owner"),
+])
+def test_the_analyst_page_says_in_words_how_epsilon_was_chosen_and_an_unknown_mode_as_written(result, mode, words):
+    """"How epsilon was chosen" spells out each known mode in plain words, and shows a mode it has no
+    words for as it was given (never "None" or a bare code)."""
+    page = pages.render_analyst_report(result, make_ctx(epsilon_mode=mode))
+    assert f"<p>Epsilon was <b>{words}</b>.</p>" in page
+
+
+def test_the_analyst_page_states_the_beta_of_a_public_pri_choice_and_none_for_a_data_one(data):
+    """A PRI choice in public mode is the beta-quantile of the epsilons that pass: the analyst page
+    states its beta (here 0.75); a choice in data mode has no beta, and the page shows no beta row."""
+    q = dp.Query([dp.count(upper=1, name="people")], privacy_unit="person_id", epsilon=1.0)
+    public = pri.release_with_pri(q, data.head(2000), p=50, beta=0.75)
+    page = pages.render_analyst_report(public, make_ctx(epsilon_mode="pri"))
+    assert page.count("<dt>beta</dt><dd>0.75</dd>") == 1
+    by_data = pri.release_with_pri(q, data.head(2000), p=50, mode="data")
+    assert "<dt>beta</dt>" not in pages.render_analyst_report(by_data, make_ctx(epsilon_mode="pri"))
+
+
+def test_the_analyst_chart_of_a_grouped_release_names_each_bar_by_its_group_s_keys():
+    """The analyst page's chart of released values labels each bar and its hover title with its
+    group's keys joined by ", " (here a release by two keys), never "all"."""
+    df = pd.DataFrame({"uid": range(12), "sex": ["F", "M"] * 6, "band": ["young"] * 6 + ["old"] * 6})
+    res = dp.execute(dp.Query([dp.count(upper=1, name="people")], privacy_unit="uid", epsilon=1.0,
+                              group_by=("sex", "band"), public_partitions=[("F", "old"), ("F", "young"),
+                                                                           ("M", "old"), ("M", "young")]), df)
+    page = pages.render_analyst_report(res, make_ctx())
+    chart = page[page.index('<figure class="released-chart">'):]
+    chart = chart[:chart.index("</figure>")]
+    labels = {f"{s}, {b}" for s, b in zip(res.table["sex"], res.table["band"])}
+    assert labels == {"F, old", "F, young", "M, old", "M, young"}
+    assert set(re.findall(r'rotate\(-45\)" font-size="9" text-anchor="end">([^<]*)</text>', chart)) == labels
+    titles = {f"{s}, {b}: {v:g}" for s, b, v in zip(res.table["sex"], res.table["band"], res.table["people"])}
+    assert set(re.findall(r"<title>([^<]*)</title></rect>", chart)) == titles
+
+
+def test_the_controller_chart_leaves_out_an_exact_value_that_is_not_a_number_and_the_report_renders():
+    """An exact value that is not a number (the text "NaN", as a table read back from text holds it)
+    is shown as "—" in the exact table and left out of the raw-against-private chart, which still
+    draws the other groups, largest exact value first; the controller report is still rendered."""
+    df = pd.DataFrame({"uid": range(9), "k": list("aaabbbccc")})
+    res = dp.execute(dp.Query([dp.count(upper=1, name="people")], privacy_unit="uid", epsilon=1.0, group_by=("k",),
+                              public_partitions=["a", "b", "c"]), df)
+    exact = res.controller_only.exact.assign(people=pd.Series([3.0, "NaN", 5.0], dtype=object))
+    res = dataclasses.replace(res, controller_only=dataclasses.replace(res.controller_only, exact=exact))
+    page = pages.render_controller_report(res, make_ctx())
+    released = dict(zip(res.table["k"], res.table["people"]))
+    table = page[page.index('<table class="exact">'):]
+    assert (f'<tr><td>b</td><td class="n">3</td><td class="n">—</td><td class="n">{pages.fmt_number(released["b"])}'
+            '</td><td class="n">—</td></tr>') in table[:table.index("</table>")].replace("\n", "")
+    chart = page[page.index("<h3>Raw against private: people</h3>"):]
+    chart = chart[:chart.index("</svg>")]
+    assert re.findall(r'rotate\(-45\)" font-size="9" text-anchor="end">([^<]*)</text>', chart) == ["c", "a"]
+    assert "The 2 largest of 3 groups are shown." in page
