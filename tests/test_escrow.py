@@ -77,6 +77,37 @@ def test_round_trip_and_ciphertext_only(tmp_path, filename, file_format):
     assert again != blob and again.read_bytes() != sealed  # each registration: its own blob and nonces
 
 
+@pytest.mark.parametrize("filename", ["visits 'q1'.csv", "it''s.csv.gz"])
+def test_a_csv_whose_folder_and_name_hold_single_quotes_is_sealed_with_its_rows(tmp_path, filename):
+    """DuckDB reads a CSV source through SQL, where the path is a quoted literal: a single quote in
+    the folder or the file name (a doubled one too) is escaped, so the file itself is read, whole."""
+    settings = _settings(tmp_path)
+    key = load_or_create_key(settings, create=True)
+    folder = tmp_path / "o'brien's data"
+    folder.mkdir()
+    source = _write(_frame(), folder / filename)
+    blob, digest, fmt = seal_file(source, settings, key)
+    assert (digest, fmt) == (file_fingerprint(source), "parquet")
+    pd.testing.assert_frame_equal(load_frame(blob, key, digest, fmt), _frame(), check_dtype=False)
+
+
+def test_a_sealed_csv_is_lz4_at_rest_with_dictionary_pages_for_its_text_only(tmp_path):
+    """The Parquet a registration writes at rest follows blobs.at_rest_encoding: every column chunk
+    LZ4-compressed, dictionary pages for the text column and none for the integer and float columns
+    (a dictionary of a million distinct numbers slows the write and grows the file)."""
+    import pyarrow.parquet as pq
+
+    settings = _settings(tmp_path)
+    key = load_or_create_key(settings, create=True)
+    blob, digest, _ = seal_file(_write(_frame(), tmp_path / "d.csv"), settings, key)
+    meta = pq.ParquetFile(io.BytesIO(open_blob(blob, key, digest))).metadata
+    chunks = {meta.row_group(0).column(j).path_in_schema: meta.row_group(0).column(j) for j in range(meta.num_columns)}
+    assert {name: chunk.compression for name, chunk in chunks.items()} == {
+        "person_id": "LZ4", "name": "LZ4", "age": "LZ4"}
+    assert {name: any("DICTIONARY" in e for e in chunk.encodings) for name, chunk in chunks.items()} == {
+        "person_id": False, "name": True, "age": False}
+
+
 def test_unsupported_suffix_and_misnamed_file_refused(tmp_path):
     settings = _settings(tmp_path)
     key = Fernet.generate_key()

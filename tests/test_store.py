@@ -227,6 +227,55 @@ def test_budget_exceeded_message_gives_the_numbers(any_store):
     assert any_store.budget("adult")["epsilon_remaining"] == 0.0
 
 
+def test_a_datasets_budget_counts_only_its_own_reservations_and_spending(any_store):
+    """Each dataset's cap is its own: what another dataset committed or reserved neither shows in this
+    one's budget nor refuses a reservation that fits this one's cap (the amounts are exact binary
+    fractions, so the budget numbers compare exactly)."""
+    _register(any_store, "adult", epsilon_cap=10.0, delta_cap=0.5)
+    _register(any_store, "census", epsilon_cap=4.0, delta_cap=0.5)
+    any_store.reserve("census", "c1", 3.0, 0.25)
+    any_store.commit("c1")
+    any_store.reserve("census", "c2", 0.5, 0.125)
+    any_store.reserve("adult", "a1", 10.0, 0.5)  # adult's whole cap, while census holds 3.5 of its own
+    assert any_store.budget("adult") == {
+        "dataset": "adult", "epsilon_cap": 10.0, "epsilon_committed": 0.0, "epsilon_reserved": 10.0,
+        "epsilon_remaining": 0.0, "delta_cap": 0.5, "delta_committed": 0.0, "delta_reserved": 0.5,
+        "delta_remaining": 0.0}
+    assert any_store.budget("census") == {
+        "dataset": "census", "epsilon_cap": 4.0, "epsilon_committed": 3.0, "epsilon_reserved": 0.5,
+        "epsilon_remaining": 0.5, "delta_cap": 0.5, "delta_committed": 0.25, "delta_reserved": 0.125,
+        "delta_remaining": 0.125}
+    any_store.reserve("census", "c3", 0.5, 0.125)  # census's exact remainder, adult being full
+    with pytest.raises(BudgetExceeded) as caught:
+        any_store.reserve("adult", "a2", 0.5, 0.0)
+    assert str(caught.value) == (
+        "budget exceeded for dataset 'adult': epsilon cap 10, committed 0, reserved 10, requested 0.5 "
+        "(remaining 0); ask for less, wait for pending releases to be refunded, or raise the cap")
+
+
+def test_a_snapshot_of_a_series_with_one_cap_is_refused_over_the_series_delta_cap(any_store):
+    """A series_cap series composes its snapshots sequentially: a reservation that fits its own snapshot's
+    delta cap is refused when the series' delta, summed over every snapshot, would pass the series cap;
+    the refusal gives the series' numbers and reserves nothing."""
+    schema = {"person_id": "int64"}
+    for label in ("2026-01", "2026-02"):
+        any_store.add_dataset(f"visits@{label}", privacy_unit="person_id", blob_path="-", fingerprint="-",
+                              file_format="parquet", schema=schema, epsilon_cap=1.0, delta_cap=1e-5)
+    store_series.add_series(any_store, "visits", privacy_unit="person_id", schema=schema,
+                            budget_mode="series_cap", epsilon_cap=1.0, delta_cap=1e-5)
+    for label in ("2026-01", "2026-02"):
+        store_series.add_snapshot(any_store, "visits", label, f"visits@{label}")
+    assert any_store.reserve("visits@2026-01", "january", 0.2, 6e-6).status == "reserved"
+    with pytest.raises(BudgetExceeded) as caught:
+        any_store.reserve("visits@2026-02", "february", 0.2, 6e-6)  # 0.4 of epsilon fits; 1.2e-5 of delta does not
+    assert str(caught.value) == (
+        "budget exceeded for series 'visits' (one cap for all snapshots: the same people in each): delta cap 1e-05, "
+        "committed 0, reserved 6e-06, requested 6e-06 (remaining 4e-06); raise the series cap or spend less per period")
+    with pytest.raises(StoreError, match="no budget reservation for release 'february'"):
+        any_store.ledger_entry("february")
+    assert any_store.reserve("visits@2026-02", "february", 0.2, 4e-6).status == "reserved"  # the series' remainder
+
+
 def test_delta_cap_is_enforced(sqlite_store):
     _register(sqlite_store, delta_cap=1e-6)
     sqlite_store.reserve("adult", "a", 0.1, 6e-7)
@@ -483,6 +532,60 @@ def test_an_abandon_racing_an_approval_leaves_the_committed_budget_spent(any_sto
     assert any_store.ledger_entry("racing").status == "committed"
     assert any_store.budget("adult")["epsilon_committed"] == 2.0
     assert any_store.get_release("racing").status == "pending"
+
+
+@pytest.mark.parametrize("other", ["abandon", "refund"])
+def test_a_commit_racing_an_abandon_or_a_refund_of_one_reservation_lets_exactly_one_take_effect(
+        any_store, monkeypatch, other):
+    """An approval commits a reservation while the run is abandoned (or the reservation refunded) at
+    the same moment: one of the two settles it and the other sees that outcome: abandon reports
+    "committed" and changes nothing, or the commit (refund) is refused, and the ledger says what the
+    winner did. Each settle reads the entry under its row lock (PostgreSQL; SQLite's write lock
+    serialises them anyway); unlocked, both read "reserved" and both succeed, the later write
+    overwriting the other: a refund given back for statistics being published. The clock each
+    settle reads between its read and its write is slowed so that the two overlap."""
+    _register(any_store, epsilon_cap=10.0)
+    any_store.add_release("adult", "{}", release_id="racing")
+    any_store.reserve("adult", "racing", 2.0, 0.0)
+    original = store_module.utcnow
+
+    def slow_clock():
+        time.sleep(0.3)
+        return original()
+
+    monkeypatch.setattr(store_module, "utcnow", slow_clock)
+    barrier, outcome = threading.Barrier(2), {}
+
+    def run(name, settle):
+        barrier.wait()
+        try:
+            outcome[name] = settle()
+        except StoreError as err:
+            outcome[name] = str(err)
+
+    settles = {"commit": lambda: any_store.commit("racing").status,
+               "abandon": lambda: any_store.abandon("racing", "failed", "worker lost"),
+               "refund": lambda: any_store.refund("racing").status}
+    threads = [threading.Thread(target=run, args=(name, settles[name])) for name in ("commit", other)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    status = any_store.ledger_entry("racing").status
+    committed_refused = ("cannot mark the reservation of release 'racing' committed: it is already refunded; "
+                         "reserve again under a new release id")
+    refund_refused = ("cannot mark the reservation of release 'racing' refunded: it is already committed "
+                      "(committed budget is never returned)")
+    if status == "committed":
+        assert outcome == {"commit": "committed", other: "committed" if other == "abandon" else refund_refused}
+        assert any_store.get_release("racing").status == "pending"
+        assert any_store.budget("adult")["epsilon_committed"] == 2.0
+    else:
+        assert outcome == {"commit": committed_refused, other: "refunded"}
+        assert status == "refunded"
+        assert any_store.get_release("racing").status == ("failed" if other == "abandon" else "pending")
+        assert any_store.budget("adult")["epsilon_committed"] == 0.0
+    assert any_store.budget("adult")["epsilon_reserved"] == 0.0
 
 
 def test_an_older_store_gains_the_policy_deployment_column(tmp_path):
