@@ -1311,20 +1311,49 @@ def test_an_unnamed_expression_duckdb_names_like_the_unit_is_not_taken_for_it():
     assert run_sql(sql, tables).table["n"].round().tolist() == [10.0]
 
 
-@pytest.mark.parametrize("source", [
-    "(SELECT lower(dept) FROM depts WHERE dept <> 'c') s",
-    "(SELECT lower(dept) FROM depts WHERE dept = 'a' UNION ALL SELECT lower(dept) FROM depts WHERE dept = 'b') s",
-    "kept",
+@pytest.mark.parametrize("item", ["* ILIKE 'u%'", "* LIKE 'u%'", "* NOT LIKE 'd%'", "* GLOB 'u*'",
+                                  "* SIMILAR TO 'u.*'", "visits.* ILIKE 'u%'"])
+def test_a_star_chosen_by_a_pattern_over_protected_rows_is_refused(item):
+    """`* ILIKE 'u%'` keeps the columns whose names match, in DuckDB; the check took it for every column,
+    unit included (and `* LIKE ...` for one unnamed column), so that in a UNION ALL the unit of one
+    branch paired with another column of the other: one person's 500 visits counted as 501 people
+    (until 2026-11-25). Such a * over protected rows is refused, as COLUMNS(...) is."""
+    visits = pd.DataFrame({"uid": 7, "dept": 1000 + np.arange(500), "age": 5000 + np.arange(500)})
+    tables = {"visits": Table(visits, "uid")}
+    sql = (f"{DP.format(e=EPS)} {C1} AS n FROM (SELECT {item}, dept AS x FROM visits UNION ALL "
+           f"SELECT {item}, uid AS x FROM visits) s")
+    with pytest.raises(dp.InvalidQueryError) as refused:
+        run_sql(sql, tables)
+    assert (f": a * chosen by a pattern (LIKE, ILIKE, GLOB, SIMILAR TO) over protected rows selects and names "
+            "columns by pattern, which the ownership check does not follow: not allowed (select the columns by "
+            "name instead)") in str(refused.value)
+    assert run_sql(f"{DP.format(e=EPS)} {C1} AS n FROM visits", tables).table["n"].round().tolist() == [1.0]
+
+
+@pytest.mark.parametrize("source, alias", [
+    ("(SELECT lower(dept) FROM depts WHERE dept <> 'c') s", "s"),
+    ("(SELECT lower(dept) FROM depts WHERE dept = 'a' UNION ALL SELECT lower(dept) FROM depts WHERE dept = 'b') s", "s"),
+    ("kept", "kept"),
+    ("(SELECT CAST(dept AS VARCHAR) FROM depts) s", "s"),
 ])
-def test_an_unnamed_column_of_public_rows_is_read_by_the_name_the_check_lists(tables, source):
-    """`lower(dept)` unnamed in a public subquery or CTE: the check lists it as `_col0` (its refusals
-    name it so) and DuckDB named it `lower(dept)`, so a reference the check let through failed with
-    DuckDB's binder error (until 2026-11-25); the check now writes its name in. People of
-    departments a and b are counted (epsilon 100: the noise is far below 0.5)."""
+def test_a_reference_to_an_unnamed_column_of_public_rows_is_refused_naming_the_remedy(tables, source, alias):
+    """`lower(dept)` unnamed in a public subquery or CTE: the check lists it by its place, `_col0`, and
+    DuckDB names it by its text, so a reference to `_col0` failed in DuckDB's binder, or (a CAST, named
+    after its column) was bound by DuckDB to a column of the query around it (until 2026-11-25). It is
+    refused in the check's words; named with AS, the same column is read (departments a and b, epsilon
+    100: the noise is far below 0.5)."""
     sql = (f"WITH kept AS (SELECT lower(dept) FROM depts WHERE dept <> 'c') {DP.format(e=EPS)} {C1} AS n "
            f"FROM people WHERE dept IN (SELECT _col0 FROM {source})")
-    exact = plain(tables, "SELECT COUNT(*) AS n FROM people WHERE dept IN ('a', 'b')")["n"].tolist()
-    assert run_sql(sql, tables).table["n"].round().tolist() == exact
+    with pytest.raises(dp.InvalidQueryError) as refused:
+        run_sql(sql, tables)
+    assert str(refused.value).endswith(
+        f"column '_col0' of {alias!r} is an unnamed expression (the check lists it by its place), which DuckDB names "
+        "by its text: name it with AS in that subquery and use that name")
+    named = sql.replace("lower(dept) FROM depts WHERE dept <> 'c')", "lower(dept) AS d FROM depts WHERE dept <> 'c')")
+    named = named.replace("SELECT _col0 FROM kept", "SELECT d FROM kept")
+    if source == "kept":
+        exact = plain(tables, "SELECT COUNT(*) AS n FROM people WHERE dept IN ('a', 'b')")["n"].tolist()
+        assert run_sql(named, tables).table["n"].round().tolist() == exact
 
 
 def test_a_group_key_and_an_aggregate_named_with_a_double_quote_are_released_beside_a_computed_column():

@@ -62,9 +62,12 @@ class Relation:
     #: twice, an unnamed expression, * EXCLUDE, COLUMNS(...), UNNEST of a STRUCT, BY NAME): fine as
     #: public rows, but a * over them beside protected rows would put unknown names beside the unit
     opaque: bool = False
-    #: public rows some of whose output names the check cannot tell (* EXCLUDE / REPLACE / RENAME,
-    #: COLUMNS(...), an UNNEST of a STRUCT, BY NAME): a sample, which reads its rows' columns by name, is refused
+    #: public rows some of whose output names the check cannot tell (* EXCLUDE / RENAME, COLUMNS(...), a *
+    #: chosen by a pattern, an UNNEST as a whole item): a sample, which reads its rows' columns by name, is refused
     names_unknown: bool = False
+    #: the names `_col<n>` the check gave unnamed select items over public rows, which DuckDB names by
+    #: their text instead (written in only where the rows are sampled): a reference to one is refused
+    unnamed: frozenset[str] = frozenset()
 
     def has(self, column: str) -> bool:
         return column.lower() in self.columns
@@ -100,6 +103,7 @@ class Scope:
                                         "refer to the columns of the query around it)")
             if not rel.has(name):
                 raise InvalidQueryError(f"unknown column {name!r} in {rel.alias!r} (columns: {', '.join(rel.columns.values())})")
+            _refuse_unnamed(rel, name)
             return rel, rel.columns[name.lower()]
         if name.lower() in self.merged:
             return None, self.merged[name.lower()]
@@ -110,6 +114,7 @@ class Scope:
                                     "a subquery may not refer to the columns of the query around it")
         if len(owners) > 1:
             raise InvalidQueryError(f"column {name!r} is ambiguous: qualify it with one of {[r.alias for r in owners]}")
+        _refuse_unnamed(owners[0], name)
         return owners[0], owners[0].columns[name.lower()]
 
     def carries_unit(self, col: exp.Column) -> bool:
@@ -128,6 +133,13 @@ class Scope:
         named = self.unit_expr
         return rel.is_unit(name) or (isinstance(named, exp.Column) and named.name.lower() == name.lower()
                                      and named.table.lower() == rel.alias.lower())
+
+
+def _refuse_unnamed(rel: Relation, name: str) -> None:
+    if name.lower() in rel.unnamed:
+        raise InvalidQueryError(f"column {name!r} of {rel.alias or 'a subquery'!r} is an unnamed expression (the check "
+                                "lists it by its place), which DuckDB names by its text: name it with AS in that "
+                                "subquery and use that name")
 
 
 def _arg(node: exp.Expression, name: str):
@@ -246,17 +258,35 @@ def check_outside_clauses(node: exp.Expression, rel: Relation, where: str) -> No
                                 "query without it, or put it inside a SELECT where the rules check it)")
 
 
+#: the * modifiers the check follows itself (refused over protected rows, opaque over public ones)
+STAR_MODIFIERS = ("except", "except_", "replace", "rename")
+
+
+def star_pattern(item: exp.Expression) -> exp.Expression | None:
+    """A * in a select item whose columns DuckDB chooses by a pattern or expands inside an expression
+    (`* ILIKE 'u%'`, `* LIKE`, `* NOT LIKE`, `* GLOB`, `* SIMILAR TO`, `t.* LIKE ...`), or None. The
+    check cannot tell which columns it yields nor under which names; COUNT(*) is a count, not a *."""
+    for node in item.walk(prune=lambda n: is_subquery(n)):
+        if not isinstance(node, exp.Star):
+            continue
+        holder = node.parent if isinstance(node.parent, exp.Column) else node
+        whole = holder is item or (isinstance(item, exp.Alias) and holder is item.this)
+        modified = any(value for key, value in node.args.items() if key not in STAR_MODIFIERS)
+        if modified or not (whole or isinstance(holder.parent, exp.Count)):
+            return holder.parent if not whole and holder.parent is not None else holder
+    return None
+
+
 def write_checker_names(query: exp.Expression) -> None:
     """Name each unnamed select item over public rows `_col<n>`, as the check listed it (CHECKER_NAME),
-    in a query whose columns are read by name (a subquery or CTE in FROM, a sample): DuckDB would
-    name it by its text, `(dept + 1)`, and a reference the check let through would not bind. A set
-    operation's columns are named by its first branch."""
+    in rows a sample reads by name: DuckDB would name it by its text, `(dept + 1)`. A set operation's
+    columns are named by its first branch."""
     first = query
     while isinstance(first, exp.Subquery) or (isinstance(first, SET_OPERATIONS) and not first.args.get("by_name")):
         first = first.this
     if isinstance(first, exp.Select):
         for e in first.expressions:
-            if not e.alias_or_name and CHECKER_NAME in e.meta:
+            if CHECKER_NAME in e.meta and not isinstance(e, exp.Alias):
                 e.replace(exp.alias_(e.copy(), e.meta[CHECKER_NAME], quoted=True))
 
 
@@ -274,7 +304,8 @@ def check_column_list(node: exp.Expression, rel: Relation, where: str) -> Relati
         names = [c.name for c in alias.columns] + list(rel.columns.values())[len(alias.columns):]
         columns = {n.lower(): n for n in names}
         return replace(rel, columns=columns, composite=frozenset(),
-                       opaque=rel.opaque or len(columns) != len(names) or len(alias.columns) > len(rel.columns))
+                       opaque=rel.opaque or len(columns) != len(names) or len(alias.columns) > len(rel.columns),
+                       unnamed=frozenset(n.lower() for n in names[len(alias.columns):]) & rel.unnamed)
     return rel
 
 
@@ -387,6 +418,8 @@ class OwnershipChecker:
         named = check_column_list(node, rel, where)
         if node.args.get("sample") is not None:
             self._sample(node, rel, where)  # inside a column list: the rows' own names
+            if isinstance(node, exp.Subquery):
+                named = replace(named, unnamed=frozenset())  # written in by the sample (write_checker_names)
         return named
 
     def _sample(self, node: exp.Expression, rel: Relation, where: str) -> None:
@@ -397,8 +430,9 @@ class OwnershipChecker:
         if rel.names_unknown:
             raise UnsupportedError(
                 f"{where}: {quote(node)[:80]!r}: TABLESAMPLE reads each row's columns by name, and DuckDB names some "
-                "of these (* EXCLUDE / REPLACE / RENAME, COLUMNS(...), UNNEST of a STRUCT, BY NAME) otherwise than "
-                "the check can tell: not supported (select the columns by name, with AS, in that subquery)")
+                "of these (* EXCLUDE / RENAME, COLUMNS(...), * LIKE / ILIKE / GLOB, an UNNEST as a whole item) "
+                "otherwise than the check can tell: not supported (select the columns by name, with AS, in that "
+                "subquery)")
         node.set("sample", None)
         if fraction >= 1:
             return  # 100 PERCENT: every row
@@ -449,7 +483,6 @@ class OwnershipChecker:
             if not isinstance(inner, exp.Query):
                 raise InvalidQueryError(f"{where}: {quote(node)[:80]!r} cannot be used in FROM")
             rel = self.query(inner, f"subquery {quote(inner)[:60]!r}")
-            write_checker_names(inner)  # the query around reads its columns by the names the check lists
             alias = node.alias_or_name or f"_sub{len(self.ctes)}_{id(node) % 10_000}"
             if not node.alias:
                 node.set("alias", exp.TableAlias(this=exp.to_identifier(alias)))
@@ -564,7 +597,6 @@ class OwnershipChecker:
             if not cte.alias:
                 raise InvalidQueryError(f"{where}: a CTE needs a name: {quote(cte)[:60]!r}")
             rel = self.query(cte.this, f"{where}: CTE {cte.alias!r}")
-            write_checker_names(cte.this)
             rel = check_column_list(cte, rel, f"{where}: CTE {cte.alias!r}")
             self.ctes[cte.alias.lower()] = rel
         return saved
@@ -613,7 +645,7 @@ class OwnershipChecker:
                     raise InvalidQueryError(f"{where}: {clause.upper()} over protected rows keeps rows depending on other units' rows")
         return Relation("", dict(left.columns), left.unit,
                         opaque=left.opaque or right.opaque or bool(node.args.get("by_name")),
-                        names_unknown=left.names_unknown or bool(node.args.get("by_name")))
+                        names_unknown=left.names_unknown, unnamed=left.unnamed)  # BY NAME: the first branch's names lead
 
     def check_select(self, select: exp.Select, where: str) -> Relation:
         """A SELECT inside FROM (or a CTE or a condition): checked, and rewritten to carry the unit."""
@@ -693,6 +725,7 @@ class OwnershipChecker:
         copies: set[str] = set()
         composite: set[str] = set()
         opaque = names_unknown = False
+        unnamed: set[str] = set()  # names given here to unnamed items over public rows
         for e in select.expressions:
             star = e if isinstance(e, exp.Star) else e.this if isinstance(e, exp.Column) else None
             if isinstance(star, exp.Star) and any(star.args.get(k) for k in ("except", "except_", "replace", "rename")):
@@ -700,11 +733,14 @@ class OwnershipChecker:
                     raise InvalidQueryError(f"{where}: {quote(e)[:80]!r}: * EXCLUDE, REPLACE or RENAME over protected "
                                             "rows changes which column holds what, which the ownership check does not "
                                             "follow: not allowed (select the columns by name instead)")
-                opaque = names_unknown = True
+                opaque = True
+                names_unknown = names_unknown or any(star.args.get(k) for k in ("except", "except_", "rename"))
             pattern = next((n for n in e.walk(prune=lambda n: is_subquery(n)) if isinstance(n, exp.Columns)), None)
+            pattern = pattern if pattern is not None else star_pattern(e)
             if pattern is not None:
                 if scope.protected:
-                    raise InvalidQueryError(f"{where}: {quote(pattern)[:80]!r}: COLUMNS(...) over protected rows "
+                    what = "COLUMNS(...)" if isinstance(pattern, exp.Columns) else "a * chosen by a pattern (LIKE, ILIKE, GLOB, SIMILAR TO)"
+                    raise InvalidQueryError(f"{where}: {quote(pattern)[:80]!r}: {what} over protected rows "
                                             "selects and names columns by pattern, which the ownership check does not "
                                             "follow: not allowed (select the columns by name instead)")
                 opaque = names_unknown = True
@@ -761,7 +797,8 @@ class OwnershipChecker:
                 if scope.protected:
                     e.replace(exp.alias_(e.copy(), name, quoted=True))
                 else:
-                    e.meta[CHECKER_NAME] = name  # written in where its rows are read by name (write_checker_names)
+                    e.meta[CHECKER_NAME] = name  # written in only where its rows are sampled (write_checker_names)
+                    unnamed.add(name.lower())
                     opaque = True
             names.append(name)
             columns.setdefault(name.lower(), name)
@@ -794,4 +831,5 @@ class OwnershipChecker:
             columns[unit_name.lower()] = unit_name
             unit_out = unit_name
         return Relation("", columns, unit_out if scope.protected else None, frozenset(copies - {(unit_out or "").lower()}),
-                        frozenset(composite), opaque and not scope.protected, names_unknown and not scope.protected)
+                        frozenset(composite), opaque and not scope.protected, names_unknown and not scope.protected,
+                        frozenset(unnamed))

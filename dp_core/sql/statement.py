@@ -25,7 +25,7 @@ from sqlglot import exp
 from ..errors import InvalidQueryError, UnsupportedError
 from ..sql_scopes import table_reads
 from .compile import CompiledQuery, Compiler
-from .ownership import OwnershipChecker, TableInfo, _arg, check_column_list, check_functions, write_checker_names
+from .ownership import OwnershipChecker, TableInfo, _arg, check_column_list, check_functions
 from .sample import PLACEHOLDER as SAMPLE_FUNCTION
 from .sample import sample_fraction
 from .syntax import ParsedStatement, mark_of, parse_statement, quote
@@ -155,7 +155,6 @@ def compile_statement(sql: str, catalog: dict[str, TableInfo], *, epsilon=None, 
                 kinds[name.lower()] = "released"
                 continue
             rel = checker.query(body, f"CTE {name!r}")
-            write_checker_names(body)
             rel = check_column_list(cte, rel, f"CTE {name!r}")
             checker.ctes[name.lower()] = rel
             kinds[name.lower()] = "protected" if rel.unit is not None else "public"
