@@ -309,3 +309,43 @@ def test_a_sample_of_public_rows_whose_names_duckdb_gives_is_refused_in_one_line
     assert "TABLESAMPLE reads each row's columns by name" in str(refused.value)
     assert "select the columns by name, with AS, in that subquery" in str(refused.value)
     assert exact_n(run_sql(sql.replace(" TABLESAMPLE BERNOULLI (50 PERCENT)", ""), tables)) == 100
+
+
+@pytest.mark.parametrize("sql, words", [
+    (f"WITH p AS (SELECT dept, dept + 1 FROM depts) {DPS} {C1} AS n FROM many WHERE dept IN "
+     "(SELECT dept FROM p TABLESAMPLE BERNOULLI (50 PERCENT))",
+     "TABLESAMPLE reads each row's columns by name, and _col1 is an unnamed expression, which DuckDB names by its "
+     "text: not supported (name it with AS where it is computed)"),
+    (f"{DPS} {C1} AS n FROM many WHERE dept IN (SELECT dept FROM (SELECT dept + 0, dept FROM depts UNION BY NAME "
+     "SELECT dept + 0, dept FROM depts) TABLESAMPLE BERNOULLI (50 PERCENT))",
+     "TABLESAMPLE reads each row's columns by name, and _col0 is an unnamed expression, which DuckDB names by its "
+     "text: not supported (name it with AS where it is computed)"),
+    (f"{DPS} {C1} AS n FROM many WHERE dept IN (SELECT _col0 FROM (SELECT dept + 0 FROM depts) "
+     "TABLESAMPLE BERNOULLI (100 PERCENT))",
+     "is an unnamed expression (the check lists it by its place), which DuckDB names by its text: name it with AS "
+     "in that subquery and use that name"),
+    (f"WITH a AS (SELECT dept + 0 FROM depts), b AS (SELECT * FROM a) {DPS} {C1} AS n FROM many WHERE dept IN "
+     "(SELECT _col0 FROM b)",
+     "column '_col0' of 'b' is an unnamed expression (the check lists it by its place), which DuckDB names by its "
+     "text: name it with AS in that subquery and use that name"),
+])
+def test_an_unnamed_public_column_is_never_read_by_a_name_duckdb_does_not_give_it(tables, sql, words):
+    """The check lists an unnamed public column as `_col<n>`, which only a sample's rewrite writes in: a
+    sampled CTE or BY NAME branch (not rewritten there), a 100 PERCENT sample (not rewritten at all) and
+    a * over such rows would have had DuckDB bind `_col<n>` to nothing or to a column of the query
+    around it (until 2026-11-25: a wrong sample, or `people._col0` read). Refused, before anything runs."""
+    with pytest.raises(dp.DPError) as refused:
+        run_sql(sql, tables)
+    assert words in str(refused.value)
+
+
+def test_a_real_column_named_like_the_check_s_name_for_an_unnamed_one_is_read_as_itself():
+    """`SELECT dept + 100, _col0 FROM codes`: the check would call the first column `_col0` too, but DuckDB
+    names it by its text and reads the table's own `_col0` for `s._col0`: so does the check (it was
+    refused as an unnamed expression). Departments 0 and 1 have codes 10 and 11: 2 of 4 people kept."""
+    people = pd.DataFrame({"uid": np.arange(400), "dept": np.arange(400) % 4})
+    codes = pd.DataFrame({"dept": [0, 1, 2, 3], "_col0": [10, 11, 99, 99]})
+    tables = {"people": Table(people, "uid"), "codes": Table(codes)}
+    sql = (f"{DPS.replace('epsilon = 1', 'epsilon = 100')} {C1} AS n FROM people WHERE dept + 10 IN "
+           "(SELECT s._col0 FROM (SELECT dept + 100, _col0 FROM codes) s)")
+    assert exact_n(run_sql(sql, tables)) == 200

@@ -277,10 +277,11 @@ def star_pattern(item: exp.Expression) -> exp.Expression | None:
     return None
 
 
-def write_checker_names(query: exp.Expression) -> None:
+def write_checker_names(query: exp.Expression) -> set[str]:
     """Name each unnamed select item over public rows `_col<n>`, as the check listed it (CHECKER_NAME),
     in rows a sample reads by name: DuckDB would name it by its text, `(dept + 1)`. A set operation's
-    columns are named by its first branch."""
+    columns are named by its first branch. Returns the names written (lower case)."""
+    written: set[str] = set()
     first = query
     while isinstance(first, exp.Subquery) or (isinstance(first, SET_OPERATIONS) and not first.args.get("by_name")):
         first = first.this
@@ -288,6 +289,8 @@ def write_checker_names(query: exp.Expression) -> None:
         for e in first.expressions:
             if CHECKER_NAME in e.meta and not isinstance(e, exp.Alias):
                 e.replace(exp.alias_(e.copy(), e.meta[CHECKER_NAME], quoted=True))
+                written.add(e.meta[CHECKER_NAME].lower())
+    return written
 
 
 def check_column_list(node: exp.Expression, rel: Relation, where: str) -> Relation:
@@ -416,16 +419,16 @@ class OwnershipChecker:
         check_outside_clauses(node, rel, where)
         self.clause_subqueries(node, ("this", "alias", "joins", "sample", "with"), where)
         named = check_column_list(node, rel, where)
-        if node.args.get("sample") is not None:
-            self._sample(node, rel, where)  # inside a column list: the rows' own names
-            if isinstance(node, exp.Subquery):
-                named = replace(named, unnamed=frozenset())  # written in by the sample (write_checker_names)
+        if node.args.get("sample") is not None and self._sample(node, rel, where):  # inside a column list: the rows' own names
+            named = replace(named, unnamed=frozenset())  # written in by the sample (write_checker_names)
         return named
 
-    def _sample(self, node: exp.Expression, rel: Relation, where: str) -> None:
+    def _sample(self, node: exp.Expression, rel: Relation, where: str) -> bool:
         """Rewrite `node TABLESAMPLE BERNOULLI / SYSTEM (p PERCENT)` in place as the subquery of its
         per-row sample (the same alias, column list and columns); refuse the other samples. `rel`:
-        the rows' columns under their own names (a column list renames them after the sample)."""
+        the rows' columns under their own names (a column list renames them after the sample).
+        Returns whether it was rewritten (not at 100 PERCENT): its unnamed items then carry the
+        check's names."""
         fraction = row_sample.sample_fraction(node.args["sample"], where)
         if rel.names_unknown:
             raise UnsupportedError(
@@ -435,13 +438,17 @@ class OwnershipChecker:
                 "subquery)")
         node.set("sample", None)
         if fraction >= 1:
-            return  # 100 PERCENT: every row
+            return False  # 100 PERCENT: every row
         if node.parent is None:  # a copy: the rewrite would be lost (not expected: the FROM is flattened in place)
             raise UnsupportedError(f"{where}: TABLESAMPLE is not supported here: sample the table in a subquery, "
                                    "(SELECT * FROM t TABLESAMPLE BERNOULLI (p PERCENT))")
+        written = write_checker_names(node.this) if isinstance(node, exp.Subquery) else set()
+        if rel.unnamed - written:  # a CTE's or a BY NAME branch's: their text is not rewritten here
+            raise UnsupportedError(
+                f"{where}: {quote(node)[:80]!r}: TABLESAMPLE reads each row's columns by name, and "
+                f"{', '.join(sorted(rel.unnamed - written))} is an unnamed expression, which DuckDB names by its "
+                "text: not supported (name it with AS where it is computed)")
         self.samples += 1
-        if isinstance(node, exp.Subquery):  # the sample lists its columns by name
-            write_checker_names(node.this)
         columns = list(rel.columns.values())
         if isinstance(node, exp.Table):
             inner = node.copy()
@@ -452,6 +459,7 @@ class OwnershipChecker:
                                                            columns=[c.copy() for c in listed])))
         else:
             node.set("this", row_sample.sampled_select(node.this, columns, fraction, self.samples))
+        return True
 
     def _relation(self, node: exp.Expression, where: str) -> Relation:
         if isinstance(node, exp.Table):
@@ -725,7 +733,8 @@ class OwnershipChecker:
         copies: set[str] = set()
         composite: set[str] = set()
         opaque = names_unknown = False
-        unnamed: set[str] = set()  # names given here to unnamed items over public rows
+        unnamed: set[str] = set()  # names given here to unnamed items over public rows (or by a * over such)
+        real: set[str] = set()  # the names of the other columns
         for e in select.expressions:
             star = e if isinstance(e, exp.Star) else e.this if isinstance(e, exp.Column) else None
             if isinstance(star, exp.Star) and any(star.args.get(k) for k in ("except", "except_", "replace", "rename")):
@@ -771,6 +780,7 @@ class OwnershipChecker:
                             seen_merged.add(low)
                         names.append(name)
                         columns.setdefault(low, name)
+                        (unnamed if low in r.unnamed else real).add(low)
                     if unit_out is None and r.unit is not None and scope.protected and (
                             scope.unit_name is None or r.is_unit(scope.unit_name)):
                         unit_out = r.unit
@@ -790,6 +800,7 @@ class OwnershipChecker:
                         "follow (a field could pass for the privacy unit): not allowed (unnest a list inside an "
                         "expression, e.g. CAST(UNNEST(x) AS <type>) AS name)")
                 opaque = names_unknown = True
+            invented = False
             if isinstance(e, (exp.Alias, exp.Column)):
                 name = e.alias_or_name
             else:  # DuckDB names it by its text or by a column inside it: the checker's name is written in
@@ -799,7 +810,9 @@ class OwnershipChecker:
                 else:
                     e.meta[CHECKER_NAME] = name  # written in only where its rows are sampled (write_checker_names)
                     unnamed.add(name.lower())
-                    opaque = True
+                    invented = opaque = True
+            if not invented:
+                real.add(name.lower())
             names.append(name)
             columns.setdefault(name.lower(), name)
             if isinstance(inner, (exp.Struct, exp.Array)) or (
@@ -832,4 +845,4 @@ class OwnershipChecker:
             unit_out = unit_name
         return Relation("", columns, unit_out if scope.protected else None, frozenset(copies - {(unit_out or "").lower()}),
                         frozenset(composite), opaque and not scope.protected, names_unknown and not scope.protected,
-                        frozenset(unnamed))
+                        frozenset(unnamed - real))  # a real column of the name is the one DuckDB reads
