@@ -1311,6 +1311,17 @@ def test_an_unnamed_expression_duckdb_names_like_the_unit_is_not_taken_for_it():
     assert run_sql(sql, tables).table["n"].round().tolist() == [10.0]
 
 
+@pytest.mark.parametrize("key", ["COLUMNS('dept|age')", "COLUMNS(*)", "* LIKE 'd%'"])
+def test_a_group_by_key_chosen_by_a_pattern_is_refused(tables, key):
+    """`GROUP BY COLUMNS('dept|age')` was compiled as one key (`COLUMNS(...) AS key0`, DuckDB naming every
+    match key0) and released the groups of dept alone (until 2026-11-25): refused, naming the remedy."""
+    with pytest.raises(dp.InvalidQueryError) as refused:
+        run_sql(f"{DP.format(e=1)} {C1} AS n FROM people GROUP BY {key}", tables)
+    assert str(refused.value).endswith(
+        ": a key chosen by a pattern (COLUMNS(...), *) stands for every column it matches, which the DP SELECT "
+        "does not follow: name each key column instead")
+
+
 @pytest.mark.parametrize("item", ["* ILIKE 'u%'", "* LIKE 'u%'", "* NOT LIKE 'd%'", "* GLOB 'u*'",
                                   "* SIMILAR TO 'u.*'", "visits.* ILIKE 'u%'"])
 def test_a_star_chosen_by_a_pattern_over_protected_rows_is_refused(item):

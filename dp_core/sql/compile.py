@@ -497,6 +497,10 @@ class Compiler:
                 if isinstance(node, exp.AggFunc) or is_dp_call(node):
                     raise InvalidQueryError(f"GROUP BY {quote(k)}: grouping by an aggregate is not allowed (group by "
                                             "row values, e.g. a column)")
+                if isinstance(node, (exp.Columns, exp.Star)):  # one key in the plan, as many as it matches in DuckDB
+                    raise InvalidQueryError(f"GROUP BY {quote(k)}: a key chosen by a pattern (COLUMNS(...), *) stands "
+                                            "for every column it matches, which the DP SELECT does not follow: name "
+                                            "each key column instead")
             self.checker.check_condition(k, scope, "GROUP BY")
             if isinstance(k, exp.Column) and scope.is_unit(k):
                 raise InvalidQueryError(f"GROUP BY {quote(k)}: grouping by the privacy unit would publish one row per unit")
