@@ -737,7 +737,7 @@ class OwnershipChecker:
         real: set[str] = set()  # the names of the other columns
         for e in select.expressions:
             star = e if isinstance(e, exp.Star) else e.this if isinstance(e, exp.Column) else None
-            if isinstance(star, exp.Star) and any(star.args.get(k) for k in ("except", "except_", "replace", "rename")):
+            if isinstance(star, exp.Star) and any(star.args.get(k) for k in STAR_MODIFIERS):
                 if scope.protected:  # column sets DuckDB names by itself: another column could become the unit's
                     raise InvalidQueryError(f"{where}: {quote(e)[:80]!r}: * EXCLUDE, REPLACE or RENAME over protected "
                                             "rows changes which column holds what, which the ownership check does not "
