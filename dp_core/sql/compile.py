@@ -24,6 +24,7 @@ from ..errors import InvalidQueryError, UnsupportedError
 from . import public_groups
 from .ownership import OwnershipChecker, Scope, _arg, check_functions, is_dp_call, is_subquery, outside_cte_reads
 from .syntax import DPClause, mark_of, number_literal, quote
+from .unit_keys import bare, unit_key_refusal
 
 #: seed names -> (kind, quantile)
 SEED_FUNCTIONS = {
@@ -349,6 +350,7 @@ class Compiler:
         where = select.args.get("where")
         if where is not None:
             self.checker.check_condition(where.this, scope, "WHERE")
+            scope.note_equalities(where.this)
 
         select.set("expressions", [_expand_quantiles(item, clause.syntax) for item in select.expressions])
         keys, _ = self._group_keys(select, scope)
@@ -480,6 +482,9 @@ class Compiler:
         aliases = {e.alias.lower(): e.this for e in select.expressions if isinstance(e, exp.Alias)}
         keys = []
         for k in group.expressions:
+            written = quote(k)
+            while isinstance(k, exp.Paren):  # GROUP BY (1) is a position too
+                k = k.this
             if isinstance(k, exp.Literal) and not k.is_string:
                 try:
                     pos = int(str(k.this))
@@ -502,8 +507,11 @@ class Compiler:
                                             "for every column it matches, which the DP SELECT does not follow: name "
                                             "each key column instead")
             self.checker.check_condition(k, scope, "GROUP BY")
-            if isinstance(k, exp.Column) and scope.is_unit(k):
-                raise InvalidQueryError(f"GROUP BY {quote(k)}: grouping by the privacy unit would publish one row per unit")
+            if scope.spells_unit(k):
+                how = [] if quote(k) == written else [f"it stands for {quote(k)}"]
+                if not isinstance(bare(k), exp.Column) or not scope.is_unit(bare(k)):
+                    how.append(f"{'which' if how else quote(k)} holds the unit's value on every row")
+                raise unit_key_refusal(written, ", ".join(how))
             keys.append(k)
         return keys, None
 

@@ -37,6 +37,7 @@ from sqlglot import exp
 from ..errors import InvalidQueryError, UnsupportedError
 from ..sql_scopes import table_reads
 from . import sample as row_sample
+from . import unit_keys
 from .syntax import quote
 
 
@@ -68,6 +69,9 @@ class Relation:
     #: the names `_col<n>` the check gave unnamed select items over public rows, which DuckDB names by
     #: their text instead (written in only where the rows are sampled): a reference to one is refused
     unnamed: frozenset[str] = frozenset()
+    #: columns holding the unit's value under another spelling, `(uid) AS x`, `CAST(uid AS TEXT) AS x`, a
+    #: column equated to the unit by a join (unit_keys.py): grouping by one is grouping by the unit
+    unit_spellings: frozenset[str] = frozenset()
 
     def has(self, column: str) -> bool:
         return column.lower() in self.columns
@@ -88,10 +92,43 @@ class Scope:
     #: relations whose unit column equals the joined row's unit on every row (inner-joined on the
     #: unit, or the kept side of an outer join); the other side of an outer join may hold NULL
     unit_aliases: set[str] = field(default_factory=set)
+    #: pairs of column keys (unit_keys.py) that a join condition, USING, NATURAL or WHERE equates
+    equalities: list[tuple[tuple[str, str], tuple[str, str]]] = field(default_factory=list)
 
     @property
     def protected(self) -> bool:
         return self.unit_expr is not None
+
+    def key_of(self, col: exp.Column) -> tuple[str, str]:
+        """(relation alias, column), lower case; ("", column) for a USING-merged column."""
+        rel, name = self.resolve(col)
+        return ("" if rel is None else rel.alias.lower(), name.lower())
+
+    def note_equalities(self, condition: exp.Expression | None) -> None:
+        """Record the columns the AND-ed `a = b` terms of a join condition or a WHERE equate."""
+        for a, b in unit_keys.column_equalities(condition):
+            try:
+                self.equalities.append((self.key_of(a), self.key_of(b)))
+            except InvalidQueryError:  # an unknown or ambiguous name: the checks of the condition report it
+                continue
+
+    def unit_columns(self) -> set[tuple[str, str]]:
+        """Every column that holds the unit's value on its rows: unit columns, their copies and other
+        spellings, the column OPTIONS (privacy_unit_column) names, and what the equalities tie to them."""
+        seeds = {(r.alias.lower(), c) for r in self.relations for c in r.columns
+                 if r.is_unit(c) or c in r.unit_spellings}
+        named = self.unit_expr
+        if isinstance(named, exp.Column):
+            seeds.add((named.table.lower(), named.name.lower()))
+        seeds |= {("", c) for c in self.merged if any(r.is_unit(c) or c in r.unit_spellings for r in self.relations)}
+        return unit_keys.closure(seeds, self.equalities)
+
+    def spells_unit(self, expr: exp.Expression) -> bool:
+        """The expression is the unit's value itself, once parentheses, aliases and casts are off."""
+        col = unit_keys.bare(expr)
+        if not isinstance(col, exp.Column) or isinstance(col.this, exp.Star) or not self.relations:
+            return False
+        return self.is_unit(col) or self.key_of(col) in self.unit_columns()
 
     def resolve(self, col: exp.Column) -> tuple[Relation | None, str]:
         """The relation a column reference belongs to (None for a USING-merged column)."""
@@ -386,8 +423,11 @@ class OwnershipChecker:
             scope.unit_expr = exp.column(first.columns.get(first.unit.lower(), first.unit), table=first.alias, quoted=True)
             scope.unit_name = first.unit
             scope.unit_aliases = {first.alias.lower()}
-        for join in list(select.args.get("joins") or []):
+        for at, join in enumerate(list(select.args.get("joins") or [])):
             self.join(join, scope, where)
+            written = join.this.meta.get(unit_keys.PUBLIC_GROUPS) or (at == 0 and source.this.meta.get(unit_keys.PUBLIC_GROUPS))
+            if written:  # the join of a public-groups subquery (public_groups.prepare)
+                unit_keys.refuse_unit_join(join, scope, written)
         return scope
 
     def public_tables_in(self, tree: exp.Expression) -> tuple[str, ...]:
@@ -509,6 +549,8 @@ class OwnershipChecker:
         inner = Scope(scope.relations + [right], dict(scope.merged))
         if on is not None:
             self.check_condition(on, inner, f"{where} ON")
+            inner.note_equalities(on)
+            scope.equalities += inner.equalities
         using_names = [u.name.lower() for u in using] if using else []
         for u in using or []:
             if not right.has(u.name) or not any(r.has(u.name) for r in scope.relations):
@@ -568,6 +610,8 @@ class OwnershipChecker:
         for name in using_names:
             original = right.columns.get(name, name)
             scope.merged[name] = original
+            scope.equalities += [(("", name.lower()), (r.alias.lower(), name.lower()))
+                                 for r in scope.relations + [right] if r.has(name)]
         scope.relations.append(right)
 
     @staticmethod
@@ -651,9 +695,15 @@ class OwnershipChecker:
             for clause in ("order", "limit", "offset"):
                 if node.args.get(clause) is not None:
                     raise InvalidQueryError(f"{where}: {clause.upper()} over protected rows keeps rows depending on other units' rows")
+        spelled = set()  # a column holding the unit's value in either branch holds it in some rows of the result
+        if left.unit is not None:
+            for a, b in zip(left.columns, right.columns):
+                if a in left.copies | left.unit_spellings or b in right.copies | right.unit_spellings:
+                    spelled.add(a)
         return Relation("", dict(left.columns), left.unit,
                         opaque=left.opaque or right.opaque or bool(node.args.get("by_name")),
-                        names_unknown=left.names_unknown, unnamed=left.unnamed)  # BY NAME: the first branch's names lead
+                        names_unknown=left.names_unknown, unnamed=left.unnamed,  # BY NAME: the first branch's names lead
+                        unit_spellings=frozenset(spelled - {(left.unit or "").lower()}))
 
     def check_select(self, select: exp.Select, where: str) -> Relation:
         """A SELECT inside FROM (or a CTE or a condition): checked, and rewritten to carry the unit."""
@@ -669,6 +719,8 @@ class OwnershipChecker:
                 "ownership check does not see (its expressions could read any table, and name columns like the "
                 "privacy unit): not allowed (unnest a list in the SELECT list instead: CAST(UNNEST(x) AS <type>) AS name)")
         self.check_condition(select.args.get("where"), scope, f"{where} WHERE")
+        if select.args.get("where") is not None:
+            scope.note_equalities(select.args["where"].this)
         for e in select.expressions:
             check_functions(e, where)
             for node in e.walk(prune=lambda n: is_subquery(n)):
@@ -735,6 +787,8 @@ class OwnershipChecker:
         opaque = names_unknown = False
         unnamed: set[str] = set()  # names given here to unnamed items over public rows (or by a * over such)
         real: set[str] = set()  # the names of the other columns
+        spellings: set[str] = set()  # output columns holding the unit's value otherwise than as the unit
+        unit_columns = scope.unit_columns() if scope.protected else set()
         for e in select.expressions:
             star = e if isinstance(e, exp.Star) else e.this if isinstance(e, exp.Column) else None
             if isinstance(star, exp.Star) and any(star.args.get(k) for k in STAR_MODIFIERS):
@@ -781,6 +835,8 @@ class OwnershipChecker:
                         names.append(name)
                         columns.setdefault(low, name)
                         (unnamed if low in r.unnamed else real).add(low)
+                        if (r.alias.lower(), low) in unit_columns:
+                            spellings.add(low)
                     if unit_out is None and r.unit is not None and scope.protected and (
                             scope.unit_name is None or r.is_unit(scope.unit_name)):
                         unit_out = r.unit
@@ -824,6 +880,8 @@ class OwnershipChecker:
                     unit_out = name
                 else:
                     copies.add(name.lower())
+            elif scope.protected and scope.spells_unit(inner):
+                spellings.add(name.lower())
         if len(columns) != len(names):
             twice = sorted({n for n in names if [m.lower() for m in names].count(n.lower()) > 1})
             if scope.protected:
@@ -845,4 +903,5 @@ class OwnershipChecker:
             unit_out = unit_name
         return Relation("", columns, unit_out if scope.protected else None, frozenset(copies - {(unit_out or "").lower()}),
                         frozenset(composite), opaque and not scope.protected, names_unknown and not scope.protected,
-                        frozenset(unnamed - real))  # a real column of the name is the one DuckDB reads
+                        frozenset(unnamed - real),  # a real column of the name is the one DuckDB reads
+                        frozenset(spellings - copies - {(unit_out or "").lower()}))
