@@ -295,6 +295,28 @@ def check_outside_clauses(node: exp.Expression, rel: Relation, where: str) -> No
                                 "query without it, or put it inside a SELECT where the rules check it)")
 
 
+#: the clauses of a SELECT over protected rows that check_select reads (each checked or refused there)
+CHECKED_SELECT_CLAUSES = ("expressions", "from", "joins", "where", "group", "having", "with", "distinct", "laterals",
+                          "pivots", "connect", "match", "windows", "kind", "hint", "order", "limit", "offset", "qualify")
+#: where a query's rows are read as rows (not as one value): a STRUCT per row there is one column
+ROW_SOURCES = (exp.From, exp.Join, exp.CTE, exp.In, exp.Union, exp.Intersect, exp.Except, exp.Lateral)
+
+
+def refuse_struct_rows(select: exp.Select, where: str) -> None:
+    """`SELECT AS STRUCT` read as rows (in FROM, a CTE, a set operation, IN): DuckDB computes it as one
+    STRUCT column, not the columns the check lists, so the unit and the names it reads are not there
+    (a raw binder error until 2026-11-29). As one value (a scalar subquery in a SELECT list) it is allowed."""
+    if str(select.args.get("kind") or "").upper() != "STRUCT":
+        return
+    node = select.parent
+    while isinstance(node, exp.Subquery):
+        node = node.parent
+    if isinstance(node, ROW_SOURCES):
+        raise InvalidQueryError(f"{where}: SELECT AS STRUCT read as rows is one STRUCT column per row, not the columns "
+                                "it lists: not allowed here (select the columns without AS STRUCT, or use it as one "
+                                "value in a SELECT list)")
+
+
 #: the * modifiers the check follows itself (refused over protected rows, opaque over public ones)
 STAR_MODIFIERS = ("except", "except_", "replace", "rename")
 
@@ -425,7 +447,8 @@ class OwnershipChecker:
             scope.unit_aliases = {first.alias.lower()}
         for at, join in enumerate(list(select.args.get("joins") or [])):
             self.join(join, scope, where)
-            written = join.this.meta.get(unit_keys.PUBLIC_GROUPS) or (at == 0 and source.this.meta.get(unit_keys.PUBLIC_GROUPS))
+            mark = unit_keys.PUBLIC_GROUPS
+            written = join.this.meta.get(mark) or (at == 0 and source.this.meta.get(mark))
             if written:  # the join of a public-groups subquery (public_groups.prepare)
                 unit_keys.refuse_unit_join(join, scope, written)
         return scope
@@ -540,6 +563,10 @@ class OwnershipChecker:
     def join(self, join: exp.Join, scope: Scope, where: str) -> None:
         text = quote(join)  # as written: checking the joined relation rewrites it (a sample, the unit it carries)
         right = self.relation(join.this, where)
+        if right.alias.lower() in {r.alias.lower() for r in scope.relations}:
+            raise InvalidQueryError(
+                f"{where}: {text!r}: the name {right.alias!r} is given to two relations of one FROM clause, so a column "
+                "qualified by it could be either one's: not allowed (give each table or subquery its own alias with AS)")
         side = (join.args.get("side") or "").upper()
         kind = (join.args.get("kind") or "").upper()
         natural = (join.args.get("method") or "").upper() == "NATURAL"
@@ -721,6 +748,7 @@ class OwnershipChecker:
         self.check_condition(select.args.get("where"), scope, f"{where} WHERE")
         if select.args.get("where") is not None:
             scope.note_equalities(select.args["where"].this)
+        refuse_struct_rows(select, where)
         for e in select.expressions:
             check_functions(e, where)
             for node in e.walk(prune=lambda n: is_subquery(n)):
@@ -731,11 +759,11 @@ class OwnershipChecker:
         if not scope.protected:
             self.clause_subqueries(select, ("from", "joins", "with", "where", "expressions"), where)
             return self._project(select, scope, where)
-        for clause in ("order", "limit", "offset"):
+        for clause in ("order", "limit", "offset", "qualify"):
             if select.args.get(clause) is not None:
                 raise InvalidQueryError(
                     f"{where}: {clause.upper()} inside a subquery over protected rows keeps rows depending on other "
-                    "units' rows"
+                    "units' rows" + (": not allowed (filter rows with WHERE instead)" if clause == "qualify" else "")
                 )
         distinct = select.args.get("distinct")
         if distinct is not None and distinct.args.get("on") is not None:  # one row per value, of any unit
@@ -748,16 +776,28 @@ class OwnershipChecker:
         for node in select.walk(prune=lambda n: n is not select and is_subquery(n)):
             if isinstance(node, exp.Window):
                 raise InvalidQueryError(f"{where}: {quote(node)!r} is a window function: it mixes rows of different units")
+        unknown = [k for k, v in select.args.items() if v and k.rstrip("_") not in CHECKED_SELECT_CLAUSES]
+        if unknown:  # a clause these rules do not read could keep or mix rows unseen
+            raise InvalidQueryError(f"{where}: {unknown[0].upper().rstrip('_')} over protected rows is not supported "
+                                    "(the ownership check does not read it): write the query without it")
         group = select.args.get("group")
         aggregated = group is not None or any(isinstance(n, exp.AggFunc) for e in select.expressions
                                               for n in e.walk(prune=lambda n: is_subquery(n)))
         if aggregated:
             keys = group.expressions if group is not None else []
-            if not any(isinstance(k, exp.Column) and scope.is_unit(k) for k in keys):
+            if group is not None and any(group.args.get(k) for k in ("all", "rollup", "cube", "grouping_sets", "totals")):
+                raise InvalidQueryError(f"{where}: {quote(group)[:60]!r} over protected rows groups by what the "
+                                        "ownership check does not read: group by the unit and named columns only")
+            unit_key = next((k for k in keys if isinstance(k, exp.Column) and self._groups_by_unit(k, scope)), None)
+            if unit_key is None:
+                other = next((k for k in keys if isinstance(k, exp.Column) and scope.is_unit(k)), None)
                 raise InvalidQueryError(
                     f"{where}: an aggregation over protected rows must group by the unit ({scope.unit_name}); "
                     "otherwise one row would mix several units"
-                )
+                    + ("" if other is None else f" ({quote(other)} is the unit of a side of an outer join that may "
+                       "hold no row: its NULL group would mix the other side's units; group by the kept side's unit)"))
+            scope.unit_expr = unit_key.copy()  # the unit the grouped rows carry (what _project adds when omitted)
+            self._refuse_ungrouped(select, keys, scope, where)
             for k in keys:
                 self.check_condition(k, scope, f"{where} GROUP BY")
             having = select.args.get("having")
@@ -767,6 +807,40 @@ class OwnershipChecker:
                         raise InvalidQueryError(f"{where} HAVING: {quote(node)!r} is not allowed")
         self.clause_subqueries(select, ("from", "joins", "with", "where", "expressions", "group", "having"), where)
         return self._project(select, scope, where)
+
+    @staticmethod
+    def _refuse_ungrouped(select: exp.Select, keys: list[exp.Expression], scope: Scope, where: str) -> None:
+        """A column of an aggregating SELECT's list or HAVING outside every aggregate must be one of its
+        GROUP BY keys (as DuckDB requires: `SELECT p.uid ... GROUP BY v.uid` was DuckDB's raw binder error
+        until 2026-11-29); refused here in the rule's words."""
+        grouped = {quote(k) for k in keys}
+        resolved = set()
+        for k in keys:
+            if isinstance(k, exp.Column):
+                rel, name = scope.resolve(k)
+                resolved.add((rel.alias.lower() if rel is not None else "", name.lower()))
+        having = select.args.get("having")
+        for part in [*select.expressions, *([having.this] if having is not None else [])]:
+            inner = part.this if isinstance(part, exp.Alias) else part
+            # not entered: subqueries, aggregates, keys, and calls sqlglot does not know (DuckDB's own aggregates
+            # among them: DuckDB judges those, and the last guard words its refusal)
+            outside = (lambda n: is_subquery(n) or isinstance(n, (exp.AggFunc, exp.Anonymous)) or quote(n) in grouped)
+            for node in inner.walk(prune=outside):
+                if not isinstance(node, exp.Column) or isinstance(node.this, exp.Star) or quote(node) in grouped:
+                    continue
+                rel, name = scope.resolve(node)
+                merged = {n for a, n in resolved if rel is None or a == ""}  # USING columns: either side's by name
+                if (rel.alias.lower() if rel is not None else "", name.lower()) not in resolved and \
+                        name.lower() not in merged:
+                    raise InvalidQueryError(
+                        f"{where}: {quote(node)!r} is neither grouped nor aggregated in an aggregation over protected "
+                        f"rows (GROUP BY {', '.join(quote(k) for k in keys)}): group by it or aggregate it")
+
+    @staticmethod
+    def _groups_by_unit(key: exp.Column, scope: Scope) -> bool:
+        """The key holds the unit of every grouped row: a unit column on the kept side of the joins, or
+        the USING-merged unit column (after a FULL join, the COALESCE of both sides)."""
+        return scope.carries_unit(key) or (scope.resolve(key)[0] is None and scope.is_unit(key))
 
     @staticmethod
     def _project(select: exp.Select, scope: Scope, where: str) -> Relation:

@@ -59,7 +59,10 @@ def column_equalities(condition: exp.Expression | None) -> list[tuple[exp.Column
     return []
 
 
-def closure(seeds: set[tuple[str, str]], equalities: list[tuple[tuple[str, str], tuple[str, str]]]) -> set[tuple[str, str]]:
+Key = tuple[str, str]
+
+
+def closure(seeds: set[Key], equalities: list[tuple[Key, Key]]) -> set[Key]:
     """Every key equal to a seed through the equalities (each equality read both ways)."""
     found = set(seeds)
     changed = True
@@ -83,9 +86,10 @@ def reads_column(expr: exp.Expression | None, test) -> exp.Column | None:
 
 
 def refuse_unit_join(join: exp.Join, scope, written: str) -> None:
-    """A public-groups join (just checked into `scope`; `written`: its text as the analyst wrote it) whose condition reads the privacy unit, or a
-    copy of it (`ON people.uid = g.id`, `ON people.uid + 0 = g.id`, USING (uid)): the public list
-    is one of unit ids, and each group it lists would be one unit's rows, released with no selection.
+    """A public-groups join (just checked into `scope`; `written`: its text as the analyst wrote it)
+    whose condition reads the privacy unit, or a copy of it (`ON people.uid = g.id`, `ON people.uid + 0
+    = g.id`, USING (uid)): the public list is one of unit ids, and each group it lists would be one
+    unit's rows, released with no selection.
     Grouping by the unit is refused in every DP SELECT; here it is refused at the join, however the
     key is computed from it (until 2026-11-29 such a join released one noisy row per person)."""
     units = scope.unit_columns()
@@ -109,4 +113,5 @@ def refuse_unit_join(join: exp.Join, scope, written: str) -> None:
             "join); join the public groups on other columns")
 
 
-__all__ = ["PUBLIC_GROUPS", "bare", "closure", "column_equalities", "reads_column", "refuse_unit_join", "unit_key_refusal"]
+__all__ = ["PUBLIC_GROUPS", "bare", "closure", "column_equalities", "reads_column", "refuse_unit_join",
+           "unit_key_refusal"]
