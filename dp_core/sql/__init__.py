@@ -55,7 +55,7 @@ def compile_statement_for(sql: str, tables: dict[str, Table], **request) -> Comp
     backend = DuckDBBackend.for_tables({name: t.data for name, t in tables.items()})
     try:
         statement = _guarded(compile_statement, sql, catalog_of(backend, tables), **request)
-        _guarded(check_executable, statement, backend)
+        _guarded(check_executable, statement, backend, sql)
         return statement
     finally:
         backend.close()

@@ -24,6 +24,7 @@ from ..errors import InvalidQueryError, UnsupportedError
 from . import public_groups
 from .ownership import OwnershipChecker, Scope, _arg, check_functions, is_dp_call, is_subquery, outside_cte_reads
 from .syntax import DPClause, mark_of, number_literal, quote
+from .unit_keys import bare, unit_key_refusal
 
 #: seed names -> (kind, quantile)
 SEED_FUNCTIONS = {
@@ -292,6 +293,8 @@ class Compiler:
         select.set("expressions", [e for e in select.expressions if mark_of_item(e) is None])
         if select.args.get("distinct"):
             raise InvalidQueryError("SELECT DISTINCT in a DP SELECT is not supported (its groups are the GROUP BY)")
+        refuse_unread_clauses(select)
+        refuse_patterns(select)
         for node in select.walk(prune=lambda n: n is not select and is_subquery(n)):
             if isinstance(node, exp.Window):
                 raise InvalidQueryError(f"{quote(node)!r} is a window function: not allowed in a DP SELECT")
@@ -349,6 +352,7 @@ class Compiler:
         where = select.args.get("where")
         if where is not None:
             self.checker.check_condition(where.this, scope, "WHERE")
+            scope.note_equalities(where.this)
 
         select.set("expressions", [_expand_quantiles(item, clause.syntax) for item in select.expressions])
         keys, _ = self._group_keys(select, scope)
@@ -416,7 +420,9 @@ class Compiler:
                 out.append((name or f"_col{pos}", self._render(payload, labels)))
         names = [n.lower() for n, _ in out]
         if len(set(names)) != len(names):
-            raise InvalidQueryError(f"the DP SELECT's output names must be unique: {[n for n, _ in out]}")
+            twice = sorted({n for n, _ in out if names.count(n.lower()) > 1})
+            raise InvalidQueryError(f"the DP SELECT's output names must be unique: {', '.join(twice)} is given twice in "
+                                    f"{[n for n, _ in out]}; give each output column its own name with AS")
 
         unit_ref = scope.unit_expr.copy()
         src_items = [exp.alias_(unit_ref, self.unit, quoted=True)]
@@ -477,9 +483,15 @@ class Compiler:
         for extra in ("rollup", "cube", "grouping_sets"):
             if group.args.get(extra):
                 raise UnsupportedError(f"GROUP BY {extra.upper().replace('_', ' ')} is not supported in a DP SELECT")
+        if group.args.get("all") is not None or group.args.get("totals"):
+            raise UnsupportedError(f"{quote(group)}: not supported in a DP SELECT (DuckDB would choose the keys): name "
+                                   "each GROUP BY key")
         aliases = {e.alias.lower(): e.this for e in select.expressions if isinstance(e, exp.Alias)}
         keys = []
         for k in group.expressions:
+            written = quote(k)
+            while isinstance(k, exp.Paren):  # GROUP BY (1) is a position too
+                k = k.this
             if isinstance(k, exp.Literal) and not k.is_string:
                 try:
                     pos = int(str(k.this))
@@ -502,8 +514,11 @@ class Compiler:
                                             "for every column it matches, which the DP SELECT does not follow: name "
                                             "each key column instead")
             self.checker.check_condition(k, scope, "GROUP BY")
-            if isinstance(k, exp.Column) and scope.is_unit(k):
-                raise InvalidQueryError(f"GROUP BY {quote(k)}: grouping by the privacy unit would publish one row per unit")
+            if scope.spells_unit(k):
+                how = [] if quote(k) == written else [f"it stands for {quote(k)}"]
+                if not isinstance(bare(k), exp.Column) or not scope.is_unit(bare(k)):
+                    how.append(f"{'which' if how else quote(k)} holds the unit's value on every row")
+                raise unit_key_refusal(written, ", ".join(how))
             keys.append(k)
         return keys, None
 
@@ -578,6 +593,13 @@ class Compiler:
                     raise InvalidQueryError(f"ORDER BY {quote(o)}: order by output columns only ({', '.join(names)})")
                 order.append((outputs[target.name.lower()], bool(o.args.get("desc"))))
         limit = None
+        if isinstance(select.args.get("limit"), exp.Fetch):
+            raise UnsupportedError("FETCH FIRST in a DP SELECT is not supported: write LIMIT n")
+        extra = [k for k, v in (select.args["limit"].args.items() if select.args.get("limit") is not None else ())
+                 if v and k != "expression"]
+        if extra:  # LIMIT p PERCENT, WITH TIES, LIMIT BY, LIMIT a, b
+            raise UnsupportedError(f"{quote(select.args['limit'])} in a DP SELECT is not supported: write LIMIT n "
+                                   "(a whole number of released rows)")
         if select.args.get("limit") is not None:
             node = select.args["limit"].expression
             value = number_literal(node, "LIMIT")
@@ -587,6 +609,50 @@ class Compiler:
         if select.args.get("offset") is not None:
             raise UnsupportedError("OFFSET in a DP SELECT is not supported: use an outer query")
         return tuple(order), limit
+
+
+#: the clauses of a DP SELECT the compiler reads (each compiled, post-processed or refused there)
+DP_SELECT_CLAUSES = ("expressions", "from", "joins", "where", "group", "having", "order", "limit", "offset", "with",
+                     "distinct", "hint")
+
+
+def refuse_unread_clauses(select: exp.Select) -> None:
+    """Any other clause of a DP SELECT is refused before anything runs: the compiler would leave it out,
+    and it would change which groups or rows are released unseen (QUALIFY was ignored, and the groups
+    it should drop released, until 2026-11-29)."""
+    for key, value in select.args.items():
+        if not value or key.rstrip("_") in DP_SELECT_CLAUSES:
+            continue
+        clause = key.rstrip("_").upper()
+        if key == "qualify":
+            raise UnsupportedError("QUALIFY in a DP SELECT is not supported: filter the released values with HAVING, "
+                                   "or in an outer query (SELECT ... FROM (SELECT WITH DIFFERENTIAL_PRIVACY ...) WHERE ...)")
+        clause = {"windows": "WINDOW", "laterals": "LATERAL VIEW", "kind": f"SELECT AS {value}"}.get(key, clause)
+        raise UnsupportedError(f"{clause} in a DP SELECT is not supported (it would change what is released "
+                               "unseen by the compiler): write the DP SELECT without it")
+
+
+def refuse_patterns(select: exp.Select) -> None:
+    """A * or COLUMNS(...) that DuckDB expands into columns by itself, in a DP SELECT's list, WHERE, HAVING
+    or ORDER BY: the compiler reads each item as one key, aggregate or expression, so what DuckDB
+    expands is not what is compiled (a raw binder error, or released columns nobody named, until
+    2026-11-29). COUNT(*) is a count."""
+    for item in select.expressions:
+        stars = [n for n in item.walk(prune=lambda n: is_subquery(n)) if isinstance(n, exp.Star)]
+        holders = [n.parent if isinstance(n.parent, exp.Column) else n for n in stars]
+        if any(not isinstance(h.parent, exp.Func) for h in holders):  # COUNT(*) is a count; `*`, `* LIKE 'p'` are not
+            raise InvalidQueryError(f"{quote(item)[:60]!r} in a DP SELECT list: a DP SELECT releases GROUP BY keys and DP "
+                                    "aggregates, each named in its list: name them instead of *")
+    for key in ("expressions", "where", "having", "order"):
+        value = select.args.get(key)
+        for part in value if isinstance(value, list) else [value] if value is not None else []:
+            for node in part.walk(prune=lambda n: n is not part and is_subquery(n)):
+                modified = isinstance(node, exp.Star) and any(node.args.values())
+                if isinstance(node, exp.Columns) or modified:
+                    raise InvalidQueryError(
+                        f"{quote(node)[:60]!r} in a DP SELECT: a column pattern (COLUMNS(...), * EXCLUDE / REPLACE / "
+                        "LIKE ...) stands for columns DuckDB chooses, which the DP SELECT does not follow: name each "
+                        "column instead")
 
 
 def _expand_quantiles(item: exp.Expression, syntax: str) -> exp.Expression:

@@ -175,21 +175,27 @@ def combine(results: list[DPResult], table: pd.DataFrame) -> StatementResult:
         controller_only=controller, inferred_bounds=tuple(bounds), parts=tuple(results))
 
 
-def check_executable(compiled: CompiledStatement, backend: DuckDBBackend) -> None:
+def check_executable(compiled: CompiledStatement, backend: DuckDBBackend, written: str = "") -> None:
     """Bind every DP SELECT's source and the outer query in DuckDB over empty stand-ins of the
     released tables (reads no rows): unknown columns, type errors and functions DuckDB cannot run
-    are refused before any budget is spent."""
+    are refused before any budget is spent. `written`: the statement as the analyst wrote it, quoted
+    in each refusal (the checks before this one should have refused what DuckDB cannot bind; this
+    is the last guard, so its words are a refusal of the query, not DuckDB's bare message)."""
     con = backend.connection
+    statement = f" (the statement as written: {_one_line(written)!r})" if written else ""
     for i, part in enumerate(compiled.parts):
         try:
             described = con.execute(f"DESCRIBE SELECT * FROM ({render(part.source_sql('duckdb'), 'duckdb', 0)}) AS s").fetchall()
         except Exception as err:  # noqa: BLE001 - duckdb.Error and its binder/catalog/parser subclasses
-            raise InvalidQueryError(f"DP SELECT {i + 1}: {_first_line(err)}") from None
+            raise InvalidQueryError(
+                f"DP SELECT {i + 1} is refused: the rows it reads cannot be computed ({_reason(err)}); check the tables, "
+                f"columns and aliases its FROM, WHERE and GROUP BY name{statement}") from None
         if part.public_groups_sql is not None:
             try:
                 con.execute(f"DESCRIBE {render(part.public_groups_sql, 'duckdb', 0)}")
             except Exception as err:  # noqa: BLE001 - DuckDB's errors
-                raise InvalidQueryError(f"DP SELECT {i + 1}: its public groups (PUBLIC_GROUPS): {_first_line(err)}") from None
+                raise InvalidQueryError(f"DP SELECT {i + 1}: its public groups (PUBLIC_GROUPS): {_first_line(err)}: the "
+                                        f"query is refused{statement}") from None
         types = {row[0]: row[1] for row in described}
         columns = [f"CAST(NULL AS {types.get(k, 'VARCHAR')}) AS {_ident(k)}" for k in part.query.group_by]
         for agg in part.query.aggregates:  # every released number is a double, counts too (result.table)
@@ -202,14 +208,27 @@ def check_executable(compiled: CompiledStatement, backend: DuckDBBackend) -> Non
             select = render(f"SELECT {outputs} FROM __released{having}", "duckdb", 0)  # a sample's stand-in key
             con.execute(f"CREATE OR REPLACE TEMP TABLE {released_name(i)} AS {select}")
         except Exception as err:  # noqa: BLE001 - DuckDB's errors
-            raise InvalidQueryError(f"DP SELECT {i + 1}: its select list cannot be computed: {_first_line(err)}") from None
+            raise InvalidQueryError(f"DP SELECT {i + 1}: its select list cannot be computed: {_first_line(err)}: the "
+                                    f"query is refused{statement}") from None
     if compiled.outer is not None:
         try:
             con.execute(f"DESCRIBE {render(compiled.outer_sql(), 'duckdb', 0)}")
         except Exception as err:  # noqa: BLE001 - DuckDB's errors
-            raise InvalidQueryError(f"the outer query: {_first_line(err)}") from None
+            raise InvalidQueryError(f"the outer query: {_first_line(err)}: the query is refused{statement}") from None
 
 
 def _first_line(err: Exception) -> str:
     text = str(err).strip()
     return text.splitlines()[0] if text else type(err).__name__
+
+
+def _reason(err: Exception) -> str:
+    """DuckDB's reason without its error class (`Binder Error: `, `Catalog Error: `)."""
+    line = _first_line(err)
+    head, sep, rest = line.partition(" Error: ")
+    return rest if sep and head.replace(" ", "").isalpha() else line
+
+
+def _one_line(text: str) -> str:
+    """The statement on one line: its line breaks and runs of spaces as one space each."""
+    return " ".join(text.split())

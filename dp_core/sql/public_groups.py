@@ -31,6 +31,7 @@ from __future__ import annotations
 from sqlglot import exp
 
 from ..errors import DPError, InvalidQueryError
+from . import unit_keys
 from .ownership import OwnershipChecker, Scope, _arg
 from .syntax import quote
 
@@ -131,6 +132,8 @@ def prepare(select: exp.Select, checker: OwnershipChecker) -> list[exp.Subquery]
                 "and the aggregation: filter the protected rows inside a subquery instead")
     for at in positions:
         node = items[at]
+        # its join, as written, may not read the unit (unit_keys.refuse_unit_join)
+        node.meta[unit_keys.PUBLIC_GROUPS] = quote(joins[at - 1] if at > 0 else joins[0]) if joins else ""
         if not node.alias:
             node.set("alias", exp.TableAlias(this=exp.to_identifier(f"__public_groups_{at}")))
         groups.append(node)
