@@ -430,13 +430,14 @@ def _notes(query: Query, budget: BudgetPlan) -> tuple[str, ...]:
         rho_g = sum(s.rho for s in gaussian)
         notes.append(
             f"Gaussian aggregates are accounted together in zCDP: their pooled ({eps_g:.6g}, {delta_g:.3g}) "
-            f"is rho = {rho_g:.6g}, split between them; an aggregate's listed epsilon and delta are its slice "
-            "of the pool, not a guarantee of its own."
+            f"is rho = {rho_g:.6g} (Canonne-Kamath-Steinke conversion), split between them; an aggregate's listed "
+            "epsilon and delta are its slice of the pool, not a guarantee of its own."
         )
     if budget.selection in SELECTION_NOTES:
         notes.append(SELECTION_NOTES[budget.selection](budget))
     if any(a.kind in ("avg", "var", "stddev") for a in query.aggregates):
         notes.append("AVG/VAR/STDDEV intervals are first-order (delta method on the noisy sums); [L, U] when the noisy count is too small.")
+    notes.append(f"Accountant: {budget.accountant}.")
     return tuple(notes)
 
 

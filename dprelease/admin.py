@@ -94,7 +94,7 @@ def register_dataset(settings: Settings, name: str, path: Path, privacy_unit: st
                                  epsilon_cap=epsilon_cap, delta_cap=delta_cap, expectations=suite,
                                  risk_profile=profile)
     except BaseException:
-        sealed.path.unlink(missing_ok=True)  # this registration's own blob, shared with no one
+        escrow.location.remove(sealed.path)  # this registration's own blob, shared with no one
         raise
 
 

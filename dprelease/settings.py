@@ -4,6 +4,8 @@ then passed down; no other module reads the environment.
     DPRELEASE_HOME        home directory (default ~/.dprelease): store, escrow blobs, archive
     DPRELEASE_STORE_URL   SQLAlchemy URL of the store (default: SQLite file in the home)
     DPRELEASE_ESCROW_KEY  Fernet key (urlsafe base64) for the escrow; else the key file
+    DPRELEASE_ESCROW_URL  the escrow's blobs in an S3-compatible object store (s3://bucket/prefix;
+                          default: <home>/escrow); its endpoint and credentials: the AWS_* variables
     DPRELEASE_KEY_DIR     where key files live (default <home>/keys; keep it off the data disk)
     DPRELEASE_CONTROLLER_KEY  the controller's own private key (signs decisions; default: none)
     DPRELEASE_SPARK_MASTER    the Spark master for external datasets (default: Spark's own, local[*])
@@ -34,11 +36,17 @@ class Settings:
     controller_key: Path | None = None  # this controller's private key (decisions are signed with it)
     spark_master: str | None = None  # where external datasets are computed (dprelease.external)
     engine_threads: int = ENGINE_THREADS  # DuckDB threads of a release's scans
+    escrow_url: str | None = None  # blobs in an object store (s3://bucket/prefix) instead of escrow_dir
 
     @property
     def escrow_dir(self) -> Path:
         """Encrypted dataset blobs (never plaintext)."""
         return self.home / "escrow"
+
+    @property
+    def escrow_location(self) -> Path | str:
+        """Where new blobs are sealed: the object-store URL when one is set, else `escrow_dir`."""
+        return self.escrow_url or self.escrow_dir
 
     @property
     def archive_dir(self) -> Path:
@@ -76,7 +84,8 @@ class Settings:
         controller_key = env.get("DPRELEASE_CONTROLLER_KEY")
         return cls(home, store, key_dir, env.get("DPRELEASE_ESCROW_KEY") or None,
                    Path(controller_key).expanduser().resolve() if controller_key else None,
-                   env.get("DPRELEASE_SPARK_MASTER") or None, _engine_threads(env.get("DPRELEASE_ENGINE_THREADS")))
+                   env.get("DPRELEASE_SPARK_MASTER") or None, _engine_threads(env.get("DPRELEASE_ENGINE_THREADS")),
+                   _escrow_url(env.get("DPRELEASE_ESCROW_URL")))
 
     def ensure_dirs(self) -> None:
         for d in (self.home, self.escrow_dir, self.archive_dir, self.publication_dir, self.key_dir):
@@ -96,3 +105,14 @@ def _engine_threads(value: str | None) -> int:
         raise ValueError(f"DPRELEASE_ENGINE_THREADS={value!r} is not a positive whole number: set it to 1, 2, ... "
                          "or unset it (default 1)")
     return threads
+
+
+def _escrow_url(value: str | None) -> str | None:
+    """DPRELEASE_ESCROW_URL: an object-store location (s3://bucket/prefix), or None (unset or empty)."""
+    if value is None or not value.strip():
+        return None
+    url = value.strip()
+    if not url.startswith("s3://") or not url[len("s3://"):].strip("/"):
+        raise ValueError(f"DPRELEASE_ESCROW_URL={value!r} is not an object-store location: give s3://bucket/prefix "
+                         "(or unset it to keep the escrow in <home>/escrow)")
+    return url.rstrip("/")

@@ -11,7 +11,7 @@ import pytest
 
 import dp_core as dp
 from dp_core import partition_selection as ps
-from dp_core.accounting import eps_from_rho, plan_budget, rho_from_eps_delta
+from dp_core.accounting import eps_from_rho, plan_budget, rho_from_eps_delta, rho_from_eps_delta_tight, zcdp_delta
 from dp_core.intervals import laplace_mixture_tail, laplace_sum_halfwidth
 
 
@@ -154,7 +154,7 @@ def test_gaussian_scale_follows_zcdp():
     q = dp.Query([dp.sum_("x", 0, 3, name="s"), dp.count(name="c")], privacy_unit="u", group_by=("g",),
                  epsilon=1.0, delta=1e-6, max_partitions_contributed=4, noise="gaussian", public_partitions=["a", "b"])
     r = dp.execute(q, df)
-    rho = rho_from_eps_delta(1.0, 1e-6)  # both aggregates pool the whole budget
+    rho = rho_from_eps_delta_tight(1.0, 1e-6)  # both aggregates pool the whole budget
     rec = _records(r)
     s = rec["s.sum"]
     assert s.mechanism == "discrete Gaussian" and s.rho == pytest.approx(rho / 2)
@@ -162,6 +162,25 @@ def test_gaussian_scale_follows_zcdp():
     assert s.scale == pytest.approx(math.sqrt(4) * math.ceil(3 / s.grid) * s.grid / math.sqrt(2 * rho / 2))
     c = rec["c.count"]
     assert c.grid == 1 and c.scale == pytest.approx(2 * 1 / math.sqrt(rho))
+
+
+def test_the_gaussian_pool_is_converted_tightly_and_validly():
+    """The Gaussian aggregates' pooled share is converted by Canonne-Kamath-Steinke, not the simple
+    bound: on the L workload's plan (COUNT + SUM, C_u 4, epsilon 1, delta 1e-6, private partitions)
+    sigma is at least 15% below the simple conversion's, and the pool's rho still implies its
+    (epsilon, delta) share by the conversion's own formula."""
+    q = dp.Query([dp.count(upper=10), dp.sum_("x", 0, 1000)], privacy_unit="u", group_by=("g",),
+                 epsilon=1.0, delta=1e-6, max_partitions_contributed=4, noise="gaussian")
+    plan = plan_budget(q)
+    pool = [plan.aggregate_shares[i] for i in (0, 1)]
+    eps_g, delta_g, rho_g = sum(s.epsilon for s in pool), sum(s.delta for s in pool), sum(s.rho for s in pool)
+    assert (eps_g, delta_g) == pytest.approx((2 / 3, 2e-6 / 3))
+    assert zcdp_delta(rho_g, eps_g) <= delta_g
+    sigma_ratio = math.sqrt(rho_from_eps_delta(eps_g, delta_g) / rho_g)  # sigma ~ 1 / sqrt(rho)
+    assert sigma_ratio <= 0.85
+    assert "Canonne, Kamath and Steinke" in plan.accountant
+    assert plan_budget(dp.Query([dp.count()], privacy_unit="u", group_by=("g",), epsilon=1.0)).accountant.startswith(
+        "basic composition")
 
 
 def test_budget_split_sums_to_the_query_budget():

@@ -163,9 +163,11 @@ def test_the_notes_say_a_count_of_units_is_the_selection_s_and_each_gaussian_sha
     assert notes[1:3] == (
         "COUNT(DISTINCT unit) is the partition selection's noisy count, released as is (no extra budget); "
         "only counts above the threshold are released, so near the threshold they lean high.",
-        "Gaussian aggregates are accounted together in zCDP: their pooled (1.33333, 6.67e-07) is rho = 0.0298682, "
-        "split between them; an aggregate's listed epsilon and delta are its slice of the pool, not a guarantee "
-        "of its own.")
+        "Gaussian aggregates are accounted together in zCDP: their pooled (1.33333, 6.67e-07) is rho = 0.0402274 "
+        "(Canonne-Kamath-Steinke conversion), split between them; an aggregate's listed epsilon and delta are its "
+        "slice of the pool, not a guarantee of its own.")
+    assert ("Accountant: zCDP for the Gaussian parts (rho adds up; converted to (epsilon, delta) by "
+            "Canonne, Kamath and Steinke 2020), basic composition with the other parts.") in notes
 
 
 def test_the_public_json_keys_per_partition_bounds_by_numbers_and_dates_as_the_table_holds_them():

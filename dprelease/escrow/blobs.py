@@ -2,10 +2,10 @@
 
 - `seal_file` converts a CSV, CSV.gz or Parquet file to Parquet (DuckDB's CSV reader, the
   engine's own parsing) batch by batch and encrypts the Parquet bytes as they are written
-  (`stream`: chunked AES-256-GCM) into `<escrow_dir>/<fingerprint>-<random>.escrow`, through a
-  temporary name in the same directory: only ciphertext is ever written, the source is never
-  held in memory whole, and every registration gets its own blob (no blob is shared between
-  datasets, so removing one never harms another).
+  (`stream`: chunked AES-256-GCM) into `<escrow location>/<fingerprint>-<random>.escrow`, a folder
+  or an object store (`location`), appearing under that name only when complete: only ciphertext
+  is ever written, the source is never held in memory whole, and every registration gets its own
+  blob (no blob is shared between datasets, so removing one never harms another).
 - `open_batches` gives the rows back as a pyarrow RecordBatchReader that decrypts and decodes one
   row group at a time (no plaintext file, no pandas copy); `EscrowRows` is the replayable form
   the engine scans (a fresh reader per scan).
@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
 import secrets
-import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +29,7 @@ from cryptography.fernet import Fernet, InvalidToken
 
 from dprelease.settings import Settings
 
-from . import stream
+from . import location, stream
 from .errors import EscrowError
 from .keys import _checked_key
 
@@ -161,7 +159,7 @@ def read_source(path: Path, batch_rows: int | None = None, threads: int | None =
 
 @dataclass(frozen=True)
 class SealedBlob:
-    path: Path
+    path: Path | str  # a local path, or the object's URL in an object-store escrow
     fingerprint: str  # SHA-256 of the source file
     file_format: str  # of the plaintext at rest: always parquet
     schema: pa.Schema
@@ -175,17 +173,15 @@ def seal_source(path: Path, source: SourceReader, fingerprint_hex: str, settings
                 chunk_size: int = stream.CHUNK_SIZE) -> SealedBlob:
     """Write the source's batches as Parquet (one row group per batch) through the encrypting
     sink into a new blob; `row_number_column` prepends a 0-based row number. The blob appears
-    under its final name only when complete; on any failure nothing is left behind."""
+    under its final name only when complete; on any failure nothing is left behind (location.py)."""
     _fernet(key)  # a bad key fails before anything is written
     schema = source.schema
     if row_number_column is not None:
         schema = schema.insert(0, pa.field(row_number_column, pa.int64(), nullable=False))
-    settings.escrow_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    blob = settings.escrow_dir / f"{fingerprint_hex}-{secrets.token_hex(6)}{BLOB_SUFFIX}"
-    fd, tmp_name = tempfile.mkstemp(dir=blob.parent, prefix=f".{blob.name}.", suffix=".tmp")
     rows = groups = 0
     try:
-        with os.fdopen(fd, "wb") as handle:
+        with location.new_blob(settings.escrow_location, f"{fingerprint_hex}-{secrets.token_hex(6)}{BLOB_SUFFIX}") \
+                as (handle, blob):
             sink = stream.EncryptingWriter(handle, key, fingerprint_hex, chunk_size=chunk_size)
             writer = pq.ParquetWriter(sink, schema, **at_rest_encoding(schema))
             for batch in source.batches:
@@ -201,12 +197,6 @@ def seal_source(path: Path, source: SourceReader, fingerprint_hex: str, settings
                     on_batch(batch)
             writer.close()
             sink.finish()
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp_name, blob)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
     finally:
         source.close()
     return SealedBlob(blob, fingerprint_hex, "parquet", schema, rows, groups)
@@ -228,11 +218,9 @@ def open_batches(blob_path: Path | str, key: bytes, expected_fingerprint: str, f
     opens or reads it (a chunk of the footer or of the rows failing authentication: EscrowRows
     opens the blob afresh for each scan) is also appended to `failures`, so the caller can report
     it even when the consumer (DuckDB) wraps it in its own error."""
-    blob_path = Path(blob_path)
+    blob_path = location.as_address(blob_path)
     try:
-        if not blob_path.exists():
-            raise EscrowError(f"the escrow blob {blob_path} is missing: register the dataset again")
-        if not stream.is_stream_blob(blob_path):
+        if not stream.is_stream_blob(blob_path):  # a missing blob: EscrowError
             table = _legacy_table(open_blob(blob_path, key, expected_fingerprint), file_format)
             batches = iter(table.to_batches(max_chunksize=BATCH_ROWS))
             schema = table.schema
@@ -370,13 +358,13 @@ class EscrowRows:
 
     def __init__(self, blob_path: Path | str, key: bytes, expected_fingerprint: str, file_format: str = "parquet",
                  on_rows: Callable[[int], None] | None = None, failures: list | None = None):
-        self.blob_path = Path(blob_path)
+        self.blob_path = location.as_address(blob_path)
         self._args = (self.blob_path, key, expected_fingerprint, file_format)
         self._on_rows = on_rows
         self._on_batch = (lambda batch: on_rows(batch.num_rows)) if on_rows is not None else None
         self.failures = failures if failures is not None else []
         self._legacy: pa.Table | None = None
-        if self.blob_path.exists() and not stream.is_stream_blob(self.blob_path):
+        if location.exists(self.blob_path) and not stream.is_stream_blob(self.blob_path):
             self._legacy = _legacy_table(open_blob(self.blob_path, key, expected_fingerprint), file_format)
             self.schema = self._legacy.schema
         else:
@@ -435,16 +423,17 @@ def open_blob(blob_path: Path | str, key: bytes, expected_fingerprint: str) -> b
     """Decrypt a whole escrow blob into memory (small data and tests only; releases use
     `open_batches`). v1: the Parquet at rest, every chunk authenticated in order; legacy: the
     source file's bytes, checked against the fingerprint."""
-    blob_path = Path(blob_path)
-    if blob_path.exists() and stream.is_stream_blob(blob_path):
+    blob_path = location.as_address(blob_path)
+    if location.exists(blob_path) and stream.is_stream_blob(blob_path):
         with stream.DecryptingFile(blob_path, _checked_key(key, "the caller"), expected_fingerprint) as plain:
             plain.verify_all()
             plain.seek(0)
             return plain.read()
+    handle, _size = location.open_for_reading(blob_path)  # a missing blob: EscrowError
     try:
-        token = blob_path.read_bytes()
-    except FileNotFoundError as exc:
-        raise EscrowError(f"the escrow blob {blob_path} is missing: register the dataset again") from exc
+        token = handle.read()
+    finally:
+        handle.close()
     try:
         data = _fernet(key).decrypt(token)
     except InvalidToken as exc:

@@ -26,7 +26,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 from fsspec import AbstractFileSystem
 
-from . import stream
+from . import location, stream
 from .errors import EscrowError
 
 class DecryptingFileSystem(AbstractFileSystem):
@@ -35,22 +35,22 @@ class DecryptingFileSystem(AbstractFileSystem):
     cachable = False  # never kept in fsspec's instance cache: it holds the blob's keys
 
     @classmethod
-    def for_blob(cls, blob_path: Path, escrow_key: bytes, fingerprint: str,
+    def for_blob(cls, blob_path: Path | str, escrow_key: bytes, fingerprint: str,
                  on_rows: Callable[[int], None] | None, failures: list) -> DecryptingFileSystem:
         """The filesystem of one blob, given the escrow key: it keeps only the keys derived for that
         blob (fsspec keeps a filesystem's constructor arguments as `storage_args`: the escrow key
         must never be one of them)."""
-        with stream.DecryptingFile(Path(blob_path), escrow_key, fingerprint) as plain:
+        with stream.DecryptingFile(blob_path, escrow_key, fingerprint) as plain:
             blob_key = plain.blob_key
-        return cls(Path(blob_path), blob_key, fingerprint, on_rows, failures)
+        return cls(blob_path, blob_key, fingerprint, on_rows, failures)
 
-    def __init__(self, blob_path: Path, blob_key: stream.BlobKey, fingerprint: str,
+    def __init__(self, blob_path: Path | str, blob_key: stream.BlobKey, fingerprint: str,
                  on_rows: Callable[[int], None] | None, failures: list) -> None:
         super().__init__()
         if not isinstance(blob_key, stream.BlobKey):
             raise TypeError("DecryptingFileSystem takes the blob's own keys: use DecryptingFileSystem.for_blob")
         self.protocol = f"dprescrow{secrets.token_hex(6)}"  # unique: several blobs on one connection
-        self._blob = (Path(blob_path), blob_key, fingerprint)
+        self._blob = (location.as_address(blob_path), blob_key, fingerprint)
         self._on_rows = on_rows
         self._failures = failures
         plain = self._plain()
@@ -95,9 +95,7 @@ class DecryptingFileSystem(AbstractFileSystem):
         return [self.info(path)] if detail else [self.url]
 
     def modified(self, path):
-        from datetime import UTC, datetime
-
-        return datetime.fromtimestamp(self._blob[0].stat().st_mtime, UTC)
+        return location.modified(self._blob[0])
 
 
 def _group_span(group) -> tuple[int, int, int]:

@@ -36,6 +36,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from . import location
 from .errors import EscrowError
 
 MAGIC = b"DPESCROW"
@@ -48,10 +49,13 @@ HEADER_SIZE = FIXED_SIZE + 32 + 16
 _INFO = b"dprelease escrow stream v1"
 
 
-def is_stream_blob(path: Path) -> bool:
-    """Whether the file starts with this format's magic (else it may be a legacy Fernet blob)."""
-    with open(path, "rb") as handle:
+def is_stream_blob(address: Path | str) -> bool:
+    """Whether the blob starts with this format's magic (else it may be a legacy Fernet blob)."""
+    handle, _size = location.open_for_reading(address)
+    try:
         return handle.read(len(MAGIC)) == MAGIC
+    finally:
+        handle.close()
 
 
 def _derive(fernet_key: bytes, salt: bytes) -> tuple[bytes, bytes]:
@@ -165,13 +169,9 @@ class DecryptingFile(io.RawIOBase):
 
     def __init__(self, path: Path | str, key: bytes | BlobKey, expected_fingerprint: str | None):
         super().__init__()
-        self.path = Path(path)
-        try:
-            self._file = open(self.path, "rb")  # noqa: SIM115 - held open until close()
-        except FileNotFoundError:
-            raise EscrowError(f"the escrow blob {self.path} is missing: register the dataset again") from None
+        self.path = location.as_address(path)  # a local file or an object-store URL (ranged reads)
+        self._file, size = location.open_for_reading(self.path)  # held open until close()
         header = self._file.read(HEADER_SIZE)
-        size = os.fstat(self._file.fileno()).st_size
         if len(header) < HEADER_SIZE or not header.startswith(MAGIC):
             self._file.close()
             raise EscrowError(f"{self.path} is not an escrow blob (bad header): register the dataset again")
