@@ -32,7 +32,7 @@ from dprelease.requests.epsilon import to_parameter
 from dprelease.series import note_refusal, publish_series_page, snapshots_to_publish
 from dprelease.settings import Settings
 from dprelease.store import series as store_series
-from flows.outcomes import is_rejected, outcome, rejected, retry_ended
+from flows.outcomes import ended_releases, is_rejected, outcome, rejected, retry_ended
 from flows.release import (RUN_HOOKS, attempt_release_id, prepare_and_decide, record, release_flow,
                            retried_and_ended)
 from tasks import release_steps as steps
@@ -68,6 +68,9 @@ def publication_flow(
     request = load_request(Path(request_file))
     if series:
         return publish_snapshot(request, series, snapshot, approval_timeout)
+    platform = pipeline.Platform.open(Settings.from_env())
+    if ended := ended_releases_of_subflows(platform):  # a Retry of this run: its release ran as a subflow
+        return retry_ended(platform, ended)
     state = release_flow(
         dataset=request.dataset, sql=request.sql, query=request.query, title=request.title,
         epsilon=to_parameter(request), delta=request.delta,
@@ -79,6 +82,24 @@ def publication_flow(
     if is_rejected(state):  # the scheduled run ends in the same Rejected state
         return rejected(state.message or "rejected", result)
     return result
+
+
+def ended_releases_of_subflows(platform) -> list:
+    """The releases made by this run's release subflows, when it had some and all have ended: this
+    run is being retried, and Prefect would start a new subflow (a release charged again) for a
+    subflow that did not complete or whose result it did not keep. Else []."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+
+    if flow_run.id is None:
+        return []
+    with get_client(sync_client=True) as client:
+        children = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+            parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run.id])))
+    ended = [ended_releases(platform, str(child.id)) for child in children]
+    if not children or not all(ended):
+        return []
+    return sorted((release for found in ended for release in found), key=lambda release: release.created_at)
 
 
 def publish_snapshot(request, series: str, rule: str, approval_timeout: int = 3600):

@@ -414,6 +414,20 @@ def test_only_scheduled_runs_of_the_named_deployment_are_approved_automatically(
     assert box["result"]["status"] == "rejected"
     assert not (platform_env.publication_dir / rel.id).exists()
 
+    # the UI's Retry of either run (the release is its subflow): it ends at once, nothing run again
+    from prefect import get_client
+    from prefect.states import AwaitingRetry
+
+    for run, expected in ((scheduled, "is already published at"), (manual, "was rejected by alice")):
+        before, releases = _ledger_rows(platform), len(platform.store.list_releases())
+        with get_client(sync_client=True) as client:
+            assert client.set_flow_run_state(run.id, AwaitingRetry(message="Retry from the UI")).status.value == "ACCEPT"
+            again = client.read_flow_run(run.id)
+        state = run_flow(publication_flow, flow_run=again, parameters={"request_file": str(spec)}, return_type="state")
+        said = state.message or ""
+        assert expected in said and "This retry ran nothing again" in said, (state, _ledger_rows(platform))
+        assert _ledger_rows(platform) == before and len(platform.store.list_releases()) == releases
+
 
 def test_deployments_in_prefect_yaml_point_at_flows_with_typed_forms():
     import importlib
