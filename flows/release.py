@@ -24,6 +24,7 @@ from dprelease.requests import parse_request
 from dprelease.requests.epsilon import EpsilonChoice
 from dprelease.settings import Settings
 from dprelease.store import StoreError
+from dprelease.store.tables import FINAL_STATUSES
 from flows import approvals
 from flows.outcomes import ended_releases, outcome, rejected, retry_ended  # noqa: F401 - outcome: callers import it from here
 from flows.pausing import pause_for_input
@@ -73,12 +74,14 @@ def _run_ended(flow_obj, run, state) -> None:
 
 def _run_stopped(flow_obj, run, state) -> None:
     """Cancellation and crash hooks (the UI's Cancel, a killed worker's run marked Crashed): refund
-    and mark the release at once, instead of waiting for a recovery sweep (a release already final
-    stays as it is: recovery.stop leaves it)."""
+    and mark the release at once, instead of waiting for a recovery sweep. A release already final
+    (a series run's earlier snapshot, published or rejected) stays as it is."""
     platform = pipeline.Platform.open(Settings.from_env())
     recovery.release_lease(str(run.id))
     for release in run_releases(platform, str(run.id)):
         recovery.release_lease(release.id)
+        if release.status in FINAL_STATUSES:
+            continue
         try:
             recovery.stop(platform, release.id, f"the flow run was {state.name.lower()}")
         except StoreError:  # the run ended before it recorded a release
