@@ -173,6 +173,24 @@ def published_periods(platform, series: str) -> list:
     return periods
 
 
+def snapshots_to_publish(store: Store, series: str) -> list:
+    """What the `latest` rule publishes: every registered snapshot not yet published, oldest label
+    first; a snapshot that another run holds (being published) is left to that run. SnapshotRefused
+    (no new snapshot, naming the newest) when there is none."""
+    store_series.get_series(store, series)
+    known = store_series.snapshots(store, series)
+    if not known:
+        raise SnapshotRefused(f"series {series!r} has no snapshot yet: register one first")
+    held = store_series.claims(store, series)
+    waiting = [snap for snap in known if snap.snapshot not in held
+               or store.get_release(held[snap.snapshot]).status in store_series.UNPUBLISHED_ENDS]
+    if not waiting:
+        store_series.check_new(store, series, known[-1].snapshot)  # the newest is published: says so
+        raise SnapshotRefused(f"every snapshot of series {series!r} is published or being published by another run "
+                              "(nothing spent)")
+    return waiting
+
+
 def series_directory(settings: Settings, series: str) -> Path:
     """Where the series page is published: publication/series/NAME/."""
     return settings.publication_dir / "series" / series

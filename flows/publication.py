@@ -5,11 +5,15 @@ is approved by a standing automatic policy that names the deployment (epsilon wi
 risk within the tolerable risk); any other run, or one no policy covers, waits for a controller.
 The publication directory keeps the index of every release.
 
-With `series`, a run publishes one snapshot of a dataset series (the latest, or the one named for a
-back-fill), exactly once: the snapshot is claimed in the store before any budget is reserved (a
-second run for it is refused by the claim's primary key, nothing spent); a missing snapshot fails
-the run with nothing spent. After each run the series page is published again (signed), showing
-every released period and any run that was refused.
+With `series`, a run publishes snapshots of a dataset series, each exactly once: with `latest` (the
+schedule's rule) every registered snapshot not yet published, oldest first, so a period registered
+late is not skipped; with a label, that one (a back-fill). Each snapshot is claimed in the store
+before any budget is reserved (a second run for it is refused by the claim's primary key, nothing
+spent) and is its own release, charged to the series budget; when the budget (or anything else)
+stops one, the older ones stay published and the run fails naming those left and why. A missing
+snapshot fails the run with nothing spent. After each publication the series page is published
+again (signed), showing every released period and any run that was refused, and so is the
+publication index, which links it.
 """
 
 from __future__ import annotations
@@ -25,11 +29,12 @@ from pydantic import Field
 from dprelease import pipeline
 from dprelease.requests import load_request
 from dprelease.requests.epsilon import to_parameter
-from dprelease.series import note_refusal, publish_series_page
+from dprelease.series import note_refusal, publish_series_page, snapshots_to_publish
 from dprelease.settings import Settings
 from dprelease.store import series as store_series
-from flows.outcomes import is_rejected, outcome, rejected
-from flows.release import RUN_HOOKS, attempt_release_id, prepare_and_decide, record, release_flow
+from flows.outcomes import ended_releases, is_rejected, outcome, rejected, retry_ended
+from flows.release import (RUN_HOOKS, attempt_release_id, prepare_and_decide, record, release_flow,
+                           retried_and_ended)
 from tasks import release_steps as steps
 
 #: the snapshot rule's default: the newest registered snapshot of the series
@@ -52,17 +57,20 @@ def publication_flow(
     approval_timeout: Annotated[int, Field(gt=0)] = 3600,
 ) -> dict:
     """Release the statistics of a request file under its dataset's standing policy; with `series`,
-    release one snapshot of the series once and publish the series page again.
+    release each snapshot of the series once and publish the series page again.
 
     Args:
         request_file: the release request (.yaml/.json) published each period; for a series, its SQL reads the series by its name
         series: the dataset series to publish (empty: the request's own dataset, republished each run)
-        snapshot: which snapshot of the series: latest (the newest registered, what the schedule uses) or a label such as 2026-11 (a back-fill)
+        snapshot: which snapshots of the series: latest (every registered one not yet published, oldest first: what the schedule uses) or a label such as 2026-11 (a back-fill)
         approval_timeout: seconds to wait for a controller when no standing policy approves the run (then the budget is refunded)
     """
     request = load_request(Path(request_file))
     if series:
         return publish_snapshot(request, series, snapshot, approval_timeout)
+    platform = pipeline.Platform.open(Settings.from_env())
+    if ended := ended_releases_of_subflows(platform):  # a Retry of this run: its release ran as a subflow
+        return retry_ended(platform, ended)
     state = release_flow(
         dataset=request.dataset, sql=request.sql, query=request.query, title=request.title,
         epsilon=to_parameter(request), delta=request.delta,
@@ -76,23 +84,81 @@ def publication_flow(
     return result
 
 
+def ended_releases_of_subflows(platform) -> list:
+    """The releases made by this run's release subflows, when it had some and all have ended: this
+    run is being retried, and Prefect would start a new subflow (a release charged again) for a
+    subflow that did not complete or whose result it did not keep. Else []."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+
+    if flow_run.id is None:
+        return []
+    with get_client(sync_client=True) as client:
+        children = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+            parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run.id])))
+    ended = [ended_releases(platform, str(child.id)) for child in children]
+    if not children or not all(ended):
+        return []
+    return sorted((release for found in ended for release in found), key=lambda release: release.created_at)
+
+
 def publish_snapshot(request, series: str, rule: str, approval_timeout: int = 3600):
-    """The series path: resolve the snapshot, claim it, then the release steps (flows.release) on
-    the snapshot's dataset. This run's id is the release id, so the run hooks refund it if the
-    run is cancelled or crashes (which gives the snapshot back)."""
+    """The series path: the snapshots to publish (rule `latest`: every registered snapshot not yet
+    published, oldest first; a label: that one, a back-fill), each claimed and released in turn by
+    the release steps (flows.release) on its dataset. The first release's id is this run's id, each
+    further one `<run id>@<snapshot>` (Store.releases_of_run), so the run hooks refund the one
+    running if the run is cancelled or crashes (which gives its snapshot back). When one cannot be
+    released (the series budget does not cover it, its data checks fail), the older ones stay
+    published and the run fails naming the snapshots left and why."""
     settings = Settings.from_env()
     platform = pipeline.Platform.open(settings)
+    if ended := retried_and_ended(platform):
+        return retry_ended(platform, ended)
     try:
-        snap = store_series.resolve(platform.store, series, rule)
-        if rule == LATEST:
-            store_series.check_new(platform.store, series, snap.snapshot)  # no new period: nothing to publish
+        snaps = (snapshots_to_publish(platform.store, series) if rule == LATEST
+                 else [store_series.resolve(platform.store, series, rule)])
     except store_series.SnapshotRefused as err:
         note_refusal(platform, series, rule, str(err), flow_run.id, public=True)  # shown on the series page
         pipeline.write_index(platform)
         raise
+    logger = get_run_logger()
+    if len(snaps) > 1:
+        logger.warning("%d snapshots of series %s are not published yet: publishing %s, oldest first", len(snaps),
+                       series, ", ".join(s.snapshot for s in snaps))
+    run_id = attempt_release_id(platform)
+    outcomes: list[dict] = []
+    for number, snap in enumerate(snaps):
+        release_id = run_id if number == 0 else f"{run_id}@{snap.snapshot}"
+        try:
+            outcomes.append(release_snapshot(settings, platform, request, series, snap, release_id,
+                                             approval_timeout))
+        except Exception as err:
+            if len(snaps) == 1:
+                raise
+            raise pipeline.ReleaseError(left_unpublished(series, outcomes, snaps[number:], err)) from err
+    published = [o for o in outcomes if o["status"] == "published"]
+    if not published:
+        return rejected("; ".join(o["said"] for o in outcomes), outcomes[-1]["outcome"])
+    result = dict(published[-1]["outcome"])
+    if len(snaps) > 1:
+        result["snapshots"] = {o["outcome"]["snapshot"]: o["status"] for o in outcomes}
+    return result
+
+
+def left_unpublished(series: str, outcomes: list[dict], left: list, err: Exception) -> str:
+    """What a run that stopped part way through the series says: what it released, what it left and why."""
+    done = ", ".join(f"{o['outcome']['snapshot']} {o['status']}" for o in outcomes) or "nothing"
+    message = (f"series {series!r}: released {done}; left unpublished, oldest first: "
+               f"{', '.join(s.snapshot for s in left)}, because {left[0].snapshot} could not be released: {err}")
+    get_run_logger().error(message)
+    return message
+
+
+def release_snapshot(settings, platform, request, series: str, snap, release_id: str, approval_timeout: int) -> dict:
+    """One snapshot: claim it, then the release steps; the series page and the index are published
+    again after a publication. Returns {"status", "said", "outcome"}."""
     request = replace(request, dataset=snap.dataset, requested_by=request.requested_by or "schedule",
                       title=f"{request.title or series}: {snap.snapshot}")
-    release_id = attempt_release_id(platform)
     record(platform, release_id, request)
     try:
         store_series.claim(platform.store, series, snap.snapshot, release_id)
@@ -106,9 +172,11 @@ def publish_snapshot(request, series: str, rule: str, approval_timeout: int = 36
     if verdict.decision == "approve":
         where = steps.publish(settings, release_id, planned, decision, verdict.reviewer, verdict.comment)
         page = publish_series_page(platform, series)
+        pipeline.write_index(platform)  # again, now that the series page exists: the index links it
         steps.budget_view(settings, request.dataset)
-        return {"release_id": release_id, "status": "published", "directory": where, "series": series,
-                "snapshot": snap.snapshot, "series_page": str(page)}
+        return {"status": "published", "said": f"{snap.snapshot} published",
+                "outcome": {"release_id": release_id, "status": "published", "directory": where, "series": series,
+                            "snapshot": snap.snapshot, "series_page": str(page)}}
     steps.refund(settings, release_id, "rejected", verdict.reviewer, verdict.comment)
-    return rejected(f"rejected by {verdict.reviewer}: {verdict.comment}",
-                    {"release_id": release_id, "status": "rejected", "series": series, "snapshot": snap.snapshot})
+    return {"status": "rejected", "said": f"{snap.snapshot} rejected by {verdict.reviewer}: {verdict.comment}",
+            "outcome": {"release_id": release_id, "status": "rejected", "series": series, "snapshot": snap.snapshot}}

@@ -24,8 +24,9 @@ from dprelease.requests import parse_request
 from dprelease.requests.epsilon import EpsilonChoice
 from dprelease.settings import Settings
 from dprelease.store import StoreError
+from dprelease.store.tables import FINAL_STATUSES
 from flows import approvals
-from flows.outcomes import is_rejected, outcome, rejected  # noqa: F401 - outcome: callers import it from here
+from flows.outcomes import ended_releases, outcome, rejected, retry_ended  # noqa: F401 - outcome: callers import it from here
 from flows.pausing import pause_for_input
 from tasks import release_steps as steps
 
@@ -59,7 +60,8 @@ class ReleaseDecision(RunInput):
 
 
 def run_releases(platform: pipeline.Platform, flow_run_id: str) -> list:
-    """The releases a flow run made: its own id, and `<id>-retryN` after a Retry (attempt_release_id)."""
+    """The releases a flow run made: its own id, and `<id>@<snapshot>` for each further snapshot of a
+    series run (Store.releases_of_run)."""
     return platform.store.releases_of_run(flow_run_id)
 
 
@@ -72,13 +74,13 @@ def _run_ended(flow_obj, run, state) -> None:
 
 def _run_stopped(flow_obj, run, state) -> None:
     """Cancellation and crash hooks (the UI's Cancel, a killed worker's run marked Crashed): refund
-    and mark the release at once, instead of waiting for a recovery sweep. A rejected release ends
-    in a Cancelled state named Rejected too: it is already refunded and final, and stays so."""
+    and mark the release at once, instead of waiting for a recovery sweep. A release already final
+    (a series run's earlier snapshot, published or rejected) stays as it is."""
     platform = pipeline.Platform.open(Settings.from_env())
     recovery.release_lease(str(run.id))
     for release in run_releases(platform, str(run.id)):
         recovery.release_lease(release.id)
-        if is_rejected(state):  # decided, refunded and final: nothing to stop
+        if release.status in FINAL_STATUSES:
             continue
         try:
             recovery.stop(platform, release.id, f"the flow run was {state.name.lower()}")
@@ -136,6 +138,8 @@ def release_flow(
                                            cu=max_partitions_contributed, requested_by=requested_by,
                                            backend=backend))
     platform = pipeline.Platform.open(settings)
+    if ended := retried_and_ended(platform):
+        return retry_ended(platform, ended)
     release_id = attempt_release_id(platform)
     record(platform, release_id, request)
     try:
@@ -293,25 +297,37 @@ def request_fields(dataset, sql, query, title, *, epsilon, delta, cu, requested_
     return fields
 
 
+def retried_and_ended(platform: pipeline.Platform) -> list:
+    """The releases of this run when it is a Retry of a run whose releases have all ended (after
+    the releases of dead runs are recovered, so a crashed run's release ends first), else []."""
+    recover_dead_runs(platform)
+    if flow_run.id is None:
+        return []
+    ended = ended_releases(platform, str(flow_run.id))
+    if ended:
+        get_run_logger().info("retry of a run whose releases have ended: %s",
+                              ", ".join(f"{r.id} {r.status}" for r in ended))
+    return ended
+
+
 def attempt_release_id(platform: pipeline.Platform) -> str:
-    """The release id of this run: the flow run's id; after Retry of a run whose release ended
-    (failed, expired: refunded, nothing published) a new release of that run, so the retry
-    reserves its own budget instead of failing on the old, refunded reservation."""
+    """The release id of this run: the flow run's id, or the release it left running when it is
+    resumed (a run whose releases have all ended is not run again: retried_and_ended)."""
     base = str(flow_run.id or uuid.uuid4())
     attempts = run_releases(platform, base)
-    if not attempts:
-        return base
-    latest = max(attempts, key=lambda r: r.created_at)
-    if latest.status in ("failed", "expired", "rejected"):
-        return f"{base}-retry{len(attempts)}"
-    return latest.id
+    return max(attempts, key=lambda r: r.created_at).id if attempts else base
+
+
+def recover_dead_runs(platform: pipeline.Platform) -> None:
+    """End the releases of dead runs (recovery.sweep), each said in this run's log."""
+    for done in recovery.sweep(platform):
+        get_run_logger().warning("recovered %s", done.line())
 
 
 def record(platform: pipeline.Platform, release_id: str, request) -> None:
-    """The release's row in the store (kept as it is when a run is retried or resumed), held by
-    this process's lease; first, the releases of dead runs are recovered (recovery.sweep)."""
-    for done in recovery.sweep(platform):
-        get_run_logger().warning("recovered %s", done.line())
+    """The release's row in the store (kept as it is when a run is resumed), held by this
+    process's lease; first, the releases of dead runs are recovered."""
+    recover_dead_runs(platform)
     try:
         platform.store.get_release(release_id)
     except StoreError:  # a first run: record it

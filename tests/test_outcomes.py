@@ -1,4 +1,4 @@
-"""A rejection is its own final state (Cancelled, named Rejected), read in one place: flows.outcomes."""
+"""A rejection is its own final state (Completed, named Rejected), read in one place: flows.outcomes."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ from flows.outcomes import REJECTED, is_rejected, outcome, rejected
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_a_rejection_is_neither_a_success_nor_a_cancel():
+def test_a_rejection_is_neither_a_publication_nor_a_failure_nor_a_cancel():
     state = rejected("rejected by alice: no", {"release_id": "r1", "status": "rejected"})
-    assert state.name == REJECTED and state.is_cancelled() and not state.is_completed()
+    assert state.name == REJECTED and state.is_final() and not (state.is_failed() or state.is_cancelled())
+    assert state.result() == {"release_id": "r1", "status": "rejected"}  # no exception: no traceback in its logs
     assert is_rejected(state) and outcome(state) == {"release_id": "r1", "status": "rejected"}
     for other in (Cancelled(message="cancelled in the UI"), Completed(data={}), Failed(message="x"), None):
         assert not is_rejected(other)

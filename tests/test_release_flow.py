@@ -202,11 +202,12 @@ def _sealed_result(platform, release_id):
 
 def test_reject_publishes_nothing_and_refunds(platform_env):
     from dprelease import pipeline
+    from flows.outcomes import is_rejected
 
     before = pipeline.Platform.open(platform_env).store.budget("adult")
     platform, rel, box = decide(platform_env, "reject")
     assert box["result"]["status"] == "rejected"
-    assert box["state"].name == "Rejected" and not box["state"].is_completed()  # not a green Completed
+    assert box["state"].name == "Rejected" and is_rejected(box["state"])  # not "Completed": told apart
     assert not (platform_env.publication_dir / rel.id).exists()
     after = platform.store.budget("adult")
     assert after["epsilon_committed"] == before["epsilon_committed"] and after["epsilon_reserved"] == before["epsilon_reserved"]
@@ -413,6 +414,20 @@ def test_only_scheduled_runs_of_the_named_deployment_are_approved_automatically(
     assert box["result"]["status"] == "rejected"
     assert not (platform_env.publication_dir / rel.id).exists()
 
+    # the UI's Retry of either run (the release is its subflow): it ends at once, nothing run again
+    from prefect import get_client
+    from prefect.states import AwaitingRetry
+
+    for run, expected in ((scheduled, "is already published at"), (manual, "was rejected by alice")):
+        before, releases = _ledger_rows(platform), len(platform.store.list_releases())
+        with get_client(sync_client=True) as client:
+            assert client.set_flow_run_state(run.id, AwaitingRetry(message="Retry from the UI")).status.value == "ACCEPT"
+            again = client.read_flow_run(run.id)
+        state = run_flow(publication_flow, flow_run=again, parameters={"request_file": str(spec)}, return_type="state")
+        said = state.message or ""
+        assert expected in said and "This retry ran nothing again" in said, (state, _ledger_rows(platform))
+        assert _ledger_rows(platform) == before and len(platform.store.list_releases()) == releases
+
 
 def test_deployments_in_prefect_yaml_point_at_flows_with_typed_forms():
     import importlib
@@ -617,38 +632,142 @@ def test_risk_above_tolerance_needs_an_override_with_a_reason(platform_env):
     assert entry["risk_override"] == "aggregate table, recipient under contract"
 
 
-def test_retry_after_expiry_asks_again_with_its_own_reservation(platform_env):
-    """Retry (the UI's button: the failed run is set to AwaitingRetry and run again) of a release
-    that expired and was refunded: the retry reserves afresh, waits for a decision, and ends in
-    its own Rejected state when rejected; the refunded attempt stays refunded."""
+def run_as_worker(params: dict, box: dict, flow_run=None):
+    """A run of the dp-release deployment (the UI's Retry needs one) executed as a worker executes
+    it (prefect.engine: run_flow with the run's logger as error_logger, its return value resolved
+    from the final state), in a thread; box gets the run and its final state read from the API."""
     from prefect import get_client
-    from prefect.flow_engine import run_flow
+    from prefect.flow_engine import flow_run_logger, run_flow
+    from prefect_console import deploy_release_flow
+
+    from flows.release import release_flow
+
+    with get_client(sync_client=True) as client:
+        run = flow_run or client.create_flow_run_from_deployment(deploy_release_flow(), parameters=params)
+    box["run"] = run
+
+    def work():
+        try:
+            run_flow(release_flow, flow_run=run, parameters=params, error_logger=flow_run_logger(run))
+        except BaseException as err:  # noqa: BLE001 - the test reads it
+            box["error"] = err
+        with get_client(sync_client=True) as client:
+            box["state"] = client.read_flow_run(run.id).state
+
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    return thread
+
+
+def run_logs(flow_run_id) -> list:
+    """The run's logs as the Prefect API holds them (the UI's log tab), after this process sent them."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect_console import drain_prefect_workers
+
+    drain_prefect_workers()
+    with get_client(sync_client=True) as client:
+        return client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
+
+
+WORKER_PARAMS = {"dataset": "adult", "sql": SQL, "epsilon": {"epsilon": 1.0}, "approval_timeout": 60}  # as the form sends
+
+
+def worker_release(platform_env, decision, **params):
+    """A release run as a worker runs it, answered by alice (or left to expire when decision is None)."""
+    from cli.deciding import decide as send
+    from dprelease.pipeline import Platform
+    from flows.approvals import wait_until_paused
+
+    platform = Platform.open(platform_env)
+    box: dict = {}
+    thread = run_as_worker({**WORKER_PARAMS, **params}, box)
+    if decision is not None or params.get("dataset") != "strict":
+        rel = wait_for_approval(platform.store, {r.id for r in platform.store.list_releases()}, thread=thread, box=box)
+        wait_until_paused(rel.flow_run_id)
+        if decision is not None:
+            send(platform_env, rel.id, decision, controller_key(), "checked")
+    thread.join(180)
+    assert not thread.is_alive()
+    return platform, box
+
+
+def test_a_rejected_run_ends_rejected_without_a_traceback_through_the_api(platform_env):
+    """Issue 35: a worker's rejected run logged `TypeError: Unexpected result for failed state`. Its
+    final state, read back from the API, is named Rejected, is not a failure (nor a publication to
+    any reader), and its logs hold no error and no traceback; the budget is refunded."""
+    from flows.outcomes import is_rejected, outcome, stored_outcome
+
+    platform, box = worker_release(platform_env, "reject")
+    run, state = box["run"], box["state"]
+    assert "error" not in box, box
+    assert state.name == "Rejected" and state.type.value == "COMPLETED" and is_rejected(state)
+    assert "rejected by alice" in state.message
+    assert outcome(state, stored=lambda: stored_outcome(platform, str(run.id))) == {
+        "release_id": str(run.id), "status": "rejected"}
+    logs = run_logs(run.id)
+    assert logs and not [log.message for log in logs if log.level >= 40 or "Traceback" in log.message
+                         or "TypeError" in log.message]
+    assert platform.store.get_release(str(run.id)).status == "rejected"
+    assert platform.store.ledger_entry(str(run.id)).status == "refunded"
+
+
+def _task_runs(flow_run_id) -> int:
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        return len(client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))))
+
+
+def _ledger_rows(platform) -> list:
+    from sqlmodel import Session, select
+
+    from dprelease.store import LedgerEntry
+
+    with Session(platform.store.engine) as session:
+        return sorted((e.release_id, e.epsilon, e.status) for e in session.exec(select(LedgerEntry)).all())
+
+
+@pytest.mark.parametrize(("ending", "words"), [
+    ("approve", "is already published at"), ("reject", "was rejected by alice: checked (its budget was refunded)"),
+    ("expire", "expired: nobody answered in time (its budget was refunded)"), ("fail", "failed: Data checks FAILED")])
+def test_prefect_s_retry_of_an_ended_release_ends_at_once_saying_what_the_release_is(platform_env, ending, words):
+    """Issue 35: the UI's Retry (its call: set_state Scheduled named AwaitingRetry, force false; then
+    a worker runs the flow again under the same run id) of a published run failed with `StoreError:
+    release ... is published`, after decrypting and checking the data again. A retry of a run
+    whose release ended (published, rejected, expired, failed) ends at once in the state the
+    release gives, saying what it is; no task runs, nothing is spent, sealed, published or drawn."""
+    from prefect import get_client
     from prefect.states import AwaitingRetry
 
-    from cli.deciding import decide as send
-    from flows.approvals import wait_until_paused
-    from flows.release import outcome, release_flow
-
-    platform, rel, _ = decide(platform_env, None, approval_timeout=3)
-    assert platform.store.get_release(rel.id).status == "expired"
-    params = {"dataset": "adult", "sql": SQL, "epsilon": 1.0, "approval_timeout": 60}
+    params = {"dataset": "strict", "sql": SQL.replace("FROM adult", "FROM strict")} if ending == "fail" else \
+        {"approval_timeout": 3} if ending == "expire" else {}
+    decision = {"approve": "approve", "reject": "reject"}.get(ending)
+    platform, first = worker_release(platform_env, decision, **params)
+    run = first["run"]
+    release = platform.store.get_release(str(run.id))
+    assert release.status == {"approve": "published", "reject": "rejected", "expire": "expired", "fail": "failed"}[ending]
     with get_client(sync_client=True) as client:
-        client.set_flow_run_state(rel.flow_run_id, AwaitingRetry(), force=True)
-        again = client.read_flow_run(rel.flow_run_id)
-    known = {r.id for r in platform.store.list_releases()}
-    retry: dict = {}
-    thread = threading.Thread(target=lambda: retry.update(result=outcome(run_flow(
-        release_flow, flow_run=again, parameters=params, return_type="state"))), daemon=True)
-    thread.start()
-    second = wait_for_approval(platform.store, known, thread=thread, box=retry)
-    assert second.id.startswith(rel.id) and second.id != rel.id
-    assert platform.store.ledger_entry(second.id).status == "reserved"
-    wait_until_paused(second.flow_run_id)
-    send(platform_env, second.id, "reject", controller_key(), "retried, still no")
-    thread.join(120)
-    assert retry["result"]["status"] == "rejected"
-    assert platform.store.ledger_entry(rel.id).status == "refunded"
-    assert platform.store.ledger_entry(second.id).status == "refunded"
+        answer = client.set_flow_run_state(run.id, AwaitingRetry(message="Retry from the UI"), force=False)
+        assert answer.status.value == "ACCEPT", answer
+        again = client.read_flow_run(run.id)
+    tasks, ledger = _task_runs(run.id), _ledger_rows(platform)
+    sealed = sorted(p.name for p in platform_env.archive_dir.rglob("*"))
+    published = sorted(p.name for p in platform_env.publication_dir.rglob("*"))
+    box: dict = {}
+    thread = run_as_worker({**WORKER_PARAMS, **params}, box, flow_run=again)
+    thread.join(180)
+    state = box["state"]
+    assert words in state.message and "This retry ran nothing again" in state.message, state.message
+    expected = {"approve": ("COMPLETED", "Completed"), "reject": ("COMPLETED", "Rejected"),
+                "expire": ("FAILED", "Failed"), "fail": ("FAILED", "Failed")}[ending]
+    assert (state.type.value, state.name) == expected
+    assert _task_runs(run.id) == tasks and _ledger_rows(platform) == ledger
+    assert sorted(p.name for p in platform_env.archive_dir.rglob("*")) == sealed
+    assert sorted(p.name for p in platform_env.publication_dir.rglob("*")) == published
+    assert [r.id for r in platform.store.releases_of_run(str(run.id))] == [str(run.id)]
+    assert platform.store.get_release(str(run.id)).status == release.status
 
 
 def test_forged_and_replayed_decisions_are_refused_and_spend_nothing(platform_env, tmp_path):

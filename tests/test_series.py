@@ -52,7 +52,7 @@ def series_env(tmp_path_factory):
             os.environ[k] = v
 
 
-def _scheduled_runs(spec: Path, count: int):
+def _scheduled_runs(spec: Path, count: int, series: str = "visits", deployment: str = DEPLOYMENT):
     """A deployment of the publication flow naming the series, whose schedule (the server's
     scheduler endpoint) creates `count` runs with the snapshot rule `latest`."""
     from datetime import timedelta
@@ -62,16 +62,17 @@ def _scheduled_runs(spec: Path, count: int):
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
     from prefect.client.schemas.schedules import IntervalSchedule
 
-    parameters = {"request_file": str(spec), "series": "visits", "snapshot": "latest", "approval_timeout": 30}
+    parameters = {"request_file": str(spec), "series": series, "snapshot": "latest", "approval_timeout": 30}
     with get_client(sync_client=True) as client:
         flow_id = client.create_flow_from_name("dp-scheduled-publication")
         deployment_id = client.create_deployment(
-            flow_id=flow_id, name=DEPLOYMENT, parameters=parameters,
+            flow_id=flow_id, name=deployment, parameters=parameters,
             schedules=[DeploymentScheduleCreate(schedule=IntervalSchedule(interval=timedelta(seconds=1)))])
         client._client.post(f"/deployments/{deployment_id}/schedule",
                             json={"min_runs": count, "max_runs": count}).raise_for_status()
         runs = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])))
-    scheduled = sorted((r for r in runs if r.auto_scheduled), key=lambda r: r.expected_start_time)[:count]
+    scheduled = sorted((r for r in runs if r.auto_scheduled and r.state.is_scheduled()),  # not run yet
+                       key=lambda r: r.expected_start_time)[:count]
     assert len(scheduled) == count and all(r.created_by.type == "SCHEDULE" for r in scheduled)
     return deployment_id, scheduled, parameters
 
@@ -165,6 +166,111 @@ def test_a_year_of_monthly_releases_once_each_with_the_signed_series_page(series
     assert "2027-01" in index and "is missing" in index
     assert "2027-01" in (page_dir / "index.html").read_text()
     assert signing.verify_directory(page_dir, settings.public_key_file).ok
+
+
+def _new_series(series_env, name: str, labels: list[str], tmp_path: Path, **budget):
+    """A series `name` with the snapshots `labels` (the fixture's monthly files), its request file,
+    and a standing policy for its own scheduled deployment."""
+    from dprelease import pipeline, series
+
+    settings, files = series_env["settings"], dict(series_env["files"])
+    platform = pipeline.Platform.open(settings)
+    spec = tmp_path / f"{name}.yaml"
+    spec.write_text(series_env["spec"].read_text().replace("FROM visits", f"FROM {name}")
+                    .replace("dataset: visits", f"dataset: {name}"))
+    first, *later = labels  # the policy, given with the first snapshot, is carried over to the later ones
+    series.register_snapshot(settings, name, files[first], first, privacy_unit="person_id",
+                             risk_profile={"max_risk": 0.5}, **budget)
+    platform.store.add_policy(f"{name}-policy", series.dataset_for_policy(platform.store, name),
+                              max_epsilon_per_release=EPSILON, approval="auto", deployment=f"{name}-publication")
+    for label in later:
+        series.register_snapshot(settings, name, files[label], label)
+    return platform, spec
+
+
+def _run_scheduled(spec: Path, name: str):
+    """One run created by the schedule of the series' deployment, executed as a worker would."""
+    from prefect.flow_engine import run_flow
+
+    from flows.publication import publication_flow
+
+    _, (run,), parameters = _scheduled_runs(spec, 1, series=name, deployment=f"{name}-publication")
+    return run, run_flow(publication_flow, flow_run=run, parameters=parameters, return_type="state")
+
+
+def assert_index_reaches_every_page(settings) -> None:
+    """The publication index links every page of the published folder (each release's report, each
+    series page), and every link in it resolves to a file inside that folder."""
+    import re
+
+    root = settings.publication_dir.resolve()
+    links = re.findall(r'(?:href|src)="([^"#?]+)', (root / "index.html").read_text())
+    for link in links:
+        target = (root / link).resolve()
+        assert target.is_file() and target.is_relative_to(root), f"the index links {link!r}: no such file"
+    pages = {p.relative_to(root).as_posix() for p in [*root.glob("*/index.html"), *root.glob("series/*/index.html")]}
+    assert pages and pages <= set(links), f"pages the index does not link: {sorted(pages - set(links))}"
+
+
+def test_latest_publishes_every_unpublished_snapshot_oldest_first_and_the_index_links_the_series_page(series_env,
+                                                                                                     tmp_path):
+    """Issue 35: with 2026-01 and 2026-02 registered and only 2026-02 published, `latest` skipped
+    2026-01; and the index did not link a series page published after it. Each snapshot not yet
+    published is released, oldest first, each its own release charged to the series; the index
+    reaches every page after each run."""
+    from dprelease import series
+    from dprelease.store import series as store_series
+
+    settings = series_env["settings"]
+    platform, spec = _new_series(series_env, "clinic", ["2026-01"], tmp_path, budget_mode="per_snapshot",
+                                 epsilon_cap=EPSILON)
+    run, state = _run_scheduled(spec, "clinic")
+    assert state.is_completed() and state.result()["snapshot"] == "2026-01"
+    assert_index_reaches_every_page(settings)  # the first publication of a series: its page is linked
+    for label in ("2026-02", "2026-03"):  # two periods registered before the next scheduled run
+        series.register_snapshot(settings, "clinic", dict(series_env["files"])[label], label)
+    run, state = _run_scheduled(spec, "clinic")
+    result = state.result()
+    assert state.is_completed() and result["snapshots"] == {"2026-02": "published", "2026-03": "published"}
+    claims = store_series.claims(platform.store, "clinic")
+    assert [claims["2026-02"], claims["2026-03"]] == [str(run.id), f"{run.id}@2026-03"]
+    releases = platform.store.releases_of_run(str(run.id))
+    assert [r.id for r in releases] == [str(run.id), f"{run.id}@2026-03"]  # oldest first
+    assert all(r.status == "published" for r in releases) and result["release_id"] == f"{run.id}@2026-03"
+    assert [p.snapshot for p in series.published_periods(platform, "clinic")] == ["2026-01", "2026-02", "2026-03"]
+    assert_index_reaches_every_page(settings)
+
+
+def test_a_series_budget_short_of_every_snapshot_publishes_the_oldest_and_names_those_left(series_env, tmp_path):
+    """The series cap covers two of three waiting snapshots: the two oldest are published, the run
+    fails naming the one left and why, and nothing is spent on it (its snapshot is free again)."""
+    from dprelease.store import series as store_series
+
+    platform, spec = _new_series(series_env, "ward", ["2026-01", "2026-02", "2026-03"], tmp_path,
+                                 budget_mode="series_cap", epsilon_cap=2 * EPSILON)
+    run, state = _run_scheduled(spec, "ward")
+    assert state.is_failed()
+    assert "released 2026-01 published, 2026-02 published" in state.message, state.message
+    assert "left unpublished, oldest first: 2026-03" in state.message and "budget exceeded for series" in state.message
+    assert {r.id: r.status for r in platform.store.releases_of_run(str(run.id))} == {
+        str(run.id): "published", f"{run.id}@2026-02": "published", f"{run.id}@2026-03": "failed"}
+    assert "2026-03" not in store_series.claims(platform.store, "ward")
+    assert store_series.series_budget(platform.store, "ward")["epsilon_total"] == pytest.approx(2 * EPSILON)
+    assert_index_reaches_every_page(series_env["settings"])
+    # the UI's Retry of this run: it ends at once, naming each release, and runs nothing again
+    from prefect import get_client
+    from prefect.flow_engine import run_flow
+    from prefect.states import AwaitingRetry
+
+    from flows.publication import publication_flow
+
+    before = _ledger(platform.store)
+    with get_client(sync_client=True) as client:
+        assert client.set_flow_run_state(run.id, AwaitingRetry(message="Retry from the UI")).status.value == "ACCEPT"
+        again = client.read_flow_run(run.id)
+    state = run_flow(publication_flow, flow_run=again, parameters=again.parameters, return_type="state")
+    assert state.is_failed() and "This retry ran nothing again" in state.message, state.message
+    assert f"release {run.id}@2026-03 failed" in state.message and _ledger(platform.store) == before
 
 
 def _check_no_controller_only_fields(page_dir: Path) -> None:

@@ -435,11 +435,13 @@ def test_release_crud(any_store):
         any_store.get_release("missing")
 
 
-def test_releases_of_a_run_are_its_own_and_its_retries_only(any_store):
+def test_releases_of_a_run_are_its_own_its_snapshots_and_its_retries_only(any_store):
     _register(any_store)
-    for release_id in ("run-a", "run-a-retry1", "run-a-retry2", "run-ab", "run-a-retried", "run-b-retry1", "run"):
+    for release_id in ("run-a", "run-a-retry1", "run-a-retry2", "run-ab", "run-a-retried", "run-b-retry1", "run",
+                       "run-a@2026-02", "run-ab@2026-02", "run@2026-02"):
         any_store.add_release("adult", "{}", release_id=release_id)
-    assert [x.id for x in any_store.releases_of_run("run-a")] == ["run-a", "run-a-retry1", "run-a-retry2"]
+    assert [x.id for x in any_store.releases_of_run("run-a")] == ["run-a", "run-a-retry1", "run-a-retry2",
+                                                                   "run-a@2026-02"]
     assert [x.id for x in any_store.releases_of_run("run-b")] == ["run-b-retry1"]
     assert any_store.releases_of_run("missing") == []
 

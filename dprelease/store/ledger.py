@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import or_
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlmodel import Session, SQLModel, select
 
@@ -401,14 +402,15 @@ class Store:
             return list(session.exec(query).all())
 
     def releases_of_run(self, flow_run_id: str) -> list[Release]:
-        """The releases one flow run made: its own id, and `<id>-retryN` after a Retry (an indexed
-        primary-key range, not a scan of every release)."""
-        prefix = f"{flow_run_id}-retry"
-        query = (select(Release)
-                 .where((Release.id == flow_run_id) | ((Release.id >= prefix) & (Release.id < prefix + "\uffff")))
+        """The releases one flow run made: its own id, `<id>@<snapshot>` for each further snapshot a
+        series run publishes, and `<id>-retryN` (made by Retry before it ended at once) (indexed
+        primary-key ranges, not a scan of every release)."""
+        prefixes = (f"{flow_run_id}-retry", f"{flow_run_id}@")
+        in_range = [(Release.id >= prefix) & (Release.id < prefix + "\uffff") for prefix in prefixes]
+        query = (select(Release).where(or_(Release.id == flow_run_id, *in_range))
                  .order_by(Release.created_at, Release.id))
         with self._transaction() as session:
-            return [r for r in session.exec(query).all() if r.id == flow_run_id or r.id.startswith(prefix)]
+            return [r for r in session.exec(query).all() if r.id == flow_run_id or r.id.startswith(prefixes)]
 
     # --- policies ---------------------------------------------------------------------------------
 
