@@ -905,3 +905,21 @@ def test_the_controller_s_exact_table_says_how_many_values_an_interval_misses_an
     assert f"<b>{len(marked)} of {with_interval}</b>" in note
     analyst = pages.render_analyst_report(result, make_ctx())
     assert "outside-note" not in analyst and "outside-mark\">" not in analyst and "by chance alone" not in analyst
+
+
+def test_the_risk_model_s_sentences_and_the_promise_table_write_each_half_width_alike(data):
+    """With epsilon chosen by the risk model, the summary's sentences (risk_summary, on both reports)
+    and the promise table write each statistic's half-width as one string: a count's `10`, an
+    average's `0.33`, not `0.3312` beside `±0.331`."""
+    plan = dp.Query([dp.count(upper=1, name="people"), dp.avg("age", 17, 90, name="average_age"),
+                     dp.sum_("score", 0, 1000, name="score_total")],
+                    privacy_unit="person_id", epsilon=1.0, group_by=("education",))
+    choice = risk_model.choose_epsilon_for_plan(plan, trust="low", sensitivity="high", max_risk=0.2,
+                                                max_noise={"people": 10}, n=16, m=2)
+    released = dp.execute(dataclasses.replace(plan, epsilon=choice.epsilon), data)
+    rows = {r["name"]: r["promised"] for r in pages.promise_rows(released, choice)}
+    for s in choice.promise:
+        number = display.value(s.halfwidth, display.is_integer_kind(s.kind))
+        assert rows[s.name].startswith(f"±{number} at 90%"), (rows[s.name], number)
+        sentence = choice.summary[choice.summary.index(f"{s.name} ({s.kind}): "):]
+        assert re.match(rf"[^.]*\+- {re.escape(number)}[ ,]", sentence), (number, sentence)
