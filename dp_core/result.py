@@ -94,7 +94,7 @@ class DPResult:
 
     def __str__(self) -> str:
         head = (
-            f"DP release: epsilon={self.epsilon_spent:.6g}, delta={self.delta_spent:.3g}, "
+            f"DP release: epsilon={display.budget(self.epsilon_spent)}, delta={display.budget(self.delta_spent)}, "
             f"{len(self.table)} partition(s); each value with its {self.query.confidence * 100:g}% confidence interval"
         )
         return f"{head}\n{self.readable_table().to_string(index=False)}\n{CI_NOTE}"
@@ -146,16 +146,17 @@ class DPResult:
 
     def explain(self) -> str:
         """Plain text: the budget split and each mechanism with its sensitivity and scale."""
-        lines = [f"Total: epsilon {self.epsilon_spent:.6g}, delta {self.delta_spent:.3g} (basic composition)"]
-        lines += [f"  share {s.part}: epsilon {s.epsilon:.6g}, delta {s.delta:.3g}"
-                  + (f", rho {s.rho:.6g}" if s.rho else "") for s in self.budget]
+        eps = display.budget
+        lines = [f"Total: epsilon {eps(self.epsilon_spent)}, delta {eps(self.delta_spent)} (basic composition)"]
+        lines += [f"  share {s.part}: epsilon {eps(s.epsilon)}, delta {eps(s.delta)}"
+                  + (f", rho {eps(s.rho)}" if s.rho else "") for s in self.budget]
         lines.append(f"Partition selection: {self.partition_selection}")
         for m in self.mechanisms:
             scale = f", scale {m.scale:.6g}" if m.scale is not None else ""
             lines.append(
                 f"  {m.target}: {m.mechanism}, sensitivity {m.sensitivity_per_partition:g} per partition "
-                f"x C_u={m.max_partitions} -> {m.sensitivity:g}{scale}, epsilon {m.epsilon:.6g}"
-                + (f", rho {m.rho:.6g}" if m.rho else "") + (f" ({m.note})" if m.note else "")
+                f"x C_u={m.max_partitions} -> {m.sensitivity:g}{scale}, epsilon {eps(m.epsilon)}"
+                + (f", rho {eps(m.rho)}" if m.rho else "") + (f" ({m.note})" if m.note else "")
             )
         for b in self.inferred_bounds:
             lo = "0" if b.lower is None else f"{b.lower:g}"

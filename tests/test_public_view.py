@@ -241,3 +241,17 @@ def test_a_released_count_is_an_integer_in_the_table_its_text_and_its_json():
             assert all(type(row[name]) is int and type(row[f"{name}_ci_low"]) is int for row in r.to_dict()["rows"])
             assert f'"{name}": {int(r.table[name].iloc[0])},' in r.to_json()
         assert r.table["s"].dtype.kind == "f"
+
+
+def test_a_release_s_text_and_explanation_write_each_epsilon_with_four_significant_digits():
+    """print() and explain() write the epsilon spent, each share's and each mechanism's as the reports
+    do (dp_core.display.budget): 0.4375, not 0.437451 or 0.43745083326922696."""
+    epsilon = 0.43745083326922696
+    df = pd.DataFrame({"uid": np.arange(3000), "g": np.where(np.arange(3000) % 3 == 0, "a", "b")})
+    result = dp.execute(dp.Query([dp.count(name="n"), dp.count_units(name="people")], privacy_unit="uid",
+                                 group_by=("g",), epsilon=epsilon, public_partitions=["a", "b"]), df)
+    assert str(result).splitlines()[0].startswith("DP release: epsilon=0.4375, delta=0,")
+    text = result.explain()
+    assert text.startswith("Total: epsilon 0.4375, delta 0 (basic composition)")
+    assert "  share n: epsilon 0.2187, delta 0" in text
+    assert not re.search(r"epsilon \d\.\d{5}", text), text

@@ -38,8 +38,8 @@ class StatementResult(DPResult):
         return self.table.map(_readable)
 
     def __str__(self) -> str:
-        head = (f"DP release of {len(self.parts)} DP SELECT(s): epsilon={self.epsilon_spent:.6g}, "
-                f"delta={self.delta_spent:.3g}, {len(self.table)} row(s) after post-processing")
+        head = (f"DP release of {len(self.parts)} DP SELECT(s): epsilon={display.budget(self.epsilon_spent)}, "
+                f"delta={display.budget(self.delta_spent)}, {len(self.table)} row(s) after post-processing")
         return f"{head}\n{self.readable_table().to_string(index=False)}\n{CI_NOTE}"
 
     def to_dict(self) -> dict:
