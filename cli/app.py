@@ -243,6 +243,7 @@ def policy_list(dataset: str) -> None:
 @app.command()
 def budget(dataset: str = typer.Argument(None, help="one dataset (default: all)")) -> None:
     """Budget per dataset: cap, committed, reserved, remaining (a public table: none, never charged)."""
+    from dprelease.reporting.budget_table import budget_rows
     from dprelease.store import Store
 
     store = Store(_settings().store_url)
@@ -252,9 +253,9 @@ def budget(dataset: str = typer.Argument(None, help="one dataset (default: all)"
         if not store.get_dataset(name).privacy_unit:  # a public table has no budget: never charged
             table.add_row(escape(name), "public", "-", "-", "-", "-")
             continue
-        b = store.budget(name)
-        table.add_row(escape(name), f"{b['epsilon_cap']:g}", f"{b['epsilon_committed']:g}",
-                      f"{b['epsilon_reserved']:g}", f"{b['epsilon_remaining']:g}", f"{b['delta_remaining']:.3g}")
+        epsilon, delta = budget_rows(store.budget(name))
+        table.add_row(escape(name), epsilon["cap"], epsilon["committed"], epsilon["reserved"], epsilon["remaining"],
+                      delta["remaining"])
     console.print(table)
     if not dataset:
         _series_budgets(store)
@@ -605,7 +606,6 @@ def _print_preview(request) -> None:
     """The accuracy preview before the flow reserves anything (epsilon chosen without the data;
     in PRI data mode the preview is in the summary instead)."""
     from dprelease import pipeline
-    from dprelease.preview import preview_markdown
 
     if request.epsilon_mode == "pri" and request.pri.get("mode") == "data":
         return
@@ -614,7 +614,7 @@ def _print_preview(request) -> None:
     decision = pipeline.choose_epsilon(platform, planned)
     from rich.markdown import Markdown
 
-    console.print(Markdown(preview_markdown(planned.query, decision.epsilon)))
+    console.print(Markdown(pipeline.preview_markdown(platform, planned, decision.epsilon)))
 
 
 @app.command()

@@ -20,7 +20,7 @@ with the reason in `note`), and a tolerance cannot be asked of them.
     from dp_core import Query, count, avg, accuracy
     q = Query([count(), avg("age", 17, 90)], privacy_unit="id", group_by=("education",), epsilon=1.0)
     for s in accuracy.statistic_intervals(q, epsilon=1.0):
-        print(s.describe())        # "count: +-9 at 95% (discrete Laplace, epsilon 0.333)" ...
+        print(s.describe())        # "count: +-9 at 95% (discrete Laplace, epsilon 0.3333)" ...
     accuracy.smallest_epsilon(q, {"count": 10})   # 0.853: the smallest total epsilon with count +-10
 """
 
@@ -32,6 +32,7 @@ from numbers import Real
 
 import numpy as np
 
+from . import display
 from .accounting import BudgetPlan, Share, plan_budget
 from .aggregates import avg_noise_weights, plan_aggregate
 from .errors import InvalidQueryError
@@ -67,16 +68,18 @@ class StatisticInterval:
         return self.halfwidth is not None
 
     def describe(self) -> str:
-        """One line: `name: +-h at 90% (...)`, or why there is no data-free interval."""
+        """One line: `name: +-h at 90% (...)` (h as every page writes it), or why there is no data-free
+        interval."""
         if self.halfwidth is None:
             return f"{self.name}: no data-free interval ({self.note})"
         group = f" for a group of {self.reference_count:g} people" if self.reference_count else ""
-        return (f"{self.name}: +-{_short(self.halfwidth)} at {self.confidence:.0%}{group} "
-                f"({self.mechanism}, epsilon {self.epsilon:.3g})")
+        return (f"{self.name}: {self.halfwidth_text(ascii=True)} at {self.confidence:.0%}{group} "
+                f"({self.mechanism}, epsilon {display.budget(self.epsilon)})")
 
-
-def _short(x: float) -> str:
-    return f"{x:.4g}" if math.isfinite(x) else "inf"
+    def halfwidth_text(self, ascii: bool = False) -> str:
+        """The half-width as every page writes it (`display.halfwidth`: `±10` for a count; `+-10` in
+        the engine's plain text)."""
+        return display.halfwidth(self.halfwidth, display.is_integer_kind(self.kind), ascii)
 
 
 def statistic_intervals(query: Query, epsilon: float | None = None, *, confidence: float | None = None,
@@ -207,7 +210,7 @@ def smallest_epsilon(query: Query, tolerances: dict[str, float], *, confidence: 
     if unmet:  # the noise at the largest epsilon searched: what the tolerance must at least allow
         raise InvalidQueryError(
             f"no epsilon up to {hi:g} meets the tolerable noise {_tolerance_text(tolerances)}: even at epsilon "
-            f"{hi:g} the noise is {', '.join(f'{s.name} +-{_short(s.halfwidth)}' for s in unmet)} "
+            f"{hi:g} the noise is {', '.join(f'{s.name} {s.halfwidth_text(ascii=True)}' for s in unmet)} "
             f"(at {100 * unmet[0].confidence:g}%); tolerate at least that, or lower the sensitivity (narrower "
             "bounds, a smaller max_partitions_contributed)"
         )

@@ -9,11 +9,12 @@ only. `repr`, `to_dict`, `to_json` and `str` never include it (usability.md, "Me
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict, dataclass, field
 
+import numpy as np
 import pandas as pd
 
+from . import display
 from .accounting import Share
 from .query import Query
 from .release import MechanismRecord
@@ -86,9 +87,14 @@ class DPResult:
     #: budget is charged for; public ones (no unit) hold no one's rows and are never charged
     tables_read: tuple = ()
 
+    def __post_init__(self) -> None:
+        # a count is released on the integers (its value and interval ends are whole): it is held as
+        # integers, so the data files and the Python API show 932, not 932.0
+        object.__setattr__(self, "table", integer_counts(self.table, self.query))
+
     def __str__(self) -> str:
         head = (
-            f"DP release: epsilon={self.epsilon_spent:.6g}, delta={self.delta_spent:.3g}, "
+            f"DP release: epsilon={display.budget(self.epsilon_spent)}, delta={display.budget(self.delta_spent)}, "
             f"{len(self.table)} partition(s); each value with its {self.query.confidence * 100:g}% confidence interval"
         )
         return f"{head}\n{self.readable_table().to_string(index=False)}\n{CI_NOTE}"
@@ -98,10 +104,9 @@ class DPResult:
         out = self.table[list(self.query.group_by)].copy()
         for agg in self.query.aggregates:
             name = agg.label
-            cells = []
-            for v, lo, hi in zip(self.table[name], self.table[f"{name}_ci_low"], self.table[f"{name}_ci_high"]):
-                cells.append(_fmt(v) if math.isnan(lo) else f"{_fmt(v)} [{_fmt(lo)}, {_fmt(hi)}]")
-            out[name] = cells
+            whole = display.is_integer_kind(agg.kind)
+            out[name] = [display.interval(v, lo, hi, whole) for v, lo, hi in
+                         zip(self.table[name], self.table[f"{name}_ci_low"], self.table[f"{name}_ci_high"])]
         return out
 
     def to_dict(self) -> dict:
@@ -141,16 +146,17 @@ class DPResult:
 
     def explain(self) -> str:
         """Plain text: the budget split and each mechanism with its sensitivity and scale."""
-        lines = [f"Total: epsilon {self.epsilon_spent:.6g}, delta {self.delta_spent:.3g} (basic composition)"]
-        lines += [f"  share {s.part}: epsilon {s.epsilon:.6g}, delta {s.delta:.3g}"
-                  + (f", rho {s.rho:.6g}" if s.rho else "") for s in self.budget]
+        eps = display.budget
+        lines = [f"Total: epsilon {eps(self.epsilon_spent)}, delta {eps(self.delta_spent)} (basic composition)"]
+        lines += [f"  share {s.part}: epsilon {eps(s.epsilon)}, delta {eps(s.delta)}"
+                  + (f", rho {eps(s.rho)}" if s.rho else "") for s in self.budget]
         lines.append(f"Partition selection: {self.partition_selection}")
         for m in self.mechanisms:
             scale = f", scale {m.scale:.6g}" if m.scale is not None else ""
             lines.append(
                 f"  {m.target}: {m.mechanism}, sensitivity {m.sensitivity_per_partition:g} per partition "
-                f"x C_u={m.max_partitions} -> {m.sensitivity:g}{scale}, epsilon {m.epsilon:.6g}"
-                + (f", rho {m.rho:.6g}" if m.rho else "") + (f" ({m.note})" if m.note else "")
+                f"x C_u={m.max_partitions} -> {m.sensitivity:g}{scale}, epsilon {eps(m.epsilon)}"
+                + (f", rho {eps(m.rho)}" if m.rho else "") + (f" ({m.note})" if m.note else "")
             )
         for b in self.inferred_bounds:
             lo = "0" if b.lower is None else f"{b.lower:g}"
@@ -164,11 +170,14 @@ class DPResult:
         return "\n".join(lines)
 
 
-def _fmt(x: float) -> str:
-    """Short, readable numbers: thousands separators for large ones, 3 significant digits for small."""
-    if abs(x) >= 100 or x == 0:
-        return f"{x:,.0f}"
-    if abs(x) >= 1:
-        return f"{x:.2f}"
-    return f"{x:.3g}"
-
+def integer_counts(table: pd.DataFrame, query: Query) -> pd.DataFrame:
+    """The table with each count's value and interval ends as integers (int64), when all of them are
+    whole numbers (a count always is: its noise is on the integers); other columns as they are."""
+    columns = [f"{a.label}{suffix}" for a in query.aggregates if display.is_integer_kind(a.kind)
+               for suffix in ("", "_ci_low", "_ci_high")]
+    columns = [c for c in columns if c in table.columns and table[c].dtype.kind == "f"]
+    whole = [c for c in columns if np.isfinite(table[c].to_numpy()).all()
+             and (table[c].to_numpy() == np.round(table[c].to_numpy())).all()]
+    if not whole:
+        return table
+    return table.astype({c: "int64" for c in whole})

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from . import display
 from .accounting import plan_budget
 from .accuracy import smallest_epsilon, statistic_intervals
 from .errors import InvalidQueryError
@@ -307,8 +308,9 @@ def choose_epsilon_for_plan(query, *, trust, sensitivity, max_risk, max_noise, n
 
 def _relax_message(query, tolerances, eps_noise, eps_risk, r, s, t, n, m, dv, kw) -> str:
     """Which tolerance to relax, and by how much: the noise the risk allows, or the risk the noise needs."""
-    at_risk = {x.name: x.halfwidth for x in statistic_intervals(query, eps_risk, **kw)}
-    noise = "; ".join(f"{name} +-{_num(at_risk[name])} (asked +-{tol:g})" for name, tol in tolerances.items())
+    at_risk = {x.name: x for x in statistic_intervals(query, eps_risk, **kw)}
+    noise = "; ".join(f"{name} {at_risk[name].halfwidth_text(ascii=True)} (asked +-{tol:g})"
+                      for name, tol in tolerances.items())
     needed = risk(s, t, guessing_bound(eps_noise, n, m, dv))
     return (
         f"the tolerable noise ({', '.join(f'{k} +-{v:g}' for k, v in tolerances.items())} at {kw['confidence']:.0%}) "
@@ -319,8 +321,9 @@ def _relax_message(query, tolerances, eps_noise, eps_risk, r, s, t, n, m, dv, kw
     )
 
 
-def _num(x: float) -> str:
-    return f"{x:.4g}" if math.isfinite(x) else "inf"
+def _num(x: float, integer: bool = False) -> str:
+    """A number of a sentence as the pages write it (`display.value`), 'inf' for an infinite one."""
+    return display.value(x, integer) if math.isfinite(x) else "inf"
 
 
 _EXAMPLE = {"count": "a count", "count_units": "a count of people", "sum": "a sum"}
@@ -348,10 +351,12 @@ def _statistic_sentence(x, tolerance: float | None, p: float, reference_value: f
     asked = f" (tolerance asked: +-{tolerance:g})" if tolerance is not None else ""
     if x.halfwidth is None:
         return f"{x.name}: no interval promised ({x.note})."
-    h = _num(x.halfwidth)
+    whole = display.is_integer_kind(x.kind)
+    h = _num(x.halfwidth, whole)
     if x.kind in _EXAMPLE:
         v = float(reference_value)
         return (f"{x.name} ({x.kind}): {_EXAMPLE[x.kind]} of {v:g} would be released as {v:g} +- {h}, "
-                f"i.e. between {_num(v - x.halfwidth)} and {_num(v + x.halfwidth)} with {p:.0%} probability{asked}.")
+                f"i.e. between {_num(v - x.halfwidth, whole)} and {_num(v + x.halfwidth, whole)} with {p:.0%} "
+                f"probability{asked}.")
     return (f"{x.name} ({x.kind}): +- {h} with {p:.0%} probability for a group of {x.reference_count:g} people "
             f"(first order; a released mean within the bounds){asked}.")

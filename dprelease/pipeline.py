@@ -23,7 +23,7 @@ import pandas as pd
 from cryptography.fernet import Fernet, InvalidToken
 
 import dp_core as dp
-from dp_core import pri, risk
+from dp_core import display, pri, risk
 from dp_core.sql import Table, compile_statement_for, run_sql
 
 from . import checks, escrow, external, progress
@@ -171,6 +171,14 @@ def risk_confidence(request: ReleaseRequest) -> dict:
 def integer_columns(ds) -> frozenset[str]:
     """The dataset's integer-typed columns (a SUM over one of them is noised on the integers)."""
     return frozenset(c for c, kind in json.loads(ds.schema_json).items() if kind.startswith(("int", "uint")))
+
+
+def preview_markdown(platform: Platform, planned: Plan, epsilon: float) -> str:
+    """The accuracy preview of a plan at this epsilon (before anything is reserved), with the
+    dataset's integer columns: the half-widths the release will report."""
+    from .preview import preview_markdown as markdown
+
+    return markdown(planned.query, epsilon, integer_columns(platform.store.get_dataset(planned.request.dataset)))
 
 
 def _sql_tables(platform: Platform, ds, data, planning: bool = False) -> dict[str, Table]:
@@ -358,8 +366,8 @@ def controller_summary(release_id: str, planned: Plan, decision: EpsilonDecision
     c = result.controller_only
     lines = [
         f"## Release {release_id}: {planned.request.title or planned.request.dataset}",
-        f"**Dataset** `{planned.request.dataset}`; **epsilon** {result.epsilon_spent:.4g}, "
-        f"**delta** {result.delta_spent:.3g} ({decision.mode}: {decision.explanation})",
+        f"**Dataset** `{planned.request.dataset}`; **epsilon** {display.budget(result.epsilon_spent)}, "
+        f"**delta** {display.budget(result.delta_spent)} ({decision.mode}: {decision.explanation})",
         "", "**Request**", "```", planned.request.text, "```",
         "", "**Would be released** (values with confidence intervals)", "",
         *_released_rows(result.readable_table()),
@@ -390,8 +398,9 @@ def promise_lines(decision: EpsilonDecision, result: dp.DPResult) -> list[str]:
     lines = []
     chosen = decision.risk_choice.epsilon
     if abs(result.epsilon_spent - chosen) > 1e-9 * chosen:  # e.g. the SQL's OPTIONS set another epsilon
-        lines.append(f"- **WARNING**: this release spends epsilon {result.epsilon_spent:.4g}, not the chosen "
-                     f"{chosen:.4g}: the promise below does not describe it; reject and fix the request")
+        lines.append(f"- **WARNING**: this release spends epsilon {display.budget(result.epsilon_spent)}, not the "
+                     f"chosen {display.budget(chosen)}: the promise below does not describe it; reject and fix the "
+                     "request")
     for row in pages.promise_rows(result, decision.risk_choice):
         lines.append(f"- {row['name']}: promised {row['promised']}; delivered {row['delivered']}")
     return lines
@@ -433,7 +442,9 @@ def write_controller_report(platform: Platform, release_id: str, planned: Plan, 
     directory.mkdir(parents=True, exist_ok=True)
     for stale in directory.iterdir():
         stale.unlink()
-    ctx = report_context(release_id, planned, decision, approved_by=None, decided_at=None)
+    ds = platform.store.get_dataset(planned.request.dataset)
+    ctx = replace(report_context(release_id, planned, decision, approved_by=None, decided_at=None),
+                  dataset_fingerprint=public_fingerprint(platform, ds.fingerprint))  # the analyst report's
     ctx.charts.update(_controller_charts(platform, planned, decision))
     ctx.risk_warning = _risk_warning(platform, planned, decision)
     (directory / "controller.html").write_text(pages.render_controller_report(result, ctx))
@@ -612,8 +623,8 @@ def _published_context(platform, release_id, planned, decision, approved_by, ds,
     release = platform.store.get_release(release_id)
     ctx = report_context(release_id, planned, decision, approved_by=approved_by, decided_at=now(),
                          created_at=release.created_at.isoformat(timespec="seconds"))
-    hint = f"dprelease verify {directory} --key <the publisher's public key, obtained from the publisher>"
-    return replace(ctx, dataset_fingerprint=public_fingerprint(platform, ds.fingerprint), verify_hint=hint,
+    return replace(ctx, dataset_fingerprint=public_fingerprint(platform, ds.fingerprint),
+                   verify_hint=signing.verify_hint(directory.name),
                    signer_fingerprint=signing.key_fingerprint(platform.settings.public_key_file))
 
 

@@ -216,7 +216,7 @@ def publish_series_page(platform, series: str) -> Path:
         keys, statistics = list(latest["group_by"]), [a["name"] for a in latest["aggregates"]]
         title = (periods[-1].title.rsplit(": ", 1)[0] if periods else series)
         directory = series_directory(settings, series)
-        hint = f"dprelease verify {directory} --key <the publisher's public key, obtained from the publisher>"
+        hint = signing.verify_hint(directory.name)
         staging = root / f".staging-{series}"
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir()

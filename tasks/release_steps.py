@@ -60,9 +60,7 @@ def choose_epsilon(settings: Settings, planned: pipeline.Plan) -> pipeline.Epsil
 def preview(settings: Settings, release_id: str, planned: pipeline.Plan, epsilon: float) -> str:
     """The expected interval of each statistic at this epsilon, from the plan only (before the
     budget is reserved): an artifact in the UI and a file beside the summary."""
-    from dprelease.preview import preview_markdown
-
-    markdown = preview_markdown(planned.query, epsilon)
+    markdown = pipeline.preview_markdown(_platform(settings), planned, epsilon)
     create_markdown_artifact(markdown, key=f"preview-{release_id[:12].lower()}", description="accuracy preview")
     path = settings.archive_dir / release_id / "preview.md"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -77,9 +75,10 @@ def budget_view(settings: Settings, dataset: str) -> None:
 
     from prefect.artifacts import create_table_artifact
 
+    from dprelease.reporting.budget_table import budget_rows
+
     b = _platform(settings).store.budget(dataset)
-    rows = [{"": "epsilon", "cap": b["epsilon_cap"], "committed": b["epsilon_committed"],
-             "reserved": b["epsilon_reserved"], "remaining": b["epsilon_remaining"]}]
+    rows = budget_rows(b)
     key = "budget-" + re.sub(r"[^a-z0-9-]+", "-", dataset.lower()).strip("-")
     create_table_artifact(rows, key=key[:60] or "budget", description=f"privacy budget of dataset {dataset}")
 

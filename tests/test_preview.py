@@ -30,3 +30,36 @@ def test_preview_matches_the_released_intervals(adult):
         assert (row["avg_age_ci_high"] - row["avg_age_ci_low"]) / 2 <= bound * 1.05
     text = preview_markdown(query, 1.0)
     assert "before any budget is spent" in text and "people" in text and "avg_age" in text
+
+
+@pytest.mark.parametrize("noise", ["laplace", "gaussian"])
+def test_the_preview_writes_the_interval_the_release_reports_to_the_last_digit(noise):
+    """For counts (of rows and of people) and a sum of an integer column, at several epsilons and
+    confidences, the preview's half-width is the released one exactly (not a continuous
+    approximation: a count's `± 10.5` where the release says `[52, 72]`), and it is written as the
+    summary and the reports write numbers (`display.halfwidth`: `±10` for a count)."""
+    import numpy as np
+    import pandas as pd
+
+    import dp_core as dp
+    from dp_core import display
+    from dprelease.preview import accuracy_preview, preview_markdown
+
+    rng = np.random.default_rng(20261129)
+    df = pd.DataFrame({"uid": np.arange(6000), "g": rng.choice(["a", "b", "c"], 6000),
+                       "x": rng.integers(0, 50, 6000)})
+    for epsilon, confidence in ((0.3, 0.9), (1.0, 0.95), (2.5, 0.99)):
+        q = dp.Query([dp.count(upper=1, name="rows"), dp.count_units(name="people"), dp.sum_("x", 0, 50, name="total")],
+                     privacy_unit="uid", group_by=("g",), epsilon=epsilon, confidence=confidence, noise=noise,
+                     delta=1e-6 if noise == "gaussian" else 0.0, public_partitions=("a", "b", "c"))
+        previewed = {r["statistic"]: r for r in accuracy_preview(q, epsilon, integer_columns={"x"})}
+        text = preview_markdown(q, epsilon, integer_columns={"x"})
+        table = dp.execute(q, df).table
+        for name, kind in (("rows", "count"), ("people", "count_units"), ("total", "sum")):
+            unclipped = table[table[f"{name}_ci_low"] > 0]  # an interval is clipped at 0 only
+            halves = (set(unclipped[f"{name}_ci_high"] - unclipped[name])
+                      | set(unclipped[name] - unclipped[f"{name}_ci_low"]))
+            assert len(unclipped) == 3 and len(halves) == 1, (name, halves)
+            (half,) = halves
+            assert previewed[name]["halfwidth"] == half, (noise, epsilon, confidence, name)
+            assert f"| {name} | {display.halfwidth(half, display.is_integer_kind(kind))} |" in text, text

@@ -4,6 +4,7 @@ appear in what an analyst receives: str, repr, to_dict, to_json, explain, the ta
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pandas as pd
@@ -134,8 +135,8 @@ def test_a_release_s_text_gives_its_budget_its_size_and_its_readable_table():
 
 
 def test_the_readable_table_writes_numbers_short_and_the_public_view_dates_in_iso():
-    """readable_table: from 100 on (and 0) whole numbers with thousands separators, from 1 two
-    decimals, below 1 three significant digits. to_dict: a date key as ISO 8601 text, not epoch
+    """readable_table: from 100 on (and 0) whole numbers with thousands separators, from 1 up to two
+    decimals (no trailing zeros), below 1 three significant digits. to_dict: a date key as ISO 8601 text, not epoch
     milliseconds."""
     import dataclasses
 
@@ -148,7 +149,7 @@ def test_the_readable_table_writes_numbers_short_and_the_public_view_dates_in_is
     values = [1234.5, 150.0, 0.0, 1.5, 1.0, 0.5, 0.01234]
     table = pd.DataFrame({"day": [day] * len(values), "s": values, "s_ci_low": np.nan, "s_ci_high": np.nan})
     shown = dataclasses.replace(result, table=table).readable_table()["s"].tolist()
-    assert shown == ["1,234", "150", "0", "1.50", "1.00", "0.5", "0.0123"]
+    assert shown == ["1,234", "150", "0", "1.5", "1", "0.5", "0.0123"]
 
 
 def test_the_notes_say_a_count_of_units_is_the_selection_s_and_each_gaussian_share_a_slice_of_one_pool():
@@ -224,3 +225,35 @@ def test_the_public_dict_states_every_mechanism_under_its_key():
     d = r.to_dict()
     assert d["mechanisms"] == [m.to_dict() for m in r.mechanisms] and len(d["mechanisms"]) >= 2
     assert {m["target"] for m in d["mechanisms"]} >= {"s.sum", "n.count"}
+
+
+def test_a_released_count_is_an_integer_in_the_table_its_text_and_its_json():
+    """A count (of rows or of people) is released on the integers: the table holds it as integers
+    (value and interval ends), its text writes `62 [52, 72]` (never `62.00`), its JSON writes 62
+    (never 62.0), grouped or not; a sum of real values stays as it is."""
+    df = pd.DataFrame({"uid": np.arange(3000), "g": ["a", "b", "c"] * 1000, "x": np.linspace(0.0, 9.0, 3000)})
+    for group_by in (("g",), ()):
+        q = dp.Query([dp.count(name="n"), dp.count_units(name="people"), dp.sum_("x", 0, 10, name="s")],
+                     privacy_unit="uid", group_by=group_by, epsilon=1.0)
+        r = dp.execute(q, df)
+        for name in ("n", "people"):
+            for column in (name, f"{name}_ci_low", f"{name}_ci_high"):
+                assert r.table[column].dtype.kind == "i", (group_by, column, r.table[column].dtype)
+            assert all(re.fullmatch(r"[\d,]+ \[[\d,]+, [\d,]+\]", cell) for cell in r.readable_table()[name])
+            assert all(type(row[name]) is int and type(row[f"{name}_ci_low"]) is int for row in r.to_dict()["rows"])
+            assert f'"{name}": {int(r.table[name].iloc[0])},' in r.to_json()
+        assert r.table["s"].dtype.kind == "f"
+
+
+def test_a_release_s_text_and_explanation_write_each_epsilon_with_four_significant_digits():
+    """print() and explain() write the epsilon spent, each share's and each mechanism's as the reports
+    do (dp_core.display.budget): 0.4375, not 0.437451 or 0.43745083326922696."""
+    epsilon = 0.43745083326922696
+    df = pd.DataFrame({"uid": np.arange(3000), "g": np.where(np.arange(3000) % 3 == 0, "a", "b")})
+    result = dp.execute(dp.Query([dp.count(name="n"), dp.count_units(name="people")], privacy_unit="uid",
+                                 group_by=("g",), epsilon=epsilon, public_partitions=["a", "b"]), df)
+    assert str(result).splitlines()[0].startswith("DP release: epsilon=0.4375, delta=0,")
+    text = result.explain()
+    assert text.startswith("Total: epsilon 0.4375, delta 0 (basic composition)")
+    assert "  share n: epsilon 0.2187, delta 0" in text
+    assert not re.search(r"epsilon \d\.\d{5}", text), text

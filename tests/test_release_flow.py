@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 import threading
 import time
@@ -937,3 +938,55 @@ def test_a_pause_whose_reply_was_lost_still_waits_for_the_answer(platform_env, m
     assert sorted(lost) == sorted(lose), "the fault was not injected: the test proves nothing"
     assert box["state"].is_completed(), box["state"]
     assert box["state"].result() == "approved"
+
+
+#: an absolute POSIX path (two segments or more) not inside a URL: a publisher's directory
+ABSOLUTE_PATH = re.compile(r"(?<![\w:/.~-])/(?:[\w.-]+/)+[\w.-]*")
+
+
+def test_the_preview_summary_and_reports_write_each_number_alike_and_analysts_see_no_publisher_path(platform_env):
+    """One released interval, one string: the accuracy preview's half-width is the one the release
+    reports, and every released cell reads the same in the controller summary, the controller
+    report and the analyst report (a count as an integer, in results.csv and results.json too).
+    The controller report states the dataset fingerprint the analyst report states; no file an
+    analyst receives names a directory of the publisher's machine."""
+    import csv
+
+    from dp_core import display
+
+    platform, rel, box = decide(platform_env, "approve")
+    directory = Path(box["result"]["directory"])
+    archive = platform_env.archive_dir / rel.id
+    preview = (archive / "preview.md").read_text()
+    summary = (archive / "summary.md").read_text()
+    controller = (archive / "controller" / "controller.html").read_text()
+    analyst = (directory / "index.html").read_text()
+    sealed = _sealed_result(platform, rel.id)
+    table = sealed.table
+    unclipped = table[table["people_ci_low"] > 0]  # a count's interval is clipped at 0 only
+    halves = (set(unclipped["people_ci_high"] - unclipped["people"])
+              | set(unclipped["people"] - unclipped["people_ci_low"]))
+    assert len(unclipped) and len(halves) == 1, halves
+    assert f"| people | {display.halfwidth(halves.pop(), integer=True)} |" in preview
+    readable = sealed.readable_table()
+    for column in ("people", "avg_age"):
+        for cell in readable[column]:
+            assert f"| {cell} |" in summary or f"| {cell}\n" in summary, cell
+            assert f">{cell}</td>" in analyst and f">{cell}</td>" in controller, cell
+    assert all(re.fullmatch(r"[\d,]+ \[[\d,]+, [\d,]+\]", cell) for cell in readable["people"]), readable["people"]
+    with (directory / "results.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert all(re.fullmatch(r"\d+", row[c]) for row in rows for c in ("people", "people_ci_low", "people_ci_high"))
+    public = json.loads((directory / "results.json").read_text())
+    assert all(type(row["people"]) is int for row in public["rows"])
+    # the controller report names the dataset as the analyst report does
+    fingerprint = re.compile(r'<code class="fp">([^<]*)</code>')
+    shown = fingerprint.findall(analyst)
+    assert fingerprint.findall(controller) == shown and len(shown) == 1 and len(shown[0]) == 64, shown
+    # nothing of the publisher's machine in what analysts receive: the release folder and the index
+    shared = [p for p in directory.rglob("*") if p.is_file()] + [platform_env.publication_dir / "index.html"]
+    for path in shared:
+        text = path.read_bytes().decode("utf-8", "replace")
+        assert str(platform_env.home) not in text and str(platform_env.publication_dir) not in text, path.name
+        if path.name != "manifest.sig":  # 64 random bytes: any character may appear
+            assert not ABSOLUTE_PATH.findall(text), (path.name, ABSOLUTE_PATH.findall(text)[:3])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import html
+import csv as csv_module
 import io
 import json
 import math
@@ -20,7 +21,7 @@ import pandas as pd
 import pytest
 
 import dp_core as dp
-from dp_core import pri
+from dp_core import display, pri
 from dp_core import risk as risk_model
 from dprelease.reporting import charts, data_files, pages
 
@@ -479,8 +480,11 @@ def test_the_controller_table_heads_every_column_and_gives_released_minus_exact(
     exact = result.controller_only.exact.set_index("education")
     for _, row in result.table.iterrows():
         ex, rel = float(exact.loc[row["education"], "score_total"]), float(row["score_total"])
-        assert (f'<td class="n">{num(ex)}</td><td class="n">{num(rel)}</td><td class="n">{num(rel - ex)}</td>'
-                in table), row["education"]
+        exact_cell = (f'<td class="n">{num(ex)}</td>' if row["score_total_ci_low"] <= ex <= row["score_total_ci_high"]
+                      else f'<td class="n outside" title="outside the released value\'s interval">{num(ex)} '
+                           '<span class="outside-mark">✱</span></td>')
+        assert (f'{html.unescape(exact_cell)}<td class="n">{num(rel)}</td><td class="n">{num(rel - ex)}</td>'
+                in html.unescape(table)), row["education"]
 
 
 def test_the_controller_chart_draws_each_released_value_s_interval(result, controller_html):
@@ -636,7 +640,7 @@ def test_the_analyst_page_states_each_promise_for_its_group_size_and_the_epsilon
     page = pages.render_analyst_report(released, make_ctx(promise=choice))
     average = choice.promised("average_age")
     assert isinstance(average, accuracy.StatisticInterval) and average.reference_count == 100
-    assert (f"<td>average_age</td><td>±{pages.fmt_number(average.halfwidth)} at 90% for a group of 100 people</td>"
+    assert (f"<td>average_age</td><td>{display.halfwidth(average.halfwidth)} at 90% for a group of 100 people</td>"
             in page)
     q = dp.Query([dp.count(upper=1, name="people")], privacy_unit="person_id", epsilon=1.0)
     res = pri.release_with_pri(q, data.head(2000), p=50)
@@ -823,3 +827,99 @@ def test_the_controller_chart_leaves_out_an_exact_value_that_is_not_a_number_and
     chart = chart[:chart.index("</svg>")]
     assert re.findall(r'rotate\(-45\)" font-size="9" text-anchor="end">([^<]*)</text>', chart) == ["c", "a"]
     assert "The 2 largest of 3 groups are shown." in page
+
+
+# --------------------------------------------------------------------------------------------
+# numbers as a person reads them (one function per kind of number: dp_core.display)
+
+
+def test_counts_are_written_as_integers_in_results_csv_and_the_pages(result, tmp_path):
+    """A released count is an integer in results.csv (`932`, not `932.0`), in results.json and in
+    both reports' readable tables."""
+    csv_path, json_path = data_files.write_data_files(result, tmp_path / "out")
+    rows = list(csv_module.DictReader(io.StringIO(csv_path.read_text())))
+    counts = [row[c] for row in rows for c in ("people", "people_ci_low", "people_ci_high")]
+    assert counts and all(re.fullmatch(r"\d+", cell) for cell in counts), counts[:6]
+    assert all(type(row["people"]) is int for row in json.loads(json_path.read_text())["rows"])
+    for page in (pages.render_analyst_report(result, make_ctx()), pages.render_controller_report(result, make_ctx())):
+        results = page[page.index('id="results"'):page.index("<details>", page.index('id="results"'))]
+        for cell in result.readable_table()["people"]:
+            assert re.fullmatch(r"[\d,]+ \[[\d,]+, [\d,]+\]", cell) and f">{cell}</td>" in results, cell
+
+
+def test_every_epsilon_and_delta_on_the_pages_has_four_significant_digits_at_most(result):
+    """An epsilon such as 0.43745083326922696 reads 0.4375 wherever the pages state a budget: the
+    badges, the plain words, the split, the mechanisms, the publication index."""
+    epsilon = 0.43745083326922696
+    shares = tuple(dataclasses.replace(s, epsilon=epsilon / 3) for s in result.budget)
+    mechanisms = tuple(dataclasses.replace(m, epsilon=epsilon / 7) for m in result.mechanisms)
+    odd = dataclasses.replace(result, epsilon_spent=epsilon, delta_spent=1.234567e-7, budget=shares,
+                              mechanisms=mechanisms)
+    index = pages.render_index([{"release_id": "r1", "dataset": "adult", "title": "t", "epsilon": epsilon,
+                                 "delta": 1.234567e-7, "published_at": "2026-11-29", "path": "r1/index.html"}])
+    for page in (pages.render_analyst_report(odd, make_ctx()), pages.render_controller_report(odd, make_ctx()), index):
+        for long in ("0.43745", "0.14582", "0.062493", "1.23457e-07", "1.2346e-07"):
+            assert long not in page, long
+        assert "0.4375" in page and "1.235e-07" in page
+    split = pages.render_analyst_report(odd, make_ctx())
+    split = split[split.index('id="budget"'):split.index('id="bounds"')]
+    for share in (epsilon / 3, epsilon / 7):  # the split's and the mechanisms' epsilons
+        assert f'<td class="n">{display.budget(share)}</td>' in split, display.budget(share)
+
+
+def test_the_budget_view_labels_each_row_and_states_delta_with_four_significant_digits():
+    """The Prefect UI's budget artifact (and `dprelease budget`): a row for epsilon and one for delta,
+    each named, every amount with four significant digits at most."""
+    from dprelease.reporting.budget_table import budget_rows
+
+    budget = {"dataset": "adult", "epsilon_cap": 10.0, "epsilon_committed": 0.43745083326922696,
+              "epsilon_reserved": 1.0, "epsilon_remaining": 8.562549166730773, "delta_cap": 1e-5,
+              "delta_committed": 3.3333333e-7, "delta_reserved": 0.0, "delta_remaining": 9.6666667e-6}
+    assert budget_rows(budget) == [
+        {"budget": "epsilon", "cap": "10", "committed": "0.4375", "reserved": "1", "remaining": "8.563"},
+        {"budget": "delta", "cap": "1e-05", "committed": "3.333e-07", "reserved": "0", "remaining": "9.667e-06"}]
+
+
+def test_the_controller_s_exact_table_says_how_many_values_an_interval_misses_and_marks_each(result):
+    """Exact against released: the page says that about 1 - confidence of the exact values fall
+    outside their interval by chance, counts those that do, and marks each of them (and only them);
+    the analyst's page says none of it."""
+    page = pages.render_controller_report(result, make_ctx())
+    note = page[page.index('id="outside-note"'):page.index('<table class="exact">')]
+    assert f"{(1 - result.query.confidence) * 100:.0f}%" in note and "by chance" in note
+    table = page[page.index('<table class="exact">'):]
+    table = table[:table.index("</table>")]
+    exact = result.controller_only.exact.set_index("education")
+    marked, with_interval = [], 0
+    for a in result.query.aggregates:
+        for _, row in result.table.iterrows():
+            low, high = row[f"{a.label}_ci_low"], row[f"{a.label}_ci_high"]
+            if math.isnan(low):
+                continue
+            with_interval += 1
+            ex = float(exact.loc[row["education"], a.label])
+            if not low <= ex <= high:
+                marked.append(pages.fmt_number(ex))
+    cells = re.findall(r'<td class="n outside"[^>]*>([^<]*) <span class="outside-mark">', table)
+    assert sorted(cells) == sorted(marked) and table.count("outside-mark") == len(marked)
+    assert f"<b>{len(marked)} of {with_interval}</b>" in note
+    analyst = pages.render_analyst_report(result, make_ctx())
+    assert "outside-note" not in analyst and "outside-mark\">" not in analyst and "by chance alone" not in analyst
+
+
+def test_the_risk_model_s_sentences_and_the_promise_table_write_each_half_width_alike(data):
+    """With epsilon chosen by the risk model, the summary's sentences (risk_summary, on both reports)
+    and the promise table write each statistic's half-width as one string: a count's `10`, an
+    average's `0.33`, not `0.3312` beside `±0.331`."""
+    plan = dp.Query([dp.count(upper=1, name="people"), dp.avg("age", 17, 90, name="average_age"),
+                     dp.sum_("score", 0, 1000, name="score_total")],
+                    privacy_unit="person_id", epsilon=1.0, group_by=("education",))
+    choice = risk_model.choose_epsilon_for_plan(plan, trust="low", sensitivity="high", max_risk=0.2,
+                                                max_noise={"people": 10}, n=16, m=2)
+    released = dp.execute(dataclasses.replace(plan, epsilon=choice.epsilon), data)
+    rows = {r["name"]: r["promised"] for r in pages.promise_rows(released, choice)}
+    for s in choice.promise:
+        number = display.value(s.halfwidth, display.is_integer_kind(s.kind))
+        assert rows[s.name].startswith(f"±{number} at 90%"), (rows[s.name], number)
+        sentence = choice.summary[choice.summary.index(f"{s.name} ({s.kind}): "):]
+        assert re.match(rf"[^.]*\+- {re.escape(number)}[ ,]", sentence), (number, sentence)

@@ -551,15 +551,15 @@ def test_the_plan_summary_states_a_failure_probability_only_for_a_plan_that_spen
 
 def test_the_refusal_for_two_tolerances_lists_each_as_asked_and_each_noise_the_risk_allows():
     """Two statistics given a tolerable noise: the refusal lists both as asked, comma-separated, then the
-    noise each would have at the epsilon the risk allows (a count's half-width whole, an average's to 4
-    significant digits), word for word."""
+    noise each would have at the epsilon the risk allows (a count's half-width whole, an average's as the
+    pages write it, dp_core.display), word for word."""
     with pytest.raises(InvalidQueryError) as err:
         risk.choose_epsilon_for_plan(PLAN, trust="low", sensitivity="high", n=16, m=2, max_risk=0.2,
                                      max_noise={"people": 3, "average_age": 0.5}, reference_count=500)
     assert str(err.value) == (
         "the tolerable noise (people +-3, average_age +-0.5 at 90%) needs a total epsilon of at least 3.84 for this "
         "plan, but the tolerable risk (0.2) allows at most 1.17. Relax one: accept noise of people +-8 (asked +-3); "
-        "average_age +-1.644 (asked +-0.5) at 90% (the noise at epsilon 1.17), or accept a risk of 0.487 instead of "
+        "average_age +-1.64 (asked +-0.5) at 90% (the noise at epsilon 1.17), or accept a risk of 0.487 instead of "
         "0.2 (the risk at epsilon 3.84); nothing is released")
 
 
@@ -573,7 +573,7 @@ def test_the_refusal_quotes_the_risk_of_the_bound_the_attacker_model_gives():
     assert str(err.value) == (
         "the tolerable noise (people +-3, average_age +-0.5 at 90%) needs a total epsilon of at least 3.84 for this "
         "plan, but the tolerable risk (0.2) allows at most 0.584. Relax one: accept noise of people +-16 (asked +-3); "
-        "average_age +-3.288 (asked +-0.5) at 90% (the noise at epsilon 0.584), or accept a risk of 0.49 instead of "
+        "average_age +-3.29 (asked +-0.5) at 90% (the noise at epsilon 0.584), or accept a risk of 0.49 instead of "
         "0.2 (the risk at epsilon 3.84); nothing is released")
 
 

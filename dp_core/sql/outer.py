@@ -11,13 +11,15 @@ import math
 import secrets
 from dataclasses import dataclass, replace
 
+import numpy as np
 import pandas as pd
 
+from .. import display
 from ..backend import DuckDBBackend
 from ..engine import execute
 from ..errors import InvalidQueryError
 from ..query import Query
-from ..result import CI_NOTE, ClampingLoss, ControllerOnly, DPResult, _fmt
+from ..result import CI_NOTE, ClampingLoss, ControllerOnly, DPResult
 from .compile import CompiledQuery, _ident
 from .sample import render
 from .statement import CompiledStatement, released_name
@@ -31,17 +33,26 @@ class StatementResult(DPResult):
     parts: tuple[DPResult, ...] = ()
 
     def readable_table(self) -> pd.DataFrame:
-        return self.table.map(lambda v: _fmt(v) if isinstance(v, float) and not math.isnan(v) else v)
+        """The outer query's table with each number written as the reports write it (a whole-number
+        column, such as a released count, as integers); text, NULLs and flags as they are."""
+        return self.table.map(_readable)
 
     def __str__(self) -> str:
-        head = (f"DP release of {len(self.parts)} DP SELECT(s): epsilon={self.epsilon_spent:.6g}, "
-                f"delta={self.delta_spent:.3g}, {len(self.table)} row(s) after post-processing")
+        head = (f"DP release of {len(self.parts)} DP SELECT(s): epsilon={display.budget(self.epsilon_spent)}, "
+                f"delta={display.budget(self.delta_spent)}, {len(self.table)} row(s) after post-processing")
         return f"{head}\n{self.readable_table().to_string(index=False)}\n{CI_NOTE}"
 
     def to_dict(self) -> dict:
         out = super().to_dict()
         out["parts"] = [p.to_dict() for p in self.parts]
         return out
+
+
+def _readable(v):
+    """A cell of a statement's readable table: a number as `display.value` writes it."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+        return v
+    return v if math.isnan(v) else display.value(v, integer=isinstance(v, (int, np.integer)))
 
 
 def released_table(result: DPResult, part: CompiledQuery, with_ci: bool, data: dict | None = None,

@@ -28,6 +28,7 @@ import pandas as pd
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
 from markupsafe import Markup
 
+from dp_core import display
 from dp_core import risk as risk_model
 
 from . import charts
@@ -96,6 +97,7 @@ def environment() -> Environment:
     )
     env.filters["num"] = fmt_number
     env.filters["pct"] = fmt_percent
+    env.filters["budget"] = display.budget
     return env
 
 
@@ -248,14 +250,10 @@ def _bounds_rows(result) -> list[dict]:
 
 
 def _results(result) -> tuple[list[str], list[list[str]], list[str], list[list[str]]]:
-    """The readable table (value [low, high]) and the numeric one (value, low, high, noise sd)."""
+    """The readable table (value [low, high], as the summary shows it: `DPResult.readable_table`)
+    and the numeric one (value, low, high, noise sd)."""
     keys = list(result.query.group_by)
     readable = result.readable_table()
-    for a in result.query.aggregates:  # counts are whole numbers: shown as integers, never "42.00"
-        if a.kind in ("count", "count_units"):
-            t = result.table
-            readable[a.label] = [_integer_cell(v, lo, hi) for v, lo, hi in
-                                 zip(t[a.label], t[f"{a.label}_ci_low"], t[f"{a.label}_ci_high"])]
     r_head = list(readable.columns)
     r_rows = [[_cell(v) for v in row] for row in readable.itertuples(index=False, name=None)]
     table = result.table
@@ -287,24 +285,18 @@ def promise_rows(result, choice) -> list[dict]:
         else:
             group = f" for a group of {s.reference_count:g} people" if s.reference_count else ""
             asked = f"; tolerance asked ±{tol:g}" if tol is not None else ""
-            promised = f"±{fmt_number(s.halfwidth)} at {s.confidence:.0%}{group}{asked}"
+            promised = f"{s.halfwidth_text()} at {s.confidence:.0%}{group}{asked}"
         low, high = f"{s.name}_ci_low", f"{s.name}_ci_high"
         delivered = "no interval"
         if low in result.table.columns and len(result.table):
             half = ((result.table[high] - result.table[low]) / 2.0).dropna()
             if len(half):
                 smaller = f"; groups under {s.reference_count:g} people are wider" if s.reference_count else ""
-                delivered = (f"±{fmt_number(float(half.max()))} at {result.query.confidence:.0%} "
+                delivered = (f"{display.halfwidth(float(half.max()), display.is_integer_kind(s.kind))} at "
+                             f"{result.query.confidence:.0%} "
                              f"(the widest of {len(half)} group(s){smaller})")
         rows.append({"name": s.name, "promised": promised, "delivered": delivered, "headline": tol is not None})
     return rows
-
-
-def _integer_cell(value, low, high) -> str:
-    def whole(x) -> str:
-        return f"{round(float(x)):,d}"
-
-    return whole(value) if math.isnan(float(low)) else f"{whole(value)} [{whole(low)}, {whole(high)}]"
 
 
 #: what the columns of the mechanism table mean (shown under it in the analyst report)
@@ -416,15 +408,22 @@ def _controller_context(result, ctx: ReleaseContext) -> dict:
     head = list(keys) + (["units (exact)"] if unit_col is not None else [])
     for name in labels:
         head += [f"{name} exact", f"{name} released", "difference"]
-    rows = [[_cell(v) for v in values] for values in zip(*(joined[k].tolist() for k in keys))] if keys \
-        else [[] for _ in range(len(joined))]
+    rows = [[_exact_cell(_cell(v)) for v in values] for values in zip(*(joined[k].tolist() for k in keys))] \
+        if keys else [[] for _ in range(len(joined))]
     if unit_col is not None:
         for cells, units in zip(rows, joined[unit_col].tolist()):
-            cells.append(fmt_number(units))
+            cells.append(_exact_cell(fmt_number(units)))
+    outside = {"marked": 0, "with_interval": 0}
     for name in labels:
-        for cells, ex, rel in zip(rows, _column(joined, f"{name}__exact"), _column(joined, name)):
+        for cells, ex, rel, low, high in zip(rows, _column(joined, f"{name}__exact"), _column(joined, name),
+                                             _column(joined, f"{name}_ci_low"), _column(joined, f"{name}_ci_high")):
             diff = float(rel) - float(ex) if ex is not None and rel is not None else np.nan
-            cells += [fmt_number(ex), fmt_number(rel), fmt_number(diff)]
+            mark = outside_interval(ex, low, high)
+            if mark is not None:
+                outside["with_interval"] += 1
+                outside["marked"] += mark
+            cells += [_exact_cell(fmt_number(ex), bool(mark)), _exact_cell(fmt_number(rel)),
+                      _exact_cell(fmt_number(diff))]
 
     # the raw-vs-private chart: the aggregate with the most clamped values, else the first with exact values
     chart = None
@@ -462,11 +461,30 @@ def _controller_context(result, ctx: ReleaseContext) -> dict:
         "clamping": clamping,
         "exact_head": head,
         "exact_rows": rows,
+        "outside": {**outside, "expected": 1.0 - result.query.confidence},
         "chart": chart,
         "pri_rows": pri_rows,
         "pri_svg": pri_svg,
         "extra_charts": [{"name": k, "svg": Markup(v)} for k, v in ctx.charts.items()],
     }
+
+
+def outside_interval(exact, low, high) -> bool | None:
+    """Whether an exact value lies outside the released value's interval [low, high]; None when
+    either is not a number (no interval: a quantile; a missing exact value)."""
+    try:
+        x, lo, hi = float(exact), float(low), float(high)
+    except (TypeError, ValueError):
+        return None
+    if math.isnan(x) or math.isnan(lo) or math.isnan(hi):
+        return None
+    return not lo <= x <= hi
+
+
+def _exact_cell(text: str, outside: bool = False) -> dict:
+    """A cell of the controller's exact-against-released table: its text, and whether it is an
+    exact value outside the released value's interval (marked on the page)."""
+    return {"text": text, "outside": outside}
 
 
 # --------------------------------------------------------------------------------------------

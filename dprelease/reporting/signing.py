@@ -211,6 +211,13 @@ def _digest(path: Path) -> tuple[str, int]:
 # --- signing -----------------------------------------------------------------------------------
 
 
+def verify_hint(folder: str) -> str:
+    """The command a reader runs to verify a published folder, named by its own name only: the
+    publisher's path to it (a server's directories) is no business of the reader's page."""
+    return f"dprelease verify path/to/{PurePosixPath(folder).name} --key <the publisher's public key, " \
+           "obtained from the publisher>"
+
+
 def sign_directory(directory: Path, facts: dict, private_key: Ed25519PrivateKey) -> dict:
     """Write manifest.json (every file's SHA-256 and size, plus `facts`), manifest.sig and
     public_key.pem into `directory`; return the manifest as written. Existing signature files are
