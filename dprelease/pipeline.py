@@ -376,8 +376,8 @@ def controller_summary(release_id: str, planned: Plan, decision: EpsilonDecision
         lines.append(
             f"- risk at this epsilon (dataset profile: sensitivity {risk_info['sensitivity']}, trust "
             f"{risk_info['trust']}, {risk_info['n']} possible values): an attacker's guess is right with "
-            f"probability at most {risk_info['q']:.0%}; risk {risk_info['risk']:.2f} ({risk_info['level']}; "
-            f"tolerable {risk.level_value(risk_info['max_risk']):g})")
+            f"probability at most {risk_info['q']:.0%}; risk "
+            f"{risk.risk_words(risk_info['risk'], risk.level_value(risk_info['max_risk']))}")
     lines += ["", "Approve to publish the analyst report (signed); reject to refund the budget."]
     return "\n".join(lines)
 
@@ -435,20 +435,19 @@ def write_controller_report(platform: Platform, release_id: str, planned: Plan, 
         stale.unlink()
     ctx = report_context(release_id, planned, decision, approved_by=None, decided_at=None)
     ctx.charts.update(_controller_charts(platform, planned, decision))
-    ctx.risk_warning = _risk_warning(platform, planned, decision)
+    ctx.risk_warning = _risk_warning(platform, release_id, planned, decision)
     (directory / "controller.html").write_text(pages.render_controller_report(result, ctx))
     signing.sign_directory(directory, {"release_id": release_id, "kind": "controller-report"},
                            signing.load_private_key(platform.settings.signing_key_file))
     return directory
 
 
-def _risk_warning(platform: Platform, planned: Plan, decision: EpsilonDecision) -> str:
+def _risk_warning(platform: Platform, release_id: str, planned: Plan, decision: EpsilonDecision) -> str:
     """Words for the controller report when the risk is above the tolerable risk (else empty)."""
     from . import decisions
 
     profile = risk_profile(platform, planned, decision)
-    return decisions.risk_notice(profile).replace("🔴 ", "").replace("**", "").replace("`", "") \
-        if decisions.risk_above_tolerance(profile) else ""
+    return decisions.risk_notice(profile, release_id, markdown=False) if decisions.risk_above_tolerance(profile) else ""
 
 
 def risk_profile(platform: Platform, planned: Plan, decision: EpsilonDecision) -> dict:
