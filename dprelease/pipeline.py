@@ -247,12 +247,29 @@ RISK_FIELDS = frozenset({"trust", "sensitivity", "max_risk", "max_noise", "n", "
                          "reference_value", "reference_count"})
 
 
+def risk_fields(platform: Platform, request: ReleaseRequest) -> dict:
+    """The request's risk-model fields, where trust, sensitivity and max_risk left `registered`
+    (or not given) are the dataset's registered risk profile: the run form's default."""
+    from .requests.epsilon import REGISTERED
+
+    r = dict(request.risk)
+    left = [f for f in ("trust", "sensitivity", "max_risk") if r.get(f, REGISTERED) == REGISTERED]
+    if left:
+        profile = json.loads(platform.store.get_dataset(request.dataset).risk_json or "{}")
+        missing = [f for f in left if f not in profile]
+        if missing:
+            raise ReleaseError(f"epsilon.risk: {', '.join(missing)} left to the dataset, but {request.dataset!r} has no "
+                               "registered value: give them in the request; nothing was computed")
+        r.update({f: profile[f] for f in left})
+    return r
+
+
 def choose_epsilon_from_risk(platform: Platform, planned: Plan) -> EpsilonDecision:
     """The smallest total epsilon at which the plan's statistics meet the tolerable noise, checked
     against the tolerable risk (dp_core.risk.choose_epsilon_for_plan). The request's risk fields:
     trust, sensitivity, max_risk, n; max_noise (a number, 'P%' of reference_value, or a mapping
     statistic -> either); optional m, p, prefer, headline, reference_value, reference_count."""
-    r = planned.request.risk
+    r = risk_fields(platform, planned.request)
     unknown = set(r) - RISK_FIELDS
     if unknown:
         raise ReleaseError(f"epsilon.risk: unknown field(s) {sorted(unknown)} (allowed: {sorted(RISK_FIELDS)}); "
@@ -455,7 +472,7 @@ def risk_profile(platform: Platform, planned: Plan, decision: EpsilonDecision) -
     this platform"): the request's risk parameters, else the dataset's registered profile. A
     histogram lets one person change two outputs (m = 2), a single number one (m = 1)."""
     if decision.risk_choice is not None:
-        r = dict(planned.request.risk)
+        r = risk_fields(platform, planned.request)
     else:
         r = json.loads(platform.store.get_dataset(planned.request.dataset).risk_json or "{}")
         if not r:

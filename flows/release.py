@@ -27,6 +27,7 @@ from dprelease.store import StoreError
 from flows import approvals
 from flows.outcomes import is_rejected, outcome, rejected  # noqa: F401 - outcome: callers import it from here
 from flows.pausing import pause_for_input
+from flows.release_form import Mapping, Text
 from tasks import release_steps as steps
 
 #: seconds between the paused run's checks for an answer (an internal setting, not a form field):
@@ -102,14 +103,14 @@ def _run_name() -> str:
 @flow(name="dp-release", log_prints=True, flow_run_name=_run_name, **RUN_HOOKS)
 def release_flow(
     dataset: str,
-    sql: str | None = None,
-    query: dict | None = None,
+    sql: Text = "",
+    query: Mapping = {},  # noqa: B006 - never changed; a plain default draws a plain form field
     title: str = "",
     *,
     epsilon: EpsilonChoice,
     delta: float = 1e-6,
     max_partitions_contributed: int = 1,
-    requested_by: str | None = None,
+    requested_by: Text = "",
     approval_timeout: int = 3600,
     backend: BackendChoice = "auto",
 ) -> dict:
@@ -124,18 +125,18 @@ def release_flow(
     Args:
         dataset: the registered dataset to query (see `dprelease dataset list`)
         sql: the query, in SQL with ANONYMIZATION (give sql or query, not both)
-        query: the query as a release spec (aggregates, group_by), instead of sql
+        query: the query as a release spec (aggregates, group_by), instead of sql (empty: the sql)
         title: a title for the release: the run's name and the report's heading
         epsilon: how epsilon is chosen: a fixed value, from the privacy risk indicator (PRI), or from the risk model (pick one: only its fields apply)
         delta: the delta of the release (Gaussian noise and partition selection)
         max_partitions_contributed: how many groups one person may contribute to
-        requested_by: the analyst who asked (their policy applies)
+        requested_by: the analyst who asked (their policy applies; empty: nobody named)
         approval_timeout: seconds to wait for a controller's decision before refunding the budget
         backend: where the data is computed: auto (the dataset's own: Spark for an external dataset, DuckDB in this process for escrowed data), spark, or duckdb (an external Parquet/CSV path read here)
     """
     settings = Settings.from_env()
-    request = parse_request(request_fields(dataset, sql, query, title, epsilon=epsilon, delta=delta,
-                                           cu=max_partitions_contributed, requested_by=requested_by,
+    request = parse_request(request_fields(dataset, sql or None, query or None, title, epsilon=epsilon, delta=delta,
+                                           cu=max_partitions_contributed, requested_by=requested_by or None,
                                            backend=backend))
     platform = pipeline.Platform.open(settings)
     release_id = attempt_release_id(platform)

@@ -681,6 +681,65 @@ def assert_risk_dialog_says_it_once(rel) -> None:
     assert "--override-risk" in sign_help
 
 
+def test_risk_model_fields_left_registered_are_the_datasets_profile(platform_env):
+    """The run form's default for trust, sensitivity and max_risk is `registered`: the chosen
+    dataset's registered risk profile (adult here: trust low, sensitivity medium, max_risk 0.5),
+    the same as giving those values; a value given wins; a dataset without one says so."""
+    from dprelease import pipeline
+    from dprelease.requests import parse_request
+
+    platform = pipeline.Platform.open(platform_env)
+
+    def request(**risk):
+        return parse_request({"dataset": "adult", "sql": SQL, "epsilon": {"risk": {"max_noise": 10, "n": 16, **risk}}})
+
+    registered = {"trust": "low", "sensitivity": "medium", "max_risk": 0.5}
+    for left in ({}, {"trust": "registered"}, {"trust": "registered", "sensitivity": "registered",
+                                                "max_risk": "registered"}):
+        assert {k: v for k, v in pipeline.risk_fields(platform, request(**left)).items() if k in registered} == registered
+    assert pipeline.risk_fields(platform, request(trust="high"))["trust"] == "high"
+    by_default = pipeline.choose_epsilon(platform, pipeline.plan(platform, request()))
+    given = pipeline.choose_epsilon(platform, pipeline.plan(platform, request(**registered)))
+    assert by_default.epsilon == given.epsilon and by_default.risk_choice.risk == given.risk_choice.risk
+
+
+def test_the_run_form_offers_the_registered_datasets_and_their_profiles(platform_env, tmp_path):
+    """`dprelease refresh-form` writes the protected datasets (never a public table) into the
+    dp-release deployment's form as a list, with each one's registered risk profile beside the
+    fields that default to it; a later `dataset register` updates the list by itself."""
+    from prefect import get_client
+    from typer.testing import CliRunner
+
+    from cli.app import app
+    from flows.release import release_flow
+
+    with get_client(sync_client=True) as client:
+        deployment_id = client.create_deployment(flow_id=client.create_flow_from_name(release_flow.name),
+                                                 name="dp-release", parameter_openapi_schema=release_flow.parameters.model_dump())
+
+    def form():
+        with get_client(sync_client=True) as client:
+            return client.read_deployment(deployment_id).parameter_openapi_schema
+
+    levels = tmp_path / "levels.csv"
+    levels.write_text("education,level\nBachelors,3\n")
+    runner = CliRunner()
+    assert runner.invoke(app, ["dataset", "register", "levels", str(levels), "--public"]).exit_code == 0
+    result = runner.invoke(app, ["refresh-form"])
+    assert result.exit_code == 0 and "run form of dp-release" in result.output, result.output
+    offered = form()["properties"]["dataset"]["enum"]
+    assert {"adult", "strict"} <= set(offered) and "levels" not in offered and offered == sorted(offered)
+    max_risk = form()["definitions"]["RiskEpsilon"]["properties"]["max_risk"]
+    assert max_risk["default"] == "registered" and "adult: 0.5" in max_risk["description"]
+    sample = tmp_path / "people.csv"
+    sample.write_text("person_id,age\n1,30\n2,40\n")
+    result = runner.invoke(app, ["dataset", "register", "people", str(sample), "--unit", "person_id",
+                                 "--epsilon-cap", "1", "--trust", "high"])
+    assert result.exit_code == 0, result.output
+    assert "people" in form()["properties"]["dataset"]["enum"]
+    assert "people: high" in form()["definitions"]["RiskEpsilon"]["properties"]["trust"]["description"]
+
+
 @pytest.mark.parametrize("tolerable", [0.05, 0.2, 0.3, 0.5, 0.79])
 def test_a_risk_above_the_tolerable_one_is_never_called_low(tolerable):
     """Every summary line that states a risk uses one wording (dp_core.risk.risk_words): a level
