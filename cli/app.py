@@ -134,6 +134,36 @@ def dataset_register(
         return
     console.print(escape(f"registered {ds.name!r}: fingerprint {ds.fingerprint[:16]}..., unit {ds.privacy_unit!r}, "
                   f"epsilon cap {ds.epsilon_cap:g}, delta cap {ds.delta_cap:g}"))
+    _offer_in_run_form(quiet=True)
+
+
+def _offer_in_run_form(quiet: bool) -> None:
+    """The dp-release deployment's run form offers the registered datasets (flows.release_form),
+    on the server of PREFECT_API_URL; after a registration, quietly skipped when there is none."""
+    from prefect.settings import PREFECT_API_URL
+
+    from flows import release_form
+
+    if not PREFECT_API_URL.value():
+        if not quiet:
+            _fail("PREFECT_API_URL is not set: point it at the Prefect server that holds the dp-release deployment")
+        return
+    try:
+        updated = release_form.refresh(_settings())
+    except Exception as err:  # noqa: BLE001 - the registration is done; the form is a convenience
+        if not quiet:
+            _fail(f"could not update the run form on {PREFECT_API_URL.value()}: {err}")
+        return
+    names = ", ".join(release_form.registered_profiles(_settings())) or "none"
+    if updated or not quiet:
+        console.print(escape(f"run form of {', '.join(updated) or 'no dp-release deployment'}: datasets {names}"))
+
+
+@app.command("refresh-form")
+def refresh_form() -> None:
+    """Offer the registered datasets as a list in the dp-release deployment's run form (Prefect UI);
+    run it after `prefect deploy` (a registration does it by itself when PREFECT_API_URL is set)."""
+    _offer_in_run_form(quiet=False)
 
 
 def _register_external(name, reference, unit, epsilon_cap, delta_cap, unsupported_option, profile):

@@ -68,14 +68,16 @@ def _decide_here(settings: Settings, release_id: str, key: Path | None, approve_
                  no_terminal_reviewer: str | None, risk_override: str = "") -> bool:
     """Ask, sign with the controller's key and send the decision; re-ask when the run refuses it.
     False when nothing was decided here (no key, or no terminal to ask)."""
+    from dp_core import risk
     from dprelease import decisions
 
     from .deciding import decide
 
     context = decisions.read_context(settings, release_id)
     if context.get("above_tolerance"):
-        console.print(f"[bold red]Above your tolerable risk[/bold red]: risk {context['risk']:.2f} > tolerable "
-                      f"{context['max_risk']}; approving needs an override with a reason.")
+        words = risk.risk_words(float(context["risk"]), risk.level_value(context["max_risk"]))
+        console.print(f"[bold red]WARNING: above your tolerable risk[/bold red]: risk {words}; approving needs an "
+                      "override with a reason.")
     if key is None:
         console.print(f"[yellow]no controller key (--key or DPRELEASE_CONTROLLER_KEY): decide in the Prefect UI or "
                       f"with `dprelease approve {release_id} --key YOUR_KEY`; waiting for the run[/yellow]")

@@ -3,7 +3,8 @@
     PYTHONPATH=. python docs/screenshots.py             # needs chromium; about a minute
 
 Everything is local and temporary: a fresh home with Adult, a controller key, `prefect server start`
-on a free port with the dp-release deployment of prefect.yaml, and a headless Chromium. It fills in
+on a free port with the dp-release deployment of prefect.yaml, and a headless Chromium on the UI
+that server opens (its /ui-settings say which: Prefect 3.8.8's V2 UI). It fills in
 the run form as a controller would (epsilon from the risk model, as the demo asks), submits it,
 runs the release until it pauses, and photographs: the form with the epsilon choice, the paused run,
 the Resume form with the waiting message, and the summary artifact. The release is then rejected
@@ -54,6 +55,7 @@ def main() -> None:
         start_prefect_server,
         stop_process_group,
         submit_and_run,
+        ui_base,
     )
 
     from cli.deciding import decide
@@ -84,7 +86,7 @@ def main() -> None:
             run, thread, box = submit_and_run(browser, url, deployment_id, "Age and working hours by education",
                                               "Risk model", RISK_FIELDS, before_submit=photograph_form)
             wait_until_paused(str(run.id), timeout=300)
-            page = browser.open(f"{url}/v2/runs/flow-run/{run.id}")
+            page = browser.open(f"{ui_base(url)}/runs/flow-run/{run.id}")
             page.wait_for_text("Paused", 60)
             page.click_text("Details", "button")
             time.sleep(4)  # the run's graph draws last
@@ -95,7 +97,7 @@ def main() -> None:
             page.screenshot(IMG / "prefect-resume-form.png")
             page.close()
             release_id = str(run.id)
-            page = browser.open(f"{url}/v2/artifacts/key/{summary_artifact_key(release_id)}")
+            page = browser.open(f"{ui_base(url)}/artifacts/key/{summary_artifact_key(release_id)}")
             page.wait_for_text("controller summary", 60)  # the key's timeline: open its latest version
             page.click("document.querySelector('a[href*=\"/artifacts/artifact/\"]')", "the summary artifact")
             page.wait_for_text("Release ", 60)

@@ -47,6 +47,18 @@ def level_name(x: float) -> str:
     return names[min(int(x / 0.2 + 1e-12), len(names) - 1)] if x >= 0 else names[0]
 
 
+def risk_words(rk: float, tolerable: float | None = None) -> str:
+    """The one way a risk is put in words: its value, its level name only when it is within the
+    tolerable risk (a risk above the tolerable one is never called "low"), and the tolerable risk.
+    0.14 within 0.2: "0.14 (very low; within your tolerable 0.2)"; 0.31 above 0.2: "0.31 (above
+    your tolerable 0.2)"."""
+    if tolerable is None:
+        return f"{rk:.2f} ({level_name(rk)})"
+    if rk > tolerable + 1e-12:
+        return f"{rk:.2f} (above your tolerable {tolerable:g})"
+    return f"{rk:.2f} ({level_name(rk)}; within your tolerable {tolerable:g})"
+
+
 def guessing_bound(eps: float, n: int, m: int = 1, dv_over_df: float = 1.0) -> float:
     """Posterior guessing probability bound q after m outputs (uniform prior over n values)."""
     if n < 2:
@@ -187,8 +199,8 @@ def choose_epsilon(*, trust, sensitivity, max_risk, max_noise: float, n: int, df
     bound = truncated_laplace_bound(eps, df, per_output_delta(bounded_delta, m)) if bounded_delta else laplace_error(eps, df, p)
     summary = (
         f"With epsilon = {eps:.3g}, an attacker who knows everyone else's data guesses a person's "
-        f"value (one of {n}) with probability at most {q:.0%}; the risk of sharing is {rk:.2f} "
-        f"({level_name(rk)}). For a count of {example_value:g}, the shared value would be between "
+        f"value (one of {n}) with probability at most {q:.0%}; the risk of sharing is "
+        f"{risk_words(rk, r)}. For a count of {example_value:g}, the shared value would be between "
         f"{example_value - bound:.3g} and {example_value + bound:.3g}"
         + (" always." if bounded_delta else f" with {p:.0%} probability.")
     )
@@ -301,7 +313,7 @@ def choose_epsilon_for_plan(query, *, trust, sensitivity, max_risk, max_noise, n
     promise = statistic_intervals(query, eps, **kw)
     budget = plan_budget(replace(query, epsilon=eps))
     shares = tuple((sh.part, sh.epsilon) for sh in budget.shares)
-    summary = plan_summary(eps, shares, promise, tolerances, q, rk, n, m, p, reference_value, budget.delta)
+    summary = plan_summary(eps, shares, promise, tolerances, q, rk, n, m, p, reference_value, budget.delta, r)
     return PlanRiskChoice(eps, eps_noise, eps_risk, rk, level_name(rk), q, guessing_advantage(q, n), p, prefer,
                           tolerances, promise, shares, summary)
 
@@ -330,7 +342,7 @@ _EXAMPLE = {"count": "a count", "count_units": "a count of people", "sum": "a su
 
 
 def plan_summary(eps: float, shares, promise, tolerances: dict, q: float, rk: float, n: int, m: int, p: float,
-                 reference_value: float = 100.0, delta: float = 0.0) -> str:
+                 reference_value: float = 100.0, delta: float = 0.0, max_risk: float | None = None) -> str:
     """The controller's plain-words summary: the total epsilon and how the plan spends it, the
     attacker's bound at that total, and each statistic's real noise (the tolerated ones first)."""
     split = ", ".join(f"{part} {e:.3g}" for part, e in shares)
@@ -340,7 +352,7 @@ def plan_summary(eps: float, shares, promise, tolerances: dict, q: float, rk: fl
         f"who knows everyone else's data guesses a person's value (one of {n}; {change}: exponent {m} x {eps:.3g}) "
         f"with probability at most {q:.0%}" + (f" (the bound may fail with probability delta = {delta:.2g})"
                                                if delta > 0 else "")
-        + f"; the risk of sharing is {rk:.2f} ({level_name(rk)})."
+        + f"; the risk of sharing is {risk_words(rk, max_risk)}."
     )
     ordered = sorted(promise, key=lambda x: (x.name not in tolerances, 0))
     parts = [_statistic_sentence(x, tolerances.get(x.name), p, reference_value) for x in ordered]

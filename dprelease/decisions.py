@@ -116,11 +116,19 @@ def risk_above_tolerance(profile: dict) -> bool:
     return float(profile["risk"]) > risk.level_value(profile["max_risk"]) + 1e-12
 
 
-def risk_notice(profile: dict) -> str:
-    """The warning shown (in words and in red) when the risk is above the tolerable risk."""
-    return (f"🔴 **Above your tolerable risk**: the risk at this epsilon is {float(profile['risk']):.2f}, above the "
-            f"tolerable {risk.level_value(profile['max_risk']):g}. Approving requires an explicit override with a "
-            "reason (`dprelease approve ID --key YOUR_KEY --override-risk REASON`), recorded in the archive.")
+def risk_notice(profile: dict, release_id: str = "RELEASE_ID", markdown: bool = True) -> str:
+    """The warning shown when the risk is above the tolerable risk, in words (no symbol that a
+    font may lack): markdown for the Prefect UI and the terminal, plain text for the controller
+    report (which shows it in red by CSS). It says how to approve anyway: the override reason is
+    part of the signed decision (`--override-risk`), since the Resume form has no field for it."""
+    code, strong = ("`", "**") if markdown else ("", "")
+    tolerable = risk.level_value(profile["max_risk"])
+    return (f"{strong}WARNING: above your tolerable risk.{strong} The risk at this epsilon is "
+            f"{risk.risk_words(float(profile['risk']), tolerable)}. Approving needs an override reason, signed with "
+            f"the decision: {code}dprelease approve {release_id} --key YOUR_KEY --override-risk \"REASON\"{code}, or "
+            f"in the Prefect UI's Resume form paste into Signed Decision the output of {code}dprelease decision sign "
+            f"{release_id} approve --key YOUR_KEY --override-risk \"REASON\"{code} (the form has no override field). "
+            "The reason is recorded in the archive.")
 
 
 def write_context(settings: Settings, release_id: str, question: str, profile: dict) -> dict:
@@ -226,8 +234,9 @@ def check(store: Store, token: str, *, release_id: str, question: str, fingerpri
     if form_controller is not None and form_controller.strip() != decision.controller:
         raise DecisionRefused(f"the form names {form_controller!r} but the decision is signed by {decision.controller!r}")
     if decision.decision == "approve" and above_tolerance and not decision.risk_override.strip():
-        raise DecisionRefused("the risk is above your tolerable risk: approving needs an explicit override with a "
-                              "reason (signed with the decision)")
+        raise DecisionRefused("the risk is above your tolerable risk: approving needs an override reason signed with "
+                              f"the decision (`dprelease decision sign {release_id} approve --key YOUR_KEY "
+                              '--override-risk "REASON"`)')
     return decision
 
 

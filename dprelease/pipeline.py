@@ -255,12 +255,29 @@ RISK_FIELDS = frozenset({"trust", "sensitivity", "max_risk", "max_noise", "n", "
                          "reference_value", "reference_count"})
 
 
+def risk_fields(platform: Platform, request: ReleaseRequest) -> dict:
+    """The request's risk-model fields, where trust, sensitivity and max_risk left `registered`
+    (or not given) are the dataset's registered risk profile: the run form's default."""
+    from .requests.epsilon import REGISTERED
+
+    r = dict(request.risk)
+    left = [f for f in ("trust", "sensitivity", "max_risk") if r.get(f, REGISTERED) == REGISTERED]
+    if left:
+        profile = json.loads(platform.store.get_dataset(request.dataset).risk_json or "{}")
+        missing = [f for f in left if f not in profile]
+        if missing:
+            raise ReleaseError(f"epsilon.risk: {', '.join(missing)} left to the dataset, but {request.dataset!r} has no "
+                               "registered value: give them in the request; nothing was computed")
+        r.update({f: profile[f] for f in left})
+    return r
+
+
 def choose_epsilon_from_risk(platform: Platform, planned: Plan) -> EpsilonDecision:
     """The smallest total epsilon at which the plan's statistics meet the tolerable noise, checked
     against the tolerable risk (dp_core.risk.choose_epsilon_for_plan). The request's risk fields:
     trust, sensitivity, max_risk, n; max_noise (a number, 'P%' of reference_value, or a mapping
     statistic -> either); optional m, p, prefer, headline, reference_value, reference_count."""
-    r = planned.request.risk
+    r = risk_fields(platform, planned.request)
     unknown = set(r) - RISK_FIELDS
     if unknown:
         raise ReleaseError(f"epsilon.risk: unknown field(s) {sorted(unknown)} (allowed: {sorted(RISK_FIELDS)}); "
@@ -384,8 +401,8 @@ def controller_summary(release_id: str, planned: Plan, decision: EpsilonDecision
         lines.append(
             f"- risk at this epsilon (dataset profile: sensitivity {risk_info['sensitivity']}, trust "
             f"{risk_info['trust']}, {risk_info['n']} possible values): an attacker's guess is right with "
-            f"probability at most {risk_info['q']:.0%}; risk {risk_info['risk']:.2f} ({risk_info['level']}; "
-            f"tolerable {risk.level_value(risk_info['max_risk']):g})")
+            f"probability at most {risk_info['q']:.0%}; risk "
+            f"{risk.risk_words(risk_info['risk'], risk.level_value(risk_info['max_risk']))}")
     lines += ["", "Approve to publish the analyst report (signed); reject to refund the budget."]
     return "\n".join(lines)
 
@@ -446,20 +463,19 @@ def write_controller_report(platform: Platform, release_id: str, planned: Plan, 
     ctx = replace(report_context(release_id, planned, decision, approved_by=None, decided_at=None),
                   dataset_fingerprint=public_fingerprint(platform, ds.fingerprint))  # the analyst report's
     ctx.charts.update(_controller_charts(platform, planned, decision))
-    ctx.risk_warning = _risk_warning(platform, planned, decision)
+    ctx.risk_warning = _risk_warning(platform, release_id, planned, decision)
     (directory / "controller.html").write_text(pages.render_controller_report(result, ctx))
     signing.sign_directory(directory, {"release_id": release_id, "kind": "controller-report"},
                            signing.load_private_key(platform.settings.signing_key_file))
     return directory
 
 
-def _risk_warning(platform: Platform, planned: Plan, decision: EpsilonDecision) -> str:
+def _risk_warning(platform: Platform, release_id: str, planned: Plan, decision: EpsilonDecision) -> str:
     """Words for the controller report when the risk is above the tolerable risk (else empty)."""
     from . import decisions
 
     profile = risk_profile(platform, planned, decision)
-    return decisions.risk_notice(profile).replace("🔴 ", "").replace("**", "").replace("`", "") \
-        if decisions.risk_above_tolerance(profile) else ""
+    return decisions.risk_notice(profile, release_id, markdown=False) if decisions.risk_above_tolerance(profile) else ""
 
 
 def risk_profile(platform: Platform, planned: Plan, decision: EpsilonDecision) -> dict:
@@ -467,7 +483,7 @@ def risk_profile(platform: Platform, planned: Plan, decision: EpsilonDecision) -
     this platform"): the request's risk parameters, else the dataset's registered profile. A
     histogram lets one person change two outputs (m = 2), a single number one (m = 1)."""
     if decision.risk_choice is not None:
-        r = dict(planned.request.risk)
+        r = risk_fields(platform, planned.request)
     else:
         r = json.loads(platform.store.get_dataset(planned.request.dataset).risk_json or "{}")
         if not r:

@@ -28,6 +28,7 @@ from dprelease.store.tables import FINAL_STATUSES
 from flows import approvals
 from flows.outcomes import ended_releases, outcome, rejected, retry_ended  # noqa: F401 - outcome: callers import it from here
 from flows.pausing import pause_for_input
+from flows.release_form import Mapping, Text
 from tasks import release_steps as steps
 
 #: seconds between the paused run's checks for an answer (an internal setting, not a form field):
@@ -54,9 +55,11 @@ class ReleaseDecision(RunInput):
     decision: Literal["approve", "reject"] = Field(description="approve: publish the analyst report; "
                                                    "reject: publish nothing and refund the budget")
     reviewer: str = Field(min_length=1, pattern=r"\S", description="your registered controller name")
-    comment: str = Field("", description="the reason for your decision (recorded in the archive)")
+    comment: str = Field("", description="a note for this form; the reason recorded in the archive is the one "
+                         "signed with your decision (--reason)")
     signed_decision: str = Field(min_length=1, description="your signed decision: the output of "
-                                 "`dprelease decision sign RELEASE_ID approve|reject --key YOUR_KEY`")
+                                 "`dprelease decision sign RELEASE_ID approve|reject --key YOUR_KEY --reason \"...\"` "
+                                 "(add --override-risk \"REASON\" when the risk needs an override)")
 
 
 def run_releases(platform: pipeline.Platform, flow_run_id: str) -> list:
@@ -102,14 +105,14 @@ def _run_name() -> str:
 @flow(name="dp-release", log_prints=True, flow_run_name=_run_name, **RUN_HOOKS)
 def release_flow(
     dataset: str,
-    sql: str | None = None,
-    query: dict | None = None,
+    sql: Text = "",
+    query: Mapping = {},  # noqa: B006 - never changed; a plain default draws a plain form field
     title: str = "",
     *,
     epsilon: EpsilonChoice,
     delta: float = 1e-6,
     max_partitions_contributed: int = 1,
-    requested_by: str | None = None,
+    requested_by: Text = "",
     approval_timeout: int = 3600,
     backend: BackendChoice = "auto",
 ) -> dict:
@@ -124,18 +127,18 @@ def release_flow(
     Args:
         dataset: the registered dataset to query (see `dprelease dataset list`)
         sql: the query, in SQL with ANONYMIZATION (give sql or query, not both)
-        query: the query as a release spec (aggregates, group_by), instead of sql
+        query: the query as a release spec (aggregates, group_by), instead of sql (empty: the sql)
         title: a title for the release: the run's name and the report's heading
         epsilon: how epsilon is chosen: a fixed value, from the privacy risk indicator (PRI), or from the risk model (pick one: only its fields apply)
         delta: the delta of the release (Gaussian noise and partition selection)
         max_partitions_contributed: how many groups one person may contribute to
-        requested_by: the analyst who asked (their policy applies)
+        requested_by: the analyst who asked (their policy applies; empty: nobody named)
         approval_timeout: seconds to wait for a controller's decision before refunding the budget
         backend: where the data is computed: auto (the dataset's own: Spark for an external dataset, DuckDB in this process for escrowed data), spark, or duckdb (an external Parquet/CSV path read here)
     """
     settings = Settings.from_env()
-    request = parse_request(request_fields(dataset, sql, query, title, epsilon=epsilon, delta=delta,
-                                           cu=max_partitions_contributed, requested_by=requested_by,
+    request = parse_request(request_fields(dataset, sql or None, query or None, title, epsilon=epsilon, delta=delta,
+                                           cu=max_partitions_contributed, requested_by=requested_by or None,
                                            backend=backend))
     platform = pipeline.Platform.open(settings)
     if ended := retried_and_ended(platform):
@@ -165,10 +168,11 @@ def prepare_and_decide(settings, platform, release_id, request, timeout, poll_in
         planned = steps.plan(settings, request)
         decision = steps.choose_epsilon(settings, planned)
         steps.preview(settings, release_id, planned, decision.epsilon)  # before anything is spent
+        profile = pipeline.risk_profile(platform, planned, decision)
+        warn_before_reserving(release_id, profile)
         steps.reserve_budget(settings, release_id, planned, decision.epsilon)
         steps.compute(settings, release_id, planned, decision)
         summary = steps.summarise(settings, release_id, planned, decision)
-        profile = pipeline.risk_profile(platform, planned, decision)
         deployment = scheduled_deployment()
         policy = decisions.standing_approval(platform.store, request.dataset, request.requested_by, decision.epsilon,
                                              deployment)
@@ -191,6 +195,23 @@ def prepare_and_decide(settings, platform, release_id, request, timeout, poll_in
         pipeline.refund(platform, release_id, "failed", None, str(err)[:500] or type(err).__name__)
         raise
     return planned, decision, verdict
+
+
+def warn_before_reserving(release_id: str, profile: dict) -> None:
+    """A chosen epsilon (a fixed one, typically) whose risk is above the dataset's tolerable risk:
+    said on the run's page (artifact risk-<release>) and in its log before any budget is reserved,
+    not first in the approval dialog. The run goes on: a controller may approve it with an override."""
+    if not decisions.risk_above_tolerance(profile):
+        return
+    from prefect.artifacts import create_markdown_artifact
+
+    notice = decisions.risk_notice(profile, release_id)
+    get_run_logger().warning("before reserving the budget: %s", notice.replace("**", "").replace("`", ""))
+    create_markdown_artifact(
+        f"# Before the reservation: release `{release_id}`\n\n{notice}\n\nThe budget is reserved next and stays "
+        "reserved until you decide; rejecting (or cancelling the run) refunds it. To stay within the tolerable risk, "
+        "cancel this run and start one with a smaller epsilon, or choose epsilon from the risk model.",
+        key=f"risk-{release_id[:12].lower()}", description="risk above the tolerable risk, before the reservation")
 
 
 def scheduled_deployment() -> str | None:
@@ -231,7 +252,7 @@ def ask_controller(platform, release_id: str, description: str, key: str, timeou
             remaining = int(deadline - time.monotonic())
             if remaining <= 0:
                 raise FlowPauseTimeout(f"no valid decision within {timeout} s")
-            text = waiting_message(release_id, description, profile, refused)
+            text = waiting_message(release_id, description, refused)
             form = ReleaseDecision.with_initial_data(description=text)
             answer = pause_for_input(form, timeout=remaining, poll_interval=poll_interval,
                                      key=key if attempt == 0 else f"{key}-{attempt}")
@@ -244,6 +265,7 @@ def ask_controller(platform, release_id: str, description: str, key: str, timeou
                 get_run_logger().warning("decision refused: %s", err)
                 decisions.record_refusal(settings, release_id, str(err), answer.signed_decision)
                 refused.append(str(err))
+                show_refusal(release_id, str(err), answer.decision, answer.reviewer)
                 continue
             decisions.record(settings, release_id, signed, answer.signed_decision)
             comment = signed.reason + (f" [risk override: {signed.risk_override}]" if signed.risk_override else "")
@@ -255,19 +277,33 @@ def ask_controller(platform, release_id: str, description: str, key: str, timeou
         platform.store.update_release(release_id, status=answered)
 
 
-def waiting_message(release_id: str, summary: str, profile: dict, refused: list[str]) -> str:
-    """The markdown above the Resume form: an approval is waiting, where the summary is, and the
-    risk warning when the risk is above the tolerable risk."""
+def waiting_message(release_id: str, summary: str, refused: list[str]) -> str:
+    """The markdown above the Resume form: the last refusal first (a refused decision closed the
+    dialog), then that an approval is waiting, where the summary is, and the summary (which opens
+    with the risk warning when the risk is above the tolerable risk: said once)."""
     where = (f"The controller summary is below and in the artifact [{summary_artifact_key(release_id)}]"
              f"({summary_link(release_id)}). Sign your decision with "
              f"`dprelease decision sign {release_id} approve|reject --key YOUR_KEY` and paste it below, or run "
              f"`dprelease approve {release_id} --key YOUR_KEY`.")
-    lines = [f"# An approval is waiting: release `{release_id}`", where]
-    if decisions.risk_above_tolerance(profile):
-        lines.append(decisions.risk_notice(profile))
+    lines = [f"# An approval is waiting: release `{release_id}`"]
     if refused:
-        lines.append(f"**The last decision was refused:** {refused[-1]}")
-    return "\n\n".join(lines + [summary, preview_text(release_id)])
+        lines.append(f"**Your last decision was refused:** {refused[-1]}")
+    return "\n\n".join(lines + [where, summary, preview_text(release_id)])
+
+
+def show_refusal(release_id: str, reason: str, form_decision: str, reviewer: str) -> None:
+    """A refused decision on the run's page at once (its Artifacts, and the key refused-<release>):
+    the Resume dialog closes and the run is Paused again, so the reason must be where the
+    controller looks, not only in the logs."""
+    from prefect.artifacts import create_markdown_artifact
+
+    markdown = (f"# Decision refused: release `{release_id}`\n\n**{reason}**\n\n"
+                f"The decision submitted ({form_decision} by {reviewer}) does not count: nothing was decided, and the "
+                "run is Paused again, waiting for a decision that counts. Open Resume and submit a corrected signed "
+                f"decision (`dprelease decision sign {release_id} approve|reject --key YOUR_KEY`), or run "
+                f"`dprelease approve|reject {release_id} --key YOUR_KEY`. Every refusal is kept in the archive "
+                f"(`{release_id}/refused-decisions.jsonl`).")
+    create_markdown_artifact(markdown, key=refusal_artifact_key(release_id), description="refused decision")
 
 
 def preview_text(release_id: str) -> str:
@@ -280,12 +316,21 @@ def summary_artifact_key(release_id: str) -> str:
     return f"release-{release_id[:12].lower()}"
 
 
+def refusal_artifact_key(release_id: str) -> str:
+    return f"refused-{release_id[:12].lower()}"
+
+
+#: the Prefect UI the server opens (3.8: the V2 UI at /v2, its default): links lead there, not to
+#: the V1 UI that Prefect also serves at unprefixed paths
+UI_PREFIX = "/v2"
+
+
 def summary_link(release_id: str) -> str:
     """The summary artifact's page on the Prefect UI (relative when the UI address is unknown)."""
     from prefect.settings import PREFECT_UI_URL
 
     base = (PREFECT_UI_URL.value() or "").rstrip("/")
-    return f"{base}/artifacts/key/{summary_artifact_key(release_id)}"
+    return f"{base}{UI_PREFIX}/artifacts/key/{summary_artifact_key(release_id)}"
 
 
 def request_fields(dataset, sql, query, title, *, epsilon, delta, cu, requested_by, backend="auto") -> dict:

@@ -110,7 +110,7 @@ def summarise(settings: Settings, release_id: str, planned: pipeline.Plan, decis
     profile = pipeline.risk_profile(platform, planned, decision)
     markdown = pipeline.controller_summary(release_id, planned, decision, result, profile)
     if decisions.risk_above_tolerance(profile):  # a decision, not a label: said first, in words and red
-        markdown = decisions.risk_notice(profile) + "\n\n" + markdown
+        markdown = decisions.risk_notice(profile, release_id) + "\n\n" + markdown
     create_markdown_artifact(markdown, key=f"release-{release_id[:12].lower()}", description="controller summary")
     pipeline.save_summary(platform, release_id, markdown)
     pipeline.write_controller_report(platform, release_id, planned, decision, result)

@@ -62,6 +62,17 @@ def start_prefect_server(workdir: Path) -> tuple[subprocess.Popen, str]:
     raise RuntimeError("the Prefect server did not start")
 
 
+def ui_base(url: str) -> str:
+    """The address of the UI this server opens (Prefect 3.8.8: the V2 UI, under /v2), from its
+    own /ui-settings: the browser test and the screenshots see what a controller opening the
+    server sees, whatever version that is."""
+    import httpx
+
+    settings = httpx.get(f"{url}/ui-settings", timeout=30).json()
+    base = settings.get(f"{settings['default_ui']}_base_url") or "/"
+    return url + base.rstrip("/")
+
+
 def drain_prefect_workers() -> None:
     """Send the logs and events this process still holds to the server while it is up (as
     prefect_test_harness does): a worker left holding them for a stopped server would make the
@@ -99,24 +110,29 @@ def stop_process_group(proc: subprocess.Popen) -> None:
 
 def deploy_release_flow() -> str:
     """Register the dp-release deployment of prefect.yaml as `prefect deploy` does (its parameter
-    schema is the flow's); returns its id. Needs PREFECT_API_URL set to the server."""
+    schema is the flow's), then offer the registered datasets in its form as `dprelease
+    refresh-form` does; returns its id. Needs PREFECT_API_URL set to the server."""
     from prefect import get_client
 
     from flows.release import release_flow
 
     spec = next(d for d in yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"] if d["name"] == "dp-release")
+    from dprelease.settings import Settings
+    from flows import release_form
+
     with get_client(sync_client=True) as client:
-        return str(client.create_deployment(
+        deployment_id = str(client.create_deployment(
             flow_id=client.create_flow_from_name(release_flow.name), name=spec["name"], entrypoint=spec["entrypoint"],
             parameters=spec["parameters"], parameter_openapi_schema=release_flow.parameters.model_dump(),
             enforce_parameter_schema=True))
+    release_form.refresh(Settings.from_env())  # as `dprelease refresh-form` after `prefect deploy`
+    return deployment_id
 
 
 def fill_release_form(page, title: str, method: str, fields: dict) -> None:
     """Every field of the run form, as a user sets it: text typed, toggles and lists clicked."""
     page.wait_for_text("approval_timeout", 60)
-    page.type_into(in_field("dataset"), "adult")
-    page.click(in_field("sql", "button", "str"), "sql: str")
+    choose(page, "dataset", "adult")  # a list of the registered datasets (flows.release_form)
     page.type_into(in_field("sql"), SQL)
     page.type_into(in_field("title"), title)
     page.click(in_field("epsilon", "button", method), f"epsilon: {method}")
@@ -124,19 +140,23 @@ def fill_release_form(page, title: str, method: str, fields: dict) -> None:
         if isinstance(value, tuple):  # (toggle, value): a level from the list, or a number
             page.click(in_field(label, "button", value[0]), f"{label}: {value[0]}")
             if value[0] == "level":
-                page.click(in_field(label, "button[aria-haspopup=listbox]"), f"{label}: the list")
-                page.click(by_text(value[1], "[role=option]"), f"{label}: {value[1]}")
-                page.wait_for("![...document.querySelectorAll('[role=option]')].some(e => e.offsetParent)",
-                              what="the list to close")
+                choose(page, label, value[1])
             else:
                 page.type_into(in_field(label), str(value[1]), what=label)
         else:
             page.type_into(in_field(label), str(value), what=label)
     page.type_into(in_field("delta"), "0.000001")
     page.type_into(in_field("max_partitions_contributed"), "1")
-    page.click(in_field("requested_by", "button", "str"), "requested_by: str")
     page.type_into(in_field("requested_by"), "mallory")
     page.type_into(in_field("approval_timeout"), "300")
+
+
+def choose(page, label: str, option: str) -> None:
+    """Pick `option` from the list of the form field labelled `label` (an enum: a select)."""
+    page.click(in_field(label, "button[aria-haspopup=listbox]"), f"{label}: the list")
+    page.click(by_text(option, "[role=option]"), f"{label}: {option}")
+    page.wait_for("![...document.querySelectorAll('[role=option]')].some(e => e.offsetParent)",
+                  what="the list to close")
 
 
 def submit_and_run(browser, url: str, deployment_id: str, title: str, method: str, fields: dict, before_submit=None):
@@ -148,7 +168,7 @@ def submit_and_run(browser, url: str, deployment_id: str, title: str, method: st
 
     from flows.release import outcome, release_flow
 
-    page = browser.open(f"{url}/v2/deployments/deployment/{deployment_id}/run")
+    page = browser.open(f"{ui_base(url)}/deployments/deployment/{deployment_id}/run")
     fill_release_form(page, title, method, fields)
     if before_submit is not None:
         before_submit(page)

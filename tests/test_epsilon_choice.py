@@ -29,7 +29,9 @@ def test_the_form_offers_one_choice_with_only_its_fields():
     assert set(defs["FixedEpsilon"]["properties"]) == {"epsilon"}
     assert set(defs["PriEpsilon"]["properties"]) == {"p", "mode", "beta"} and defs["PriEpsilon"]["required"] == ["p"]
     assert {"trust", "sensitivity", "max_risk", "max_noise", "n", "m", "confidence"} <= set(defs["RiskEpsilon"]["properties"])
-    assert set(defs["RiskEpsilon"]["required"]) == {"trust", "sensitivity", "max_risk", "max_noise", "n"}
+    assert set(defs["RiskEpsilon"]["required"]) == {"max_noise", "n"}  # the rest: defaults, the dataset's profile
+    assert {defs["RiskEpsilon"]["properties"][f]["default"] for f in ("trust", "sensitivity", "max_risk")} == {
+        "registered"}
     for name in ("FixedEpsilon", "PriEpsilon", "RiskEpsilon"):  # every field says what it is
         assert defs[name]["additionalProperties"] is False
         assert all(p.get("description") for p in defs[name]["properties"].values()), name

@@ -49,3 +49,25 @@ def test_the_guides_screenshots_exist_and_the_script_retakes_each_one():
         assert (GUIDE.parent / image).stat().st_size > 10_000, image
         if Path(image).name.startswith("prefect-"):
             assert f'"{Path(image).stem}' in script, f"docs/screenshots.py does not retake {image}"
+
+
+def test_the_guide_and_prefect_yaml_name_the_same_deployments_and_request_files():
+    """Each deployment the guide names exists in prefect.yaml, and the request file and series the
+    guide says a deployment runs are the ones prefect.yaml gives it (a guide once said monthly.yaml
+    for a deployment that runs visits.yaml)."""
+    import yaml
+
+    text = " ".join(GUIDE.read_text().split())
+    deployments = {d["name"]: d for d in yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]}
+    named = set(re.findall(r"`(dp-[a-z-]+)`", text)) - {"dp-release"} | {"dp-release"}
+    assert named <= set(deployments) | {"dp-scheduled-publication"}, named - set(deployments)
+    for name, spec in deployments.items():
+        request_file = (spec.get("parameters") or {}).get("request_file")
+        if request_file is None:
+            continue
+        sentences = [x for x in re.split(r"(?<=[.;])\s", text) if f"`{name}`" in x and "examples/requests/" in x]
+        assert sentences, f"the guide does not say which request file {name} runs"
+        for sentence in sentences:  # the first request file a sentence names beside the deployment is its own
+            first = re.search(r"examples/requests/[\w.-]+\.yaml", sentence).group(0)
+            assert first == request_file, (name, first, request_file, sentence)
+    assert (ROOT / deployments["dp-monthly-publication"]["parameters"]["request_file"]).exists()

@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 from browser import CHROMIUM, Chromium
 from prefect_console import (ROOT, deploy_release_flow, drain_prefect_workers, start_prefect_server, stop_process_group,
-                             submit_and_run)
+                             submit_and_run, ui_base)
 
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium); "
                                 "CI installs it (.ci/run)")
@@ -77,12 +77,110 @@ def assert_waiting(console, run, thread, box) -> None:
     assert state.is_paused() and state.name == "Paused"
     message = _pause_description(str(run.id))
     assert message.startswith("# An approval is waiting") and "/artifacts/key/release-" in message
+    # its link leads to the UI the server opens (not to the other version at other paths)
+    from flows.release import UI_PREFIX
+
+    assert ui_base(console["url"]) == console["url"] + UI_PREFIX and f"{UI_PREFIX}/artifacts/key/release-" in message
     store = Platform.open(console["settings"]).store
     assert store.get_release(str(run.id)).status == "awaiting_approval"
     assert store.ledger_entry(str(run.id)).status == "reserved"
     assert not (console["settings"].publication_dir / str(run.id)).exists()
-    page = console["browser"].open(f"{console['url']}/v2/runs/flow-run/{run.id}")
+    page = console["browser"].open(f"{ui_base(console['url'])}/runs/flow-run/{run.id}")
     page.wait_for_text("Paused", 60)
+    page.close()
+
+
+def assert_form_offers_what_is_registered(page) -> None:
+    """The form lists the registered datasets (public ones are never released alone), and its
+    optional fields are plain fields: no str/None toggles, no `Property is type "None"`."""
+    from browser import in_field
+
+    assert 'Property is type "None"' not in page.text()
+    page.click(in_field("dataset", "button[aria-haspopup=listbox]"), "dataset: the list")
+    options = page.wait_for("(() => { const o = [...document.querySelectorAll('[role=option]')]"
+                            ".filter(e => e.offsetParent).map(e => e.innerText.trim()); return o.length ? o : null; })()",
+                            what="the list of datasets")
+    page.send("Input.dispatchKeyEvent", type="keyDown", key="Escape", code="Escape", windowsVirtualKeyCode=27)
+    assert options == ["adult"], options
+    for label in ("sql", "requested_by", "query"):
+        assert not page.evaluate(f"!!{in_field(label, 'button', 'None')}"), f"{label} still offers None"
+
+
+def assert_profile_is_the_default(page) -> None:
+    """The risk model's trust, sensitivity and tolerable risk start as `registered`, and the form
+    says what that is for each registered dataset (adult: the defaults of `dataset register`)."""
+    from browser import in_field
+
+    text = page.text()
+    assert page.evaluate(f"{in_field('Sensitivity', 'button[aria-haspopup=listbox]')}.innerText.trim()") == "registered"
+    for value in ("low", "medium", "0.2"):  # trust, sensitivity, max risk
+        assert f"registered: the dataset's risk profile, adult: {value})" in text, text[:3000]
+
+
+def open_run_page(console, run):
+    page = console["browser"].open(f"{ui_base(console['url'])}/runs/flow-run/{run.id}")
+    page.wait_for_text("Paused", 60)
+    return page
+
+
+def show_artifact(page, key_prefix: str) -> None:
+    """Open the run page's Artifacts tab and wait for the artifact key starting with `key_prefix`
+    (a click before the page is ready may be lost: clicked again until the tab shows)."""
+    from browser import BrowserError
+
+    for attempt in range(10):
+        page.click_text("Artifacts", "[role=tab]")
+        try:
+            page.wait_for(f"[...document.querySelectorAll('a[href*=\"/artifacts/key/{key_prefix}\"]')]"
+                          ".some(a => a.offsetParent !== null)", 15, what=f"the artifact {key_prefix}... shown")
+            return
+        except BrowserError:
+            if attempt == 9:
+                raise
+
+
+def assert_resume_dialog_warns_once(console, run) -> None:
+    """The Resume dialog says the risk is above the tolerable risk once, in words, never "low"."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "docs"))
+    from screenshots import open_resume_dialog
+
+    page = open_run_page(console, run)
+    show_artifact(page, "risk-")  # the warning made before the reservation
+    open_resume_dialog(page)
+    page.wait_for_text("An approval is waiting", 60)
+    dialog = page.evaluate("document.querySelector('[role=dialog]').innerText")
+    page.close()
+    assert dialog.count("above your tolerable risk") == 1, dialog
+    assert "(above your tolerable 0.2)" in dialog and "low;" not in dialog
+    assert "paste into Signed Decision" in dialog and "Signed Decision" in dialog.split("Reviewer")[-1]
+    assert all(ord(ch) < 0x2190 or ch in "±–—→…" for ch in dialog), sorted({c for c in dialog if ord(c) >= 0x2190})
+
+
+def assert_refusal_on_the_run_page(console, run) -> None:
+    """A decision the form and the signature disagree on (form: approve; signed: reject) is
+    refused, and the reason is on the run's page (its artifacts) by the time it is Paused again."""
+    from dprelease import decisions
+    from flows.approvals import answer, wait_until_paused
+
+    token = decisions.sign_for_release(console["settings"], str(run.id), "reject", console["key"], "mismatch")
+    answer(str(run.id), "approve", "alice", signed_decision=token)
+    wait_until_paused(str(run.id), timeout=120)
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    from flows.release import refusal_artifact_key
+
+    page = open_run_page(console, run)
+    show_artifact(page, "refused-")  # listed on the run's page
+    page.close()
+    with get_client(sync_client=True) as client:
+        (shown,) = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[refusal_artifact_key(str(run.id))])))
+    page = console["browser"].open(f"{ui_base(console['url'])}/artifacts/artifact/{shown.id}")
+    page.wait_for_text("Decision refused", 60)
+    page.wait_for_text("the form says 'approve' but the signed decision says 'reject'", 30)
     page.close()
 
 
@@ -96,17 +194,24 @@ def test_an_on_demand_run_from_the_form_waits_for_the_controller(console):
     settings = console["settings"]
     store = Platform.open(settings).store
     budget_before = store.budget("adult")
-    first = submit_and_run(console["browser"], console["url"], console["deployment_id"], "Education, from the form", "Fixed value", {"Epsilon": 0.5})
+    first = submit_and_run(console["browser"], console["url"], console["deployment_id"], "Education, from the form",
+                           "Fixed value", {"Epsilon": 0.5}, before_submit=assert_form_offers_what_is_registered)
     assert first[0].parameters["epsilon"] == {"epsilon": 0.5}  # only the chosen method's fields
+    assert first[0].parameters["dataset"] == "adult" and first[0].parameters["query"] == {}
     assert_waiting(console, *first)
     print(f"first run paused after {time.monotonic() - started:.1f} s")
+    # epsilon 0.5 on the default profile: risk 0.26 above 0.2, said on the run's page before the reservation
+    # and once in the Resume dialog; a refused decision is on the run's page at once
+    assert_resume_dialog_warns_once(console, first[0])
+    assert_refusal_on_the_run_page(console, first[0])
     # a standing automatic policy naming this very deployment: an on-demand run still waits
     store.add_policy("monthly", "adult", max_epsilon_per_release=5.0, approval="auto", deployment="dp-release")
     second = submit_and_run(console["browser"], console["url"], console["deployment_id"], "Education, with a policy present", "Risk model", {
-        "Trust": ("level", "low"), "Sensitivity": ("level", "high"), "Max Risk": ("number in [0, 1]", 0.2),
-        "Max Noise": 10, "N": 16, "M": 2, "Confidence": 0.9})
+        "Trust": ("level", "low"), "Max Risk": ("number in [0, 1]", 0.2),
+        "Max Noise": 10, "N": 16, "M": 2, "Confidence": 0.9}, before_submit=assert_profile_is_the_default)
     sent = second[0].parameters
     assert sent["epsilon"]["trust"] == "low" and sent["epsilon"]["n"] == 16 and "p" not in sent["epsilon"]
+    assert sent["epsilon"]["sensitivity"] == "registered"  # left as the form starts: adult's profile, medium
     assert sent["requested_by"] == "mallory" and sent["title"] == "Education, with a policy present"
     assert_waiting(console, *second)
     print(f"second run paused after {time.monotonic() - started:.1f} s")

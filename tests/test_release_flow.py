@@ -518,6 +518,29 @@ def _send_raw(platform_env, rel, token, decision="approve", reviewer="alice"):
         time.sleep(0.2)
     assert _refusals(platform_env, rel.id) == before + 1
     wait_until_paused(rel.flow_run_id)
+    assert_refusal_shown(platform_env, rel)
+
+
+def assert_refusal_shown(platform_env, rel) -> None:
+    """The last refusal is on the run's page (its artifact refused-<release>) by the time the run
+    is Paused again, and at the top of the next Resume dialog: not only in the logs."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, FlowRunFilter, FlowRunFilterId
+
+    from cli.interactive import _pause_description
+    from dprelease import decisions
+    from flows.release import refusal_artifact_key
+
+    path = platform_env.archive_dir / rel.id / decisions.REFUSED_FILE
+    why = json.loads(path.read_text().splitlines()[-1])["why"]
+    with get_client(sync_client=True) as client:
+        shown = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[refusal_artifact_key(rel.id)])),
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[rel.flow_run_id])))
+    assert any(why in str(a.data) for a in shown), (why, [a.data for a in shown])
+    dialog = _pause_description(rel.flow_run_id)
+    assert dialog.index("Your last decision was refused") < dialog.index("The controller summary is below")
+    assert why.split(" (")[0] in dialog
 
 
 def test_only_a_registered_controllers_signed_decision_publishes(platform_env, tmp_path):
@@ -613,9 +636,13 @@ def test_risk_above_tolerance_needs_an_override_with_a_reason(platform_env):
     thread, box = start_release(dataset="risky", sql=SQL.replace("FROM adult", "FROM risky"))
     rel = wait_for_approval(platform.store, known, thread=thread, box=box)
     wait_until_paused(rel.flow_run_id)
-    assert "Above your tolerable risk" in (platform_env.archive_dir / rel.id / "summary.md").read_text()
+    summary = (platform_env.archive_dir / rel.id / "summary.md").read_text()
+    assert summary.startswith("**WARNING: above your tolerable risk.**")
+    assert "(above your tolerable 0.2)" in summary and "low;" not in summary  # 0.31 is not called low
     controller_html = (platform_env.archive_dir / rel.id / "controller" / "controller.html").read_text()
-    assert "risk-above" in controller_html and "Above your tolerable risk" in controller_html
+    assert "risk-above" in controller_html and "WARNING: above your tolerable risk" in controller_html
+    assert_risk_dialog_says_it_once(rel)
+    assert_warned_before_reserving(platform, rel)
     with pytest.raises(decisions.DecisionRefused, match="override"):
         send(platform_env, rel.id, "approve", controller_key(), "fine")
     # a decision signed without the override (bypassing the CLI's check) is refused by the run
@@ -631,6 +658,119 @@ def test_risk_above_tolerance_needs_an_override_with_a_reason(platform_env):
     assert box["result"]["status"] == "published", box
     (entry,) = decisions.recorded(platform_env, rel.id)
     assert entry["risk_override"] == "aggregate table, recipient under contract"
+
+
+def assert_warned_before_reserving(platform, rel) -> None:
+    """A fixed epsilon above the tolerable risk is said on the run's page (artifact risk-<release>)
+    before its budget is reserved, not first at the approval."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with get_client(sync_client=True) as client:
+        (warning,) = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[f"risk-{rel.id[:12].lower()}"])))
+    assert "WARNING: above your tolerable risk" in warning.data and str(warning.flow_run_id) == rel.flow_run_id
+    reserved_at = platform.store.ledger_entry(rel.id).created_at
+    assert warning.created <= reserved_at.replace(tzinfo=warning.created.tzinfo), (warning.created, reserved_at)
+
+
+def assert_risk_dialog_says_it_once(rel) -> None:
+    """The Resume dialog warns once, in words (no symbol a font may lack), and its instruction to
+    override names only what exists: the form's Signed Decision field and `decision sign`'s option."""
+    import re
+
+    from typer.testing import CliRunner
+
+    from cli.app import app
+    from cli.interactive import _pause_description
+    from flows.release import ReleaseDecision
+
+    dialog = _pause_description(rel.flow_run_id)
+    assert dialog.count("above your tolerable risk") == 1, dialog
+    assert all(ord(ch) < 0x2190 or ch in "±–—→…" for ch in dialog), sorted({ch for ch in dialog if ord(ch) >= 0x2190})
+    shown_as = ReleaseDecision.model_json_schema()["properties"]["signed_decision"]["title"]  # the UI's label
+    assert f"paste into {shown_as} the output of" in dialog, dialog
+    named = set(re.findall(r"--[a-z][a-z-]+", dialog))
+    sign_help = CliRunner().invoke(app, ["decision", "sign", "--help"], terminal_width=200).output
+    approve_help = CliRunner().invoke(app, ["approve", "--help"], terminal_width=200).output
+    assert named and all(option in sign_help or option in approve_help for option in named), named
+    assert "--override-risk" in sign_help
+
+
+def test_risk_model_fields_left_registered_are_the_datasets_profile(platform_env):
+    """The run form's default for trust, sensitivity and max_risk is `registered`: the chosen
+    dataset's registered risk profile (adult here: trust low, sensitivity medium, max_risk 0.5),
+    the same as giving those values; a value given wins; a dataset without one says so."""
+    from dprelease import pipeline
+    from dprelease.requests import parse_request
+
+    platform = pipeline.Platform.open(platform_env)
+
+    def request(**risk):
+        return parse_request({"dataset": "adult", "sql": SQL, "epsilon": {"risk": {"max_noise": 10, "n": 16, **risk}}})
+
+    registered = {"trust": "low", "sensitivity": "medium", "max_risk": 0.5}
+    for left in ({}, {"trust": "registered"}, {"trust": "registered", "sensitivity": "registered",
+                                                "max_risk": "registered"}):
+        assert {k: v for k, v in pipeline.risk_fields(platform, request(**left)).items() if k in registered} == registered
+    assert pipeline.risk_fields(platform, request(trust="high"))["trust"] == "high"
+    by_default = pipeline.choose_epsilon(platform, pipeline.plan(platform, request()))
+    given = pipeline.choose_epsilon(platform, pipeline.plan(platform, request(**registered)))
+    assert by_default.epsilon == given.epsilon and by_default.risk_choice.risk == given.risk_choice.risk
+
+
+def test_the_run_form_offers_the_registered_datasets_and_their_profiles(platform_env, tmp_path):
+    """`dprelease refresh-form` writes the protected datasets (never a public table) into the
+    dp-release deployment's form as a list, with each one's registered risk profile beside the
+    fields that default to it; a later `dataset register` updates the list by itself."""
+    from prefect import get_client
+    from typer.testing import CliRunner
+
+    from cli.app import app
+    from flows.release import release_flow
+
+    with get_client(sync_client=True) as client:
+        deployment_id = client.create_deployment(flow_id=client.create_flow_from_name(release_flow.name),
+                                                 name="dp-release", parameter_openapi_schema=release_flow.parameters.model_dump())
+
+    def form():
+        with get_client(sync_client=True) as client:
+            return client.read_deployment(deployment_id).parameter_openapi_schema
+
+    levels = tmp_path / "levels.csv"
+    levels.write_text("education,level\nBachelors,3\n")
+    runner = CliRunner()
+    assert runner.invoke(app, ["dataset", "register", "levels", str(levels), "--public"]).exit_code == 0
+    result = runner.invoke(app, ["refresh-form"])
+    assert result.exit_code == 0 and "run form of dp-release" in result.output, result.output
+    offered = form()["properties"]["dataset"]["enum"]
+    assert {"adult", "strict"} <= set(offered) and "levels" not in offered and offered == sorted(offered)
+    max_risk = form()["definitions"]["RiskEpsilon"]["properties"]["max_risk"]
+    assert max_risk["default"] == "registered" and "adult: 0.5" in max_risk["description"]
+    sample = tmp_path / "people.csv"
+    sample.write_text("person_id,age\n1,30\n2,40\n")
+    result = runner.invoke(app, ["dataset", "register", "people", str(sample), "--unit", "person_id",
+                                 "--epsilon-cap", "1", "--trust", "high"])
+    assert result.exit_code == 0, result.output
+    assert "people" in form()["properties"]["dataset"]["enum"]
+    assert "people: high" in form()["definitions"]["RiskEpsilon"]["properties"]["trust"]["description"]
+
+
+@pytest.mark.parametrize("tolerable", [0.05, 0.2, 0.3, 0.5, 0.79])
+def test_a_risk_above_the_tolerable_one_is_never_called_low(tolerable):
+    """Every summary line that states a risk uses one wording (dp_core.risk.risk_words): a level
+    name only when within the tolerable risk, never "low" for a risk above it."""
+    from dp_core import risk
+    from dprelease import decisions
+
+    for rk in [i / 100 for i in range(0, 100)]:
+        words = risk.risk_words(rk, tolerable)
+        notice = decisions.risk_notice({"risk": rk, "max_risk": tolerable}, "R")
+        if rk > tolerable:
+            assert words == f"{rk:.2f} (above your tolerable {tolerable:g})"
+            assert not any(level in words + notice for level in risk.LEVELS), (words, notice)
+        else:
+            assert words == f"{rk:.2f} ({risk.level_name(rk)}; within your tolerable {tolerable:g})"
 
 
 def run_as_worker(params: dict, box: dict, flow_run=None):

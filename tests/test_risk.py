@@ -541,7 +541,8 @@ def test_the_plan_summary_states_a_failure_probability_only_for_a_plan_that_spen
     assert c.summary == (
         "Epsilon 0.219 for the whole plan (people 0.219); one person's data can affect all of it. An attacker who "
         "knows everyone else's data guesses a person's value (one of 16; a changed value: exponent 2 x 0.219) with "
-        "probability at most 9%; the risk of sharing is 0.05 (very low). people (count): a count of 100 would be "
+        "probability at most 9%; the risk of sharing is 0.05 (very low; within your tolerable 0.2). people (count): a "
+        "count of 100 would be "
         "released as 100 +- 10, i.e. between 90 and 110 with 90% probability (tolerance asked: +-10).")
     selected = risk.choose_epsilon_for_plan(PLAN, trust="low", sensitivity="high", max_risk=0.2, max_noise=10, n=16,
                                             m=2)

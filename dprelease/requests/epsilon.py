@@ -15,8 +15,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
-#: the level names of the risk model (dp_core.risk.LEVELS), offered as a list in the form
-Level = Literal["very low", "low", "medium", "high", "very high"]
+#: a risk-model field left to the dataset: its registered risk profile (`dprelease dataset register
+#: --trust/--sensitivity/--max-risk`) gives the value when the release is planned (pipeline.risk_fields)
+REGISTERED = "registered"
+#: the level names of the risk model (dp_core.risk.LEVELS), offered as a list in the form after
+#: `registered`, the form's default
+Level = Literal["registered", "very low", "low", "medium", "high", "very high"]
 LevelOrNumber = Annotated[Level, Field(title="level")] | Annotated[float, Field(title="number in [0, 1]")]
 
 
@@ -55,9 +59,12 @@ class RiskEpsilon(_Choice):
     sensitivity, the tolerable risk and the tolerable noise (docs/privacy.md section 2)."""
 
     model_config = ConfigDict(title="Risk model")
-    trust: LevelOrNumber = Field(description="your trust in the recipient")
-    sensitivity: LevelOrNumber = Field(description="how sensitive the data is")
-    max_risk: LevelOrNumber = Field(description="the tolerable risk (e.g. 0.2)")
+    trust: LevelOrNumber = Field(REGISTERED, description="your trust in the recipient (registered: the dataset's "
+                                 "risk profile)")
+    sensitivity: LevelOrNumber = Field(REGISTERED, description="how sensitive the data is (registered: the dataset's "
+                                       "risk profile)")
+    max_risk: LevelOrNumber = Field(REGISTERED, description="the tolerable risk, e.g. 0.2 (registered: the dataset's "
+                                    "risk profile)")
     max_noise: float | str | dict[str, float | str] = Field(
         description="the tolerable half-width of the headline statistic's interval: a number, a percentage of "
         "reference_value (\"10%\"), or a mapping statistic -> tolerance")
@@ -112,7 +119,7 @@ def as_choice(value):
         if not isinstance(fields, dict):
             raise ValueError(NOT_A_CHOICE)
         if method == "risk":
-            missing = {"trust", "sensitivity", "max_risk", "max_noise", "n"} - set(fields)
+            missing = {"max_noise", "n"} - set(fields)  # trust, sensitivity, max_risk: the dataset's profile
             if missing:
                 raise ValueError(f"epsilon.risk needs {sorted(missing)}")
         allowed = {SPEC_NAMES.get(method, {}).get(k, k) for k in METHODS[method].model_fields}
