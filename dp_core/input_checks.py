@@ -13,7 +13,18 @@ problem and the fix, and comes before anything is read into the engine, sealed o
   itself reads an empty cell as NaN. An infinite value in a column an aggregate reads is refused
   in a whole input (engine.check_values); one a query computes is clamped (aggregates.py).
 - Nested columns (lists, structs) the query does not read are carried along untouched.
-- epsilon: finite, > 0 and at most MAX_EPSILON.
+- epsilon: finite, > 0 and at most MAX_EPSILON (a query's smallest working epsilon depends on how
+  it splits the budget: noise_floor.py).
+- delta: 0, or from MIN_DELTA to MAX_DELTA (`check_delta`). delta is the probability with which the
+  guarantee may fail outright: a mechanism that publishes one person's whole record with
+  probability delta is (0, delta)-DP, and partition selection does publish a group made of one
+  person's single row with probability up to its delta share. delta must therefore be far below
+  1 / (number of people), but that number is private (a refusal that depended on it would itself
+  reveal it), so the ceiling is a fixed public one: MAX_DELTA = 1e-3, enough for any dataset of
+  up to a few hundred people and far above what larger ones need (the default is 1e-6). Below
+  MIN_DELTA = 1e-100 nothing more is protected and the selections' per-partition share (delta / C_u,
+  halved and times e^-eps) underflows. The same rule, in this one place, checks the Python API, the
+  SQL OPTIONS, the platform's requests and the dataset caps (dprelease/requests, store).
 """
 
 from __future__ import annotations
@@ -32,6 +43,11 @@ from .errors import InvalidDataError, InvalidQueryError
 #: likelier when one person's data changes) and the mechanisms' arithmetic (e^epsilon) overflows
 #: near 709; a request beyond it is a typo or a misunderstanding
 MAX_EPSILON = 100.0
+
+#: the largest delta accepted anywhere (a query, a request, a dataset's or a series' cap): see the docstring
+MAX_DELTA = 1e-3
+#: the smallest positive delta accepted (0 is accepted: pure DP)
+MIN_DELTA = 1e-100
 
 #: DuckDB's names of the float types (the only ones that hold NaN and infinities)
 FLOAT_TYPES = ("FLOAT", "DOUBLE", "REAL")
@@ -59,6 +75,22 @@ def check_epsilon(epsilon, what: str = "epsilon") -> float:
             f"(e^epsilon is astronomically large); ask for at most {MAX_EPSILON:g} (typical values are 0.1 to 10)"
         )
     return float(epsilon)
+
+
+def check_delta(delta, what: str = "delta") -> float:
+    """delta is 0 or a number in [MIN_DELTA, MAX_DELTA] (why: the module docstring)."""
+    if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not math.isfinite(delta) or delta < 0:
+        raise InvalidQueryError(f"{what} must be 0 or a number from {MIN_DELTA:g} to {MAX_DELTA:g}, got {delta!r}")
+    if delta > MAX_DELTA:
+        raise InvalidQueryError(
+            f"{what} = {delta:g} is above the maximum {MAX_DELTA:g}: delta is the chance that the guarantee fails "
+            "outright (a group made of one person's single row may be published with about that probability); ask "
+            f"for at most {MAX_DELTA:g}, and far below 1 / (number of people) (the default is 1e-6)"
+        )
+    if 0 < delta < MIN_DELTA:
+        raise InvalidQueryError(f"{what} = {delta:g} is below the minimum {MIN_DELTA:g} (it protects nothing more and "
+                                f"underflows the arithmetic): ask for 0 or at least {MIN_DELTA:g}")
+    return float(delta)
 
 
 def file_kind(path: Path) -> str:

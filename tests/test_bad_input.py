@@ -103,7 +103,7 @@ BAD_REQUESTS = {
     "epsilon absurd": (f"dataset: small\nsql: {SQL}\nepsilon: 1.0e+9\n", "above the maximum 100"),
     "epsilon bad mode": (f"dataset: small\nsql: {SQL}\nepsilon: {{foo: 1}}\n", "epsilon must be a number, {pri"),
     "risk fields missing": (f"dataset: small\nsql: {SQL}\nepsilon: {{risk: {{trust: low}}}}\n", "epsilon.risk needs"),
-    "delta above 1": (f"dataset: small\nsql: {SQL}\nepsilon: 1\ndelta: 1.5\n", "delta must be in [0, 1)"),
+    "delta above 1": (f"dataset: small\nsql: {SQL}\nepsilon: 1\ndelta: 1.5\n", "delta = 1.5 is above the maximum 0.001"),
     "delta text": (f"dataset: small\nsql: {SQL}\nepsilon: 1\ndelta: tiny\n", "delta must be a finite number"),
     "C_u zero": (f"dataset: small\nsql: {SQL}\nepsilon: 1\nmax_partitions_contributed: 0\n",
                  "max_partitions_contributed must be a whole number >= 1"),
