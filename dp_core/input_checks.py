@@ -4,7 +4,10 @@ problem and the fix, and comes before anything is read into the engine, sealed o
 
 - A file: exists, is a file, is not empty, its content matches its name (a gzip file named .csv,
   a Parquet file named .csv, a .csv.gz that is not gzip, another compression), is UTF-8 text
-  (CSV), has a header row and at least one data row, names every column once.
+  (CSV), has a header row and at least one data row, names every column once, and every row has
+  as many fields as the header (the first one that does not is named by its line and its count,
+  never its values: in the first MiB by these checks, beyond by `ragged_row` when DuckDB stops;
+  `csv_reader_sql` is the one DuckDB dialect the engine and the platform's sealing read with).
 - Column names: none empty, none twice (also not in another case: SQL cannot tell `Amount` from
   `amount`). pandas would rename a second `amount` to `amount.1`; DuckDB to `amount_1`.
 - Missing values: an empty CSV cell, a NULL, pandas' NA and NaN are all *missing*: the row stays
@@ -33,6 +36,7 @@ import codecs
 import csv
 import gzip
 import io
+import itertools
 import math
 import zlib
 from pathlib import Path
@@ -219,15 +223,87 @@ def _check_csv(path: Path, kind: str, head: bytes) -> None:
             f"export or decompress it to a {ACCEPTED} file")
         raise InvalidDataError(f"{path} is {what} but named .{kind}: {fix}")
     text = _utf8(head, path)
-    delimiter = "\t" if kind.startswith("tsv") else ","
-    records = csv.reader(io.StringIO(text), delimiter=delimiter, quotechar='"', doublequote=True, strict=False)
-    rows = (row for row in records if any(cell.strip() for cell in row))
-    header = next(rows, None)
-    if header is None:
+    cut = len(head) >= HEAD_BYTES  # the last record read may be cut short: its fields are not counted
+    rows = _records(io.StringIO(text), kind)
+    found = next(rows, None)
+    if found is None:
         raise InvalidDataError(f"{path} has no header row (only blank lines): give a header row and data")
+    header_line, header = found
     check_column_names(header, str(path))
-    if next(rows, None) is None:
+    first = next(rows, None)
+    if first is None:
         raise InvalidDataError(f"{path} has a header row but no data rows: nothing can be released")
+    records = itertools.chain([first], rows)
+    problem = _ragged(path, kind, header_line, header, _all_but_last(records) if cut else records)
+    if problem:
+        raise InvalidDataError(problem)
+
+
+def _records(handle, kind: str):
+    """(line where it starts, fields) of each record that is not blank, in the engine's CSV dialect
+    (a quoted value may span lines)."""
+    delimiter = "\t" if kind.startswith("tsv") else ","
+    records = csv.reader(handle, delimiter=delimiter, quotechar='"', doublequote=True, strict=False)
+    start = 1
+    for row in records:
+        if any(cell.strip() for cell in row):
+            yield start, row
+        start = records.line_num + 1
+
+
+def _ragged(path, kind: str, header_line: int, header: list, records) -> str | None:
+    """The message for the first of `records` whose number of fields is not the header's, or None."""
+    for line, row in records:
+        if len(row) != len(header):
+            sep = "a tab" if kind.startswith("tsv") else "a comma"
+            return (f"{path}, line {line}: {len(row)} field{'s' if len(row) != 1 else ''}, but the header (line "
+                    f"{header_line}) has {len(header)}: every row needs one field per column (put a value holding "
+                    f"{sep} in double quotes); fix or remove that row")
+    return None
+
+
+def _all_but_last(records):
+    """`records` without the very last one."""
+    pending = None
+    for record in records:
+        if pending is not None:
+            yield pending
+        pending = record
+
+
+def ragged_row(path: Path | str) -> str | None:
+    """The whole file's first record with another number of fields than its header, as a refusal
+    line (None: none). Reads the whole file: the engine calls it when DuckDB could not read one."""
+    path = Path(path)
+    kind = file_kind(path)
+    if kind == "parquet":
+        return None
+    opener = gzip.open if kind.endswith(".gz") else open
+    try:
+        with opener(path, "rt", encoding="utf-8-sig", newline="") as handle:
+            rows = _records(handle, kind)
+            found = next(rows, None)
+            return None if found is None else _ragged(path, kind, found[0], found[1], rows)
+    except (OSError, EOFError, UnicodeDecodeError, zlib.error, csv.Error):
+        return None
+
+
+def csv_reader_sql(path: Path | str) -> str:
+    """DuckDB's read_csv of a .csv/.tsv(.gz) in the engine's dialect: the header on the first line
+    (skip = 0: DuckDB's sniffer would otherwise skip lines and take a later row, a ragged one, for the
+    header), comma or tab, double quotes, strict (a malformed file is refused, not read as one text
+    column)."""
+    delim = "\t" if ".tsv" in Path(path).name.lower() else ","
+    quoted = "'" + str(path).replace("'", "''") + "'"
+    return (f"read_csv({quoted}, header = true, skip = 0, delim = '{delim}', quote = '\"', escape = '\"', "
+            "strict_mode = true)")
+
+
+def csv_read_error(path: Path | str, err: Exception) -> InvalidDataError:
+    """The refusal for a CSV DuckDB could not read: the row with the wrong number of fields when
+    there is one (the line and the counts, never the row's values), else DuckDB's first line."""
+    return InvalidDataError(ragged_row(path) or
+                            f"cannot read {path} as CSV with a header row: {str(err).splitlines()[0]}")
 
 
 def _gunzip_head(path: Path) -> bytes:
