@@ -89,7 +89,7 @@ def check_delta(delta, what: str = "delta") -> float:
         raise InvalidQueryError(
             f"{what} = {delta:g} is above the maximum {MAX_DELTA:g}: delta is the chance that the guarantee fails "
             "outright (a group made of one person's single row may be published with about that probability); ask "
-            f"for at most {MAX_DELTA:g}, and far below 1 / (number of people) (the default is 1e-6)"
+            f"for at most {MAX_DELTA:g}, and far below 1 / (number of people) (a query's default is 1e-6)"
         )
     if 0 < delta < MIN_DELTA:
         raise InvalidQueryError(f"{what} = {delta:g} is below the minimum {MIN_DELTA:g} (it protects nothing more and "

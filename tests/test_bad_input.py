@@ -130,6 +130,11 @@ BAD_REQUESTS = {
     "epsilon bad mode": (f"dataset: small\nsql: {SQL}\nepsilon: {{foo: 1}}\n", "epsilon must be a number, {pri"),
     "risk fields missing": (f"dataset: small\nsql: {SQL}\nepsilon: {{risk: {{trust: low}}}}\n", "epsilon.risk needs"),
     "delta above 1": (f"dataset: small\nsql: {SQL}\nepsilon: 1\ndelta: 1.5\n", "delta = 1.5 is above the maximum 0.001"),
+    "delta near 1": (f"dataset: small\nsql: {SQL}\nepsilon: 1\ndelta: 0.999999\n",
+                     "delta = 0.999999 is above the maximum 0.001"),
+    "sql epsilon tiny": (f"dataset: small\nsql: {SQL}\nepsilon: 1.0e-300\n", "epsilon = 1e-300 is too small for this "
+                     "query: the partition selection would get epsilon 5e-301"),
+    "sql epsilon subnormal": (f"dataset: small\nsql: {SQL}\nepsilon: 5.0e-324\n", "is too small for this query"),
     "delta text": (f"dataset: small\nsql: {SQL}\nepsilon: 1\ndelta: tiny\n", "delta must be a finite number"),
     "C_u zero": (f"dataset: small\nsql: {SQL}\nepsilon: 1\nmax_partitions_contributed: 0\n",
                  "max_partitions_contributed must be a whole number >= 1"),
