@@ -26,7 +26,7 @@ from .errors import InvalidQueryError
 from .input_checks import MAX_EPSILON
 from .release import MAX_SCALE_PER_SENSITIVITY
 
-#: the largest epsilon searched for the smallest one that works
+#: bisection steps on log epsilon, between the query's epsilon and MAX_EPSILON (80 halvings: far below a digit)
 _SEARCH_STEPS = 80
 
 

@@ -97,9 +97,9 @@ def calibrate(*, quantum: float, sensitivity_quanta: int, max_partitions: int, s
     shift = round(math.log2(grid / quantum))
     steps = -(-sensitivity_quanta >> shift)  # ceil(D / 2^shift)
     if nominal > MAX_SCALE_PER_SENSITIVITY * sensitivity:  # pure noise (refused): no float of it is computed
+        l_sensitivity = (math.sqrt(max_partitions) if noise == "gaussian" else max_partitions) * sensitivity
         return Calibration(grid, shift, steps, math.inf, math.inf, math.inf, math.inf,
-                           "discrete Gaussian" if noise == "gaussian" else "discrete Laplace",
-                           (math.sqrt(max_partitions) if noise == "gaussian" else max_partitions) * sensitivity, nominal)
+                           "discrete Gaussian" if noise == "gaussian" else "discrete Laplace", l_sensitivity, nominal)
     if noise == "gaussian":
         sigma = math.sqrt(max_partitions) * steps / math.sqrt(2.0 * share.rho)
         half_steps = discrete_gaussian_halfwidth(sigma, alpha)

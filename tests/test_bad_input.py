@@ -129,7 +129,8 @@ BAD_REQUESTS = {
     "epsilon absurd": (f"dataset: small\nsql: {SQL}\nepsilon: 1.0e+9\n", "above the maximum 100"),
     "epsilon bad mode": (f"dataset: small\nsql: {SQL}\nepsilon: {{foo: 1}}\n", "epsilon must be a number, {pri"),
     "risk fields missing": (f"dataset: small\nsql: {SQL}\nepsilon: {{risk: {{trust: low}}}}\n", "epsilon.risk needs"),
-    "delta above 1": (f"dataset: small\nsql: {SQL}\nepsilon: 1\ndelta: 1.5\n", "delta = 1.5 is above the maximum 0.001"),
+    "delta above 1": (f"dataset: small\nsql: {SQL}\nepsilon: 1\ndelta: 1.5\n",
+                      "delta = 1.5 is above the maximum 0.001"),
     "delta near 1": (f"dataset: small\nsql: {SQL}\nepsilon: 1\ndelta: 0.999999\n",
                      "delta = 0.999999 is above the maximum 0.001"),
     "sql epsilon tiny": (f"dataset: small\nsql: {SQL}\nepsilon: 1.0e-300\n", "epsilon = 1e-300 is too small for this "

@@ -96,7 +96,8 @@ def test_a_share_too_thin_for_any_epsilon_names_the_setting_that_sizes_it(settin
     with pytest.raises(InvalidQueryError) as caught:
         dp.execute(query, DATA)
     message = str(caught.value)
-    assert message.startswith(f"this query's budget is split too thin: of epsilon = 1, {part} would get epsilon "), message
+    opening = f"this query's budget is split too thin: of epsilon = 1, {part} would get epsilon "
+    assert message.startswith(opening), message
     assert "no epsilon up to 100 is enough" in message and setting.split("_contributed")[0] in message, message
 
 

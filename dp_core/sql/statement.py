@@ -173,7 +173,8 @@ def compile_statement(sql: str, catalog: dict[str, TableInfo], *, epsilon=None, 
 
     refuse_samples_left([part.source for part in parts])
     if len(parts) > 1:  # each DP SELECT's delta was checked; the statement's guarantee is their sum
-        check_delta(float(sum(p.query.delta for p in parts)), "the statement's total delta (summed over its DP SELECTs)")
+        total = float(sum(p.query.delta for p in parts))
+        check_delta(total, "the statement's total delta (summed over its DP SELECTs)")
     if any(s is tree for s in marked) and parts[0].plain:
         return CompiledStatement(tuple(parts), None, (), options_epsilon=fixed_epsilon)
     outer, public = _outer_query(tree, catalog, kinds)
