@@ -145,6 +145,12 @@ class BudgetPlan:
         return "basic composition (the parts' epsilons and deltas add up)"
 
 
+def _share_rho(convert, epsilon: float, delta: float) -> float:
+    """rho of a share of a positive epsilon; 0 (infinite noise, refused as pure noise by
+    noise_floor.py and release.add_noise) when the share underflowed to 0 (a weight of 1e-300)."""
+    return convert(epsilon, delta) if epsilon > 0 else 0.0
+
+
 GAUSSIAN_SELECTIONS = ("weighted_gaussian", "mad")  # the selections of selection_weighted.py
 
 
@@ -154,9 +160,9 @@ def _gaussian_selection_share(eps: dict, dlt: dict, weights: dict, gaussian: set
     rho pool; the pool's rho is split in proportion to the weights, the selection's included)."""
     if not gaussian:
         return Share("partition selection", eps["selection"], dlt["selection"],
-                     rho_from_eps_delta_tight(eps["selection"], dlt["selection"] / 2.0)), rho_pool
+                     _share_rho(rho_from_eps_delta_tight, eps["selection"], dlt["selection"] / 2.0)), rho_pool
     pool = gaussian | {"selection"}
-    total = rho_from_eps_delta_tight(sum(eps[k] for k in pool),
+    total = _share_rho(rho_from_eps_delta_tight, sum(eps[k] for k in pool),
                                      sum(dlt[k] for k in gaussian) + dlt["selection"] / 2.0)
     pool_w = sum(weights[k] for k in pool)
     sel_rho = total * weights["selection"] / pool_w
@@ -203,7 +209,7 @@ def plan_budget(query) -> BudgetPlan:
     dlt = split_weights(query.delta, {k: weights[k] for k in needs_delta})
     rho_pool = None
     if gaussian:
-        rho_pool = rho_from_eps_delta_tight(sum(eps[k] for k in gaussian), sum(dlt[k] for k in gaussian))
+        rho_pool = _share_rho(rho_from_eps_delta_tight, sum(eps[k] for k in gaussian), sum(dlt[k] for k in gaussian))
         gauss_w = sum(weights[k] for k in gaussian)
 
     sel_share = Share("partition selection", eps["selection"], dlt["selection"]) if selection else None

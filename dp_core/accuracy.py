@@ -110,7 +110,7 @@ def _intervals(query: Query, epsilon, confidence, integer_columns, reference_cou
     """`statistic_intervals`, for the aggregates named in `names` only (None: all)."""
     q = replace(query, epsilon=float(epsilon if epsilon is not None else query.epsilon),
                 confidence=float(confidence if confidence is not None else query.confidence))
-    q.validate()
+    q.validate(noise_floor=False)  # a part that would be pure noise gets an infinite interval (_calibration)
     budget = plan_budget(q)
     return tuple(_interval(q, budget, i, integer_columns, reference_count) for i, a in enumerate(q.aggregates)
                  if names is None or a.label in names)

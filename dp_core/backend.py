@@ -21,7 +21,8 @@ import pandas as pd
 from .bounding import INPUT_NAME
 from .engine_errors import duckdb_message
 from .errors import InvalidDataError
-from .input_checks import FLOAT_TYPES, check_column_names, check_file, check_frame, missing_as_null
+from .input_checks import (FLOAT_TYPES, check_column_names, check_file, check_frame, csv_read_error, csv_reader_sql,
+                           missing_as_null)
 from .sql_text import ident, literal
 
 NUMERIC_TYPES = ("TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT",
@@ -128,18 +129,18 @@ def _register(con, name: str, data) -> None:
         if suffix.endswith(".parquet"):
             reader, kind = f"read_parquet({literal(str(path))})", "Parquet"
         elif suffix.endswith((".csv", ".csv.gz", ".tsv", ".tsv.gz")):
-            # an explicit dialect: DuckDB's sniffer would otherwise read a malformed file as
-            # one text column or accept an unterminated quote without a word
-            delim = "\t" if ".tsv" in suffix else ","
-            reader = (f"read_csv({literal(str(path))}, header = true, delim = {literal(delim)}, "
-                      "quote = '\"', escape = '\"', strict_mode = true)")
-            kind = "CSV with a header row"
+            # an explicit dialect (input_checks.csv_reader_sql): DuckDB's sniffer would otherwise read a
+            # malformed file as one text column, accept an unterminated quote without a word, or take
+            # a ragged row for the header
+            reader, kind = csv_reader_sql(path), "CSV with a header row"
         else:
             raise InvalidDataError(f"cannot read {path}: give a .csv, .csv.gz, .tsv or .parquet file")
         try:
             con.execute(f"CREATE VIEW {ident(name)} AS {missing_as_null(con, 'SELECT * FROM ' + reader)}")
             con.execute(f"SELECT count(*) FROM {ident(name)}").fetchall()
         except duckdb.Error as err:
+            if kind != "Parquet":  # the row with the wrong number of fields, if that is the fault
+                raise csv_read_error(path, err) from None
             first = str(err).splitlines()[0]
             raise InvalidDataError(f"cannot read {path} as {kind}: {first}") from None
     elif (reader := _own_reader(con, data)) is not None:

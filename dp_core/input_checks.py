@@ -4,7 +4,10 @@ problem and the fix, and comes before anything is read into the engine, sealed o
 
 - A file: exists, is a file, is not empty, its content matches its name (a gzip file named .csv,
   a Parquet file named .csv, a .csv.gz that is not gzip, another compression), is UTF-8 text
-  (CSV), has a header row and at least one data row, names every column once.
+  (CSV), has a header row and at least one data row, names every column once, and every row has
+  as many fields as the header (the first one that does not is named by its line and its count,
+  never its values: in the first MiB by these checks, beyond by `ragged_row` when DuckDB stops;
+  `csv_reader_sql` is the one DuckDB dialect the engine and the platform's sealing read with).
 - Column names: none empty, none twice (also not in another case: SQL cannot tell `Amount` from
   `amount`). pandas would rename a second `amount` to `amount.1`; DuckDB to `amount_1`.
 - Missing values: an empty CSV cell, a NULL, pandas' NA and NaN are all *missing*: the row stays
@@ -13,7 +16,18 @@ problem and the fix, and comes before anything is read into the engine, sealed o
   itself reads an empty cell as NaN. An infinite value in a column an aggregate reads is refused
   in a whole input (engine.check_values); one a query computes is clamped (aggregates.py).
 - Nested columns (lists, structs) the query does not read are carried along untouched.
-- epsilon: finite, > 0 and at most MAX_EPSILON.
+- epsilon: finite, > 0 and at most MAX_EPSILON (a query's smallest working epsilon depends on how
+  it splits the budget: noise_floor.py).
+- delta: 0, or from MIN_DELTA to MAX_DELTA (`check_delta`). delta is the probability with which the
+  guarantee may fail outright: a mechanism that publishes one person's whole record with
+  probability delta is (0, delta)-DP, and partition selection does publish a group made of one
+  person's single row with probability up to its delta share. delta must therefore be far below
+  1 / (number of people), but that number is private (a refusal that depended on it would itself
+  reveal it), so the ceiling is a fixed public one: MAX_DELTA = 1e-3, enough for any dataset of
+  up to a few hundred people and far above what larger ones need (the default is 1e-6). Below
+  MIN_DELTA = 1e-100 nothing more is protected and the selections' per-partition share (delta / C_u,
+  halved and times e^-eps) underflows. The same rule, in this one place, checks the Python API, the
+  SQL OPTIONS, the platform's requests and the dataset caps (dprelease/requests, store).
 """
 
 from __future__ import annotations
@@ -22,6 +36,7 @@ import codecs
 import csv
 import gzip
 import io
+import itertools
 import math
 import zlib
 from pathlib import Path
@@ -32,6 +47,11 @@ from .errors import InvalidDataError, InvalidQueryError
 #: likelier when one person's data changes) and the mechanisms' arithmetic (e^epsilon) overflows
 #: near 709; a request beyond it is a typo or a misunderstanding
 MAX_EPSILON = 100.0
+
+#: the largest delta accepted anywhere (a query, a request, a dataset's or a series' cap): see the docstring
+MAX_DELTA = 1e-3
+#: the smallest positive delta accepted (0 is accepted: pure DP)
+MIN_DELTA = 1e-100
 
 #: DuckDB's names of the float types (the only ones that hold NaN and infinities)
 FLOAT_TYPES = ("FLOAT", "DOUBLE", "REAL")
@@ -59,6 +79,22 @@ def check_epsilon(epsilon, what: str = "epsilon") -> float:
             f"(e^epsilon is astronomically large); ask for at most {MAX_EPSILON:g} (typical values are 0.1 to 10)"
         )
     return float(epsilon)
+
+
+def check_delta(delta, what: str = "delta") -> float:
+    """delta is 0 or a number in [MIN_DELTA, MAX_DELTA] (why: the module docstring)."""
+    if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not math.isfinite(delta) or delta < 0:
+        raise InvalidQueryError(f"{what} must be 0 or a number from {MIN_DELTA:g} to {MAX_DELTA:g}, got {delta!r}")
+    if delta > MAX_DELTA:
+        raise InvalidQueryError(
+            f"{what} = {delta:g} is above the maximum {MAX_DELTA:g}: delta is the chance that the guarantee fails "
+            "outright (a group made of one person's single row may be published with about that probability); ask "
+            f"for at most {MAX_DELTA:g}, and far below 1 / (number of people) (a query's default is 1e-6)"
+        )
+    if 0 < delta < MIN_DELTA:
+        raise InvalidQueryError(f"{what} = {delta:g} is below the minimum {MIN_DELTA:g} (it protects nothing more and "
+                                f"underflows the arithmetic): ask for 0 or at least {MIN_DELTA:g}")
+    return float(delta)
 
 
 def file_kind(path: Path) -> str:
@@ -187,15 +223,87 @@ def _check_csv(path: Path, kind: str, head: bytes) -> None:
             f"export or decompress it to a {ACCEPTED} file")
         raise InvalidDataError(f"{path} is {what} but named .{kind}: {fix}")
     text = _utf8(head, path)
-    delimiter = "\t" if kind.startswith("tsv") else ","
-    records = csv.reader(io.StringIO(text), delimiter=delimiter, quotechar='"', doublequote=True, strict=False)
-    rows = (row for row in records if any(cell.strip() for cell in row))
-    header = next(rows, None)
-    if header is None:
+    cut = len(head) >= HEAD_BYTES  # the last record read may be cut short: its fields are not counted
+    rows = _records(io.StringIO(text), kind)
+    found = next(rows, None)
+    if found is None:
         raise InvalidDataError(f"{path} has no header row (only blank lines): give a header row and data")
+    header_line, header = found
     check_column_names(header, str(path))
-    if next(rows, None) is None:
+    first = next(rows, None)
+    if first is None:
         raise InvalidDataError(f"{path} has a header row but no data rows: nothing can be released")
+    records = itertools.chain([first], rows)
+    problem = _ragged(path, kind, header_line, header, _all_but_last(records) if cut else records)
+    if problem:
+        raise InvalidDataError(problem)
+
+
+def _records(handle, kind: str):
+    """(line where it starts, fields) of each record that is not blank, in the engine's CSV dialect
+    (a quoted value may span lines)."""
+    delimiter = "\t" if kind.startswith("tsv") else ","
+    records = csv.reader(handle, delimiter=delimiter, quotechar='"', doublequote=True, strict=False)
+    start = 1
+    for row in records:
+        if any(cell.strip() for cell in row):
+            yield start, row
+        start = records.line_num + 1
+
+
+def _ragged(path, kind: str, header_line: int, header: list, records) -> str | None:
+    """The message for the first of `records` whose number of fields is not the header's, or None."""
+    for line, row in records:
+        if len(row) != len(header):
+            sep = "a tab" if kind.startswith("tsv") else "a comma"
+            return (f"{path}, line {line}: {len(row)} field{'s' if len(row) != 1 else ''}, but the header (line "
+                    f"{header_line}) has {len(header)}: every row needs one field per column (put a value holding "
+                    f"{sep} in double quotes); fix or remove that row")
+    return None
+
+
+def _all_but_last(records):
+    """`records` without the very last one."""
+    pending = None
+    for record in records:
+        if pending is not None:
+            yield pending
+        pending = record
+
+
+def ragged_row(path: Path | str) -> str | None:
+    """The whole file's first record with another number of fields than its header, as a refusal
+    line (None: none). Reads the whole file: the engine calls it when DuckDB could not read one."""
+    path = Path(path)
+    kind = file_kind(path)
+    if kind == "parquet":
+        return None
+    opener = gzip.open if kind.endswith(".gz") else open
+    try:
+        with opener(path, "rt", encoding="utf-8-sig", newline="") as handle:
+            rows = _records(handle, kind)
+            found = next(rows, None)
+            return None if found is None else _ragged(path, kind, found[0], found[1], rows)
+    except (OSError, EOFError, UnicodeDecodeError, zlib.error, csv.Error):
+        return None
+
+
+def csv_reader_sql(path: Path | str) -> str:
+    """DuckDB's read_csv of a .csv/.tsv(.gz) in the engine's dialect: the header on the first line
+    (skip = 0: DuckDB's sniffer would otherwise skip lines and take a later row, a ragged one, for the
+    header), comma or tab, double quotes, strict (a malformed file is refused, not read as one text
+    column)."""
+    delim = "\t" if ".tsv" in Path(path).name.lower() else ","
+    quoted = "'" + str(path).replace("'", "''") + "'"
+    return (f"read_csv({quoted}, header = true, skip = 0, delim = '{delim}', quote = '\"', escape = '\"', "
+            "strict_mode = true)")
+
+
+def csv_read_error(path: Path | str, err: Exception) -> InvalidDataError:
+    """The refusal for a CSV DuckDB could not read: the row with the wrong number of fields when
+    there is one (the line and the counts, never the row's values), else DuckDB's first line."""
+    return InvalidDataError(ragged_row(path) or
+                            f"cannot read {path} as CSV with a header row: {str(err).splitlines()[0]}")
 
 
 def _gunzip_head(path: Path) -> bytes:

@@ -12,18 +12,26 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 
 from .accounting import Share
-from .noise import secure_uniform
+from .noise import laplace_parameters, secure_uniform
 from .release import MechanismRecord, NoisyStatistic, add_noise
 from .selection_weighted import WEIGHT_ONE, noisy_pass, selection_rounds
 
 
+#: the relative amount by which d is lowered: its float computation is off by a few ulps (2^-52 each)
+#: either way, and a d one ulp high gave a group of one unit a chance 1e-16 above delta (checked
+#: exactly in tests/test_selection_delta.py)
+PER_PARTITION_DELTA_MARGIN = 2.0**-48
+
+
 def per_partition_delta(delta: float, max_partitions: int) -> float:
-    """d = 1 - (1 - delta)^(1/C_u), computed as -expm1(log1p(-delta) / C_u) to keep its digits."""
-    return -math.expm1(math.log1p(-delta) / max_partitions)
+    """d = 1 - (1 - delta)^(1/C_u), computed as -expm1(log1p(-delta) / C_u) to keep its digits and
+    lowered by PER_PARTITION_DELTA_MARGIN, so that 1 - (1 - d)^C_u <= delta holds exactly."""
+    return -math.expm1(math.log1p(-delta) / max_partitions) * (1.0 - PER_PARTITION_DELTA_MARGIN)
 
 
 def laplace_tau(epsilon: float, delta: float, max_partitions: int) -> float:
@@ -40,13 +48,16 @@ def discrete_laplace_threshold(epsilon: float, delta: float, max_partitions: int
 
     Derivation as for `laplace_tau`, with the discrete law: a partition whose only unit is one
     unit has exact count 1 and is kept when 1 + K >= T, i.e. K >= T - 1, which has probability
-    q^(T-1) / (1 + q), q = exp(-eps / C_u). T is the smallest integer with that <= d.
+    q^(T-1) / (1 + q), q = exp(-1 / t). T is the smallest integer with that <= d. t is the scale
+    the sampler draws (noise.laplace_parameters: C_u / eps rounded up by less than 2^-19), whose
+    tail is the heavier one. The tail is computed as exp(-m / t) / (1 + q) (relative error ~1e-14 for
+    any m, where q**m's grows with m) and compared with a relative margin of 1e-12.
     """
-    scale = max_partitions / epsilon
+    scale = float(laplace_parameters(Fraction(max_partitions) / Fraction(epsilon)).scale)
     q = math.exp(-1.0 / scale)
     d = per_partition_delta(delta, max_partitions)
     m = max(math.ceil(math.log(d * (1.0 + q)) / math.log(q) - 1e-9), 1)
-    while q**m / (1.0 + q) > d:  # guard against float rounding
+    while math.exp(-m / scale) / (1.0 + q) > d * (1.0 - 1e-12):  # guard against float rounding
         m += 1
     return 1 + m
 

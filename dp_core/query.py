@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from .errors import InvalidQueryError
-from .input_checks import check_epsilon
+from .input_checks import check_delta, check_epsilon
 
 AggregateKind = Literal["count", "count_units", "sum", "avg", "var", "stddev", "quantile"]
 NoiseKind = Literal["laplace", "gaussian"]
@@ -246,15 +246,16 @@ class Query:
         """C_u as the mechanisms use it: 1 for an ungrouped query (one partition only)."""
         return self.max_partitions_contributed if self.group_by else 1
 
-    def validate(self) -> None:
-        """Refuse a malformed query, naming the field and the fix. Reads no data."""
+    def validate(self, *, noise_floor: bool = True) -> None:
+        """Refuse a malformed query, naming the field and the fix. Reads no data. noise_floor: also
+        refuse a budget one of whose noisy parts would be pure noise (noise_floor.py); the accuracy
+        preview leaves it out, to state such a part's interval as infinite."""
         if not self.aggregates:
             raise InvalidQueryError("the query has no aggregates: add at least one (e.g. count())")
         if not isinstance(self.privacy_unit, str) or not self.privacy_unit:
             raise InvalidQueryError("privacy_unit must name the column that identifies each person/unit")
         check_epsilon(self.epsilon)  # finite, > 0, at most MAX_EPSILON (input_checks)
-        if not (_finite(self.delta) and 0.0 <= self.delta < 1.0):
-            raise InvalidQueryError(f"delta must be in [0, 1), got {self.delta!r}")
+        check_delta(self.delta)  # 0 or in [MIN_DELTA, MAX_DELTA] (input_checks)
         if self.private_partitions and self.delta == 0.0:
             raise InvalidQueryError(
                 "delta = 0 is impossible with private partitions (selecting which groups exist "
@@ -342,3 +343,7 @@ class Query:
                 "them")
         for agg in self.aggregates:
             agg.validate()
+        if noise_floor:
+            from .noise_floor import check_noise_floor  # the budget split: imported when a query is checked
+
+            check_noise_floor(self)

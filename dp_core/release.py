@@ -82,16 +82,24 @@ class Calibration:
 def calibrate(*, quantum: float, sensitivity_quanta: int, max_partitions: int, share: Share, noise: str,
               confidence: float) -> Calibration:
     """The grid, scale and interval half-width of `add_noise` for these public parameters (see
-    `add_noise` for the derivation). Reads no data; raises nothing (`add_noise` checks the limits)."""
+    `add_noise` for the derivation). Reads no data; raises nothing (`add_noise` checks the limits):
+    noise over MAX_SCALE_PER_SENSITIVITY gets an infinite scale and half-width."""
     sensitivity = sensitivity_quanta * quantum
     alpha = 1.0 - confidence
-    if noise == "gaussian":
+    budget = share.rho if noise == "gaussian" else share.epsilon
+    if not budget or budget <= 0:  # a share that underflowed to 0: infinite noise, refused by add_noise
+        nominal = math.inf
+    elif noise == "gaussian":
         nominal = math.sqrt(max_partitions) * sensitivity / math.sqrt(2.0 * share.rho)
     else:
         nominal = max_partitions * sensitivity / share.epsilon
     grid = max(real_grid(min(nominal, sensitivity)), quantum)
     shift = round(math.log2(grid / quantum))
     steps = -(-sensitivity_quanta >> shift)  # ceil(D / 2^shift)
+    if nominal > MAX_SCALE_PER_SENSITIVITY * sensitivity:  # pure noise (refused): no float of it is computed
+        l_sensitivity = (math.sqrt(max_partitions) if noise == "gaussian" else max_partitions) * sensitivity
+        return Calibration(grid, shift, steps, math.inf, math.inf, math.inf, math.inf,
+                           "discrete Gaussian" if noise == "gaussian" else "discrete Laplace", l_sensitivity, nominal)
     if noise == "gaussian":
         sigma = math.sqrt(max_partitions) * steps / math.sqrt(2.0 * share.rho)
         half_steps = discrete_gaussian_halfwidth(sigma, alpha)

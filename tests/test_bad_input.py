@@ -37,6 +37,9 @@ def _parquet(table: pa.Table) -> bytes:
     return sink.getvalue()
 
 
+#: a CSV whose row 100,002 (line 100,003) has one field too many, 1.9 MB: past the first MiB the file checks read
+FAR_RAGGED = b"uid,g,x\n" + b"".join(b"%d,a,7\n" % i for i in range(100_001)) + b"7,b,8,9\n1,a,2\n"
+
 #: bad data files: name -> content (bytes), or None for a directory
 FILES = {
     "directory.csv": None,
@@ -60,6 +63,16 @@ FILES = {
                                                        names=["uid", "amount", "amount"])),
     "header_only.csv.gz": gzip.compress(b"uid,g,x\n"),
     "gzip_of_parquet.csv.gz": gzip.compress(_parquet(pa.table({"uid": [1]}))),
+    # rows with another number of fields than the header: near the top (read by the file checks),
+    # first (DuckDB's sniffer took it for the header), after a value spanning two lines, and past the
+    # first MiB (found when DuckDB stops on it)
+    "ragged_long.csv": b"uid,region,score,age\n1,north,3.0,40\n2,south,4.0,41,EXTRA\n3,east,5.0,42\n",
+    "ragged_short.csv": b"uid,region,score,age\n1,north,3.0,40\n2,south,4.0\n3,east,5.0,42\n",
+    "ragged_first.csv": b"uid,region,score,age\n2,south,4.0,41,EXTRA\n" + b"3,east,5.0,42\n" * 50,
+    "ragged_quoted.csv": b'uid,g,x\n1,"two\nlines",2\n2,c,3,4\n',
+    "ragged.tsv": b"uid\tg\n1\ta\n2\n",
+    "ragged_far.csv": FAR_RAGGED,
+    "ragged_far.csv.gz": gzip.compress(FAR_RAGGED),
 }
 
 #: (case id, file, words the one line must contain); the engine API must say the same
@@ -85,6 +98,19 @@ FILE_CASES = [
     ("parquet duplicate columns", "duplicate.parquet", "has the column 'amount' twice"),
     ("gzip header only", "header_only.csv.gz", "header row but no data rows"),
     ("parquet inside gzip", "gzip_of_parquet.csv.gz", "holds a Parquet file inside the gzip"),
+    ("a row with a field too many", "ragged_long.csv", "ragged_long.csv, line 3: 5 fields, but the header (line 1) "
+     "has 4: every row needs one field per column (put a value holding a comma in double quotes); fix or remove"),
+    ("a row with a field too few", "ragged_short.csv", "ragged_short.csv, line 3: 3 fields, but the header (line 1) "
+     "has 4"),
+    ("the first row ragged", "ragged_first.csv", "ragged_first.csv, line 2: 5 fields, but the header (line 1) has 4"),
+    ("ragged after a value on two lines", "ragged_quoted.csv", "ragged_quoted.csv, line 4: 4 fields, but the header "
+     "(line 1) has 3"),
+    ("a TSV row with a field too few", "ragged.tsv", "ragged.tsv, line 3: 1 field, but the header (line 1) has 2: "
+     "every row needs one field per column (put a value holding a tab in double quotes)"),
+    ("ragged past the first MiB", "ragged_far.csv", "ragged_far.csv, line 100003: 4 fields, but the header (line 1) "
+     "has 3"),
+    ("ragged past the first MiB, gzip", "ragged_far.csv.gz", "ragged_far.csv.gz, line 100003: 4 fields, but the "
+     "header (line 1) has 3"),
 ]
 
 #: release requests: case id -> (request text, words)
@@ -103,7 +129,13 @@ BAD_REQUESTS = {
     "epsilon absurd": (f"dataset: small\nsql: {SQL}\nepsilon: 1.0e+9\n", "above the maximum 100"),
     "epsilon bad mode": (f"dataset: small\nsql: {SQL}\nepsilon: {{foo: 1}}\n", "epsilon must be a number, {pri"),
     "risk fields missing": (f"dataset: small\nsql: {SQL}\nepsilon: {{risk: {{trust: low}}}}\n", "epsilon.risk needs"),
-    "delta above 1": (f"dataset: small\nsql: {SQL}\nepsilon: 1\ndelta: 1.5\n", "delta must be in [0, 1)"),
+    "delta above 1": (f"dataset: small\nsql: {SQL}\nepsilon: 1\ndelta: 1.5\n",
+                      "delta = 1.5 is above the maximum 0.001"),
+    "delta near 1": (f"dataset: small\nsql: {SQL}\nepsilon: 1\ndelta: 0.999999\n",
+                     "delta = 0.999999 is above the maximum 0.001"),
+    "sql epsilon tiny": (f"dataset: small\nsql: {SQL}\nepsilon: 1.0e-300\n", "epsilon = 1e-300 is too small for this "
+                     "query: the partition selection would get epsilon 5e-301"),
+    "sql epsilon subnormal": (f"dataset: small\nsql: {SQL}\nepsilon: 5.0e-324\n", "is too small for this query"),
     "delta text": (f"dataset: small\nsql: {SQL}\nepsilon: 1\ndelta: tiny\n", "delta must be a finite number"),
     "C_u zero": (f"dataset: small\nsql: {SQL}\nepsilon: 1\nmax_partitions_contributed: 0\n",
                  "max_partitions_contributed must be a whole number >= 1"),

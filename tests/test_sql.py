@@ -152,7 +152,8 @@ FORBIDDEN = [
     ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1, budget = 3) COUNT(*) FROM Employee", "unknown OPTIONS entry"),
     ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1, privacy_unit_column = dept) COUNT(*) FROM Employee",
      "does not match the registered privacy unit"),
-    ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1, delta = 2) COUNT(*) FROM Employee", "delta must be in [0, 1)"),
+    ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1, delta = 2) COUNT(*) FROM Employee",
+     "delta = 2 is above the maximum 0.001"),
     ("SELECT WITH ANONYMIZATION ANON_COUNT(DISTINCT dept) FROM Employee", "cannot be bounded"),
     ("SELECT WITH ANONYMIZATION ANON_COUNT(DISTINCT uid, dept) FROM Employee", "cannot be bounded"),  # unit-dept pairs
     ("SELECT WITH ANONYMIZATION uid, ANON_COUNT(*, 1) FROM Employee GROUP BY uid", "one row per unit"),

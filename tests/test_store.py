@@ -101,7 +101,7 @@ def test_a_dataset_keeps_its_risk_profile(sqlite_store):
 @pytest.mark.parametrize(
     "field, value, message",
     [("epsilon_cap", 0.0, "epsilon_cap must be a finite number > 0, got 0.0"),
-     ("delta_cap", 1.0, "delta_cap must be in [0, 1), got 1.0"),
+     ("delta_cap", 1.0, "delta_cap = 1 is above the maximum 0.001: delta is the chance that the guarantee fails"),
      ("file_format", "xlsx", "file_format must be one of "),
      ])
 def test_dataset_validation_names_the_field(sqlite_store, field, value, message):
@@ -230,22 +230,22 @@ def test_budget_exceeded_message_gives_the_numbers(any_store):
 def test_a_datasets_budget_counts_only_its_own_reservations_and_spending(any_store):
     """Each dataset's cap is its own: what another dataset committed or reserved neither shows in this
     one's budget nor refuses a reservation that fits this one's cap (the amounts are exact binary
-    fractions, so the budget numbers compare exactly)."""
-    _register(any_store, "adult", epsilon_cap=10.0, delta_cap=0.5)
-    _register(any_store, "census", epsilon_cap=4.0, delta_cap=0.5)
-    any_store.reserve("census", "c1", 3.0, 0.25)
+    fractions, the deltas under the engine's ceiling 1e-3, so the budget numbers compare exactly)."""
+    _register(any_store, "adult", epsilon_cap=10.0, delta_cap=2**-10)
+    _register(any_store, "census", epsilon_cap=4.0, delta_cap=2**-10)
+    any_store.reserve("census", "c1", 3.0, 2**-11)
     any_store.commit("c1")
-    any_store.reserve("census", "c2", 0.5, 0.125)
-    any_store.reserve("adult", "a1", 10.0, 0.5)  # adult's whole cap, while census holds 3.5 of its own
+    any_store.reserve("census", "c2", 0.5, 2**-12)
+    any_store.reserve("adult", "a1", 10.0, 2**-10)  # adult's whole cap, while census holds 3.5 of its own
     assert any_store.budget("adult") == {
         "dataset": "adult", "epsilon_cap": 10.0, "epsilon_committed": 0.0, "epsilon_reserved": 10.0,
-        "epsilon_remaining": 0.0, "delta_cap": 0.5, "delta_committed": 0.0, "delta_reserved": 0.5,
+        "epsilon_remaining": 0.0, "delta_cap": 2**-10, "delta_committed": 0.0, "delta_reserved": 2**-10,
         "delta_remaining": 0.0}
     assert any_store.budget("census") == {
         "dataset": "census", "epsilon_cap": 4.0, "epsilon_committed": 3.0, "epsilon_reserved": 0.5,
-        "epsilon_remaining": 0.5, "delta_cap": 0.5, "delta_committed": 0.25, "delta_reserved": 0.125,
-        "delta_remaining": 0.125}
-    any_store.reserve("census", "c3", 0.5, 0.125)  # census's exact remainder, adult being full
+        "epsilon_remaining": 0.5, "delta_cap": 2**-10, "delta_committed": 2**-11, "delta_reserved": 2**-12,
+        "delta_remaining": 2**-12}
+    any_store.reserve("census", "c3", 0.5, 2**-12)  # census's exact remainder, adult being full
     with pytest.raises(BudgetExceeded) as caught:
         any_store.reserve("adult", "a2", 0.5, 0.0)
     assert str(caught.value) == (

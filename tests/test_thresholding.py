@@ -26,8 +26,8 @@ def limit(trials: int, p: float) -> float:
 @pytest.mark.parametrize("strategy", ["laplace-threshold", "truncated-geometric"])
 @pytest.mark.parametrize("cu", [1, 3])
 def test_single_unit_partitions_are_released_at_most_delta(strategy, cu):
-    delta, eps = 0.01, 1.0
-    units = 100_000
+    delta, eps = 1e-3, 1.0  # the largest delta the engine accepts (input_checks.MAX_DELTA)
+    units = 400_000
     # every unit alone in its own C_u partitions
     df = pd.DataFrame({"uid": np.repeat(np.arange(units), cu), "part": np.arange(units * cu), "x": 1})
     aggs = [dp.count_units()] if strategy == "laplace-threshold" else [dp.count()]

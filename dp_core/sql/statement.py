@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from ..errors import InvalidQueryError, UnsupportedError
+from ..input_checks import check_delta
 from ..sql_scopes import table_reads
 from .compile import CompiledQuery, Compiler
 from .ownership import OwnershipChecker, TableInfo, _arg, check_column_list, check_functions
@@ -171,6 +172,9 @@ def compile_statement(sql: str, catalog: dict[str, TableInfo], *, epsilon=None, 
             max_partitions_contributed=max_partitions_contributed, own_with=s is not tree, **options))
 
     refuse_samples_left([part.source for part in parts])
+    if len(parts) > 1:  # each DP SELECT's delta was checked; the statement's guarantee is their sum
+        total = float(sum(p.query.delta for p in parts))
+        check_delta(total, "the statement's total delta (summed over its DP SELECTs)")
     if any(s is tree for s in marked) and parts[0].plain:
         return CompiledStatement(tuple(parts), None, (), options_epsilon=fixed_epsilon)
     outer, public = _outer_query(tree, catalog, kinds)

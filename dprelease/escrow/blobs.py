@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from cryptography.fernet import Fernet, InvalidToken
 
+from dp_core.input_checks import csv_read_error, csv_reader_sql
 from dprelease.settings import Settings
 
 from . import location, stream
@@ -100,10 +101,8 @@ def _check_file_magic(path: Path, file_format: str) -> None:
 
 
 def _csv_reader_sql(path: Path) -> str:
-    """The engine's CSV dialect (dp_core.backend): a header row, comma, double quotes, strict."""
-    quoted = "'" + str(path).replace("'", "''") + "'"
-    return (f"SELECT * FROM read_csv({quoted}, header = true, delim = ',', quote = '\"', escape = '\"', "
-            "strict_mode = true)")
+    """The engine's CSV dialect (dp_core.input_checks.csv_reader_sql): a header row, comma, double quotes, strict."""
+    return f"SELECT * FROM {csv_reader_sql(path)}"
 
 
 @dataclass
@@ -146,13 +145,13 @@ def read_source(path: Path, batch_rows: int | None = None, threads: int | None =
         reader = con.sql(_csv_reader_sql(path)).to_arrow_reader(batch_rows)
     except duckdb.Error as err:
         con.close()
-        raise EscrowError(f"cannot read {path} as CSV with a header row: {str(err).splitlines()[0]}") from None
+        raise EscrowError(str(csv_read_error(path, err))) from None  # the engine's words (the line, its fields)
 
     def batches() -> Iterator[pa.RecordBatch]:
         try:
             yield from reader
         except (duckdb.Error, pa.ArrowException, OSError) as err:  # a fault past the sniffed rows: OSError
-            raise EscrowError(f"cannot read {path} as CSV with a header row: {str(err).splitlines()[0]}") from None
+            raise EscrowError(str(csv_read_error(path, err))) from None
 
     return SourceReader(reader.schema, batches(), None, con.close)
 

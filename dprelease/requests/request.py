@@ -24,7 +24,7 @@ from pathlib import Path
 import yaml
 
 from dp_core import Aggregate, InvalidQueryError, Query
-from dp_core.input_checks import check_epsilon
+from dp_core.input_checks import check_delta, check_epsilon
 from dp_core.query import AggregateKind
 
 from . import epsilon as epsilon_choice
@@ -93,9 +93,10 @@ def parse_request(data: dict) -> ReleaseRequest:
             fixed = check_epsilon(eps if isinstance(eps, (int, float)) else fixed)  # the engine's rule, the engine's message
         except InvalidQueryError as err:
             raise RequestError(str(err)) from None
-    delta = _number(data.get("delta", 1e-6), "delta")
-    if not 0.0 <= delta < 1.0:
-        raise RequestError(f"delta must be in [0, 1), got {delta!r}")
+    try:
+        delta = check_delta(_number(data.get("delta", 1e-6), "delta"))  # the engine's rule, the engine's message
+    except InvalidQueryError as err:
+        raise RequestError(str(err)) from None
     cu = data.get("max_partitions_contributed", 1)
     if isinstance(cu, bool) or not isinstance(cu, int) or cu < 1:
         raise RequestError(f"max_partitions_contributed must be a whole number >= 1, got {cu!r}")

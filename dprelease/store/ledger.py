@@ -18,6 +18,8 @@ from sqlalchemy import or_
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlmodel import Session, SQLModel, select
 
+from dp_core.errors import InvalidQueryError
+from dp_core.input_checks import check_delta
 from dprelease.settings import Settings
 
 from . import series as _series
@@ -55,11 +57,12 @@ def _check_epsilon(epsilon: float, what: str = "epsilon") -> float:
 
 
 def _check_delta(delta: float, what: str = "delta") -> float:
-    """Delta must lie in [0, 1): a delta of 1 or more gives no privacy at all."""
-    d = float(delta)
-    if not (math.isfinite(d) and 0 <= d < 1):
-        raise ValueError(f"{what} must be in [0, 1), got {delta!r}")
-    return d
+    """Delta is 0 or in [MIN_DELTA, MAX_DELTA], the engine's rule (dp_core.input_checks.check_delta): a
+    cap or a release above it makes the guarantee meaningless."""
+    try:
+        return check_delta(float(delta), what)
+    except InvalidQueryError as err:
+        raise ValueError(str(err)) from None
 
 
 def _check_choice(value: str, allowed: tuple[str, ...], what: str) -> str:

@@ -25,6 +25,9 @@ from sqlalchemy import delete
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
+from dp_core.errors import InvalidQueryError
+from dp_core.input_checks import check_delta
+
 from .errors import BudgetExceeded, StoreError
 from .tables import SERIES_BUDGETS, LedgerEntry, Policy, Release, Series, Snapshot, SnapshotClaim
 
@@ -83,8 +86,10 @@ def add_series(store, name: str, *, privacy_unit: str, schema: dict[str, str], b
                     budget_mode=budget_mode, epsilon_cap=float(epsilon_cap), delta_cap=float(delta_cap))
     if not (math.isfinite(series.epsilon_cap) and series.epsilon_cap > 0):
         raise ValueError(f"the series epsilon must be a finite number > 0, got {epsilon_cap!r}")
-    if not (math.isfinite(series.delta_cap) and 0 <= series.delta_cap < 1):
-        raise ValueError(f"the series delta must be in [0, 1), got {delta_cap!r}")
+    try:
+        check_delta(series.delta_cap, "the series delta")  # the engine's rule (dp_core.input_checks)
+    except InvalidQueryError as err:
+        raise ValueError(str(err)) from None
     try:
         with store._transaction() as session:
             if session.get(Series, name) is not None:
