@@ -142,7 +142,7 @@ class BudgetPlan:
         if any(s.rho is not None for s in self.shares):
             return ("zCDP for the Gaussian parts (rho adds up; converted to (epsilon, delta) by Canonne, Kamath "
                     "and Steinke 2020), basic composition with the other parts")
-        return "basic composition (the parts' epsilons and deltas add up)"
+        return "basic composition (the epsilons and deltas of the parts add up)"
 
 
 def _share_rho(convert, epsilon: float, delta: float) -> float:
