@@ -17,6 +17,7 @@ import pytest
 from browser import CHROMIUM, Chromium
 from prefect_console import (ROOT, deploy_release_flow, drain_prefect_workers, start_prefect_server, stop_process_group,
                              submit_and_run)
+from patience import PATIENCE_S
 
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium); "
                                 "CI installs it (.ci/run)")
@@ -68,7 +69,7 @@ def assert_waiting(console, run, thread, box) -> None:
     from flows.approvals import wait_until_paused
 
     try:
-        wait_until_paused(str(run.id), timeout=120)
+        wait_until_paused(str(run.id), timeout=PATIENCE_S)
     except (RuntimeError, TimeoutError) as err:
         raise AssertionError(f"{err}: {box}") from None
     assert thread.is_alive()
@@ -82,7 +83,7 @@ def assert_waiting(console, run, thread, box) -> None:
     assert store.ledger_entry(str(run.id)).status == "reserved"
     assert not (console["settings"].publication_dir / str(run.id)).exists()
     page = console["browser"].open(f"{console['url']}/v2/runs/flow-run/{run.id}")
-    page.wait_for_text("Paused", 60)
+    page.wait_for_text("Paused")
     page.close()
 
 
@@ -114,7 +115,7 @@ def test_an_on_demand_run_from_the_form_waits_for_the_controller(console):
         assert client.read_flow_run(second[0].id).name == "Education, with a policy present"  # named after the title
     for run, thread, box in (first, second):
         decide(settings, str(run.id), "reject", console["key"], "a browser test")
-        thread.join(120)
+        thread.join(PATIENCE_S)
         assert box.get("result", {}).get("status") == "rejected", box
     budget_after = store.budget("adult")
     assert budget_after["epsilon_committed"] == budget_before["epsilon_committed"]

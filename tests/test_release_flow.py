@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from patience import PATIENCE_S
 
 SQL = ("SELECT WITH ANONYMIZATION education, ANON_COUNT(*, 1) AS people, ANON_AVG(age, 17, 90) AS avg_age "
        "FROM adult GROUP BY education")
@@ -44,7 +45,7 @@ def platform_env(tmp_path_factory):
     admin.register_dataset(settings, "strict", data, "person_id", epsilon_cap=10, add_row_id=True,
                            expectations=[{"type": "expect_column_values_to_be_in_set",
                                           "kwargs": {"column": "sex", "value_set": ["Male"]}}])
-    with prefect_test_harness(server_startup_timeout=300):
+    with prefect_test_harness(server_startup_timeout=PATIENCE_S):
         yield settings
     for k, v in saved.items():
         if v is None:
@@ -62,7 +63,7 @@ def start_release(**params):
     def run():
         try:
             box["state"] = release_flow(**{"dataset": "adult", "sql": SQL, "epsilon": 1.0,
-                                           "approval_timeout": 60, **params}, return_state=True)
+                                           "approval_timeout": PATIENCE_S, **params}, return_state=True)
             box["result"] = outcome(box["state"])
         except BaseException as err:  # noqa: BLE001
             box["error"] = err
@@ -72,7 +73,7 @@ def start_release(**params):
     return thread, box
 
 
-def wait_for_approval(store, known: set, timeout=120, thread=None, box=None):
+def wait_for_approval(store, known: set, timeout=PATIENCE_S, thread=None, box=None):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if thread is not None and not thread.is_alive():
@@ -98,12 +99,10 @@ def decide(platform_env, decision, override="", **params):
     known = {r.id for r in platform.store.list_releases()}
     thread, box = start_release(**params)
     rel = wait_for_approval(platform.store, known, thread=thread, box=box)
-    if decision is not None:
-        wait_until_paused(rel.flow_run_id)
-        send(platform_env, rel.id, decision, controller_key(), "checked", override)
-    else:
-        wait_until_paused(rel.flow_run_id)
-    thread.join(180)
+    if decision is not None:  # else nobody answers (a short approval timeout expires, perhaps before the pause shows)
+        wait_until_paused(rel.flow_run_id, timeout=PATIENCE_S)
+        send(platform_env, rel.id, decision, controller_key(), "checked", override, timeout=PATIENCE_S)
+    thread.join(PATIENCE_S)
     return platform, rel, box
 
 
@@ -228,7 +227,7 @@ def test_failing_data_checks_spend_and_publish_nothing(platform_env):
     platform = pipeline.Platform.open(platform_env)
     before = platform.store.budget("strict")
     thread, box = start_release(dataset="strict", sql=SQL.replace("FROM adult", "FROM strict"))
-    thread.join(180)
+    thread.join(PATIENCE_S)
     assert "error" in box and "Data checks FAILED" in str(box["error"])
     assert "expect_column_values_to_be_in_set [sex]" in str(box["error"])
     assert platform.store.budget("strict") == before
@@ -308,7 +307,7 @@ def test_twenty_concurrent_releases_never_commit_more_than_the_cap(platform_env)
     for t in threads:
         t.start()
     for t in threads:
-        t.join(300)
+        t.join(PATIENCE_S)
     budget = pipeline.Platform.open(platform_env).store.budget("race")
     assert outcomes.count("published") == 10 and outcomes.count("refused") == 10
     assert budget["epsilon_committed"] == pytest.approx(5.0) and budget["epsilon_reserved"] == 0
@@ -407,9 +406,9 @@ def test_only_scheduled_runs_of_the_named_deployment_are_approved_automatically(
         daemon=True)
     thread.start()
     rel = wait_for_approval(platform.store, known, thread=thread, box=box)
-    wait_until_paused(rel.flow_run_id)
-    send(platform_env, rel.id, "reject", controller_key(), "on demand: not this month")
-    thread.join(120)
+    wait_until_paused(rel.flow_run_id, timeout=PATIENCE_S)
+    send(platform_env, rel.id, "reject", controller_key(), "on demand: not this month", timeout=PATIENCE_S)
+    thread.join(PATIENCE_S)
     assert box["result"]["status"] == "rejected"
     assert not (platform_env.publication_dir / rel.id).exists()
 
@@ -446,7 +445,7 @@ def test_release_flow_never_auto_approves_and_later_steps_never_recompute(platfo
     platform.store.add_policy("auto-any", "adult", max_epsilon_per_release=5.0, approval="auto",
                               deployment="dp-release")
     every_field = {"title": "all fields", "delta": 1e-6, "max_partitions_contributed": 1, "requested_by": "mallory",
-                   "approval_timeout": 60}
+                   "approval_timeout": PATIENCE_S}
     platform, rel, box = decide(platform_env, "reject", **every_field)
     assert box["result"]["status"] == "rejected"  # it paused and the controller decided
     planned = pipeline.plan(platform, parse_request({"dataset": "adult", "sql": SQL, "epsilon": 1.0}))
@@ -493,15 +492,15 @@ def _refusals(platform_env, release_id) -> int:
 def _send_raw(platform_env, rel, token, decision="approve", reviewer="alice"):
     """Resume the paused run with a hand-made answer, as anyone with the console could; wait
     until the run has refused it and paused again."""
-    from flows.approvals import answer, wait_until_paused
+    from flows.approvals import answer, looks, wait_until_paused
 
     before = _refusals(platform_env, rel.id)
-    answer(rel.flow_run_id, decision, reviewer, "", signed_decision=token)
-    deadline = time.monotonic() + 60
-    while _refusals(platform_env, rel.id) == before and time.monotonic() < deadline:
-        time.sleep(0.2)
+    answer(rel.flow_run_id, decision, reviewer, "", signed_decision=token, timeout=PATIENCE_S)
+    for _ in looks(PATIENCE_S, 0.05, 0.5):
+        if _refusals(platform_env, rel.id) != before:
+            break
     assert _refusals(platform_env, rel.id) == before + 1
-    wait_until_paused(rel.flow_run_id)
+    wait_until_paused(rel.flow_run_id, timeout=PATIENCE_S)
 
 
 def test_only_a_registered_controllers_signed_decision_publishes(platform_env, tmp_path):
@@ -516,9 +515,9 @@ def test_only_a_registered_controllers_signed_decision_publishes(platform_env, t
 
     platform = pipeline.Platform.open(platform_env)
     known = {r.id for r in platform.store.list_releases()}
-    thread, box = start_release(approval_timeout=300, title="Education, checked by alice")
+    thread, box = start_release(approval_timeout=PATIENCE_S, title="Education, checked by alice")
     rel = wait_for_approval(platform.store, known, thread=thread, box=box)
-    wait_until_paused(rel.flow_run_id)
+    wait_until_paused(rel.flow_run_id, timeout=PATIENCE_S)
     # the paused run says an approval is waiting, links the summary, previews the accuracy
     from prefect import get_client
 
@@ -545,7 +544,7 @@ def test_only_a_registered_controllers_signed_decision_publishes(platform_env, t
     # an analyst: their own key, registered nowhere
     signing.generate_keypair(tmp_path / "ana.pem", tmp_path / "ana.pub.pem")
     with pytest.raises(decisions.DecisionRefused, match="no registered controller"):
-        send(platform_env, rel.id, "approve", tmp_path / "ana.pem")
+        send(platform_env, rel.id, "approve", tmp_path / "ana.pem", timeout=PATIENCE_S)
     as_ana = decisions.Decision(**{**forged.__dict__, "controller": "ana"})
     _send_raw(platform_env, rel, decisions.sign(as_ana, signing.load_private_key(tmp_path / "ana.pem")), reviewer="ana")
     refused = (platform_env.archive_dir / rel.id / decisions.REFUSED_FILE).read_text()
@@ -554,8 +553,8 @@ def test_only_a_registered_controllers_signed_decision_publishes(platform_env, t
     assert platform.store.get_release(rel.id).status == "awaiting_approval"
     assert platform.store.ledger_entry(rel.id).status == "reserved"
     # alice decides
-    send(platform_env, rel.id, "approve", controller_key("alice"), "numbers look right")
-    thread.join(180)
+    send(platform_env, rel.id, "approve", controller_key("alice"), "numbers look right", timeout=PATIENCE_S)
+    thread.join(PATIENCE_S)
     assert box["result"]["status"] == "published", box
     (entry,) = decisions.recorded(platform_env, rel.id)
     assert entry["controller"] == "alice" and entry["decision"] == "approve" and entry["reason"] == "numbers look right"
@@ -596,12 +595,12 @@ def test_risk_above_tolerance_needs_an_override_with_a_reason(platform_env):
     known = {r.id for r in platform.store.list_releases()}
     thread, box = start_release(dataset="risky", sql=SQL.replace("FROM adult", "FROM risky"))
     rel = wait_for_approval(platform.store, known, thread=thread, box=box)
-    wait_until_paused(rel.flow_run_id)
+    wait_until_paused(rel.flow_run_id, timeout=PATIENCE_S)
     assert "Above your tolerable risk" in (platform_env.archive_dir / rel.id / "summary.md").read_text()
     controller_html = (platform_env.archive_dir / rel.id / "controller" / "controller.html").read_text()
     assert "risk-above" in controller_html and "Above your tolerable risk" in controller_html
     with pytest.raises(decisions.DecisionRefused, match="override"):
-        send(platform_env, rel.id, "approve", controller_key(), "fine")
+        send(platform_env, rel.id, "approve", controller_key(), "fine", timeout=PATIENCE_S)
     # a decision signed without the override (bypassing the CLI's check) is refused by the run
     context = decisions.read_context(platform_env, rel.id)
     from dprelease.reporting import signing
@@ -610,8 +609,9 @@ def test_risk_above_tolerance_needs_an_override_with_a_reason(platform_env):
                               report_fingerprint=context["report_fingerprint"], decided_at=pipeline.now())
     _send_raw(platform_env, rel, decisions.sign(bare, signing.load_private_key(controller_key())))
     assert not (platform_env.publication_dir / rel.id).exists()
-    send(platform_env, rel.id, "approve", controller_key(), "fine", "aggregate table, recipient under contract")
-    thread.join(180)
+    send(platform_env, rel.id, "approve", controller_key(), "fine", "aggregate table, recipient under contract",
+         timeout=PATIENCE_S)
+    thread.join(PATIENCE_S)
     assert box["result"]["status"] == "published", box
     (entry,) = decisions.recorded(platform_env, rel.id)
     assert entry["risk_override"] == "aggregate table, recipient under contract"
@@ -631,7 +631,7 @@ def test_retry_after_expiry_asks_again_with_its_own_reservation(platform_env):
 
     platform, rel, _ = decide(platform_env, None, approval_timeout=3)
     assert platform.store.get_release(rel.id).status == "expired"
-    params = {"dataset": "adult", "sql": SQL, "epsilon": 1.0, "approval_timeout": 60}
+    params = {"dataset": "adult", "sql": SQL, "epsilon": 1.0, "approval_timeout": PATIENCE_S}
     with get_client(sync_client=True) as client:
         client.set_flow_run_state(rel.flow_run_id, AwaitingRetry(), force=True)
         again = client.read_flow_run(rel.flow_run_id)
@@ -643,9 +643,9 @@ def test_retry_after_expiry_asks_again_with_its_own_reservation(platform_env):
     second = wait_for_approval(platform.store, known, thread=thread, box=retry)
     assert second.id.startswith(rel.id) and second.id != rel.id
     assert platform.store.ledger_entry(second.id).status == "reserved"
-    wait_until_paused(second.flow_run_id)
-    send(platform_env, second.id, "reject", controller_key(), "retried, still no")
-    thread.join(120)
+    wait_until_paused(second.flow_run_id, timeout=PATIENCE_S)
+    send(platform_env, second.id, "reject", controller_key(), "retried, still no", timeout=PATIENCE_S)
+    thread.join(PATIENCE_S)
     assert retry["result"]["status"] == "rejected"
     assert platform.store.ledger_entry(rel.id).status == "refunded"
     assert platform.store.ledger_entry(second.id).status == "refunded"
@@ -667,12 +667,12 @@ def test_forged_and_replayed_decisions_are_refused_and_spend_nothing(platform_en
     platform = pipeline.Platform.open(platform_env)
     budget_before = platform.store.budget("adult")
     known = {r.id for r in platform.store.list_releases()}
-    other_thread, other_box = start_release(approval_timeout=300, title="the other release")
+    other_thread, other_box = start_release(approval_timeout=PATIENCE_S, title="the other release")
     other = wait_for_approval(platform.store, known, thread=other_thread, box=other_box)
-    thread, box = start_release(approval_timeout=300, title="this release")
+    thread, box = start_release(approval_timeout=PATIENCE_S, title="this release")
     rel = wait_for_approval(platform.store, known | {other.id}, thread=thread, box=box)
-    wait_until_paused(other.flow_run_id)
-    wait_until_paused(rel.flow_run_id)
+    wait_until_paused(other.flow_run_id, timeout=PATIENCE_S)
+    wait_until_paused(rel.flow_run_id, timeout=PATIENCE_S)
     alice = signing.load_private_key(controller_key("alice"))
     context = decisions.read_context(platform_env, rel.id)
 
@@ -700,7 +700,7 @@ def test_forged_and_replayed_decisions_are_refused_and_spend_nothing(platform_en
     #    a decision the analyst signed by hand
     signing.generate_keypair(tmp_path / "ana.pem", tmp_path / "ana.pub.pem")
     with pytest.raises(decisions.DecisionRefused, match="no registered controller"):
-        send(platform_env, rel.id, "approve", tmp_path / "ana.pem", "looks fine to me")
+        send(platform_env, rel.id, "approve", tmp_path / "ana.pem", "looks fine to me", timeout=PATIENCE_S)
     _send_raw(platform_env, rel, signed_by(signing.load_private_key(tmp_path / "ana.pem"), controller="ana"),
               reviewer="ana")
     refused = [json.loads(line)["why"] for line in
@@ -720,12 +720,12 @@ def test_forged_and_replayed_decisions_are_refused_and_spend_nothing(platform_en
     assert held["epsilon_reserved"] == budget_before["epsilon_reserved"] + 2.0  # the two releases' 1.0 each, no more
     # the other release was not touched by the replay, and takes the token it was meant for
     assert platform.store.get_release(other.id).status == "awaiting_approval"
-    answer(other.flow_run_id, "approve", "alice", "fine", signed_decision=replayed)
-    other_thread.join(180)
+    answer(other.flow_run_id, "approve", "alice", "fine", signed_decision=replayed, timeout=PATIENCE_S)
+    other_thread.join(PATIENCE_S)
     assert other_box["result"]["status"] == "published", other_box
     # alice rejects this one: refunded, the budget exactly as before plus the other's commitment
-    send(platform_env, rel.id, "reject", controller_key("alice"), "forgeries seen")
-    thread.join(180)
+    send(platform_env, rel.id, "reject", controller_key("alice"), "forgeries seen", timeout=PATIENCE_S)
+    thread.join(PATIENCE_S)
     assert box["result"]["status"] == "rejected", box
     after = platform.store.budget("adult")
     assert after["epsilon_reserved"] == budget_before["epsilon_reserved"]
@@ -757,11 +757,12 @@ def test_an_answer_waits_for_the_pause_form_as_well_as_the_pause(platform_env):
         paused.state_details.run_input_keyset = keyset
         client.set_flow_run_state(run.id, paused, force=True)
         done = threading.Event()
-        waiter = threading.Thread(target=lambda: (wait_until_paused(str(run.id), timeout=60), done.set()), daemon=True)
+        waiter = threading.Thread(target=lambda: (wait_until_paused(str(run.id), timeout=PATIENCE_S), done.set()),
+                                  daemon=True)
         waiter.start()
         assert not done.wait(2.0), "returned while the run's form was not saved: a resume now is refused"
         client.create_flow_run_input(run.id, keyset["schema"], "{}")
-        assert done.wait(30.0), "did not return once the form was saved"
+        assert done.wait(PATIENCE_S), "did not return once the form was saved"
 
 
 @pytest.mark.parametrize("lose", [("state",), ("schema",), ("state", "schema")])
@@ -804,17 +805,17 @@ def test_a_pause_whose_reply_was_lost_still_waits_for_the_answer(platform_env, m
     @flow
     def asks() -> str:
         box["run_id"] = str(flow_run.id)
-        return pause_for_input(Answer, timeout=90, poll_interval=0.2, key="asked").word
+        return pause_for_input(Answer, timeout=PATIENCE_S, poll_interval=0.2, key="asked").word
 
     thread = threading.Thread(target=lambda: box.update(state=asks(return_state=True)), daemon=True)
     thread.start()
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + PATIENCE_S
     while "run_id" not in box and time.monotonic() < deadline:
         time.sleep(0.1)
-    wait_until_paused(box["run_id"], timeout=60)
+    wait_until_paused(box["run_id"], timeout=PATIENCE_S)
     resume_flow_run(box["run_id"], run_input={"word": "approved"})
-    thread.join(90)
-    assert "state" in box, "the flow did not end within 90 s of the answer"
+    thread.join(PATIENCE_S)
+    assert "state" in box, "the flow did not end after the answer"
     assert sorted(lost) == sorted(lose), "the fault was not injected: the test proves nothing"
     assert box["state"].is_completed(), box["state"]
     assert box["state"].result() == "approved"
