@@ -819,3 +819,38 @@ def test_a_pause_whose_reply_was_lost_still_waits_for_the_answer(platform_env, m
     assert sorted(lost) == sorted(lose), "the fault was not injected: the test proves nothing"
     assert box["state"].is_completed(), box["state"]
     assert box["state"].result() == "approved"
+
+
+def test_a_decision_for_a_run_that_died_before_its_pause_is_refused_saying_so(platform_env):
+    """A decision waits for the run's pause as long as the run lives (at load a busy server takes
+    minutes to show it), and no longer: a release awaiting approval whose process ended before its
+    run paused is refused in words, not waited for until a deadline."""
+    import subprocess
+    import sys
+
+    from prefect import flow, get_client
+
+    from cli.deciding import decide as send
+    from dprelease import decisions, pipeline, recovery
+
+    @flow
+    def never_pauses():
+        pass
+
+    platform = pipeline.Platform.open(platform_env)
+    with get_client(sync_client=True) as client:
+        run = client.create_flow_run(never_pauses)  # Pending: neither paused nor over
+    rel = platform.store.add_release("adult", "{}", status="awaiting_approval", flow_run_id=str(run.id))
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    platform.store.take_lease(rel.id, recovery.this_host(), ended.pid, 0.0)  # the run's process, gone
+    context = {"release_id": rel.id, "question": f"approval-{rel.id}", "report_fingerprint": "0" * 64,
+               "above_tolerance": False}
+    (platform_env.archive_dir / rel.id).mkdir(parents=True)
+    (platform_env.archive_dir / rel.id / decisions.CONTEXT_FILE).write_text(json.dumps(context))
+    try:
+        with pytest.raises(decisions.DecisionRefused, match=f"the run of release {rel.id} ended before it paused "
+                                                            rf"\(process {ended.pid} on .* has ended\)"):
+            send(platform_env, rel.id, "approve", controller_key(), "too late")
+    finally:
+        platform.store.update_release(rel.id, status="failed")
