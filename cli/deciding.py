@@ -43,7 +43,8 @@ def decide(settings: Settings, release_id: str, decision: str, key: Path, reason
         if any(d.get("signed_decision") == token for d in decisions.recorded(settings, release_id)):
             return store.get_release(release_id).status
         if not alive:
-            raise decisions.DecisionRefused(f"the run of release {release_id} ended without taking the decision ({why})")
+            raise decisions.DecisionRefused(
+                f"the run of release {release_id} ended without taking the decision ({why})")
     raise decisions.DecisionRefused(f"the run of release {release_id} did not take the decision within {timeout:g} s")
 
 

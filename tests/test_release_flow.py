@@ -98,10 +98,13 @@ def decide(platform_env, decision, override="", **params):
     platform = Platform.open(platform_env)
     known = {r.id for r in platform.store.list_releases()}
     thread, box = start_release(**params)
+    if decision is None:  # nobody answers: a short approval timeout may expire before any look sees the pause
+        thread.join(PATIENCE_S)
+        (rel,) = [r for r in platform.store.list_releases() if r.id not in known]
+        return platform, rel, box
     rel = wait_for_approval(platform.store, known, thread=thread, box=box)
-    if decision is not None:  # else nobody answers (a short approval timeout expires, perhaps before the pause shows)
-        wait_until_paused(rel.flow_run_id, timeout=PATIENCE_S)
-        send(platform_env, rel.id, decision, controller_key(), "checked", override, timeout=PATIENCE_S)
+    wait_until_paused(rel.flow_run_id, timeout=PATIENCE_S)
+    send(platform_env, rel.id, decision, controller_key(), "checked", override, timeout=PATIENCE_S)
     thread.join(PATIENCE_S)
     return platform, rel, box
 
