@@ -394,10 +394,11 @@ def _decide(release_id: str, decision: str, key: Path | None, reason: str, overr
               "Prefect server (DPRELEASE_PREFECT_SERVER=temporary): answer at its prompt; to answer from another "
               "terminal, leave DPRELEASE_PREFECT_SERVER unset (the home's local server) or run a shared server")
     try:
+        asked = decisions.read_context(settings, release_id)["question"]
         decide(settings, release_id, decision, key, reason, override_risk)
     except (decisions.DecisionRefused, Exception) as err:  # noqa: BLE001 - one line for every refusal
         _fail(f"decision refused: {err}")
-    final = _outcome(platform, release_id)
+    final = _outcome(platform, release_id, asked)
     if final is None:
         console.print(f"{decision} of release {release_id} accepted: its flow run continues (status: "
                       f"{platform.store.get_release(release_id).status})")
@@ -410,19 +411,24 @@ def _decide(release_id: str, decision: str, key: Path | None, reason: str, overr
         raise typer.Exit(1)
 
 
-def _outcome(platform, release_id: str, wait_s: float = 120.0):
-    """The release once its run has acted on the decision (a final status), or None if it takes longer."""
+def _outcome(platform, release_id: str, asked: str):
+    """The release once its run has acted on the decision (a final status), or None when the run
+    asks its next question (the utility signal's) or has died. No deadline of its own: while the run
+    lives it is on its way (at load, publishing takes minutes)."""
     import time
 
+    from dprelease import decisions, recovery
     from dprelease.store import FINAL_STATUSES
 
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        rel = platform.store.get_release(release_id)
+    while True:
+        alive, _ = recovery.run_is_alive(platform.store, platform.store.get_release(release_id))
+        rel = platform.store.get_release(release_id)  # read after: a run that finished, then ended, is seen finished
         if rel.status in FINAL_STATUSES:
             return rel
+        if not alive or (rel.status == "awaiting_approval"
+                         and decisions.read_context(platform.settings, release_id)["question"] != asked):
+            return None
         time.sleep(0.5)
-    return None
 
 
 @app.command()

@@ -5,16 +5,23 @@ the registered key; a refused decision leaves the release waiting)."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from dprelease import decisions
+from dprelease.recovery import run_is_alive
 from dprelease.settings import Settings
+
+#: seconds of one look for the pause, between two looks at whether the run still lives
+LOOK_S = 5.0
 
 
 def decide(settings: Settings, release_id: str, decision: str, key: Path, reason: str = "", risk_override: str = "",
-           timeout: float = 120.0) -> str:
+           timeout: float = math.inf) -> str:
     """Sign and send a decision; returns the release's status after the run took it. Raises
-    DecisionRefused when the decision cannot be signed or the run refuses it."""
+    DecisionRefused when the decision cannot be signed or the run refuses it. No deadline of its
+    own by default: while the run lives it is on its way (a busy Prefect server takes minutes to
+    show a pause or hand over an answer); a run that ended or died without taking it ends the wait."""
     from dprelease.store import Store
     from flows.approvals import answer, looks
 
@@ -26,14 +33,34 @@ def decide(settings: Settings, release_id: str, decision: str, key: Path, reason
     signed, _, _ = decisions.parse(token)
     refused_file = settings.archive_dir / release_id / decisions.REFUSED_FILE
     refused_before = _lines(refused_file)
-    answer(release.flow_run_id, decision, signed.controller, reason, signed_decision=token)
+    _until_paused(store, release_id, release.flow_run_id, timeout)
+    answer(release.flow_run_id, decision, signed.controller, reason, timeout=timeout, signed_decision=token)
     for _ in looks(timeout, 0.05, 0.5):  # two small files of the archive, read until the run records the decision
-        refused = _lines(refused_file)
+        alive, why = run_is_alive(store, store.get_release(release_id))  # before the reads: a run that took it, then
+        refused = _lines(refused_file)                                     # ended, is seen to have taken it
         if len(refused) > len(refused_before):
             raise decisions.DecisionRefused(json.loads(refused[-1])["why"])
         if any(d.get("signed_decision") == token for d in decisions.recorded(settings, release_id)):
             return store.get_release(release_id).status
+        if not alive:
+            raise decisions.DecisionRefused(
+                f"the run of release {release_id} ended without taking the decision ({why})")
     raise decisions.DecisionRefused(f"the run of release {release_id} did not take the decision within {timeout:g} s")
+
+
+def _until_paused(store, release_id: str, flow_run_id: str, timeout: float) -> None:
+    """Wait for the run's pause (Prefect's Paused state and its form) while the run lives."""
+    from flows.approvals import QUICK_POLL_SECONDS, looks, wait_until_paused
+
+    for _ in looks(timeout, QUICK_POLL_SECONDS):
+        try:
+            wait_until_paused(flow_run_id, timeout=LOOK_S, poll_s=QUICK_POLL_SECONDS)
+            return
+        except TimeoutError:  # not paused yet: look again while the run lives
+            alive, why = run_is_alive(store, store.get_release(release_id))
+            if not alive:
+                raise decisions.DecisionRefused(f"the run of release {release_id} ended before it paused ({why})")
+    raise decisions.DecisionRefused(f"the run of release {release_id} did not pause within {timeout:g} s")
 
 
 def _lines(path: Path) -> list[str]:

@@ -66,11 +66,12 @@ def start() -> None:
         _server.spawn()
 
 
-def attach_running(timeout_s: float = 30.0) -> bool:
+def attach_running(timeout_s: float = local_prefect_server.START_TIMEOUT_S) -> bool:
     """Point this process at the home's local server if one runs, never starting one: for the
     commands that answer or correct a run another command started. True when a Prefect API is set
     (shared, or the local server); False when runs live only in their commands' temporary servers.
-    ServerUnavailable when the recorded server does not answer within timeout_s."""
+    ServerUnavailable when the recorded server does not answer within timeout_s (by default as long
+    as a start may take: a server busy with runs at load answers late, not never)."""
     global _local
     if not _needs_own_server():
         return True

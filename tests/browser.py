@@ -20,6 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from patience import PATIENCE_S
+
 CHROMIUM = next((p for p in (shutil.which("chromium"), "/usr/bin/chromium") if p and os.path.exists(p)), None)
 
 
@@ -33,10 +35,10 @@ class Page:
     def __init__(self, ws_url: str) -> None:
         from websockets.sync.client import connect
 
-        self.ws = connect(ws_url, max_size=None, open_timeout=30)
+        self.ws = connect(ws_url, max_size=None, open_timeout=PATIENCE_S)
         self.ids = itertools.count(1)
 
-    def send(self, method: str, timeout: float = 60.0, **params) -> dict:
+    def send(self, method: str, timeout: float = PATIENCE_S, **params) -> dict:
         msg_id = next(self.ids)
         self.ws.send(json.dumps({"id": msg_id, "method": method, "params": params}))
         deadline = time.monotonic() + timeout
@@ -59,7 +61,7 @@ class Page:
     def text(self) -> str:
         return self.evaluate("document.body ? document.body.innerText : ''") or ""
 
-    def wait_for(self, condition: str, timeout: float = 30.0, what: str | None = None):
+    def wait_for(self, condition: str, timeout: float = PATIENCE_S, what: str | None = None):
         """Wait until the JavaScript `condition` is truthy; returns its value."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -72,7 +74,7 @@ class Page:
             time.sleep(0.25)
         raise BrowserError(f"timed out waiting for {what or condition}; the page shows:\n{self.text()[:2000]}")
 
-    def wait_for_text(self, text: str, timeout: float = 30.0) -> None:
+    def wait_for_text(self, text: str, timeout: float = PATIENCE_S) -> None:
         self.wait_for(f"document.body && document.body.innerText.includes({json.dumps(text)})", timeout,
                       what=f"the text {text!r}")
 
@@ -154,7 +156,7 @@ class Chromium:
              f"--user-data-dir={self.profile}", "--remote-debugging-port=0", f"--window-size={self.width},{self.height}",
              "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         port_file = self.profile / "DevToolsActivePort"
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + PATIENCE_S
         while not (port_file.exists() and len(port_file.read_text().split()) >= 2):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("chromium did not start its DevTools endpoint")
@@ -165,7 +167,7 @@ class Chromium:
     def open(self, url: str) -> Page:
         import httpx
 
-        target = httpx.put(f"http://127.0.0.1:{self.port}/json/new?{url}", timeout=30).json()
+        target = httpx.put(f"http://127.0.0.1:{self.port}/json/new?{url}", timeout=PATIENCE_S).json()
         page = Page(target["webSocketDebuggerUrl"])
         page.send("Page.enable")
         page.send("Emulation.setDeviceMetricsOverride", width=self.width, height=self.height, deviceScaleFactor=1,
@@ -185,5 +187,5 @@ class Chromium:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
-                self.proc.wait(5)
+                self.proc.wait(PATIENCE_S)
         shutil.rmtree(self.profile, ignore_errors=True)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import yaml
 from browser import by_text, in_field
+from patience import PATIENCE_S
 
 ROOT = Path(__file__).resolve().parents[1]
 SQL = "SELECT WITH ANONYMIZATION education, ANON_COUNT(*, 1) AS people FROM adult GROUP BY education"
@@ -48,10 +49,10 @@ def start_prefect_server(workdir: Path) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port",
                              str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + PATIENCE_S
     while time.monotonic() < deadline:
         try:
-            if httpx.get(f"{url}/api/health", timeout=2).status_code == 200:
+            if httpx.get(f"{url}/api/health", timeout=PATIENCE_S).status_code == 200:
                 return proc, url
         except httpx.HTTPError:
             pass
@@ -68,7 +69,7 @@ def ui_base(url: str) -> str:
     server sees, whatever version that is."""
     import httpx
 
-    settings = httpx.get(f"{url}/ui-settings", timeout=30).json()
+    settings = httpx.get(f"{url}/ui-settings", timeout=PATIENCE_S).json()
     base = settings.get(f"{settings['default_ui']}_base_url") or "/"
     return url + base.rstrip("/")
 
@@ -105,7 +106,7 @@ def stop_process_group(proc: subprocess.Popen) -> None:
             proc.wait(15)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
+            proc.wait(PATIENCE_S)
 
 
 def deploy_release_flow() -> str:
@@ -131,7 +132,7 @@ def deploy_release_flow() -> str:
 
 def fill_release_form(page, title: str, method: str, fields: dict) -> None:
     """Every field of the run form, as a user sets it: text typed, toggles and lists clicked."""
-    page.wait_for_text("approval_timeout", 60)
+    page.wait_for_text("approval_timeout")
     choose(page, "dataset", "adult")  # a list of the registered datasets (flows.release_form)
     page.type_into(in_field("sql"), SQL)
     page.type_into(in_field("title"), title)
@@ -176,7 +177,7 @@ def submit_and_run(browser, url: str, deployment_id: str, title: str, method: st
         flt = FlowRunFilter(deployment_id=FlowRunFilterDeploymentId(any_=[deployment_id]))
         before = {r.id for r in client.read_flow_runs(flow_run_filter=flt)}
         page.click_text("Submit", "button")
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + PATIENCE_S
         while not (created := [r for r in client.read_flow_runs(flow_run_filter=flt) if r.id not in before]):
             assert time.monotonic() < deadline, f"the form created no run; the page shows:\n{page.text()[:1500]}"
             time.sleep(0.3)

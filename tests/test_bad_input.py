@@ -25,6 +25,7 @@ from typer.testing import CliRunner
 
 from cli.app import app
 from dprelease.settings import Settings
+from patience import PATIENCE_S
 
 ROOT = Path(__file__).resolve().parents[1]
 GOOD_CSV = "uid,g,x,s\n" + "".join(f"{i},{'ab'[i % 2]},{i % 7},t{i % 3}\n" for i in range(1, 41))
@@ -390,7 +391,7 @@ def start_cli(root: Path, *args, env: dict | None = None) -> subprocess.Popen:
 
 def run_cli(root: Path, *args, env: dict | None = None) -> subprocess.CompletedProcess:
     process = start_cli(root, *args, env=env)
-    out, err = process.communicate(timeout=600)
+    out, err = process.communicate(timeout=PATIENCE_S)
     return subprocess.CompletedProcess(process.args, process.returncode, out, err)
 
 
@@ -434,7 +435,7 @@ def test_process_corrupted_blob_and_wrong_key_file_are_one_line_after_the_flow_s
             start_cli(home, "release", home / "locked.yaml", "--approve-as", "alice",
                       env={"DPRELEASE_KEY_DIR": str(other_keys)})]
     for process in runs:
-        out, err = process.communicate(timeout=600)
+        out, err = process.communicate(timeout=PATIENCE_S)
         assert_one_clean_line(subprocess.CompletedProcess(process.args, process.returncode, out, err), "cannot decrypt")
     assert state(home) == before
 

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from patience import PATIENCE_S
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -14,7 +16,7 @@ def test_engine_benchmark_with_the_selection_comparison_runs_small():
     done = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "engine.py"), "--rows", "20000", "--units", "2000", "--partitions", "40",
          "--selections", "1"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+        cwd=ROOT, capture_output=True, text=True, timeout=PATIENCE_S, check=False)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     out = done.stdout
     assert "ratio c/b" in out and "peak memory" in out
@@ -32,7 +34,7 @@ def test_spark_benchmark_runs_small():
     pytest.importorskip("pyspark", reason="the Spark benchmark needs pyspark: pip install '.[spark]'")
     done = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "engine.py"), "--backend", "spark", "--rows", "20000", "--units", "2000",
-         "--partitions", "40"], cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+         "--partitions", "40"], cwd=ROOT, capture_output=True, text=True, timeout=PATIENCE_S, check=False)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     out = done.stdout
     assert "(s0) Spark plain bounding SQL" in out and "(s1) dprelease on Spark" in out and "(d1) dprelease on DuckDB" in out

@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 
 from dprelease import checks, checks_judge
+from patience import PATIENCE_S
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -70,7 +71,7 @@ def test_a_command_with_a_judge_never_loads_great_expectations():
         report = checks.validate(frame, suite)
         print(report.success, "great_expectations" in sys.modules, "scipy" in sys.modules)
     """)
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=PATIENCE_S,
                           env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["False", "False", "False"], done.stdout
@@ -85,12 +86,12 @@ def test_a_judge_nobody_asks_ends_with_its_command():
         print(checks_judge._ahead.process.pid, flush=True)
         os._exit(0)  # no exit handlers: the child sees its input close
     """)
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=PATIENCE_S,
                           env=dict(os.environ, PYTHONPATH=str(ROOT)))
     child = int(done.stdout.split()[0])
     import time
 
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + PATIENCE_S
     while time.monotonic() < deadline:
         try:
             os.kill(child, 0)

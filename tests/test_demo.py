@@ -8,12 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+from patience import PATIENCE_S
+
 
 def test_demo_runs_end_to_end_without_a_terminal(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DPRELEASE_", "PREFECT_"))}
     cli = Path(sys.executable).with_name("dprelease")
     done = subprocess.run([str(cli), "demo"], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=PATIENCE_S)
     out = done.stdout
     assert done.returncode == 0, out + done.stderr
     assert "no terminal: approved automatically" in out

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from patience import PATIENCE_S
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI = str(Path(sys.executable).with_name("dprelease"))
@@ -70,7 +71,7 @@ def _attach(env: dict, hold_s: float = 0, wait: str = "ready") -> subprocess.Pop
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _found(command: subprocess.Popen, timeout: float = 300) -> dict:
+def _found(command: subprocess.Popen, timeout: float = PATIENCE_S) -> dict:
     """What the command found (its first line after the notice of a started server), or its stderr."""
     line = command.stdout.readline()
     if line.startswith("dprelease: started"):
@@ -84,7 +85,7 @@ def _found(command: subprocess.Popen, timeout: float = 300) -> dict:
 def _run(env: dict) -> dict:
     command = _attach(env)
     found = _found(command)
-    assert command.wait(60) == 0, command.stderr.read()
+    assert command.wait(PATIENCE_S) == 0, command.stderr.read()
     return found
 
 
@@ -102,13 +103,15 @@ def _gone(pid: int, within_s: float) -> bool:
 
 
 def _answers(found: dict) -> bool:
+    """The server answers an authenticated call (one made while it boots waits in its socket's
+    queue until its app is up: at load that takes far more than an idle machine's few seconds)."""
     response = httpx.post(f"http://127.0.0.1:{found['port']}/api/flow_runs/filter", json={},
-                          auth=tuple(found["auth"].split(":", 1)), timeout=10)
+                          auth=tuple(found["auth"].split(":", 1)), timeout=PATIENCE_S)
     return response.status_code == 200
 
 
 def test_commands_one_after_another_share_one_server(prefect_home):
-    env = _env(prefect_home, idle_s=120)
+    env = _env(prefect_home, idle_s=PATIENCE_S)
     first = _run(env)
     second = _run(env)
     assert first["started"] and not second["started"]
@@ -117,45 +120,45 @@ def test_commands_one_after_another_share_one_server(prefect_home):
 
 
 def test_commands_started_at_once_start_one_server(prefect_home):
-    env = _env(prefect_home, idle_s=120)
+    env = _env(prefect_home, idle_s=PATIENCE_S)
     commands = [_attach(env) for _ in range(4)]
     found = [_found(c) for c in commands]
     for c in commands:
-        assert c.wait(60) == 0, c.stderr.read()
+        assert c.wait(PATIENCE_S) == 0, c.stderr.read()
     assert sum(f["started"] for f in found) == 1, found
     assert len({f["pid"] for f in found}) == 1, found
 
 
 def test_a_server_in_use_stays_and_stops_once_its_last_user_is_killed(prefect_home):
     env = _env(prefect_home, idle_s=2)
-    holder = _attach(env, hold_s=600)
+    holder = _attach(env, hold_s=PATIENCE_S)
     found = _found(holder)
     time.sleep(8)  # four times the idle time, with a user attached all along
     assert _answers(found)
     holder.send_signal(signal.SIGKILL)  # the kernel drops its lock: the server sees nobody left
-    holder.wait(10)
-    assert _gone(found["pid"], within_s=60), "the server outlived its idle time"
+    holder.wait(PATIENCE_S)
+    assert _gone(found["pid"], within_s=PATIENCE_S), "the server outlived its idle time"
     assert not list(prefect_home.glob("dprelease-local-server-*.json")), "a stopped server left its record"
     after = _run(env)
     assert after["started"] and after["pid"] != found["pid"]
 
 
 def test_a_killed_command_leaves_its_booting_server_to_the_next(prefect_home):
-    env = _env(prefect_home, idle_s=120)
-    starter = _attach(env, hold_s=600, wait="spawned")
+    env = _env(prefect_home, idle_s=PATIENCE_S)
+    starter = _attach(env, hold_s=PATIENCE_S, wait="spawned")
     spawned = _found(starter)
     starter.send_signal(signal.SIGKILL)  # while its server boots
-    starter.wait(10)
+    starter.wait(PATIENCE_S)
     later = _run(env)
     assert not later["started"] and later["pid"] == spawned["pid"]
     assert _answers(later)
 
 
 def test_a_killed_server_is_replaced(prefect_home):
-    env = _env(prefect_home, idle_s=120)
+    env = _env(prefect_home, idle_s=PATIENCE_S)
     first = _run(env)
     os.kill(first["pid"], signal.SIGKILL)
-    assert _gone(first["pid"], within_s=30)
+    assert _gone(first["pid"], within_s=PATIENCE_S)
     second = _run(env)
     assert second["started"] and second["pid"] != first["pid"]
     assert _answers(second)
@@ -164,12 +167,12 @@ def test_a_killed_server_is_replaced(prefect_home):
 def test_a_record_naming_another_process_is_neither_trusted_nor_killed(prefect_home):
     from importlib.metadata import version
 
-    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(" + str(PATIENCE_S) + ")"])
     try:
         record = {"pid": bystander.pid, "port": 8999, "auth": "dprelease:x", "version": version("prefect"),
                   "started": 1.0, "home": str(prefect_home.resolve())}  # a pid reused by another process
         (prefect_home / f"dprelease-local-server-{version('prefect')}.json").write_text(json.dumps(record))
-        found = _run(_env(prefect_home, idle_s=120))
+        found = _run(_env(prefect_home, idle_s=PATIENCE_S))
         assert found["started"] and found["pid"] != bystander.pid
         assert _answers(found)
         assert bystander.poll() is None, "a process named by a stale record was signalled"
@@ -179,39 +182,41 @@ def test_a_record_naming_another_process_is_neither_trusted_nor_killed(prefect_h
 
 
 def test_the_api_refuses_calls_without_the_server_s_secret(prefect_home):
-    found = _run(_env(prefect_home, idle_s=120))
+    found = _run(_env(prefect_home, idle_s=PATIENCE_S))
     state = next(prefect_home.glob("dprelease-local-server-*.json"))
     assert stat.S_IMODE(state.stat().st_mode) == 0o600  # the secret is its owner's only
     base = f"http://127.0.0.1:{found['port']}/api"
-    assert httpx.get(f"{base}/health", timeout=10).status_code == 200  # health is open, as for probes
-    assert httpx.post(f"{base}/flow_runs/filter", json={}, timeout=10).status_code == 401
-    assert httpx.post(f"{base}/flow_runs/filter", json={}, auth=("dprelease", "guess"), timeout=10).status_code == 401
+    assert httpx.get(f"{base}/health", timeout=PATIENCE_S).status_code == 200  # health is open, as for probes
+    assert httpx.post(f"{base}/flow_runs/filter", json={}, timeout=PATIENCE_S).status_code == 401
+    guess = httpx.post(f"{base}/flow_runs/filter", json={}, auth=("dprelease", "guess"), timeout=PATIENCE_S)
+    assert guess.status_code == 401
     assert _answers(found)
 
 
 def test_server_stop_refuses_while_a_command_uses_it_then_stops_it(prefect_home):
-    env = _env(prefect_home, idle_s=600)
-    holder = _attach(env, hold_s=600)
+    env = _env(prefect_home, idle_s=PATIENCE_S)
+    holder = _attach(env, hold_s=PATIENCE_S)
     found = _found(holder)
-    refused = subprocess.run([CLI, "server", "--stop"], env=env, capture_output=True, text=True, timeout=120)
+    refused = subprocess.run([CLI, "server", "--stop"], env=env, capture_output=True, text=True, timeout=PATIENCE_S)
     assert refused.returncode == 2
     assert refused.stderr.strip().startswith("error: the local Prefect server is in use by a running command")
     assert len(refused.stderr.strip().splitlines()) == 1 and _answers(found)
     holder.kill()
-    holder.wait(10)
-    stopped = subprocess.run([CLI, "server", "--stop"], env=env, capture_output=True, text=True, timeout=120)
+    holder.wait(PATIENCE_S)
+    stopped = subprocess.run([CLI, "server", "--stop"], env=env, capture_output=True, text=True, timeout=PATIENCE_S)
     assert stopped.returncode == 0, stopped.stderr
     assert f"stopped the local Prefect server (process {found['pid']}" in stopped.stdout
-    assert _gone(found["pid"], within_s=30)
-    again = subprocess.run([CLI, "server", "--stop"], env=env, capture_output=True, text=True, timeout=120)
+    assert _gone(found["pid"], within_s=PATIENCE_S)
+    again = subprocess.run([CLI, "server", "--stop"], env=env, capture_output=True, text=True, timeout=PATIENCE_S)
     assert again.returncode == 0 and "no local Prefect server runs" in again.stdout
 
 
 def test_an_unknown_server_mode_is_refused_in_one_line(prefect_home, tmp_path):
-    env = _env(prefect_home, idle_s=120, DPRELEASE_PREFECT_SERVER="shared-please", DPRELEASE_HOME=str(tmp_path / "h"))
+    env = _env(prefect_home, idle_s=PATIENCE_S, DPRELEASE_PREFECT_SERVER="shared-please",
+               DPRELEASE_HOME=str(tmp_path / "h"))
     (tmp_path / "request.yaml").write_text("dataset: adult\nepsilon: 1\nsql: SELECT 1\n")
     done = subprocess.run([CLI, "release", str(tmp_path / "request.yaml")], env=env, capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=PATIENCE_S)
     assert done.returncode != 0
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "DPRELEASE_PREFECT_SERVER='shared-please' is not a server mode" in lines[0], done.stderr
@@ -244,7 +249,7 @@ def test_releases_share_the_local_server_and_another_terminal_answers_a_paused_o
         keys[name] = tmp_path / f"{name}.pem"
         decisions.create_controller(settings, name, keys[name])
     (tmp_path / "request.yaml").write_text(REQUEST)
-    env = _env(prefect_home, idle_s=120, DPRELEASE_HOME=str(settings.home), PREFECT_LOGGING_LEVEL="WARNING")
+    env = _env(prefect_home, idle_s=PATIENCE_S, DPRELEASE_HOME=str(settings.home), PREFECT_LOGGING_LEVEL="WARNING")
     env = {k: v for k, v in env.items() if k != "DPRELEASE_CONTROLLER_KEY"}
 
     def release(name: str, *extra: str) -> subprocess.Popen:
@@ -253,7 +258,7 @@ def test_releases_share_the_local_server_and_another_terminal_answers_a_paused_o
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     together = [release(name, "--approve-as", name) for name in ("ana", "bo")]
-    outputs = [c.communicate(timeout=600) for c in together]
+    outputs = [c.communicate(timeout=PATIENCE_S) for c in together]
     for c, (out, err) in zip(together, outputs, strict=True):
         assert c.returncode == 0, out[-2000:] + err[-2000:]
         assert "'status': 'published'" in out, out[-2000:]
@@ -263,17 +268,17 @@ def test_releases_share_the_local_server_and_another_terminal_answers_a_paused_o
 
     paused = release("ana")  # no terminal: it waits for a decision from elsewhere
     store = Store(settings.store_url)
-    deadline = time.monotonic() + 600
+    deadline = time.monotonic() + PATIENCE_S
     while not (waiting := store.list_releases(status="awaiting_approval")) and time.monotonic() < deadline:
         assert paused.poll() is None, paused.communicate()
         time.sleep(0.3)
     assert waiting, "the release never paused for a decision"
     release_id = waiting[0].id
     approve = subprocess.run([CLI, "approve", release_id, "--key", str(keys["bo"]), "--reason", "checked"],
-                             env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+                             env=env, cwd=tmp_path, capture_output=True, text=True, timeout=PATIENCE_S)
     assert approve.returncode == 0, approve.stdout + approve.stderr
     assert f"approve of release {release_id} accepted: published" in approve.stdout
-    out, err = paused.communicate(timeout=600)
+    out, err = paused.communicate(timeout=PATIENCE_S)
     assert paused.returncode == 0 and "'status': 'published'" in out, out[-2000:] + err[-2000:]
     assert "started this PREFECT_HOME's local Prefect server" not in out + err
     record = json.loads(next(prefect_home.glob("dprelease-local-server-*.json")).read_text())
@@ -294,9 +299,9 @@ def test_a_refusal_in_the_flow_of_the_command_that_started_the_server_is_one_lin
     admin.register_dataset(settings, "adult", DATA, "person_id", epsilon_cap=10.0, add_row_id=True)
     Path(Store(settings.store_url).get_dataset("adult").blob_path).write_bytes(b"garbage")  # fails in the flow
     (tmp_path / "request.yaml").write_text(REQUEST)
-    env = _env(prefect_home, idle_s=120, DPRELEASE_HOME=str(settings.home))
+    env = _env(prefect_home, idle_s=PATIENCE_S, DPRELEASE_HOME=str(settings.home))
     done = subprocess.run([CLI, "release", str(tmp_path / "request.yaml"), "--approve-as", "ana"], env=env,
-                          cwd=tmp_path, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600)
+                          cwd=tmp_path, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=PATIENCE_S)
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), done.stderr
     assert "started this PREFECT_HOME's local Prefect server" in done.stdout
@@ -308,11 +313,11 @@ def _record(prefect_home: Path) -> dict:
 
 
 def test_a_release_refused_before_its_flow_leaves_no_server(prefect_home, tmp_path):
-    env = _env(prefect_home, idle_s=600, DPRELEASE_HOME=str(tmp_path / "home"))
-    assert subprocess.run([CLI, "init"], env=env, capture_output=True, timeout=120).returncode == 0
+    env = _env(prefect_home, idle_s=PATIENCE_S, DPRELEASE_HOME=str(tmp_path / "home"))
+    assert subprocess.run([CLI, "init"], env=env, capture_output=True, timeout=PATIENCE_S).returncode == 0
     (tmp_path / "request.yaml").write_text(REQUEST.replace("dataset: adult", "dataset: nosuch"))
     done = subprocess.run([CLI, "release", str(tmp_path / "request.yaml")], env=env, capture_output=True, text=True,
-                          timeout=300)
+                          timeout=PATIENCE_S)
     assert done.returncode == 2 and "unknown dataset 'nosuch'" in done.stderr, done.stderr
     assert not list(prefect_home.glob("dprelease-local-server-*.json"))
     servers = subprocess.run(["pgrep", "-f", f"local_prefect_server {prefect_home.resolve()} "], capture_output=True,
@@ -322,32 +327,32 @@ def test_a_release_refused_before_its_flow_leaves_no_server(prefect_home, tmp_pa
 
 def test_a_server_whose_record_names_another_stops_by_itself(prefect_home):
     """A second server on the same database (its record overwritten, damaged or removed) must not stay."""
-    env = _env(prefect_home, idle_s=600)
+    env = _env(prefect_home, idle_s=PATIENCE_S)
     first = _run(env)
     state = next(prefect_home.glob("dprelease-local-server-*.json"))
     state.write_text('{"pid": 1, "port":')  # damaged: the next command starts another server
     second = _run(env)
     assert second["started"] and second["pid"] != first["pid"]
-    assert _gone(first["pid"], within_s=60), "the server no record names kept running"
+    assert _gone(first["pid"], within_s=PATIENCE_S), "the server no record names kept running"
     assert _answers(second) and _record(prefect_home)["pid"] == second["pid"]
 
 
 def test_a_deleted_home_stops_its_server(prefect_home):
-    found = _run(_env(prefect_home, idle_s=600))
+    found = _run(_env(prefect_home, idle_s=PATIENCE_S))
     shutil.rmtree(prefect_home)
-    assert _gone(found["pid"], within_s=60), "a server whose home was deleted kept running"
+    assert _gone(found["pid"], within_s=PATIENCE_S), "a server whose home was deleted kept running"
 
 
 def test_a_relative_home_is_the_same_home_for_the_server(prefect_home):
-    env = _env(prefect_home, idle_s=600)
+    env = _env(prefect_home, idle_s=PATIENCE_S)
     env["PREFECT_HOME"] = prefect_home.name  # relative to the command's directory
     command = subprocess.Popen([sys.executable, "-c", ATTACH, "ready", "0"], env=env, cwd=prefect_home.parent,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     found = _found(command)
-    assert command.wait(60) == 0, command.stderr.read()
+    assert command.wait(PATIENCE_S) == 0, command.stderr.read()
     assert _record(prefect_home)["home"] == str(prefect_home.resolve())
     created = httpx.post(f"http://127.0.0.1:{found['port']}/api/flows/", json={"name": "relative-home"},
-                         auth=tuple(found["auth"].split(":", 1)), timeout=10)
+                         auth=tuple(found["auth"].split(":", 1)), timeout=PATIENCE_S)
     assert created.status_code in (200, 201), created.text  # its database is the migrated copy in that home
     assert not (prefect_home / prefect_home.name).exists()
 
@@ -359,11 +364,11 @@ def test_a_malformed_record_signals_nobody(prefect_home):
     from importlib.metadata import version
 
     state = prefect_home / f"dprelease-local-server-{version('prefect')}.json"
-    env = _env(prefect_home, idle_s=600)
+    env = _env(prefect_home, idle_s=PATIENCE_S)
     for pid in (0, "123"):
         state.write_text(json.dumps({"pid": pid, "port": 8999, "auth": "dprelease:x", "version": version("prefect"),
                                      "started": 1.0, "home": str(prefect_home.resolve())}))
-        stopped = subprocess.run([CLI, "server", "--stop"], env=env, capture_output=True, text=True, timeout=120,
+        stopped = subprocess.run([CLI, "server", "--stop"], env=env, capture_output=True, text=True, timeout=PATIENCE_S,
                                  start_new_session=True)
         assert stopped.returncode == 0, stopped.stderr  # not killed by its own SIGTERM
         assert "no local Prefect server runs" in stopped.stdout
@@ -374,7 +379,7 @@ def test_a_malformed_record_signals_nobody(prefect_home):
 
 
 def test_the_server_s_files_are_its_owner_s_only(prefect_home):
-    found = _run(_env(prefect_home, idle_s=600))
+    found = _run(_env(prefect_home, idle_s=PATIENCE_S))
     assert _answers(found)  # a call: the database and its journal are written
     for name in ("dprelease-local-prefect-*.db*", "dprelease-local-server.log", "dprelease-local-server-*.json"):
         paths = list(prefect_home.glob(name))
@@ -388,12 +393,12 @@ def test_the_port_listens_before_the_server_has_booted(prefect_home):
     no moment when another process could take it (a call waits in the queue until the app is up)."""
     import socket
 
-    starter = _attach(_env(prefect_home, idle_s=600), hold_s=600, wait="spawned")
+    starter = _attach(_env(prefect_home, idle_s=PATIENCE_S), hold_s=PATIENCE_S, wait="spawned")
     try:
         spawned = _found(starter)  # printed at once after the spawn, long before Prefect's imports end
-        with socket.create_connection(("127.0.0.1", spawned["port"]), timeout=5):
+        with socket.create_connection(("127.0.0.1", spawned["port"]), timeout=PATIENCE_S):
             pass  # refused if the server were still to bind its port
         assert _answers(spawned)
     finally:
         starter.kill()
-        starter.wait(10)
+        starter.wait(PATIENCE_S)

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from patience import PATIENCE_S
 
 pytestmark = pytest.mark.slow
 
@@ -59,7 +60,7 @@ def ops(tmp_path_factory):
                            risk_profile={"max_risk": 0.5})
     (root / "request.yaml").write_text(REQUEST)
     operator_key = _controller_key(settings, root, "operator")
-    with prefect_test_harness(server_startup_timeout=300):
+    with prefect_test_harness(server_startup_timeout=PATIENCE_S):
         env = {k: v for k, v in os.environ.items() if not k.startswith(("DPRELEASE_", "PREFECT_"))}
         env.update(store_env)
         env.update(DPRELEASE_HOME=str(settings.home), PREFECT_API_URL=PREFECT_API_URL.value(),
@@ -245,7 +246,7 @@ def _store(ops):
     return Store(ops["settings"].store_url)
 
 
-def _until(predicate, what: str, timeout: float = 600, commands=()):
+def _until(predicate, what: str, timeout: float = PATIENCE_S, commands=()):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
@@ -336,7 +337,7 @@ def test_an_interrupt_at_the_compute_step_or_the_prompt_stops_refunds_and_says_s
     for command, release_id in ((computing, computing.release_id()), (prompting, at_prompt)):
         assert store.ledger_entry(release_id).status == "reserved"
         command.proc.send_signal(signum)
-        assert command.wait(120) == 128 + signum
+        assert command.wait(PATIENCE_S) == 128 + signum
         text = command.text()
         assert "Traceback" not in text, text[-3000:]
         lines = [line for line in command.err.read_text().splitlines() if "interrupted" in line]
@@ -358,7 +359,7 @@ def test_cancel_from_the_prefect_ui_stops_a_command_at_its_prompt(ops):
     release_id = _until(lambda: _at_prompt(prompting), "the prompt", commands=[prompting])
     with get_client(sync_client=True) as client:
         client.set_flow_run_state(release_id, Cancelling(message="cancelled in the UI"), force=True)
-    assert prompting.wait(120) == 1
+    assert prompting.wait(PATIENCE_S) == 1
     assert "Traceback" not in prompting.text()
     assert "cancelled in the Prefect UI" in prompting.err.read_text() and "refunded" in prompting.err.read_text()
     assert store.get_release(release_id).status == "failed"
@@ -386,12 +387,12 @@ def test_kill_9_at_each_step_then_recovery_leaves_the_budget_exact(ops):
             _until(command.marker.exists, step, commands=[command])
             ids[step] = command.release_id()
         command.proc.send_signal(signal.SIGKILL)
-        command.wait(60)
+        command.wait(PATIENCE_S)
     assert all(ids.values()), ids
 
     # approve on a paused run whose process is gone: the truth, non-zero, and the budget refunded
     done = subprocess.run([CLI, "approve", ids["paused"], "--reason", "checked"], check=False, env=ops["env"],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=PATIENCE_S)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "nothing was approved" in done.stdout and "refunded" in done.stdout, done.stdout
     assert store.get_release(ids["paused"]).status == "failed"
@@ -400,7 +401,7 @@ def test_kill_9_at_each_step_then_recovery_leaves_the_budget_exact(ops):
     # ones still open are what `recover` must end
     still_open = [step for step in ("after_checks", "after_reserve", "after_seal", "during_publication")
                   if store.get_release(ids[step]).status not in ("failed", "published")]
-    done = subprocess.run([CLI, "recover"], check=False, env=ops["env"], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([CLI, "recover"], check=False, env=ops["env"], capture_output=True, text=True, timeout=PATIENCE_S)
     assert done.returncode == 0 and "Traceback" not in done.stdout + done.stderr, done.stdout + done.stderr
     for step in still_open:
         assert ids[step] in done.stdout, (step, done.stdout)
@@ -428,5 +429,5 @@ def test_kill_9_at_each_step_then_recovery_leaves_the_budget_exact(ops):
     after = store.budget("adult")
     assert after["epsilon_reserved"] == 0
     assert after["epsilon_committed"] == pytest.approx(before["epsilon_committed"] + EPSILON)
-    again = subprocess.run([CLI, "recover"], check=False, env=ops["env"], capture_output=True, text=True, timeout=300)
+    again = subprocess.run([CLI, "recover"], check=False, env=ops["env"], capture_output=True, text=True, timeout=PATIENCE_S)
     assert again.returncode == 0 and "0 release(s) recovered" in again.stdout, again.stdout

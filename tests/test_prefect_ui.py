@@ -17,6 +17,7 @@ import pytest
 from browser import CHROMIUM, Chromium
 from prefect_console import (ROOT, deploy_release_flow, drain_prefect_workers, start_prefect_server, stop_process_group,
                              submit_and_run, ui_base)
+from patience import PATIENCE_S
 
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium); "
                                 "CI installs it (.ci/run)")
@@ -68,7 +69,7 @@ def assert_waiting(console, run, thread, box) -> None:
     from flows.approvals import wait_until_paused
 
     try:
-        wait_until_paused(str(run.id), timeout=120)
+        wait_until_paused(str(run.id), timeout=PATIENCE_S)
     except (RuntimeError, TimeoutError) as err:
         raise AssertionError(f"{err}: {box}") from None
     assert thread.is_alive()
@@ -86,7 +87,7 @@ def assert_waiting(console, run, thread, box) -> None:
     assert store.ledger_entry(str(run.id)).status == "reserved"
     assert not (console["settings"].publication_dir / str(run.id)).exists()
     page = console["browser"].open(f"{ui_base(console['url'])}/runs/flow-run/{run.id}")
-    page.wait_for_text("Paused", 60)
+    page.wait_for_text("Paused")
     page.close()
 
 
@@ -119,7 +120,7 @@ def assert_profile_is_the_default(page) -> None:
 
 def open_run_page(console, run):
     page = console["browser"].open(f"{ui_base(console['url'])}/runs/flow-run/{run.id}")
-    page.wait_for_text("Paused", 60)
+    page.wait_for_text("Paused")
     return page
 
 
@@ -149,7 +150,7 @@ def assert_resume_dialog_warns_once(console, run) -> None:
     page = open_run_page(console, run)
     show_artifact(page, "risk-")  # the warning made before the reservation
     open_resume_dialog(page)
-    page.wait_for_text("An approval is waiting", 60)
+    page.wait_for_text("An approval is waiting")
     dialog = page.evaluate("document.querySelector('[role=dialog]').innerText")
     page.close()
     assert dialog.count("above your tolerable risk") == 1, dialog
@@ -166,7 +167,7 @@ def assert_refusal_on_the_run_page(console, run) -> None:
 
     token = decisions.sign_for_release(console["settings"], str(run.id), "reject", console["key"], "mismatch")
     answer(str(run.id), "approve", "alice", signed_decision=token)
-    wait_until_paused(str(run.id), timeout=120)
+    wait_until_paused(str(run.id), timeout=PATIENCE_S)
     from prefect import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
@@ -179,8 +180,8 @@ def assert_refusal_on_the_run_page(console, run) -> None:
         (shown,) = client.read_artifacts(
             artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[refusal_artifact_key(str(run.id))])))
     page = console["browser"].open(f"{ui_base(console['url'])}/artifacts/artifact/{shown.id}")
-    page.wait_for_text("Decision refused", 60)
-    page.wait_for_text("the form says 'approve' but the signed decision says 'reject'", 30)
+    page.wait_for_text("Decision refused")
+    page.wait_for_text("the form says 'approve' but the signed decision says 'reject'")
     page.close()
 
 
@@ -219,7 +220,7 @@ def test_an_on_demand_run_from_the_form_waits_for_the_controller(console):
         assert client.read_flow_run(second[0].id).name == "Education, with a policy present"  # named after the title
     for run, thread, box in (first, second):
         decide(settings, str(run.id), "reject", console["key"], "a browser test")
-        thread.join(120)
+        thread.join(PATIENCE_S)
         assert box.get("result", {}).get("status") == "rejected", box
     budget_after = store.budget("adult")
     assert budget_after["epsilon_committed"] == budget_before["epsilon_committed"]

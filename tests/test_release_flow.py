@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from patience import PATIENCE_S
 
 SQL = ("SELECT WITH ANONYMIZATION education, ANON_COUNT(*, 1) AS people, ANON_AVG(age, 17, 90) AS avg_age "
        "FROM adult GROUP BY education")
@@ -45,7 +46,7 @@ def platform_env(tmp_path_factory):
     admin.register_dataset(settings, "strict", data, "person_id", epsilon_cap=10, add_row_id=True,
                            expectations=[{"type": "expect_column_values_to_be_in_set",
                                           "kwargs": {"column": "sex", "value_set": ["Male"]}}])
-    with prefect_test_harness(server_startup_timeout=300):
+    with prefect_test_harness(server_startup_timeout=PATIENCE_S):
         yield settings
     for k, v in saved.items():
         if v is None:
@@ -63,7 +64,7 @@ def start_release(**params):
     def run():
         try:
             box["state"] = release_flow(**{"dataset": "adult", "sql": SQL, "epsilon": 1.0,
-                                           "approval_timeout": 60, **params}, return_state=True)
+                                           "approval_timeout": PATIENCE_S, **params}, return_state=True)
             box["result"] = outcome(box["state"])
         except BaseException as err:  # noqa: BLE001
             box["error"] = err
@@ -73,7 +74,7 @@ def start_release(**params):
     return thread, box
 
 
-def wait_for_approval(store, known: set, timeout=120, thread=None, box=None):
+def wait_for_approval(store, known: set, timeout=PATIENCE_S, thread=None, box=None):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if thread is not None and not thread.is_alive():
@@ -98,13 +99,14 @@ def decide(platform_env, decision, override="", **params):
     platform = Platform.open(platform_env)
     known = {r.id for r in platform.store.list_releases()}
     thread, box = start_release(**params)
+    if decision is None:  # nobody answers: a short approval timeout may expire before any look sees the pause
+        thread.join(PATIENCE_S)
+        (rel,) = [r for r in platform.store.list_releases() if r.id not in known]
+        return platform, rel, box
     rel = wait_for_approval(platform.store, known, thread=thread, box=box)
-    if decision is not None:
-        wait_until_paused(rel.flow_run_id)
-        send(platform_env, rel.id, decision, controller_key(), "checked", override)
-    else:
-        wait_until_paused(rel.flow_run_id)
-    thread.join(180)
+    wait_until_paused(rel.flow_run_id, timeout=PATIENCE_S)
+    send(platform_env, rel.id, decision, controller_key(), "checked", override, timeout=PATIENCE_S)
+    thread.join(PATIENCE_S)
     return platform, rel, box
 
 
@@ -230,7 +232,7 @@ def test_failing_data_checks_spend_and_publish_nothing(platform_env):
     platform = pipeline.Platform.open(platform_env)
     before = platform.store.budget("strict")
     thread, box = start_release(dataset="strict", sql=SQL.replace("FROM adult", "FROM strict"))
-    thread.join(180)
+    thread.join(PATIENCE_S)
     assert "error" in box and "Data checks FAILED" in str(box["error"])
     assert "expect_column_values_to_be_in_set [sex]" in str(box["error"])
     assert platform.store.budget("strict") == before
@@ -310,7 +312,7 @@ def test_twenty_concurrent_releases_never_commit_more_than_the_cap(platform_env)
     for t in threads:
         t.start()
     for t in threads:
-        t.join(300)
+        t.join(PATIENCE_S)
     budget = pipeline.Platform.open(platform_env).store.budget("race")
     assert outcomes.count("published") == 10 and outcomes.count("refused") == 10
     assert budget["epsilon_committed"] == pytest.approx(5.0) and budget["epsilon_reserved"] == 0
@@ -409,9 +411,9 @@ def test_only_scheduled_runs_of_the_named_deployment_are_approved_automatically(
         daemon=True)
     thread.start()
     rel = wait_for_approval(platform.store, known, thread=thread, box=box)
-    wait_until_paused(rel.flow_run_id)
-    send(platform_env, rel.id, "reject", controller_key(), "on demand: not this month")
-    thread.join(120)
+    wait_until_paused(rel.flow_run_id, timeout=PATIENCE_S)
+    send(platform_env, rel.id, "reject", controller_key(), "on demand: not this month", timeout=PATIENCE_S)
+    thread.join(PATIENCE_S)
     assert box["result"]["status"] == "rejected"
     assert not (platform_env.publication_dir / rel.id).exists()
 
@@ -462,7 +464,7 @@ def test_release_flow_never_auto_approves_and_later_steps_never_recompute(platfo
     platform.store.add_policy("auto-any", "adult", max_epsilon_per_release=5.0, approval="auto",
                               deployment="dp-release")
     every_field = {"title": "all fields", "delta": 1e-6, "max_partitions_contributed": 1, "requested_by": "mallory",
-                   "approval_timeout": 60}
+                   "approval_timeout": PATIENCE_S}
     platform, rel, box = decide(platform_env, "reject", **every_field)
     assert box["result"]["status"] == "rejected"  # it paused and the controller decided
     planned = pipeline.plan(platform, parse_request({"dataset": "adult", "sql": SQL, "epsilon": 1.0}))
@@ -509,15 +511,15 @@ def _refusals(platform_env, release_id) -> int:
 def _send_raw(platform_env, rel, token, decision="approve", reviewer="alice"):
     """Resume the paused run with a hand-made answer, as anyone with the console could; wait
     until the run has refused it and paused again."""
-    from flows.approvals import answer, wait_until_paused
+    from flows.approvals import answer, looks, wait_until_paused
 
     before = _refusals(platform_env, rel.id)
-    answer(rel.flow_run_id, decision, reviewer, "", signed_decision=token)
-    deadline = time.monotonic() + 60
-    while _refusals(platform_env, rel.id) == before and time.monotonic() < deadline:
-        time.sleep(0.2)
+    answer(rel.flow_run_id, decision, reviewer, "", signed_decision=token, timeout=PATIENCE_S)
+    for _ in looks(PATIENCE_S, 0.05, 0.5):
+        if _refusals(platform_env, rel.id) != before:
+            break
     assert _refusals(platform_env, rel.id) == before + 1
-    wait_until_paused(rel.flow_run_id)
+    wait_until_paused(rel.flow_run_id, timeout=PATIENCE_S)
     assert_refusal_shown(platform_env, rel)
 
 
@@ -555,9 +557,9 @@ def test_only_a_registered_controllers_signed_decision_publishes(platform_env, t
 
     platform = pipeline.Platform.open(platform_env)
     known = {r.id for r in platform.store.list_releases()}
-    thread, box = start_release(approval_timeout=300, title="Education, checked by alice")
+    thread, box = start_release(approval_timeout=PATIENCE_S, title="Education, checked by alice")
     rel = wait_for_approval(platform.store, known, thread=thread, box=box)
-    wait_until_paused(rel.flow_run_id)
+    wait_until_paused(rel.flow_run_id, timeout=PATIENCE_S)
     # the paused run says an approval is waiting, links the summary, previews the accuracy
     from prefect import get_client
 
@@ -584,7 +586,7 @@ def test_only_a_registered_controllers_signed_decision_publishes(platform_env, t
     # an analyst: their own key, registered nowhere
     signing.generate_keypair(tmp_path / "ana.pem", tmp_path / "ana.pub.pem")
     with pytest.raises(decisions.DecisionRefused, match="no registered controller"):
-        send(platform_env, rel.id, "approve", tmp_path / "ana.pem")
+        send(platform_env, rel.id, "approve", tmp_path / "ana.pem", timeout=PATIENCE_S)
     as_ana = decisions.Decision(**{**forged.__dict__, "controller": "ana"})
     _send_raw(platform_env, rel, decisions.sign(as_ana, signing.load_private_key(tmp_path / "ana.pem")), reviewer="ana")
     refused = (platform_env.archive_dir / rel.id / decisions.REFUSED_FILE).read_text()
@@ -593,8 +595,8 @@ def test_only_a_registered_controllers_signed_decision_publishes(platform_env, t
     assert platform.store.get_release(rel.id).status == "awaiting_approval"
     assert platform.store.ledger_entry(rel.id).status == "reserved"
     # alice decides
-    send(platform_env, rel.id, "approve", controller_key("alice"), "numbers look right")
-    thread.join(180)
+    send(platform_env, rel.id, "approve", controller_key("alice"), "numbers look right", timeout=PATIENCE_S)
+    thread.join(PATIENCE_S)
     assert box["result"]["status"] == "published", box
     (entry,) = decisions.recorded(platform_env, rel.id)
     assert entry["controller"] == "alice" and entry["decision"] == "approve" and entry["reason"] == "numbers look right"
@@ -635,7 +637,7 @@ def test_risk_above_tolerance_needs_an_override_with_a_reason(platform_env):
     known = {r.id for r in platform.store.list_releases()}
     thread, box = start_release(dataset="risky", sql=SQL.replace("FROM adult", "FROM risky"))
     rel = wait_for_approval(platform.store, known, thread=thread, box=box)
-    wait_until_paused(rel.flow_run_id)
+    wait_until_paused(rel.flow_run_id, timeout=PATIENCE_S)
     summary = (platform_env.archive_dir / rel.id / "summary.md").read_text()
     assert summary.startswith("**WARNING: above your tolerable risk.**")
     assert "(above your tolerable 0.2)" in summary and "low;" not in summary  # 0.31 is not called low
@@ -644,7 +646,7 @@ def test_risk_above_tolerance_needs_an_override_with_a_reason(platform_env):
     assert_risk_dialog_says_it_once(rel)
     assert_warned_before_reserving(platform, rel)
     with pytest.raises(decisions.DecisionRefused, match="override"):
-        send(platform_env, rel.id, "approve", controller_key(), "fine")
+        send(platform_env, rel.id, "approve", controller_key(), "fine", timeout=PATIENCE_S)
     # a decision signed without the override (bypassing the CLI's check) is refused by the run
     context = decisions.read_context(platform_env, rel.id)
     from dprelease.reporting import signing
@@ -653,8 +655,9 @@ def test_risk_above_tolerance_needs_an_override_with_a_reason(platform_env):
                               report_fingerprint=context["report_fingerprint"], decided_at=pipeline.now())
     _send_raw(platform_env, rel, decisions.sign(bare, signing.load_private_key(controller_key())))
     assert not (platform_env.publication_dir / rel.id).exists()
-    send(platform_env, rel.id, "approve", controller_key(), "fine", "aggregate table, recipient under contract")
-    thread.join(180)
+    send(platform_env, rel.id, "approve", controller_key(), "fine", "aggregate table, recipient under contract",
+         timeout=PATIENCE_S)
+    thread.join(PATIENCE_S)
     assert box["result"]["status"] == "published", box
     (entry,) = decisions.recorded(platform_env, rel.id)
     assert entry["risk_override"] == "aggregate table, recipient under contract"
@@ -823,12 +826,11 @@ def worker_release(platform_env, decision, **params):
     platform = Platform.open(platform_env)
     box: dict = {}
     thread = run_as_worker({**WORKER_PARAMS, **params}, box)
-    if decision is not None or params.get("dataset") != "strict":
+    if decision is not None:  # an expiring run is left alone: its short pause may end before anyone sees it
         rel = wait_for_approval(platform.store, {r.id for r in platform.store.list_releases()}, thread=thread, box=box)
-        wait_until_paused(rel.flow_run_id)
-        if decision is not None:
-            send(platform_env, rel.id, decision, controller_key(), "checked")
-    thread.join(180)
+        wait_until_paused(rel.flow_run_id, timeout=PATIENCE_S)
+        send(platform_env, rel.id, decision, controller_key(), "checked")
+    thread.join(PATIENCE_S)
     assert not thread.is_alive()
     return platform, box
 
@@ -898,7 +900,7 @@ def test_prefect_s_retry_of_an_ended_release_ends_at_once_saying_what_the_releas
     published = sorted(p.name for p in platform_env.publication_dir.rglob("*"))
     box: dict = {}
     thread = run_as_worker({**WORKER_PARAMS, **params}, box, flow_run=again)
-    thread.join(180)
+    thread.join(PATIENCE_S)
     state = box["state"]
     assert words in state.message and "This retry ran nothing again" in state.message, state.message
     expected = {"approve": ("COMPLETED", "Completed"), "reject": ("COMPLETED", "Rejected"),
@@ -927,12 +929,12 @@ def test_forged_and_replayed_decisions_are_refused_and_spend_nothing(platform_en
     platform = pipeline.Platform.open(platform_env)
     budget_before = platform.store.budget("adult")
     known = {r.id for r in platform.store.list_releases()}
-    other_thread, other_box = start_release(approval_timeout=300, title="the other release")
+    other_thread, other_box = start_release(approval_timeout=PATIENCE_S, title="the other release")
     other = wait_for_approval(platform.store, known, thread=other_thread, box=other_box)
-    thread, box = start_release(approval_timeout=300, title="this release")
+    thread, box = start_release(approval_timeout=PATIENCE_S, title="this release")
     rel = wait_for_approval(platform.store, known | {other.id}, thread=thread, box=box)
-    wait_until_paused(other.flow_run_id)
-    wait_until_paused(rel.flow_run_id)
+    wait_until_paused(other.flow_run_id, timeout=PATIENCE_S)
+    wait_until_paused(rel.flow_run_id, timeout=PATIENCE_S)
     alice = signing.load_private_key(controller_key("alice"))
     context = decisions.read_context(platform_env, rel.id)
 
@@ -960,7 +962,7 @@ def test_forged_and_replayed_decisions_are_refused_and_spend_nothing(platform_en
     #    a decision the analyst signed by hand
     signing.generate_keypair(tmp_path / "ana.pem", tmp_path / "ana.pub.pem")
     with pytest.raises(decisions.DecisionRefused, match="no registered controller"):
-        send(platform_env, rel.id, "approve", tmp_path / "ana.pem", "looks fine to me")
+        send(platform_env, rel.id, "approve", tmp_path / "ana.pem", "looks fine to me", timeout=PATIENCE_S)
     _send_raw(platform_env, rel, signed_by(signing.load_private_key(tmp_path / "ana.pem"), controller="ana"),
               reviewer="ana")
     refused = [json.loads(line)["why"] for line in
@@ -980,12 +982,12 @@ def test_forged_and_replayed_decisions_are_refused_and_spend_nothing(platform_en
     assert held["epsilon_reserved"] == budget_before["epsilon_reserved"] + 2.0  # the two releases' 1.0 each, no more
     # the other release was not touched by the replay, and takes the token it was meant for
     assert platform.store.get_release(other.id).status == "awaiting_approval"
-    answer(other.flow_run_id, "approve", "alice", "fine", signed_decision=replayed)
-    other_thread.join(180)
+    answer(other.flow_run_id, "approve", "alice", "fine", signed_decision=replayed, timeout=PATIENCE_S)
+    other_thread.join(PATIENCE_S)
     assert other_box["result"]["status"] == "published", other_box
     # alice rejects this one: refunded, the budget exactly as before plus the other's commitment
-    send(platform_env, rel.id, "reject", controller_key("alice"), "forgeries seen")
-    thread.join(180)
+    send(platform_env, rel.id, "reject", controller_key("alice"), "forgeries seen", timeout=PATIENCE_S)
+    thread.join(PATIENCE_S)
     assert box["result"]["status"] == "rejected", box
     after = platform.store.budget("adult")
     assert after["epsilon_reserved"] == budget_before["epsilon_reserved"]
@@ -1017,11 +1019,12 @@ def test_an_answer_waits_for_the_pause_form_as_well_as_the_pause(platform_env):
         paused.state_details.run_input_keyset = keyset
         client.set_flow_run_state(run.id, paused, force=True)
         done = threading.Event()
-        waiter = threading.Thread(target=lambda: (wait_until_paused(str(run.id), timeout=60), done.set()), daemon=True)
+        waiter = threading.Thread(target=lambda: (wait_until_paused(str(run.id), timeout=PATIENCE_S), done.set()),
+                                  daemon=True)
         waiter.start()
         assert not done.wait(2.0), "returned while the run's form was not saved: a resume now is refused"
         client.create_flow_run_input(run.id, keyset["schema"], "{}")
-        assert done.wait(30.0), "did not return once the form was saved"
+        assert done.wait(PATIENCE_S), "did not return once the form was saved"
 
 
 @pytest.mark.parametrize("lose", [("state",), ("schema",), ("state", "schema")])
@@ -1064,17 +1067,17 @@ def test_a_pause_whose_reply_was_lost_still_waits_for_the_answer(platform_env, m
     @flow
     def asks() -> str:
         box["run_id"] = str(flow_run.id)
-        return pause_for_input(Answer, timeout=90, poll_interval=0.2, key="asked").word
+        return pause_for_input(Answer, timeout=PATIENCE_S, poll_interval=0.2, key="asked").word
 
     thread = threading.Thread(target=lambda: box.update(state=asks(return_state=True)), daemon=True)
     thread.start()
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + PATIENCE_S
     while "run_id" not in box and time.monotonic() < deadline:
         time.sleep(0.1)
-    wait_until_paused(box["run_id"], timeout=60)
+    wait_until_paused(box["run_id"], timeout=PATIENCE_S)
     resume_flow_run(box["run_id"], run_input={"word": "approved"})
-    thread.join(90)
-    assert "state" in box, "the flow did not end within 90 s of the answer"
+    thread.join(PATIENCE_S)
+    assert "state" in box, "the flow did not end after the answer"
     assert sorted(lost) == sorted(lose), "the fault was not injected: the test proves nothing"
     assert box["state"].is_completed(), box["state"]
     assert box["state"].result() == "approved"
@@ -1130,3 +1133,38 @@ def test_the_preview_summary_and_reports_write_each_number_alike_and_analysts_se
         assert str(platform_env.home) not in text and str(platform_env.publication_dir) not in text, path.name
         if path.name != "manifest.sig":  # 64 random bytes: any character may appear
             assert not ABSOLUTE_PATH.findall(text), (path.name, ABSOLUTE_PATH.findall(text)[:3])
+
+
+def test_a_decision_for_a_run_that_died_before_its_pause_is_refused_saying_so(platform_env):
+    """A decision waits for the run's pause as long as the run lives (at load a busy server takes
+    minutes to show it), and no longer: a release awaiting approval whose process ended before its
+    run paused is refused in words, not waited for until a deadline."""
+    import subprocess
+    import sys
+
+    from prefect import flow, get_client
+
+    from cli.deciding import decide as send
+    from dprelease import decisions, pipeline, recovery
+
+    @flow
+    def never_pauses():
+        pass
+
+    platform = pipeline.Platform.open(platform_env)
+    with get_client(sync_client=True) as client:
+        run = client.create_flow_run(never_pauses)  # Pending: neither paused nor over
+    rel = platform.store.add_release("adult", "{}", status="awaiting_approval", flow_run_id=str(run.id))
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    platform.store.take_lease(rel.id, recovery.this_host(), ended.pid, 0.0)  # the run's process, gone
+    context = {"release_id": rel.id, "question": f"approval-{rel.id}", "report_fingerprint": "0" * 64,
+               "above_tolerance": False}
+    (platform_env.archive_dir / rel.id).mkdir(parents=True)
+    (platform_env.archive_dir / rel.id / decisions.CONTEXT_FILE).write_text(json.dumps(context))
+    try:
+        with pytest.raises(decisions.DecisionRefused, match=f"the run of release {rel.id} ended before it paused "
+                                                            rf"\(process {ended.pid} on .* has ended\)"):
+            send(platform_env, rel.id, "approve", controller_key(), "too late")
+    finally:
+        platform.store.update_release(rel.id, status="failed")

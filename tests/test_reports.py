@@ -24,6 +24,7 @@ import dp_core as dp
 from dp_core import display, pri
 from dp_core import risk as risk_model
 from dprelease.reporting import charts, data_files, pages
+from patience import PATIENCE_S
 
 SCRIPT = "<script>alert(1)</script>"
 NAMESPACES = {"http://www.w3.org/2000/svg", "http://www.w3.org/1999/xlink"}
@@ -336,7 +337,7 @@ def run_chromium(page: Path, png: Path, profile: Path) -> subprocess.CompletedPr
            "--disable-background-networking", "--disable-component-update", "--disable-sync",
            f"--user-data-dir={profile}", f"--screenshot={png}", "--window-size=1200,1600",
            "--enable-logging=stderr", "--v=0", page.resolve().as_uri()]
-    return subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=90)
+    return subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=PATIENCE_S)
 
 
 def console_lines(stderr: str) -> list[str]:

@@ -18,6 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
 from monthly_snapshots import write_snapshots
+from patience import PATIENCE_S
 
 DEPLOYMENT = "dp-series-publication"
 SQL = ("SELECT WITH ANONYMIZATION region, ANON_COUNT(*, 1) AS people, ANON_AVG(visits, 0, 20) AS avg_visits "
@@ -43,7 +44,7 @@ def series_env(tmp_path_factory):
     spec = tmp_path_factory.mktemp("requests") / "visits.yaml"
     spec.write_text(f"dataset: visits\ntitle: Monthly visits by region\nsql: |\n  {SQL}\nepsilon: {EPSILON}\n"
                     "delta: 1.0e-7\n")
-    with prefect_test_harness(server_startup_timeout=120):
+    with prefect_test_harness(server_startup_timeout=PATIENCE_S):
         yield {"settings": settings, "files": files, "spec": spec}
     for k, v in saved.items():
         if v is None:
@@ -297,7 +298,7 @@ def _render_in_chromium(page: Path, tmp_path: Path) -> Path:
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     dom = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'dom'}",
                           "--dump-dom", page.resolve().as_uri()], check=False, capture_output=True, text=True,
-                         timeout=90)
+                         timeout=PATIENCE_S)
     assert dom.stdout.count('<figure class="series-chart">') == 2 and dom.stdout.count("<svg") == 2
     return png
 

@@ -20,6 +20,7 @@ from dprelease.store import series as store_series
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from monthly_snapshots import write_snapshots
+from patience import PATIENCE_S
 
 LABELS = ("2026-01", "2026-02", "2026-03")
 
@@ -70,7 +71,7 @@ def test_two_runs_for_one_snapshot_at_once_exactly_one_spends(any_store):  # noq
     for t in threads:
         t.start()
     for t in threads:
-        t.join(120)
+        t.join(PATIENCE_S)
     assert not other and len(won) == 1 and len(refused) == 7, (won, refused, other)
     assert all("released once" in r for r in refused)
     assert _entries(any_store) == [("visits@2026-02", 0.5, "reserved")]
@@ -127,7 +128,7 @@ def test_series_cap_charges_every_snapshot_against_one_cap_under_concurrency(any
     for t in threads:
         t.start()
     for t in threads:
-        t.join(120)
+        t.join(PATIENCE_S)
     assert len(ok) == 3 and len(refused) == 7
     for dataset, message in refused:  # the series refuses; a snapshot holding 0.9 itself may refuse first
         own = sum(0.3 for i in ok if f"visits@{LABELS[i % 3]}" == dataset)

@@ -22,6 +22,7 @@ from dp_core.errors import InvalidDataError
 from dp_core.quantiles import dense_histograms
 from dp_core.selection_mad import round_two_sql
 from noise_replay import replay_noise
+from patience import PATIENCE_S
 
 pytestmark = pytest.mark.xdist_group("spark")  # one worker, one SparkSession (pyproject: --dist loadgroup)
 
@@ -273,7 +274,7 @@ def test_the_engine_imports_and_runs_without_pyspark(tmp_path):
     )
     root = Path(__file__).resolve().parents[1]
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
-                         env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"}, timeout=120)
+                         env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"}, timeout=PATIENCE_S)
     assert out.returncode == 0, out.stderr
     assert "pip install 'dprelease[spark]'" in out.stdout
 

@@ -17,6 +17,7 @@ import pandas as pd
 import pytest
 
 import dp_core as dp
+from patience import PATIENCE_S
 
 pytestmark = pytest.mark.xdist_group("spark")  # one worker, one SparkSession (pyproject: --dist loadgroup)
 
@@ -48,7 +49,7 @@ def lake_env(spark, adult, tmp_path_factory):
                                risk_profile={"max_risk": 0.5})
     keys = tmp_path_factory.mktemp("controller-keys")
     decisions.create_controller(settings, "alice", keys / "alice.pem")
-    with prefect_test_harness(server_startup_timeout=300):
+    with prefect_test_harness(server_startup_timeout=PATIENCE_S):
         yield settings, folder, keys / "alice.pem"
     for k, v in saved.items():
         if v is None:
@@ -102,14 +103,14 @@ def test_a_release_of_an_external_dataset_runs_on_spark_is_approved_signed_and_v
 
     def run():
         try:
-            box["result"] = outcome(release_flow(dataset="lake", sql=SQL, epsilon=1.0, approval_timeout=120,
+            box["result"] = outcome(release_flow(dataset="lake", sql=SQL, epsilon=1.0, approval_timeout=PATIENCE_S,
                                                  backend="spark", return_state=True))
         except BaseException as err:  # noqa: BLE001
             box["error"] = err
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + PATIENCE_S
     while not (waiting := platform.store.list_releases(status="awaiting_approval")):
         assert thread.is_alive() and time.monotonic() < deadline, f"no approval asked: {box}"
         time.sleep(0.3)
@@ -117,7 +118,7 @@ def test_a_release_of_an_external_dataset_runs_on_spark_is_approved_signed_and_v
     assert platform.store.budget("lake")["epsilon_reserved"] == pytest.approx(1.0)
     wait_until_paused(rel.flow_run_id)
     decide(settings, rel.id, "approve", alice, "checked on the lake")
-    thread.join(120)
+    thread.join(PATIENCE_S)
     assert box.get("result", {}).get("status") == "published", box
     directory = Path(box["result"]["directory"])
     verified = signing.verify_directory(directory, settings.public_key_file)

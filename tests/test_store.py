@@ -18,6 +18,7 @@ from sqlalchemy.engine import make_url
 from dprelease.store import BudgetExceeded, Store, StoreError
 from dprelease.store import ledger as store_module
 from dprelease.store import series as store_series
+from patience import PATIENCE_S
 
 PG_ENV = "DPRELEASE_TEST_PG_URL"
 
@@ -386,9 +387,9 @@ def _race(store: Store, threads: int = 20) -> tuple[list[str], list[str], list[B
     for t in workers:
         t.start()
     for t in workers:
-        t.join(timeout=120)
+        t.join(timeout=PATIENCE_S)
     done.set()
-    watcher.join(timeout=30)
+    watcher.join(timeout=PATIENCE_S)
     return ok, refused, other, samples
 
 
@@ -528,7 +529,7 @@ def test_an_abandon_racing_an_approval_leaves_the_committed_budget_spent(any_sto
         worker = threading.Thread(target=abandon)
         worker.start()
         time.sleep(1.0)  # the abandon reads the entry now (or waits for it)
-    worker.join(timeout=60)
+    worker.join(timeout=PATIENCE_S)
     assert "error" not in outcome, outcome.get("error")
     assert outcome["abandon"] == "committed"
     assert any_store.ledger_entry("racing").status == "committed"
@@ -572,7 +573,7 @@ def test_a_commit_racing_an_abandon_or_a_refund_of_one_reservation_lets_exactly_
     for t in threads:
         t.start()
     for t in threads:
-        t.join(timeout=60)
+        t.join(timeout=PATIENCE_S)
     status = any_store.ledger_entry("racing").status
     committed_refused = ("cannot mark the reservation of release 'racing' committed: it is already refunded; "
                          "reserve again under a new release id")
@@ -811,7 +812,7 @@ def test_abandon_waits_for_a_commit_in_flight_and_leaves_it_committed(pg_store):
         worker.join(2.0)
         assert worker.is_alive(), "abandon did not wait for the row held by the commit in flight"
         tx.commit()
-    worker.join(30)
+    worker.join(PATIENCE_S)
     assert outcome["result"] == "committed"
     assert pg_store.ledger_entry(release.id).status == "committed"
     assert pg_store.get_release(release.id).status == "approved"

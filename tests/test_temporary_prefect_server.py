@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from patience import PATIENCE_S
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,12 +61,12 @@ def test_kill_9_of_the_command_takes_its_server_and_the_next_command_removes_its
                                stderr=subprocess.DEVNULL, text=True)
     try:
         server_pid, scratch, api_url = command.stdout.readline().split()
-        assert httpx.get(f"{api_url}/health", timeout=10).status_code == 200  # a real server answered
+        assert httpx.get(f"{api_url}/health", timeout=PATIENCE_S).status_code == 200  # a real server answered
         scratch = Path(scratch)
         assert scratch.parent == Path(tempfile.gettempdir()) and (scratch / "prefect.db").exists()
         command.send_signal(signal.SIGKILL)
-        command.wait(30)
-        assert _gone(int(server_pid), 30), "the server outlived its command"
+        command.wait(PATIENCE_S)
+        assert _gone(int(server_pid), PATIENCE_S), "the server outlived its command"
         assert scratch.exists()  # nobody cleaned up: the command had no chance
         removed = prefect_server.sweep_leftovers()  # what the next command does first
         assert scratch in removed and not scratch.exists()
@@ -110,7 +111,7 @@ def test_a_server_on_a_copy_of_the_template_starts_without_migrating_and_serves_
     shutil.copyfile(template, server.database)
     server.spawn()
     try:
-        server.wait_ready(timeout_s=120)
+        server.wait_ready(timeout_s=PATIENCE_S)
         environ = Path(f"/proc/{server.process.pid}/environ")
         if environ.exists():  # Linux: the server was told to skip both (the launcher became uvicorn in place)
             told = dict(v.split("=", 1) for v in environ.read_bytes().decode().split("\0") if "=" in v)
@@ -142,7 +143,7 @@ def test_a_template_built_again_holds_every_block_type(tmp_path):
     """)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(PYTHONPATH=str(ROOT), PREFECT_HOME=str(tmp_path / "prefect-home"), PREFECT_SERVER_ANALYTICS_ENABLED="false")
-    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=PATIENCE_S)
     assert done.returncode == 0, done.stderr[-2000:]
     first, second = map(int, done.stdout.split())
     assert first > 20 and second == first, (first, second)

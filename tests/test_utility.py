@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from patience import PATIENCE_S
 
 from dprelease.evaluators import registry as evaluators
 
@@ -40,7 +41,7 @@ def env(tmp_path_factory):
     decisions.create_controller(settings, "carla", home / "carla.pem")
     Store(settings.store_url).add_policy("analysts", "adult", max_epsilon_per_release=2.0, analyst="ana",
                                         evaluators=["spearman_rank", "top_k_groups"])
-    with prefect_test_harness(server_startup_timeout=300):
+    with prefect_test_harness(server_startup_timeout=PATIENCE_S):
         yield settings
     if saved is None:
         os.environ.pop("DPRELEASE_HOME", None)
@@ -59,7 +60,7 @@ def run_utility(env, answers, **params):
     known = {r.id for r in platform.store.list_releases()}
     box: dict = {}
     kwargs = {"dataset": "adult", "sql": SQL, "epsilon": 1.0, "evaluator": "spearman_rank", "evaluator_params": RANK,
-              "requested_by": "ana", "poll_interval": 1, "approval_timeout": 120, **params}
+              "requested_by": "ana", "poll_interval": 1, "approval_timeout": PATIENCE_S, **params}
 
     def target():
         try:
@@ -74,14 +75,14 @@ def run_utility(env, answers, **params):
         rel = _wait_awaiting(platform, known, thread)
         if rel is None:
             break
-        wait_until_paused(rel.flow_run_id)  # this pause (resuming sets the run Running at once)
+        wait_until_paused(rel.flow_run_id, timeout=PATIENCE_S)  # this pause (resuming sets the run Running at once)
         snapshots.append(_analyst_text(env, rel.id))
-        decide(env, rel.id, decision, env.home / "carla.pem", f"step {len(snapshots)}")
-    thread.join(180)
+        decide(env, rel.id, decision, env.home / "carla.pem", f"step {len(snapshots)}", timeout=PATIENCE_S)
+    thread.join(PATIENCE_S)
     return box, snapshots
 
 
-def _wait_awaiting(platform, known, thread, timeout=120):
+def _wait_awaiting(platform, known, thread, timeout=PATIENCE_S):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and thread.is_alive():
         for rel in platform.store.list_releases(status="awaiting_approval"):
@@ -193,3 +194,94 @@ def test_the_catalogue_documents_what_raw_values_reveal_and_loads_entry_points(m
     assert evaluators.enabled_evaluator("custom_gap", ["custom_gap"])(table, {"column": "n"}) == 30
     with pytest.raises(Exception, match="not enabled"):
         evaluators.enabled_evaluator("custom_gap", ["spearman_rank"])
+
+
+def _verdict_on(env, rel, token: str, decision: str = "approve", reviewer: str = "carla") -> str:
+    """Hand the paused run a signed token (as anyone with the console could) and read what it made
+    of it: "refused: why" or "accepted" (from the archive, as `dprelease approve` does)."""
+    from dprelease import decisions
+    from flows.approvals import answer, looks
+
+    refused_file = env.archive_dir / rel.id / decisions.REFUSED_FILE
+    refused_before = len(refused_file.read_text().splitlines()) if refused_file.exists() else 0
+    accepted_before = len(decisions.recorded(env, rel.id))
+    answer(rel.flow_run_id, decision, reviewer, "", signed_decision=token, timeout=PATIENCE_S)
+    for _ in looks(PATIENCE_S, 0.05, 0.5):
+        refused = refused_file.read_text().splitlines() if refused_file.exists() else []
+        if len(refused) > refused_before:
+            return "refused: " + json.loads(refused[-1])["why"]
+        if len(decisions.recorded(env, rel.id)) > accepted_before:
+            return "accepted"
+    raise AssertionError("the run neither took nor refused the decision")
+
+
+def _asking(env, platform, release_id: str, question: str):
+    """The release once its run pauses on `question` (the context is written before each pause)."""
+    from dprelease import decisions
+    from flows.approvals import looks, wait_until_paused
+
+    for _ in looks(PATIENCE_S, 0.05, 0.5):
+        rel = platform.store.get_release(release_id)
+        context = env.archive_dir / release_id / decisions.CONTEXT_FILE
+        if rel.status == "awaiting_approval" and context.exists() and \
+                decisions.read_context(env, release_id)["question"] == question:
+            wait_until_paused(rel.flow_run_id, timeout=PATIENCE_S)
+            return rel
+    raise AssertionError(f"release {release_id} never asked {question}")
+
+
+def test_an_approval_replayed_as_the_approval_to_compute_or_release_the_utility_signal_is_refused(env):
+    """The three pauses of one release are about the same controller report, so only the question a
+    decision is signed for tells them apart: carla's approval of the DP release replayed at the
+    second pause would compute f(raw output), and her approval to compute it replayed at the third
+    would publish it. Each replay is refused and recorded, nothing is computed or released by it,
+    the run keeps waiting; her own decision for each question is what moves the run on."""
+    from cli.deciding import decide
+    from dprelease import decisions
+    from dprelease.pipeline import Platform
+    from flows.utility import utility_flow
+
+    platform = Platform.open(env)
+    known = {r.id for r in platform.store.list_releases()}
+    box: dict = {}
+
+    def target():
+        try:
+            box["result"] = utility_flow(dataset="adult", sql=SQL, epsilon=1.0, evaluator="spearman_rank",
+                                         evaluator_params=RANK, requested_by="ana", poll_interval=1,
+                                         approval_timeout=PATIENCE_S)
+        except BaseException as err:  # noqa: BLE001
+            box["error"] = err
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    rel = _wait_awaiting(platform, known, thread)
+    assert rel is not None, box
+    rid, carla = rel.id, env.home / "carla.pem"
+    rel = _asking(env, platform, rid, f"approval-{rid}")
+    fingerprint = decisions.read_context(env, rid)["report_fingerprint"]
+    decide(env, rid, "approve", carla, "the DP release", timeout=PATIENCE_S)
+    release_approval = decisions.recorded(env, rid)[-1]["signed_decision"]
+
+    rel = _asking(env, platform, rid, f"utility-run-{rid}")
+    assert decisions.read_context(env, rid)["report_fingerprint"] == fingerprint  # the same report: only the question
+    # tells the pauses apart
+    why = _verdict_on(env, rel, release_approval)
+    assert why.startswith("refused:") and f"not for {rid} (utility-run-{rid})" in why, why
+    assert not (env.archive_dir / rid / "utility.json").exists()  # f(raw output) not computed
+    decide(env, rid, "approve", carla, "run it", timeout=PATIENCE_S)
+    run_approval = decisions.recorded(env, rid)[-1]["signed_decision"]
+
+    rel = _asking(env, platform, rid, f"utility-release-{rid}")
+    assert decisions.read_context(env, rid)["report_fingerprint"] == fingerprint
+    raw = _raw_value(env, rid)
+    for replayed in (release_approval, run_approval):
+        why = _verdict_on(env, rel, replayed)
+        assert why.startswith("refused:") and f"not for {rid} (utility-release-{rid})" in why, why
+        rel = _asking(env, platform, rid, f"utility-release-{rid}")
+    assert not (env.publication_dir / rid / "utility.json").exists() and raw not in _analyst_text(env, rid)
+    assert [d["question"] for d in decisions.recorded(env, rid)] == [f"approval-{rid}", f"utility-run-{rid}"]
+    decide(env, rid, "reject", carla, "keep it withheld", timeout=PATIENCE_S)
+    thread.join(PATIENCE_S)
+    assert box["result"]["utility"] == "withheld", box
+    assert raw not in _analyst_text(env, rid)
