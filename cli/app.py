@@ -25,11 +25,12 @@ from .errors import CommandLine, fail, run_program
 from .interactive import console, run_release_interactively, run_utility_interactively
 
 
-def _table(*columns: str):
-    """A Rich table (loaded when a command prints one: `dprelease --help` stays fast)."""
-    from rich.table import Table
+def _table(*columns: str, whole: tuple[str, ...] = ()):
+    """A table whose `whole` columns (what a person pastes) are never cut (cli.tables; loaded when a
+    command prints one: `dprelease --help` stays fast)."""
+    from .tables import Table
 
-    return Table(*columns)
+    return Table(*columns, whole=whole)
 
 
 app = CommandLine(help="Differentially private releases: register data, request, approve, publish, verify.",
@@ -176,14 +177,15 @@ def dataset_list() -> None:
     """The registered datasets."""
     from dprelease.store import Store
 
-    table = _table("name", "unit", "format", "fingerprint", "epsilon cap", "delta cap")
+    table = _table("name", "unit", "format", "fingerprint", "epsilon cap", "delta cap",
+                   whole=("name", "unit", "fingerprint"))
     for ds in Store(_settings().store_url).list_datasets():
         if not ds.privacy_unit:  # a public table: never charged
             table.add_row(escape(ds.name), "public", ds.file_format, ds.fingerprint[:16], "-", "-")
             continue
         table.add_row(escape(ds.name), escape(ds.privacy_unit), ds.file_format, ds.fingerprint[:16],
                       f"{ds.epsilon_cap:g}", f"{ds.delta_cap:g}")
-    console.print(table)
+    table.print(console)
 
 
 @policy_app.command("add")
@@ -232,12 +234,12 @@ def policy_list(dataset: str) -> None:
 
     from dprelease.store import Store
 
-    table = _table("name", "analyst", "max epsilon", "approval", "evaluators")
+    table = _table("name", "analyst", "max epsilon", "approval", "evaluators", whole=("name", "analyst"))
     for p in Store(_settings().store_url).all_policies(dataset):
         table.add_row(escape(p.name), escape(p.analyst or "any"), f"{p.max_epsilon_per_release:g}",
                       f"{p.approval} ({p.deployment})" if p.deployment else p.approval,
                       ", ".join(json.loads(p.evaluators_json or "[]")))
-    console.print(table)
+    table.print(console)
 
 
 @app.command()
@@ -247,7 +249,8 @@ def budget(dataset: str = typer.Argument(None, help="one dataset (default: all)"
 
     store = Store(_settings().store_url)
     names = [dataset] if dataset else [d.name for d in store.list_datasets()]
-    table = _table("dataset", "epsilon cap", "committed", "reserved", "remaining", "delta remaining")
+    table = _table("dataset", "epsilon cap", "committed", "reserved", "remaining", "delta remaining",
+                   whole=("dataset",))
     for name in names:
         if not store.get_dataset(name).privacy_unit:  # a public table has no budget: never charged
             table.add_row(escape(name), "public", "-", "-", "-", "-")
@@ -255,7 +258,7 @@ def budget(dataset: str = typer.Argument(None, help="one dataset (default: all)"
         b = store.budget(name)
         table.add_row(escape(name), f"{b['epsilon_cap']:g}", f"{b['epsilon_committed']:g}",
                       f"{b['epsilon_reserved']:g}", f"{b['epsilon_remaining']:g}", f"{b['delta_remaining']:.3g}")
-    console.print(table)
+    table.print(console)
     if not dataset:
         _series_budgets(store)
 
@@ -265,7 +268,7 @@ def _series_budgets(store) -> None:
     from dprelease.store import series as store_series
 
     store.create_all()
-    table = _table("series", "budget", "epsilon cap", "periods", "total epsilon", "remaining")
+    table = _table("series", "budget", "epsilon cap", "periods", "total epsilon", "remaining", whole=("series",))
     for s in store_series.list_series(store):
         b = store_series.series_budget(store, s.name)
         per_period = b["mode"] == "per_snapshot"
@@ -273,7 +276,7 @@ def _series_budgets(store) -> None:
                       f"{b['epsilon_cap']:g}" + (" each" if per_period else ""), str(len(b["per_period"])),
                       f"{b['epsilon_total']:g}", "-" if per_period else f"{b['epsilon_remaining']:g}")
     if table.row_count:
-        console.print(table)
+        table.print(console)
 
 
 @app.command()
@@ -317,12 +320,12 @@ def pending() -> None:
 
     store = Store(_settings().store_url)
     store.create_all()
-    table = _table("release id", "dataset", "created", "flow run", "run")
+    table = _table("release id", "dataset", "created", "flow run", "run", whole=("release id", "dataset", "flow run"))
     for rel in store.list_releases(status="awaiting_approval"):
         alive, why = recovery.run_is_alive(store, rel)
         table.add_row(escape(rel.id), escape(rel.dataset), str(rel.created_at)[:19], rel.flow_run_id or "",
                       why if alive else f"dead: {why} (dprelease recover)")
-    console.print(table)
+    table.print(console)
 
 
 def _decide(release_id: str, decision: str, key: Path | None, reason: str, override_risk: str) -> None:
@@ -496,10 +499,10 @@ def controller_list() -> None:
     from dprelease.reporting import signing
     from dprelease.store import Store
 
-    table = _table("name", "key fingerprint", "added")
+    table = _table("name", "key fingerprint", "added", whole=("name", "key fingerprint"))
     for c in Store(_settings().store_url).list_controllers():
-        table.add_row(c.name, signing.key_fingerprint(c.public_key_pem.encode()), str(c.added_at)[:19])
-    console.print(table)
+        table.add_row(escape(c.name), signing.key_fingerprint(c.public_key_pem.encode()), str(c.added_at)[:19])
+    table.print(console)
 
 
 request_app = typer.Typer(help="Analysts' channel: submit a request to the controllers' inbox.", no_args_is_help=True)
@@ -540,7 +543,7 @@ def request_list() -> None:
     for path in sorted(_settings().inbox_dir.glob("*.json")):
         fields = json.loads(path.read_text())
         table.add_row(str(path), fields.get("dataset", ""), fields.get("title", ""), fields.get("requested_by") or "")
-    console.print(table)
+    table.print(console)
 
 
 @app.command()
@@ -622,10 +625,10 @@ def evaluators() -> None:
     """The catalogue of evaluation functions for utility signaling, with what each reveals."""
     from dprelease.evaluators import catalogue
 
-    table = _table("name", "parameters", "what its value on raw data can reveal")
+    table = _table("name", "parameters", "what its value on raw data can reveal", whole=("name",))
     for name, ev in sorted(catalogue().items()):
         table.add_row(name, ", ".join(ev.params), ev.reveals)
-    console.print(table)
+    table.print(console)
 
 
 @app.command()
