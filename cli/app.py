@@ -5,7 +5,8 @@
     dprelease release request.yaml            # runs the release flow; asks for approval here
     dprelease controller add alice --private-key alice.pem     # the administrator
     dprelease pending | approve ID --key alice.pem | reject ID --key alice.pem --reason ...
-    dprelease request submit request.yaml --as ana              # an analyst
+    dprelease request submit request.yaml --as ana              # an analyst (prints the request ID)
+    dprelease request list | release ID                        # a controller runs it
     dprelease recover                         # end the releases whose process died (refund or finish)
     dprelease budget | verify DIR | server | demo
 """
@@ -511,45 +512,46 @@ app.add_typer(request_app, name="request")
 
 @request_app.command("submit")
 def request_submit(spec: Path = typer.Argument(..., help="a release request (.yaml or .json)"),
-                   requested_by: str = typer.Option(..., "--as", help="your name (the analyst)")) -> None:
-    """Submit a request to the inbox; a controller runs it (`dprelease release INBOX_FILE`) and
+                   requested_by: str = typer.Option(..., "--as", help="your name (the analyst): the request's "
+                                                    "requested_by, whose policy applies")) -> None:
+    """Submit a request to the controllers' inbox; a controller runs it (`dprelease release ID`) and
     decides. Submitting can neither approve nor read anything of the controller's.
 
     Example: dprelease request submit request.yaml --as ana"""
-    import json
-    import uuid
+    from dprelease.requests import inbox, load_request
 
-    from dprelease.requests import load_request
-
+    settings = _settings()
     try:
-        request = load_request(spec)
+        submitted = inbox.submit(settings, load_request(spec), requested_by)
     except Exception as err:  # noqa: BLE001 - one line for every bad request
         _fail(str(err))
-    settings = _settings()
-    settings.inbox_dir.mkdir(parents=True, exist_ok=True)
-    fields = json.loads(request.to_json())
-    fields["requested_by"] = requested_by
-    path = settings.inbox_dir / f"{uuid.uuid4().hex[:12]}.json"
-    path.write_text(json.dumps(fields, indent=2))
-    console.print(f"submitted {path.name} to the controllers' inbox")
+    console.print(escape(f"submitted request {submitted.id} to the controllers' inbox as {requested_by!r}: a "
+                         f"controller runs it with `dprelease release {submitted.id}`"), soft_wrap=True,
+                  highlight=False)
 
 
 @request_app.command("list")
 def request_list() -> None:
-    """The requests waiting in the inbox (controllers run them with `dprelease release FILE`)."""
-    import json
+    """The requests waiting in the inbox (a controller runs one with `dprelease release ID`)."""
+    from dprelease.requests import inbox
 
-    table = _table("file", "dataset", "title", "requested by")
-    for path in sorted(_settings().inbox_dir.glob("*.json")):
-        fields = json.loads(path.read_text())
-        table.add_row(str(path), fields.get("dataset", ""), fields.get("title", ""), fields.get("requested_by") or "")
+    settings = _settings()
+    table = _table("id", "dataset", "title", "requested by", "epsilon", whole=("id", "dataset", "requested by"))
+    for entry in inbox.waiting(settings):
+        r = entry.request
+        epsilon = f"{r.epsilon:g}" if r.epsilon_mode == "fixed" and r.epsilon is not None else r.epsilon_mode
+        table.add_row(escape(entry.id), escape(r.dataset), escape(r.title), escape(r.requested_by or ""), epsilon)
     table.print(console)
+    console.print(escape(f"inbox: {settings.inbox_dir} (run a request with `dprelease release ID`)"), soft_wrap=True,
+                  highlight=False)
 
 
 @app.command()
 def release(
-    spec: Path = typer.Argument(..., help="a release request (.yaml or .json)"),
-    approve_as: str = typer.Option(None, help="approve right away (no prompt), signed with --key"),
+    spec: Path = typer.Argument(..., help="a release request (.yaml or .json), or the id of a request in the "
+                                "analysts' inbox (`dprelease request list`; any unique start of it)"),
+    approve_as: str = typer.Option(None, help="approve right away (no prompt) as this controller, signed with "
+                                   "their key (--key)"),
     timeout: int = typer.Option(3600, help="seconds to wait for the decision"),
     key: Path = typer.Option(None, help=_KEY_HELP),
     override_risk: str = typer.Option("", help="with --approve-as: the reason for approving a risk above the "
@@ -557,31 +559,62 @@ def release(
 ) -> None:
     """Run the release flow for a request and decide here (a prompt), or from the Prefect UI.
 
-    Example: dprelease release examples/request.yaml"""
+    Example: dprelease release examples/request.yaml
+
+    Example: dprelease release 3f2a9c1e5b7d     # a request an analyst submitted to the inbox"""
     from dprelease import checks_judge
     from dp_core import DPError
-    from dprelease.requests import load_request
 
     from . import prefect_server
 
     checks_judge.start_ahead()  # first of all: great-expectations' import (1.5 s) runs beside the rest
     try:
-        request = load_request(spec)
+        settings = _settings()
+        request, inbox_file = _read_request(settings, spec)
         _keep_checks_judge(request)
         prefect_server.start()  # without a shared server, this command's own boots (2.6 s) beside the rest
         if prefect_server.own_server_started():
             checks_judge.yield_cpu()  # the flow waits for the server first, for the judge after it
         from dprelease.preflight import check_request  # the pipeline: 0.7 s to import
 
-        check_request(_settings(), request)  # refused before any flow starts (quick, same message)
-        _print_preview(request)
-        result = run_release_interactively(_settings(), request, approve_as=approve_as, timeout=timeout,
+        from .deciding import refuse_before_start
+
+        check_request(settings, request)  # refused before any flow starts (quick, same message)
+        key = key or settings.controller_key
+        preview = _preview(settings, request)
+        refuse_before_start(settings, approve_as, key, override_risk, preview and preview[1])
+        if preview:
+            from rich.markdown import Markdown
+
+            console.print(Markdown(preview[0]))
+        result = run_release_interactively(settings, request, approve_as=approve_as, timeout=timeout,
                                            controller_key=key, risk_override=override_risk)
     except DPError as err:
         _fail(str(err))
     finally:
         checks_judge.discard()  # unused when the release was refused
+    if inbox_file is not None and result.get("status") in ("published", "rejected"):
+        from dprelease.requests import inbox
+
+        inbox.mark_decided(settings, inbox_file)
     console.print(result)
+
+
+def _read_request(settings: Settings, spec: Path):
+    """The request of a file, or of a request of the analysts' inbox named by its id (or a unique
+    start of it); with the inbox file it came from (None for a file given by its path elsewhere)."""
+    from dprelease.requests import RequestError, inbox, load_request
+
+    if spec.exists():
+        path = spec
+    else:
+        path = inbox.find(settings, str(spec))
+        if path is None and not spec.suffix and len(spec.parts) == 1:
+            raise RequestError(f"{str(spec)!r} is neither a request file nor the id of a request in the analysts' "
+                               "inbox: list them with `dprelease request list`")
+        path = path or spec
+    from_inbox = path.resolve().parent == settings.inbox_dir.resolve()
+    return (inbox.read(path) if from_inbox else load_request(path)), (path if from_inbox else None)
 
 
 def _keep_checks_judge(request) -> None:
@@ -604,20 +637,19 @@ def _keep_checks_judge(request) -> None:
         checks_judge.discard()
 
 
-def _print_preview(request) -> None:
-    """The accuracy preview before the flow reserves anything (epsilon chosen without the data;
-    in PRI data mode the preview is in the summary instead)."""
+def _preview(settings: Settings, request) -> tuple[str, dict] | None:
+    """The accuracy preview shown before the flow reserves anything (epsilon chosen without the
+    data), with the risk profile at that epsilon; None in PRI data mode (epsilon is chosen from the
+    data: the preview is in the summary instead)."""
     from dprelease import pipeline
     from dprelease.preview import preview_markdown
 
     if request.epsilon_mode == "pri" and request.pri.get("mode") == "data":
-        return
-    platform = pipeline.Platform.open(_settings())
+        return None
+    platform = pipeline.Platform.open(settings)
     planned = pipeline.plan(platform, request)
     decision = pipeline.choose_epsilon(platform, planned)
-    from rich.markdown import Markdown
-
-    console.print(Markdown(preview_markdown(planned.query, decision.epsilon)))
+    return preview_markdown(planned.query, decision.epsilon), pipeline.risk_profile(platform, planned, decision)
 
 
 @app.command()
