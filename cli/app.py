@@ -339,6 +339,7 @@ def _decide(release_id: str, decision: str, key: Path | None, reason: str, overr
 
     settings = _settings()
     platform = pipeline.Platform.open(settings)
+    release_id = _release_id(platform.store, release_id)
     try:
         rel = platform.store.get_release(release_id)
     except StoreError as err:
@@ -383,6 +384,15 @@ def _decide(release_id: str, decision: str, key: Path | None, reason: str, overr
         raise typer.Exit(1)
 
 
+def _release_id(store, text: str) -> str:
+    """A release id as a person pastes it: whole, or any start of it that only one release has (an
+    unknown one is left for the store to name; an ambiguous one is refused)."""
+    from dprelease.prefixes import by_prefix
+
+    store.create_all()
+    return by_prefix(text, (r.id for r in store.list_releases()), "releases") or text
+
+
 def _outcome(platform, release_id: str, wait_s: float = 120.0):
     """The release once its run has acted on the decision (a final status), or None if it takes longer."""
     import time
@@ -425,8 +435,12 @@ def recover() -> None:
 _KEY_HELP = "your controller private key (default: DPRELEASE_CONTROLLER_KEY)"
 
 
+_RELEASE_ID_HELP = "the release id (`dprelease pending`), or any start of it that only one release has"
+
+
 @app.command()
-def approve(release_id: str, key: Path = typer.Option(None, help=_KEY_HELP),
+def approve(release_id: str = typer.Argument(..., help=_RELEASE_ID_HELP),
+            key: Path = typer.Option(None, help=_KEY_HELP),
             reason: str = typer.Option("", "--reason", "--comment", help="why (recorded in the archive)"),
             override_risk: str = typer.Option("", help="required when the risk is above your tolerable risk: "
                                               "the reason for approving anyway (recorded)")) -> None:
@@ -437,7 +451,8 @@ def approve(release_id: str, key: Path = typer.Option(None, help=_KEY_HELP),
 
 
 @app.command()
-def reject(release_id: str, key: Path = typer.Option(None, help=_KEY_HELP),
+def reject(release_id: str = typer.Argument(..., help=_RELEASE_ID_HELP),
+           key: Path = typer.Option(None, help=_KEY_HELP),
            reason: str = typer.Option("", "--reason", "--comment", help="why (recorded in the archive)")) -> None:
     """Reject a pending release with your signed decision: nothing is published, the budget is refunded.
 
@@ -450,7 +465,8 @@ app.add_typer(decision_app, name="decision")
 
 
 @decision_app.command("sign")
-def decision_sign(release_id: str, decision: str = typer.Argument(..., help="approve or reject"),
+def decision_sign(release_id: str = typer.Argument(..., help=_RELEASE_ID_HELP),
+                  decision: str = typer.Argument(..., help="approve or reject"),
                   key: Path = typer.Option(None, help=_KEY_HELP), reason: str = typer.Option("", help="why"),
                   override_risk: str = typer.Option("", help="reason for approving a risk above the tolerable "
                                                     "risk")) -> None:
@@ -458,11 +474,13 @@ def decision_sign(release_id: str, decision: str = typer.Argument(..., help="app
 
     Example: dprelease decision sign 3f2a... approve --key alice.pem --reason checked"""
     from dprelease import decisions
+    from dprelease.store import Store
 
     key = key or _settings().controller_key
     if key is None:
         _fail("give --key YOUR_KEY.pem (or set DPRELEASE_CONTROLLER_KEY)")
     try:
+        release_id = _release_id(Store(_settings().store_url), release_id)
         print(decisions.sign_for_release(_settings(), release_id, decision, key, reason, override_risk))
     except Exception as err:  # noqa: BLE001 - one line for every refusal
         _fail(str(err))
@@ -491,7 +509,7 @@ def controller_add(name: str,
     except Exception as err:  # noqa: BLE001 - one line for every registration problem
         _fail(str(err))
     where = f"; private key {private_key} (keep it to yourself)" if private_key else ""
-    console.print(f"controller {name!r} registered: key {fingerprint}{where}")
+    console.print(escape(f"controller {name!r} registered: key {fingerprint}{where}"), soft_wrap=True, highlight=False)
 
 
 @controller_app.command("list")
