@@ -5,7 +5,8 @@
     dprelease release request.yaml            # runs the release flow; asks for approval here
     dprelease controller add alice --private-key alice.pem     # the administrator
     dprelease pending | approve ID --key alice.pem | reject ID --key alice.pem --reason ...
-    dprelease request submit request.yaml --as ana              # an analyst
+    dprelease request submit request.yaml --as ana              # an analyst (prints the request ID)
+    dprelease request list | release ID                        # a controller runs it
     dprelease recover                         # end the releases whose process died (refund or finish)
     dprelease budget | verify DIR | server | demo
 """
@@ -25,11 +26,12 @@ from .errors import CommandLine, fail, run_program
 from .interactive import console, run_release_interactively, run_utility_interactively
 
 
-def _table(*columns: str):
-    """A Rich table (loaded when a command prints one: `dprelease --help` stays fast)."""
-    from rich.table import Table
+def _table(*columns: str, whole: tuple[str, ...] = ()):
+    """A table whose `whole` columns (what a person pastes) are never cut (cli.tables; loaded when a
+    command prints one: `dprelease --help` stays fast)."""
+    from .tables import Table
 
-    return Table(*columns)
+    return Table(*columns, whole=whole)
 
 
 app = CommandLine(help="Differentially private releases: register data, request, approve, publish, verify.",
@@ -206,14 +208,15 @@ def dataset_list() -> None:
     """The registered datasets."""
     from dprelease.store import Store
 
-    table = _table("name", "unit", "format", "fingerprint", "epsilon cap", "delta cap")
+    table = _table("name", "unit", "format", "fingerprint", "epsilon cap", "delta cap",
+                   whole=("name", "unit", "fingerprint"))
     for ds in Store(_settings().store_url).list_datasets():
         if not ds.privacy_unit:  # a public table: never charged
             table.add_row(escape(ds.name), "public", ds.file_format, ds.fingerprint[:16], "-", "-")
             continue
         table.add_row(escape(ds.name), escape(ds.privacy_unit), ds.file_format, ds.fingerprint[:16],
                       f"{ds.epsilon_cap:g}", f"{ds.delta_cap:g}")
-    console.print(table)
+    table.print(console)
 
 
 @policy_app.command("add")
@@ -262,12 +265,12 @@ def policy_list(dataset: str) -> None:
 
     from dprelease.store import Store
 
-    table = _table("name", "analyst", "max epsilon", "approval", "evaluators")
+    table = _table("name", "analyst", "max epsilon", "approval", "evaluators", whole=("name", "analyst"))
     for p in Store(_settings().store_url).all_policies(dataset):
         table.add_row(escape(p.name), escape(p.analyst or "any"), f"{p.max_epsilon_per_release:g}",
                       f"{p.approval} ({p.deployment})" if p.deployment else p.approval,
                       ", ".join(json.loads(p.evaluators_json or "[]")))
-    console.print(table)
+    table.print(console)
 
 
 @app.command()
@@ -278,7 +281,8 @@ def budget(dataset: str = typer.Argument(None, help="one dataset (default: all)"
 
     store = Store(_settings().store_url)
     names = [dataset] if dataset else [d.name for d in store.list_datasets()]
-    table = _table("dataset", "epsilon cap", "committed", "reserved", "remaining", "delta remaining")
+    table = _table("dataset", "epsilon cap", "committed", "reserved", "remaining", "delta remaining",
+                   whole=("dataset",))
     for name in names:
         if not store.get_dataset(name).privacy_unit:  # a public table has no budget: never charged
             table.add_row(escape(name), "public", "-", "-", "-", "-")
@@ -286,7 +290,7 @@ def budget(dataset: str = typer.Argument(None, help="one dataset (default: all)"
         epsilon, delta = budget_rows(store.budget(name))
         table.add_row(escape(name), epsilon["cap"], epsilon["committed"], epsilon["reserved"], epsilon["remaining"],
                       delta["remaining"])
-    console.print(table)
+    table.print(console)
     if not dataset:
         _series_budgets(store)
 
@@ -296,7 +300,7 @@ def _series_budgets(store) -> None:
     from dprelease.store import series as store_series
 
     store.create_all()
-    table = _table("series", "budget", "epsilon cap", "periods", "total epsilon", "remaining")
+    table = _table("series", "budget", "epsilon cap", "periods", "total epsilon", "remaining", whole=("series",))
     for s in store_series.list_series(store):
         b = store_series.series_budget(store, s.name)
         per_period = b["mode"] == "per_snapshot"
@@ -304,7 +308,7 @@ def _series_budgets(store) -> None:
                       f"{b['epsilon_cap']:g}" + (" each" if per_period else ""), str(len(b["per_period"])),
                       f"{b['epsilon_total']:g}", "-" if per_period else f"{b['epsilon_remaining']:g}")
     if table.row_count:
-        console.print(table)
+        table.print(console)
 
 
 @app.command()
@@ -348,12 +352,12 @@ def pending() -> None:
 
     store = Store(_settings().store_url)
     store.create_all()
-    table = _table("release id", "dataset", "created", "flow run", "run")
+    table = _table("release id", "dataset", "created", "flow run", "run", whole=("release id", "dataset", "flow run"))
     for rel in store.list_releases(status="awaiting_approval"):
         alive, why = recovery.run_is_alive(store, rel)
         table.add_row(escape(rel.id), escape(rel.dataset), str(rel.created_at)[:19], rel.flow_run_id or "",
                       why if alive else f"dead: {why} (dprelease recover)")
-    console.print(table)
+    table.print(console)
 
 
 def _decide(release_id: str, decision: str, key: Path | None, reason: str, override_risk: str) -> None:
@@ -366,6 +370,7 @@ def _decide(release_id: str, decision: str, key: Path | None, reason: str, overr
 
     settings = _settings()
     platform = pipeline.Platform.open(settings)
+    release_id = _release_id(platform.store, release_id)
     try:
         rel = platform.store.get_release(release_id)
     except StoreError as err:
@@ -409,6 +414,15 @@ def _decide(release_id: str, decision: str, key: Path | None, reason: str, overr
         console.print(f"[red]error:[/red] {decision} of release {release_id} accepted, but it ended {final.status}: "
                       f"{escape(final.decision_comment or '')}", highlight=False)
         raise typer.Exit(1)
+
+
+def _release_id(store, text: str) -> str:
+    """A release id as a person pastes it: whole, or any start of it that only one release has (an
+    unknown one is left for the store to name; an ambiguous one is refused)."""
+    from dprelease.prefixes import by_prefix
+
+    store.create_all()
+    return by_prefix(text, (r.id for r in store.list_releases()), "releases") or text
 
 
 def _outcome(platform, release_id: str, asked: str):
@@ -458,8 +472,12 @@ def recover() -> None:
 _KEY_HELP = "your controller private key (default: DPRELEASE_CONTROLLER_KEY)"
 
 
+_RELEASE_ID_HELP = "the release id (`dprelease pending`), or any start of it that only one release has"
+
+
 @app.command()
-def approve(release_id: str, key: Path = typer.Option(None, help=_KEY_HELP),
+def approve(release_id: str = typer.Argument(..., help=_RELEASE_ID_HELP),
+            key: Path = typer.Option(None, help=_KEY_HELP),
             reason: str = typer.Option("", "--reason", "--comment", help="why (recorded in the archive)"),
             override_risk: str = typer.Option("", help="required when the risk is above your tolerable risk: "
                                               "the reason for approving anyway (recorded)")) -> None:
@@ -470,7 +488,8 @@ def approve(release_id: str, key: Path = typer.Option(None, help=_KEY_HELP),
 
 
 @app.command()
-def reject(release_id: str, key: Path = typer.Option(None, help=_KEY_HELP),
+def reject(release_id: str = typer.Argument(..., help=_RELEASE_ID_HELP),
+           key: Path = typer.Option(None, help=_KEY_HELP),
            reason: str = typer.Option("", "--reason", "--comment", help="why (recorded in the archive)")) -> None:
     """Reject a pending release with your signed decision: nothing is published, the budget is refunded.
 
@@ -483,7 +502,8 @@ app.add_typer(decision_app, name="decision")
 
 
 @decision_app.command("sign")
-def decision_sign(release_id: str, decision: str = typer.Argument(..., help="approve or reject"),
+def decision_sign(release_id: str = typer.Argument(..., help=_RELEASE_ID_HELP),
+                  decision: str = typer.Argument(..., help="approve or reject"),
                   key: Path = typer.Option(None, help=_KEY_HELP), reason: str = typer.Option("", help="why"),
                   override_risk: str = typer.Option("", help="reason for approving a risk above the tolerable "
                                                     "risk")) -> None:
@@ -491,11 +511,13 @@ def decision_sign(release_id: str, decision: str = typer.Argument(..., help="app
 
     Example: dprelease decision sign 3f2a... approve --key alice.pem --reason checked"""
     from dprelease import decisions
+    from dprelease.store import Store
 
     key = key or _settings().controller_key
     if key is None:
         _fail("give --key YOUR_KEY.pem (or set DPRELEASE_CONTROLLER_KEY)")
     try:
+        release_id = _release_id(Store(_settings().store_url), release_id)
         print(decisions.sign_for_release(_settings(), release_id, decision, key, reason, override_risk))
     except Exception as err:  # noqa: BLE001 - one line for every refusal
         _fail(str(err))
@@ -524,7 +546,7 @@ def controller_add(name: str,
     except Exception as err:  # noqa: BLE001 - one line for every registration problem
         _fail(str(err))
     where = f"; private key {private_key} (keep it to yourself)" if private_key else ""
-    console.print(f"controller {name!r} registered: key {fingerprint}{where}")
+    console.print(escape(f"controller {name!r} registered: key {fingerprint}{where}"), soft_wrap=True, highlight=False)
 
 
 @controller_app.command("list")
@@ -533,10 +555,10 @@ def controller_list() -> None:
     from dprelease.reporting import signing
     from dprelease.store import Store
 
-    table = _table("name", "key fingerprint", "added")
+    table = _table("name", "key fingerprint", "added", whole=("name", "key fingerprint"))
     for c in Store(_settings().store_url).list_controllers():
-        table.add_row(c.name, signing.key_fingerprint(c.public_key_pem.encode()), str(c.added_at)[:19])
-    console.print(table)
+        table.add_row(escape(c.name), signing.key_fingerprint(c.public_key_pem.encode()), str(c.added_at)[:19])
+    table.print(console)
 
 
 request_app = typer.Typer(help="Analysts' channel: submit a request to the controllers' inbox.", no_args_is_help=True)
@@ -545,45 +567,46 @@ app.add_typer(request_app, name="request")
 
 @request_app.command("submit")
 def request_submit(spec: Path = typer.Argument(..., help="a release request (.yaml or .json)"),
-                   requested_by: str = typer.Option(..., "--as", help="your name (the analyst)")) -> None:
-    """Submit a request to the inbox; a controller runs it (`dprelease release INBOX_FILE`) and
+                   requested_by: str = typer.Option(..., "--as", help="your name (the analyst): the request's "
+                                                    "requested_by, whose policy applies")) -> None:
+    """Submit a request to the controllers' inbox; a controller runs it (`dprelease release ID`) and
     decides. Submitting can neither approve nor read anything of the controller's.
 
     Example: dprelease request submit request.yaml --as ana"""
-    import json
-    import uuid
+    from dprelease.requests import inbox, load_request
 
-    from dprelease.requests import load_request
-
+    settings = _settings()
     try:
-        request = load_request(spec)
+        submitted = inbox.submit(settings, load_request(spec), requested_by)
     except Exception as err:  # noqa: BLE001 - one line for every bad request
         _fail(str(err))
-    settings = _settings()
-    settings.inbox_dir.mkdir(parents=True, exist_ok=True)
-    fields = json.loads(request.to_json())
-    fields["requested_by"] = requested_by
-    path = settings.inbox_dir / f"{uuid.uuid4().hex[:12]}.json"
-    path.write_text(json.dumps(fields, indent=2))
-    console.print(f"submitted {path.name} to the controllers' inbox")
+    console.print(escape(f"submitted request {submitted.id} to the controllers' inbox as {requested_by!r}: a "
+                         f"controller runs it with `dprelease release {submitted.id}`"), soft_wrap=True,
+                  highlight=False)
 
 
 @request_app.command("list")
 def request_list() -> None:
-    """The requests waiting in the inbox (controllers run them with `dprelease release FILE`)."""
-    import json
+    """The requests waiting in the inbox (a controller runs one with `dprelease release ID`)."""
+    from dprelease.requests import inbox
 
-    table = _table("file", "dataset", "title", "requested by")
-    for path in sorted(_settings().inbox_dir.glob("*.json")):
-        fields = json.loads(path.read_text())
-        table.add_row(str(path), fields.get("dataset", ""), fields.get("title", ""), fields.get("requested_by") or "")
-    console.print(table)
+    settings = _settings()
+    table = _table("id", "dataset", "title", "requested by", "epsilon", whole=("id", "dataset", "requested by"))
+    for entry in inbox.waiting(settings):
+        r = entry.request
+        epsilon = f"{r.epsilon:g}" if r.epsilon_mode == "fixed" and r.epsilon is not None else r.epsilon_mode
+        table.add_row(escape(entry.id), escape(r.dataset), escape(r.title), escape(r.requested_by or ""), epsilon)
+    table.print(console)
+    console.print(escape(f"inbox: {settings.inbox_dir} (run a request with `dprelease release ID`)"), soft_wrap=True,
+                  highlight=False)
 
 
 @app.command()
 def release(
-    spec: Path = typer.Argument(..., help="a release request (.yaml or .json)"),
-    approve_as: str = typer.Option(None, help="approve right away (no prompt), signed with --key"),
+    spec: Path = typer.Argument(..., help="a release request (.yaml or .json), or the id of a request in the "
+                                "analysts' inbox (`dprelease request list`; any unique start of it)"),
+    approve_as: str = typer.Option(None, help="approve right away (no prompt) as this controller, signed with "
+                                   "their key (--key)"),
     timeout: int = typer.Option(3600, help="seconds to wait for the decision"),
     key: Path = typer.Option(None, help=_KEY_HELP),
     override_risk: str = typer.Option("", help="with --approve-as: the reason for approving a risk above the "
@@ -591,31 +614,62 @@ def release(
 ) -> None:
     """Run the release flow for a request and decide here (a prompt), or from the Prefect UI.
 
-    Example: dprelease release examples/request.yaml"""
+    Example: dprelease release examples/request.yaml
+
+    Example: dprelease release 3f2a9c1e5b7d     # a request an analyst submitted to the inbox"""
     from dprelease import checks_judge
     from dp_core import DPError
-    from dprelease.requests import load_request
 
     from . import prefect_server
 
     checks_judge.start_ahead()  # first of all: great-expectations' import (1.5 s) runs beside the rest
     try:
-        request = load_request(spec)
+        settings = _settings()
+        request, inbox_file = _read_request(settings, spec)
         _keep_checks_judge(request)
         prefect_server.start()  # without a shared server, this command's own boots (2.6 s) beside the rest
         if prefect_server.own_server_started():
             checks_judge.yield_cpu()  # the flow waits for the server first, for the judge after it
         from dprelease.preflight import check_request  # the pipeline: 0.7 s to import
 
-        check_request(_settings(), request)  # refused before any flow starts (quick, same message)
-        _print_preview(request)
-        result = run_release_interactively(_settings(), request, approve_as=approve_as, timeout=timeout,
+        from .deciding import refuse_before_start
+
+        check_request(settings, request)  # refused before any flow starts (quick, same message)
+        key = key or settings.controller_key
+        preview = _preview(settings, request)
+        refuse_before_start(settings, approve_as, key, override_risk, preview and preview[1])
+        if preview:
+            from rich.markdown import Markdown
+
+            console.print(Markdown(preview[0]))
+        result = run_release_interactively(settings, request, approve_as=approve_as, timeout=timeout,
                                            controller_key=key, risk_override=override_risk)
     except DPError as err:
         _fail(str(err))
     finally:
         checks_judge.discard()  # unused when the release was refused
+    if inbox_file is not None and result.get("status") in ("published", "rejected"):
+        from dprelease.requests import inbox
+
+        inbox.mark_decided(settings, inbox_file)
     console.print(result)
+
+
+def _read_request(settings: Settings, spec: Path):
+    """The request of a file, or of a request of the analysts' inbox named by its id (or a unique
+    start of it); with the inbox file it came from (None for a file given by its path elsewhere)."""
+    from dprelease.requests import RequestError, inbox, load_request
+
+    if spec.exists():
+        path = spec
+    else:
+        path = inbox.find(settings, str(spec))
+        if path is None and not spec.suffix and len(spec.parts) == 1:
+            raise RequestError(f"{str(spec)!r} is neither a request file nor the id of a request in the analysts' "
+                               "inbox: list them with `dprelease request list`")
+        path = path or spec
+    from_inbox = path.resolve().parent == settings.inbox_dir.resolve()
+    return (inbox.read(path) if from_inbox else load_request(path)), (path if from_inbox else None)
 
 
 def _keep_checks_judge(request) -> None:
@@ -638,19 +692,18 @@ def _keep_checks_judge(request) -> None:
         checks_judge.discard()
 
 
-def _print_preview(request) -> None:
-    """The accuracy preview before the flow reserves anything (epsilon chosen without the data;
-    in PRI data mode the preview is in the summary instead)."""
+def _preview(settings: Settings, request) -> tuple[str, dict] | None:
+    """The accuracy preview shown before the flow reserves anything (epsilon chosen without the
+    data), with the risk profile at that epsilon; None in PRI data mode (epsilon is chosen from the
+    data: the preview is in the summary instead)."""
     from dprelease import pipeline
 
     if request.epsilon_mode == "pri" and request.pri.get("mode") == "data":
-        return
-    platform = pipeline.Platform.open(_settings())
+        return None
+    platform = pipeline.Platform.open(settings)
     planned = pipeline.plan(platform, request)
     decision = pipeline.choose_epsilon(platform, planned)
-    from rich.markdown import Markdown
-
-    console.print(Markdown(pipeline.preview_markdown(platform, planned, decision.epsilon)))
+    return pipeline.preview_markdown(platform, planned, decision.epsilon), pipeline.risk_profile(platform, planned, decision)
 
 
 @app.command()
@@ -658,10 +711,10 @@ def evaluators() -> None:
     """The catalogue of evaluation functions for utility signaling, with what each reveals."""
     from dprelease.evaluators import catalogue
 
-    table = _table("name", "parameters", "what its value on raw data can reveal")
+    table = _table("name", "parameters", "what its value on raw data can reveal", whole=("name",))
     for name, ev in sorted(catalogue().items()):
         table.add_row(name, ", ".join(ev.params), ev.reveals)
-    console.print(table)
+    table.print(console)
 
 
 @app.command()

@@ -63,5 +63,22 @@ def _until_paused(store, release_id: str, flow_run_id: str, timeout: float) -> N
     raise decisions.DecisionRefused(f"the run of release {release_id} did not pause within {timeout:g} s")
 
 
+def refuse_before_start(settings: Settings, approve_as: str | None, key: Path | None, risk_override: str,
+                        profile: dict | None) -> None:
+    """What would make a decision given on the command line fail, checked before the release
+    starts, so that nothing is reserved for it: `--approve-as NAME` without a key, a file that is
+    not a key, a key of no registered controller or of another one than NAME, and (the risk
+    `profile` at the chosen epsilon, when known before the data is read) an approval above the
+    tolerable risk without an override. Raises DecisionRefused or SigningError, in one line."""
+    if approve_as and key is None:
+        raise decisions.DecisionRefused(
+            f"--approve-as {approve_as} needs the controller key of {approve_as} to sign the approval: give --key "
+            "KEY.pem (or set DPRELEASE_CONTROLLER_KEY); nothing was started")
+    if key is not None:
+        decisions.signer(settings, key, approve_as)
+    if approve_as and profile and decisions.risk_above_tolerance(profile):
+        decisions.require_override("this release", profile, risk_override)
+
+
 def _lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []

@@ -48,7 +48,7 @@ def run_release_interactively(settings: Settings, request, *, approve_as: str | 
             from rich.markdown import Markdown
 
             console.print(Markdown(_summary_markdown(settings, run.release_id)))
-            console.print(f"[dim]controller report (signed, archive only): {summary_file}[/dim]")
+            console.print(f"[dim]controller report (signed, archive only): {summary_file}[/dim]", soft_wrap=True)
             _decide_here(settings, run.release_id, controller_key or settings.controller_key, approve_as,
                          no_terminal_reviewer, risk_override)
         return run.result()
@@ -80,14 +80,15 @@ def _decide_here(settings: Settings, release_id: str, key: Path | None, approve_
                       "override with a reason.")
     if key is None:
         console.print(f"[yellow]no controller key (--key or DPRELEASE_CONTROLLER_KEY): decide in the Prefect UI or "
-                      f"with `dprelease approve {release_id} --key YOUR_KEY`; waiting for the run[/yellow]")
+                      f"with `dprelease approve {release_id} --key YOUR_KEY`; waiting for the run[/yellow]",
+                      soft_wrap=True)
         return False
     while True:
         decision, comment, override = _ask(approve_as, no_terminal_reviewer, bool(context.get("above_tolerance")),
                                            risk_override)
         if decision is None:
             console.print(f"[yellow]no terminal to ask: decide with `dprelease approve|reject {release_id} "
-                          "--key YOUR_KEY`; waiting for the run[/yellow]")
+                          "--key YOUR_KEY`; waiting for the run[/yellow]", soft_wrap=True)
             return False
         try:
             decide(settings, release_id, decision, key, comment, override)

@@ -143,7 +143,7 @@ def own_run(settings: Settings, flow_obj, params: dict, request, warm: Callable[
                     state = run_flow(flow_obj, flow_run=flow_run, parameters=params, return_type="state")
                 out["result"] = outcome(state, stored=lambda: stored_outcome(platform, str(flow_run.id)))
             except BaseException as err:  # noqa: BLE001 - re-raised by OwnRun.result
-                out["error"] = err
+                out["error"] = _told_by_the_store(platform, str(flow_run.id), err)
 
         worker = threading.Thread(target=work, name="flow-run", daemon=True)
         worker.start()
@@ -153,9 +153,36 @@ def own_run(settings: Settings, flow_obj, params: dict, request, warm: Callable[
         yield run
     except Interrupted as stop:
         _stop_and_exit(platform, run, request, stop.signum)
+    except Exception as err:  # the command ends with an error: its release ends with it, never left reserved
+        if run is None or _finished(platform, run):
+            raise
+        from .errors import EXIT_REFUSED, describe
+
+        _, what = _stop(platform, run, request, f"the command ended: {str(err)[:300]}")
+        message, code = describe(err)
+        if code == EXIT_REFUSED:  # a refusal (a decision that cannot count): its line says what became of the release
+            raise pipeline.ReleaseError(f"{message} (release {run.release_id} stopped, {what})") from None
+        raise
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _told_by_the_store(platform: pipeline.Platform, flow_run_id: str, err: BaseException) -> BaseException:
+    """A run that ended without its exception (Prefect's FailedRun: a pause nobody answered before
+    the timeout) is told by its release's record: "release ... ended expired: nobody answered in
+    time" (refunded, nothing published: an outcome in one line, not a bug)."""
+    from prefect.exceptions import FailedRun
+
+    from flows.outcomes import stored_outcome
+
+    if not isinstance(err, FailedRun):
+        return err
+    try:
+        stored_outcome(platform, flow_run_id)
+    except pipeline.ReleaseError as told:
+        return told
+    return err
 
 
 def _watch_cancellation(platform: pipeline.Platform, run: OwnRun, request, every_s: float = 2.0) -> None:
@@ -186,6 +213,30 @@ def _stop_and_exit(platform: pipeline.Platform, run: OwnRun | None, request, sig
     if run is None:
         _exit(f"interrupted ({name}) before the release started: nothing was reserved", signum)
     reason = f"interrupted by {name} at the command line" if signum is not None else "cancelled in the Prefect UI"
+    outcome, what = _stop(platform, run, request, reason)
+    if outcome == "published":
+        message = f"interrupted ({name}) after the release {run.release_id} was approved: {what}"
+    else:
+        message = f"interrupted ({name}): release {run.release_id} stopped, {what}"
+    _exit(message, signum)
+
+
+def _finished(platform: pipeline.Platform, run: OwnRun) -> bool:
+    """Whether the run's release has ended (or was never recorded): nothing of it is left to stop."""
+    from dprelease.store import FINAL_STATUSES
+
+    if run.worker.is_alive():
+        return False
+    try:
+        return platform.store.get_release(run.release_id).status in FINAL_STATUSES
+    except StoreError:
+        return True
+
+
+def _stop(platform: pipeline.Platform, run: OwnRun, request, reason: str) -> tuple[str, str]:
+    """End this command's release as the module docstring says (refunded and marked failed, or, once
+    approved and committed, published by its run) and mark its flow run Cancelled. Returns the
+    outcome (published, refunded or marked) and the words for it."""
     store = platform.store
     try:
         store.get_release(run.release_id)
@@ -203,13 +254,10 @@ def _stop_and_exit(platform: pipeline.Platform, run: OwnRun | None, request, sig
     _cancel_flow_run(run.flow_run_id, reason)
     status = store.get_release(run.release_id).status
     if done.outcome == "published" or status == "published":
-        message = f"interrupted ({name}) after the release {run.release_id} was approved: it is published"
-    elif done.outcome == "refunded" or ledger == "refunded":
-        message = (f"interrupted ({name}): release {run.release_id} stopped, epsilon {done.epsilon:g} refunded, "
-                   f"marked {status}")
-    else:
-        message = f"interrupted ({name}): release {run.release_id} stopped before reserving budget, marked {status}"
-    _exit(message, signum)
+        return "published", "it is published"
+    if done.outcome == "refunded" or ledger == "refunded":
+        return "refunded", f"epsilon {done.epsilon:g} refunded, marked {status}"
+    return "marked", f"nothing was reserved, marked {status}"
 
 
 def _cancel_flow_run(flow_run_id: str, reason: str, wait_s: float = 5.0) -> None:

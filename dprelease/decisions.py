@@ -98,6 +98,20 @@ def controller_of_key(store: Store, private_key) -> str:
                           "(the administrator registers one with `dprelease controller add NAME`)")
 
 
+def signer(settings: Settings, private_key_path: Path, name: str | None = None) -> str:
+    """The registered controller whose key this file holds (and, given `name`, only if it is
+    `name`'s): checked before a release that will be approved with it starts, so that a wrong key
+    is refused before anything is reserved. SigningError or DecisionRefused, in one line."""
+    key = signing.load_private_key(Path(private_key_path))
+    store = Store(settings.store_url)
+    store.create_all()
+    controller = controller_of_key(store, key)
+    if name is not None and controller != name:
+        raise DecisionRefused(f"{private_key_path} is the key of controller {controller!r}, not of {name!r}: "
+                              f"approve as {controller!r}, or give {name}'s own key (--key)")
+    return controller
+
+
 # --- the question and the report it is about ----------------------------------------------------
 
 
@@ -129,6 +143,16 @@ def risk_notice(profile: dict, release_id: str = "RELEASE_ID", markdown: bool = 
             f"in the Prefect UI's Resume form paste into Signed Decision the output of {code}dprelease decision sign "
             f"{release_id} approve --key YOUR_KEY --override-risk \"REASON\"{code} (the form has no override field). "
             "The reason is recorded in the archive.")
+
+
+def require_override(which: str, profile: dict, risk_override: str) -> None:
+    """An approval of a risk above the tolerable risk carries an override with a reason: refused
+    otherwise (`profile` holds the risk and the tolerable risk, as a risk profile or a context)."""
+    if risk_override.strip():
+        return
+    raise DecisionRefused(
+        f"{which} is above your tolerable risk (risk {float(profile['risk']):.3g}, tolerable "
+        f"{profile['max_risk']}): approving needs an explicit override with a reason (--override-risk REASON)")
 
 
 def write_context(settings: Settings, release_id: str, question: str, profile: dict) -> dict:
@@ -194,10 +218,8 @@ def sign_for_release(settings: Settings, release_id: str, decision: str, private
     key = signing.load_private_key(Path(private_key_path))
     store = Store(settings.store_url)
     context = read_context(settings, release_id)
-    if decision == "approve" and context.get("above_tolerance") and not risk_override.strip():
-        raise DecisionRefused(
-            f"release {release_id} is above your tolerable risk (risk {context.get('risk'):.3g}, tolerable "
-            f"{context.get('max_risk')}): approving needs an explicit override with a reason (--override-risk REASON)")
+    if decision == "approve" and context.get("above_tolerance"):
+        require_override(f"release {release_id}", context, risk_override)
     content = Decision(release_id=release_id, question=context["question"], decision=decision,
                        controller=controller_of_key(store, key), report_fingerprint=context["report_fingerprint"],
                        decided_at=datetime.now(UTC).isoformat(timespec="seconds"), reason=reason,

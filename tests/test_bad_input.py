@@ -431,9 +431,9 @@ def test_process_corrupted_blob_and_wrong_key_file_are_one_line_after_the_flow_s
     (other_keys / "escrow.key").write_bytes(Fernet.generate_key())
     (other_keys / "escrow.key").chmod(0o600)
     before = state(home)
-    runs = [start_cli(home, "release", home / "fragile.yaml", "--approve-as", "alice"),
-            start_cli(home, "release", home / "locked.yaml", "--approve-as", "alice",
-                      env={"DPRELEASE_KEY_DIR": str(other_keys)})]
+    # no decision is asked for: both fail inside the flow, at its data checks, before any pause
+    runs = [start_cli(home, "release", home / "fragile.yaml"),
+            start_cli(home, "release", home / "locked.yaml", env={"DPRELEASE_KEY_DIR": str(other_keys)})]
     for process in runs:
         out, err = process.communicate(timeout=PATIENCE_S)
         assert_one_clean_line(subprocess.CompletedProcess(process.args, process.returncode, out, err), "cannot decrypt")

@@ -132,3 +132,93 @@ def test_server_refuses_to_listen_beyond_localhost_without_auth(monkeypatch):
     code, out = run("server", "--host", "0.0.0.0")
     assert code == 2 and "refusing to listen on 0.0.0.0 without authentication" in out.replace("\n", " ")
     assert "PREFECT_SERVER_API_AUTH_STRING" in out.replace("\n", "")
+
+
+LONG = {"dataset": "household_income_by_region_2026", "unit": "household_identifier",
+        "controller": "alexandra.controller@statistics.example.org",
+        "analyst": "an.analyst.with.a.long.name@example.org",
+        "policy": "the_long_standing_household_policy"}
+
+
+@pytest.fixture()
+def pasted(tmp_path):
+    """A home with long names everywhere a person pastes one: a dataset, its unit, a policy, a
+    controller, an analyst's inbox request and releases waiting for a decision (ids sharing a start)."""
+    import uuid
+
+    from dprelease import admin, decisions
+    from dprelease.requests import inbox, parse_request
+    from dprelease.settings import Settings
+    from dprelease.store import Store
+
+    settings = Settings.from_env({"DPRELEASE_HOME": str(tmp_path / "home")})
+    admin.init(settings)
+    (tmp_path / "h.csv").write_text(f"{LONG['unit']},region\n" + "".join(f"{i},r{i % 3}\n" for i in range(30)))
+    admin.register_dataset(settings, LONG["dataset"], tmp_path / "h.csv", LONG["unit"], 1.0)
+    decisions.create_controller(settings, LONG["controller"], tmp_path / "c.pem")
+    store = Store(settings.store_url)
+    store.add_policy(LONG["policy"], LONG["dataset"], max_epsilon_per_release=1.0, analyst=LONG["analyst"])
+    request = parse_request({"dataset": LONG["dataset"], "epsilon": 0.5, "sql": "SELECT WITH ANONYMIZATION region, "
+                             f"ANON_COUNT(*, 1) AS n FROM {LONG['dataset']} GROUP BY region"})
+    submitted = inbox.submit(settings, request, LONG["analyst"])
+    waiting = [f"3f2a{i}{uuid.uuid4().hex[5:8]}-0000-4000-8000-{uuid.uuid4().hex[:12]}" for i in range(2)]
+    for release_id in waiting:
+        store.add_release(LONG["dataset"], request.to_json(), release_id=release_id, status="awaiting_approval",
+                          flow_run_id=release_id)
+    published = store.add_release(LONG["dataset"], request.to_json(), status="published").id
+    return {"home": settings.home, "request": submitted.id, "waiting": waiting, "published": published,
+            "key": tmp_path / "c.pem"}
+
+
+def _cli(home: Path, *args: str, columns: int) -> tuple[int, str]:
+    """The real `dprelease` in a terminal of `columns` columns (Rich reads COLUMNS)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "DPRELEASE_HOME": str(home), "COLUMNS": str(columns)}
+    env.pop("DPRELEASE_CONTROLLER_KEY", None)
+    done = subprocess.run([str(Path(sys.executable).with_name("dprelease")), *args], env=env, capture_output=True,
+                          text=True, check=False, stdin=subprocess.DEVNULL)
+    return done.returncode, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("columns", [60, 200])
+def test_every_table_prints_what_a_person_pastes_whole(pasted, columns):
+    """Ids, names, paths and fingerprints are never cut or wrapped (issue 35): each is whole on one
+    line of every table that shows it, in a narrow terminal (60 columns) as in a wide one."""
+    from dprelease.evaluators import catalogue
+    from dprelease.reporting import signing
+
+    fingerprint = signing.key_fingerprint(pasted["key"].with_name("c.pub.pem"))
+    tables = {
+        ("dataset", "list"): [LONG["dataset"], LONG["unit"]],
+        ("policy", "list", LONG["dataset"]): [LONG["policy"], LONG["analyst"]],
+        ("budget",): [LONG["dataset"]],
+        ("controller", "list"): [LONG["controller"], fingerprint],
+        ("request", "list"): [pasted["request"], LONG["dataset"], LONG["analyst"], str(pasted["home"] / "inbox")],
+        ("pending",): [*pasted["waiting"], LONG["dataset"]],
+        ("evaluators",): sorted(catalogue()),
+    }
+    for args, values in tables.items():
+        code, out = _cli(pasted["home"], *args, columns=columns)
+        assert code == 0, out
+        assert "…" not in out, f"{args} cut a value at {columns} columns:\n{out}"
+        lines = out.splitlines()
+        for value in values:
+            assert any(value in line for line in lines), f"{args}: {value!r} not whole at {columns} columns:\n{out}"
+
+
+def test_a_release_id_is_taken_whole_or_by_a_start_only_one_release_has(pasted):
+    first, second = pasted["waiting"]
+    published = pasted["published"]
+    for command in (("approve", published[:6]), ("reject", published[:6], "--reason", "no"),
+                    ("decision", "sign", published[:6], "approve", "--key", str(pasted["key"]))):
+        code, out = _cli(pasted["home"], *command, columns=80)
+        assert code == 2 and published in out, out  # the whole id: the release found by its start
+    code, out = _cli(pasted["home"], "approve", "3f2a", "--key", str(pasted["key"]), columns=80)
+    lines = out.strip().splitlines()
+    assert code == 2 and len(lines) == 1, out
+    assert lines[0].startswith("error: '3f2a' is the start of 2 releases") and first in lines[0] and second in lines[0]
+    code, out = _cli(pasted["home"], "approve", "no-such-release", columns=80)
+    assert code == 2 and "unknown release 'no-such-release'" in out

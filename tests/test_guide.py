@@ -32,12 +32,36 @@ def test_the_guides_commands_run_as_written(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     for name in ("examples",):  # the guide's paths are relative to the repository root
         os.symlink(ROOT / name, tmp_path / name)
+    outputs = {}
     for command in commands:
         assert "<" not in command, command
         result = CliRunner().invoke(app, shlex.split(command)[1:])
         assert result.exit_code == 0, f"{command}\n{result.output}"
+        outputs[command] = result.output
     assert (tmp_path / "controller-keys" / "alice.pem").exists()
-    assert list((tmp_path / "home" / "inbox").glob("*.json"))
+    _the_submitted_request_is_what_release_reads(tmp_path / "home", outputs)
+
+
+def _the_submitted_request_is_what_release_reads(home: Path, outputs: dict[str, str]) -> None:
+    """The analyst's request waits in the inbox as a request file of the analyst's, which `dprelease
+    release ID` (the id `request submit` printed and `request list` shows) reads as the file asked
+    (tests/test_operations.py releases one)."""
+    from dataclasses import replace
+
+    from cli.app import _read_request
+    from dprelease.requests import load_request
+    from dprelease.settings import Settings
+
+    submitted = [(c, out) for c, out in outputs.items() if c.startswith("dprelease request submit")]
+    assert submitted, "the guide shows an analyst submitting a request"
+    for command, out in submitted:
+        request_id = re.search(r"submitted request (\w+) ", out).group(1)
+        assert any(request_id in listed for c, listed in outputs.items() if c == "dprelease request list")
+        words = shlex.split(command)
+        request, inbox_file = _read_request(Settings.from_env({"DPRELEASE_HOME": str(home)}), Path(request_id))
+        assert inbox_file == home / "inbox" / f"{request_id}.json"
+        analyst = words[words.index("--as") + 1]
+        assert request == replace(load_request(ROOT / words[3]), requested_by=analyst)
 
 
 def test_the_guides_screenshots_exist_and_the_script_retakes_each_one():

@@ -300,7 +300,8 @@ def test_a_refusal_in_the_flow_of_the_command_that_started_the_server_is_one_lin
     Path(Store(settings.store_url).get_dataset("adult").blob_path).write_bytes(b"garbage")  # fails in the flow
     (tmp_path / "request.yaml").write_text(REQUEST)
     env = _env(prefect_home, idle_s=PATIENCE_S, DPRELEASE_HOME=str(settings.home))
-    done = subprocess.run([CLI, "release", str(tmp_path / "request.yaml"), "--approve-as", "ana"], env=env,
+    # no decision is asked for (--approve-as would need a controller's key): the flow fails at its data checks
+    done = subprocess.run([CLI, "release", str(tmp_path / "request.yaml")], env=env,
                           cwd=tmp_path, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=PATIENCE_S)
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), done.stderr

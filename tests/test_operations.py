@@ -101,11 +101,12 @@ def _controller_key(settings, root: Path, name: str) -> Path:
 
 
 class Command:
-    """One `dprelease` process: its output files, optionally a terminal on stdin (for the prompt)."""
+    """One `dprelease` process: its output files, optionally a terminal on stdin (for the prompt) and
+    variables of its environment set or unset (`env`, applied last)."""
 
     def __init__(self, ops, name: str, *args: str, pause_at: str | None = None, tty: bool = False,
-                 api_url: str | None = None) -> None:
-        self.name, self.ops = name, ops
+                 api_url: str | None = None, env: dict | None = None) -> None:
+        self.name, self.ops, overrides = name, ops, env
         self.out, self.err = ops["root"] / f"{name}.out", ops["root"] / f"{name}.err"
         self.marker = ops["root"] / f"{name}.marker"
         env = dict(ops["env"])
@@ -116,6 +117,11 @@ class Command:
             env["DPRELEASE_CONTROLLER_KEY"] = str(_controller_key(ops["settings"], ops["root"], approver))
         if pause_at:
             env.update(DPRELEASE_TEST_PAUSE_AT=pause_at, DPRELEASE_TEST_PAUSE_MARKER=str(self.marker))
+        for var, value in (overrides or {}).items():  # the test's own environment; None: unset
+            if value is None:
+                env.pop(var, None)
+            else:
+                env[var] = value
         self.terminal = None
         stdin = subprocess.DEVNULL
         if tty:
@@ -431,3 +437,158 @@ def test_kill_9_at_each_step_then_recovery_leaves_the_budget_exact(ops):
     assert after["epsilon_committed"] == pytest.approx(before["epsilon_committed"] + EPSILON)
     again = subprocess.run([CLI, "recover"], check=False, env=ops["env"], capture_output=True, text=True, timeout=PATIENCE_S)
     assert again.returncode == 0 and "0 release(s) recovered" in again.stdout, again.stdout
+
+
+def _dataset(ops, name: str, **kwargs) -> str:
+    """Adult registered once more under `name` (its own budget, risk profile and policies)."""
+    from dprelease import admin
+    from dprelease.store import StoreError
+
+    try:
+        _store(ops).get_dataset(name)
+    except StoreError:
+        admin.register_dataset(ops["settings"], name, DATA, "person_id", add_row_id=True, **kwargs)
+    return name
+
+
+def _cli(ops, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([CLI, *args], check=False, env={**ops["env"], **(env or {})}, capture_output=True, text=True,
+                          timeout=900, cwd=ops["root"], stdin=subprocess.DEVNULL)
+
+
+def _one_error_line(text: str, words: str) -> str:
+    lines = [line for line in text.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], text[-3000:]
+    assert "Traceback" not in text and "a bug" not in text, text[-3000:]
+    return lines[0]
+
+
+def _ledger(ops) -> tuple:
+    """Every dataset's budget and every reservation still held: what a command that ended must leave."""
+    store = _store(ops)
+    return (tuple((d.name, tuple(sorted(store.budget(d.name).items()))) for d in store.list_datasets()),
+            tuple(e.release_id for e in store.reserved_entries()))
+
+
+def test_an_analysts_request_is_released_by_its_id_under_their_policy_and_the_budget(ops):
+    """The guide's analyst channel end to end (issue 35): `request submit FILE --as ana` prints an id,
+    `request list` shows it, the controller's `release ID --approve-as NAME` publishes it as ana's
+    request; ana's policy and the dataset's budget still refuse what they do not allow, before
+    anything is reserved."""
+    import json
+
+    survey = _dataset(ops, "survey", epsilon_cap=0.4, risk_profile={"max_risk": 0.5})
+    added = _cli(ops, "policy", "add", "ana", "--dataset", survey, "--analyst", "ana", "--max-epsilon", "0.3")
+    assert added.returncode == 0, added.stdout + added.stderr
+    store = _store(ops)
+    files = {}
+    for name, epsilon in (("fits", 0.25), ("above-policy", 0.35), ("above-budget", 0.2)):
+        files[name] = ops["root"] / f"analyst-{name}.yaml"
+        files[name].write_text(REQUEST.replace("adult", survey).replace(f"epsilon: {EPSILON}", f"epsilon: {epsilon}")
+                               + "requested_by: someone.else@example.org\n")
+
+    def submit(name: str, analyst: str = "ana") -> str:
+        done = _cli(ops, "request", "submit", str(files[name]), "--as", analyst)
+        assert done.returncode == 0, done.stdout + done.stderr
+        request_id = re.search(r"submitted request (\w+) ", done.stdout).group(1)
+        assert request_id in _cli(ops, "request", "list").stdout
+        return request_id
+
+    fits = submit("fits")
+    command = Command(ops, "analyst-fits", "release", fits[:6], "--approve-as", "operator")
+    assert command.wait() == 0, command.text()[-3000:]
+    release_id = command.release_id()
+    rel = store.get_release(release_id)
+    assert rel.status == "published" and rel.decision_by == "operator"
+    assert json.loads(rel.request_json)["requested_by"] == "ana"
+    assert store.budget(survey)["epsilon_committed"] == pytest.approx(0.25)
+    assert fits not in _cli(ops, "request", "list").stdout  # decided: out of the waiting list
+    assert (ops["settings"].inbox_dir / "decided" / f"{fits}.json").exists()
+
+    for name, analyst, words in (("above-policy", "ana", "above the policy limit 0.3"),
+                                 ("above-budget", "ana", "budget exceeded for dataset 'survey'"),
+                                 ("fits", "mallory", "no policy lets mallory")):
+        request_id = submit(name, analyst)
+        before = _ledger(ops)
+        done = _cli(ops, "release", request_id, "--approve-as", "operator")
+        assert done.returncode == 2, done.stdout + done.stderr
+        _one_error_line(done.stderr, words)
+        assert _ledger(ops) == before
+        assert request_id in _cli(ops, "request", "list").stdout  # not decided: it still waits
+
+
+@pytest.mark.parametrize("case", ["no key", "a key of no controller", "another controller's key", "not a key",
+                                  "no risk override"])
+def test_an_approval_that_cannot_count_is_refused_before_anything_is_reserved(ops, case):
+    """`release REQ --approve-as NAME` whose approval would be refused (issue 35, items 17 and 18):
+    refused at once in one line, exit 2, and right after the command the ledger is as before: no
+    release started, none reserved (it once stayed reserved until another command's sweep)."""
+    from dprelease.reporting import signing
+
+    request, words = ops["request"], None
+    env = {}
+    if case == "no key":
+        env["DPRELEASE_CONTROLLER_KEY"] = None
+        words = "--approve-as operator needs the controller key of operator"
+    elif case == "a key of no controller":
+        stranger = ops["root"] / "stranger.pem"
+        if not stranger.exists():
+            signing.generate_keypair(stranger, ops["root"] / "stranger.pub.pem")
+        env["DPRELEASE_CONTROLLER_KEY"] = str(stranger)
+        words = "belongs to no registered controller"
+    elif case == "another controller's key":
+        env["DPRELEASE_CONTROLLER_KEY"] = str(_controller_key(ops["settings"], ops["root"], "someone-else"))
+        words = "is the key of controller 'someone-else', not of 'operator'"
+    elif case == "not a key":
+        env["DPRELEASE_CONTROLLER_KEY"] = str(ops["request"])
+        words = "not a readable unencrypted PEM private key"
+    else:  # epsilon 1 on a dataset that tolerates a risk of 0.2: risk 0.31
+        strict = _dataset(ops, "strict", epsilon_cap=10.0)
+        request = ops["root"] / "strict.yaml"
+        request.write_text(REQUEST.replace("adult", strict).replace(f"epsilon: {EPSILON}", "epsilon: 1.0"))
+        words = "above your tolerable risk (risk 0.308, tolerable 0.2)"
+    store = _store(ops)
+    before, releases = _ledger(ops), len(store.list_releases())
+    command = Command(ops, f"refused-{case.replace(' ', '-')}", "release", str(request), "--approve-as", "operator",
+                      env=env)
+    assert command.wait() == 2, command.text()[-3000:]
+    _one_error_line(command.err.read_text(), words)
+    assert _ledger(ops) == before and len(store.list_releases()) == releases
+
+
+def test_a_command_that_fails_after_its_release_reserved_refunds_before_it_exits(ops):
+    """Whatever ends `dprelease release` with an error while its release holds budget (here its key
+    file is replaced by one that is not a key after the reservation, so the approval cannot be
+    signed), the release is stopped before the command exits: refunded, marked failed, said so."""
+    key = ops["root"] / "changing.pem"
+    key.write_bytes(_controller_key(ops["settings"], ops["root"], "changing").read_bytes())
+    key.chmod(0o600)
+    store = _store(ops)
+    before = _ledger(ops)
+    command = Command(ops, "fails-after-reserve", "release", str(ops["request"]), "--approve-as", "changing",
+                      "--key", str(key), pause_at="after_reserve")
+    _until(command.marker.exists, "the reservation", commands=[command])
+    release_id = command.release_id()
+    assert store.ledger_entry(release_id).status == "reserved"
+    key.write_text("not a key any more\n")
+    command.marker.unlink()  # the run goes on: to the approval, which cannot be signed now
+    assert command.wait() == 2, command.text()[-3000:]
+    line = _one_error_line(command.err.read_text(), "not a readable unencrypted PEM private key")
+    assert f"release {release_id} stopped, epsilon {EPSILON:g} refunded, marked failed" in line
+    assert _ledger(ops) == before
+    assert store.get_release(release_id).status == "failed"
+    _assert_untouched(ops, release_id)
+
+
+def test_a_release_nobody_decides_in_time_ends_expired_in_one_line(ops):
+    """No key, no terminal: the run waits for a decision from elsewhere; when its approval timeout
+    passes it ends expired and refunded, said in one line (once `unexpected FailedRun ... (a bug)`)."""
+    before = _ledger(ops)
+    command = Command(ops, "expires", "release", str(ops["request"]), "--timeout", "2",
+                      env={"DPRELEASE_CONTROLLER_KEY": None})
+    assert command.wait() == 2, command.text()[-3000:]
+    line = _one_error_line(command.err.read_text(), "ended expired: nobody answered in time")
+    release_id = re.search(r"release ([0-9a-f-]{36}) ended", line).group(1)
+    assert _store(ops).get_release(release_id).status == "expired"
+    assert _ledger(ops) == before
+    _assert_untouched(ops, release_id)

@@ -60,3 +60,60 @@ def test_default_checks_catch_null_units_infinities_and_unknown_categories():
     assert "FAIL expect_column_values_to_be_in_set [c]" in text
     renamed = df.rename(columns={"x": "y"})
     assert not checks.validate(renamed, suite).success
+
+
+@pytest.mark.parametrize("data", [
+    {"dataset": "adult", "sql": SQL, "epsilon": 0.5},
+    {"dataset": "adult", "sql": SQL},
+    {"dataset": "adult", "sql": SQL, "epsilon": {"pri": {"p": 30, "mode": "data"}}, "title": "t", "delta": 0.0},
+    {"dataset": "adult", "sql": SQL, "epsilon": {"risk": {"trust": "low", "sensitivity": 0.7, "max_risk": 0.2,
+                                                          "max_noise": "10%", "n": 4, "p": 0.95}}},
+    {"dataset": "adult", "query": {"group_by": ["sex"], "aggregates": [{"kind": "count", "upper": 1}]},
+     "epsilon": 1, "max_partitions_contributed": 2, "requested_by": "ana", "backend": "duckdb"},
+], ids=["fixed", "no epsilon", "pri", "risk", "spec"])
+def test_a_request_written_in_the_request_format_reads_back_as_itself(tmp_path, data):
+    """What the inbox writes (to_spec) is a request file: `dprelease release` reads it back to the
+    same request, whichever way epsilon is chosen (the store's record, to_json, is not one)."""
+    import json
+
+    request = parse_request(data)
+    assert parse_request(request.to_spec()) == request
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(request.to_spec()))
+    assert load_request(path) == request
+    with pytest.raises(RequestError, match="unknown field"):
+        parse_request(json.loads(request.to_json()))
+
+
+def test_the_inbox_holds_request_files_named_by_id_found_by_any_unique_start(tmp_path):
+    import json
+
+    from dprelease.prefixes import AmbiguousPrefix
+    from dprelease.requests import inbox
+    from dprelease.settings import Settings
+
+    settings = Settings.from_env({"DPRELEASE_HOME": str(tmp_path)})
+    asked = parse_request({"dataset": "adult", "sql": SQL, "epsilon": {"pri": {"p": 30}},
+                           "requested_by": "someone@else"})
+    first = inbox.submit(settings, asked, "ana")
+    assert first.request.requested_by == "ana"  # the submitter's name, whatever the file said
+    assert load_request(first.path) == first.request  # a request file, as `dprelease release FILE` reads it
+    assert inbox.find(settings, first.id) == first.path
+    others = [inbox.submit(settings, asked, "bo") for _ in range(40)]
+    ids = [first.id] + [o.id for o in others]
+    for entry in [first, *others]:
+        unique = next(entry.id[:n] for n in range(1, 13) if sum(i.startswith(entry.id[:n]) for i in ids) == 1)
+        assert inbox.find(settings, unique) == entry.path
+    shared = next(i[:1] for i in ids if sum(j.startswith(i[:1]) for j in ids) > 1)
+    with pytest.raises(AmbiguousPrefix, match=f"'{shared}' is the start of .* inbox requests"):
+        inbox.find(settings, shared)
+    assert inbox.find(settings, "zz") is None and inbox.find(settings, "") is None
+    assert sorted(w.id for w in inbox.waiting(settings)) == sorted(ids)
+    with pytest.raises(RequestError, match="--as takes your name"):
+        inbox.submit(settings, asked, " ")
+    # a request submitted by an earlier version (the store's record) is still read as the request it was
+    old = settings.inbox_dir / "0ld0ld0ld0ld.json"
+    old.write_text(json.dumps({**json.loads(asked.to_json()), "requested_by": "cy"}))
+    assert inbox.read(old) == parse_request({**asked.to_spec(), "requested_by": "cy"})
+    inbox.mark_decided(settings, first.path)
+    assert first.id not in [w.id for w in inbox.waiting(settings)] and not first.path.exists()

@@ -59,6 +59,21 @@ class ReleaseRequest:
     def from_json(cls, text: str) -> ReleaseRequest:
         return cls(**json.loads(text))
 
+    def to_spec(self) -> dict:
+        """The request in the request format, what a request file holds (`parse_request` reads it
+        back to this request); `to_json` is the store's record, which a request file may not be."""
+        spec = {"dataset": self.dataset, "title": self.title}
+        spec.update({"sql": self.sql} if self.sql is not None else {"query": self.query})
+        epsilon = epsilon_choice.to_parameter(self)
+        if epsilon is not None:
+            spec["epsilon"] = epsilon
+        spec.update(delta=self.delta, max_partitions_contributed=self.max_partitions_contributed)
+        if self.requested_by is not None:
+            spec["requested_by"] = self.requested_by
+        if self.backend != "auto":
+            spec["backend"] = self.backend
+        return spec
+
     @property
     def text(self) -> str:
         """What was asked, for reports."""

@@ -1,0 +1,91 @@
+"""The analysts' inbox: requests submitted for a controller to run, one file per request, named by
+its id (`<home>/inbox/<id>.json`) and written in the request format, so that `dprelease release`
+reads it as it reads any request file. The analyst's name (`--as`) is the request's `requested_by`,
+whatever the submitted file said: their policy and the dataset's budget apply when it is released.
+A request a controller has decided (published or rejected) moves to `inbox/decided/`."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from ..prefixes import by_prefix
+from ..settings import Settings
+from .request import ReleaseRequest, RequestError, load_request, parse_request
+
+DECIDED = "decided"  # the inbox's folder of requests a controller has decided
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """A request waiting in the inbox."""
+
+    id: str
+    path: Path
+    request: ReleaseRequest
+
+
+def submit(settings: Settings, request: ReleaseRequest, analyst: str) -> Submitted:
+    """Put a checked request in the inbox as `analyst`'s; written whole or not at all."""
+    if not analyst.strip() or analyst != analyst.strip():
+        raise RequestError(f"--as takes your name, non-blank without surrounding spaces, got {analyst!r}")
+    request = replace(request, requested_by=analyst)
+    settings.inbox_dir.mkdir(parents=True, exist_ok=True)
+    request_id = uuid.uuid4().hex[:12]
+    path = settings.inbox_dir / f"{request_id}.json"
+    tmp = settings.inbox_dir / f".{request_id}.tmp"
+    tmp.write_text(json.dumps(request.to_spec(), indent=2) + "\n")
+    os.replace(tmp, path)
+    return Submitted(request_id, path, request)
+
+
+def waiting(settings: Settings) -> list[Submitted]:
+    """The requests in the inbox, oldest first (a file that is not a request is listed with the
+    reason in its title, so that a controller sees it rather than misses it)."""
+    found = []
+    for path in sorted(settings.inbox_dir.glob("*.json"), key=lambda p: (p.stat().st_mtime, p.name)):
+        try:
+            request = read(path)
+        except RequestError as err:
+            request = ReleaseRequest(dataset="?", title=f"not a request: {err}", sql="")
+        found.append(Submitted(path.stem, path, request))
+    return found
+
+
+def read(path: Path) -> ReleaseRequest:
+    """The request of an inbox file; a file of an earlier version (the store's record of a request,
+    with `epsilon_mode`) is read too, checked as a request file is."""
+    path = Path(path)
+    try:
+        fields = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        fields = None
+    if isinstance(fields, dict) and "epsilon_mode" in fields:
+        try:
+            return parse_request(ReleaseRequest(**fields).to_spec())
+        except (TypeError, RequestError) as err:
+            raise RequestError(f"{path}: {err}") from None
+    return load_request(path)
+
+
+def find(settings: Settings, text: str) -> Path | None:
+    """The inbox file of a request id or of a prefix only one id starts with; None when no request
+    has it (AmbiguousPrefix when several do)."""
+    if not text or "/" in text or text.startswith("."):
+        return None
+    ids = [p.stem for p in settings.inbox_dir.glob("*.json")]
+    found = by_prefix(text, ids, "inbox requests")
+    return None if found is None else settings.inbox_dir / f"{found}.json"
+
+
+def mark_decided(settings: Settings, path: Path) -> None:
+    """Move a request of the inbox that a controller decided out of the waiting list."""
+    path = Path(path)
+    if path.parent.resolve() != settings.inbox_dir.resolve() or not path.exists():
+        return
+    decided = settings.inbox_dir / DECIDED
+    decided.mkdir(exist_ok=True)
+    os.replace(path, decided / path.name)
