@@ -1,6 +1,7 @@
 """The documentation site (mkdocs.yml, docs/): it builds with `mkdocs build --strict` (no broken link,
 no page left out of the navigation, no docstring the API reference cannot render), and every Python
-example on its pages runs as written, page by page, from the repository's root."""
+example on its pages (fenced ```python) runs as written, page by page, from the repository's root. An
+example that needs a system the tests do not have (a Spark cluster reading a lake) is fenced ```py."""
 
 from __future__ import annotations
 
@@ -41,14 +42,19 @@ def test_the_site_builds_strict(tmp_path):
 PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 
 
-@pytest.mark.parametrize("page", [p.name for p in _site_pages() if PYTHON_BLOCK.search(p.read_text())])
+PAGES_WITH_EXAMPLES = [p.relative_to(ROOT).as_posix() for p in [*_site_pages(), ROOT / "README.md"]
+                       if PYTHON_BLOCK.search(p.read_text())]
+
+
+@pytest.mark.parametrize("page", PAGES_WITH_EXAMPLES)
 def test_every_python_example_on_the_site_runs(page, monkeypatch):
-    """Each page's Python blocks run in order in one namespace, as a reader would paste them."""
+    """Each page's Python blocks (the README's too) run in order in one namespace, as a reader
+    would paste them."""
     monkeypatch.chdir(ROOT)
     namespace: dict = {"__name__": f"docs_{page}"}
-    blocks = PYTHON_BLOCK.findall((ROOT / "docs" / page).read_text())
+    blocks = PYTHON_BLOCK.findall((ROOT / page).read_text())
     for number, code in enumerate(blocks, 1):
         try:
-            exec(compile(code, f"docs/{page} (example {number})", "exec"), namespace)
+            exec(compile(code, f"{page} (example {number})", "exec"), namespace)
         except Exception as err:  # noqa: BLE001 - the failure names the page and the example
-            pytest.fail(f"docs/{page}, example {number} of {len(blocks)}: {type(err).__name__}: {err}")
+            pytest.fail(f"{page}, example {number} of {len(blocks)}: {type(err).__name__}: {err}")
