@@ -32,10 +32,9 @@ def main() -> None:
     os.environ["PREFECT_LOGGING_LEVEL"] = "WARNING"
     from prefect.testing.utilities import prefect_test_harness
 
-    from dprelease import admin, pipeline
-    from dprelease.settings import Settings
     from cli.deciding import decide
-    from dprelease import decisions
+    from dprelease import admin, decisions, pipeline
+    from dprelease.settings import Settings
     from flows.approvals import wait_until_paused
     from flows.release import release_flow
 

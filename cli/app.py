@@ -617,8 +617,8 @@ def release(
     Example: dprelease release examples/request.yaml
 
     Example: dprelease release 3f2a9c1e5b7d     # a request an analyst submitted to the inbox"""
-    from dprelease import checks_judge
     from dp_core import DPError
+    from dprelease import checks_judge
 
     from . import prefect_server
 

@@ -29,10 +29,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-
 
 START_TIMEOUT_S = 300
 PREFECT_DB_ENV = "PREFECT_API_DATABASE_CONNECTION_URL"

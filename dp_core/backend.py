@@ -21,8 +21,15 @@ import pandas as pd
 from .bounding import INPUT_NAME
 from .engine_errors import duckdb_message
 from .errors import InvalidDataError
-from .input_checks import (FLOAT_TYPES, check_column_names, check_file, check_frame, csv_read_error, csv_reader_sql,
-                           missing_as_null)
+from .input_checks import (
+    FLOAT_TYPES,
+    check_column_names,
+    check_file,
+    check_frame,
+    csv_read_error,
+    csv_reader_sql,
+    missing_as_null,
+)
 from .sql_text import ident, literal
 
 NUMERIC_TYPES = ("TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT",

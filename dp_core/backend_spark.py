@@ -87,9 +87,8 @@ class SparkBackend:
 
     def run(self, sql: str) -> pd.DataFrame:
         """Run DuckDB-syntax SQL (transpiled here) and bring its small result back through Arrow."""
-        from pyspark.errors import PySparkException
-
         from py4j.protocol import Py4JJavaError
+        from pyspark.errors import PySparkException
 
         text = self.spark_sql(sql)
         try:

@@ -21,7 +21,6 @@ from .noise import laplace_parameters, secure_uniform
 from .release import MechanismRecord, NoisyStatistic, add_noise
 from .selection_weighted import WEIGHT_ONE, noisy_pass, selection_rounds
 
-
 #: the relative amount by which d is lowered: its float computation is off by a few ulps (2^-52 each)
 #: either way, and a d one ulp high gave a group of one unit a chance 1e-16 above delta (checked
 #: exactly in tests/test_selection_delta.py)

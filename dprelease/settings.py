@@ -18,7 +18,6 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-
 #: DuckDB threads per release. One by default: the engine's hash aggregates keep a table per
 #: thread, so peak memory grows with threads (10M rows of the engine benchmark from the escrow:
 #: 0.9 GB with one thread, 1.3 GB with two), and a platform runs several controllers' releases at

@@ -33,8 +33,7 @@ from dprelease.series import note_refusal, publish_series_page, snapshots_to_pub
 from dprelease.settings import Settings
 from dprelease.store import series as store_series
 from flows.outcomes import ended_releases, is_rejected, outcome, rejected, retry_ended
-from flows.release import (RUN_HOOKS, attempt_release_id, prepare_and_decide, record, release_flow,
-                           retried_and_ended)
+from flows.release import RUN_HOOKS, attempt_release_id, prepare_and_decide, record, release_flow, retried_and_ended
 from tasks import release_steps as steps
 
 #: the snapshot rule's default: the newest registered snapshot of the series

@@ -21,11 +21,11 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from patience import PATIENCE_S
 from typer.testing import CliRunner
 
 from cli.app import app
 from dprelease.settings import Settings
-from patience import PATIENCE_S
 
 ROOT = Path(__file__).resolve().parents[1]
 GOOD_CSV = "uid,g,x,s\n" + "".join(f"{i},{'ab'[i % 2]},{i % 7},t{i % 3}\n" for i in range(1, 41))

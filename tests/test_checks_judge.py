@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from patience import PATIENCE_S
 
 from dprelease import checks, checks_judge
-from patience import PATIENCE_S
 
 ROOT = Path(__file__).resolve().parents[1]
 

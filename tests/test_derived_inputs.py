@@ -11,10 +11,10 @@ import numpy as np
 import pandas as pd
 import pytest
 from scipy import stats
+from stats_helpers import discrete_laplace_jittered_cdf
 
 import dp_core as dp
 from dp_core.sql import Table, run_sql
-from stats_helpers import discrete_laplace_jittered_cdf
 
 H = "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1, delta = 1e-6, max_groups_contributed = 1) "
 ALICE = "WHERE name = 'Alice' AND diagnosis = 'X'"

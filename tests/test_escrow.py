@@ -21,9 +21,9 @@ import pytest
 from cryptography.fernet import Fernet
 
 from dprelease import escrow
-from dprelease.escrow import engine_files
 from dprelease.escrow import (
     EscrowError,
+    engine_files,
     file_fingerprint,
     load_frame,
     load_or_create_key,

@@ -19,7 +19,7 @@ import pytest
 
 import dp_core as dp
 from dprelease import admin, escrow
-from dprelease.escrow import EscrowError, location
+from dprelease.escrow import EscrowError
 from dprelease.settings import Settings
 from dprelease.store import Store
 

@@ -15,9 +15,16 @@ import time
 import pandas as pd
 import pytest
 from browser import CHROMIUM, Chromium
-from prefect_console import (ROOT, deploy_release_flow, drain_prefect_workers, start_prefect_server, stop_process_group,
-                             submit_and_run, ui_base)
 from patience import PATIENCE_S
+from prefect_console import (
+    ROOT,
+    deploy_release_flow,
+    drain_prefect_workers,
+    start_prefect_server,
+    stop_process_group,
+    submit_and_run,
+    ui_base,
+)
 
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium); "
                                 "CI installs it (.ci/run)")

@@ -4,9 +4,9 @@ invariants 1 and 4; usability.md, "Measures of accuracy", "Explaining privacy").
 
 from __future__ import annotations
 
+import csv as csv_module
 import dataclasses
 import html
-import csv as csv_module
 import io
 import json
 import math
@@ -19,12 +19,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from patience import PATIENCE_S
 
 import dp_core as dp
 from dp_core import display, pri
 from dp_core import risk as risk_model
 from dprelease.reporting import charts, data_files, pages
-from patience import PATIENCE_S
 
 SCRIPT = "<script>alert(1)</script>"
 NAMESPACES = {"http://www.w3.org/2000/svg", "http://www.w3.org/1999/xlink"}

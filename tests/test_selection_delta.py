@@ -56,7 +56,7 @@ def dec(x) -> Decimal:
 def pi() -> Decimal:
     """pi by Machin's formula, 16 arctan(1/5) - 4 arctan(1/239)."""
     def arctan_inverse(n: int) -> Decimal:
-        x, total, k, power = Decimal(1) / n, Decimal(0), 0, Decimal(1) / n
+        total, k, power = Decimal(0), 0, Decimal(1) / n
         while power > Decimal(10) ** -(PRECISION + 5):
             total += (-1) ** k * power / (2 * k + 1)
             power /= n * n

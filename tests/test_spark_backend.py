@@ -12,6 +12,8 @@ import dataclasses
 import numpy as np
 import pandas as pd
 import pytest
+from noise_replay import replay_noise
+from patience import PATIENCE_S
 
 import dp_core as dp
 from dp_core.bounding import build_plan
@@ -21,8 +23,6 @@ from dp_core.engine_backend import open_backend
 from dp_core.errors import InvalidDataError
 from dp_core.quantiles import dense_histograms
 from dp_core.selection_mad import round_two_sql
-from noise_replay import replay_noise
-from patience import PATIENCE_S
 
 pytestmark = pytest.mark.xdist_group("spark")  # one worker, one SparkSession (pyproject: --dist loadgroup)
 

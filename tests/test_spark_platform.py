@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from patience import PATIENCE_S
 
 import dp_core as dp
-from patience import PATIENCE_S
 
 pytestmark = pytest.mark.xdist_group("spark")  # one worker, one SparkSession (pyproject: --dist loadgroup)
 

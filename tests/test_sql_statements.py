@@ -1335,7 +1335,7 @@ def test_a_star_chosen_by_a_pattern_over_protected_rows_is_refused(item):
            f"SELECT {item}, uid AS x FROM visits) s")
     with pytest.raises(dp.InvalidQueryError) as refused:
         run_sql(sql, tables)
-    assert (f": a * chosen by a pattern (LIKE, ILIKE, GLOB, SIMILAR TO) over protected rows selects and names "
+    assert (": a * chosen by a pattern (LIKE, ILIKE, GLOB, SIMILAR TO) over protected rows selects and names "
             "columns by pattern, which the ownership check does not follow: not allowed (select the columns by "
             "name instead)") in str(refused.value)
     assert run_sql(f"{DP.format(e=EPS)} {C1} AS n FROM visits", tables).table["n"].round().tolist() == [1.0]

@@ -12,13 +12,13 @@ import uuid
 from datetime import UTC
 
 import pytest
+from patience import PATIENCE_S
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from dprelease.store import BudgetExceeded, Store, StoreError
 from dprelease.store import ledger as store_module
 from dprelease.store import series as store_series
-from patience import PATIENCE_S
 
 PG_ENV = "DPRELEASE_TEST_PG_URL"
 

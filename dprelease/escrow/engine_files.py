@@ -29,6 +29,7 @@ from fsspec import AbstractFileSystem
 from . import location, stream
 from .errors import EscrowError
 
+
 class DecryptingFileSystem(AbstractFileSystem):
     """One blob, as the single file `<protocol>://data.parquet`, for one DuckDB connection."""
 
