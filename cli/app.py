@@ -471,12 +471,17 @@ app.add_typer(controller_app, name="controller")
 @controller_app.command("add")
 def controller_add(name: str,
                    private_key: Path = typer.Option(None, help="write a new key pair here (the controller keeps it)"),
-                   public_key: Path = typer.Option(None, help="or register this existing public key (PEM)")) -> None:
+                   public_key: Path = typer.Option(None, help="or register this existing public key (PEM)"),
+                   passkey: bool = typer.Option(False, "--passkey", help="or print a one-time link with which they "
+                                                "register a passkey for the console (`dprelease console`)")) -> None:
     """Register a controller: their public key goes into the store; only they can sign decisions.
 
-    Example: dprelease controller add alice --private-key ~/.dprelease-controller/alice.pem"""
+    Example: dprelease controller add alice --private-key ~/.dprelease-controller/alice.pem
+             dprelease controller add alice --passkey"""
     from dprelease import decisions
 
+    if passkey and private_key is None and public_key is None:
+        return _enrolment_link(name, "controller")
     if (private_key is None) == (public_key is None):
         _fail("give one of --private-key PATH (create a key pair) or --public-key PATH (register a key)")
     try:
@@ -502,6 +507,63 @@ def controller_list() -> None:
     console.print(table)
 
 
+def _enrolment_link(name: str, role: str) -> None:
+    """Register a console user and print their one-time enrolment link (it expires)."""
+    from dprelease.store import Store, people
+
+    settings = _settings()
+    store = Store(settings.store_url)
+    store.create_all()
+    try:
+        token = people.add_person(store, name, role)
+    except people.ConsoleRefused as err:
+        _fail(str(err))
+    hours = people.ENROLMENT_TTL.total_seconds() / 3600
+    console.print(f"{role} {name!r}: give them this one-time link (it expires in {hours:g} h; it registers a "
+                  f"passkey on their own device):\n{settings.console_url}/enrol/{token}", highlight=False, soft_wrap=True)
+
+
+analyst_app = typer.Typer(help="Analysts: who may submit requests and read reports in the console.",
+                          no_args_is_help=True)
+app.add_typer(analyst_app, name="analyst")
+
+
+@analyst_app.command("add")
+def analyst_add(name: str, passkey: bool = typer.Option(True, "--passkey", help="print a one-time link with which "
+                                                          "they register a passkey for the console")) -> None:
+    """Register an analyst for the console: they submit requests there and read published reports.
+
+    Example: dprelease analyst add ana --passkey"""
+    _enrolment_link(name, "analyst")
+
+
+@app.command("console")
+def console_command(port: int = typer.Option(8400, help="port to listen on"),
+                    host: str = typer.Option("127.0.0.1", help="address to listen on (beyond this machine: "
+                                             "behind a TLS reverse proxy, see the controller guide)"),
+                    origin: str = typer.Option(None, help="the console's address as browsers reach it (default "
+                                               "DPRELEASE_CONSOLE_URL, else http://localhost:PORT)"),
+                    rp_id: str = typer.Option(None, help="the passkeys' relying party id (default: the origin's host)")
+                    ) -> None:
+    """The controllers' and analysts' console in the browser: sign in with a passkey, decide paused
+    releases, follow budgets; analysts submit requests and read published reports.
+
+    Example: dprelease console --port 8400"""
+    from . import prefect_server
+    from .console.server import relying_party, serve
+
+    settings = _settings()
+    given = origin or (settings.console_url if os.environ.get("DPRELEASE_CONSOLE_URL") else None)
+    try:
+        rp = relying_party(port, rp_id, given)
+    except ValueError as err:
+        _fail(str(err))
+    prefect_server.start()
+    prefect_server.wait_ready()
+    console.print(f"the console: {rp.origin} (listening on {host}:{port}; Ctrl-C stops it)", highlight=False)
+    serve(settings, host, port, rp)
+
+
 request_app = typer.Typer(help="Analysts' channel: submit a request to the controllers' inbox.", no_args_is_help=True)
 app.add_typer(request_app, name="request")
 
@@ -513,21 +575,13 @@ def request_submit(spec: Path = typer.Argument(..., help="a release request (.ya
     decides. Submitting can neither approve nor read anything of the controller's.
 
     Example: dprelease request submit request.yaml --as ana"""
-    import json
-    import uuid
-
-    from dprelease.requests import load_request
+    from dprelease.requests import inbox, load_request
 
     try:
         request = load_request(spec)
+        path = inbox.submit(_settings().inbox_dir, request, requested_by)  # the console's path too
     except Exception as err:  # noqa: BLE001 - one line for every bad request
         _fail(str(err))
-    settings = _settings()
-    settings.inbox_dir.mkdir(parents=True, exist_ok=True)
-    fields = json.loads(request.to_json())
-    fields["requested_by"] = requested_by
-    path = settings.inbox_dir / f"{uuid.uuid4().hex[:12]}.json"
-    path.write_text(json.dumps(fields, indent=2))
     console.print(f"submitted {path.name} to the controllers' inbox")
 
 

@@ -8,6 +8,8 @@ then passed down; no other module reads the environment.
     DPRELEASE_CONTROLLER_KEY  the controller's own private key (signs decisions; default: none)
     DPRELEASE_SPARK_MASTER    the Spark master for external datasets (default: Spark's own, local[*])
     DPRELEASE_ENGINE_THREADS  DuckDB threads of one release's scans (default 1: see ENGINE_THREADS)
+    DPRELEASE_CONSOLE_URL     the controllers' console as browsers reach it (default http://localhost:8400):
+                              the paused run's Resume dialog links to its decision page
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class Settings:
     controller_key: Path | None = None  # this controller's private key (decisions are signed with it)
     spark_master: str | None = None  # where external datasets are computed (dprelease.external)
     engine_threads: int = ENGINE_THREADS  # DuckDB threads of a release's scans
+    console_url: str = "http://localhost:8400"  # the controllers' console (`dprelease console`), as browsers reach it
 
     @property
     def escrow_dir(self) -> Path:
@@ -76,7 +79,8 @@ class Settings:
         controller_key = env.get("DPRELEASE_CONTROLLER_KEY")
         return cls(home, store, key_dir, env.get("DPRELEASE_ESCROW_KEY") or None,
                    Path(controller_key).expanduser().resolve() if controller_key else None,
-                   env.get("DPRELEASE_SPARK_MASTER") or None, _engine_threads(env.get("DPRELEASE_ENGINE_THREADS")))
+                   env.get("DPRELEASE_SPARK_MASTER") or None, _engine_threads(env.get("DPRELEASE_ENGINE_THREADS")),
+                   console_url=(env.get("DPRELEASE_CONSOLE_URL") or cls.console_url).rstrip("/"))
 
     def ensure_dirs(self) -> None:
         for d in (self.home, self.escrow_dir, self.archive_dir, self.publication_dir, self.key_dir):

@@ -258,6 +258,8 @@ def waiting_message(release_id: str, summary: str, profile: dict, refused: list[
              f"({summary_link(release_id)}). Sign your decision with "
              f"`dprelease decision sign {release_id} approve|reject --key YOUR_KEY` and paste it below, or run "
              f"`dprelease approve {release_id} --key YOUR_KEY`.")
+    console = Settings.from_env().console_url  # the browser path: the console's decision page, a passkey
+    where += f" Or decide in your browser: [the decision page]({console}/releases/{release_id})."
     lines = [f"# An approval is waiting: release `{release_id}`", where]
     if decisions.risk_above_tolerance(profile):
         lines.append(decisions.risk_notice(profile))

@@ -19,6 +19,7 @@ from sqlmodel import Session, SQLModel, select
 
 from dprelease.settings import Settings
 
+from . import people as _people
 from . import series as _series
 from .database import SQLITE_BUSY_TIMEOUT_S, make_engine
 from .errors import BudgetExceeded, StoreError
@@ -102,6 +103,7 @@ class Store:
             self.engine, tables=[m.__table__ for m in (Dataset, LedgerEntry, Release, Policy, Lease, Controller)]
         )
         SQLModel.metadata.create_all(self.engine, tables=_series.TABLES)  # dataset series (new tables only)
+        SQLModel.metadata.create_all(self.engine, tables=_people.TABLES)  # the console's people (new tables only)
         _add_policy_deployment_column(self.engine)
 
     def close(self) -> None:
@@ -295,6 +297,14 @@ class Store:
         """Every reservation not yet committed nor refunded, oldest first."""
         with self._transaction() as session:
             query = select(LedgerEntry).where(LedgerEntry.status == "reserved").order_by(LedgerEntry.id)
+            return list(session.exec(query).all())
+
+    def ledger_entries(self, dataset: str | None = None) -> list[LedgerEntry]:
+        """Every ledger entry (of one dataset, or all), oldest first: one read for a whole page."""
+        with self._transaction() as session:
+            query = select(LedgerEntry).order_by(LedgerEntry.id)
+            if dataset is not None:
+                query = query.where(LedgerEntry.dataset == dataset)
             return list(session.exec(query).all())
 
     def ledger_entry(self, release_id: str) -> LedgerEntry:

@@ -1,0 +1,57 @@
+"""The controllers' inbox: analysts' requests waiting for a controller to run them, one JSON file
+each in the home's inbox folder. Submitting (from the command line or the console) checks a request
+as a release would and writes it there; it can neither approve nor read anything of the controller's."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import yaml
+
+from .request import ReleaseRequest, RequestError, parse_request
+
+
+def parse_text(text: str, where: str = "the request") -> ReleaseRequest:
+    """A request from YAML or JSON text (a JSON document is YAML too), checked field by field."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise RequestError(f"{where}: not valid YAML/JSON: {err}") from None
+    try:
+        return parse_request(data)
+    except RequestError as err:
+        raise RequestError(f"{where}: {err}") from None
+
+
+def submit(inbox_dir: Path, request: ReleaseRequest, requested_by: str) -> Path:
+    """Write the request, as `requested_by`'s, to the inbox; returns its file (its stem is its id)."""
+    if not requested_by.strip():
+        raise RequestError("a request must say who asks for it (the analyst's name)")
+    inbox_dir.mkdir(parents=True, exist_ok=True)
+    fields = json.loads(request.to_json())
+    fields["requested_by"] = requested_by
+    path = inbox_dir / f"{uuid.uuid4().hex[:12]}.json"
+    path.write_text(json.dumps(fields, indent=2))
+    return path
+
+
+def submitted(inbox_dir: Path) -> list[tuple[Path, dict]]:
+    """Every request in the inbox, with its fields (files that are not JSON objects left out)."""
+    found = []
+    for path in sorted(inbox_dir.glob("*.json")) if inbox_dir.is_dir() else []:
+        try:
+            fields = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(fields, dict):
+            found.append((path, fields))
+    return found
+
+
+def request_key(fields: dict) -> str:
+    """What identifies a request whichever way it was stored (an inbox file, a release's request
+    JSON): its fields without the empty ones, in canonical JSON. A release run from an inbox request
+    has the same key, so the request no longer waits."""
+    return json.dumps({k: v for k, v in fields.items() if v is not None}, sort_keys=True)
