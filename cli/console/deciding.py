@@ -17,7 +17,7 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
 
 from dprelease import decisions, passkeys
 from dprelease.reporting import signing
-from dprelease.requests import inbox
+from dprelease.requests import inbox as request_inbox
 from dprelease.store import StoreError, people
 
 from . import states
@@ -64,9 +64,9 @@ def inbox_rows(store, settings) -> list[dict]:
 
 def waiting_requests(store, settings) -> list:
     """The analysts' requests in the inbox that no release was run from yet."""
-    run = {inbox.request_key(_request_fields(rel)) for rel in store.list_releases()}
-    return [(path, fields) for path, fields in inbox.submitted(settings.inbox_dir)
-            if inbox.request_key(fields) not in run]
+    run = {request_inbox.request_key(_request_fields(rel)) for rel in store.list_releases()}
+    return [(path, fields) for path, fields in request_inbox.submitted(settings.inbox_dir)
+            if request_inbox.request_key(fields) not in run]
 
 
 @router.get("/inbox", response_class=HTMLResponse)

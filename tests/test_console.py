@@ -1,0 +1,294 @@
+"""The console over real HTTP (uvicorn) on a real store, archive and Prefect API: passkey enrolment
+and sign-in, sessions, CSRF and roles, and the passkey-signed decision that resumes a paused release,
+with every refusal the issue lists: refused, nothing published, nothing spent, one clear message.
+People sign in with software passkeys (passkey_device.py); tests/test_console_browser.py drives Chromium."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from console_harness import Browser, console_server, enrolment_link
+from test_release_flow import start_release, wait_for_approval
+
+
+@pytest.fixture(scope="module")
+def platform_env(tmp_path_factory):
+    """A fresh home with Adult registered (cap 10, tolerable risk 0.5), a Prefect API for the module."""
+    home = tmp_path_factory.mktemp("home")
+    saved = {k: os.environ.get(k) for k in ("DPRELEASE_HOME", "PREFECT_SERVER_ANALYTICS_ENABLED")}
+    os.environ["DPRELEASE_HOME"] = str(home)
+    os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+    from prefect.testing.utilities import prefect_test_harness
+
+    from dprelease import admin, decisions
+    from dprelease.settings import Settings
+
+    settings = Settings.from_env()
+    admin.init(settings)
+    data = Path(__file__).resolve().parents[1] / "examples" / "data" / "adult.csv.gz"
+    admin.register_dataset(settings, "adult", data, "person_id", epsilon_cap=10, add_row_id=True,
+                           risk_profile={"max_risk": 0.5})
+    keys = tmp_path_factory.mktemp("controller-keys")
+    decisions.create_controller(settings, "carol", keys / "carol.pem")  # the command line's key path
+    os.environ["DPRELEASE_TEST_CONTROLLER_KEYS"] = str(keys)
+    with prefect_test_harness(server_startup_timeout=300):
+        yield settings
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture(scope="module")
+def console(platform_env):
+    with console_server(platform_env) as origin:
+        yield origin
+
+
+@pytest.fixture(scope="module")
+def people_in(platform_env, console):
+    """alice and bob (controllers) and ana (analyst), each enrolled with a passkey and signed in."""
+    signed_in = {}
+    for name, role in (("alice", "controller"), ("bob", "controller"), ("ana", "analyst")):
+        browser = Browser(console)
+        assert browser.enrol(enrolment_link(platform_env, name, role)).status_code == 200
+        signed_in[name] = browser
+    return signed_in
+
+
+def paused_release(platform_env, **params):
+    """A release whose run is paused for a controller's decision: (release, thread, box)."""
+    from dprelease.pipeline import Platform
+    from flows.approvals import wait_until_paused
+
+    store = Platform.open(platform_env).store
+    known = {r.id for r in store.list_releases()}
+    thread, box = start_release(approval_timeout=600, **params)
+    rel = wait_for_approval(store, known, thread=thread, box=box)
+    wait_until_paused(rel.flow_run_id)
+    return rel, thread, box
+
+
+def untouched(platform_env, rel) -> None:
+    """Refused: the run still waits, its budget is still only reserved, nothing is published."""
+    from dprelease.store import Store
+
+    store = Store(platform_env.store_url)
+    assert store.get_release(rel.id).status == "awaiting_approval"
+    assert store.ledger_entry(rel.id).status == "reserved"
+    assert not (platform_env.publication_dir / rel.id).exists()
+
+
+def one_line(response) -> str:
+    message = response.json()["error"]
+    assert "\n" not in message and "Traceback" not in message
+    return message
+
+
+def test_enrolment_signs_in_and_a_passkey_signs_in_again(platform_env, console):
+    browser = Browser(console)
+    answer = browser.enrol(enrolment_link(platform_env, "dora", "controller"))
+    assert answer.status_code == 200, answer.text
+    session = browser.cookies["dpc_session"]
+    assert browser.get("/inbox").status_code == 200
+    # the cookie: secure, HTTP-only, SameSite=Strict, expiring; the store keeps only its hash
+    again = Browser(console, browser.device)
+    signed_in = again.sign_in()
+    cookie = signed_in.headers["set-cookie"]
+    assert all(part in cookie for part in ("HttpOnly", "Secure", "SameSite=strict", "Max-Age="))
+    from dprelease.store import Store, people
+
+    store = Store(platform_env.store_url)
+    assert people.session_of(store, session).person == "dora"
+    with store.engine.connect() as connection:
+        stored = [row[0] for row in connection.exec_driver_sql("SELECT token_sha256 FROM console_sessions")]
+    assert session not in stored and people.sha256(session) in stored
+    # signing out ends the session on the server, not only in the browser
+    assert again.get("/inbox").status_code == 200
+    assert again.post("/signout", form={}).status_code == 303
+    assert again.get("/inbox").status_code == 303
+
+
+def test_expired_and_used_enrolment_links_are_refused(platform_env, console):
+    from dprelease.store import Store, people
+
+    expired = enrolment_link(platform_env, "eve", "controller", ttl=timedelta(seconds=-1))
+    answer = Browser(console).enrol(expired)
+    assert answer.status_code == 410 and "has expired" in answer.text
+    link = enrolment_link(platform_env, "fay", "analyst")
+    first, second = Browser(console), Browser(console)
+    assert first.enrol(link).status_code == 200
+    answer = second.enrol(link)
+    assert answer.status_code == 410 and "already used" in answer.text
+    assert len(people.passkeys_of(Store(platform_env.store_url), "fay")) == 1
+    assert "dpc_session" not in second.cookies
+
+
+def test_two_enrolments_racing_with_one_link_register_one_passkey(platform_env, console):
+    """Both browsers got past the page and the options; exactly one registers its passkey."""
+    from dprelease.store import Store, people
+
+    link = enrolment_link(platform_env, "gus", "controller")
+    path = "/enrol/" + link.rsplit("/", 1)[-1]
+    browsers = [Browser(console), Browser(console)]
+    credentials = []
+    for b in browsers:
+        b.get(path)
+        credentials.append(b.device.create(b.post(f"{path}/options").json()["options"]))
+    answers = [None, None]
+
+    def finish(i):
+        answers[i] = browsers[i].post(f"{path}/finish", {"credential": credentials[i]})
+
+    threads = [threading.Thread(target=finish, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(a.status_code for a in answers) == [200, 410]
+    assert len(people.passkeys_of(Store(platform_env.store_url), "gus")) == 1
+
+
+def test_roles_sessions_and_csrf_are_enforced_on_the_server(platform_env, console, people_in):
+    rel, thread, box = paused_release(platform_env, title="Roles")
+    nobody = Browser(console)
+    # no session: pages send to sign-in, state changes are refused
+    assert nobody.get("/inbox").status_code == 303
+    assert nobody.get(f"/releases/{rel.id}").headers["location"].startswith("/signin")
+    answer = nobody.post(f"/releases/{rel.id}/decision/options", {"decision": "approve"})
+    assert answer.status_code == 401 and "sign in first" in one_line(answer)
+    # an analyst's session on every controller route: refused, and no controller number shown
+    ana = people_in["ana"]
+    for path in ("/inbox", f"/releases/{rel.id}", "/budget", "/budget/adult", f"/releases/{rel.id}/controller/controller.html"):
+        page = ana.get(path)
+        assert page.status_code == 403 and "for controllers" in page.text, path
+        assert "Approve" not in page.text and "partition" not in page.text
+    answer = ana.decide(rel.id, "approve")
+    assert answer.status_code == 403 and "signed in as analyst 'ana'" in one_line(answer)
+    # a cross-site POST without the page's CSRF token, and one from another origin with it
+    alice = people_in["alice"]
+    alice.get("/inbox")
+    answer = alice.post(f"/releases/{rel.id}/decision/options", {"decision": "approve"}, csrf="")
+    assert answer.status_code == 403 and "no valid CSRF token" in one_line(answer)
+    answer = alice.post(f"/releases/{rel.id}/decision/options", {"decision": "approve"}, origin="https://evil.example")
+    assert answer.status_code == 403 and "not from the console" in one_line(answer)
+    answer = alice.post("/signout", form={}, csrf="forged")
+    assert answer.status_code == 403
+    untouched(platform_env, rel)
+    # a controller sees the inbox with it: dataset, epsilon, risk
+    inbox = alice.get("/inbox")
+    assert inbox.status_code == 200 and "Roles" in inbox.text and f"/releases/{rel.id}" in inbox.text
+    answer = alice.decide(rel.id, "reject", "not today")
+    assert answer.status_code == 200, answer.text
+    thread.join(180)
+    assert box["result"]["status"] == "rejected"
+
+
+def test_a_passkey_decision_publishes_and_verifies_like_a_key_decision(platform_env, console, people_in):
+    from dprelease import decisions
+    from dprelease.reporting import signing
+    from dprelease.store import Store
+
+    rel, thread, box = paused_release(platform_env, title="Approved in the console")
+    alice = people_in["alice"]
+    page = alice.get(f"/releases/{rel.id}")
+    assert "Controller summary" in page.text and "Would be released" in page.text
+    answer = alice.decide(rel.id, "approve", "numbers look right")
+    assert answer.status_code == 200, answer.text
+    thread.join(180)
+    assert box["result"]["status"] == "published", box
+    assert signing.verify_directory(platform_env.publication_dir / rel.id, platform_env.public_key_file).ok
+    (entry,) = decisions.recorded(platform_env, rel.id)
+    assert entry["controller"] == "alice" and entry["reason"] == "numbers look right"
+    assert entry["signed_decision"].startswith("dpw1.")
+    assert set(entry) == {"release_id", "question", "decision", "controller", "report_fingerprint", "decided_at",
+                          "reason", "risk_override", "signed_decision"}  # as a key-signed decision's
+    audit = decisions.audit(platform_env, Store(platform_env.store_url), rel.id)
+    assert audit == [(True, audit[0][1])] and "alice's registered passkey" in audit[0][1]
+    page = alice.get(f"/releases/{rel.id}")
+    assert "Published" in page.text and "registered passkey" in page.text
+
+
+def test_replayed_stale_and_late_decisions_are_refused(platform_env, console, people_in):
+    from dprelease import decisions, passkeys
+    from dprelease.reporting import signing
+    from dprelease.store import Store
+    from flows.approvals import answer as resume
+
+    first, t1, b1 = paused_release(platform_env, title="First")
+    second, t2, b2 = paused_release(platform_env, title="Second")
+    alice = people_in["alice"]
+    # an assertion made for the first release, replayed on the second's page
+    options = alice.decision_options(first.id, "approve").json()
+    assertion = alice.device.get(options["options"])
+    answer = alice.post(f"/releases/{second.id}/decision", {"credential": assertion})
+    assert answer.status_code == 409 and "does not belong to a ceremony of this page" in one_line(answer)
+    # ... and handed to the second release's run directly (a console server that lies): the run refuses it
+    payload = decisions.payload_of(decisions.Decision(**options["decision"]))
+    token = passkeys.make_token(payload, assertion)
+    refused = platform_env.archive_dir / second.id / decisions.REFUSED_FILE
+    resume(second.flow_run_id, "approve", "alice", "", signed_decision=token)
+    while not refused.exists():
+        time.sleep(0.2)
+    assert f"is for release {first.id}" in refused.read_text()
+    untouched(platform_env, second)
+    # a decision whose payload was changed after the passkey signed it: the assertion no longer verifies
+    forged = dict(options["decision"], release_id=second.id)
+    token = passkeys.make_token(decisions.payload_of(decisions.Decision(**forged)), assertion)
+    with pytest.raises(decisions.DecisionRefused, match="does not verify"):
+        decisions.authenticated(Store(platform_env.store_url), token)
+    # an assertion made before the controller report changed
+    options = alice.decision_options(first.id, "approve").json()
+    controller = platform_env.archive_dir / first.id / "controller"
+    (controller / "controller.html").write_text((controller / "controller.html").read_text() + "<!-- revised -->")
+    signing.sign_directory(controller, {"release_id": first.id, "kind": "controller-report"},
+                           signing.load_private_key(platform_env.signing_key_file))
+    answer = alice.post(f"/releases/{first.id}/decision", {"credential": alice.device.get(options["options"])})
+    assert answer.status_code == 409 and "another version of the controller report" in one_line(answer)
+    untouched(platform_env, first)
+    # a decision for a release that is not waiting
+    assert alice.decide(second.id, "reject", "no").status_code == 200
+    t2.join(180)
+    answer = alice.decide(second.id, "approve")
+    assert answer.status_code == 409 and "is Rejected, not waiting for a decision" in one_line(answer)
+    assert Store(platform_env.store_url).ledger_entry(second.id).status == "refunded"
+    assert not (platform_env.publication_dir / second.id).exists()
+    from cli.deciding import decide
+
+    decide(platform_env, first.id, "reject", Path(os.environ["DPRELEASE_TEST_CONTROLLER_KEYS"]) / "carol.pem", "tidy")
+    t1.join(180)
+
+
+def test_two_controllers_deciding_at_once_make_exactly_one_decision(platform_env, console, people_in):
+    from dprelease import decisions
+
+    rel, thread, box = paused_release(platform_env, title="Raced")
+    alice, bob = people_in["alice"], people_in["bob"]
+    ready = [(alice, alice.decision_options(rel.id, "approve", "yes").json()),
+             (bob, bob.decision_options(rel.id, "reject", "no").json())]
+    signed = [(who, who.device.get(options["options"])) for who, options in ready]
+    answers = [None, None]
+    go = threading.Barrier(2)
+
+    def send(i):
+        who, credential = signed[i]
+        go.wait()
+        answers[i] = who.post(f"/releases/{rel.id}/decision", {"credential": credential})
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(a.status_code for a in answers) == [200, 409], [a.text for a in answers]
+    loser = next(a for a in answers if a.status_code == 409)
+    assert "at the same time" in one_line(loser) or "not waiting for a decision" in one_line(loser)
+    thread.join(180)
+    assert len(decisions.recorded(platform_env, rel.id)) == 1
