@@ -299,6 +299,8 @@ def verify(directory: Path,
         for problem in report.problems:
             console.print(f"  - {escape(str(problem))}")
         raise typer.Exit(1)
+    if not _decisions_verify(directory):
+        raise typer.Exit(1)
     if key is None:
         console.print(f"[yellow]intact, signer not established[/yellow] {directory}: the files match a signature "
                       f"made with the key shipped inside the publication (fingerprint {shipped_fp}), which anyone "
@@ -307,6 +309,21 @@ def verify(directory: Path,
         raise typer.Exit(1)
     console.print(f"[green]OK[/green] {directory}: signed by the key you gave ({signing.key_fingerprint(key)}), "
                   "every file intact")
+
+
+def _decisions_verify(directory: Path) -> bool:
+    """With the home's archive at hand (a controller or auditor), the release's recorded decisions are
+    checked too, each from the key or passkey the store registered for its controller; say each."""
+    from dprelease import decisions
+    from dprelease.store import Store
+
+    settings = _settings()
+    if not (settings.archive_dir / directory.name / decisions.DECISION_FILE).is_file():
+        return True
+    lines = decisions.audit(settings, Store(settings.store_url), directory.name)
+    for ok, line in lines:
+        console.print(f"  decision: {'[green]OK[/green]' if ok else '[red]FAILED[/red]'} {escape(line)}", highlight=False)
+    return all(ok for ok, _ in lines)
 
 
 @app.command()

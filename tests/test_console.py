@@ -6,6 +6,7 @@ People sign in with software passkeys (passkey_device.py); tests/test_console_br
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from datetime import timedelta
@@ -182,9 +183,14 @@ def test_roles_sessions_and_csrf_are_enforced_on_the_server(platform_env, consol
     answer = alice.post("/signout", form={}, csrf="forged")
     assert answer.status_code == 403
     untouched(platform_env, rel)
-    # a controller sees the inbox with it: dataset, epsilon, risk
+    # a controller sees the inbox with it: dataset, epsilon, risk; the Prefect UI's Resume dialog links its page
     inbox = alice.get("/inbox")
     assert inbox.status_code == 200 and "Roles" in inbox.text and f"/releases/{rel.id}" in inbox.text
+    row = inbox.text.split(f"/releases/{rel.id}", 1)[1].split("</tr>", 1)[0]
+    assert "<td>adult</td>" in row and "<td>1</td>" in row and re.search(r"<span[^>]*>\d\.\d\d</span>", row), row
+    from cli.interactive import _pause_description
+
+    assert f"({platform_env.console_url}/releases/{rel.id})" in _pause_description(rel.flow_run_id)
     answer = alice.decide(rel.id, "reject", "not today")
     assert answer.status_code == 200, answer.text
     thread.join(180)
@@ -292,3 +298,30 @@ def test_two_controllers_deciding_at_once_make_exactly_one_decision(platform_env
     assert "at the same time" in one_line(loser) or "not waiting for a decision" in one_line(loser)
     thread.join(180)
     assert len(decisions.recorded(platform_env, rel.id)) == 1
+
+
+def test_budgets_and_histories_show_every_release_with_its_state(platform_env, console, people_in):
+    """After the releases above: the cap and what is committed, reserved and left, the spending chart,
+    each release's state in words (Rejected says Rejected) and its signed reports."""
+    from dprelease.store import Store
+
+    store = Store(platform_env.store_url)
+    budget = store.budget("adult")
+    alice = people_in["alice"]
+    page = alice.get("/budget")
+    assert page.status_code == 200
+    row = page.text.split('href="/budget/adult"', 1)[1].split("</tr>", 1)[0]
+    cells = re.findall(r"<td>([^<]*)</td>", row)
+    assert cells[:4] == ["10", f"{budget['epsilon_committed']:.4g}", f"{budget['epsilon_reserved']:.4g}",
+                         f"{budget['epsilon_remaining']:.4g}"]
+    history = alice.get("/budget/adult").text
+    assert "<polyline" in history and f"{budget['epsilon_committed']:.4g} of 10" in history
+    for rel in store.list_releases(dataset="adult"):
+        line = history.split(f'href="/releases/{rel.id}"', 1)[1].split("</tr>", 1)[0]
+        word = {"published": "Published", "rejected": "Rejected"}.get(rel.status)
+        if word:
+            assert f">{word}<" in line, (rel.status, line)
+        if rel.status == "published":
+            assert f"/published/{rel.id}/index.html" in line and "/controller/controller.html" in line
+        if rel.status == "rejected":
+            assert "(refunded)" in line
