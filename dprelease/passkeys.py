@@ -111,10 +111,13 @@ def assertion_options(rp: RelyingParty, challenge: bytes, allowed: list[str] | N
     return webauthn.options_to_json(options)
 
 
-def verify_assertion(store, response: dict, challenge: bytes) -> tuple[people.Passkey, people.Person, int]:
+def verify_assertion(store, response: dict, challenge: bytes,
+                     counted: bool = False) -> tuple[people.Passkey, people.Person, int]:
     """The registered passkey and person that made this assertion over `challenge`, and the
     authenticator's new counter; PasskeyRefused saying why otherwise. The site and origin checked
-    are those the passkey was registered for (from the store, not from the request)."""
+    are those the passkey was registered for (from the store, not from the request). `counted`: the
+    counter must have moved past the last one seen (a sign-in now; a cloned authenticator's lags),
+    not so for a recorded decision checked again later."""
     credential_id = response.get("id") if isinstance(response, dict) else None
     found = people.passkey(store, credential_id) if isinstance(credential_id, str) else None
     if found is None:
@@ -124,7 +127,7 @@ def verify_assertion(store, response: dict, challenge: bytes) -> tuple[people.Pa
         verified = webauthn.verify_authentication_response(
             credential=response, expected_challenge=challenge, expected_rp_id=found.rp_id,
             expected_origin=found.origin, credential_public_key=unb64url(found.public_key),
-            credential_current_sign_count=0, require_user_verification=True)
+            credential_current_sign_count=found.sign_count if counted else 0, require_user_verification=True)
     except (webauthn_errors.WebAuthnException, ValueError, KeyError, TypeError) as err:
         raise PasskeyRefused(f"the passkey's answer does not verify: {err}") from None
     return found, person, verified.new_sign_count

@@ -111,6 +111,10 @@ def test_enrolment_signs_in_and_a_passkey_signs_in_again(platform_env, console):
     with store.engine.connect() as connection:
         stored = [row[0] for row in connection.exec_driver_sql("SELECT token_sha256 FROM console_sessions")]
     assert session not in stored and people.sha256(session) in stored
+    # a copy of the passkey whose counter lags (a cloned authenticator) does not sign in
+    browser.device.counter = 0
+    answer = Browser(console, browser.device).sign_in()
+    assert answer.status_code == 401 and "does not verify" in one_line(answer)
     # signing out ends the session on the server, not only in the browser
     assert again.get("/inbox").status_code == 200
     assert again.post("/signout", form={}).status_code == 303
@@ -325,3 +329,27 @@ def test_budgets_and_histories_show_every_release_with_its_state(platform_env, c
             assert f"/published/{rel.id}/index.html" in line and "/controller/controller.html" in line
         if rel.status == "rejected":
             assert "(refunded)" in line
+
+
+def test_a_risk_above_tolerance_asks_the_override_s_reason_on_the_page(platform_env, console, people_in):
+    """Adult's default profile tolerates 0.2; epsilon 1 gives about 0.31: the page warns, approving
+    without a reason for the override is refused, with one the run publishes and archives it."""
+    from dprelease import admin, decisions
+
+    from test_release_flow import SQL
+
+    data = Path(__file__).resolve().parents[1] / "examples" / "data" / "adult.csv.gz"
+    admin.register_dataset(platform_env, "risky", data, "person_id", epsilon_cap=10, add_row_id=True)
+    rel, thread, box = paused_release(platform_env, dataset="risky", sql=SQL.replace("FROM adult", "FROM risky"))
+    alice = people_in["alice"]
+    page = alice.get(f"/releases/{rel.id}").text
+    assert "above your tolerable risk" in page and "Why approve above the tolerable risk" in page
+    answer = alice.decide(rel.id, "approve", "fine")
+    assert answer.status_code == 400 and "needs your reason" in one_line(answer)
+    untouched(platform_env, rel)
+    answer = alice.decide(rel.id, "approve", "fine", "aggregate table, recipient under contract")
+    assert answer.status_code == 200, answer.text
+    thread.join(180)
+    assert box["result"]["status"] == "published", box
+    (entry,) = decisions.recorded(platform_env, rel.id)
+    assert entry["risk_override"] == "aggregate table, recipient under contract"

@@ -45,7 +45,7 @@ def _context(settings, release_id: str) -> dict:
 def inbox_rows(store, settings) -> list[dict]:
     """What waits for a decision, newest first: paused runs (with their epsilon and risk) and
     analysts' requests not yet run."""
-    epsilon = {e.release_id: e.epsilon for e in store.ledger_entries() if e.status == "reserved"}
+    epsilon = {e.release_id: e.epsilon for e in store.reserved_entries()}
     rows = []
     for rel in store.list_releases(status="awaiting_approval"):
         fields, context = _request_fields(rel), _context(settings, rel.id)
@@ -64,9 +64,16 @@ def inbox_rows(store, settings) -> list[dict]:
 
 def waiting_requests(store, settings) -> list:
     """The analysts' requests in the inbox that no release was run from yet."""
-    run = {request_inbox.request_key(_request_fields(rel)) for rel in store.list_releases()}
-    return [(path, fields) for path, fields in request_inbox.submitted(settings.inbox_dir)
-            if request_inbox.request_key(fields) not in run]
+    submitted = request_inbox.submitted(settings.inbox_dir)
+    if not submitted:
+        return []
+    run = set()
+    for text in store.release_requests():
+        try:
+            run.add(request_inbox.request_key(json.loads(text)))
+        except ValueError:
+            continue
+    return [(path, fields) for path, fields in submitted if request_inbox.request_key(fields) not in run]
 
 
 @router.get("/inbox", response_class=HTMLResponse)

@@ -107,7 +107,8 @@ async def signin_finish(request: Request):
     credential = await credential_of(request)
     try:
         challenge = people.take_challenge(store, challenge_of(credential), "sign-in")
-        passkey, person, count = passkeys.verify_assertion(store, credential, passkeys.unb64url(challenge.challenge))
+        passkey, person, count = passkeys.verify_assertion(store, credential, passkeys.unb64url(challenge.challenge),
+                                                           counted=True)
     except (people.ConsoleRefused, passkeys.PasskeyRefused) as err:
         raise Refused(401, str(err)) from None
     people.note_sign_count(store, passkey.credential_id, count)

@@ -410,6 +410,11 @@ class Store:
         with self._transaction() as session:
             return list(session.exec(query).all())
 
+    def release_requests(self) -> list[str]:
+        """Every release's request JSON: one column, not whole rows (a page over thousands of releases)."""
+        with self._transaction() as session:
+            return list(session.exec(select(Release.request_json)).all())
+
     def releases_of_run(self, flow_run_id: str) -> list[Release]:
         """The releases one flow run made: its own id, and `<id>-retryN` after a Retry (an indexed
         primary-key range, not a scan of every release)."""

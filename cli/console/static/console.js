@@ -55,7 +55,7 @@ document.addEventListener("click", async (event) => {
   try {
     const answer = await CEREMONIES[button.dataset.ceremony](button);
     const next = new URLSearchParams(location.search).get("next");
-    location.assign(button.dataset.ceremony === "signin" && next && next.startsWith("/") && !next.startsWith("//")
+    location.assign(button.dataset.ceremony === "signin" && next && /^\/(?![\/\\])/.test(next)
                     ? next : answer.next);
   } catch (err) {
     say(err.name === "NotAllowedError" ? "The passkey prompt was cancelled or timed out: nothing was done." : err.message);
