@@ -6,6 +6,7 @@
     dprelease controller add alice --private-key alice.pem     # the administrator
     dprelease pending | approve ID --key alice.pem | reject ID --key alice.pem --reason ...
     dprelease request submit request.yaml --as ana              # an analyst
+    dprelease controller add dora --passkey | analyst add ana --passkey | console   # the browser path
     dprelease recover                         # end the releases whose process died (refund or finish)
     dprelease budget | verify DIR | server | demo
 """

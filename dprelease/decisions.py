@@ -11,6 +11,10 @@ the controller it names, it answers this release's current question about this e
 (risk above the tolerable risk) an approval carries an override with a reason. Everything
 accepted or refused is written to the release's archive folder (controller only).
 
+A decision made in the console is the same content with a passkey's WebAuthn assertion over its
+hash instead of an Ed25519 signature (a `dpw1.` token, dprelease.passkeys); `authenticated` checks
+either kind against what the store registered for the controller, and both are recorded alike.
+
 Automatic approval is not a decision anybody can send: `standing_approval` grants it only to a
 scheduled run (the flow reads its origin from Prefect) of a deployment an automatic policy names.
 """

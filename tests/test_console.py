@@ -224,6 +224,62 @@ def test_a_passkey_decision_publishes_and_verifies_like_a_key_decision(platform_
     assert audit == [(True, audit[0][1])] and "alice's registered passkey" in audit[0][1]
     page = alice.get(f"/releases/{rel.id}")
     assert "Published" in page.text and "registered passkey" in page.text
+    # a recorded decision altered afterwards (its reason) no longer verifies
+    path = platform_env.archive_dir / rel.id / decisions.DECISION_FILE
+    original = path.read_text()
+    path.write_text(original.replace("numbers look right", "numbers look wrong"))
+    ((ok, line),) = decisions.audit(platform_env, Store(platform_env.store_url), rel.id)
+    assert not ok and "differs from what was signed" in line
+    path.write_text(original)
+
+
+def test_only_a_controller_s_own_passkey_makes_a_decision(platform_env, console, people_in):
+    """Whoever holds the server alone cannot decide: an analyst's passkey, another controller's
+    passkey naming alice, a passkey nobody registered, an unverified user: all refused by the check
+    the run makes (decisions.authenticated)."""
+    from dprelease import decisions, passkeys
+    from dprelease.store import Store
+
+    from passkey_device import PasskeyDevice
+
+    store = Store(platform_env.store_url)
+    content = decisions.Decision(release_id="r1", question="approval-r1", decision="approve", controller="alice",
+                                 report_fingerprint="0" * 64, decided_at="2026-11-29T00:00:00+00:00")
+
+    def made_by(device, decision=content, **options) -> str:
+        payload = decisions.payload_of(decision)
+        challenge = passkeys.b64url(passkeys.decision_challenge(payload))
+        return passkeys.make_token(payload, device.get({"challenge": challenge}, **options))
+
+    assert decisions.authenticated(store, made_by(people_in["alice"].device)) == content
+    as_ana = decisions.Decision(**{**content.__dict__, "controller": "ana"})
+    with pytest.raises(decisions.DecisionRefused, match="'ana', who is not a controller"):
+        decisions.authenticated(store, made_by(people_in["ana"].device, as_ana))
+    with pytest.raises(decisions.DecisionRefused, match="made with the passkey of 'bob'"):
+        decisions.authenticated(store, made_by(people_in["bob"].device))
+    with pytest.raises(decisions.DecisionRefused, match="not registered here"):
+        decisions.authenticated(store, made_by(PasskeyDevice(console, "localhost")))
+    with pytest.raises(decisions.DecisionRefused, match="does not verify"):
+        decisions.authenticated(store, made_by(people_in["alice"].device, user_verified=False))
+    with pytest.raises(decisions.DecisionRefused, match="does not verify"):
+        decisions.authenticated(store, made_by(people_in["alice"].device, origin="https://evil.example"))
+
+
+def test_the_console_s_address_must_be_a_secure_context(platform_env):
+    """Passkeys need https or localhost, and an RP id the origin belongs to: said in one line, exit 2."""
+    import subprocess
+    import sys
+
+    from cli.console.server import relying_party
+
+    assert relying_party(8400, None, None).origin == "http://localhost:8400"
+    rp = relying_party(8400, "example.org", "https://console.example.org")
+    assert (rp.rp_id, rp.origin) == ("example.org", "https://console.example.org")
+    for origin, rp_id, words in (("http://console.example.org", None, "passkeys need https"),
+                                 ("https://console.example.org", "other.org", "must be the origin's host")):
+        done = subprocess.run([sys.executable, "-m", "cli.app", "console", "--origin", origin,
+                               *(["--rp-id", rp_id] if rp_id else [])], capture_output=True, text=True)
+        assert done.returncode == 2 and words in done.stderr and len(done.stderr.strip().splitlines()) == 1, done
 
 
 def test_replayed_stale_and_late_decisions_are_refused(platform_env, console, people_in):
