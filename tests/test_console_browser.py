@@ -124,13 +124,13 @@ def test_an_analyst_submits_follows_and_reads_in_the_browser(platform_env, conso
     from console_harness import Browser
     from console_harness import enrolment_link as link_for
 
+    from test_release_flow import SQL
+
     context, page = enrolled(browser, enrolment_link("ana", "analyst", console))
-    page.get_by_label("A release request").fill("dataset: adult\ntitle: Ages by sex\nepsilon: 1.0\n"
-                                                "sql: SELECT WITH ANONYMIZATION sex, ANON_COUNT(*, 1) AS people "
-                                                "FROM adult GROUP BY sex\n")
+    page.get_by_label("A release request").fill(f"dataset: adult\ntitle: Hours by education\nepsilon: 1.0\nsql: {SQL}\n")
     page.get_by_role("button", name="Submit").click()
     page.get_by_text("submitted to the controllers' inbox").wait_for()
-    assert "Submitted (waiting for a controller)" in page.locator("table").inner_text()
+    assert "Submitted (waiting for a controller)" in page.locator("tr", has_text="Hours by education").inner_text()
     # a request that fails the command line's validation fails here with its one line
     page.get_by_label("A release request").fill("dataset: adult\nepsilon: -1\nsql: SELECT 1\n")
     page.get_by_role("button", name="Submit").click()
@@ -139,8 +139,12 @@ def test_an_analyst_submits_follows_and_reads_in_the_browser(platform_env, conso
     for path in ("/inbox", "/budget"):
         page.goto(f"{console}{path}")
         assert "for controllers" in page.get_by_role("alert").inner_text()
-    # a controller publishes a release ana asked for (over HTTP: the controller's browser is tested above)
+    # a controller runs ana's request (as from the Prefect UI): her request now says where its run stands
     rel, thread, box = paused_release(platform_env, title="Hours by education", requested_by="ana")
+    page.goto(f"{console}/requests")
+    row = page.locator("tr", has_text="Hours by education")
+    assert row.count() == 1 and "Waiting for a decision" in row.inner_text()
+    # a controller publishes it (over HTTP: the controller's browser is tested above)
     carl = Browser(console)
     assert carl.enrol(link_for(platform_env, "carl", "controller")).status_code == 200
     assert carl.decide(rel.id, "approve", "fine").status_code == 200
