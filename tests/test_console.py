@@ -111,6 +111,14 @@ def test_enrolment_signs_in_and_a_passkey_signs_in_again(platform_env, console):
     with store.engine.connect() as connection:
         stored = [row[0] for row in connection.exec_driver_sql("SELECT token_sha256 FROM console_sessions")]
     assert session not in stored and people.sha256(session) in stored
+    # a session that expired is no session
+    old = people.open_session(store, people.get_person(store, "dora"), ttl=timedelta(seconds=-1))
+    late = Browser(console)
+    late.cookies["dpc_session"] = old
+    assert late.get("/inbox").status_code == 303 and late.post("/signout", form={}).status_code == 403
+    # a cross-site POST starting a ceremony without the pre-session token is refused too
+    answer = Browser(console).post("/signin/options", csrf="")
+    assert answer.status_code == 403 and "no valid CSRF token" in one_line(answer)
     # a copy of the passkey whose counter lags (a cloned authenticator) does not sign in
     browser.device.counter = 0
     answer = Browser(console, browser.device).sign_in()
