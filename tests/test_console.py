@@ -417,3 +417,30 @@ def test_a_risk_above_tolerance_asks_the_override_s_reason_on_the_page(platform_
     assert box["result"]["status"] == "published", box
     (entry,) = decisions.recorded(platform_env, rel.id)
     assert entry["risk_override"] == "aggregate table, recipient under contract"
+
+
+def test_a_series_budget_and_history(platform_env, console, people_in):
+    """A series of two monthly snapshots under one cap: its row on the budgets page, and its page with
+    the periods' spending, the chart and its releases."""
+    from dprelease.store import Store
+    from dprelease.store import series as store_series
+
+    store = Store(platform_env.store_url)
+    store_series.add_series(store, "visits", privacy_unit="person_id", schema={"age": "BIGINT"},
+                            budget_mode="series_cap", epsilon_cap=3, delta_cap=1e-5)
+    for month, status in (("2026-01", "published"), ("2026-02", "rejected")):
+        name = store_series.snapshot_dataset_name("visits", month)
+        store.add_dataset(name, privacy_unit="person_id", blob_path="-", fingerprint="0" * 64, file_format="csv",
+                          schema={"age": "BIGINT"}, epsilon_cap=3, delta_cap=1e-5)
+        store_series.add_snapshot(store, "visits", month, name)
+        rel = store.add_release(name, '{"title": "Visits ' + month + '"}')
+        store.reserve(name, rel.id, 0.5, 1e-7)
+        (store.commit if status == "published" else store.refund)(rel.id)
+        store.update_release(rel.id, status=status)
+    alice = people_in["alice"]
+    row = alice.get("/budget").text.split('href="/budget/series/visits"', 1)[1].split("</tr>", 1)[0]
+    assert "series cap (sequential)" in row and "<td>3</td>" in row and "<td>0.5</td>" in row and "<td>2.5</td>" in row
+    page = alice.get("/budget/series/visits").text
+    assert "one cap for all periods" in page and "2026-01: 0.5" in page and "<polyline" in page
+    assert ">Published<" in page.split("Visits 2026-01", 1)[1] and ">Rejected<" in page.split("Visits 2026-02", 1)[1]
+    assert people_in["ana"].get("/budget/series/visits").status_code == 403

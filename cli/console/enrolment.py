@@ -80,7 +80,7 @@ async def enrol_finish(request: Request, token: str):
     except (people.ConsoleRefused, passkeys.PasskeyRefused) as err:
         raise Refused(410 if isinstance(err, people.ConsoleRefused) else 400, str(err)) from None
     response = JSONResponse({"next": "/", "person": person.name})
-    set_session_cookie(response, request, people.open_session(store, person))
+    set_session_cookie(response, people.open_session(store, person))
     return response
 
 
@@ -113,7 +113,7 @@ async def signin_finish(request: Request):
         raise Refused(401, str(err)) from None
     people.note_sign_count(store, passkey.credential_id, count)
     response = JSONResponse({"next": "/", "person": person.name})
-    set_session_cookie(response, request, people.open_session(store, person))
+    set_session_cookie(response, people.open_session(store, person))
     return response
 
 

@@ -59,6 +59,38 @@ def budgets(request: Request):
     return render(request, who, "budget.html", datasets=datasets, series=series)
 
 
+def release_rows(store, settings, datasets: list[str]) -> list[dict]:
+    """The releases of these datasets, newest first, with their state in words, their budget and reports."""
+    spent = {e.release_id: e for d in datasets for e in store.ledger_entries(d)}
+    releases = []
+    for rel in sorted((r for d in datasets for r in store.list_releases(dataset=d)), key=lambda r: r.created_at,
+                      reverse=True):
+        fields = json.loads(rel.request_json or "{}")
+        releases.append({"rel": rel, "label": states.label(rel.status), "title": fields.get("title") or "",
+                         "requester": fields.get("requested_by") or "", "entry": spent.get(rel.id),
+                         "published": (settings.publication_dir / rel.id / "index.html").exists(),
+                         "controller_report": (settings.archive_dir / rel.id / "controller" / "controller.html").exists()})
+    return releases
+
+
+@router.get("/budget/series/{name}", response_class=HTMLResponse)
+def series_history(request: Request, name: str):
+    """A series: its budget as its page states it, the spending of all its periods, every release."""
+    who = require(request, "controller")
+    state = request.app.state
+    store, settings = state.store, state.settings
+    try:
+        budget = store_series.series_budget(store, name)
+    except StoreError:
+        raise Refused(404, f"there is no series {name!r}") from None
+    datasets = [snap.dataset for snap in store_series.snapshots(store, name)]
+    entries = [e for d in datasets for e in store.ledger_entries(d)]
+    # series_cap: every period spends from one cap; per_snapshot: each period has the cap (the chart's level)
+    return render(request, who, "history.html", budget=None, series=budget, dataset=name,
+                  chart=spending_chart(entries, budget["epsilon_cap"]),
+                  releases=release_rows(store, settings, datasets))
+
+
 @router.get("/budget/{dataset}", response_class=HTMLResponse)
 def dataset_history(request: Request, dataset: str):
     who = require(request, "controller")
@@ -68,15 +100,6 @@ def dataset_history(request: Request, dataset: str):
         budget = store.budget(dataset)
     except StoreError:
         raise Refused(404, f"there is no dataset {dataset!r}") from None
-    entries = store.ledger_entries(dataset)
-    spent = {e.release_id: e for e in entries}
-    releases = []
-    for rel in sorted(store.list_releases(dataset=dataset), key=lambda r: r.created_at, reverse=True):
-        fields = json.loads(rel.request_json or "{}")
-        entry = spent.get(rel.id)
-        releases.append({"rel": rel, "label": states.label(rel.status), "title": fields.get("title") or "",
-                         "requester": fields.get("requested_by") or "", "entry": entry,
-                         "published": (settings.publication_dir / rel.id / "index.html").exists(),
-                         "controller_report": (settings.archive_dir / rel.id / "controller" / "controller.html").exists()})
-    return render(request, who, "history.html", budget=budget, chart=spending_chart(entries, budget["epsilon_cap"]),
-                  releases=releases, dataset=dataset)
+    return render(request, who, "history.html", budget=budget, series=None, dataset=dataset,
+                  chart=spending_chart(store.ledger_entries(dataset), budget["epsilon_cap"]),
+                  releases=release_rows(store, settings, [dataset]))

@@ -88,12 +88,14 @@ async def form_of(request: Request) -> dict[str, str]:
     return dict(parse_qsl((await request.body()).decode("utf-8", "replace"), keep_blank_values=True))
 
 
-def set_session_cookie(response, request: Request, token: str) -> None:
+def set_session_cookie(response, token: str) -> None:
+    """The signed-in browser's cookie: secure, HTTP-only, SameSite=Strict, expiring with the session."""
     response.set_cookie(SESSION_COOKIE, token, max_age=int(people.SESSION_TTL.total_seconds()), httponly=True,
                         secure=True, samesite="strict", path="/")
     response.delete_cookie(PRESESSION_COOKIE, path="/")
 
 
 def set_presession_cookie(response, token: str) -> None:
+    """The token a browser's ceremonies carry before sign-in (double submit), as strict as the session's."""
     response.set_cookie(PRESESSION_COOKIE, token, max_age=3600, httponly=True, secure=True, samesite="strict",
                         path="/")
