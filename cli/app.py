@@ -522,7 +522,21 @@ def controller_list() -> None:
     table = _table("name", "key fingerprint", "added")
     for c in Store(_settings().store_url).list_controllers():
         table.add_row(c.name, signing.key_fingerprint(c.public_key_pem.encode()), str(c.added_at)[:19])
+    _people_rows(table, "controller")
     console.print(table)
+
+
+def _people_rows(table, role: str) -> None:
+    """The console's people of a role in a listing: their passkeys (or a link not used yet)."""
+    from dprelease.store import Store, people
+
+    store = Store(_settings().store_url)
+    store.create_all()
+    for person in people.list_people(store):
+        if person.role == role:
+            count = len(people.passkeys_of(store, person.name))
+            table.add_row(person.name, f"{count} passkey(s)" if count else "passkey not registered yet",
+                          str(person.added_at)[:19])
 
 
 def _enrolment_link(name: str, role: str) -> None:
@@ -553,6 +567,14 @@ def analyst_add(name: str, passkey: bool = typer.Option(True, "--passkey", help=
 
     Example: dprelease analyst add ana --passkey"""
     _enrolment_link(name, "analyst")
+
+
+@analyst_app.command("list")
+def analyst_list() -> None:
+    """The analysts registered for the console and their passkeys."""
+    table = _table("name", "passkeys", "added")
+    _people_rows(table, "analyst")
+    console.print(table)
 
 
 @app.command("console")

@@ -444,3 +444,22 @@ def test_a_series_budget_and_history(platform_env, console, people_in):
     assert "one cap for all periods" in page and "2026-01: 0.5" in page and "<polyline" in page
     assert ">Published<" in page.split("Visits 2026-01", 1)[1] and ">Rejected<" in page.split("Visits 2026-02", 1)[1]
     assert people_in["ana"].get("/budget/series/visits").status_code == 403
+
+
+def test_the_administrator_s_commands_for_console_people(platform_env, console, people_in):
+    """Enrolment links from the command line, the lists, and bad names in one line, exit 2."""
+    import subprocess
+    import sys
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "cli.app", *args], capture_output=True, text=True)
+
+    done = run("analyst", "add", "hal", "--passkey")
+    assert done.returncode == 0 and f"{platform_env.console_url}/enrol/" in done.stdout and "expires in 24 h" in done.stdout
+    listing = run("analyst", "list").stdout
+    assert "ana" in listing and "1 passkey(s)" in listing and "hal" in listing and "not registered yet" in listing
+    assert "alice" in run("controller", "list").stdout
+    for args, words in ((("controller", "add", "ana", "--passkey"), "already registered as an analyst"),
+                        (("analyst", "add", " ana"), "without surrounding spaces")):
+        done = run(*args)
+        assert done.returncode == 2 and words in done.stderr and len(done.stderr.strip().splitlines()) == 1, done
