@@ -176,15 +176,19 @@ async def decision_made(request: Request, release_id: str):
     who = require(request, "controller")
     await check_csrf(request, who)
     credential = await credential_of(request)
-    return await _deliver(request, who, release_id, credential)
-
-
-async def _deliver(request: Request, who, release_id: str, credential: dict):
     from starlette.concurrency import run_in_threadpool
 
+    answer = await run_in_threadpool(deliver_decision, request.app.state, who.name, release_id, credential)
+    return JSONResponse(answer)
+
+
+def deliver_decision(state, name: str, release_id: str, credential: dict) -> dict:
+    """Check the passkey's answer as the run will (this release, waiting, this question, this report,
+    `name`'s registered passkey), claim the question, resume the run and wait until it recorded the
+    decision; Refused with one line otherwise (then nothing was resumed, or the run refused it).
+    Runs in a worker thread: the store and the run are waited on here, not in the event loop."""
     from cli.deciding import deliver
 
-    state = request.app.state
     settings, store = state.settings, state.store
     try:
         challenge = people.take_challenge(store, challenge_of(credential), f"decide:{release_id}")
@@ -199,15 +203,15 @@ async def _deliver(request: Request, who, release_id: str, credential: dict):
                                  above_tolerance=bool(context.get("above_tolerance")))
     except decisions.DecisionRefused as err:
         raise Refused(409, f"decision refused: {err}") from None
-    if signed.controller != who.name:
-        raise Refused(403, f"decision refused: it is {signed.controller}'s, and you are signed in as {who.name}")
+    if signed.controller != name:
+        raise Refused(403, f"decision refused: it is {signed.controller}'s, and you are signed in as {name}")
     try:
-        people.claim_decision(store, release_id, signed.question, who.name)
+        people.claim_decision(store, release_id, signed.question, name)
     except people.ConsoleRefused as err:
         raise Refused(409, str(err)) from None
     try:
-        status = await run_in_threadpool(deliver, settings, release_id, token)
+        status = deliver(settings, release_id, token)
     except Exception as err:  # noqa: BLE001 - the run refused it or could not be resumed: the question is open again
         people.drop_claim(store, release_id, signed.question)
         raise Refused(409, f"decision refused: {err}") from None
-    return JSONResponse({"next": f"/releases/{release_id}", "status": status, "decision": signed.decision})
+    return {"next": f"/releases/{release_id}", "status": status, "decision": signed.decision}
