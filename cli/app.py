@@ -600,7 +600,8 @@ def console_command(port: int = typer.Option(8400, help="port to listen on"),
         _fail(str(err))
     prefect_server.start()
     prefect_server.wait_ready()
-    console.print(f"the console: {rp.origin} (listening on {host}:{port}; Ctrl-C stops it)", highlight=False)
+    console.print(f"the console: {rp.origin} (listening on {host}:{port}; Ctrl-C stops it)", highlight=False,
+                  soft_wrap=True)
     serve(settings, host, port, rp)
 
 
