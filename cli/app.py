@@ -22,6 +22,7 @@ from rich.markup import escape
 
 from dprelease.settings import Settings
 
+from .console import commands as console_commands
 from .errors import CommandLine, fail, run_program
 from .interactive import console, run_release_interactively, run_utility_interactively
 
@@ -499,7 +500,7 @@ def controller_add(name: str,
     from dprelease import decisions
 
     if passkey and private_key is None and public_key is None:
-        return _enrolment_link(name, "controller")
+        return console_commands.enrolment_link(name, "controller")
     if (private_key is None) == (public_key is None):
         _fail("give one of --private-key PATH (create a key pair) or --public-key PATH (register a key)")
     try:
@@ -522,87 +523,12 @@ def controller_list() -> None:
     table = _table("name", "key fingerprint", "added")
     for c in Store(_settings().store_url).list_controllers():
         table.add_row(c.name, signing.key_fingerprint(c.public_key_pem.encode()), str(c.added_at)[:19])
-    _people_rows(table, "controller")
+    console_commands.people_rows(table, "controller")
     console.print(table)
 
 
-def _people_rows(table, role: str) -> None:
-    """The console's people of a role in a listing: their passkeys (or a link not used yet)."""
-    from dprelease.store import Store, people
-
-    store = Store(_settings().store_url)
-    store.create_all()
-    for person in people.list_people(store):
-        if person.role == role:
-            count = len(people.passkeys_of(store, person.name))
-            table.add_row(person.name, f"{count} passkey(s)" if count else "passkey not registered yet",
-                          str(person.added_at)[:19])
-
-
-def _enrolment_link(name: str, role: str) -> None:
-    """Register a console user and print their one-time enrolment link (it expires)."""
-    from dprelease.store import Store, people
-
-    settings = _settings()
-    store = Store(settings.store_url)
-    store.create_all()
-    try:
-        token = people.add_person(store, name, role)
-    except people.ConsoleRefused as err:
-        _fail(str(err))
-    hours = people.ENROLMENT_TTL.total_seconds() / 3600
-    console.print(f"{role} {name!r}: give them this one-time link (it expires in {hours:g} h; it registers a "
-                  f"passkey on their own device):\n{settings.console_url}/enrol/{token}", highlight=False, soft_wrap=True)
-
-
-analyst_app = typer.Typer(help="Analysts: who may submit requests and read reports in the console.",
-                          no_args_is_help=True)
-app.add_typer(analyst_app, name="analyst")
-
-
-@analyst_app.command("add")
-def analyst_add(name: str, passkey: bool = typer.Option(True, "--passkey", help="print a one-time link with which "
-                                                          "they register a passkey for the console")) -> None:
-    """Register an analyst for the console: they submit requests there and read published reports.
-
-    Example: dprelease analyst add ana --passkey"""
-    _enrolment_link(name, "analyst")
-
-
-@analyst_app.command("list")
-def analyst_list() -> None:
-    """The analysts registered for the console and their passkeys."""
-    table = _table("name", "passkeys", "added")
-    _people_rows(table, "analyst")
-    console.print(table)
-
-
-@app.command("console")
-def console_command(port: int = typer.Option(8400, help="port to listen on"),
-                    host: str = typer.Option("127.0.0.1", help="address to listen on (beyond this machine: "
-                                             "behind a TLS reverse proxy, see the controller guide)"),
-                    origin: str = typer.Option(None, help="the console's address as browsers reach it (default "
-                                               "DPRELEASE_CONSOLE_URL, else http://localhost:PORT)"),
-                    rp_id: str = typer.Option(None, help="the passkeys' relying party id (default: the origin's host)")
-                    ) -> None:
-    """The controllers' and analysts' console in the browser: sign in with a passkey, decide paused
-    releases, follow budgets; analysts submit requests and read published reports.
-
-    Example: dprelease console --port 8400"""
-    from . import prefect_server
-    from .console.server import relying_party, serve
-
-    settings = _settings()
-    given = origin or (settings.console_url if os.environ.get("DPRELEASE_CONSOLE_URL") else None)
-    try:
-        rp = relying_party(port, rp_id, given)
-    except ValueError as err:
-        _fail(str(err))
-    prefect_server.start()
-    prefect_server.wait_ready()
-    console.print(f"the console: {rp.origin} (listening on {host}:{port}; Ctrl-C stops it)", highlight=False,
-                  soft_wrap=True)
-    serve(settings, host, port, rp)
+app.add_typer(console_commands.analyst_app, name="analyst")  # the console's people and the console itself
+app.command("console")(console_commands.console)
 
 
 request_app = typer.Typer(help="Analysts' channel: submit a request to the controllers' inbox.", no_args_is_help=True)
@@ -763,7 +689,7 @@ _LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 def server(port: int = 4200, host: str = typer.Option("127.0.0.1", help="address to listen on"),
            stop: bool = typer.Option(False, "--stop", help="stop this PREFECT_HOME's local server (the one "
                                      "commands start and share when PREFECT_API_URL is unset) and exit")) -> None:
-    """Start a Prefect server (analytics off); its UI is the controllers' console. Beyond localhost
+    """Start a Prefect server (analytics off); its UI is where runs are started and watched. Beyond localhost
     it must be protected: set PREFECT_SERVER_API_AUTH_STRING=user:password (Prefect's basic auth)
     and give controllers PREFECT_API_AUTH_STRING.
 
