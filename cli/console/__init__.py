@@ -9,5 +9,7 @@ passkey-signed decision to the paused run, which checks it as it checks a key-si
     deciding.py   the inbox, the decision page, the passkey-signed decision that resumes the run
     history.py    budgets and release histories (per dataset and per series)
     analysts.py   an analyst's requests and published reports
-    server.py     serving it (uvicorn), bound to 127.0.0.1 unless told otherwise
+    server.py     serving it (uvicorn), bound to 127.0.0.1 unless told otherwise; the passkeys' site
+    commands.py   `dprelease console`, `dprelease analyst add|list`, the enrolment links
+    views.py      rendering a page (templates/); states.py: a release's state in words
 """
