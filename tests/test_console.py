@@ -368,6 +368,33 @@ def test_two_controllers_deciding_at_once_make_exactly_one_decision(platform_env
     assert len(decisions.recorded(platform_env, rel.id)) == 1
 
 
+def test_a_question_is_claimed_by_exactly_one_of_many_at_once(platform_env):
+    """The store's claim behind "exactly one decision": of eight claims at once one wins, the others
+    are told who decided; a claim given back (the run refused the decision) can be taken again."""
+    from dprelease.store import Store, people
+
+    store = Store(platform_env.store_url)
+    outcomes: list = []
+    go = threading.Barrier(8)
+
+    def claim(i):
+        go.wait()
+        try:
+            people.claim_decision(store, "r-claimed", "approval-r-claimed", f"controller{i}")
+            outcomes.append("won")
+        except people.ConsoleRefused as err:
+            outcomes.append(str(err))
+
+    threads = [threading.Thread(target=claim, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert outcomes.count("won") == 1 and all("at the same time" in o for o in outcomes if o != "won")
+    people.drop_claim(store, "r-claimed", "approval-r-claimed")
+    people.claim_decision(store, "r-claimed", "approval-r-claimed", "controller9")
+
+
 def test_budgets_and_histories_show_every_release_with_its_state(platform_env, console, people_in):
     """After the releases above: the cap and what is committed, reserved and left, the spending chart,
     each release's state in words (Rejected says Rejected) and its signed reports."""
