@@ -324,7 +324,8 @@ def _decisions_verify(directory: Path) -> bool:
         return True
     lines = decisions.audit(settings, Store(settings.store_url), directory.name)
     for ok, line in lines:
-        console.print(f"  decision: {'[green]OK[/green]' if ok else '[red]FAILED[/red]'} {escape(line)}", highlight=False)
+        verdict = "[green]OK[/green]" if ok else "[red]FAILED[/red]"
+        console.print(f"  decision: {verdict} {escape(line)}", highlight=False)
     return all(ok for ok, _ in lines)
 
 

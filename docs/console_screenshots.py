@@ -81,7 +81,8 @@ def main() -> None:
         ana.enrol(enrolment_link(settings, "ana", "analyst"))
         ana.get("/requests")
         ana.post("/requests", form={"request": "dataset: adult\ntitle: Ages by sex\nepsilon: 0.5\nsql: SELECT WITH "
-                                               "ANONYMIZATION sex, ANON_AVG(age, 17, 90) AS age FROM adult GROUP BY sex\n"})
+                                               "ANONYMIZATION sex, ANON_AVG(age, 17, 90) AS age FROM adult "
+                                               "GROUP BY sex\n"})
         first, first_thread = paused(title="People by education", requested_by="ana")
         bob = Browser(origin)
         bob.enrol(enrolment_link(settings, "bob", "controller"))

@@ -33,7 +33,8 @@ class PasskeyDevice:
 
     def _auth_data(self, flags: int, attested: bytes = b"") -> bytes:
         self.counter += 1
-        return hashlib.sha256(self.rp_id.encode()).digest() + bytes([flags]) + struct.pack(">I", self.counter) + attested
+        rp_id_hash = hashlib.sha256(self.rp_id.encode()).digest()
+        return rp_id_hash + bytes([flags]) + struct.pack(">I", self.counter) + attested
 
     def _client_data(self, kind: str, challenge: str, origin: str | None) -> bytes:
         return json.dumps({"type": kind, "challenge": challenge, "origin": origin or self.origin,

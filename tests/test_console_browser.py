@@ -127,7 +127,8 @@ def test_an_analyst_submits_follows_and_reads_in_the_browser(platform_env, conso
     from test_release_flow import SQL
 
     context, page = enrolled(browser, enrolment_link("ana", "analyst", console))
-    page.get_by_label("A release request").fill(f"dataset: adult\ntitle: Hours by education\nepsilon: 1.0\nsql: {SQL}\n")
+    page.get_by_label("A release request").fill(
+        f"dataset: adult\ntitle: Hours by education\nepsilon: 1.0\nsql: {SQL}\n")
     page.get_by_role("button", name="Submit").click()
     page.get_by_text("submitted to the controllers' inbox").wait_for()
     assert "Submitted (waiting for a controller)" in page.locator("tr", has_text="Hours by education").inner_text()

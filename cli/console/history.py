@@ -69,7 +69,8 @@ def release_rows(store, settings, datasets: list[str]) -> list[dict]:
         releases.append({"rel": rel, "label": states.label(rel.status), "title": fields.get("title") or "",
                          "requester": fields.get("requested_by") or "", "entry": spent.get(rel.id),
                          "published": (settings.publication_dir / rel.id / "index.html").exists(),
-                         "controller_report": (settings.archive_dir / rel.id / "controller" / "controller.html").exists()})
+                         "controller_report": (settings.archive_dir / rel.id / "controller"
+                                               / "controller.html").exists()})
     return releases
 
 
