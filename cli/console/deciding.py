@@ -56,10 +56,15 @@ def inbox_rows(store, settings) -> list[dict]:
     for path, fields in waiting_requests(store, settings):
         rows.append({"kind": "request", "id": path.stem, "dataset": fields.get("dataset", ""),
                      "title": fields.get("title") or "", "requester": fields.get("requested_by") or "",
-                     "epsilon": fields.get("epsilon"), "risk": None, "above": False,
+                     "epsilon": _fixed(fields.get("epsilon")), "risk": None, "above": False,
                      "at": datetime.fromtimestamp(path.stat().st_mtime, UTC)})
     rows.sort(key=lambda r: r["at"], reverse=True)
     return rows
+
+
+def _fixed(epsilon):
+    """A request's epsilon when it fixes one; None when the platform chooses it (PRI, risk model)."""
+    return epsilon if isinstance(epsilon, (int, float)) and not isinstance(epsilon, bool) else None
 
 
 def waiting_requests(store, settings) -> list:
