@@ -492,3 +492,23 @@ def test_the_administrator_s_commands_for_console_people(platform_env, console, 
                         (("analyst", "add", " ana"), "without surrounding spaces")):
         done = run(*args)
         assert done.returncode == 2 and words in done.stderr and len(done.stderr.strip().splitlines()) == 1, done
+
+
+def test_an_analyst_s_request_in_the_controllers_inbox(platform_env, console, people_in):
+    """Submitted in the console: the controllers' inbox lists it with its requester, its page says
+    what it asks and how to run it; the analyst's page says it waits, and the controllers' page refuses her."""
+    ana, alice = people_in["ana"], people_in["alice"]
+    ana.get("/requests")
+    sent = ana.post("/requests", form={"request": "dataset: adult\ntitle: Ages by sex, please\nepsilon: {pri: {p: 50}}\n"
+                                                  "sql: SELECT WITH ANONYMIZATION sex, ANON_COUNT(*, 1) AS n "
+                                                  "FROM adult GROUP BY sex\n"})
+    assert sent.status_code == 303
+    request_id = sent.headers["location"].rsplit("=", 1)[1]
+    row = alice.get("/inbox").text.split(f"/inbox/requests/{request_id}", 1)[1].split("</tr>", 1)[0]
+    assert "Ages by sex, please" in row and "<td>ana</td>" in row and "chosen by the platform" in row
+    page = alice.get(f"/inbox/requests/{request_id}").text
+    assert "ANON_COUNT" in page and f"dprelease release {platform_env.inbox_dir / (request_id + '.json')}" in page
+    assert "Ages by sex, please" in ana.get("/requests").text
+    assert ana.get(f"/inbox/requests/{request_id}").status_code == 403
+    bad = ana.post("/requests", form={"request": "dataset: adult\nepsilon: 1\n"})
+    assert bad.status_code == 400 and "give exactly one of `sql`" in bad.text

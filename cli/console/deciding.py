@@ -88,6 +88,20 @@ def inbox(request: Request):
     return render(request, who, "inbox.html", rows=inbox_rows(state.store, state.settings))
 
 
+@router.get("/inbox/requests/{request_id}", response_class=HTMLResponse)
+def request_page(request: Request, request_id: str):
+    """An analyst's request not run yet: what it asks, and how to run it (the Prefect UI or the CLI)."""
+    who = require(request, "controller")
+    state = request.app.state
+    found = [(path, fields) for path, fields in request_inbox.submitted(state.settings.inbox_dir)
+             if path.stem == request_id]
+    if not found:
+        raise Refused(404, f"there is no request {request_id!r} in the inbox")
+    path, fields = found[0]
+    return render(request, who, "request.html", path=path, fields=fields, epsilon=fields.get("epsilon"),
+                  text=fields.get("sql") or json.dumps(fields.get("query"), indent=2))
+
+
 def _release(store, release_id: str):
     try:
         return store.get_release(release_id)
