@@ -7,6 +7,7 @@
     dprelease pending | approve ID --key alice.pem | reject ID --key alice.pem --reason ...
     dprelease request submit request.yaml --as ana              # an analyst (prints the request ID)
     dprelease request list | release ID                        # a controller runs it
+    dprelease controller add dora --passkey | analyst add ana --passkey | console   # the browser path
     dprelease recover                         # end the releases whose process died (refund or finish)
     dprelease budget | verify DIR | server | demo
 """
@@ -22,6 +23,7 @@ from rich.markup import escape
 
 from dprelease.settings import Settings
 
+from .console import commands as console_commands
 from .errors import CommandLine, fail, run_program
 from .interactive import console, run_release_interactively, run_utility_interactively
 
@@ -334,6 +336,8 @@ def verify(directory: Path,
         for problem in report.problems:
             console.print(f"  - {escape(str(problem))}")
         raise typer.Exit(1)
+    if not _decisions_verify(directory):
+        raise typer.Exit(1)
     if key is None:
         console.print(f"[yellow]intact, signer not established[/yellow] {directory}: the files match a signature "
                       f"made with the key shipped inside the publication (fingerprint {shipped_fp}), which anyone "
@@ -342,6 +346,22 @@ def verify(directory: Path,
         raise typer.Exit(1)
     console.print(f"[green]OK[/green] {directory}: signed by the key you gave ({signing.key_fingerprint(key)}), "
                   "every file intact")
+
+
+def _decisions_verify(directory: Path) -> bool:
+    """With the home's archive at hand (a controller or auditor), the release's recorded decisions are
+    checked too, each from the key or passkey the store registered for its controller; say each."""
+    from dprelease import decisions
+    from dprelease.store import Store
+
+    settings = _settings()
+    if not (settings.archive_dir / directory.name / decisions.DECISION_FILE).is_file():
+        return True
+    lines = decisions.audit(settings, Store(settings.store_url), directory.name)
+    for ok, line in lines:
+        verdict = "[green]OK[/green]" if ok else "[red]FAILED[/red]"
+        console.print(f"  decision: {verdict} {escape(line)}", highlight=False)
+    return all(ok for ok, _ in lines)
 
 
 @app.command()
@@ -530,12 +550,17 @@ app.add_typer(controller_app, name="controller")
 @controller_app.command("add")
 def controller_add(name: str,
                    private_key: Path = typer.Option(None, help="write a new key pair here (the controller keeps it)"),
-                   public_key: Path = typer.Option(None, help="or register this existing public key (PEM)")) -> None:
+                   public_key: Path = typer.Option(None, help="or register this existing public key (PEM)"),
+                   passkey: bool = typer.Option(False, "--passkey", help="or print a one-time link with which they "
+                                                "register a passkey for the console (`dprelease console`)")) -> None:
     """Register a controller: their public key goes into the store; only they can sign decisions.
 
-    Example: dprelease controller add alice --private-key ~/.dprelease-controller/alice.pem"""
+    Example: dprelease controller add alice --private-key ~/.dprelease-controller/alice.pem
+             dprelease controller add alice --passkey"""
     from dprelease import decisions
 
+    if passkey and private_key is None and public_key is None:
+        return console_commands.enrolment_link(name, "controller")
     if (private_key is None) == (public_key is None):
         _fail("give one of --private-key PATH (create a key pair) or --public-key PATH (register a key)")
     try:
@@ -558,7 +583,12 @@ def controller_list() -> None:
     table = _table("name", "key fingerprint", "added", whole=("name", "key fingerprint"))
     for c in Store(_settings().store_url).list_controllers():
         table.add_row(escape(c.name), signing.key_fingerprint(c.public_key_pem.encode()), str(c.added_at)[:19])
+    console_commands.people_rows(table, "controller")
     table.print(console)
+
+
+app.add_typer(console_commands.analyst_app, name="analyst")  # the console's people and the console itself
+app.command("console")(console_commands.console)
 
 
 request_app = typer.Typer(help="Analysts' channel: submit a request to the controllers' inbox.", no_args_is_help=True)
@@ -757,7 +787,7 @@ _LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 def server(port: int = 4200, host: str = typer.Option("127.0.0.1", help="address to listen on"),
            stop: bool = typer.Option(False, "--stop", help="stop this PREFECT_HOME's local server (the one "
                                      "commands start and share when PREFECT_API_URL is unset) and exit")) -> None:
-    """Start a Prefect server (analytics off); its UI is the controllers' console. Beyond localhost
+    """Start a Prefect server (analytics off); its UI is where runs are started and watched. Beyond localhost
     it must be protected: set PREFECT_SERVER_API_AUTH_STRING=user:password (Prefect's basic auth)
     and give controllers PREFECT_API_AUTH_STRING.
 

@@ -1,6 +1,7 @@
 """A controller's decision from the command line: sign it with the controller's own key, hand it
 to the paused run, and report whether the run accepted it (the run checks the signature against
-the registered key; a refused decision leaves the release waiting)."""
+the registered key; a refused decision leaves the release waiting). The console hands its
+passkey-signed decisions to the run the same way (`deliver`)."""
 
 from __future__ import annotations
 
@@ -23,18 +24,29 @@ def decide(settings: Settings, release_id: str, decision: str, key: Path, reason
     own by default: while the run lives it is on its way (a busy Prefect server takes minutes to
     show a pause or hand over an answer); a run that ended or died without taking it ends the wait."""
     from dprelease.store import Store
+
+    release = Store(settings.store_url).get_release(release_id)
+    if release.status != "awaiting_approval" or not release.flow_run_id:
+        raise decisions.DecisionRefused(f"release {release_id} is {release.status}, not awaiting a decision")
+    token = decisions.sign_for_release(settings, release_id, decision, key, reason, risk_override)
+    return deliver(settings, release_id, token, timeout)
+
+
+def deliver(settings: Settings, release_id: str, token: str, timeout: float = math.inf) -> str:
+    """Resume the paused run with a signed decision (a key's or a passkey's) and wait until the run
+    recorded it; returns the release's status then. DecisionRefused with the run's reason if it
+    refused it, or when the run ended or died without taking it (no deadline of its own otherwise)."""
+    from dprelease.store import Store
     from flows.approvals import answer, looks
 
     store = Store(settings.store_url)
     release = store.get_release(release_id)
-    if release.status != "awaiting_approval" or not release.flow_run_id:
-        raise decisions.DecisionRefused(f"release {release_id} is {release.status}, not awaiting a decision")
-    token = decisions.sign_for_release(settings, release_id, decision, key, reason, risk_override)
-    signed, _, _ = decisions.parse(token)
+    signed = decisions.authenticated(store, token)
     refused_file = settings.archive_dir / release_id / decisions.REFUSED_FILE
     refused_before = _lines(refused_file)
     _until_paused(store, release_id, release.flow_run_id, timeout)
-    answer(release.flow_run_id, decision, signed.controller, reason, timeout=timeout, signed_decision=token)
+    answer(release.flow_run_id, signed.decision, signed.controller, signed.reason, timeout=timeout,
+           signed_decision=token)
     for _ in looks(timeout, 0.05, 0.5):  # two small files of the archive, read until the run records the decision
         alive, why = run_is_alive(store, store.get_release(release_id))  # before the reads: a run that took it, then
         refused = _lines(refused_file)                                     # ended, is seen to have taken it

@@ -11,6 +11,10 @@ the controller it names, it answers this release's current question about this e
 (risk above the tolerable risk) an approval carries an override with a reason. Everything
 accepted or refused is written to the release's archive folder (controller only).
 
+A decision made in the console is the same content with a passkey's WebAuthn assertion over its
+hash instead of an Ed25519 signature (a `dpw1.` token, dprelease.passkeys); `authenticated` checks
+either kind against what the store registered for the controller, and both are recorded alike.
+
 Automatic approval is not a decision anybody can send: `standing_approval` grants it only to a
 scheduled run (the flow reads its origin from Prefect) of a deployment an automatic policy names.
 """
@@ -32,6 +36,7 @@ from cryptography.exceptions import InvalidSignature
 
 from dp_core import DPError, risk
 
+from . import passkeys
 from .reporting import signing
 from .settings import Settings
 from .store import Store, StoreError
@@ -217,14 +222,8 @@ def sign_for_release(settings: Settings, release_id: str, decision: str, private
         raise DecisionRefused(f"a decision is approve or reject, got {decision!r}")
     key = signing.load_private_key(Path(private_key_path))
     store = Store(settings.store_url)
-    context = read_context(settings, release_id)
-    if decision == "approve" and context.get("above_tolerance"):
-        require_override(f"release {release_id}", context, risk_override)
-    content = Decision(release_id=release_id, question=context["question"], decision=decision,
-                       controller=controller_of_key(store, key), report_fingerprint=context["report_fingerprint"],
-                       decided_at=datetime.now(UTC).isoformat(timespec="seconds"), reason=reason,
-                       risk_override=risk_override)
-    return sign(content, key)
+    read_context(settings, release_id)  # no question asked: said before the key's owner is looked up
+    return sign(to_sign(settings, release_id, decision, controller_of_key(store, key), reason, risk_override), key)
 
 
 # --- checking and recording -----------------------------------------------------------------------
@@ -233,17 +232,7 @@ def sign_for_release(settings: Settings, release_id: str, decision: str, private
 def check(store: Store, token: str, *, release_id: str, question: str, fingerprint: str, above_tolerance: bool,
           form_decision: str | None = None, form_controller: str | None = None) -> Decision:
     """The decision a token carries, if it counts; DecisionRefused saying why otherwise."""
-    decision, payload, signature = parse(token)
-    try:
-        registered = store.get_controller(decision.controller)
-    except StoreError as err:
-        raise DecisionRefused(f"not a controller's decision: {err}") from None
-    key = signing.load_public_key(registered.public_key_pem.encode())
-    try:
-        key.verify(signature, payload)
-    except InvalidSignature:
-        raise DecisionRefused(f"the signature does not verify with the registered key of {decision.controller!r}: "
-                              "refused") from None
+    decision = authenticated(store, token)
     if decision.release_id != release_id or decision.question != question:
         raise DecisionRefused(f"the signed decision is for release {decision.release_id} ({decision.question}), "
                               f"not for {release_id} ({question})")
@@ -260,6 +249,91 @@ def check(store: Store, token: str, *, release_id: str, question: str, fingerpri
                               f"the decision (`dprelease decision sign {release_id} approve --key YOUR_KEY "
                               '--override-risk "REASON"`)')
     return decision
+
+
+def authenticated(store: Store, token: str) -> Decision:
+    """The decision a token carries once its signature verifies with what the store registered for
+    the controller it names: their Ed25519 key (a dpd1 token), or their passkey (a dpw1 token made in
+    the console: dprelease.passkeys). DecisionRefused saying why otherwise."""
+    if passkeys.is_token(token):
+        return _passkey_decision(store, token)
+    decision, payload, signature = parse(token)
+    try:
+        registered = store.get_controller(decision.controller)
+    except StoreError as err:
+        raise DecisionRefused(f"not a controller's decision: {err}") from None
+    key = signing.load_public_key(registered.public_key_pem.encode())
+    try:
+        key.verify(signature, payload)
+    except InvalidSignature:
+        raise DecisionRefused(f"the signature does not verify with the registered key of {decision.controller!r}: "
+                              "refused") from None
+    return decision
+
+
+def _passkey_decision(store: Store, token: str) -> Decision:
+    """A console decision: the assertion verifies with the passkey registered to the controller it names."""
+    try:
+        payload, signer = passkeys.verify_token(store, token)
+        decision = Decision(**json.loads(payload))
+    except passkeys.PasskeyRefused as err:
+        raise DecisionRefused(str(err)) from None
+    except (ValueError, TypeError) as err:
+        raise DecisionRefused(f"the passkey-signed decision is malformed ({err})") from None
+    if signer != decision.controller:
+        raise DecisionRefused(f"the decision names {decision.controller!r} but was made with the passkey of "
+                              f"{signer!r}: refused")
+    return decision
+
+
+def to_sign(settings: Settings, release_id: str, decision: str, controller: str, reason: str = "",
+            risk_override: str = "") -> Decision:
+    """The decision `controller` is about to sign on the question a release asks now (with a key
+    or a passkey); refused at once when it could not count."""
+    if decision not in DECISIONS:
+        raise DecisionRefused(f"a decision is approve or reject, got {decision!r}")
+    context = read_context(settings, release_id)
+    if decision == "approve" and context.get("above_tolerance"):
+        require_override(f"release {release_id}", context, risk_override)
+    return Decision(release_id=release_id, question=context["question"], decision=decision, controller=controller,
+                    report_fingerprint=context["report_fingerprint"],
+                    decided_at=datetime.now(UTC).isoformat(timespec="seconds"), reason=reason,
+                    risk_override=risk_override)
+
+
+def payload_of(decision: Decision) -> bytes:
+    """The canonical JSON a decision's signature (Ed25519) or passkey assertion (its hash) covers."""
+    return _payload_bytes(decision)
+
+
+def audit(settings: Settings, store: Store, release_id: str) -> list[tuple[bool, str]]:
+    """Every recorded decision of a release checked again from what the store registered (the
+    controller's key or passkey, never a copy kept beside the decision), the last one against the
+    signed controller report in the archive: (ok, one line) per decision."""
+    entries = recorded(settings, release_id)
+    lines = []
+    for i, entry in enumerate(entries):
+        token = entry.get("signed_decision")
+        if not token:
+            lines.append((str(entry.get("controller", "")).startswith("policy:"),
+                          f"{entry.get('decision')} by {entry.get('controller')}: a standing policy's automatic "
+                          "approval (no signature)"))
+            continue
+        kind = "passkey" if passkeys.is_token(token) else "key"
+        try:
+            decision = authenticated(store, token)
+        except DecisionRefused as err:
+            lines.append((False, f"{entry.get('decision')} by {entry.get('controller')}: {err}"))
+            continue
+        same = all(entry.get(k) == v for k, v in asdict(decision).items())
+        about = i < len(entries) - 1 or decision.report_fingerprint == report_fingerprint(settings, release_id)
+        if not (same and about and decision.release_id == release_id):
+            lines.append((False, f"{decision.decision} by {decision.controller}: the recorded decision differs from "
+                                 "what was signed, or is about another controller report"))
+            continue
+        lines.append((True, f"{decision.decision} by {decision.controller} at {decision.decided_at}: verifies with "
+                            f"{decision.controller}'s registered {kind}"))
+    return lines
 
 
 def record(settings: Settings, release_id: str, decision: Decision | dict, token: str | None) -> Path:

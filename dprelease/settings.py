@@ -10,6 +10,8 @@ then passed down; no other module reads the environment.
     DPRELEASE_CONTROLLER_KEY  the controller's own private key (signs decisions; default: none)
     DPRELEASE_SPARK_MASTER    the Spark master for external datasets (default: Spark's own, local[*])
     DPRELEASE_ENGINE_THREADS  DuckDB threads of one release's scans (default 1: see ENGINE_THREADS)
+    DPRELEASE_CONSOLE_URL     the controllers' console as browsers reach it (default http://localhost:8400):
+                              the paused run's Resume dialog links to its decision page
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class Settings:
     spark_master: str | None = None  # where external datasets are computed (dprelease.external)
     engine_threads: int = ENGINE_THREADS  # DuckDB threads of a release's scans
     escrow_url: str | None = None  # blobs in an object store (s3://bucket/prefix) instead of escrow_dir
+    console_url: str = "http://localhost:8400"  # the controllers' console (`dprelease console`), as browsers reach it
 
     @property
     def escrow_dir(self) -> Path:
@@ -84,7 +87,8 @@ class Settings:
         return cls(home, store, key_dir, env.get("DPRELEASE_ESCROW_KEY") or None,
                    Path(controller_key).expanduser().resolve() if controller_key else None,
                    env.get("DPRELEASE_SPARK_MASTER") or None, _engine_threads(env.get("DPRELEASE_ENGINE_THREADS")),
-                   _escrow_url(env.get("DPRELEASE_ESCROW_URL")))
+                   _escrow_url(env.get("DPRELEASE_ESCROW_URL")),
+                   console_url=(env.get("DPRELEASE_CONSOLE_URL") or cls.console_url).rstrip("/"))
 
     def ensure_dirs(self) -> None:
         for d in (self.home, self.escrow_dir, self.archive_dir, self.publication_dir, self.key_dir):

@@ -285,6 +285,8 @@ def waiting_message(release_id: str, summary: str, refused: list[str]) -> str:
              f"({summary_link(release_id)}). Sign your decision with "
              f"`dprelease decision sign {release_id} approve|reject --key YOUR_KEY` and paste it below, or run "
              f"`dprelease approve {release_id} --key YOUR_KEY`.")
+    console = Settings.from_env().console_url  # the browser path: the console's decision page, a passkey
+    where += f" Or decide in your browser: [the decision page]({console}/releases/{release_id})."
     lines = [f"# An approval is waiting: release `{release_id}`"]
     if refused:
         lines.append(f"**Your last decision was refused:** {refused[-1]}")

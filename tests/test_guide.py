@@ -69,10 +69,13 @@ def test_the_guides_screenshots_exist_and_the_script_retakes_each_one():
     images = re.findall(r"!\[[^\]]*\]\((img/[^)]+)\)", GUIDE.read_text())
     assert len(images) >= 4
     script = (ROOT / "docs" / "screenshots.py").read_text()
+    console_script = (ROOT / "docs" / "console_screenshots.py").read_text()
     for image in images:
         assert (GUIDE.parent / image).stat().st_size > 10_000, image
         if Path(image).name.startswith("prefect-"):
             assert f'"{Path(image).stem}' in script, f"docs/screenshots.py does not retake {image}"
+        if Path(image).name.startswith("console-"):  # the console's pages: docs/console_screenshots.py
+            assert f'"{Path(image).stem}"' in console_script, f"docs/console_screenshots.py does not retake {image}"
 
 
 def test_the_guide_and_prefect_yaml_name_the_same_deployments_and_request_files():

@@ -1,8 +1,10 @@
-"""The analysts' inbox: requests submitted for a controller to run, one file per request, named by
-its id (`<home>/inbox/<id>.json`) and written in the request format, so that `dprelease release`
-reads it as it reads any request file. The analyst's name (`--as`) is the request's `requested_by`,
-whatever the submitted file said: their policy and the dataset's budget apply when it is released.
-A request a controller has decided (published or rejected) moves to `inbox/decided/`."""
+"""The analysts' inbox: requests submitted for a controller to run (from the command line or the
+console), one file per request, named by its id (`<home>/inbox/<id>.json`) and written in the
+request format, so that `dprelease release` reads it as it reads any request file. The analyst's
+name (`--as`, or the console's signed-in analyst) is the request's `requested_by`, whatever the
+submitted file said: their policy and the dataset's budget apply when it is released. A request a
+controller has decided (published or rejected) moves to `inbox/decided/`; submitting can neither
+approve nor read anything of the controller's."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ import os
 import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
+
+import yaml
 
 from ..prefixes import by_prefix
 from ..settings import Settings
@@ -26,6 +30,18 @@ class Submitted:
     id: str
     path: Path
     request: ReleaseRequest
+
+
+def parse_text(text: str, where: str = "the request") -> ReleaseRequest:
+    """A request from YAML or JSON text (a JSON document is YAML too), checked field by field."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise RequestError(f"{where}: not valid YAML/JSON: {err}") from None
+    try:
+        return parse_request(data)
+    except RequestError as err:
+        raise RequestError(f"{where}: {err}") from None
 
 
 def submit(settings: Settings, request: ReleaseRequest, analyst: str) -> Submitted:
@@ -89,3 +105,29 @@ def mark_decided(settings: Settings, path: Path) -> None:
     decided = settings.inbox_dir / DECIDED
     decided.mkdir(exist_ok=True)
     os.replace(path, decided / path.name)
+
+
+def submitted(inbox_dir: Path) -> list[tuple[Path, dict]]:
+    """Every request waiting in the inbox, with its fields as written (files that are not JSON
+    objects left out): what the console lists."""
+    found = []
+    for path in sorted(inbox_dir.glob("*.json")) if inbox_dir.is_dir() else []:
+        try:
+            fields = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(fields, dict):
+            found.append((path, fields))
+    return found
+
+
+def request_key(fields: dict) -> str:
+    """What identifies a request whichever way it was stored (an inbox file in the request format,
+    a release's request JSON): the request as a release records it, without the empty fields, in
+    canonical JSON. A release run from an inbox request has the same key, so the console no longer
+    lists the request as waiting."""
+    try:
+        fields = json.loads(parse_request(fields).to_json())
+    except (RequestError, ValueError, TypeError):  # already as a release records it (or not a request)
+        pass
+    return json.dumps({k: v for k, v in fields.items() if v is not None}, sort_keys=True)

@@ -3,7 +3,8 @@ releases with their decisions, and the standing policies, in one SQL database (a
 default, PostgreSQL by URL). Reservations are taken under a lock, so however many releases run at
 once a dataset's committed plus reserved budget never exceeds its cap.
 
-`tables` holds the schema, `database` the connection and locking, `ledger` the `Store` itself.
+`tables` holds the schema, `database` the connection and locking, `ledger` the `Store` itself;
+`series` the dataset series, `people` the console's people (passkeys, enrolment links, sessions).
 """
 
 from .database import make_engine

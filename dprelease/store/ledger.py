@@ -22,6 +22,7 @@ from dp_core.errors import InvalidQueryError
 from dp_core.input_checks import check_delta
 from dprelease.settings import Settings
 
+from . import people as _people
 from . import series as _series
 from .database import SQLITE_BUSY_TIMEOUT_S, make_engine
 from .errors import BudgetExceeded, StoreError
@@ -106,6 +107,7 @@ class Store:
             self.engine, tables=[m.__table__ for m in (Dataset, LedgerEntry, Release, Policy, Lease, Controller)]
         )
         SQLModel.metadata.create_all(self.engine, tables=_series.TABLES)  # dataset series (new tables only)
+        SQLModel.metadata.create_all(self.engine, tables=_people.TABLES)  # the console's people (new tables only)
         _add_policy_deployment_column(self.engine)
 
     def close(self) -> None:
@@ -301,6 +303,14 @@ class Store:
             query = select(LedgerEntry).where(LedgerEntry.status == "reserved").order_by(LedgerEntry.id)
             return list(session.exec(query).all())
 
+    def ledger_entries(self, dataset: str | None = None) -> list[LedgerEntry]:
+        """Every ledger entry (of one dataset, or all), oldest first: one read for a whole page."""
+        with self._transaction() as session:
+            query = select(LedgerEntry).order_by(LedgerEntry.id)
+            if dataset is not None:
+                query = query.where(LedgerEntry.dataset == dataset)
+            return list(session.exec(query).all())
+
     def ledger_entry(self, release_id: str) -> LedgerEntry:
         """The ledger entry of a release; StoreError naming it when there is none."""
         with self._transaction() as session:
@@ -403,6 +413,11 @@ class Store:
             query = query.where(Release.dataset == dataset)
         with self._transaction() as session:
             return list(session.exec(query).all())
+
+    def release_requests(self) -> list[str]:
+        """Every release's request JSON: one column, not whole rows (a page over thousands of releases)."""
+        with self._transaction() as session:
+            return list(session.exec(select(Release.request_json)).all())
 
     def releases_of_run(self, flow_run_id: str) -> list[Release]:
         """The releases one flow run made: its own id, `<id>@<snapshot>` for each further snapshot a
