@@ -157,7 +157,9 @@ def test_the_demo_request_needs_a_fifth_less_and_its_report_keeps_every_promise(
         pipeline.choose_epsilon(platform, pipeline.plan(platform, eq))
     result = pipeline.compute_sealed(platform, "split-demo", planned, decision)
     assert result.epsilon_spent == pytest.approx(decision.epsilon, rel=1e-12)
-    assert any(n.startswith("Budget split by need") for n in result.notes)
+    assert any(n.startswith("Budget split by need") for n in result.notes) and "Budget split by need" in result.explain()
+    summary = pipeline.controller_summary("split-demo", planned, decision, result)
+    assert "Budget split by need: people 19.0% (needs +-10)" in summary and "(29% less)" in summary
     counts = result.table["people"]
     for s in choice.promise:
         shown = (result.table[f"{s.name}_ci_high"] - result.table[f"{s.name}_ci_low"]) / 2.0
