@@ -22,9 +22,10 @@ least p, the *need split* gives each part what it needs:
     split is kept when the fixed point does not do better). A Gaussian part's rho is its slice of
     the pool, whose conversion depends on the pool's total: the rule keeps its epsilon, not its rho.
 
-With a fixed total the same weights equalise the parts' ratios of interval to tolerance (each
-interval shrinks as its share grows, in the same proportion for every Laplace part), which is the
-split that minimises the worst ratio: `NeedSplit.ratios` gives them at any total.
+With a fixed total (the risk chooser's prefer='accuracy') the same weights equalise the tolerated
+parts' ratios of interval to tolerance (each interval shrinks as its share grows, in the same
+proportion for every Laplace part), which is the split of their epsilon that minimises the worst
+ratio, the untolerated parts keeping their share: `ratios` gives them at any total.
 
 The selection's need (`GroupNeed`): a group of `units` units, each in at most C_u groups after
 contribution bounding, is released with probability at least `probability`. The probability is a

@@ -196,3 +196,49 @@ def test_a_group_need_without_partition_selection_is_refused():
     public = replace(ADULT, public_partitions=("HS-grad", "Bachelors"))
     with pytest.raises(InvalidQueryError, match="selects no groups"):
         need_split(public, {"people": 10}, GroupNeed(10, 0.9))
+
+
+def test_with_a_fixed_total_the_need_weights_give_the_smallest_worst_ratio_of_interval_to_tolerance():
+    """prefer='accuracy' fixes the total (the largest within the risk): the need split's weights then
+    equalise the tolerated statistics' ratios, and no other split of their epsilon (the untolerated
+    selection keeping its share) has a smaller worst ratio."""
+    from dp_core.split import ratios
+
+    tolerances = {"people": 10, "average_age": 6, "weekly_hours": 8}
+    c = risk.choose_epsilon_for_plan(ADULT, trust="low", sensitivity="high", max_risk=0.3, max_noise=tolerances, n=16,
+                                     m=2, split="need", prefer="accuracy")
+    assert c.epsilon == pytest.approx(c.epsilon_risk)
+    need = ratios(ADULT, c.split, tolerances, c.epsilon, confidence=0.9)
+    assert max(need.values()) <= 1.0  # the total is above the need split's: every tolerance met
+    fractions = dict(c.split.part_weights)
+    rest = 1.0 - fractions["selection"]  # the selection has no tolerance: it keeps its share (the rule)
+    assert max(need.values()) - min(need.values()) < 1e-3  # equalised
+    for people, age in ((1, 1), (1, 2), (1, 3), (2, 3), (0.8, 2), (0.9, 1.6)):
+        parts = {"people": people, "average_age": age, "weekly_hours": age}
+        norm = sum(parts.values())
+        weights = ((k, rest * w / norm) for k, w in parts.items())
+        other = replace(c.split, part_weights=(*weights, ("selection", fractions["selection"])))
+        worst = max(ratios(ADULT, other, tolerances, c.epsilon, confidence=0.9).values())
+        assert max(need.values()) <= worst + 1e-9, (people, age)
+
+
+def test_a_statement_of_two_dp_selects_cannot_be_split_by_need(tmp_path):
+    from pathlib import Path
+
+    from cli.demo import REQUEST
+    from dprelease import admin, pipeline
+    from dprelease.requests import parse_request
+    from dprelease.settings import Settings
+
+    settings = Settings.from_env({"DPRELEASE_HOME": str(tmp_path)})
+    admin.init(settings)
+    data = Path(__file__).resolve().parents[1] / "examples" / "data" / "adult.csv.gz"
+    admin.register_dataset(settings, "adult", data, "person_id", epsilon_cap=5.0, delta_cap=1e-5, add_row_id=True)
+    platform = pipeline.Platform.open(settings)
+    sql = ("WITH a AS (SELECT WITH ANONYMIZATION sex, ANON_COUNT(*, 1) AS people FROM adult GROUP BY sex), "
+           "b AS (SELECT WITH ANONYMIZATION sex, ANON_AVG(age, 17, 90) AS age FROM adult GROUP BY sex) "
+           "SELECT a.sex, people, age FROM a JOIN b USING (sex)")
+    risk_fields = {**REQUEST["epsilon"]["risk"], "max_noise": 10}
+    request = parse_request({**REQUEST, "sql": sql, "epsilon": {"risk": risk_fields}})
+    with pytest.raises(pipeline.ReleaseError, match="split: need chooses the shares of one DP SELECT, and this SQL has 2"):
+        pipeline.plan(platform, request)
