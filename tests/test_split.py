@@ -131,19 +131,26 @@ def test_every_need_is_met_and_binding_and_parts_without_one_keep_the_equal_shar
     assert reasons["weekly_hours"].startswith("no tolerance given") and reasons["people"] == "needs +-10"
 
 
-def test_the_demo_request_needs_a_fifth_less_and_its_report_keeps_every_promise(tmp_path):
+@pytest.fixture(scope="module")
+def platform(tmp_path_factory):
+    """A fresh home with Adult registered, as the demo does (no Prefect: the pipeline's functions)."""
     from pathlib import Path
 
-    from cli.demo import REQUEST
     from dprelease import admin, pipeline
-    from dprelease.requests import parse_request
     from dprelease.settings import Settings
 
-    settings = Settings.from_env({"DPRELEASE_HOME": str(tmp_path)})
+    settings = Settings.from_env({"DPRELEASE_HOME": str(tmp_path_factory.mktemp("split-home"))})
     admin.init(settings)
     data = Path(__file__).resolve().parents[1] / "examples" / "data" / "adult.csv.gz"
     admin.register_dataset(settings, "adult", data, "person_id", epsilon_cap=5.0, delta_cap=1e-5, add_row_id=True)
-    platform = pipeline.Platform.open(settings)
+    return pipeline.Platform.open(settings)
+
+
+def test_the_demo_request_needs_a_fifth_less_and_its_report_keeps_every_promise(platform):
+    from cli.demo import REQUEST
+    from dprelease import pipeline
+    from dprelease.requests import parse_request
+
     request = parse_request(REQUEST)
     assert request.risk["split"] == "need"
     planned = pipeline.plan(platform, request)
@@ -222,19 +229,11 @@ def test_with_a_fixed_total_the_need_weights_give_the_smallest_worst_ratio_of_in
         assert max(need.values()) <= worst + 1e-9, (people, age)
 
 
-def test_a_statement_of_two_dp_selects_cannot_be_split_by_need(tmp_path):
-    from pathlib import Path
-
+def test_a_statement_of_two_dp_selects_cannot_be_split_by_need(platform):
     from cli.demo import REQUEST
-    from dprelease import admin, pipeline
+    from dprelease import pipeline
     from dprelease.requests import parse_request
-    from dprelease.settings import Settings
 
-    settings = Settings.from_env({"DPRELEASE_HOME": str(tmp_path)})
-    admin.init(settings)
-    data = Path(__file__).resolve().parents[1] / "examples" / "data" / "adult.csv.gz"
-    admin.register_dataset(settings, "adult", data, "person_id", epsilon_cap=5.0, delta_cap=1e-5, add_row_id=True)
-    platform = pipeline.Platform.open(settings)
     sql = ("WITH a AS (SELECT WITH ANONYMIZATION sex, ANON_COUNT(*, 1) AS people FROM adult GROUP BY sex), "
            "b AS (SELECT WITH ANONYMIZATION sex, ANON_AVG(age, 17, 90) AS age FROM adult GROUP BY sex) "
            "SELECT a.sex, people, age FROM a JOIN b USING (sex)")
