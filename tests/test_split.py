@@ -167,6 +167,11 @@ def test_the_demo_request_needs_a_fifth_less_and_its_report_keeps_every_promise(
     assert any(n.startswith("Budget split by need") for n in result.notes) and "Budget split by need" in result.explain()
     summary = pipeline.controller_summary("split-demo", planned, decision, result)
     assert "Budget split by need: people 19.0% (needs +-10)" in summary and "(29% less)" in summary
+    from dprelease.reporting import pages
+
+    page = pages.render_analyst_report(result, pipeline.report_context("split-demo", planned, decision,
+                                                                       approved_by="alice", decided_at=None))
+    assert "Budget split by need: people 19.0%" in page and "Accountant: basic composition" in page
     counts = result.table["people"]
     for s in choice.promise:
         shown = (result.table[f"{s.name}_ci_high"] - result.table[f"{s.name}_ci_low"]) / 2.0
