@@ -246,3 +246,24 @@ def test_a_statement_of_two_dp_selects_cannot_be_split_by_need(platform):
     request = parse_request({**REQUEST, "sql": sql, "epsilon": {"risk": risk_fields}})
     with pytest.raises(pipeline.ReleaseError, match="split: need chooses the shares of one DP SELECT, and this SQL has 2"):
         pipeline.plan(platform, request)
+
+
+@pytest.mark.parametrize("weights,words", [
+    ((("nobody", 1.0),), "part_weights names 'nobody', which is not a part of the query (parts: people, average_age"),
+    ((("people", 0.0),), "the weight of 'people' must be a positive number, got 0.0"),
+    ((("people", float("nan")),), "the weight of 'people' must be a positive number"),
+    ((("people",),), "part_weights must be ((part, weight), ...)"),
+])
+def test_part_weights_naming_no_part_or_without_a_positive_weight_are_refused(weights, words):
+    with pytest.raises(InvalidQueryError) as err:
+        replace(ADULT, part_weights=weights).validate()
+    assert words in str(err.value)
+    with pytest.raises(InvalidQueryError, match="'selection', which is not a part"):
+        replace(ADULT, public_partitions=("HS-grad",), part_weights=(("selection", 1.0),)).validate()
+
+
+def test_part_weights_set_the_shares_and_a_mapping_is_accepted():
+    q = replace(ADULT, part_weights={"selection": 1.0, "people": 3.0})
+    shares = {s.part: s.epsilon for s in plan_budget(q).shares}
+    assert shares == pytest.approx({"partition selection": 1 / 6, "people": 3 / 6, "average_age": 1 / 6,
+                                    "weekly_hours": 1 / 6})
