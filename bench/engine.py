@@ -15,6 +15,9 @@ MaxAdaptiveDegree), N runs each, interleaved so that the machine's load hits all
 number of partitions released, the median COUNT confidence half-width of released partitions and
 the median whole-release time, with ratios against truncated geometric from the same run.
 Targets: MAD >= 1.4x truncated geometric (stretch 2x), COUNT CI no wider, time <= 1.3x.
+
+Utility (issue 39, `--utility`, bench/utility.py): groups and intervals per accountant, split and
+selection on L and on Adult, the total epsilon for the demo's tolerances, beside PipelineDP.
 """
 
 from __future__ import annotations
@@ -53,8 +56,11 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=workload.ROWS)
     ap.add_argument("--units", type=int, default=workload.UNITS)
     ap.add_argument("--partitions", type=int, default=workload.PARTITIONS)
-    ap.add_argument("--selections", type=int, default=5, help="seeds per selection mechanism (0: skip the comparison)")
+    ap.add_argument("--selections", type=int, default=5,
+                    help="seeds per selection mechanism (0: skip the comparison; --utility: its seeds, at least 1)")
     ap.add_argument("--selections-only", action="store_true", help="run only the selection comparison")
+    ap.add_argument("--utility", action="store_true", help="run only the utility benchmark (bench/utility.py): "
+                    "groups and intervals per accountant, split and selection, on L and Adult, beside PipelineDP")
     ap.add_argument("--backend", choices=("duckdb", "spark"), default="duckdb",
                     help="spark: the release on Spark local[2] next to DuckDB and Spark's plain bounding SQL")
     args = ap.parse_args()
@@ -68,6 +74,14 @@ def main() -> None:
         engine_spark.run(path)
         return
 
+    if args.utility:
+        import pandas as pd
+        import utility
+
+        adult = pd.read_csv(Path(__file__).resolve().parents[1] / "examples" / "data" / "adult.csv.gz")
+        adult.insert(0, "person_id", range(len(adult)))
+        utility.run(path, adult, CU, ROW_BOUND, SUM_BOUND, EPSILON, DELTA, max(args.selections, 1))
+        return
     if args.selections_only:
         compare_selections(path, args.selections)
         return

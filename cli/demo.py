@@ -23,12 +23,15 @@ GROUP BY education"""
 DEMO_SERVER_STARTUP_TIMEOUT_S = 180
 
 #: the demo's release request: epsilon from the risk model, the smallest total epsilon at which the
-#: count of people per education level is within +-10 at 90% (the attacker's target: a person's
-#: education, 16 levels; a changed value: m = 2)
+#: count of people per education level is within +-10 at 90%, each average within +-6 years and
+#: +-8 hours for a group of 100, and a group of 100 people is released with probability 0.9, the
+#: budget split by what each needs (split: need; the equal split needs 40% more epsilon, above what
+#: the risk allows). The attacker's target: a person's education, 16 levels; a changed value: m = 2
 REQUEST = {
     "dataset": "adult", "title": "Age and working hours by education (UCI Adult)", "sql": SQL,
-    "epsilon": {"risk": {"trust": "low", "sensitivity": "high", "max_risk": 0.2, "max_noise": 10, "headline": "people",
-                         "n": 16, "m": 2}},
+    "epsilon": {"risk": {"trust": "low", "sensitivity": "high", "max_risk": 0.2,
+                         "max_noise": {"people": 10, "average_age": 6, "weekly_hours": 8},
+                         "groups": {"units": 100, "probability": 0.9}, "split": "need", "n": 16, "m": 2}},
     "delta": 1e-6, "requested_by": "analyst@example.org",
 }
 
@@ -74,7 +77,9 @@ def run_demo(console) -> dict:
     console.print(f"  dataset 'adult' encrypted into the escrow ({ds.fingerprint[:16]}...); epsilon cap 5")
     request = parse_request(REQUEST)
     console.print("  request: epsilon chosen by the risk model for the whole plan (trust low, sensitivity high, "
-                  "tolerable risk 0.2; the count of people within +-10 of the truth with 90% probability)")
+                  "tolerable risk 0.2; with 90% probability the count of people within +-10 of the truth, the "
+                  "averages within +-6 years and +-8 hours for a group of 100, a group of 100 released; the budget "
+                  "split by what each needs)")
     console.rule("controller summary")
     result = run_release_interactively(settings, request, approve_as=None, timeout=600, no_terminal_reviewer="demo",
                                        controller_key=controller_key)

@@ -171,6 +171,16 @@ def _gaussian_selection_share(eps: dict, dlt: dict, weights: dict, gaussian: set
     return Share("partition selection", eps["selection"], dlt["selection"], sel_rho), aggregates_rho
 
 
+def part_weights(query, selection: bool, reused=frozenset()) -> dict[str, float]:
+    """Each part's weight ('selection', 'agg<i>'): the aggregates' weights and selection_weight, or
+    the query's part_weights where it names the part (by 'selection' or the aggregate's label)."""
+    given = dict(query.part_weights)
+    weights = {f"agg{i}": given.get(a.label, a.weight) for i, a in enumerate(query.aggregates) if i not in reused}
+    if selection:
+        weights["selection"] = given.get("selection", query.selection_weight)
+    return weights
+
+
 COMPONENTS = {"count": ("count",), "count_units": ("count",), "sum": ("sum",), "avg": ("N", "S"),
               "var": ("N", "S", "Q"), "stddev": ("N", "S", "Q"), "quantile": ("quantile",)}
 
@@ -178,8 +188,9 @@ COMPONENTS = {"count": ("count",), "count_units": ("count",), "sum": ("sum",), "
 def plan_budget(query) -> BudgetPlan:
     """Split (epsilon, delta) between partition selection and the aggregates (dp-engine.md, "Budget").
 
-    Epsilon: in proportion to weights (selection_weight, each aggregate's weight; equal by default,
-    which is PipelineDP's split). Delta: between the parts that need it (selection, Gaussian
+    Epsilon: in proportion to weights (selection_weight, each aggregate's weight, or the query's
+    part_weights; equal by default, which is PipelineDP's split; split.py chooses them by need).
+    Delta: between the parts that need it (selection, Gaussian
     aggregates), in proportion to the same weights. Inside an aggregate the share is split equally
     between its components (AVG: N, S; VAR/STDDEV: N, S, Q). Gaussian aggregates pool their
     (epsilon, delta), convert once to rho (`rho_from_eps_delta_tight`), and split rho. An aggregate
@@ -195,9 +206,7 @@ def plan_budget(query) -> BudgetPlan:
     reused = frozenset(
         i for i, a in enumerate(aggs) if a.kind == "count_units" and selection == "laplace-threshold"
     )
-    weights = {f"agg{i}": a.weight for i, a in enumerate(aggs) if i not in reused}
-    if selection:
-        weights["selection"] = query.selection_weight
+    weights = part_weights(query, selection is not None, reused)
     eps = split_weights(query.epsilon, weights)
     bounds_eps = {}
     for i, a in enumerate(aggs):

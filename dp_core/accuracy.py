@@ -204,7 +204,7 @@ def smallest_epsilon(query: Query, tolerances: dict[str, float], *, confidence: 
         got = intervals(eps)
         return all(got[name].halfwidth <= tol for name, tol in tolerances.items())
 
-    lo, hi = EPSILON_SEARCH
+    hi = EPSILON_SEARCH[1]
     at_hi = intervals(hi)
     unmet = [at_hi[name] for name, tol in tolerances.items() if at_hi[name].halfwidth > tol]
     if unmet:  # the noise at the largest epsilon searched: what the tolerance must at least allow
@@ -214,6 +214,16 @@ def smallest_epsilon(query: Query, tolerances: dict[str, float], *, confidence: 
             f"(at {100 * unmet[0].confidence:g}%); tolerate at least that, or lower the sensitivity (narrower "
             "bounds, a smaller max_partitions_contributed)"
         )
+    return smallest_meeting(meets, what=_tolerance_text(tolerances))
+
+
+def smallest_meeting(meets, *, what: str) -> float:
+    """The smallest total epsilon in EPSILON_SEARCH at which `meets(epsilon)` holds, by bisection on
+    log epsilon to a relative 1e-12 (meets must hold from some epsilon on; the result always meets).
+    `what` names the need in the refusal when even the largest epsilon searched does not meet it."""
+    lo, hi = EPSILON_SEARCH
+    if not meets(hi):
+        raise InvalidQueryError(f"no epsilon up to {hi:g} meets {what}: relax it")
     log_lo, log_hi = math.log(lo), math.log(hi)
     while log_hi - log_lo > 1e-12:
         mid = 0.5 * (log_lo + log_hi)

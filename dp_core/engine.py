@@ -438,6 +438,9 @@ def _notes(query: Query, budget: BudgetPlan) -> tuple[str, ...]:
     if any(a.kind in ("avg", "var", "stddev") for a in query.aggregates):
         notes.append("AVG/VAR/STDDEV intervals are first-order (delta method on the noisy sums); [L, U] when the noisy count is too small.")
     notes.append(f"Accountant: {budget.accountant}.")
+    if query.part_weights:  # a split chosen by need (split.py): the shares are not the equal split's
+        notes.append("Budget split by the given part weights: " + ", ".join(
+            f"{s.part} {s.epsilon / budget.epsilon:.1%}" for s in budget.shares) + " of epsilon.")
     return tuple(notes)
 
 

@@ -206,7 +206,8 @@ class Query:
     an aggregate's epsilon spent on inferring its missing bounds (APPROX_BOUNDS); bounds_failure:
     the probability that an empty histogram bin passes its threshold; bounds_scope: `dataset` (one
     set of inferred bounds) or `partition` (inferred per partition, for magnitudes that differ a
-    lot; private partitions only).
+    lot; private partitions only). part_weights: ((part, weight), ...) overriding selection_weight and the
+    aggregates' weights, part 'selection' or an aggregate's output name (the split chosen by need: split.py).
     """
 
     aggregates: tuple[Aggregate, ...]
@@ -225,6 +226,7 @@ class Query:
     bounds_fraction: float = 0.5
     bounds_failure: float = 1e-9
     bounds_scope: str = "dataset"
+    part_weights: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         # accept lists for convenience; store tuples so the query is hashable and comparable
@@ -232,6 +234,11 @@ class Query:
         if isinstance(self.group_by, str):
             object.__setattr__(self, "group_by", (self.group_by,))
         object.__setattr__(self, "group_by", tuple(self.group_by))
+        if isinstance(self.part_weights, dict):
+            object.__setattr__(self, "part_weights", tuple(self.part_weights.items()))
+        elif isinstance(self.part_weights, list):
+            object.__setattr__(self, "part_weights", tuple(tuple(x) if isinstance(x, list) else x
+                                                           for x in self.part_weights))
         if self.public_partitions is not None:
             keys = tuple(k if isinstance(k, tuple) else (k,) for k in self.public_partitions)
             object.__setattr__(self, "public_partitions", keys)
@@ -240,6 +247,21 @@ class Query:
     def private_partitions(self) -> bool:
         """True when partitions come from the data and must be selected privately."""
         return bool(self.group_by) and self.public_partitions is None
+
+    def _validate_part_weights(self, labels: list[str]) -> None:
+        """part_weights name parts of this query (the selection, its aggregates) with positive finite weights."""
+        if not isinstance(self.part_weights, tuple):
+            raise InvalidQueryError(f"part_weights must be ((part, weight), ...), got {self.part_weights!r}")
+        for item in self.part_weights:
+            if not (isinstance(item, tuple) and len(item) == 2):
+                raise InvalidQueryError(f"part_weights must be ((part, weight), ...), got the item {item!r}")
+            part, weight = item
+            known = labels + (["selection"] if self.private_partitions else [])
+            if part not in known:
+                raise InvalidQueryError(f"part_weights names {part!r}, which is not a part of the query "
+                                        f"(parts: {', '.join(known)})")
+            if not (_finite(weight) and weight > 0):
+                raise InvalidQueryError(f"part_weights: the weight of {part!r} must be a positive number, got {weight!r}")
 
     @property
     def effective_max_partitions(self) -> int:
@@ -341,6 +363,7 @@ class Query:
                 f"the output name {shadowed[0]!r} is taken: the released table gives the statistic {owner!r} a "
                 f"column of that name ({', '.join(owner + suffix for suffix in INTERVAL_SUFFIXES)}); rename one of "
                 "them")
+        self._validate_part_weights(labels)
         for agg in self.aggregates:
             agg.validate()
         if noise_floor:

@@ -21,6 +21,7 @@ from . import display
 from .accounting import plan_budget
 from .accuracy import smallest_epsilon, statistic_intervals
 from .errors import InvalidQueryError
+from .split import group_need, need_split, needed_epsilon
 
 #: the one place where qualitative levels map to numbers (risk.md); a number maps back to the
 #: level of its band of width 0.2
@@ -238,6 +239,7 @@ class PlanRiskChoice:
     promise: tuple  # accuracy.StatisticInterval per aggregate, at `epsilon` and `confidence`
     shares: tuple  # (part, epsilon) of the plan at `epsilon`: what one person can affect, summed
     summary: str
+    split: object = None  # split.NeedSplit when the split was chosen by need (its part_weights go to the release)
 
     def promised(self, name: str):
         """The promised interval of one statistic (accuracy.StatisticInterval)."""
@@ -280,7 +282,8 @@ def plan_tolerances(query, max_noise, *, headline: str | None = None, reference_
 def choose_epsilon_for_plan(query, *, trust, sensitivity, max_risk, max_noise, n: int, m: int = 1,
                             p: float = 0.9, prefer: str = "privacy", headline: str | None = None,
                             reference_value: float = 100.0, reference_count: float | None = None,
-                            integer_columns=None, dv_over_df: float = 1.0) -> PlanRiskChoice:
+                            integer_columns=None, dv_over_df: float = 1.0, split: str = "equal",
+                            groups=None) -> PlanRiskChoice:
     """The total epsilon for the plan `query` (its aggregates, shares, bounds, C_u, selection,
     noise; its own epsilon is ignored) from the tolerable noise and the tolerable risk.
 
@@ -288,7 +291,10 @@ def choose_epsilon_for_plan(query, *, trust, sensitivity, max_risk, max_noise, n
     has a confidence interval (at confidence p) of at most +-tolerance, checked against the
     largest total epsilon within the risk; prefer='accuracy' takes the latter. When no epsilon
     meets both, nothing is released: the error says which tolerance to relax and by how much.
-    reference_count: the group size AVG's interval is stated for (default `reference_value`)."""
+    reference_count: the group size AVG's interval is stated for (default `reference_value`).
+    split: 'equal' (the query's own weights) or 'need' (split.need_split: each part gets what its
+    tolerance needs, the plan's weights are replaced by those). groups: the selection's need
+    (split.GroupNeed, or {units, probability}), met by either split."""
     t, s, r = level_value(trust), level_value(sensitivity), level_value(max_risk)
     if prefer not in ("privacy", "accuracy"):
         raise InvalidQueryError(f"prefer must be 'privacy' or 'accuracy', got {prefer!r}")
@@ -297,7 +303,7 @@ def choose_epsilon_for_plan(query, *, trust, sensitivity, max_risk, max_noise, n
     ref_count = float(reference_value if reference_count is None else reference_count)
     tolerances = plan_tolerances(query, max_noise, headline=headline, reference_value=reference_value)
     kw = {"confidence": p, "integer_columns": integer_columns, "reference_count": ref_count}
-    eps_noise = smallest_epsilon(query, tolerances, **kw)
+    query, eps_noise, chosen = _apply_split(query, tolerances, split, groups, kw)
     eps_risk = epsilon_for_risk(r, s, t, n, m, dv_over_df)
     if eps_risk is None:
         raise InvalidQueryError(
@@ -314,8 +320,22 @@ def choose_epsilon_for_plan(query, *, trust, sensitivity, max_risk, max_noise, n
     budget = plan_budget(replace(query, epsilon=eps))
     shares = tuple((sh.part, sh.epsilon) for sh in budget.shares)
     summary = plan_summary(eps, shares, promise, tolerances, q, rk, n, m, p, reference_value, budget.delta, r)
+    if chosen is not None:
+        summary += " " + chosen.explain()
     return PlanRiskChoice(eps, eps_noise, eps_risk, rk, level_name(rk), q, guessing_advantage(q, n), p, prefer,
-                          tolerances, promise, shares, summary)
+                          tolerances, promise, shares, summary, chosen)
+
+
+def _apply_split(query, tolerances, split, groups, kw):
+    """(the query with the chosen split's weights, the smallest total epsilon it needs, the NeedSplit or None)."""
+    if split not in ("equal", "need"):
+        raise InvalidQueryError(f"split must be 'equal' or 'need', got {split!r}")
+    groups = group_need(groups, kw["confidence"])
+    if split == "equal":
+        return query, (needed_epsilon(query, tolerances, groups, **kw) if groups else
+                       smallest_epsilon(query, tolerances, **kw)), None
+    chosen = need_split(query, tolerances, groups, **kw)
+    return replace(query, part_weights=chosen.part_weights), chosen.epsilon, chosen
 
 
 def _relax_message(query, tolerances, eps_noise, eps_risk, r, s, t, n, m, dv, kw) -> str:

@@ -146,6 +146,9 @@ def plan(platform: Platform, request: ReleaseRequest) -> Plan:
                                           max_partitions_contributed=request.max_partitions_contributed, **options)
         if not statement.parts:
             raise ReleaseError("the SQL has no DP SELECT: nothing to release")
+        if len(statement.parts) > 1 and request.epsilon_mode == "risk" and request.risk.get("split") == "need":
+            raise ReleaseError("epsilon.risk.split: need chooses the shares of one DP SELECT, and this SQL has "
+                               f"{len(statement.parts)}: use split: equal, or one DP SELECT; nothing was computed")
         # the ledger is charged the statement's total (the sum over its DP SELECTs)
         query = replace(statement.parts[0].query, epsilon=statement.epsilon, delta=statement.delta)
         sql = request.sql
@@ -252,7 +255,7 @@ def choose_epsilon(platform: Platform, planned: Plan) -> EpsilonDecision:
 
 #: what a request's `epsilon: {risk: {...}}` may hold
 RISK_FIELDS = frozenset({"trust", "sensitivity", "max_risk", "max_noise", "n", "m", "p", "prefer", "headline",
-                         "reference_value", "reference_count"})
+                         "reference_value", "reference_count", "split", "groups"})
 
 
 def risk_fields(platform: Platform, request: ReleaseRequest) -> dict:
@@ -276,7 +279,8 @@ def choose_epsilon_from_risk(platform: Platform, planned: Plan) -> EpsilonDecisi
     """The smallest total epsilon at which the plan's statistics meet the tolerable noise, checked
     against the tolerable risk (dp_core.risk.choose_epsilon_for_plan). The request's risk fields:
     trust, sensitivity, max_risk, n; max_noise (a number, 'P%' of reference_value, or a mapping
-    statistic -> either); optional m, p, prefer, headline, reference_value, reference_count."""
+    statistic -> either); optional m, p, prefer, headline, reference_value, reference_count, split
+    ('need': the shares each tolerance needs, dp_core.split) and groups (the selection's need)."""
     r = risk_fields(platform, planned.request)
     unknown = set(r) - RISK_FIELDS
     if unknown:
@@ -290,7 +294,7 @@ def choose_epsilon_from_risk(platform: Platform, planned: Plan) -> EpsilonDecisi
             prefer=r.get("prefer", "privacy"), headline=r.get("headline"),
             reference_value=float(r.get("reference_value", 100.0)),
             reference_count=None if r.get("reference_count") is None else float(r["reference_count"]),
-            integer_columns=integer_columns(ds))
+            integer_columns=integer_columns(ds), split=r.get("split", "equal"), groups=r.get("groups"))
     except dp.InvalidQueryError as err:
         raise ReleaseError(f"epsilon from the risk model: {err}") from None
     asked = ", ".join(f"{name} within ±{tol:g}" for name, tol in choice.tolerances.items())
@@ -336,17 +340,21 @@ def compute_sealed(platform: Platform, release_id: str, planned: Plan, decision:
         if stored_digest != digest:
             raise ReleaseError(f"release {release_id} was sealed for another request: refusing to recompute")
         return result
-    query = replace(planned.query, epsilon=decision.epsilon)
+    split = getattr(decision.risk_choice, "split", None)  # the need split: its weights are the release's
+    weights = {"part_weights": split.part_weights} if split is not None else {}
+    query = replace(planned.query, epsilon=decision.epsilon, **weights)
     if planned.sql:
         ds = platform.store.get_dataset(planned.request.dataset)
         result = with_rows(platform, planned.request.dataset, lambda rows: run_sql(
             planned.sql, _sql_tables(platform, ds, rows), epsilon=decision.epsilon,
             delta=query.delta, max_partitions_contributed=query.max_partitions_contributed,
-            confidence=query.confidence, threads=platform.settings.engine_threads), "compute",
+            confidence=query.confidence, threads=platform.settings.engine_threads, **weights), "compute",
             planned.request.backend)
     else:
         result = with_rows(platform, planned.request.dataset, lambda rows: dp.execute(
             query, rows, threads=platform.settings.engine_threads), "compute", planned.request.backend)
+    if split is not None:
+        result = replace(result, notes=tuple(result.notes) + (split.explain(),))
     if decision.pri_choice is not None:
         result = replace(result, epsilon_choice=replace(decision.pri_choice, controller_only=()))
         if not planned.sql and not on_spark(platform, planned.request):  # the controller's view: PRI

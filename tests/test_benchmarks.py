@@ -23,6 +23,18 @@ def test_engine_benchmark_with_the_selection_comparison_runs_small():
     assert "selection comparison" in out and "MAD / truncated geometric" in out
 
 
+def test_utility_benchmark_runs_small():
+    """`bench/engine.py --utility` (issue 39): accountants, the demo's split, selections, levers, PipelineDP."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "engine.py"), "--rows", "20000", "--units", "2000", "--partitions", "40",
+         "--selections", "1", "--utility"],
+        cwd=ROOT, capture_output=True, text=True, timeout=1200, check=False)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    out = done.stdout
+    assert "Canonne-Kamath-Steinke" in out and "total epsilon needed: equal split 1.611, need split 1.149" in out
+    assert "PipelineDP (computed)" in out and "Selection levers on L" in out and "policy Gaussian" in out
+
+
 def test_spark_benchmark_runs_small():
     """`bench/engine.py --backend spark` (three processes, each with its JVM) at a small size."""
     import shutil

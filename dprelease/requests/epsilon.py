@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+
+from dp_core.errors import InvalidQueryError
 
 #: a risk-model field left to the dataset: its registered risk profile (`dprelease dataset register
 #: --trust/--sensitivity/--max-risk`) gives the value when the release is planned (pipeline.risk_fields)
@@ -54,6 +56,26 @@ class PriEpsilon(_Choice):
         return {"pri": self.model_dump()}
 
 
+class GroupsNeed(_Choice):
+    """The partition selection's need: a group of `units` people released with probability >= `probability`."""
+
+    model_config = ConfigDict(title="Groups to release")
+    units: int = Field(description="a group of this many people (each in at most C_u groups) ...")
+    probability: float | None = Field(None, description="... is released with at least this probability "
+                                      "(default: the confidence)")
+
+    @model_validator(mode="after")
+    def _the_engine_s_rule(self):
+        """The engine's own check (dp_core.split.GroupNeed), so a request and the API refuse alike."""
+        from dp_core.split import GroupNeed
+
+        try:
+            GroupNeed(self.units, 0.5 if self.probability is None else self.probability).check()
+        except InvalidQueryError as err:
+            raise ValueError(str(err)) from None
+        return self
+
+
 class RiskEpsilon(_Choice):
     """Let the platform choose epsilon from the risk model: your trust in the recipient, the data's
     sensitivity, the tolerable risk and the tolerable noise (docs/privacy.md section 2)."""
@@ -78,6 +100,10 @@ class RiskEpsilon(_Choice):
     reference_value: float = Field(100.0, description="what a percentage max_noise is a percentage of")
     reference_count: float | None = Field(None, description="the group size an average's promise is stated for "
                                           "(default: reference_value)")
+    split: Literal["equal", "need"] = Field(
+        "equal", description="equal: every part (the selection, each statistic) gets the same share; need: each gets "
+        "what its tolerance needs, for the smallest total epsilon (dp_core/split.py)")
+    groups: GroupsNeed | None = Field(None, description="the selection's need: {units: N, probability: p}")
 
     def to_spec(self):
         risk = self.model_dump(exclude_none=True)
