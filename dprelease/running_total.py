@@ -158,7 +158,8 @@ def released(settings, series: str) -> dict | None:
 def release_period(platform, series: str, snapshot: str) -> dict:
     """Release the running total through `snapshot` (its period t, 1-based in label order): the
     node noise of periods <= t drawn once (the sealed noise reused), sealed before anything is
-    written, then the public table written. Returns the public document."""
+    written, then the public table written (unless a later period is already shown: its rows hold
+    these). Returns the public document."""
     spec = declaration(platform.store, series)
     if spec is None:
         raise RunningTotalRefused(f"series {series!r} has no running total")
@@ -196,9 +197,11 @@ def release_period(platform, series: str, snapshot: str) -> dict:
         tmp.replace(path)
         document = public_document(series, spec, cal, labels[:t], result)
         out = folder / RELEASED_FILE
-        tmp = out.with_suffix(".tmp")
-        tmp.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
-        tmp.replace(out)
+        shown = released(platform.settings, series)
+        if shown is None or shown["periods_released"] <= t:  # an earlier period again: the later stay shown
+            tmp = out.with_suffix(".tmp")
+            tmp.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+            tmp.replace(out)
     return document
 
 
