@@ -87,6 +87,13 @@ def test_each_prefix_total_variance_equals_the_tree_formula():
         assert np.array_equal(totals, sum((noise.nodes[node]).astype(float) for node in prefix_nodes(t)))
     fourth = np.mean(released.totals[6] ** 4) / np.mean(released.totals[6] ** 2) ** 2
     assert fourth < 3.05  # the kurtosis assumed above
+    # the intervals: at most alpha = 5% of totals outside, and one step narrower would leave more out
+    # (the binomial's sd at n = 2e5 is 0.05%: 6 sd either side, false failure below 1e-8 per check)
+    slack = 6 * math.sqrt(0.05 * 0.95 / n)
+    for t in range(1, horizon + 1):
+        half = cal.prefix_halfwidth(t)
+        assert np.mean(np.abs(released.totals[t - 1]) > half) <= 0.05 + slack
+        assert np.mean(np.abs(released.totals[t - 1]) > half - cal.grid) > 0.05 - slack
 
 
 def test_node_noise_is_drawn_once_and_earlier_totals_never_change():
