@@ -7,7 +7,8 @@ noise that grows like t; releasing S_t afresh each period spends budget every pe
 blocks instead: node (h, e) is the sum of the 2^h periods ending at period e (e a multiple of
 2^h), h = 0..m-1 with m = bit_length(T) levels (the blocks a prefix <= T can need). Node (h, e) is
 completed, and its noise drawn, at period e: once, from the engine's discrete Gaussian (the OS
-CSPRNG), then kept and reused; a node's noise is never drawn again (`TreeNoise.extend` refuses).
+CSPRNG), then kept and reused; a node's noise is never drawn again (`TreeNoise.extend` draws
+only the nodes not drawn yet).
 S_t is the sum of popcount(t) nodes (t's binary digits), so an earlier total never changes, and
 the period value x_t is the leaf node (0, t).
 
@@ -24,9 +25,8 @@ to L2, zCDP; `l2_sensitivity_squared`, reached by a unit in the first k periods)
     Delta_2^2 = C_u * sum_{h < m} (min(floor(B_total / c_h), N_h) c_h^2 + r_h^2)
              <= C_u * B_total * sum_{h < m} min(2^h, k) B                   (L1: C_u m B_total)
 
-k = 1: Delta_2^2 = m C_u B^2. k = T = 12, C_u = 1: 148 B^2 (levels 0..3: 12 + 24 + 48 + 64).
-
-and every node gets noise N_Z(0, sigma^2), sigma^2 = Delta_2^2 / (2 rho): the whole horizon is
+(k = 1: Delta_2^2 = m C_u B^2; k = T = 12, C_u = 1: 148 B^2, levels 0..3 giving 12 + 24 + 48 + 64.)
+Every node gets noise N_Z(0, sigma^2), sigma^2 = Delta_2^2 / (2 rho): the whole horizon is
 rho-zCDP, charged once. S_t's noise is the sum of popcount(t) independent node noises: its variance
 is exactly popcount(t) Var(N_Z(0, sigma^2)) (`prefix_variance`), and its interval is read from the
 exact law of that sum (the node law convolved popcount(t) times, `sum_halfwidth`).
@@ -37,11 +37,12 @@ running total sums the periods' own releases. Charged to the series one by one a
 and S_t the variance t sigma_n^2: at t = T, T^2 C_u B^2 / (2 rho). The tree's S_T has variance
 popcount(T) Delta_2^2 / (2 rho) (times the discrete law's factor below 1). With k = 1 (a unit
 counts in one period: COUNT(DISTINCT unit) year to date, where a unit counts in the period it first
-appears; new registrations) Delta_2^2 = m C_u B^2 and at T = 12 the tree's interval is
-sqrt(2 * 4 / 144) = 24% of the naive one. With the same people counted in every period (k = T),
-S_T's own sensitivity is T B and no mechanism beats the naive sum there: the tree's Delta_2^2 =
-148 B^2 at T = 12 makes its S_12 interval sqrt(2 * 148 / 144) = 143% of the naive one. A naive release that knows
-the horizon bound k (all T period values as one Gaussian release of L2 sensitivity sqrt(C_u k) B)
+appears; new registrations) Delta_2^2 = m C_u B^2 and at T = 12 the tree's standard deviation is
+sqrt(2 * 4 / 144) = 24% of the naive one's (its 95% interval 23% at epsilon 1, delta 1e-6). With
+the same people counted in every period (k = T), S_T's own sensitivity is T B and no mechanism
+beats the naive sum there: the tree's Delta_2^2 = 148 B^2 at T = 12 makes its S_12 interval
+sqrt(2 * 148 / 144) = 143% of the naive one. A naive release that knows the horizon bound k
+(all T period values as one Gaussian release of L2 sensitivity sqrt(C_u k) B)
 gives S_T the variance T k C_u B^2 / (2 rho): against it the tree's S_T interval is
 sqrt(popcount(T) m / T) as wide at k = 1 (82% at T = 12, 56% at T = 16), and at T = 12 it loses
 from k = 2 on (108%). The 40% target is met at k = 1 against the naive sum charged rho / T a month,

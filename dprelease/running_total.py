@@ -75,7 +75,8 @@ class RunningTotal:
                                       f"({', '.join(FIELDS)})")
         unknown = sorted(set(data) - set(FIELDS))
         if unknown:
-            raise RunningTotalRefused(f"running total: unknown field {unknown[0]!r} (the fields are {', '.join(FIELDS)})")
+            raise RunningTotalRefused(f"running total: unknown field {unknown[0]!r} "
+                                      f"(the fields are {', '.join(FIELDS)})")
         missing = [f for f in ("statistic", "horizon", "epsilon", "delta") if f not in data]
         if missing:
             raise RunningTotalRefused(f"running total: give {', '.join(missing)} (e.g. statistic: COUNT_DISTINCT, "
@@ -215,7 +216,8 @@ def public_document(series: str, spec: RunningTotal, cal, labels: list[str], res
         for i, group in enumerate(groups):
             value, total = float(result.values[s - 1, i]), float(result.totals[s - 1, i])
             rows.append({"snapshot": label, "period": s, "group": group, "value": value,
-                         "value_ci_low": value - result.value_halfwidth, "value_ci_high": value + result.value_halfwidth,
+                         "value_ci_low": value - result.value_halfwidth,
+                         "value_ci_high": value + result.value_halfwidth,
                          "total": total, "total_ci_low": total - total_half, "total_ci_high": total + total_half,
                          "naive_ci_halfwidth": naive_half, "total_ci_halfwidth": total_half})
     return {"series": series, "name": spec.name, "statistic": spec.statistic, "horizon": spec.horizon,

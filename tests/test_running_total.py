@@ -84,7 +84,8 @@ def test_a_year_of_running_totals_released_month_by_month_by_the_schedule(env, t
     assert budget["running_total"] == {"epsilon": 1.0, "delta": 1e-6, "status": "committed", "horizon": 12,
                                        "release_id": "running-total:members"}
     assert budget["epsilon_total"] == pytest.approx(1.0 + 12 * MONTHLY_EPSILON)
-    assert len(budget["per_period"]) == 12 and all(p["epsilon"] == MONTHLY_EPSILON for p in budget["per_period"].values())
+    assert len(budget["per_period"]) == 12
+    assert all(p["epsilon"] == MONTHLY_EPSILON for p in budget["per_period"].values())
     import subprocess
 
     shown = subprocess.run([sys.executable, "-m", "cli.app", "budget"], capture_output=True, text=True, cwd=ROOT,
