@@ -94,6 +94,9 @@ def dataset_register(
     series_budget: str = typer.Option(None, help="with the first --snapshot: per_snapshot (disjoint people each "
                                       "period: --epsilon-cap per period) or series_cap (the same people: "
                                       "--epsilon-cap for all periods together)"),
+    running_total: Path = typer.Option(None, "--running-total", help="with the first --snapshot of a series_cap "
+                                       "series: a YAML file declaring its running total (statistic, horizon, "
+                                       "bound, epsilon), charged once for the whole horizon"),
 ) -> None:
     """Encrypt a file into the escrow and record its fingerprint, unit, caps and data checks.
 
@@ -120,9 +123,12 @@ def dataset_register(
         default = {"sensitivity": "medium", "trust": "low", "n": 2, "max_risk": 0.2}
         _register_snapshot(name, path, snapshot, unit, epsilon_cap, delta_cap, add_row_id, series_budget,
                            None if profile == default else profile,  # None: a later snapshot keeps the series'
-                           external)
+                           external, _running_total_file(running_total))
 
         return
+    if running_total is not None:
+        _fail("--running-total is declared with a series' first snapshot: add --snapshot LABEL --series-budget "
+              "series_cap")
     if public == bool(unit):
         _fail("give --unit <column> for a protected dataset, or --public for a public table (not both)")
     if not public and epsilon_cap is None:
@@ -186,16 +192,37 @@ def _register_external(name, reference, unit, epsilon_cap, delta_cap, unsupporte
 
 
 def _register_snapshot(name, path, snapshot, unit, epsilon_cap, delta_cap, add_row_id, series_budget, profile,
-                       external=None):
+                       external=None, running_total=None):
     """`dataset register NAME FILE --snapshot LABEL`: one period of the series NAME (dprelease.series);
     the default delta cap means 'the series' own' for a later snapshot."""
     from dprelease import series
 
     ds = series.register_snapshot(_settings(), name, path, snapshot, privacy_unit=unit, budget_mode=series_budget,
                                   epsilon_cap=epsilon_cap, delta_cap=None if delta_cap == 1e-5 else delta_cap,
-                                  add_row_id=add_row_id, risk_profile=profile, external=external)
+                                  add_row_id=add_row_id, risk_profile=profile, external=external,
+                                  running_total=running_total)
     console.print(escape(f"registered snapshot {snapshot} of series {name!r} as dataset {ds.name!r}: fingerprint "
                          f"{ds.fingerprint[:16]}..., unit {ds.privacy_unit!r}"))
+    if running_total is not None:
+        console.print(escape(f"running total of series {name!r}: {running_total['statistic']} over "
+                             f"{running_total['horizon']} periods, epsilon {float(running_total['epsilon']):g} charged "
+                             "once for the whole horizon (no period spends more)"))
+
+
+def _running_total_file(path: Path | None) -> dict | None:
+    """The --running-total declaration file (YAML or JSON), read; a file that cannot be read is one line."""
+    if path is None:
+        return None
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as err:
+        _fail(f"--running-total {path}: cannot be read ({err.__class__.__name__}: {str(err).splitlines()[0]}); "
+              "give a YAML file with statistic, horizon, epsilon, delta")
+    if not isinstance(data, dict):
+        _fail(f"--running-total {path}: expected a mapping of fields (statistic, horizon, epsilon, delta, ...)")
+    return data
 
 
 def _level(text: str) -> str | float:
@@ -311,6 +338,12 @@ def _series_budgets(store) -> None:
                       f"{b['epsilon_total']:g}", "-" if per_period else f"{b['epsilon_remaining']:g}")
     if table.row_count:
         table.print(console)
+    for s in store_series.list_series(store):
+        total = store_series.series_budget(store, s.name).get("running_total")
+        if total:
+            console.print(escape(f"series {s.name!r}: its running total spent epsilon {total['epsilon']:g}, delta "
+                                 f"{total['delta']:g} once for its horizon of {total['horizon']} periods (in the "
+                                 "total above)"))
 
 
 @app.command()

@@ -21,7 +21,8 @@ from .store.series import SnapshotRefused
 
 def register_snapshot(settings: Settings, series: str, path: Path, snapshot: str, *, privacy_unit: str | None = None,
                       budget_mode: str | None = None, epsilon_cap: float | None = None, delta_cap: float | None = None,
-                      add_row_id: bool = False, risk_profile: dict | None = None, external: str | None = None):
+                      add_row_id: bool = False, risk_profile: dict | None = None, external: str | None = None,
+                      running_total: dict | None = None):
     """Register `path` as snapshot `snapshot` of `series` (its own escrowed, checked dataset
     `series@snapshot`). The first snapshot creates the series with its unit, budget mode and cap
     (per_snapshot: epsilon each period may spend, parallel composition over disjoint snapshots;
@@ -29,9 +30,12 @@ def register_snapshot(settings: Settings, series: str, path: Path, snapshot: str
     nothing written: a label already registered, options that contradict the series, a schema that
     differs from the series'. A later snapshot without `risk_profile` keeps the series' profile.
     external: the period is registered by reference instead of a file (dprelease.external), `{snapshot}`
-    in it replaced by the label, so one lake path pattern serves every period."""
+    in it replaced by the label, so one lake path pattern serves every period.
+    running_total: with the first snapshot only, the series' running total (dprelease.running_total),
+    checked before anything is written and charged once for its horizon when the series is created."""
     from . import admin
     from . import external as external_data
+    from . import running_total as running_totals
 
     if external is not None and add_row_id:
         raise SnapshotRefused("an external snapshot is registered by reference: --add-row-id needs a file (drop it)")
@@ -77,6 +81,16 @@ def register_snapshot(settings: Settings, series: str, path: Path, snapshot: str
                                   "columns and types: fix the file, or start a new series)")
     mode = budget_mode or existing.budget_mode
     cap = epsilon_cap if epsilon_cap is not None else existing.epsilon_cap
+    total = None
+    if running_total is not None:
+        if existing is not None:
+            raise SnapshotRefused(f"series {series!r} exists: a running total is declared with the series' first "
+                                  "snapshot (start a new series to add one)")
+        if reference is not None:
+            raise SnapshotRefused("running total: it reads escrowed snapshots; an --external series cannot have one "
+                                  "(register the files instead)")
+        total = running_totals.RunningTotal.from_dict(running_total, schema)
+        running_totals.check_declaration(total, mode, cap)
     delta = delta_cap if delta_cap is not None else (existing.delta_cap if existing is not None else 1e-5)
     name = store_series.snapshot_dataset_name(series, snapshot)
     if reference is not None:
@@ -89,6 +103,8 @@ def register_snapshot(settings: Settings, series: str, path: Path, snapshot: str
         store_series.add_series(store, series, privacy_unit=privacy_unit, schema=json.loads(dataset.schema_json),
                                 budget_mode=mode, epsilon_cap=cap, delta_cap=delta)
     store_series.add_snapshot(store, series, snapshot, dataset.name)
+    if total is not None:  # charged once, for the whole horizon
+        store_series.declare_running_total(store, series, total.to_dict(), total.epsilon, total.delta)
     return dataset
 
 
@@ -202,6 +218,7 @@ def publish_series_page(platform, series: str) -> Path:
     import fcntl
     import shutil
 
+    from . import running_total as running_totals
     from .reporting import signing
     from .reporting.series_page import render_series_page
 
@@ -220,14 +237,21 @@ def publish_series_page(platform, series: str) -> Path:
         staging = root / f".staging-{series}"
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir()
+        running = running_totals.released(settings, series)
         (staging / "index.html").write_text(render_series_page(
             series, title, periods, keys, statistics, budget, _public_refusals(settings, series),
-            latest.get("confidence"), hint))
+            latest.get("confidence"), hint, running))
         _write_series_data(staging, series, title, periods, keys, statistics, budget)
+        if running is not None:  # the running total's public table, beside the series' data
+            (staging / "running-total.json").write_text(json.dumps(running, indent=2) + "\n", encoding="utf-8")
         facts = {"kind": "series", "series": series, "title": title, "composition": budget["composition"],
                  "epsilon_total": budget["epsilon_total"], "delta_total": budget["delta_total"],
                  "periods": [{"snapshot": p.snapshot, "release_id": p.release_id, "epsilon": p.epsilon,
                               "delta": p.delta, "release_manifest_sha256": p.manifest_sha256} for p in periods]}
+        if running is not None:
+            facts["running_total"] = {"epsilon": running["epsilon"], "delta": running["delta"],
+                                      "horizon": running["horizon"], "periods_released": running["periods_released"],
+                                      "charged": "once, for the whole horizon"}
         signing.sign_directory(staging, facts, signing.load_private_key(settings.signing_key_file))
         old = root / f".old-{series}"
         shutil.rmtree(old, ignore_errors=True)

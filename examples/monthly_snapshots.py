@@ -1,8 +1,10 @@
 """Twelve synthetic monthly snapshots for the periodic-publication demo (controller guide,
 "A year of monthly releases"): one CSV per month, each month its own people (disjoint ids, so the
-series budget is per snapshot under parallel composition), the same columns every month.
+series budget is per snapshot under parallel composition), the same columns every month. With
+--same-people, one population of ROWS people of whom each month a different 40% visit (the same
+people recur month after month: a series_cap series, and its running total of distinct visitors).
 
-    python examples/monthly_snapshots.py OUT_DIR [--months 12] [--rows 3000]
+    python examples/monthly_snapshots.py OUT_DIR [--months 12] [--rows 3000] [--same-people]
 
 Columns: person_id, region (North/South/East/West), age (18-90), visits (0-20 per month). The
 number of visits drifts up over the year, so the series page shows a trend. Synthetic data only:
@@ -32,15 +34,31 @@ def snapshot_frame(month: int, rows: int, seed: int = 2026) -> pd.DataFrame:
     })
 
 
-def write_snapshots(directory: Path, year: int = 2026, months: int = 12, rows: int = 3000) -> list[tuple[str, Path]]:
-    """Write `months` monthly CSVs into `directory`; returns (label, path) pairs, label YYYY-MM."""
+def members_frame(month: int, population: int, seed: int = 2026) -> pd.DataFrame:
+    """One month's visitors among the same `population` people (ids 0..population-1): each visits
+    with probability 0.4 (a little more each month), so people recur and new ones keep appearing."""
+    rng = np.random.default_rng(seed + 100 + month)
+    people = np.flatnonzero(rng.random(population) < 0.4 + 0.005 * month)
+    home = np.random.default_rng(seed).choice(REGIONS, size=population, p=[0.4, 0.3, 0.2, 0.1])  # fixed per person
+    return pd.DataFrame({
+        "person_id": people.astype(np.int64),
+        "region": home[people],
+        "age": 18 + people % 73,
+        "visits": np.minimum(rng.poisson(3.0 * (1.0 + 0.04 * month), size=people.size), 20),
+    })
+
+
+def write_snapshots(directory: Path, year: int = 2026, months: int = 12, rows: int = 3000,
+                    same_people: bool = False) -> list[tuple[str, Path]]:
+    """Write `months` monthly CSVs into `directory`; returns (label, path) pairs, label YYYY-MM.
+    same_people: the months' visitors among one population of `rows` people (`members_frame`)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     out = []
     for month in range(1, months + 1):
         label = f"{year}-{month:02d}"
         path = directory / f"visits-{label}.csv"
-        snapshot_frame(month, rows).to_csv(path, index=False)
+        (members_frame(month, rows) if same_people else snapshot_frame(month, rows)).to_csv(path, index=False)
         out.append((label, path))
     return out
 
@@ -50,6 +68,7 @@ if __name__ == "__main__":
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--months", type=int, default=12)
     parser.add_argument("--rows", type=int, default=3000)
+    parser.add_argument("--same-people", action="store_true", help="one population, people recurring every month")
     args = parser.parse_args()
-    for label, path in write_snapshots(args.out_dir, months=args.months, rows=args.rows):
+    for label, path in write_snapshots(args.out_dir, months=args.months, rows=args.rows, same_people=args.same_people):
         print(label, path)

@@ -13,7 +13,8 @@ spent) and is its own release, charged to the series budget; when the budget (or
 stops one, the older ones stay published and the run fails naming those left and why. A missing
 snapshot fails the run with nothing spent. After each publication the series page is published
 again (signed), showing every released period and any run that was refused, and so is the
-publication index, which links it.
+publication index, which links it. A series with a running total (dprelease.running_total) has it
+released through each published period first: its budget was charged once at the declaration.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 from pydantic import Field
 
-from dprelease import pipeline
+from dprelease import pipeline, running_total
 from dprelease.requests import load_request
 from dprelease.requests.epsilon import to_parameter
 from dprelease.series import note_refusal, publish_series_page, snapshots_to_publish
@@ -144,6 +145,18 @@ def publish_snapshot(request, series: str, rule: str, approval_timeout: int = 36
     return result
 
 
+def release_running_total(platform, series: str, snapshot: str) -> None:
+    """The series' running total through this period, when it has one (its budget was charged once
+    at the declaration; this period's approval of the snapshot's release publishes it too). A
+    period past its horizon is logged and left out."""
+    if running_total.declaration(platform.store, series) is None:
+        return
+    try:
+        running_total.release_period(platform, series, snapshot)
+    except running_total.RunningTotalRefused as err:
+        get_run_logger().warning("%s", err)
+
+
 def left_unpublished(series: str, outcomes: list[dict], left: list, err: Exception) -> str:
     """What a run that stopped part way through the series says: what it released, what it left and why."""
     done = ", ".join(f"{o['outcome']['snapshot']} {o['status']}" for o in outcomes) or "nothing"
@@ -170,6 +183,7 @@ def release_snapshot(settings, platform, request, series: str, snap, release_id:
     planned, decision, verdict = prepare_and_decide(settings, platform, release_id, request, approval_timeout)
     if verdict.decision == "approve":
         where = steps.publish(settings, release_id, planned, decision, verdict.reviewer, verdict.comment)
+        release_running_total(platform, series, snap.snapshot)
         page = publish_series_page(platform, series)
         pipeline.write_index(platform)  # again, now that the series page exists: the index links it
         steps.budget_view(settings, request.dataset)

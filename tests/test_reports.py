@@ -344,6 +344,18 @@ def console_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if CONSOLE_LINE.search(line)]
 
 
+def screenshot(page: Path, tmp_path: Path, name: str) -> Path:
+    """The page as a browser draws it (skipped without chromium): no console message, and the
+    screenshot `tmp_path/name` is a real picture."""
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed (apt-get install -y chromium); CI installs it")
+    png = tmp_path / name
+    run = run_chromium(page, png, tmp_path / "profile")
+    assert run.returncode == 0 and console_lines(run.stderr) == [], run.stderr[-3000:]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    return png
+
+
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium); CI installs it")
 def test_chromium_renders_the_analyst_report(analyst_html, tmp_path):
     import matplotlib.image as mpimg

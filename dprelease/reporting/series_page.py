@@ -101,9 +101,72 @@ def series_chart_svg(statistic: str, labels: list[str], values: dict[str, list[t
     return svg_text(fig)
 
 
+STATISTIC_TEXT = {"COUNT": "Rows counted", "SUM": "Values summed",
+                  "COUNT_DISTINCT": "Distinct people counted"}
+
+
+def running_chart_svg(document: dict, group: str) -> str:
+    """One group's running total: the period values, the totals to date with their band, and the
+    naive sum's wider band around the same totals."""
+    from matplotlib.figure import Figure
+
+    rows = [r for r in document["rows"] if r["group"] == group]
+    labels = [r["snapshot"] for r in rows]
+    x = np.arange(len(rows))
+    total = np.array([r["total"] for r in rows])
+    fig = Figure(figsize=(8.5, 3.8))
+    ax = fig.subplots()
+    naive = np.array([r["naive_ci_halfwidth"] for r in rows])
+    ax.fill_between(x, total - naive, total + naive, color=_PALETTE["red"], alpha=0.12, linewidth=0,
+                    label="naive sum of monthly releases: its interval")
+    ax.fill_between(x, [r["total_ci_low"] for r in rows], [r["total_ci_high"] for r in rows], color=_PALETTE["blue"],
+                    alpha=0.3, linewidth=0, label="total to date: its interval")
+    ax.plot(x, total, marker="o", markersize=3, color=_PALETTE["blue"], linewidth=1.5, label="total to date")
+    ax.errorbar(x, [r["value"] for r in rows], yerr=[r["value"] - r["value_ci_low"] for r in rows], fmt="s",
+                markersize=3, color=_PALETTE["green"], linewidth=1, label="period value (interval)")
+    ax.set_xticks(x)
+    ax.set_xticklabels(labels, rotation=45, ha="right", fontsize=8)
+    ax.set_title(f"{document['name']}: {group}", fontsize=10)
+    ax.grid(axis="y", color="#e5e8ef", linewidth=0.6)
+    ax.legend(fontsize=8, frameon=False, loc="upper left")
+    return svg_text(fig)
+
+
+def running_context(document: dict | None, budget: dict) -> dict | None:
+    """What the page shows of the series' running total (public values only), or None."""
+    if not document:
+        return None
+    from dp_core import display
+
+    integer = document["statistic"] in ("COUNT", "COUNT_DISTINCT")
+    bound = document["bound"]
+    if document["statistic"] == "COUNT_DISTINCT":
+        bound_text = "once, in the period they first appear"
+    else:
+        bound_text = (f"at most {display.value(bound['per_period'])} per period, in at most {bound['periods']} "
+                      "period(s) of the horizon")
+    bound_text += f", in at most {bound['max_groups']} group(s)"
+    rows = [{"snapshot": r["snapshot"], "group": r["group"],
+             "value_text": display.interval(r["value"], r["value_ci_low"], r["value_ci_high"], integer),
+             "total_text": display.interval(r["total"], r["total_ci_low"], r["total_ci_high"], integer),
+             "naive_text": display.halfwidth(r["naive_ci_halfwidth"], integer)} for r in document["rows"]]
+    last = document["rows"][-1]
+    ratio = (f"{100 * last['total_ci_halfwidth'] / last['naive_ci_halfwidth']:.0f}%"
+             if last["naive_ci_halfwidth"] > 0 else None)
+    charts = [{"svg": Markup(running_chart_svg(document, group)),
+               "caption": f"{group}: the totals to date with their interval (dark band), the naive sum's interval "
+                          "around them (light band), and each period's value with its interval."}
+              for group in document["groups"][:MAX_LINES]]
+    return {**document, "rows": rows, "charts": charts, "ratio": ratio, "last_period": last["snapshot"],
+            "statistic_text": STATISTIC_TEXT[document["statistic"]], "bound_text": bound_text,
+            "release_id": (budget.get("running_total") or {}).get("release_id", "")}
+
+
 def render_series_page(name: str, title: str, periods: list[Period], keys: list[str], statistics: list[str],
-                       budget: dict, refusals: list[dict], confidence: float | None, verify_hint: str) -> str:
-    """The series page (self-contained HTML: inline CSS and SVG, no scripts)."""
+                       budget: dict, refusals: list[dict], confidence: float | None, verify_hint: str,
+                       running: dict | None = None) -> str:
+    """The series page (self-contained HTML: inline CSS and SVG, no scripts); `running`: the
+    series' released running total (dprelease.running_total), shown first."""
     labels = [p.snapshot for p in periods]
     charts, tables, groups = [], [], None
     for statistic in statistics:
@@ -118,4 +181,4 @@ def render_series_page(name: str, title: str, periods: list[Period], keys: list[
     return environment().get_template("series.html").render(
         title=title, name=name, periods=periods, charts=charts, tables=tables, budget=budget, keys=keys,
         composition_text=COMPOSITION_TEXT[composition].format(cap=f"{budget['epsilon_cap']:g}"),
-        refusals=refusals, confidence=confidence, verify_hint=verify_hint)
+        refusals=refusals, confidence=confidence, verify_hint=verify_hint, running=running_context(running, budget))

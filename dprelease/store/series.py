@@ -29,7 +29,16 @@ from dp_core.errors import InvalidQueryError
 from dp_core.input_checks import check_delta
 
 from .errors import BudgetExceeded, StoreError
-from .tables import SERIES_BUDGETS, LedgerEntry, Policy, Release, Series, Snapshot, SnapshotClaim
+from .tables import (
+    SERIES_BUDGETS,
+    LedgerEntry,
+    Policy,
+    Release,
+    RunningTotalDeclaration,
+    Series,
+    Snapshot,
+    SnapshotClaim,
+)
 
 #: a snapshot label: letters, digits, '-', '.', '_' (e.g. 2026-11, 2026-W07, 2026q3); sorts as text
 SNAPSHOT_LABEL = re.compile(r"^[0-9A-Za-z][0-9A-Za-z._-]{0,31}$")
@@ -42,7 +51,7 @@ CAP_TOLERANCE = 1e-9
 
 
 #: the tables of this module (created by Store.create_all; new tables, so existing stores just gain them)
-TABLES = [Series.__table__, Snapshot.__table__, SnapshotClaim.__table__]
+TABLES = [Series.__table__, Snapshot.__table__, SnapshotClaim.__table__, RunningTotalDeclaration.__table__]
 
 
 class SnapshotRefused(StoreError):
@@ -274,17 +283,25 @@ def series_budget(store, name: str) -> dict:
     series = get_series(store, name)
     with store._transaction() as session:
         rows = session.exec(
-            select(Snapshot.snapshot, LedgerEntry.epsilon, LedgerEntry.delta)
+            select(Snapshot.snapshot, LedgerEntry.epsilon, LedgerEntry.delta, LedgerEntry.release_id)
             .join(LedgerEntry, LedgerEntry.dataset == Snapshot.dataset)
             .where(Snapshot.series == name, LedgerEntry.status == "committed")).all()
         totals = _series_totals(session, name)
+    declared = running_total_declaration(store, name)
     per_period: dict[str, dict[str, float]] = {}
-    for label, eps, dlt in rows:
+    for label, eps, dlt, release_id in rows:
+        if declared is not None and release_id == declared.release_id:
+            continue  # the running total: charged once for the horizon, stated apart
         period = per_period.setdefault(label, {"epsilon": 0.0, "delta": 0.0})
         period["epsilon"] = math.fsum((period["epsilon"], eps))
         period["delta"] = math.fsum((period["delta"], dlt))
     out = {"series": name, "mode": series.budget_mode, "epsilon_cap": series.epsilon_cap,
            "delta_cap": series.delta_cap, "per_period": dict(sorted(per_period.items()))}
+    if declared is not None:
+        entry = store.ledger_entry(declared.release_id)
+        out["running_total"] = {"epsilon": entry.epsilon, "delta": entry.delta, "status": entry.status,
+                                "horizon": json.loads(declared.spec_json)["horizon"],
+                                "release_id": declared.release_id}
     eps_values = [p["epsilon"] for p in per_period.values()]
     delta_values = [p["delta"] for p in per_period.values()]
     if series.budget_mode == "per_snapshot":
@@ -300,3 +317,39 @@ def series_budget(store, name: str) -> dict:
                                        - totals["epsilon"]["reserved"])
     return out
 
+
+
+# --- the running total: declared with the series, charged once for its horizon ----------------------
+
+
+def running_total_id(series: str) -> str:
+    """The ledger entry (release id) of a series' running total."""
+    return f"running-total:{series}"
+
+
+def declare_running_total(store, series: str, spec: dict, epsilon: float, delta: float) -> RunningTotalDeclaration:
+    """Record the series' running total and charge its budget once for the whole horizon: a ledger
+    entry on the first snapshot, reserved (the dataset's and the series' caps checked) and
+    committed. Refused when the series already has one (nothing charged)."""
+    get_series(store, series)
+    if running_total_declaration(store, series) is not None:
+        raise SnapshotRefused(f"series {series!r} already has a running total: it is declared once, with the series")
+    first = snapshots(store, series)[0]
+    release_id = running_total_id(series)
+    store.reserve(first.dataset, release_id, epsilon, delta)
+    try:
+        with store._transaction() as session:
+            row = RunningTotalDeclaration(series=series, spec_json=json.dumps(spec, sort_keys=True),
+                                          release_id=release_id)
+            session.add(row)
+    except Exception:
+        store.refund(release_id)
+        raise
+    store.commit(release_id)
+    return row
+
+
+def running_total_declaration(store, series: str) -> RunningTotalDeclaration | None:
+    """The series' running total, or None."""
+    with store._transaction() as session:
+        return session.get(RunningTotalDeclaration, series)

@@ -174,6 +174,18 @@ class Snapshot(SQLModel, table=True):
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
 
 
+class RunningTotalDeclaration(SQLModel, table=True):
+    """A series' running total (dprelease.running_total), declared when the series is created with
+    its horizon of T periods; its budget is the ledger entry `release_id`, charged once for all T."""
+
+    __tablename__ = "series_running_totals"
+
+    series: str = Field(foreign_key="series.name", primary_key=True)
+    spec_json: str  # the declaration: statistic, horizon, contribution bound, groups, epsilon, delta
+    release_id: str = Field(unique=True)  # its ledger entry, on the series' first snapshot
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
 class SnapshotClaim(SQLModel, table=True):
     """The scheduled publication of one snapshot: its primary key makes it happen once. Taken before
     any budget is reserved; removed in the transaction that refunds the release (a run that did not

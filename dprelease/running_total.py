@@ -1,0 +1,228 @@
+"""A series' running total: each period's value and every total to date, released under one budget
+charged once for the whole horizon (the tree mechanism, dp_core.continual; docs/continual-release.md).
+
+Declared when the series is created (`register_snapshot(..., running_total={...})`, or
+`dprelease dataset register ... --running-total FILE`): the statistic (COUNT, SUM or
+COUNT_DISTINCT of the unit), the horizon T, what one unit may contribute (B per period, in at most k
+periods, at most C_u of the public groups) and the (epsilon, delta) for all T periods. Only a
+series_cap series (the same people in every period) has one. The budget is a ledger entry on the
+first snapshot, reserved and committed at the declaration; no period spends anything more.
+
+Each period released by the scheduled publication (flows/publication.py), once its own release is
+approved and published, adds the running total's period t: the exact values of periods 1..t
+(every unit bounded over the horizon, dp_core.continual_bounding), the noise of the tree nodes
+that complete by t drawn once and sealed (encrypted with the escrow key in the controller's archive)
+before anything is written, then the period values and totals to date with their intervals, next to
+the interval the naive sum of monthly releases would have had. Public values only leave this module.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import pandas as pd
+from cryptography.fernet import Fernet
+
+from dp_core import display
+from dp_core.accounting import rho_from_eps_delta_tight
+from dp_core.continual import ContributionBound, TreeNoise, calibrate_tree
+from dp_core.continual import release_period as release_tree_period
+from dp_core.continual_bounding import STATISTICS, bounded_period_values
+
+from . import escrow
+from .store import series as store_series
+from .store.series import SnapshotRefused
+
+#: the public file of the running total's releases, beside the series' refusals in the archive
+RELEASED_FILE = "running-total.json"
+NOISE_FILE = "running-total-noise.fernet"  # the sealed node noise (controller only)
+#: the fields of a declaration file
+FIELDS = ("name", "statistic", "value", "group_by", "groups", "horizon", "per_period", "periods", "max_groups",
+          "epsilon", "delta", "confidence")
+
+
+class RunningTotalRefused(SnapshotRefused):
+    """A running total that cannot be declared or released: what is wrong and how to fix it."""
+
+
+@dataclass(frozen=True)
+class RunningTotal:
+    """The declaration: what is totalled, over how many periods, how each unit is bounded, at what budget."""
+
+    statistic: str
+    horizon: int
+    epsilon: float
+    delta: float
+    name: str = "total to date"
+    value: str | None = None
+    group_by: str | None = None
+    groups: list = field(default_factory=list)
+    per_period: float = 1.0
+    periods: int = 1
+    max_groups: int = 1
+    confidence: float = 0.95
+
+    @classmethod
+    def from_dict(cls, data: dict, schema: dict[str, str] | None = None) -> RunningTotal:
+        """Read and check a declaration (a YAML or JSON mapping); RunningTotalRefused names the field."""
+        if not isinstance(data, dict):
+            raise RunningTotalRefused("running total: the declaration must be a mapping of fields "
+                                      f"({', '.join(FIELDS)})")
+        unknown = sorted(set(data) - set(FIELDS))
+        if unknown:
+            raise RunningTotalRefused(f"running total: unknown field {unknown[0]!r} "
+                                      f"(the fields are {', '.join(FIELDS)})")
+        missing = [f for f in ("statistic", "horizon", "epsilon", "delta") if f not in data]
+        if missing:
+            raise RunningTotalRefused(f"running total: give {', '.join(missing)} (e.g. statistic: COUNT_DISTINCT, "
+                                      "horizon: 12, epsilon: 1, delta: 1e-6)")
+        spec = dict(data)
+        spec["statistic"] = str(spec["statistic"]).upper().replace(" ", "_")
+        if spec["statistic"] not in STATISTICS:
+            raise RunningTotalRefused(f"running total: statistic must be one of {', '.join(STATISTICS)}, "
+                                      f"got {data['statistic']!r}")
+        for name, kind in (("horizon", int), ("periods", int), ("max_groups", int)):
+            if name in spec and (isinstance(spec[name], bool) or not isinstance(spec[name], int) or spec[name] < 1):
+                raise RunningTotalRefused(f"running total: {name} must be a whole number >= 1, got {spec[name]!r}")
+        for name, low, high in (("epsilon", 0, math.inf), ("delta", 0, 1), ("per_period", 0, math.inf),
+                                ("confidence", 0, 1)):
+            if name in spec:
+                try:
+                    spec[name] = float(spec[name])
+                except (TypeError, ValueError):
+                    spec[name] = math.nan
+                if not (low < spec[name] < high):
+                    raise RunningTotalRefused(f"running total: {name} must be a number in ({low}, {high}), "
+                                              f"got {data[name]!r}")
+        if spec["statistic"] == "SUM" and not spec.get("value"):
+            raise RunningTotalRefused("running total: a SUM needs `value: COLUMN` (and per_period: the largest "
+                                      "contribution of one unit to one period)")
+        if spec["statistic"] == "COUNT_DISTINCT":  # a unit counts once, where it first appears: B = 1, k = 1
+            spec["per_period"], spec["periods"] = 1.0, 1
+        if spec["statistic"] == "COUNT" and float(spec.get("per_period", 1)) != int(spec.get("per_period", 1)):
+            raise RunningTotalRefused("running total: a COUNT's per_period is a whole number of rows")
+        if bool(spec.get("group_by")) != bool(spec.get("groups")):
+            raise RunningTotalRefused("running total: totals by group need both `group_by: COLUMN` and its public "
+                                      "`groups: [...]` (fixed at the series' start)")
+        for column in (spec.get("value"), spec.get("group_by")):
+            if column and schema is not None and column not in schema:
+                raise RunningTotalRefused(f"running total: column {column!r} is not in the series "
+                                          f"(columns: {', '.join(schema)})")
+        spec.setdefault("groups", [])
+        return cls(**spec)
+
+    @property
+    def bound(self) -> ContributionBound:
+        return ContributionBound(float(self.per_period), int(self.periods), int(self.max_groups))
+
+    def calibration(self):
+        """The tree's noise for the horizon: rho from (epsilon, delta) by the tight conversion."""
+        return calibrate_tree(horizon=self.horizon, bound=self.bound, rho=rho_from_eps_delta_tight(self.epsilon,
+                                                                                                  self.delta),
+                              confidence=self.confidence)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def check_declaration(spec: RunningTotal, budget_mode: str, epsilon_cap: float) -> None:
+    """Before anything is written: a running total spans periods, so it needs the series cap."""
+    if budget_mode != "series_cap":
+        raise RunningTotalRefused("running total: it spans periods, so the series must be --series-budget "
+                                  "series_cap (one cap for the same people in every period)")
+    if spec.epsilon > epsilon_cap:
+        raise RunningTotalRefused(f"running total: epsilon {spec.epsilon:g} is over the series cap "
+                                  f"{epsilon_cap:g} (it is charged once, for all {spec.horizon} periods)")
+    spec.calibration()  # the engine's refusals (e.g. a horizon over its limit) before anything is written
+
+
+def declaration(store, series: str) -> RunningTotal | None:
+    found = store_series.running_total_declaration(store, series)
+    return None if found is None else RunningTotal(**json.loads(found.spec_json))
+
+
+def _folder(settings, series: str) -> Path:
+    return settings.archive_dir / "series" / series
+
+
+def released(settings, series: str) -> dict | None:
+    """The running total as last released (public values), or None."""
+    path = _folder(settings, series) / RELEASED_FILE
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def release_period(platform, series: str, snapshot: str) -> dict:
+    """Release the running total through `snapshot` (its period t, 1-based in label order): the
+    node noise of periods <= t drawn once (the sealed noise reused), sealed before anything is
+    written, then the public table written (unless a later period is already shown: its rows hold
+    these). Returns the public document."""
+    spec = declaration(platform.store, series)
+    if spec is None:
+        raise RunningTotalRefused(f"series {series!r} has no running total")
+    labels = [s.snapshot for s in store_series.snapshots(platform.store, series)]
+    t = labels.index(snapshot) + 1
+    if t > spec.horizon:
+        raise RunningTotalRefused(f"running total of series {series!r}: its horizon of {spec.horizon} periods ended "
+                                  f"at {labels[spec.horizon - 1]}; {snapshot} is not in it (declare a new series)")
+    unit = store_series.get_series(platform.store, series).privacy_unit
+    frames = []
+    for period, snap in enumerate(store_series.snapshots(platform.store, series)[:t], start=1):
+        ds = platform.store.get_dataset(snap.dataset)
+        if ds.file_format.startswith("external"):
+            raise RunningTotalRefused(f"running total of series {series!r}: snapshot {snap.snapshot} is external "
+                                      "(computed on Spark); a running total reads escrowed snapshots only")
+        frame = escrow.load_frame(Path(ds.blob_path), platform.escrow_key(), ds.fingerprint, ds.file_format)
+        columns = [c for c in {unit, spec.value, spec.group_by} if c]
+        frames.append(frame[columns].assign(_period=period))
+    exact = bounded_period_values(pd.concat(frames, ignore_index=True), unit=unit, period="_period",
+                                  statistic=spec.statistic, periods=spec.periods, groups=spec.groups or None,
+                                  group_by=spec.group_by, value=spec.value, per_period=spec.per_period,
+                                  max_groups=spec.max_groups, horizon=t)
+    cal = spec.calibration()
+    folder = _folder(platform.settings, series)
+    folder.mkdir(parents=True, exist_ok=True)
+    fernet = Fernet(platform.escrow_key())
+    with (folder / ".running-total.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        path = folder / NOISE_FILE
+        noise = (TreeNoise.from_dict(json.loads(fernet.decrypt(path.read_bytes()))) if path.exists()
+                 else TreeNoise(groups=max(1, len(spec.groups))))
+        result = release_tree_period(cal, noise, exact)
+        tmp = path.with_suffix(".tmp")  # sealed before anything derived from it is written
+        tmp.write_bytes(fernet.encrypt(json.dumps(noise.to_dict()).encode()))
+        tmp.replace(path)
+        document = public_document(series, spec, cal, labels[:t], result)
+        out = folder / RELEASED_FILE
+        shown = released(platform.settings, series)
+        if shown is None or shown["periods_released"] <= t:  # an earlier period again: the later stay shown
+            tmp = out.with_suffix(".tmp")
+            tmp.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+            tmp.replace(out)
+    return document
+
+
+def public_document(series: str, spec: RunningTotal, cal, labels: list[str], result) -> dict:
+    """The released running total: per period and group the period value and the total to date with
+    their intervals, and the naive sum's interval at the same budget (rho / T per month)."""
+    groups = [str(g) for g in spec.groups] or ["all"]
+    rows = []
+    for s, label in enumerate(labels, start=1):
+        total_half, naive_half = result.total_halfwidths[s - 1], cal.naive_prefix_halfwidth(s)
+        for i, group in enumerate(groups):
+            value, total = float(result.values[s - 1, i]), float(result.totals[s - 1, i])
+            rows.append({"snapshot": label, "period": s, "group": group, "value": value,
+                         "value_ci_low": value - result.value_halfwidth,
+                         "value_ci_high": value + result.value_halfwidth,
+                         "total": total, "total_ci_low": total - total_half, "total_ci_high": total + total_half,
+                         "naive_ci_halfwidth": naive_half, "total_ci_halfwidth": total_half})
+    return {"series": series, "name": spec.name, "statistic": spec.statistic, "horizon": spec.horizon,
+            "periods_released": len(labels), "epsilon": spec.epsilon, "delta": spec.delta,
+            "rho": cal.rho, "confidence": spec.confidence, "groups": groups,
+            "bound": {"per_period": spec.per_period, "periods": spec.periods, "max_groups": spec.max_groups},
+            "mechanism": f"binary tree over {spec.horizon} periods, {cal.levels} levels, discrete Gaussian noise "
+                         f"(L2 sensitivity {display.value(cal.sensitivity_l2)})",
+            "rows": rows}

@@ -1,0 +1,168 @@
+"""A series' running total (issue 42): declared with the series, charged once for its horizon,
+released month by month by the scheduled deployment with every total to date, shown on the signed
+series page next to the naive sum's wider interval. Real parts: SQLite store, the escrow, a Prefect
+API (prefect_test_harness) whose deployment schedule creates the runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples"))
+sys.path.insert(0, str(ROOT / "tests"))
+from monthly_snapshots import write_snapshots
+
+DEPLOYMENT = "members-publication"
+SQL = "SELECT WITH ANONYMIZATION region, ANON_COUNT(*, 1) AS visitors FROM members GROUP BY region"
+MONTHLY_EPSILON = 0.1
+REGIONS = ["North", "South", "East", "West"]
+RUNNING = {"name": "distinct visitors to date", "statistic": "COUNT_DISTINCT", "group_by": "region",
+           "groups": REGIONS, "horizon": 12, "epsilon": 1.0, "delta": 1e-6}
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    """A fresh home, 12 monthly files of the same 2,000 people, and a temporary Prefect API."""
+    from fresh_home import fresh_home_with_prefect
+
+    files = write_snapshots(tmp_path_factory.mktemp("snapshots"), months=12, rows=2000, same_people=True)
+    spec = tmp_path_factory.mktemp("requests") / "members.yaml"
+    spec.write_text(f"dataset: members\ntitle: Monthly visitors by region\nsql: |\n  {SQL}\n"
+                    f"epsilon: {MONTHLY_EPSILON}\ndelta: 1.0e-8\n")
+    with fresh_home_with_prefect(tmp_path_factory.mktemp("home")) as settings:
+        yield {"settings": settings, "files": files, "spec": spec}
+
+
+def ledger(store) -> list[tuple]:
+    from sqlmodel import Session, select
+
+    from dprelease.store import LedgerEntry
+
+    with Session(store.engine) as session:
+        return sorted((e.release_id, e.epsilon, e.status) for e in session.exec(select(LedgerEntry)).all())
+
+
+def test_a_year_of_running_totals_released_month_by_month_by_the_schedule(env, tmp_path):
+    from prefect.flow_engine import run_flow
+    from test_series import _scheduled_runs
+
+    from dprelease import pipeline, running_total, series
+    from dprelease.reporting import signing
+    from dprelease.store import series as store_series
+    from flows.publication import publication_flow
+
+    settings, files = env["settings"], env["files"]
+    platform = pipeline.Platform.open(settings)
+    _, scheduled, parameters = _scheduled_runs(env["spec"], 12, series="members", deployment=DEPLOYMENT)
+    documents, spent = [], []
+    for i, ((label, path), run) in enumerate(zip(files, scheduled)):
+        if i == 0:  # the series and its running total, charged once for the 12 months
+            series.register_snapshot(settings, "members", path, label, privacy_unit="person_id",
+                                     budget_mode="series_cap", epsilon_cap=1.0 + 12 * MONTHLY_EPSILON + 1e-9,
+                                     delta_cap=1e-5, risk_profile={"max_risk": 0.9}, running_total=RUNNING)
+            platform.store.add_policy("members-monthly", series.dataset_for_policy(platform.store, "members"),
+                                      max_epsilon_per_release=MONTHLY_EPSILON, approval="auto", deployment=DEPLOYMENT)
+            assert ledger(platform.store) == [("running-total:members", 1.0, "committed")]
+        else:
+            series.register_snapshot(settings, "members", path, label)
+        before = ledger(platform.store)
+        outcome = run_flow(publication_flow, flow_run=run, parameters=parameters)
+        assert outcome["status"] == "published" and outcome["snapshot"] == label
+        added = sorted(set(ledger(platform.store)) - set(before))
+        spent.append(added)
+        documents.append(running_total.released(settings, "members"))
+
+    # the running total spent nothing more: each run added only its own monthly release
+    assert all(len(a) == 1 and a[0][1] == MONTHLY_EPSILON and a[0][0] != "running-total:members" for a in spent)
+    budget = store_series.series_budget(platform.store, "members")
+    assert budget["running_total"] == {"epsilon": 1.0, "delta": 1e-6, "status": "committed", "horizon": 12,
+                                       "release_id": "running-total:members"}
+    assert budget["epsilon_total"] == pytest.approx(1.0 + 12 * MONTHLY_EPSILON)
+    assert len(budget["per_period"]) == 12
+    assert all(p["epsilon"] == MONTHLY_EPSILON for p in budget["per_period"].values())
+    import subprocess
+
+    shown = subprocess.run([sys.executable, "-m", "cli.app", "budget"], capture_output=True, text=True, cwd=ROOT,
+                           env={**os.environ, "COLUMNS": "200"}, check=False)
+    assert shown.returncode == 0 and ("its running total spent epsilon 1, delta 1e-06 once for its horizon of 12 "
+                                      "periods") in shown.stdout, shown.stdout + shown.stderr
+
+    # month by month: every earlier value and total unchanged (the node noise drawn once, kept)
+    for t, (earlier, later) in enumerate(zip(documents, documents[1:]), start=1):
+        assert earlier["periods_released"] == t and later["rows"][: 4 * t] == earlier["rows"]
+    final = documents[-1]
+    assert [r["snapshot"] for r in final["rows"][::4]] == [label for label, _ in files]
+    # a period released again (a retried run) reuses the sealed noise: the same numbers, nothing redrawn
+    assert running_total.release_period(platform, "members", files[-1][0]) == final
+    assert running_total.release_period(platform, "members", files[5][0])["rows"] == final["rows"][: 4 * 6]
+    assert running_total.released(settings, "members") == final  # the page keeps showing all 12 months
+    # the issue's target: by month 12 each total's interval is at most 40% as wide as the naive sum's
+    for row in final["rows"][-4:]:
+        assert row["total_ci_halfwidth"] <= 0.4 * row["naive_ci_halfwidth"], row
+    # each total's interval is the tree's: popcount(t) nodes
+    cal = running_total.RunningTotal(**{**RUNNING, "per_period": 1.0, "periods": 1}).calibration()
+    for row in final["rows"]:
+        assert row["total_ci_halfwidth"] == cal.prefix_halfwidth(row["period"])
+
+    # the signed series page says so, holds the running total and no controller-only value
+    page_dir = series.series_directory(settings, "members")
+    verified = signing.verify_directory(page_dir, settings.public_key_file)
+    assert verified.ok, verified.problems
+    assert verified.facts["running_total"]["charged"] == "once, for the whole horizon"
+    assert json.loads((page_dir / "running-total.json").read_text()) == final
+    html = (page_dir / "index.html").read_text()
+    assert "charged once for the whole horizon" in html and "naive sum" in html and "running-total:members" in html
+    assert not list(page_dir.rglob("*.fernet"))
+    assert (settings.archive_dir / "series" / "members" / running_total.NOISE_FILE).exists()
+    assert html.count('<figure class="series-chart">') == 4 + 1  # a chart per region, and the monthly statistic's
+    from test_reports import screenshot
+
+    png = screenshot(page_dir / "index.html", tmp_path, "running-total.png")
+    if os.environ.get("DPRELEASE_SAVE_GUIDE_SCREENSHOTS"):  # the controller guide's picture of the page
+        shutil.copyfile(png, ROOT / "docs" / "img" / "running-total.png")
+
+
+def test_a_running_total_is_refused_with_nothing_written(env, tmp_path):
+    """Each refusal in one line, before the series exists; nothing charged."""
+    from dprelease import pipeline, series
+    from dprelease.store import series as store_series
+
+    settings, (label, path) = env["settings"], env["files"][0]
+    platform = pipeline.Platform.open(settings)
+    before = ledger(platform.store)
+    common = {"privacy_unit": "person_id", "epsilon_cap": 2.0, "risk_profile": {"max_risk": 0.9}}
+    for budget_mode, declared, words in (
+            ("per_snapshot", RUNNING, "series_cap"),
+            ("series_cap", {**RUNNING, "epsilon": 3.0}, "over the series cap"),
+            ("series_cap", {**RUNNING, "horizon": 0}, "horizon must be a whole number"),
+            ("series_cap", {**RUNNING, "statistic": "AVG"}, "statistic must be one of"),
+            ("series_cap", {**RUNNING, "colour": "red"}, "unknown field 'colour'"),
+            ("series_cap", {**RUNNING, "group_by": "county"}, "column 'county' is not in the series"),
+            ("series_cap", {k: v for k, v in RUNNING.items() if k != "groups"}, "public `groups")):
+        with pytest.raises(series.SnapshotRefused, match=words):
+            series.register_snapshot(settings, "refused", path, label, budget_mode=budget_mode,
+                                     running_total=declared, **common)
+        assert store_series.find_series(platform.store, "refused") is None
+    # the CLI: the same verdict in one line, exit 2, nothing written
+    import subprocess
+
+    declaration = tmp_path / "running.yaml"
+    declaration.write_text("statistic: COUNT_DISTINCT\nhorizon: 12\nepsilon: 1\ndelta: 1.0e-6\n")
+    cli = subprocess.run([sys.executable, "-m", "cli.app", "dataset", "register", "refused", str(path), "--snapshot",
+                          label, "--unit", "person_id", "--epsilon-cap", "2", "--series-budget", "per_snapshot",
+                          "--running-total", str(declaration)], capture_output=True, text=True, cwd=ROOT, check=False)
+    assert cli.returncode == 2 and cli.stderr.startswith("error: running total: it spans periods"), cli.stderr
+    assert "Traceback" not in cli.stderr and len(cli.stderr.strip().splitlines()) == 1
+    declaration.write_text("statistic: [")
+    cli = subprocess.run([sys.executable, "-m", "cli.app", "dataset", "register", "refused", str(path), "--snapshot",
+                          label, "--unit", "person_id", "--epsilon-cap", "2", "--series-budget", "series_cap",
+                          "--running-total", str(declaration)], capture_output=True, text=True, cwd=ROOT, check=False)
+    assert cli.returncode == 2 and "cannot be read" in cli.stderr, cli.stderr
+    assert store_series.find_series(platform.store, "refused") is None
+    assert ledger(platform.store) == before
