@@ -134,7 +134,7 @@ def test_each_slider_moves_the_point_the_summary_and_the_intervals_as_dp_core_sa
     request_id = submitted(platform_env, "Disease states per village")
     with no_escrow_key(platform_env):
         page.goto(f"{console}/inbox")
-        page.get_by_role("link", name="choose epsilon").first.click()
+        page.get_by_role("link", name="choose epsilon", exact=True).first.click()
         page.wait_for_url(re.compile(rf"/dpp/{request_id}$"))
         first = settled(page)
         assert "for the whole plan" in page.inner_text("#dpp")

@@ -95,7 +95,8 @@
     $("noise").value = sliderFromNoise(noise);
     $("noise-out").textContent = `±${noise.toPrecision(3)} at ${Math.round(out.confidence * 100)}%`;
     for (const id of ["trust", "sensitivity", "max_risk"]) $(`${id}-out`).textContent = `${$(id).value} (${out.levels[id]})`;
-    $("epsilon").textContent = out.epsilon_written || "none";
+    $("epsilon").textContent = out.feasible ? out.epsilon_written
+      : (out.epsilon_written ? `${out.epsilon_written} needed, above what the risk allows` : "none meets the noise");
     $("shares").textContent = out.shares.length
       ? "Split: " + out.shares.map((s) => `${s.part} ${s.epsilon.toPrecision(3)}`).join(", ") : "";
     $("summary").textContent = out.summary;
@@ -123,7 +124,7 @@
     if (out.surface) {
       plotted("graph3d", [
         {type: "surface", x: out.surface.trust, y: out.surface.sensitivity, z: out.surface.risk, colorscale: "RdBu",
-         reversescale: true, cmin: 0, cmax: 1, opacity: 0.9, name: "risk",
+         cmin: 0, cmax: 1, opacity: 0.9, name: "risk",
          hovertemplate: "trust %{x}<br>sensitivity %{y}<br>risk %{z:.3f}<extra></extra>"},
         {type: "scatter3d", mode: "markers", x: [parseFloat($("trust").value)], y: [parseFloat($("sensitivity").value)],
          z: [out.risk], marker: {size: 6, color: "#111"}, name: "your choice"},
