@@ -44,6 +44,20 @@ def villages_csv(path: Path, villages: int = 30, seed: int = 37) -> Path:
     return path
 
 
+#: the machine's Chromium, headless, with no network of its own (no updates, no sync)
+FLAGS = ("--no-sandbox", "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--no-first-run", "--disable-dev-shm-usage")
+
+
+def controller_browser(playwright, device):
+    """(browser, a page whose device holds a virtual passkey, for the controller)."""
+    browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=list(FLAGS))
+    page = browser.new_page(viewport={"width": 1200, "height": 900})
+    page.set_default_timeout(300_000)
+    device(page.context, page)
+    return browser, page
+
+
 def main() -> None:
     home = Path(tempfile.mkdtemp(prefix="dprelease-dpp-shots-"))
     os.environ.update(DPRELEASE_HOME=str(home))
@@ -62,13 +76,7 @@ def main() -> None:
     request = inbox.parse_text(f"dataset: residents\ntitle: Disease states per village\nepsilon: 1.0\nsql: {SQL}\n")
     request_id = inbox.submit(settings.inbox_dir, request, "who-analyst").stem
     with console_server(settings) as origin, sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
-            "--no-sandbox", "--disable-background-networking", "--disable-component-update", "--disable-sync",
-            "--no-first-run", "--disable-dev-shm-usage"])
-        context = browser.new_context(viewport={"width": 1200, "height": 900})
-        context.set_default_timeout(300_000)
-        page = context.new_page()
-        device(context, page)
+        browser, page = controller_browser(playwright, device)
 
         def shot(name: str, element: str | None = None) -> None:
             target = page.locator(element) if element else page
