@@ -17,6 +17,7 @@ from starlette.concurrency import run_in_threadpool
 from dprelease import decision_support as tool
 from dprelease.pipeline import Platform
 from dprelease.requests import ReleaseRequest, RequestError
+from dprelease.requests.request import parse_request
 from dprelease.requests import inbox as request_inbox
 
 from .security import Refused, check_csrf, require
@@ -51,9 +52,9 @@ def _stored_request(settings, request_id: str) -> tuple[Path, dict, ReleaseReque
     """An inbox request: its file, its fields, and the request they make."""
     path = _inbox_path(settings, request_id)
     fields = json.loads(path.read_text())
-    try:
-        return path, fields, ReleaseRequest(**fields)
-    except TypeError as err:
+    try:  # as the inbox stores it (the request's JSON), or in the request format
+        return path, fields, ReleaseRequest(**fields) if "epsilon_mode" in fields else parse_request(fields)
+    except (TypeError, RequestError) as err:
         raise Refused(400, f"request {request_id} cannot be read: {err}") from None
 
 

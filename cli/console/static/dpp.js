@@ -31,7 +31,8 @@
     return answer;
   }
 
-  const noiseFromSlider = (pos) => range[0] * Math.pow(range[1] / range[0], pos / 1000);
+  // three significant digits: the tolerance a person reads back in the summary (±6.37, not ±6.37438)
+  const noiseFromSlider = (pos) => Number((range[0] * Math.pow(range[1] / range[0], pos / 1000)).toPrecision(3));
   const sliderFromNoise = (value) => Math.round(1000 * Math.log(value / range[0]) / Math.log(range[1] / range[0]));
 
   function place(values) {
