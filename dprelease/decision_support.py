@@ -63,16 +63,16 @@ class Sliders:
                 raise ToolError(f"{name} must be a number from {low:g} to {high:g}, got {value!r}")
             return float(value)
 
-        max_noise = number("max_noise", 0.0, math.inf)
-        if max_noise <= 0:
-            raise ToolError(f"max_noise must be a number > 0, got {max_noise!r}")
+        levels = [number(name, 0, 1) for name in ("trust", "sensitivity", "max_risk")]
+        noise = body.get("max_noise")
+        if isinstance(noise, bool) or not isinstance(noise, (int, float)) or not (math.isfinite(noise) and noise > 0):
+            raise ToolError(f"max_noise must be a number > 0 (the tolerable half-width), got {noise!r}")
         n, m = number("n", 2, 1e9, 2), number("m", 1, 2, 1)
         if n != int(n) or m != int(m):
             raise ToolError("n and m must be whole numbers (n >= 2 values, m 1 or 2)")
         p = number("p", 0.5, 0.999, 0.9)
         headline = body.get("headline") or None
-        return cls(number("trust", 0, 1), number("sensitivity", 0, 1), number("max_risk", 0, 1), max_noise,
-                   int(n), int(m), p, str(headline) if headline is not None else None)
+        return cls(*levels, float(noise), int(n), int(m), p, str(headline) if headline is not None else None)
 
     def risk_fields(self, headline: str) -> dict:
         """The request's `epsilon: {risk: {...}}` for these values (what "use this epsilon" writes)."""

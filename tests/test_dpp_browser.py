@@ -285,3 +285,25 @@ def test_the_tool_s_refusals_over_http(platform_env, console):  # noqa: F811
     assert refused.status_code == 400 and refused.json()["error"].startswith("nothing was written")
     assert json.loads((platform_env.inbox_dir / f"{request_id}.json").read_text())["epsilon"] == 1.0
     assert boss.post("/dpp/numbers", {"request_id": request_id}, csrf="forged").status_code == 403
+
+
+def test_a_draft_is_explored_without_submitting_it(platform_env, console, controller):  # noqa: F811
+    from dprelease.requests import inbox
+
+    page = controller
+    before = len(inbox.submitted(platform_env.inbox_dir))
+    with no_escrow_key(platform_env):
+        page.goto(f"{console}/inbox")
+        page.get_by_role("link", name="Choose epsilon for a draft request").click()
+        page.locator("#draft").fill(f"dataset: adult\nepsilon: 1.0\nsql: {SQL}\n")
+        page.get_by_role("button", name="Explore this draft").click()
+        settled(page)
+        check_against_dp_core(platform_env, page)
+        slid(page, "#trust", "ArrowLeft", 3)
+        check_against_dp_core(platform_env, page)
+        assert page.locator("#use").count() == 0  # a draft has no request to write into
+        page.locator("#draft").fill("dataset: adult\nepsilon: 1.0\nsql: SELECT nothing FROM nowhere\n")
+        page.get_by_role("button", name="Explore this draft").click()
+        page.locator("#problem:not([hidden])").wait_for()
+        assert "\n" not in page.inner_text("#problem")
+    assert len(inbox.submitted(platform_env.inbox_dir)) == before
