@@ -13,7 +13,7 @@ from dprelease.passkeys import RelyingParty
 from dprelease.settings import Settings
 from dprelease.store import Store
 
-from . import analysts, deciding, enrolment, history
+from . import analysts, deciding, dpp, enrolment, history
 from .security import Refused, visitor
 from .views import render
 
@@ -34,7 +34,7 @@ def create_app(settings: Settings, rp: RelyingParty) -> FastAPI:
     store = Store(settings.store_url)
     store.create_all()
     app.state.settings, app.state.store, app.state.rp = settings, store, rp
-    for module in (enrolment, deciding, history, analysts):
+    for module in (enrolment, deciding, history, analysts, dpp):
         app.include_router(module.router)
     app.mount("/static", StaticFiles(directory=str(Path(__file__).with_name("static"))), name="static")
 
