@@ -21,7 +21,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 IMG = ROOT / "docs" / "img"
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 SHOTS = ("console-signin", "console-enrol", "console-inbox", "console-decision", "console-published",
          "console-budgets", "console-history", "console-requests", "console-reports", "console-refused")
 
@@ -33,6 +32,7 @@ def main() -> None:
     from console_harness import Browser, console_server, enrolment_link
     from playwright.sync_api import sync_playwright
     from prefect.testing.utilities import prefect_test_harness
+    from system_chromium import LAUNCH_ARGS, new_context
     from test_console_browser import device
     from test_release_flow import SQL, start_release, wait_for_approval
 
@@ -58,11 +58,8 @@ def main() -> None:
 
     with prefect_test_harness(server_startup_timeout=300), console_server(settings) as origin, \
             sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
-            "--no-sandbox", "--disable-background-networking", "--disable-component-update", "--disable-sync",
-            "--no-first-run", "--disable-dev-shm-usage"])
-        context = browser.new_context(viewport={"width": 1200, "height": 800})
-        context.set_default_timeout(300_000)
+        browser = playwright.chromium.launch(**LAUNCH_ARGS)
+        context = new_context(browser, 1200, 800)
         page = context.new_page()
         device(context, page)
 
@@ -113,7 +110,7 @@ def main() -> None:
         page.goto(f"{origin}/releases/{rel.id}")
         page.get_by_role("button", name="Approve and publish").count()
         # the analyst's pages, in a browser of their own
-        analyst = browser.new_context(viewport={"width": 1200, "height": 800})
+        analyst = new_context(browser, 1200, 800)
         analyst_page = analyst.new_page()
         analyst.add_cookies([{"name": k, "value": v, "url": origin} for k, v in ana.cookies.items()])
         page = analyst_page

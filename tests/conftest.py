@@ -31,3 +31,11 @@ def spark():
     session = local_spark_session()
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def browser_type_launch_args(browser_type_launch_args):
+    """pytest-playwright's browser is the machine's Chromium (tests/system_chromium.py)."""
+    from system_chromium import LAUNCH_ARGS
+
+    return {**browser_type_launch_args, **LAUNCH_ARGS}

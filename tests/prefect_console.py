@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextvars
 import os
+import re
 import shutil
 import signal
 import socket
@@ -17,7 +18,6 @@ import time
 from pathlib import Path
 
 import yaml
-from browser import by_text, in_field
 from patience import PATIENCE_S
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,38 +130,85 @@ def deploy_release_flow() -> str:
     return deployment_id
 
 
+def exactly(text: str) -> re.Pattern:
+    """An element's whole text is `text` (spaces around it aside)."""
+    return re.compile(rf"^\s*{re.escape(text)}\s*$")
+
+
+def by_text(page, text: str, tag: str):
+    """The last visible `tag` element (a button, a tab, an option) whose text is `text`."""
+    return page.locator(tag).filter(visible=True).filter(has_text=exactly(text)).last
+
+
+def in_field(page, label: str, selector: str = "input, textarea", text: str | None = None):
+    """The first visible `selector` element (or the first whose text is `text`: a toggle such as
+    "str", a method of a choice) in the form field labelled `label`: a Prefect schema-form
+    property, the closest `.group` around its label (optional ones read "label (Optional)")."""
+    name = re.compile(rf"^\s*{re.escape(label)}(\s*\(Optional\))?\s*$")
+    field = page.locator("label").filter(visible=True).filter(has_text=name).last.locator(
+        "xpath=ancestor::*[contains(concat(' ', normalize-space(@class), ' '), ' group ')][1]")
+    found = field.locator(selector).filter(visible=True)
+    return (found if text is None else found.filter(has_text=exactly(text))).first
+
+
+def wait_for_text(page, text: str) -> None:
+    """Wait until the page shows `text`; if it never does, say what it shows instead."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.wait_for_function("text => document.body && document.body.innerText.includes(text)", arg=text)
+    except PlaywrightTimeout:
+        raise AssertionError(f"the page never showed {text!r}; it shows:\n{page_text(page)[:2000]}") from None
+
+
+def page_text(page) -> str:
+    return page.evaluate("document.body ? document.body.innerText : ''") or ""
+
+
+def type_into(field, text: str) -> None:
+    """Click a field, as a user does, and replace what it holds by `text`."""
+    field.click()
+    field.fill(text)
+
+
 def fill_release_form(page, title: str, method: str, fields: dict) -> None:
     """Every field of the run form, as a user sets it: text typed, toggles and lists clicked."""
-    page.wait_for_text("approval_timeout")
+    wait_for_text(page, "approval_timeout")
     choose(page, "dataset", "adult")  # a list of the registered datasets (flows.release_form)
-    page.type_into(in_field("sql"), SQL)
-    page.type_into(in_field("title"), title)
-    page.click(in_field("epsilon", "button", method), f"epsilon: {method}")
+    type_into(in_field(page, "sql"), SQL)
+    type_into(in_field(page, "title"), title)
+    in_field(page, "epsilon", "button", method).click()
     for label, value in fields.items():
         if isinstance(value, tuple):  # (toggle, value): a level from the list, or a number
-            page.click(in_field(label, "button", value[0]), f"{label}: {value[0]}")
+            in_field(page, label, "button", value[0]).click()
             if value[0] == "level":
                 choose(page, label, value[1])
             else:
-                page.type_into(in_field(label), str(value[1]), what=label)
+                type_into(in_field(page, label), str(value[1]))
         else:
-            page.type_into(in_field(label), str(value), what=label)
-    page.type_into(in_field("delta"), "0.000001")
-    page.type_into(in_field("max_partitions_contributed"), "1")
-    page.type_into(in_field("requested_by"), "mallory")
-    page.type_into(in_field("approval_timeout"), "300")
+            type_into(in_field(page, label), str(value))
+    type_into(in_field(page, "delta"), "0.000001")
+    type_into(in_field(page, "max_partitions_contributed"), "1")
+    type_into(in_field(page, "requested_by"), "mallory")
+    type_into(in_field(page, "approval_timeout"), "300")
 
 
 def choose(page, label: str, option: str) -> None:
     """Pick `option` from the list of the form field labelled `label` (an enum: a select)."""
-    page.click(in_field(label, "button[aria-haspopup=listbox]"), f"{label}: the list")
-    page.click(by_text(option, "[role=option]"), f"{label}: {option}")
-    page.wait_for("![...document.querySelectorAll('[role=option]')].some(e => e.offsetParent)",
-                  what="the list to close")
+    in_field(page, label, "button[aria-haspopup=listbox]").click()
+    by_text(page, option, "[role=option]").click()
+    page.wait_for_function("![...document.querySelectorAll('[role=option]')].some(e => e.offsetParent)")
 
 
-def submit_and_run(browser, url: str, deployment_id: str, title: str, method: str, fields: dict, before_submit=None):
-    """Submit the form in the browser, then execute the run it created as a worker would (the
+def open_page(context, url: str):
+    """A new tab of the browser profile `context` on `url`."""
+    page = context.new_page()
+    page.goto(url)
+    return page
+
+
+def submit_and_run(context, url: str, deployment_id: str, title: str, method: str, fields: dict, before_submit=None):
+    """Submit the form in a tab of the browser profile `context`, then execute the run it created as a worker would (the
     engine, with the parameters the form sent). Returns (flow run, thread, box)."""
     from prefect import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterDeploymentId
@@ -169,17 +216,17 @@ def submit_and_run(browser, url: str, deployment_id: str, title: str, method: st
 
     from flows.release import outcome, release_flow
 
-    page = browser.open(f"{ui_base(url)}/deployments/deployment/{deployment_id}/run")
+    page = open_page(context, f"{ui_base(url)}/deployments/deployment/{deployment_id}/run")
     fill_release_form(page, title, method, fields)
     if before_submit is not None:
         before_submit(page)
     with get_client(sync_client=True) as client:
         flt = FlowRunFilter(deployment_id=FlowRunFilterDeploymentId(any_=[deployment_id]))
         before = {r.id for r in client.read_flow_runs(flow_run_filter=flt)}
-        page.click_text("Submit", "button")
+        by_text(page, "Submit", "button").click()
         deadline = time.monotonic() + PATIENCE_S
         while not (created := [r for r in client.read_flow_runs(flow_run_filter=flt) if r.id not in before]):
-            assert time.monotonic() < deadline, f"the form created no run; the page shows:\n{page.text()[:1500]}"
+            assert time.monotonic() < deadline, f"the form created no run; the page shows:\n{page_text(page)[:1500]}"
             time.sleep(0.3)
     run = created[0]
     box: dict = {}

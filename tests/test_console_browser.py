@@ -8,26 +8,15 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 
 import pytest
 from console_harness import console_server
+from system_chromium import INSTALLED, NOT_INSTALLED, PATIENCE_MS
 from test_console import paused_release, platform_env  # noqa: F401 - the module's home and Prefect API
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="no Chromium on this machine")
-#: a long bound for what a loaded machine may take (a run publishing after the decision), never a pace
-PATIENCE_MS = 300_000
-
-
-@pytest.fixture(scope="session")
-def browser_type_launch_args(browser_type_launch_args):
-    """The machine's Chromium, headless, no network of its own (no browser download, no updates)."""
-    return {**browser_type_launch_args, "executable_path": CHROMIUM, "headless": True,
-            "args": ["--no-sandbox", "--disable-background-networking", "--disable-component-update",
-                     "--disable-sync", "--no-first-run", "--disable-dev-shm-usage"]}
+pytestmark = pytest.mark.skipif(not INSTALLED, reason=NOT_INSTALLED)
 
 
 @pytest.fixture(scope="module")

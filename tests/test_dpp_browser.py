@@ -16,7 +16,7 @@ from contextlib import contextmanager
 import pytest
 from console_harness import Browser, console_server
 from test_console import paused_release, platform_env  # noqa: F401 - the module's home and Prefect API
-from test_console_browser import PATIENCE_MS, browser_type_launch_args, enrolled, enrolment_link  # noqa: F401
+from test_console_browser import enrolled, enrolment_link  # noqa: F401
 
 SQL = ("SELECT WITH ANONYMIZATION education, ANON_COUNT(*, 1) AS people, ANON_AVG(age, 17, 90) AS avg_age "
        "FROM adult GROUP BY education")

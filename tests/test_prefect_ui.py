@@ -3,7 +3,7 @@ run submitted through the dp-release deployment's form, with every field set as 
 for a controller's decision (Paused, with the waiting message) -- also when a standing automatic
 policy names the deployment, since only the runs of its schedule are approved automatically.
 
-Headless Chromium over the DevTools protocol (tests/browser.py); the run is executed as a worker
+Playwright drives the machine's headless Chromium (tests/system_chromium.py); the run is executed as a worker
 would (the engine, with the parameters the form sent).
 """
 
@@ -14,26 +14,31 @@ import time
 
 import pandas as pd
 import pytest
-from browser import CHROMIUM, Chromium
 from patience import PATIENCE_S
 from prefect_console import (
     ROOT,
+    by_text,
     deploy_release_flow,
     drain_prefect_workers,
+    in_field,
+    open_page,
+    page_text,
     start_prefect_server,
     stop_process_group,
     submit_and_run,
     ui_base,
+    wait_for_text,
 )
+from system_chromium import INSTALLED, NOT_INSTALLED, new_context
 
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium); "
-                                "CI installs it (.ci/run)")
+pytestmark = pytest.mark.skipif(not INSTALLED, reason=NOT_INSTALLED)
 
 
 @pytest.fixture(scope="module")
-def console(tmp_path_factory):
+def console(tmp_path_factory, browser):
     """A dprelease home with Adult and a registered controller, a real Prefect server with the
-    dp-release deployment of prefect.yaml, and a headless Chromium."""
+    dp-release deployment of prefect.yaml, and a profile of the headless Chromium (pytest-playwright's
+    browser: tests/conftest.py)."""
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from dprelease import admin, decisions
@@ -53,9 +58,12 @@ def console(tmp_path_factory):
         with temporary_settings(updates={PREFECT_API_URL: f"{url}/api"}):
             deployment_id = deploy_release_flow()
             try:
-                with Chromium(width=1280, height=1100) as browser:
-                    yield {"settings": settings, "url": url, "deployment_id": str(deployment_id), "browser": browser,
+                context = new_context(browser, 1280, 1100)
+                try:
+                    yield {"settings": settings, "url": url, "deployment_id": str(deployment_id), "context": context,
                            "key": work / "alice.pem"}
+                finally:
+                    context.close()
             finally:
                 drain_prefect_workers()  # while the server is up
     finally:
@@ -93,58 +101,55 @@ def assert_waiting(console, run, thread, box) -> None:
     assert store.get_release(str(run.id)).status == "awaiting_approval"
     assert store.ledger_entry(str(run.id)).status == "reserved"
     assert not (console["settings"].publication_dir / str(run.id)).exists()
-    page = console["browser"].open(f"{ui_base(console['url'])}/runs/flow-run/{run.id}")
-    page.wait_for_text("Paused")
-    page.close()
+    open_run_page(console, run).close()
 
 
 def assert_form_offers_what_is_registered(page) -> None:
     """The form lists the registered datasets (public ones are never released alone), and its
     optional fields are plain fields: no str/None toggles, no `Property is type "None"`."""
-    from browser import in_field
-
-    assert 'Property is type "None"' not in page.text()
-    page.click(in_field("dataset", "button[aria-haspopup=listbox]"), "dataset: the list")
-    options = page.wait_for("(() => { const o = [...document.querySelectorAll('[role=option]')]"
-                            ".filter(e => e.offsetParent).map(e => e.innerText.trim()); return o.length ? o : null; })()",
-                            what="the list of datasets")
-    page.send("Input.dispatchKeyEvent", type="keyDown", key="Escape", code="Escape", windowsVirtualKeyCode=27)
+    assert 'Property is type "None"' not in page_text(page)
+    in_field(page, "dataset", "button[aria-haspopup=listbox]").click()
+    shown = page.locator("[role=option]").filter(visible=True)
+    shown.first.wait_for()
+    options = [o.strip() for o in shown.all_inner_texts()]
+    page.keyboard.press("Escape")
     assert options == ["adult"], options
     for label in ("sql", "requested_by", "query"):
-        assert not page.evaluate(f"!!{in_field(label, 'button', 'None')}"), f"{label} still offers None"
+        assert in_field(page, label, "button", "None").count() == 0, f"{label} still offers None"
 
 
 def assert_profile_is_the_default(page) -> None:
     """The risk model's trust, sensitivity and tolerable risk start as `registered`, and the form
     says what that is for each registered dataset (adult: the defaults of `dataset register`)."""
-    from browser import in_field
-
-    text = page.text()
-    assert page.evaluate(f"{in_field('Sensitivity', 'button[aria-haspopup=listbox]')}.innerText.trim()") == "registered"
+    text = page_text(page)
+    assert in_field(page, "Sensitivity", "button[aria-haspopup=listbox]").inner_text().strip() == "registered"
     for value in ("low", "medium", "0.2"):  # trust, sensitivity, max risk
         assert f"registered: the dataset's risk profile, adult: {value})" in text, text[:3000]
 
 
 def open_run_page(console, run):
-    page = console["browser"].open(f"{ui_base(console['url'])}/runs/flow-run/{run.id}")
-    page.wait_for_text("Paused")
+    page = open_page(console["context"], f"{ui_base(console['url'])}/runs/flow-run/{run.id}")
+    wait_for_text(page, "Paused")
     return page
 
 
 def show_artifact(page, key_prefix: str) -> None:
     """Open the run page's Artifacts tab and wait for the artifact key starting with `key_prefix`
-    (a click before the page is ready may be lost: clicked again until the tab shows)."""
-    from browser import BrowserError
+    (a click before the page is ready may be lost: clicked again, every 15 s, until the tab shows
+    it, for up to PATIENCE_S)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-    for attempt in range(10):
-        page.click_text("Artifacts", "[role=tab]")
+    shown = page.locator(f'a[href*="/artifacts/key/{key_prefix}"]').filter(visible=True).first
+    deadline = time.monotonic() + PATIENCE_S
+    while True:
+        by_text(page, "Artifacts", "[role=tab]").click()
         try:
-            page.wait_for(f"[...document.querySelectorAll('a[href*=\"/artifacts/key/{key_prefix}\"]')]"
-                          ".some(a => a.offsetParent !== null)", 15, what=f"the artifact {key_prefix}... shown")
+            shown.wait_for(timeout=15_000)
             return
-        except BrowserError:
-            if attempt == 9:
-                raise
+        except PlaywrightTimeout:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the artifact {key_prefix}... is not shown; the page shows:\n"
+                                     f"{page_text(page)[:2000]}") from None
 
 
 def assert_resume_dialog_warns_once(console, run) -> None:
@@ -157,8 +162,8 @@ def assert_resume_dialog_warns_once(console, run) -> None:
     page = open_run_page(console, run)
     show_artifact(page, "risk-")  # the warning made before the reservation
     open_resume_dialog(page)
-    page.wait_for_text("An approval is waiting")
-    dialog = page.evaluate("document.querySelector('[role=dialog]').innerText")
+    wait_for_text(page, "An approval is waiting")
+    dialog = page.locator("[role=dialog]").first.inner_text()
     page.close()
     assert dialog.count("above your tolerable risk") == 1, dialog
     assert "(above your tolerable 0.2)" in dialog and "low;" not in dialog
@@ -186,9 +191,9 @@ def assert_refusal_on_the_run_page(console, run) -> None:
     with get_client(sync_client=True) as client:
         (shown,) = client.read_artifacts(
             artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[refusal_artifact_key(str(run.id))])))
-    page = console["browser"].open(f"{ui_base(console['url'])}/artifacts/artifact/{shown.id}")
-    page.wait_for_text("Decision refused")
-    page.wait_for_text("the form says 'approve' but the signed decision says 'reject'")
+    page = open_page(console["context"], f"{ui_base(console['url'])}/artifacts/artifact/{shown.id}")
+    wait_for_text(page, "Decision refused")
+    wait_for_text(page, "the form says 'approve' but the signed decision says 'reject'")
     page.close()
 
 
@@ -202,7 +207,7 @@ def test_an_on_demand_run_from_the_form_waits_for_the_controller(console):
     settings = console["settings"]
     store = Platform.open(settings).store
     budget_before = store.budget("adult")
-    first = submit_and_run(console["browser"], console["url"], console["deployment_id"], "Education, from the form",
+    first = submit_and_run(console["context"], console["url"], console["deployment_id"], "Education, from the form",
                            "Fixed value", {"Epsilon": 0.5}, before_submit=assert_form_offers_what_is_registered)
     assert first[0].parameters["epsilon"] == {"epsilon": 0.5}  # only the chosen method's fields
     assert first[0].parameters["dataset"] == "adult" and first[0].parameters["query"] == {}
@@ -214,7 +219,7 @@ def test_an_on_demand_run_from_the_form_waits_for_the_controller(console):
     assert_refusal_on_the_run_page(console, first[0])
     # a standing automatic policy naming this very deployment: an on-demand run still waits
     store.add_policy("monthly", "adult", max_epsilon_per_release=5.0, approval="auto", deployment="dp-release")
-    second = submit_and_run(console["browser"], console["url"], console["deployment_id"], "Education, with a policy present", "Risk model", {
+    second = submit_and_run(console["context"], console["url"], console["deployment_id"], "Education, with a policy present", "Risk model", {
         "Trust": ("level", "low"), "Max Risk": ("number in [0, 1]", 0.2),
         "Max Noise": 10, "N": 16, "M": 2, "Confidence": 0.9}, before_submit=assert_profile_is_the_default)
     sent = second[0].parameters
