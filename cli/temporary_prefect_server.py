@@ -35,6 +35,7 @@ from pathlib import Path
 START_TIMEOUT_S = 300
 PREFECT_DB_ENV = "PREFECT_API_DATABASE_CONNECTION_URL"
 SCRATCH_PREFIX = "dprelease-prefect-"
+TEMPLATE_DIR_ENV = "DPRELEASE_PREFECT_TEMPLATE_DIR"  # the installation's templates elsewhere than sys.prefix/share/dprelease
 OWNER_FILE = "owner.pid"
 #: run as `python -c LAUNCHER OWNER_PID SOCKET_FD`: ask the kernel to SIGKILL this process when its
 #: parent dies (PR_SET_PDEATHSIG = 1), give up if the parent is already gone, then serve Prefect's
@@ -158,15 +159,56 @@ def server_environment(database: Path, prepared: bool, auth: str | None = None) 
 
 
 def template_database() -> Path:
-    """The migrated, empty Prefect database of this PREFECT_HOME (built by the first command that
-    needs it, under a file lock, so commands started at once build it once)."""
+    """The migrated, empty Prefect database of this PREFECT_HOME: a copy of the installation's
+    (installation_template), or, where the installation has none yet, built by the first command
+    that needs it (under a file lock, so commands started at once build it once) and then offered to
+    the installation, so that every later new home copies it instead of migrating again (issue 41:
+    the build was 12 of the first release's 15 extra seconds)."""
     template = _template_path()
     template.parent.mkdir(parents=True, exist_ok=True)
     with open(template.parent / ".dprelease-template.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not template.exists():
+        if not template.exists() and not _copy_installation_template(template):
             _build_template(template)
+            _offer_to_installation(template)
     return template
+
+
+def installation_template() -> Path:
+    """Where this installation (its Python environment, `sys.prefix`) keeps the migrated, empty
+    database of its Prefect version, shared by every PREFECT_HOME it serves;
+    DPRELEASE_PREFECT_TEMPLATE_DIR names another folder."""
+    import prefect
+
+    folder = os.environ.get(TEMPLATE_DIR_ENV, "").strip() or str(Path(sys.prefix) / "share" / "dprelease")
+    return Path(folder).expanduser() / f"dprelease-empty-prefect-{prefect.__version__}.db"
+
+
+def _copy_installation_template(template: Path) -> bool:
+    """Copy the installation's template into this home (whole or not at all); False when there is none."""
+    source = installation_template()
+    if not source.exists():
+        return False
+    partial = template.with_suffix(".copy.partial")
+    shutil.copyfile(source, partial)
+    partial.replace(template)
+    return True
+
+
+def _offer_to_installation(template: Path) -> None:
+    """Best effort: a copy of a freshly built template for the installation's later homes (an
+    installation folder this user cannot write, e.g. a system Python's, keeps none: each home then
+    builds its own, as before)."""
+    target = installation_template()
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, partial = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".partial")
+        os.close(fd)
+        shutil.copyfile(template, partial)
+        os.chmod(partial, 0o644)  # an empty database: nothing private; other users of the installation copy it
+        os.replace(partial, target)  # whole or not at all; two homes offering at once both offer a good one
+    except OSError:
+        return
 
 
 def _build_template(template: Path) -> None:
@@ -215,8 +257,11 @@ def _template_path() -> Path:
 
 
 def existing_template() -> Path | None:
+    """This home's template, or the installation's (copied in, at once), or None: one must be built."""
     template = _template_path()
-    return template if template.exists() else None
+    if template.exists() or installation_template().exists():
+        return template_database()
+    return None
 
 
 def sweep_leftovers() -> list[Path]:

@@ -9,7 +9,8 @@ then passed down; no other module reads the environment.
     DPRELEASE_KEY_DIR     where key files live (default <home>/keys; keep it off the data disk)
     DPRELEASE_CONTROLLER_KEY  the controller's own private key (signs decisions; default: none)
     DPRELEASE_SPARK_MASTER    the Spark master for external datasets (default: Spark's own, local[*])
-    DPRELEASE_ENGINE_THREADS  DuckDB threads of one release's scans (default 1: see ENGINE_THREADS)
+    DPRELEASE_ENGINE_THREADS  DuckDB threads of one release's scans (default 1: see ENGINE_THREADS; `all`:
+                              every core DuckDB is given)
     DPRELEASE_CONSOLE_URL     the controllers' console as browsers reach it (default http://localhost:8400):
                               the paused run's Resume dialog links to its decision page
 """
@@ -20,11 +21,13 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-#: DuckDB threads per release. One by default: the engine's hash aggregates keep a table per
-#: thread, so peak memory grows with threads (10M rows of the engine benchmark from the escrow:
-#: 0.9 GB with one thread, 1.3 GB with two), and a platform runs several controllers' releases at
-#: once. On 2 cores one thread was also the faster at 10M rows (2.3 s against 2.9-3.7 s); at 50M two
-#: were (3.9-4.8 s against 5.7-6.0 s). Raise it for large datasets on a machine of their own.
+#: DuckDB threads per release. One by default: the engine's hash aggregates keep a table per thread,
+#: so peak memory grows with threads (10M rows of the engine benchmark: 0.65 GB with one thread,
+#: 0.96 GB with two), and a platform runs several controllers' releases at once. On the shared
+#: 2-core machine (load 4-5, 2026-11-29) two threads were no faster at 10M rows (medians 1.7-5.6 s
+#: against 1.8-2.7 s, three alternating processes each); at 50M two were (3.9-4.8 s against
+#: 5.7-6.0 s, 2026-11-23). `all` (None here) gives the engine every core DuckDB is given: for a
+#: machine that runs one release at a time (docs/engine.md, "Threads").
 ENGINE_THREADS = 1
 
 
@@ -36,7 +39,7 @@ class Settings:
     escrow_key: str | None = None  # from the environment; takes precedence over the key file
     controller_key: Path | None = None  # this controller's private key (decisions are signed with it)
     spark_master: str | None = None  # where external datasets are computed (dprelease.external)
-    engine_threads: int = ENGINE_THREADS  # DuckDB threads of a release's scans
+    engine_threads: int | None = ENGINE_THREADS  # DuckDB threads of a release's scans (None: every core)
     escrow_url: str | None = None  # blobs in an object store (s3://bucket/prefix) instead of escrow_dir
     console_url: str = "http://localhost:8400"  # the controllers' console (`dprelease console`), as browsers reach it
 
@@ -96,17 +99,20 @@ class Settings:
         os.chmod(self.key_dir, 0o700)
 
 
-def _engine_threads(value: str | None) -> int:
-    """DPRELEASE_ENGINE_THREADS as a positive whole number (unset or empty: the default)."""
+def _engine_threads(value: str | None) -> int | None:
+    """DPRELEASE_ENGINE_THREADS as a positive whole number, or None for `all` (every core DuckDB
+    is given); unset or empty: the default."""
     if value is None or not value.strip():
         return ENGINE_THREADS
+    if value.strip().lower() == "all":
+        return None
     try:
         threads = int(value)
     except ValueError:
         threads = 0
     if threads < 1:
         raise ValueError(f"DPRELEASE_ENGINE_THREADS={value!r} is not a positive whole number: set it to 1, 2, ... "
-                         "or unset it (default 1)")
+                         "or all (every core), or unset it (default 1)")
     return threads
 
 

@@ -249,3 +249,50 @@ def test_every_column_the_plan_names_for_itself_is_refused_as_a_group_key_or_uni
     internal = {n for n in names if n.startswith("_")}
     assert {"_n_units", "_rk", "_w1", "_w2", "_pid", "_a0_raw"} <= internal
     assert sorted(n for n in internal if not PLAN_COLUMN.fullmatch(n)) == []
+
+
+def _reference_kept(df: pd.DataFrame, ranks: pd.DataFrame, cu: int) -> pd.DataFrame:
+    """The bounding rule of dp-engine.md written in pandas, from each (unit, partition)'s keyed hash
+    `_rk`: a unit keeps the pairs whose hash is below its C_u-th smallest, and those equal to it
+    unless the (C_u+1)-th is equal too; said otherwise, a pair is kept iff at most C_u of its unit's
+    pairs have a hash at most its own."""
+    pairs = df.groupby(["uid", "part"], as_index=False).agg(n=("x", "size"), s=("x", "sum")).merge(ranks, on=["uid", "part"])
+    return pairs.loc[_at_most(pairs) <= cu]
+
+
+def _at_most(pairs: pd.DataFrame) -> pd.Series:
+    """Per pair, how many of its unit's pairs have a hash at most its own (ties counted)."""
+    order = pairs.sort_values(["uid", "_rk"], kind="stable")
+    last_of_tie = order.groupby(["uid", "_rk"])["_rk"].transform("size")
+    position = order.groupby("uid").cumcount() + 1
+    first_of_tie = order.groupby(["uid", "_rk"]).cumcount()
+    return (position - first_of_tie + last_of_tie - 1).reindex(pairs.index)
+
+
+@pytest.mark.parametrize("hash_sql", [None, "CAST(hash({cols}) % 3 AS UBIGINT)"], ids=["keyed hash", "many ties"])
+def test_the_plan_keeps_the_pairs_the_bounding_rule_keeps(monkeypatch, hash_sql):
+    """The kept (unit, partition) pairs and the per-partition sums of the engine's plan equal a
+    pandas implementation of the rule, for the release's keyed hash and for a hash with ties inside
+    most units (the tie rule at the cutoff). A plan that reorganises the bounding (issue 41) must
+    keep exactly these rows for the same key."""
+    from dp_core import bounding
+
+    if hash_sql is not None:
+        monkeypatch.setitem(bounding.DIALECT_PIECES, "duckdb", dict(bounding.DIALECT_PIECES["duckdb"], hash=hash_sql))
+    df = base_data(np.random.default_rng(5), units=1500, partitions=25)
+    query = dp.Query([dp.count(upper=2), dp.sum_("x", 0, 60)], privacy_unit="uid", group_by=("part",), epsilon=1.0,
+                     max_partitions_contributed=CU)
+    backend = DuckDBBackend.for_input(df)
+    plan = build_plan(query, {"uid", "x"}, SEED)
+    rank = bounding.DIALECT_PIECES["duckdb"]["hash"].format(cols='"uid", "part"', seed=f"CAST({SEED} AS UBIGINT)")
+    ranks = backend.run(f"SELECT DISTINCT uid, part, {rank} AS _rk FROM dp_input")
+    expected = _reference_kept(df, ranks, CU)
+    kept = backend.run(plan.with_clause + "\nSELECT uid, part FROM _bounded")
+    assert sorted(map(tuple, kept.to_numpy().tolist())) == sorted(map(tuple, expected[["uid", "part"]].to_numpy().tolist()))
+    sums = backend.run(plan.sql).set_index("part").sort_index()
+    by_part = expected.assign(c=expected["n"].clip(upper=2), v=expected["s"].clip(0, 60)).groupby("part").agg(
+        units=("uid", "size"), c=("c", "sum"), v=("v", "sum"))
+    assert list(sums.index) == list(by_part.index)
+    assert (sums["_n_units"] == by_part["units"]).all()
+    assert (sums["_a0_sum"] == by_part["c"]).all() and (sums["_a1_sum"] == by_part["v"]).all()
+    assert 0 < len(expected) < df.groupby(["uid", "part"]).ngroups  # some units lost pairs to C_u
