@@ -43,8 +43,11 @@ def child_commands() -> list[str]:
 def session(url: str):
     from pyspark.sql import SparkSession
 
-    if url.startswith("sc://"):
-        return SparkSession.builder.remote(url).getOrCreate()
+    if url.startswith("sc://"):  # as the platform makes it: DPRELEASE_SPARK_MASTER=sc://...
+        from dprelease.external import spark_session
+        from dprelease.settings import Settings
+
+        return spark_session(Settings.from_env({"DPRELEASE_SPARK_MASTER": url}))
     return (SparkSession.builder.master(url).appName("dprelease-cluster-test")
             .config("spark.driver.memory", "512m").config("spark.executor.memory", "512m")
             .config("spark.sql.shuffle.partitions", "4").config("spark.ui.port", str(free_port()))
