@@ -123,3 +123,25 @@ def test_a_release_as_a_spark_connect_client_runs_on_the_cluster(cluster, rows):
     assert PARTITIONS // 2 < out["releases"][0]["released"] <= PARTITIONS  # 2,500 rows a partition: most pass
     assert_ran_on_both_workers(cluster, out)
     assert "java" not in out["children"]  # the client started no JVM: the server is the driver
+
+
+def test_the_deployment_page_starts_classes_and_scripts_the_wheel_has():
+    """docs/deployment.md tells how to start each Spark piece from the pyspark wheel: the scripts
+    it names are in the wheel, the classes it names are in its jars, the tests it cites exist."""
+    import re
+    import zipfile
+
+    _needs_spark()
+    from spark_cluster import spark_home
+
+    page = (ROOT / "docs" / "deployment.md").read_text()
+    home = spark_home()
+    for script in set(re.findall(r"\$SPARK_HOME/((?:bin|sbin)/[\w.-]+)", page)):
+        assert (home / script).is_file(), script
+    classes = set(re.findall(r"org\.apache\.spark\.[\w.]*[\w]", page))
+    assert {"org.apache.spark.deploy.master.Master", "org.apache.spark.deploy.worker.Worker"} <= classes
+    entries = {name for jar in home.joinpath("jars").glob("spark-*.jar") for name in zipfile.ZipFile(jar).namelist()}
+    for name in classes:
+        assert name.replace(".", "/") + ".class" in entries, name
+    for cited in set(re.findall(r"`(tests/[\w/]+\.py)`", page)):
+        assert (ROOT / cited).is_file(), cited
