@@ -80,17 +80,18 @@ def main() -> None:
     ap.add_argument("--selections-only", action="store_true", help="run only the selection comparison")
     ap.add_argument("--utility", action="store_true", help="run only the utility benchmark (bench/utility.py): "
                     "groups and intervals per accountant, split and selection, on L and Adult, beside PipelineDP")
-    ap.add_argument("--backend", choices=("duckdb", "spark"), default="duckdb",
-                    help="spark: the release on Spark local[2] next to DuckDB and Spark's plain bounding SQL")
+    ap.add_argument("--backend", choices=("duckdb", "spark", "spark-cluster"), default="duckdb",
+                    help="spark: the release on Spark local[2] next to DuckDB and Spark's plain bounding SQL; "
+                         "spark-cluster: on a standalone cluster of 2 workers x 1 core next to local[2]")
     args = ap.parse_args()
     t0 = time.perf_counter()
     path = workload.make_workload(args.rows, args.units, args.partitions)
     print(f"workload: {path} ({args.rows:,} rows, {args.units:,} units, {args.partitions:,} partitions; "
           f"ready in {time.perf_counter() - t0:.1f} s)")
-    if args.backend == "spark":
+    if args.backend in ("spark", "spark-cluster"):
         import engine_spark
 
-        engine_spark.run(path)
+        engine_spark.run_cluster(path) if args.backend == "spark-cluster" else engine_spark.run(path)
         return
 
     if args.utility:

@@ -12,6 +12,14 @@ from /proc every 0.1 s):
   (d1) the same release on DuckDB.
 Prints the times, memory and the ratios s1/s0 (target <= 1.3), s1/sf and s1 whole (target <= 25 s).
 Spark runs in local[2] with spark.sql.shuffle.partitions = 8 and the driver's default memory.
+
+`--backend spark-cluster` (issue 38) measures on a standalone cluster started for the run from the
+pyspark wheel (tools/spark_cluster.py: a master and 2 workers x 1 core, executors of EXECUTOR_MEMORY):
+  (c0) Spark's plain bounding SQL on the cluster; (c1) the DP release on the cluster (a spark://
+  driver); (l1) the same release in local[2]; each with the driver's peak (this process tree: the
+  Python process and its driver JVM; the executors are the workers' children, not in it) and the
+  executors' peak resident memory as Spark reports it (peakMemoryMetrics.ProcessTreeJVMRSSMemory).
+Prints c1/c0 (target <= 1.3) and the driver's peak (target < 1 GB).
 """
 
 from __future__ import annotations
@@ -25,18 +33,21 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 from process_tree import tree_rss
+from spark_cluster import executors, free_port, start_cluster
 
 ROOT = Path(__file__).resolve().parents[1]
 CU, ROW_BOUND, SUM_BOUND, EPSILON, DELTA = 4, 10, 1000, 1.0, 1e-6
 SHUFFLE_PARTITIONS = 8
+EXECUTOR_MEMORY = "1g"
 
 
-def measure(mode: str, path: Path) -> dict:
+def measure(mode: str, path: Path, master: str = "local[2]") -> dict:
     """Run one measurement in a fresh process: whole wall time, in-process time, peak tree memory."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, __file__, "--child", mode, str(path)], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, __file__, "--child", mode, str(path), master], stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, env=env, text=True)
     peak = 0
     done = threading.Event()
@@ -59,17 +70,34 @@ def measure(mode: str, path: Path) -> dict:
     return {"whole": whole, "peak_gb": peak / 1024**3, **inner}
 
 
-def session():
+def session(master: str = "local[2]"):
     from pyspark.sql import SparkSession
 
-    spark = (SparkSession.builder.master("local[2]").appName("dprelease-bench")
-             .config("spark.sql.shuffle.partitions", str(SHUFFLE_PARTITIONS))
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false").getOrCreate())
+    builder = (SparkSession.builder.master(master).appName("dprelease-bench")
+               .config("spark.sql.shuffle.partitions", str(SHUFFLE_PARTITIONS))
+               .config("spark.ui.showConsoleProgress", "false"))
+    if master.startswith("spark://"):  # the UI's REST API reports the executors' peaks
+        builder = (builder.config("spark.ui.port", str(free_port())).config("spark.driver.host", "127.0.0.1")
+                   .config("spark.executor.memory", EXECUTOR_MEMORY)
+                   .config("spark.executor.processTreeMetrics.enabled", "true")
+                   .config("spark.scheduler.minRegisteredResourcesRatio", "1.0")
+                   .config("spark.scheduler.maxRegisteredResourcesWaitingTime", "600s"))
+    else:
+        builder = builder.config("spark.ui.enabled", "false")
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 
 
-def child(mode: str, path: str) -> None:
+def executors_peak(spark) -> int:
+    """The largest executor's peak resident memory (bytes) so far, as Spark's metrics report it."""
+    context = spark.sparkContext
+    found = [e.get("peakMemoryMetrics", {}).get("ProcessTreeJVMRSSMemory", 0)
+             for e in executors(context.uiWebUrl, context.applicationId) if e["id"] != "driver"]
+    return max(found, default=0)
+
+
+def child(mode: str, path: str, master: str = "local[2]") -> None:
     """One measurement (runs in its own process); prints a JSON line."""
     t0 = time.perf_counter()
     import dp_core as dp
@@ -81,8 +109,9 @@ def child(mode: str, path: str) -> None:
         result = dp.execute(query, path)
         print(json.dumps({"run": time.perf_counter() - start, "released": len(result.table)}))
         return
-    spark = session()
+    spark = session(master)
     started = time.perf_counter() - t0
+    extra = {}
     if mode in ("spark-plain", "spark-floor"):
         spark.read.parquet(path).createOrReplaceTempView("src")
         sql = f"""
@@ -95,11 +124,17 @@ def child(mode: str, path: str) -> None:
             sql = "SELECT count(*), sum(c), sum(s) FROM (SELECT uid, part, count(*) AS c, sum(val) AS s FROM src GROUP BY uid, part)"
         start = time.perf_counter()
         rows = spark.sql(sql).toArrow()
-        print(json.dumps({"run": time.perf_counter() - start, "startup": started, "partitions": rows.num_rows}))
+        run_s = time.perf_counter() - start
+        if master.startswith("spark://"):
+            extra["executors_peak_gb"] = executors_peak(spark) / 1024**3
+        print(json.dumps({"run": run_s, "startup": started, "partitions": rows.num_rows, **extra}))
     else:
         start = time.perf_counter()
         result = dp.execute(query, path, backend="spark", spark=spark)
-        print(json.dumps({"run": time.perf_counter() - start, "startup": started, "released": len(result.table)}))
+        run_s = time.perf_counter() - start
+        if master.startswith("spark://"):
+            extra["executors_peak_gb"] = executors_peak(spark) / 1024**3
+        print(json.dumps({"run": run_s, "startup": started, "released": len(result.table), **extra}))
     spark.stop()
 
 
@@ -126,5 +161,32 @@ def run(path: Path) -> None:
           "(target <= 25 s)")
 
 
-if __name__ == "__main__" and len(sys.argv) == 4 and sys.argv[1] == "--child":
-    child(sys.argv[2], sys.argv[3])
+def run_cluster(path: Path) -> None:
+    """On a standalone cluster started for the run (2 workers x 1 core): the plain bounding SQL and
+    the release on it, and the release in local[2], interleaved once, with their memory."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="dprelease-bench-cluster-") as root:
+        cluster = start_cluster(Path(root), workers=2, cores=1, memory=EXECUTOR_MEMORY)
+        try:
+            res = {}
+            for name, mode, master in (("c0", "spark-plain", cluster.master_url), ("c1", "spark", cluster.master_url),
+                                       ("l1", "spark", "local[2]")):
+                before = os.getloadavg()[0]
+                res[name] = measure(mode, path, master)
+                print(f"{name}: load average {before:.2f} before, {os.getloadavg()[0]:.2f} after", flush=True)
+        finally:
+            cluster.stop()
+    labels = {"c0": "Spark plain bounding SQL, cluster", "c1": "dprelease on the cluster (spark://)",
+              "l1": "dprelease on Spark local[2]"}
+    for name, out in res.items():
+        executors_gb = f"  executors' peak {out['executors_peak_gb']:.2f} GB" if "executors_peak_gb" in out else ""
+        print(f"({name}) {labels[name]:36s} whole {out['whole']:6.1f} s  (query {out['run']:6.1f} s)  "
+              f"driver peak {out['peak_gb']:.2f} GB{executors_gb}")
+    c0, c1 = res["c0"], res["c1"]
+    print(f"ratios: c1/c0 whole {c1['whole'] / c0['whole']:.2f}, query {c1['run'] / c0['run']:.2f} (target <= 1.3); "
+          f"c1 driver peak {c1['peak_gb']:.2f} GB (target < 1 GB)")
+
+
+if __name__ == "__main__" and len(sys.argv) in (4, 5) and sys.argv[1] == "--child":
+    child(*sys.argv[2:])

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -81,7 +82,9 @@ def resolve_backend(ds, backend: str = "auto") -> str:
 
 def spark_session(settings: Settings):
     """The process's SparkSession: the active one (a worker or a notebook that made it), else a new
-    one on DPRELEASE_SPARK_MASTER (Spark's own default, local[*], when unset)."""
+    one on DPRELEASE_SPARK_MASTER (Spark's own default, local[*], when unset): a master URL
+    (spark://..., local[...], yarn) makes this process a driver; a Spark Connect URL (sc://...) makes
+    it a client of that server, which is the driver (no JVM here)."""
     try:
         from pyspark.errors import PySparkException
         from pyspark.sql import SparkSession
@@ -91,14 +94,22 @@ def spark_session(settings: Settings):
     if session is not None:
         return session
     builder = SparkSession.builder.appName("dprelease")
-    if settings.spark_master:
+    if settings.spark_master and settings.spark_master.startswith("sc://"):
+        builder = builder.remote(settings.spark_master)
+    elif settings.spark_master:
         builder = builder.master(settings.spark_master)
     try:
         return builder.getOrCreate()
     except PySparkException as err:  # no Java, a cluster that cannot be reached: Spark's first line
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise ExternalDataError(f"cannot start Spark (master {settings.spark_master or 'local[*]'}): {first}; "
+        shown = _without_token(settings.spark_master or "local[*]")
+        raise ExternalDataError(f"cannot start Spark (master {shown}): {_without_token(first)}; "
                                 "check Java 17+ and DPRELEASE_SPARK_MASTER") from None
+
+
+def _without_token(text: str) -> str:
+    """`text` with a Spark Connect URL's token (`;token=...`) blanked: a refusal line is shown and logged."""
+    return re.sub(r"(token=)[^;\s)]*", r"\1***", text)
 
 
 def read_reference(settings: Settings, reference: str, spark=None):

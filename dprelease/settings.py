@@ -8,7 +8,8 @@ then passed down; no other module reads the environment.
                           default: <home>/escrow); its endpoint and credentials: the AWS_* variables
     DPRELEASE_KEY_DIR     where key files live (default <home>/keys; keep it off the data disk)
     DPRELEASE_CONTROLLER_KEY  the controller's own private key (signs decisions; default: none)
-    DPRELEASE_SPARK_MASTER    the Spark master for external datasets (default: Spark's own, local[*])
+    DPRELEASE_SPARK_MASTER    the Spark master for external datasets, or a Spark Connect server
+                              (sc://host:port/;token=...) (default: Spark's own, local[*])
     DPRELEASE_ENGINE_THREADS  DuckDB threads of one release's scans (default 1: see ENGINE_THREADS; `all`:
                               every core DuckDB is given)
     DPRELEASE_CONSOLE_URL     the controllers' console as browsers reach it (default http://localhost:8400):

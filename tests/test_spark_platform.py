@@ -177,6 +177,21 @@ def test_without_pyspark_the_error_says_how_to_install_it(monkeypatch):
         external.spark_session(Settings.from_env())
 
 
+def test_a_spark_connect_url_that_cannot_be_used_is_one_line_without_its_token(monkeypatch):
+    """DPRELEASE_SPARK_MASTER=sc://...;token=...: a refusal names the URL with the token blanked
+    (the line is shown on the CLI and kept in logs)."""
+    from pyspark.sql import SparkSession
+
+    from dprelease import external
+    from dprelease.settings import Settings
+
+    monkeypatch.setattr(SparkSession, "getActiveSession", classmethod(lambda cls: None))  # not the suite's session
+    settings = Settings.from_env({"DPRELEASE_SPARK_MASTER": "sc://localhost:1/;token=Sesame-4471;user_id"})
+    with pytest.raises(external.ExternalDataError, match=r"cannot start Spark \(master sc://localhost:1/;token=\*\*\*;") as err:
+        external.spark_session(settings)
+    assert "Sesame-4471" not in str(err.value) and "\n" not in str(err.value)
+
+
 def test_the_engine_s_spark_backend_without_pyspark_says_how_to_install_it(monkeypatch):
     """dp_core's backend="spark" (no platform around it) names the extra to install."""
     import sys
