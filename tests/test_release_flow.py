@@ -1028,59 +1028,22 @@ def test_an_answer_waits_for_the_pause_form_as_well_as_the_pause(platform_env):
 
 
 @pytest.mark.parametrize("lose", [("state",), ("schema",), ("state", "schema")])
-def test_a_pause_whose_reply_was_lost_still_waits_for_the_answer(platform_env, monkeypatch, lose):
+def test_a_pause_whose_reply_was_lost_still_waits_for_the_answer(lose):
     """The client retries a request whose reply it lost. When the server had committed the Paused
     state, the retry is refused as a duplicate transition and Prefect 3.8 raises `Pause` (seen in
     CI's 5-command round on a busy SQLite server); when it had saved the form's schema, the retry is
     refused with 409 Conflict (and the controller may resume the run before the retry). Either
-    way, the pause still ends in the submitted answer."""
-    import httpx
-    from prefect import flow
-    from prefect.flow_runs import resume_flow_run
-    from prefect.input import RunInput
-    from prefect.runtime import flow_run
+    way, the pause still ends in the submitted answer. Run in a process of its own with its own
+    Prefect API (tests/lost_reply_pause.py): it patches the HTTP client of the whole process, and
+    in a worker that had run other modules first its pause once waited for a resume it had had."""
+    import subprocess
+    import sys
 
-    from flows.approvals import wait_until_paused
-    from flows.pausing import pause_for_input
-
-    lost: list[str] = []
-    box: dict = {}
-    real_send = httpx.Client.send
-
-    def send_losing_the_pause_reply(self, request, *args, **kwargs):
-        response = real_send(self, request, *args, **kwargs)
-        path = request.url.path
-        which = ("state" if path.endswith("/set_state") and b'"PAUSED"' in request.content else
-                 "schema" if path.endswith("/input") and request.method == "POST" and b"schema" in request.content
-                 else None)
-        ours = box.get("run_id") is not None and box["run_id"] in path  # not another test's run still paused
-        if ours and which in lose and which not in lost:
-            lost.append(which)  # the server committed it; the reply never arrives
-            raise httpx.ReadTimeout("reply lost", request=request)
-        return response
-
-    monkeypatch.setattr(httpx.Client, "send", send_losing_the_pause_reply)
-
-    class Answer(RunInput):
-        word: str
-
-    @flow
-    def asks() -> str:
-        box["run_id"] = str(flow_run.id)
-        return pause_for_input(Answer, timeout=PATIENCE_S, poll_interval=0.2, key="asked").word
-
-    thread = threading.Thread(target=lambda: box.update(state=asks(return_state=True)), daemon=True)
-    thread.start()
-    deadline = time.monotonic() + PATIENCE_S
-    while "run_id" not in box and time.monotonic() < deadline:
-        time.sleep(0.1)
-    wait_until_paused(box["run_id"], timeout=PATIENCE_S)
-    resume_flow_run(box["run_id"], run_input={"word": "approved"})
-    thread.join(PATIENCE_S)
-    assert "state" in box, "the flow did not end after the answer"
-    assert sorted(lost) == sorted(lose), "the fault was not injected: the test proves nothing"
-    assert box["state"].is_completed(), box["state"]
-    assert box["state"].result() == "approved"
+    script = Path(__file__).with_name("lost_reply_pause.py")
+    done = subprocess.run([sys.executable, str(script), *lose], capture_output=True, text=True, timeout=PATIENCE_S,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    assert done.stdout.strip().splitlines()[-1] == f"approved after losing {sorted(lose)}"
 
 
 #: an absolute POSIX path (two segments or more) not inside a URL: a publisher's directory

@@ -1,0 +1,74 @@
+"""A pause whose reply was lost still ends in the submitted answer (tests/test_release_flow.py runs
+this in a process of its own, with a Prefect API of its own): `python tests/lost_reply_pause.py
+state schema` loses the reply to the Paused state and to saving the form, once each, then resumes
+the run and prints what the paused flow returned."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+import httpx
+from prefect import flow
+from prefect.flow_runs import resume_flow_run
+from prefect.input import RunInput
+from prefect.runtime import flow_run
+from prefect.testing.utilities import prefect_test_harness
+
+from flows.approvals import wait_until_paused
+from flows.pausing import pause_for_input
+
+PATIENCE_S = 15 * 60  # tests/patience.py: a limit only a hung process reaches
+
+
+class Answer(RunInput):
+    word: str
+
+
+def main(lose: tuple[str, ...]) -> None:
+    lost: list[str] = []
+    box: dict = {}
+    real_send = httpx.Client.send
+
+    def send_losing_the_pause_reply(self, request, *args, **kwargs):
+        response = real_send(self, request, *args, **kwargs)
+        path = request.url.path
+        which = ("state" if path.endswith("/set_state") and b'"PAUSED"' in request.content else
+                 "schema" if path.endswith("/input") and request.method == "POST" and b"schema" in request.content
+                 else None)
+        if which in lose and which not in lost:
+            lost.append(which)  # the server committed it; the reply never arrives
+            raise httpx.ReadTimeout("reply lost", request=request)
+        return response
+
+    httpx.Client.send = send_losing_the_pause_reply
+
+    @flow
+    def asks() -> str:
+        box["run_id"] = str(flow_run.id)
+        return pause_for_input(Answer, timeout=PATIENCE_S, poll_interval=0.2, key="asked").word
+
+    thread = threading.Thread(target=lambda: box.update(state=asks(return_state=True)), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + PATIENCE_S
+    while "run_id" not in box and time.monotonic() < deadline:
+        time.sleep(0.1)
+    while True:  # the pause, while the flow lives (a flow that failed to pause has ended: say so at once)
+        assert thread.is_alive(), f"the flow ended without pausing: {box.get('state')}"
+        try:
+            wait_until_paused(box["run_id"], timeout=5)
+            break
+        except TimeoutError:
+            continue
+    resume_flow_run(box["run_id"], run_input={"word": "approved"})
+    thread.join(PATIENCE_S)
+    assert "state" in box, "the flow did not end after the answer"
+    assert sorted(lost) == sorted(lose), f"the fault was not injected: the test proves nothing ({lost})"
+    assert box["state"].is_completed(), box["state"]
+    print(f"{box['state'].result()} after losing {sorted(lost)}")
+
+
+if __name__ == "__main__":
+    with prefect_test_harness(server_startup_timeout=PATIENCE_S):
+        main(tuple(sys.argv[1:]))
