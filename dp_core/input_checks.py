@@ -252,9 +252,15 @@ def _records(handle, kind: str):
 
 
 def _ragged(path, kind: str, header_line: int, header: list, records) -> str | None:
-    """The message for the first of `records` whose number of fields is not the header's, or None."""
+    """The message for the first of `records` whose number of fields is not the header's, or None.
+    A double quote never closed swallows the rest of the file into one record: that is said as such."""
+    records = iter(records)
     for line, row in records:
         if len(row) != len(header):
+            if row and "\n" in row[-1] and next(records, None) is None:
+                return (f"{path}, line {line}: a value opened with a double quote is never closed (the rest of the "
+                        f"file reads as one value): close the quote, or double a quote that is part of a value "
+                        f"(\"\")")
             sep = "a tab" if kind.startswith("tsv") else "a comma"
             return (f"{path}, line {line}: {len(row)} field{'s' if len(row) != 1 else ''}, but the header (line "
                     f"{header_line}) has {len(header)}: every row needs one field per column (put a value holding "

@@ -39,3 +39,17 @@ def browser_type_launch_args(browser_type_launch_args):
     from system_chromium import LAUNCH_ARGS
 
     return {**browser_type_launch_args, **LAUNCH_ARGS}
+
+
+@pytest.fixture(scope="module")
+def browser(browser_type_launch_args):
+    """The machine's Chromium for one test module, under a Playwright started for that module and
+    stopped after it (pytest-playwright's own `browser` lives for the whole session: its sync API
+    keeps an event loop running in the worker's main thread, and Prefect's calls made there by the
+    modules that follow then returned coroutines instead of results)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(**browser_type_launch_args)
+        yield launched
+        launched.close()

@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager
 
+from patience import PATIENCE_S
+
 
 @contextmanager
 def fresh_home_with_prefect(home):
@@ -21,7 +23,7 @@ def fresh_home_with_prefect(home):
 
         settings = Settings.from_env()
         admin.init(settings)
-        with prefect_test_harness(server_startup_timeout=120):
+        with prefect_test_harness(server_startup_timeout=PATIENCE_S):
             yield settings
     finally:
         for k, v in saved.items():

@@ -20,30 +20,18 @@ from test_release_flow import start_release, wait_for_approval
 @pytest.fixture(scope="module")
 def platform_env(tmp_path_factory):
     """A fresh home with Adult registered (cap 10, tolerable risk 0.5), a Prefect API for the module."""
-    home = tmp_path_factory.mktemp("home")
-    saved = {k: os.environ.get(k) for k in ("DPRELEASE_HOME", "PREFECT_SERVER_ANALYTICS_ENABLED")}
-    os.environ["DPRELEASE_HOME"] = str(home)
-    os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
-    from prefect.testing.utilities import prefect_test_harness
+    from fresh_home import fresh_home_with_prefect
 
     from dprelease import admin, decisions
-    from dprelease.settings import Settings
 
-    settings = Settings.from_env()
-    admin.init(settings)
-    data = Path(__file__).resolve().parents[1] / "examples" / "data" / "adult.csv.gz"
-    admin.register_dataset(settings, "adult", data, "person_id", epsilon_cap=10, add_row_id=True,
-                           risk_profile={"max_risk": 0.5})
-    keys = tmp_path_factory.mktemp("controller-keys")
-    decisions.create_controller(settings, "carol", keys / "carol.pem")  # the command line's key path
-    os.environ["DPRELEASE_TEST_CONTROLLER_KEYS"] = str(keys)
-    with prefect_test_harness(server_startup_timeout=300):
+    with fresh_home_with_prefect(tmp_path_factory.mktemp("home")) as settings:
+        data = Path(__file__).resolve().parents[1] / "examples" / "data" / "adult.csv.gz"
+        admin.register_dataset(settings, "adult", data, "person_id", epsilon_cap=10, add_row_id=True,
+                               risk_profile={"max_risk": 0.5})
+        keys = tmp_path_factory.mktemp("controller-keys")
+        decisions.create_controller(settings, "carol", keys / "carol.pem")  # the command line's key path
+        os.environ["DPRELEASE_TEST_CONTROLLER_KEYS"] = str(keys)
         yield settings
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
 
 
 @pytest.fixture(scope="module")
