@@ -28,6 +28,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -47,8 +48,9 @@ def measure(mode: str, path: Path, master: str = "local[2]") -> dict:
     """Run one measurement in a fresh process: whole wall time, in-process time, peak tree memory."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     start = time.perf_counter()
+    errors = tempfile.TemporaryFile(mode="w+")  # the child's log, shown only if it fails
     proc = subprocess.Popen([sys.executable, __file__, "--child", mode, str(path), master], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, env=env, text=True)
+                            stderr=errors, env=env, text=True)
     peak = 0
     done = threading.Event()
 
@@ -65,7 +67,10 @@ def measure(mode: str, path: Path, master: str = "local[2]") -> dict:
     done.set()
     sampler.join()
     if proc.returncode != 0:
-        raise SystemExit(f"{mode} failed (exit {proc.returncode})")
+        errors.seek(0)
+        said = [line.strip() for line in errors if "Error" in line or "Exception" in line]
+        raise SystemExit(f"{mode} failed (exit {proc.returncode}): {said[-1] if said else 'no error line in its log'}")
+    errors.close()
     inner = json.loads(out.strip().splitlines()[-1])
     return {"whole": whole, "peak_gb": peak / 1024**3, **inner}
 
@@ -164,8 +169,6 @@ def run(path: Path) -> None:
 def run_cluster(path: Path) -> None:
     """On a standalone cluster started for the run (2 workers x 1 core): the plain bounding SQL and
     the release on it, and the release in local[2], interleaved once, with their memory."""
-    import tempfile
-
     with tempfile.TemporaryDirectory(prefix="dprelease-bench-cluster-") as root:
         cluster = start_cluster(Path(root), workers=2, cores=1, memory=EXECUTOR_MEMORY)
         try:
