@@ -28,7 +28,7 @@ from .release import add_noise
 from .result import CI_NOTE, ClampingLoss, ControllerOnly, DPResult
 from .row_filter import compile_filter
 from .selection_advice import selection_advice
-from .selection_mad import mad_rows
+from .selection_mad import TWO_ROUND_SELECTIONS, mad_rows
 from .sql_text import ident
 
 NUMERIC_KINDS = ("sum", "avg", "var", "stddev", "quantile")
@@ -94,7 +94,7 @@ def exact_statistics(query: Query, data, *, threads: int | None = None, bounding
                 query, bounds = infer_missing_bounds(query, backend, schema, integer_columns, seed, budget, portable_hash)
         plan = build_plan(query, integer_columns, seed=seed, key_types=schema, partition_bounds=per_partition,
                           dialect=backend.dialect, transpile=False, portable_hash=portable_hash)
-        if budget is not None and budget.selection == "mad" and not with_units:  # + its round 1 and round 2's SQL
+        if budget is not None and budget.selection in TWO_ROUND_SELECTIONS and not with_units:  # + round 1, round 2's SQL
             rows = mad_rows(backend, query, plan, budget.selection_share)
         else:
             rows = backend.run(plan.sql)

@@ -18,10 +18,10 @@ from .input_checks import check_delta, check_epsilon
 
 AggregateKind = Literal["count", "count_units", "sum", "avg", "var", "stddev", "quantile"]
 NoiseKind = Literal["laplace", "gaussian"]
-SelectionKind = Literal["auto", "laplace-threshold", "truncated-geometric", "weighted_gaussian", "mad"]
+SelectionKind = Literal["auto", "laplace-threshold", "truncated-geometric", "weighted_gaussian", "mad", "mad_damped"]
 
 NOISE_KINDS = ("laplace", "gaussian")
-SELECTION_KINDS = ("auto", "laplace-threshold", "truncated-geometric", "weighted_gaussian", "mad")
+SELECTION_KINDS = ("auto", "laplace-threshold", "truncated-geometric", "weighted_gaussian", "mad", "mad_damped")
 
 
 #: the names the bounding plan, the selections and MAD give their own columns (bounding.py,
@@ -199,8 +199,10 @@ class Query:
     dropped at random. public_partitions: keys given by the controller (tuples when several
     group-by columns); then no partition selection and no delta is spent on it. selection: how
     private partitions are chosen (`auto`: Laplace threshold when the only aggregates are counts of
-    units, whose noisy count it reuses; truncated geometric otherwise; `weighted_gaussian` and `mad`,
-    MaxAdaptiveDegree, spread each unit's weight over its partitions: selection_weighted.py). selection_weight: the
+    units, whose noisy count it reuses; truncated geometric otherwise; `weighted_gaussian`, `mad`
+    (MaxAdaptiveDegree) and `mad_damped` (MAD whose second round damps the partitions round 1 saw far
+    above its threshold) spread each unit's weight over its partitions: selection_weighted.py,
+    selection_damped.py). selection_weight: the
     selection's budget share relative to an aggregate's weight. where: a row filter (SQL condition
     on each row's own columns), applied before contribution bounding. bounds_fraction: the share of
     an aggregate's epsilon spent on inferring its missing bounds (APPROX_BOUNDS); bounds_failure:
