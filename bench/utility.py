@@ -32,7 +32,7 @@ from dp_core.partition_selection import truncated_geometric_keep_probability
 from dp_core.split import GroupNeed, need_split, needed_epsilon
 
 SEEDS = 5
-SELECTIONS = ("truncated-geometric", "weighted_gaussian", "mad")
+SELECTIONS = ("truncated-geometric", "weighted_gaussian", "mad", "mad_damped")
 
 
 def l_query(cu: int, row_bound: int, sum_bound: int, epsilon: float, delta: float, **kw) -> dp.Query:
@@ -159,7 +159,9 @@ def selection_levers(path, cu: int, epsilon: float, delta: float) -> None:
     discrete Gaussian at sigma ~ 10^6 weight steps matches to far below these digits). The selection
     keeps its third of epsilon and the whole delta (Laplace aggregates). Not a mechanism of the engine:
     the analytic Gaussian (Balle and Wang, ICML 2018) is exact for the *continuous* Gaussian only, and
-    policy Gaussian (Gopi et al. 2020) is a sequential pass over units; both are here to size them."""
+    policy Gaussian (Gopi et al. 2020) is a sequential pass over units; both are here to size them.
+    Damped MAD (the engine's `mad_damped`) is sized under today's zCDP calibration, the analytic one
+    and a plan-level privacy-loss-distribution accountant (`plan_pld_mu`), none of them built for it."""
     from dp_core.normal_law import normal_sf
     from dp_core.selection_weighted import WEIGHT_ONE, gaussian_threshold
 
@@ -236,6 +238,58 @@ def selection_levers(path, cu: int, epsilon: float, delta: float) -> None:
     delta_new = delta / 4 * math.exp(-epsilon)
     first = weight + rng.normal(0.0, s1, parts) >= pass_at(s1, delta_new)
     print(f"  MAD round 1 (8%) then policy Gaussian on the rest: {policy(s2, pass_at(s2, delta_new), first) / base:.2f}x")
+
+    def damped(sig: float, delta_t: float) -> float:
+        """Expected groups of damped MAD (dp_core/selection_damped.py) at total sigma `sig`."""
+        from dp_core import selection_damped as sd
+
+        s1, s2 = sig / math.sqrt(sd.DAMPED_ROUND_ONE_SHARE), sig / math.sqrt(1 - sd.DAMPED_ROUND_ONE_SHARE)
+        t1 = pass_at(s1, delta_t * sd.DAMPED_ROUND_ONE_DELTA)
+        t2 = gaussian_threshold(s2 * WEIGHT_ONE, delta_t * (1 - sd.DAMPED_ROUND_ONE_DELTA), cu,
+                                sd.lone_unit_damped_weights(cu)) / WEIGHT_ONE
+        seen = weight + rng.normal(0.0, s1, parts)
+        first = seen >= t1
+        g = np.where(seen >= t2 + sd.DAMPING_CUT_SIGMAS * s1, 0.5, 1.0)[part] * ~first[part]
+        w2 = np.bincount(part, weights=g / np.sqrt(np.bincount(uid, weights=g * g)[uid].clip(1e-30)), minlength=parts)
+        return float(first.sum() + np.where(first, 0.0, sf((t2 - w2) / s2)).sum())
+
+    delta_t = delta / 2 * math.exp(-eps)
+    print(f"  damped MAD (built: selection='mad_damped'), zCDP: {damped(sigma, delta_t) / base:.2f}x; with the analytic "
+          f"calibration: {damped(analytic(eps, delta / 2), delta_t) / base:.2f}x")
+    plan_sigma = 1.0 / plan_pld_mu(eps, epsilon, 0.6 * delta)
+    print(f"  damped MAD, the selection's Gaussian composed with the two Laplace aggregates by their privacy loss "
+          f"distributions (sigma {plan_sigma:.4g} against {sigma:.4g}; 60% of delta to it): "
+          f"{damped(plan_sigma, 0.4 * delta * math.exp(-eps)) / base:.2f}x")
+
+
+def plan_pld_mu(laplace_epsilon: float, epsilon: float, delta: float, bins: int = 4000) -> float:
+    """The largest mu for which a mu-GDP Gaussian composed with two Laplace mechanisms of epsilon
+    `laplace_epsilon` each (the L release's COUNT and SUM, their 1-D dominating pair) is (epsilon,
+    delta)-DP, by their privacy loss distributions: delta(eps) = E[delta_G(eps - L)] over the
+    Laplace pair's loss L (atoms +-e_a with masses 1/2 and e^-e_a / 2, a density between), with the
+    Gaussian's exact delta_G(x) = Phi(-x/mu + mu/2) - e^x Phi(-x/mu - mu/2) (Balle and Wang 2018). A
+    sizing of a plan-level accountant, not the engine's: the losses are rounded up to the grid."""
+    from dp_core.normal_law import normal_sf
+
+    e_a = laplace_epsilon
+    x = (np.arange(bins) + 0.5) / bins  # the noise's position inside the shift, loss e_a (1 - 2x)
+    losses = np.concatenate([[e_a, -e_a], e_a * (1 - 2 * x)])
+    masses = np.concatenate([[0.5, math.exp(-e_a) / 2], e_a * np.exp(-e_a * x) / 2 / bins])
+    grid = np.linspace(-e_a, e_a, 2 * bins + 1)
+    single = np.bincount(np.searchsorted(grid, losses - 1e-12), weights=masses, minlength=grid.size)
+    pair = np.convolve(single, single)
+    pair_losses = np.linspace(-2 * e_a, 2 * e_a, pair.size)
+    sf = np.vectorize(normal_sf)
+
+    def delta_at(mu: float) -> float:
+        rest = epsilon - pair_losses
+        return float((pair * (sf(rest / mu - mu / 2) - np.exp(rest) * sf(rest / mu + mu / 2))).sum())
+
+    lo, hi = 1e-3, 5.0
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if delta_at(mid) <= delta else (lo, mid)
+    return lo
 
 
 def run(path, adult: pd.DataFrame, cu: int, row_bound: int, sum_bound: int, epsilon: float, delta: float,
