@@ -56,7 +56,7 @@ Privacy (user level; N = the partitions where u is the only unit, empty in D):
       over the whole release; this selection is not pooled.
 The one-unit group's release chance is computed exactly (100-digit decimals, from this text and not
 from this module) in tests/test_selection_delta.py; the neighbour audit runs the engine's own noise
-(tests/audit, with a broken variant: damped weights not renormalised).
+(tests/audit; its broken variant, both thresholds at one unit's weight, is caught).
 """
 
 from __future__ import annotations
