@@ -428,8 +428,8 @@ def _notes(query: Query, budget: BudgetPlan) -> tuple[str, ...]:
         )
     if budget.gaussian_pool:
         eps_g, delta_g, rho_g = budget.pool_figures()
-        how = ("the exact privacy curve of the Gaussians (privacy loss distributions), the discrete noise "
-               "sampled certified exactly" if budget.pool_accountant == "pld" else "Canonne-Kamath-Steinke conversion")
+        how = ("on the Gaussians' exact privacy curve, privacy loss distributions; the discrete noise sampled is "
+               "certified exactly" if budget.pool_accountant == "pld" else "Canonne-Kamath-Steinke conversion")
         notes.append(
             f"Gaussian aggregates are accounted together: their pooled ({eps_g:.6g}, {delta_g:.3g}) "
             f"is rho = {rho_g:.6g} ({how}), split between them; an aggregate's listed "
