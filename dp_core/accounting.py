@@ -29,7 +29,7 @@ aggregates in rho; their exact discrete accounting is not built).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from .errors import InvalidQueryError
@@ -161,6 +161,22 @@ class BudgetPlan:
         """The pool's (epsilon_g, delta_g, rho_g)."""
         pool = self.gaussian_pool
         return sum(s.epsilon for s in pool), sum(s.delta for s in pool), sum(s.rho for s in pool)
+
+    def with_zcdp_pool(self) -> BudgetPlan:
+        """The same plan, every share kept, with the Gaussian aggregates' pool converted by the zCDP
+        accountant instead (`rho_from_eps_delta_tight`): each pooled share's rho scaled by the new
+        pool's rho over the old. The release's fallback when the "pld" certificate refuses: the plan
+        may already have been spent on (APPROX_BOUNDS' shares), so it is never made again."""
+        if self.pool_accountant != "pld":
+            return self
+        eps_g, delta_g, rho_g = self.pool_figures()
+        factor = _share_rho(rho_from_eps_delta_tight, eps_g, delta_g) / rho_g if rho_g > 0 else 0.0
+
+        def scaled(shares: dict) -> dict:
+            return {k: replace(s, rho=s.rho * factor) if s.rho is not None else s for k, s in shares.items()}
+
+        return replace(self, aggregate_shares=scaled(self.aggregate_shares), component_shares=scaled(self.component_shares),
+                       pool_accountant="zcdp", certified_delta=None)
 
     @property
     def accountant(self) -> str:

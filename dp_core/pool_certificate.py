@@ -7,8 +7,10 @@ sensitivity and the variance `noise.gaussian_parameters` rounds up to, C_u coord
 asks pld_accounting.discrete_pool_delta for the exact delta at the pool's epsilon. The plan keeps
 the "pld" accountant, with its certified delta, when that delta is within the pool's delta share;
 otherwise (or when a component cannot be certified: per-partition bounds, a noise too wide to
-enumerate) the plan is made again with the zCDP accountant, valid for the discrete Gaussian
-(Canonne, Kamath and Steinke 2020).
+enumerate) the pool alone is converted again with the zCDP accountant, valid for the discrete
+Gaussian (Canonne, Kamath and Steinke 2020), every share of the plan kept as it is (the plan is
+not made again: APPROX_BOUNDS may have spent its shares already, and the query the release sees
+has its inferred bounds filled in, which would give the aggregates those shares a second time).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 from dataclasses import replace
 from fractions import Fraction
 
-from .accounting import BudgetPlan, plan_budget
+from .accounting import BudgetPlan
 from .noise import gaussian_parameters
 from .pld_accounting import DiscretePart, discrete_pool_delta
 from .release import calibrate
@@ -52,5 +54,5 @@ def certify(query, plan, budget: BudgetPlan, per_partition=frozenset()) -> Budge
     parts = discrete_parts(query, plan, budget, per_partition)
     delta = discrete_pool_delta(parts, eps_g) if parts else None
     if delta is None or delta > delta_g:
-        return plan_budget(query, accountant="zcdp")
+        return budget.with_zcdp_pool()
     return replace(budget, certified_delta=delta)
