@@ -228,3 +228,22 @@ def test_a_pool_the_certificate_cannot_enumerate_is_released_under_zcdp(case):
         zcdp.component_shares[(0, "count")].rho, rel=1e-12)
     assert (result.epsilon_spent, result.delta_spent) == pytest.approx((query.epsilon, query.delta), rel=1e-12)
     assert sum(s.epsilon for s in result.budget) == pytest.approx(query.epsilon, rel=1e-12)
+
+
+def test_the_preview_promises_what_a_release_past_the_certificate_reports():
+    """A release whose noise is too wide to certify runs with the zCDP pool; the accuracy preview
+    promises that pool's interval too, not the exact accountant's narrower one (epsilon 0.1 on L's
+    plan with a real-valued SUM, public partitions; the released interval equals the promise, and the
+    exact accountant's would have been narrower)."""
+    from dp_core import accuracy
+
+    query = replace(l_query(public_partitions=list(range(8))), epsilon=0.1)
+    data = small_data().assign(val=lambda d: d.val + 0.5)
+    promised = {s.name: s.halfwidth for s in accuracy.statistic_intervals(query, integer_columns=set())}
+    result = dp.execute(query, data)
+    for name in ("count", "sum"):
+        released = (result.table[f"{name}_ci_high"] - result.table[name]).max()
+        assert released == pytest.approx(promised[name], rel=1e-9)
+    assert next(n for n in result.notes if n.startswith("Accountant:")).startswith("Accountant: zCDP")
+    exact_rho = plan_budget(query).component_shares[(0, "count")].rho
+    assert next(m for m in result.mechanisms if m.target == "count.count").rho < exact_rho
