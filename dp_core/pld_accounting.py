@@ -6,15 +6,16 @@ computed by `dp_accounting` (no privacy loss distribution is written here):
 
 1. Calibration: the continuous Gaussian's exact curve. A Gaussian mechanism of L2 sensitivity D and
    noise sigma is mu-GDP with mu = D / sigma, whose privacy curve is exactly (Balle and Wang, ICML
-   2018, Theorem 8; Dong, Roth and Su, JRSS-B 2022, Corollary 2.13)
+   2018, the analytic Gaussian mechanism; Dong, Roth and Su, JRSS-B 2022, Gaussian DP)
 
        delta(eps) = Phi(-eps / mu + mu / 2) - e^eps Phi(-eps / mu - mu / 2),
 
-   and Gaussian mechanisms compose exactly, adaptively too: mu^2 adds up (Dong, Roth and Su,
-   Corollary 3.3). The engine's part i has sigma_i = sqrt(C_u) D_i / sqrt(2 rho_i), so mu_i^2 =
-   2 rho_i and the pool is mu-GDP with mu = sqrt(2 rho_pool): `gaussian_rho` is the largest rho_pool
-   whose curve at epsilon_g is at most (1 - DISCRETE_MARGIN) delta_g (dp_accounting's
-   GaussianPrivacyLoss, bisection). The rest of the pool's delta pays for step 2's differences.
+   and Gaussian mechanisms compose exactly, adaptively too: mu^2 adds up (Dong, Roth and Su's
+   composition of Gaussian DP; results named, not numbered: the papers' texts were not at hand).
+   The engine's part i has sigma_i = sqrt(C_u) D_i / sqrt(2 rho_i), so mu_i^2 = 2 rho_i and the
+   pool is mu-GDP with mu = sqrt(2 rho_pool): `gaussian_rho` is the largest rho_pool whose curve at
+   epsilon_g is at most (1 - DISCRETE_MARGIN) delta_g (dp_accounting's GaussianPrivacyLoss, regula
+   falsi). The rest of the pool's delta pays for step 2's differences.
 
 2. Certificate: the discrete Gaussian actually sampled, exactly. The engine draws discrete
    Gaussians on a grid (noise.py). Canonne, Kamath and Steinke (NeurIPS 2020) prove the discrete

@@ -37,7 +37,7 @@ def l_query(**kw) -> dp.Query:
 
 
 def balle_wang_delta(mu: float, eps: float) -> float:
-    """The analytic Gaussian's delta(eps) for L2 sensitivity / sigma = mu (Balle and Wang 2018, Thm 8):
+    """The analytic Gaussian's delta(eps) for L2 sensitivity / sigma = mu (Balle and Wang 2018):
     Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2), with Phi(x) = erfc(-x / sqrt 2) / 2."""
     def phi(x: float) -> float:
         return math.erfc(-x / math.sqrt(2.0)) / 2.0
