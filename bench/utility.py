@@ -3,7 +3,8 @@ budget, for the L workload and Adult, per accountant, split and selection, besid
 
 Measured (medians over SEEDS runs of the real engine, one run of the script): groups released and
 each statistic's median interval half-width. Data-free (no noise drawn, so no seeds): the intervals
-under each accountant of the Gaussian pool, and the total epsilon the risk chooser needs for the
+under each accountant of the Gaussian pool (simple zCDP, Canonne-Kamath-Steinke, privacy loss
+distributions), and the total epsilon the risk chooser needs for the
 demo's tolerances under the equal and the need split.
 
 PipelineDP's figures are computed from its documented parameters, without running it (it is not a
@@ -94,20 +95,26 @@ def _quiet_duckdb():
 
 
 def accountants_l(cu: int, row_bound: int, sum_bound: int, epsilon: float, delta: float) -> None:
-    """The Gaussian pool's COUNT and SUM half-widths under each accountant (data-free)."""
+    """The Gaussian pool's COUNT and SUM half-widths under each accountant, side by side (data-free):
+    the simple zCDP conversion (before 2026-11-29), Canonne-Kamath-Steinke's (the zCDP pool), and the
+    exact privacy curve (privacy loss distributions, the default since 2026-11-29)."""
     q = l_query(cu, row_bound, sum_bound, epsilon, delta, noise="gaussian")
-    tight = {s.name: s for s in accuracy.statistic_intervals(q)}
-    saved = accounting.rho_from_eps_delta_tight
-    try:  # the simple conversion (before 2026-11-29), for comparison only
-        accounting.rho_from_eps_delta_tight = accounting.rho_from_eps_delta
-        simple = {s.name: s for s in accuracy.statistic_intervals(q)}
+    saved = accounting.POOL_ACCOUNTANT, accounting.rho_from_eps_delta_tight
+    figures = {}
+    try:
+        for name, pool, convert in (("simple zCDP", "zcdp", accounting.rho_from_eps_delta),
+                                    ("Canonne-Kamath-Steinke zCDP", "zcdp", saved[1]),
+                                    ("PLD (exact curve)", "pld", saved[1])):
+            accounting.POOL_ACCOUNTANT, accounting.rho_from_eps_delta_tight = pool, convert
+            figures[name] = {s.name: s for s in accuracy.statistic_intervals(q)}
     finally:
-        accounting.rho_from_eps_delta_tight = saved
+        accounting.POOL_ACCOUNTANT, accounting.rho_from_eps_delta_tight = saved
     print("L workload, Gaussian noise (data-free, 95% half-widths), per accountant of the Gaussian pool:")
-    for name in ("count", "sum"):
-        print(f"  {name:6s} simple zCDP bound +-{simple[name].halfwidth:.4g} (sigma {simple[name].scale:.4g});  "
-              f"Canonne-Kamath-Steinke +-{tight[name].halfwidth:.4g} (sigma {tight[name].scale:.4g}, "
-              f"{1 - tight[name].scale / simple[name].scale:.1%} smaller)")
+    for stat in ("count", "sum"):
+        simple = figures["simple zCDP"][stat].scale
+        print(f"  {stat:6s} " + ";  ".join(
+            f"{name} +-{f[stat].halfwidth:.4g} (sigma {f[stat].scale:.4g}, {1 - f[stat].scale / simple:.1%} below simple)"
+            for name, f in figures.items()))
 
 
 DEMO_RISK = {"trust": "low", "sensitivity": "high", "max_risk": 0.2, "n": 16, "m": 2, "p": 0.9}

@@ -37,6 +37,7 @@ from .accounting import BudgetPlan, Share, plan_budget
 from .aggregates import avg_noise_weights, plan_aggregate
 from .errors import InvalidQueryError
 from .intervals import sum_halfwidth
+from .pld_accounting import MAX_CERTIFIED_SIGMA
 from .query import Query
 from .release import MAX_SCALE_PER_SENSITIVITY, calibrate
 
@@ -112,6 +113,8 @@ def _intervals(query: Query, epsilon, confidence, integer_columns, reference_cou
                 confidence=float(confidence if confidence is not None else query.confidence))
     q.validate(noise_floor=False)  # a part that would be pure noise gets an infinite interval (_calibration)
     budget = plan_budget(q)
+    if budget.pool_accountant == "pld" and _beyond_certificate(q, budget, integer_columns):
+        budget = budget.with_zcdp_pool()  # what the release will fall back to (pool_certificate.py)
     return tuple(_interval(q, budget, i, integer_columns, reference_count) for i, a in enumerate(q.aggregates)
                  if names is None or a.label in names)
 
@@ -160,6 +163,31 @@ def _interval(q: Query, budget: BudgetPlan, i: int, integer_columns, reference_c
         if best is None or found.halfwidth > best.halfwidth:
             best = found
     return best
+
+
+def _beyond_certificate(q: Query, budget: BudgetPlan, integer_columns) -> bool:
+    """True when the release will not be able to certify the Gaussian pool as sampled and will use
+    the zCDP pool (pool_certificate.py): a pooled aggregate with per-partition bounds, or a component
+    whose noise is over MAX_CERTIFIED_SIGMA grid steps (in either column typing when it is unknown,
+    so that the promise holds either way)."""
+    cu = q.effective_max_partitions
+    variants_of = (lambda a: [integer_columns] if integer_columns is not None
+                   else [{a.column} if a.column else set(), set()])
+    for i, agg in enumerate(q.aggregates):
+        share = budget.aggregate_shares.get(i)
+        if share is None or share.rho is None or agg.kind == "quantile":
+            continue
+        if agg.needs_bounds:
+            if q.bounds_scope == "partition":
+                return True
+            continue  # its sensitivity is known once the bounds are: the release decides
+        for ints in variants_of(agg):
+            for c in plan_aggregate(i, agg, set(ints), "", 2).components:
+                cal = calibrate(quantum=c.quantum, sensitivity_quanta=c.sensitivity_quanta, max_partitions=cu,
+                                share=budget.component_shares[(i, c.key)], noise="gaussian", confidence=q.confidence)
+                if cal.scale_steps > MAX_CERTIFIED_SIGMA:
+                    return True
+    return False
 
 
 def _calibration(share: Share, quantum: float, sensitivity_quanta: int, cu: int, noise: str,

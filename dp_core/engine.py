@@ -22,6 +22,7 @@ from .engine_backend import Backend, open_backend
 from .errors import InvalidDataError, InvalidQueryError
 from .input_checks import FLOAT_TYPES
 from .partition_selection import SELECTION_NOTES, STRATEGIES, Selection
+from .pool_certificate import certify
 from .quantiles import dense_histograms, exponential_quantile
 from .query import Query
 from .release import add_noise
@@ -305,6 +306,8 @@ def release(query: Query, plan: BoundingPlan, budget: BudgetPlan, rows: pd.DataF
     cu = query.effective_max_partitions
     alpha = 1.0 - query.confidence
     n_units = rows["_n_units"].to_numpy(dtype=np.int64)
+    per_partition = [i for i in range(len(query.aggregates)) if f"_a{i}_lo" in rows.columns]
+    budget = certify(query, plan, budget, frozenset(per_partition))  # before any noise is drawn
     selection: Selection | None = None
     if budget.selection:
         selection = STRATEGIES[budget.selection](n_units, budget.selection_share, cu, query.confidence,
@@ -312,7 +315,6 @@ def release(query: Query, plan: BoundingPlan, budget: BudgetPlan, rows: pd.DataF
         keep = selection.keep
     else:
         keep = np.ones(len(rows), dtype=bool)
-    per_partition = [i for i in range(len(query.aggregates)) if f"_a{i}_lo" in rows.columns]
     for i in per_partition:  # partitions whose bounds could not be inferred are not released
         keep = keep & rows[f"_a{i}_lo"].notna().to_numpy()
     kept = rows.loc[keep].reset_index(drop=True)
@@ -424,13 +426,13 @@ def _notes(query: Query, budget: BudgetPlan) -> tuple[str, ...]:
             "COUNT(DISTINCT unit) is the partition selection's noisy count, released as is (no extra budget); "
             "only counts above the threshold are released, so near the threshold they lean high."
         )
-    gaussian = [s for s in budget.shares if s.rho is not None and s is not budget.selection_share]
-    if gaussian:
-        eps_g, delta_g = sum(s.epsilon for s in gaussian), sum(s.delta for s in gaussian)
-        rho_g = sum(s.rho for s in gaussian)
+    if budget.gaussian_pool:
+        eps_g, delta_g, rho_g = budget.pool_figures()
+        how = ("on the Gaussians' exact privacy curve, privacy loss distributions; the discrete noise sampled is "
+               "certified exactly" if budget.pool_accountant == "pld" else "Canonne-Kamath-Steinke conversion")
         notes.append(
-            f"Gaussian aggregates are accounted together in zCDP: their pooled ({eps_g:.6g}, {delta_g:.3g}) "
-            f"is rho = {rho_g:.6g} (Canonne-Kamath-Steinke conversion), split between them; an aggregate's listed "
+            f"Gaussian aggregates are accounted together: their pooled ({eps_g:.6g}, {delta_g:.3g}) "
+            f"is rho = {rho_g:.6g} ({how}), split between them; an aggregate's listed "
             "epsilon and delta are its slice of the pool, not a guarantee of its own."
         )
     if budget.selection in SELECTION_NOTES:

@@ -131,7 +131,7 @@ def cases() -> dict[str, Case]:
         # dense_histograms meets pd.NA), a small base and 64 bins: the histograms are dense (runs x bins)
         Case("MEDIAN, public partitions", q([dp.median("value", 0, 100)], epsilon=2.0, quantile_bins=64,
                                             public_partitions=tuple((k,) for k in BASE_PARTITIONS)), base_units=60),
-        Case("COUNT + SUM, Gaussian (zCDP pooled)", q([dp.count(5), dp.sum_("value", 0, 100)], noise="gaussian",
+        Case("COUNT + SUM, Gaussian (pooled)", q([dp.count(5), dp.sum_("value", 0, 100)], noise="gaussian",
                                                        public_partitions=PUBLIC, epsilon=2.0)),
         Case("APPROX_BOUNDS, dataset", q([dp.sum_("value", 0, None)], public_partitions=PUBLIC, epsilon=2.0),
              kind="bounds"),

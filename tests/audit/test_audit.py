@@ -115,7 +115,7 @@ BROKEN = {
     "no clamping": (no_clamping, "SUM, public partitions"),
     "noise scale halved": (noise_halved, "SUM, no GROUP BY"),
     "selection threshold too low": (threshold_too_low, "COUNT(DISTINCT unit), Laplace threshold (reused count)"),
-    "Gaussian noise sigma quartered": (gaussian_noise_quartered, "COUNT + SUM, Gaussian (zCDP pooled)"),
+    "Gaussian noise sigma quartered": (gaussian_noise_quartered, "COUNT + SUM, Gaussian (pooled)"),
     "weighted Gaussian selection threshold too low": (weighted_threshold_too_low, "COUNT, weighted Gaussian selection"),
     "damped MAD selection threshold too low": (damped_threshold_too_low, "COUNT, damped MaxAdaptiveDegree selection"),
     "contribution bound ignored": (bound_ignored, "COUNT, C_u = 1, public partitions"),
