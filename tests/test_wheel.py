@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 from patience import PATIENCE_S
 
+pytestmark = pytest.mark.xdist_group("wheel")  # one worker builds the wheel and its venv once (--dist loadgroup)
 ROOT = Path(__file__).resolve().parents[1]
 #: what the wheel is built from: the import packages' directories, and what pyproject.toml names
 BUILD_INPUTS = ["pyproject.toml", "README.md", "dp_core", "dprelease", "flows", "tasks", "cli", "examples/data"]
