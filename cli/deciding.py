@@ -36,8 +36,8 @@ def deliver(settings: Settings, release_id: str, token: str, timeout: float = ma
     """Resume the paused run with a signed decision (a key's or a passkey's) and wait until the run
     recorded it; returns the release's status then. DecisionRefused with the run's reason if it
     refused it, or when the run ended or died without taking it (no deadline of its own otherwise)."""
+    from dprelease.flows.approvals import answer, looks
     from dprelease.store import Store
-    from flows.approvals import answer, looks
 
     store = Store(settings.store_url)
     release = store.get_release(release_id)
@@ -62,7 +62,7 @@ def deliver(settings: Settings, release_id: str, token: str, timeout: float = ma
 
 def _until_paused(store, release_id: str, flow_run_id: str, timeout: float) -> None:
     """Wait for the run's pause (Prefect's Paused state and its form) while the run lives."""
-    from flows.approvals import QUICK_POLL_SECONDS, looks, wait_until_paused
+    from dprelease.flows.approvals import QUICK_POLL_SECONDS, looks, wait_until_paused
 
     for _ in looks(timeout, QUICK_POLL_SECONDS):
         try:

@@ -139,6 +139,13 @@ class BudgetPlan:
     certified_delta: float | None = None  # "pld": the sampled discrete Gaussians' delta(eps_g), set by the engine
 
     @property
+    def selection_budget(self) -> Share:
+        """The partition selection's share: a plan whose `selection` names a strategy has one."""
+        if self.selection_share is None:
+            raise RuntimeError(f"the budget plan has no share for its selection {self.selection!r}")
+        return self.selection_share
+
+    @property
     def shares(self) -> tuple[Share, ...]:
         top = [self.selection_share] if self.selection_share else []
         bounds = [self.bounds_shares[i] for i in sorted(self.bounds_shares)]

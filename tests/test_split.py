@@ -150,8 +150,8 @@ def platform(tmp_path_factory):
 
 
 def test_the_demo_request_needs_a_fifth_less_and_its_report_keeps_every_promise(platform):
-    from cli.demo import REQUEST
     from dprelease import pipeline
+    from dprelease.cli.demo import REQUEST
     from dprelease.requests import parse_request
 
     request = parse_request(REQUEST)
@@ -195,7 +195,7 @@ def test_the_demo_request_needs_a_fifth_less_and_its_report_keeps_every_promise(
     ({"groups": {"units": 10, "chance": 0.5}}, ("groups: Extra inputs are not permitted", "got {'units': 10, 'chance'")),
 ])
 def test_bad_split_fields_are_refused_by_the_request_and_the_chooser_alike(fields, words):
-    from cli.demo import REQUEST
+    from dprelease.cli.demo import REQUEST
     from dprelease.requests import parse_request
 
     fields_ = {**REQUEST["epsilon"]["risk"], **fields}
@@ -238,8 +238,8 @@ def test_with_a_fixed_total_the_need_weights_give_the_smallest_worst_ratio_of_in
 
 
 def test_a_statement_of_two_dp_selects_cannot_be_split_by_need(platform):
-    from cli.demo import REQUEST
     from dprelease import pipeline
+    from dprelease.cli.demo import REQUEST
     from dprelease.requests import parse_request
 
     sql = ("WITH a AS (SELECT WITH ANONYMIZATION sex, ANON_COUNT(*, 1) AS people FROM adult GROUP BY sex), "
