@@ -65,7 +65,7 @@ def now() -> str:
 def load_frame(platform: Platform, dataset_name: str) -> tuple[object, pd.DataFrame]:
     """The dataset's record and its rows as a DataFrame (small data only; steps use `with_rows`)."""
     ds = platform.store.get_dataset(dataset_name)
-    frame = escrow.load_frame(Path(ds.blob_path), platform.escrow_key(), ds.fingerprint, ds.file_format)
+    frame = escrow.load_frame(ds.blob_path, platform.escrow_key(), ds.fingerprint, ds.file_format)
     return ds, frame
 
 
@@ -87,7 +87,7 @@ def with_rows(platform: Platform, dataset_name: str, use, label: str, backend: s
         progress.note(f"{label}: done in {time.monotonic() - started:.1f} s")
         return result
     with progress.track(f"{label}: {dataset_name}", None, "rows read") as advance:
-        rows = escrow.EscrowRows(Path(ds.blob_path), platform.escrow_key(), ds.fingerprint, ds.file_format,
+        rows = escrow.EscrowRows(ds.blob_path, platform.escrow_key(), ds.fingerprint, ds.file_format,
                                  on_rows=advance)
         try:
             result = use(rows)
