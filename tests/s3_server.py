@@ -10,6 +10,7 @@ import sys
 import time
 from contextlib import contextmanager
 
+import pytest
 from patience import PATIENCE_S
 
 
@@ -43,3 +44,25 @@ def moto_server():
         proc.terminate()
         proc.wait()
         log.close()
+
+
+@pytest.fixture(scope="module")
+def s3_server():
+    """A moto S3 server process for a test module (import this fixture into the module)."""
+    with moto_server() as env:
+        yield env
+
+
+def new_bucket(s3_env: dict, monkeypatch, prefix: str):
+    """A new bucket named `prefix-<random>` on the server, with the AWS variables s3fs reads set
+    for the test; returns its fsspec filesystem and its name."""
+    import secrets
+
+    import fsspec
+
+    for name, value in s3_env.items():
+        monkeypatch.setenv(name, value)
+    fs = fsspec.filesystem("s3", skip_instance_cache=True)
+    name = f"{prefix}-{secrets.token_hex(4)}"
+    fs.mkdir(name)
+    return fs, name

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from s3_server import free_port, moto_server
+from s3_server import free_port, new_bucket, s3_server  # noqa: F401 - s3_server: a fixture
 
 import dp_core as dp
 from dprelease import admin, escrow
@@ -30,27 +30,10 @@ CLI = str(Path(sys.executable).with_name("dprelease"))
 MARKER = "Zebulon-Quixotic-7731"  # a value that must never appear in the bucket
 
 
-@pytest.fixture(scope="module")
-def s3_server():
-    """A moto S3 server process for the module (tests/s3_server.py); the AWS variables s3fs reads
-    point at it."""
-    with moto_server() as env:
-        yield env
-
-
 @pytest.fixture
-def bucket(s3_server, monkeypatch):
+def bucket(s3_server, monkeypatch):  # noqa: F811 - s3_server: the fixture imported above
     """A new bucket on the server; returns its fsspec filesystem and its name."""
-    import secrets
-
-    import fsspec
-
-    for name, value in s3_server.items():
-        monkeypatch.setenv(name, value)
-    fs = fsspec.filesystem("s3", skip_instance_cache=True)
-    name = f"escrow-{secrets.token_hex(4)}"
-    fs.mkdir(name)
-    return fs, name
+    return new_bucket(s3_server, monkeypatch, "escrow")
 
 
 def _settings(tmp_path: Path, url: str) -> Settings:
