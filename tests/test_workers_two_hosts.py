@@ -44,7 +44,8 @@ OVERRIDE = "synthetic test data: nobody is at risk"  # epsilon 1 is above the de
 #: SQLite) answering; 2 x 10 made it answer 503 to a worker's submission at a load of 40
 WORKER_LIMIT = 5
 
-pytestmark = pytest.mark.skipif(not os.environ.get(PG_ENV), reason=f"needs PostgreSQL: set {PG_ENV} (.ci/run does)")
+pytestmark = [pytest.mark.skipif(not os.environ.get(PG_ENV), reason=f"needs PostgreSQL: set {PG_ENV} (.ci/run does)"),
+              pytest.mark.slow]  # 9.5 min at load 18 on 2 cores (2026-11-29): 21 flow-run processes
 
 
 def _people(n: int) -> pd.DataFrame:
