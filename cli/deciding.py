@@ -9,7 +9,7 @@ import json
 import math
 from pathlib import Path
 
-from dprelease import decisions
+from dprelease import decisions, shared_archive
 from dprelease.recovery import run_is_alive
 from dprelease.settings import Settings
 
@@ -43,13 +43,13 @@ def deliver(settings: Settings, release_id: str, token: str, timeout: float = ma
     release = store.get_release(release_id)
     signed = decisions.authenticated(store, token)
     refused_file = settings.archive_dir / release_id / decisions.REFUSED_FILE
-    refused_before = _lines(refused_file)
+    refused_before = _lines(refused_file, settings)
     _until_paused(store, release_id, release.flow_run_id, timeout)
     answer(release.flow_run_id, signed.decision, signed.controller, signed.reason, timeout=timeout,
            signed_decision=token)
     for _ in looks(timeout, 0.05, 0.5):  # two small files of the archive, read until the run records the decision
         alive, why = run_is_alive(store, store.get_release(release_id))  # before the reads: a run that took it, then
-        refused = _lines(refused_file)                                     # ended, is seen to have taken it
+        refused = _lines(refused_file, settings)                                   # ended, is seen to have taken it
         if len(refused) > len(refused_before):
             raise decisions.DecisionRefused(json.loads(refused[-1])["why"])
         if any(d.get("signed_decision") == token for d in decisions.recorded(settings, release_id)):
@@ -92,5 +92,7 @@ def refuse_before_start(settings: Settings, approve_as: str | None, key: Path | 
         decisions.require_override("this release", profile, risk_override)
 
 
-def _lines(path: Path) -> list[str]:
+def _lines(path: Path, settings: Settings) -> list[str]:
+    """The lines of an archive file the run writes (on its worker's host: pulled from a shared archive)."""
+    shared_archive.pull(settings, path)
     return path.read_text().splitlines() if path.exists() else []
