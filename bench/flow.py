@@ -32,11 +32,11 @@ def main() -> None:
     os.environ["PREFECT_LOGGING_LEVEL"] = "WARNING"
     from prefect.testing.utilities import prefect_test_harness
 
-    from cli.deciding import decide
     from dprelease import admin, decisions, pipeline
+    from dprelease.cli.deciding import decide
+    from dprelease.flows.approvals import wait_until_paused
+    from dprelease.flows.release import release_flow
     from dprelease.settings import Settings
-    from flows.approvals import wait_until_paused
-    from flows.release import release_flow
 
     settings = Settings.from_env()
     admin.init(settings)

@@ -119,7 +119,7 @@ def shared_prefect_server(prefect_home: Path):
                       PREFECT_LOGGING_LEVEL="WARNING")
     os.environ.pop("PREFECT_API_URL", None)
     sys.path.insert(0, str(ROOT))
-    from cli import temporary_prefect_server
+    from dprelease.cli import temporary_prefect_server
 
     scratch = Path(tempfile.mkdtemp(prefix="dprelease-scale-shared-"))
     shutil.copyfile(temporary_prefect_server.template_database(), scratch / "prefect.db")
@@ -148,7 +148,7 @@ def run_size(rows: int, csv: bool, python: str, prefect_home: Path, mode: str, s
     env["DPRELEASE_PREFECT_SERVER"] = "temporary" if mode == "temporary" else "local"
     if shared is not None:  # a server of ours: its API asks for its secret
         env.update(PREFECT_API_URL=shared.api_url, PREFECT_API_AUTH_STRING=shared.auth)
-    cli = [python, "-c", "from cli.app import main; main()"]  # what the `dprelease` script runs
+    cli = [python, "-c", "from dprelease.cli.app import main; main()"]  # what the `dprelease` script runs
     subprocess.run(cli + ["init"], env=env, check=True, capture_output=True, cwd=ROOT)
     key = home / "controllers" / "bench.pem"  # decisions are signed by a registered controller
     subprocess.run(cli + ["controller", "add", "bench", "--private-key", str(key)], env=env, check=True,
@@ -278,7 +278,7 @@ def main() -> None:
             shared.kill()
         if "local" in args.prefect:
             sys.path.insert(0, str(ROOT))
-            from cli import local_prefect_server
+            from dprelease.cli import local_prefect_server
 
             print(local_prefect_server.stop_running(prefect_home))
 

@@ -3,7 +3,8 @@ budget, for the L workload and Adult, per accountant, split and selection, besid
 
 Measured (medians over SEEDS runs of the real engine, one run of the script): groups released and
 each statistic's median interval half-width. Data-free (no noise drawn, so no seeds): the intervals
-under each accountant of the Gaussian pool, and the total epsilon the risk chooser needs for the
+under each accountant of the Gaussian pool (simple zCDP, Canonne-Kamath-Steinke, privacy loss
+distributions), and the total epsilon the risk chooser needs for the
 demo's tolerances under the equal and the need split.
 
 PipelineDP's figures are computed from its documented parameters, without running it (it is not a
@@ -32,7 +33,7 @@ from dp_core.partition_selection import truncated_geometric_keep_probability
 from dp_core.split import GroupNeed, need_split, needed_epsilon
 
 SEEDS = 5
-SELECTIONS = ("truncated-geometric", "weighted_gaussian", "mad")
+SELECTIONS = ("truncated-geometric", "weighted_gaussian", "mad", "mad_damped")
 
 
 def l_query(cu: int, row_bound: int, sum_bound: int, epsilon: float, delta: float, **kw) -> dp.Query:
@@ -94,20 +95,26 @@ def _quiet_duckdb():
 
 
 def accountants_l(cu: int, row_bound: int, sum_bound: int, epsilon: float, delta: float) -> None:
-    """The Gaussian pool's COUNT and SUM half-widths under each accountant (data-free)."""
+    """The Gaussian pool's COUNT and SUM half-widths under each accountant, side by side (data-free):
+    the simple zCDP conversion (before 2026-11-29), Canonne-Kamath-Steinke's (the zCDP pool), and the
+    exact privacy curve (privacy loss distributions, the default since 2026-11-29)."""
     q = l_query(cu, row_bound, sum_bound, epsilon, delta, noise="gaussian")
-    tight = {s.name: s for s in accuracy.statistic_intervals(q)}
-    saved = accounting.rho_from_eps_delta_tight
-    try:  # the simple conversion (before 2026-11-29), for comparison only
-        accounting.rho_from_eps_delta_tight = accounting.rho_from_eps_delta
-        simple = {s.name: s for s in accuracy.statistic_intervals(q)}
+    saved = accounting.POOL_ACCOUNTANT, accounting.rho_from_eps_delta_tight
+    figures = {}
+    try:
+        for name, pool, convert in (("simple zCDP", "zcdp", accounting.rho_from_eps_delta),
+                                    ("Canonne-Kamath-Steinke zCDP", "zcdp", saved[1]),
+                                    ("PLD (exact curve)", "pld", saved[1])):
+            accounting.POOL_ACCOUNTANT, accounting.rho_from_eps_delta_tight = pool, convert
+            figures[name] = {s.name: s for s in accuracy.statistic_intervals(q)}
     finally:
-        accounting.rho_from_eps_delta_tight = saved
+        accounting.POOL_ACCOUNTANT, accounting.rho_from_eps_delta_tight = saved
     print("L workload, Gaussian noise (data-free, 95% half-widths), per accountant of the Gaussian pool:")
-    for name in ("count", "sum"):
-        print(f"  {name:6s} simple zCDP bound +-{simple[name].halfwidth:.4g} (sigma {simple[name].scale:.4g});  "
-              f"Canonne-Kamath-Steinke +-{tight[name].halfwidth:.4g} (sigma {tight[name].scale:.4g}, "
-              f"{1 - tight[name].scale / simple[name].scale:.1%} smaller)")
+    for stat in ("count", "sum"):
+        simple = figures["simple zCDP"][stat].scale
+        print(f"  {stat:6s} " + ";  ".join(
+            f"{name} +-{f[stat].halfwidth:.4g} (sigma {f[stat].scale:.4g}, {1 - f[stat].scale / simple:.1%} below simple)"
+            for name, f in figures.items()))
 
 
 DEMO_RISK = {"trust": "low", "sensitivity": "high", "max_risk": 0.2, "n": 16, "m": 2, "p": 0.9}
@@ -159,7 +166,9 @@ def selection_levers(path, cu: int, epsilon: float, delta: float) -> None:
     discrete Gaussian at sigma ~ 10^6 weight steps matches to far below these digits). The selection
     keeps its third of epsilon and the whole delta (Laplace aggregates). Not a mechanism of the engine:
     the analytic Gaussian (Balle and Wang, ICML 2018) is exact for the *continuous* Gaussian only, and
-    policy Gaussian (Gopi et al. 2020) is a sequential pass over units; both are here to size them."""
+    policy Gaussian (Gopi et al. 2020) is a sequential pass over units; both are here to size them.
+    Damped MAD (the engine's `mad_damped`) is sized under today's zCDP calibration, the analytic one
+    and a plan-level privacy-loss-distribution accountant (`plan_pld_mu`), none of them built for it."""
     from dp_core.normal_law import normal_sf
     from dp_core.selection_weighted import WEIGHT_ONE, gaussian_threshold
 
@@ -236,6 +245,58 @@ def selection_levers(path, cu: int, epsilon: float, delta: float) -> None:
     delta_new = delta / 4 * math.exp(-epsilon)
     first = weight + rng.normal(0.0, s1, parts) >= pass_at(s1, delta_new)
     print(f"  MAD round 1 (8%) then policy Gaussian on the rest: {policy(s2, pass_at(s2, delta_new), first) / base:.2f}x")
+
+    def damped(sig: float, delta_t: float) -> float:
+        """Expected groups of damped MAD (dp_core/selection_damped.py) at total sigma `sig`."""
+        from dp_core import selection_damped as sd
+
+        s1, s2 = sig / math.sqrt(sd.DAMPED_ROUND_ONE_SHARE), sig / math.sqrt(1 - sd.DAMPED_ROUND_ONE_SHARE)
+        t1 = pass_at(s1, delta_t * sd.DAMPED_ROUND_ONE_DELTA)
+        t2 = gaussian_threshold(s2 * WEIGHT_ONE, delta_t * (1 - sd.DAMPED_ROUND_ONE_DELTA), cu,
+                                sd.lone_unit_damped_weights(cu)) / WEIGHT_ONE
+        seen = weight + rng.normal(0.0, s1, parts)
+        first = seen >= t1
+        g = np.where(seen >= t2 + sd.DAMPING_CUT_SIGMAS * s1, 0.5, 1.0)[part] * ~first[part]
+        w2 = np.bincount(part, weights=g / np.sqrt(np.bincount(uid, weights=g * g)[uid].clip(1e-30)), minlength=parts)
+        return float(first.sum() + np.where(first, 0.0, sf((t2 - w2) / s2)).sum())
+
+    delta_t = delta / 2 * math.exp(-eps)
+    print(f"  damped MAD (built: selection='mad_damped'), zCDP: {damped(sigma, delta_t) / base:.2f}x; with the analytic "
+          f"calibration: {damped(analytic(eps, delta / 2), delta_t) / base:.2f}x")
+    plan_sigma = 1.0 / plan_pld_mu(eps, epsilon, 0.6 * delta)
+    print(f"  damped MAD, the selection's Gaussian composed with the two Laplace aggregates by their privacy loss "
+          f"distributions (sigma {plan_sigma:.4g} against {sigma:.4g}; 60% of delta to it): "
+          f"{damped(plan_sigma, 0.4 * delta * math.exp(-eps)) / base:.2f}x")
+
+
+def plan_pld_mu(laplace_epsilon: float, epsilon: float, delta: float, bins: int = 4000) -> float:
+    """The largest mu for which a mu-GDP Gaussian composed with two Laplace mechanisms of epsilon
+    `laplace_epsilon` each (the L release's COUNT and SUM, their 1-D dominating pair) is (epsilon,
+    delta)-DP, by their privacy loss distributions: delta(eps) = E[delta_G(eps - L)] over the
+    Laplace pair's loss L (atoms +-e_a with masses 1/2 and e^-e_a / 2, a density between), with the
+    Gaussian's exact delta_G(x) = Phi(-x/mu + mu/2) - e^x Phi(-x/mu - mu/2) (Balle and Wang 2018). A
+    sizing of a plan-level accountant, not the engine's: the losses are rounded up to the grid."""
+    from dp_core.normal_law import normal_sf
+
+    e_a = laplace_epsilon
+    x = (np.arange(bins) + 0.5) / bins  # the noise's position inside the shift, loss e_a (1 - 2x)
+    losses = np.concatenate([[e_a, -e_a], e_a * (1 - 2 * x)])
+    masses = np.concatenate([[0.5, math.exp(-e_a) / 2], e_a * np.exp(-e_a * x) / 2 / bins])
+    grid = np.linspace(-e_a, e_a, 2 * bins + 1)
+    single = np.bincount(np.searchsorted(grid, losses - 1e-12), weights=masses, minlength=grid.size)
+    pair = np.convolve(single, single)
+    pair_losses = np.linspace(-2 * e_a, 2 * e_a, pair.size)
+    sf = np.vectorize(normal_sf)
+
+    def delta_at(mu: float) -> float:
+        rest = epsilon - pair_losses
+        return float((pair * (sf(rest / mu - mu / 2) - np.exp(rest) * sf(rest / mu + mu / 2))).sum())
+
+    lo, hi = 1e-3, 5.0
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if delta_at(mid) <= delta else (lo, mid)
+    return lo
 
 
 def run(path, adult: pd.DataFrame, cu: int, row_bound: int, sum_bound: int, epsilon: float, delta: float,

@@ -29,7 +29,7 @@ from .interactive import console, run_release_interactively, run_utility_interac
 
 
 def _table(*columns: str, whole: tuple[str, ...] = ()):
-    """A table whose `whole` columns (what a person pastes) are never cut (cli.tables; loaded when a
+    """A table whose `whole` columns (what a person pastes) are never cut (dprelease.cli.tables; loaded when a
     command prints one: `dprelease --help` stays fast)."""
     from .tables import Table
 
@@ -60,7 +60,7 @@ def _settings() -> Settings:
 
 
 def _fail(message: str) -> None:
-    fail(message)  # one line on stderr, exit 2 (cli.errors)
+    fail(message)  # one line on stderr, exit 2 (dprelease.cli.errors)
 
 
 @app.command()
@@ -137,7 +137,7 @@ def dataset_register(
                "max_risk": _level(max_risk)}
     ds = admin.register_dataset(_settings(), name, path, None if public else unit,
                                 1.0 if epsilon_cap is None else epsilon_cap, delta_cap, add_row_id=add_row_id,
-                                risk_profile=profile)  # its errors: one line from the boundary (cli.errors)
+                                risk_profile=profile)  # its errors: one line from the boundary (dprelease.cli.errors)
     if public:
         console.print(escape(f"registered {ds.name!r}: fingerprint {ds.fingerprint[:16]}..., public (no privacy "
                              "unit, never charged)"))
@@ -148,11 +148,11 @@ def dataset_register(
 
 
 def _offer_in_run_form(quiet: bool) -> None:
-    """The dp-release deployment's run form offers the registered datasets (flows.release_form),
+    """The dp-release deployment's run form offers the registered datasets (dprelease.flows.release_form),
     on the server of PREFECT_API_URL; after a registration, quietly skipped when there is none."""
     from prefect.settings import PREFECT_API_URL
 
-    from flows import release_form
+    from dprelease.flows import release_form
 
     if not PREFECT_API_URL.value():
         if not quiet:
@@ -416,8 +416,8 @@ def pending() -> None:
 def _decide(release_id: str, decision: str, key: Path | None, reason: str, override_risk: str) -> None:
     """Sign and send a decision on exactly this release; say the truth when no process runs it."""
     from dprelease import decisions, pipeline, recovery
+    from dprelease.flows.approvals import cancel_flow_run
     from dprelease.store import StoreError
-    from flows.approvals import cancel_flow_run
 
     from .deciding import decide
 
@@ -505,7 +505,7 @@ def recover() -> None:
 
     Example: dprelease recover"""
     from dprelease import pipeline, recovery
-    from flows.approvals import cancel_flow_run
+    from dprelease.flows.approvals import cancel_flow_run
 
     from . import prefect_server
 

@@ -9,7 +9,7 @@ import json
 import math
 from pathlib import Path
 
-from dprelease import decisions
+from dprelease import decisions, shared_archive
 from dprelease.recovery import run_is_alive
 from dprelease.settings import Settings
 
@@ -36,20 +36,20 @@ def deliver(settings: Settings, release_id: str, token: str, timeout: float = ma
     """Resume the paused run with a signed decision (a key's or a passkey's) and wait until the run
     recorded it; returns the release's status then. DecisionRefused with the run's reason if it
     refused it, or when the run ended or died without taking it (no deadline of its own otherwise)."""
+    from dprelease.flows.approvals import answer, looks
     from dprelease.store import Store
-    from flows.approvals import answer, looks
 
     store = Store(settings.store_url)
     release = store.get_release(release_id)
     signed = decisions.authenticated(store, token)
     refused_file = settings.archive_dir / release_id / decisions.REFUSED_FILE
-    refused_before = _lines(refused_file)
+    refused_before = _lines(refused_file, settings)
     _until_paused(store, release_id, release.flow_run_id, timeout)
     answer(release.flow_run_id, signed.decision, signed.controller, signed.reason, timeout=timeout,
            signed_decision=token)
     for _ in looks(timeout, 0.05, 0.5):  # two small files of the archive, read until the run records the decision
         alive, why = run_is_alive(store, store.get_release(release_id))  # before the reads: a run that took it, then
-        refused = _lines(refused_file)                                     # ended, is seen to have taken it
+        refused = _lines(refused_file, settings)                                   # ended, is seen to have taken it
         if len(refused) > len(refused_before):
             raise decisions.DecisionRefused(json.loads(refused[-1])["why"])
         if any(d.get("signed_decision") == token for d in decisions.recorded(settings, release_id)):
@@ -62,7 +62,7 @@ def deliver(settings: Settings, release_id: str, token: str, timeout: float = ma
 
 def _until_paused(store, release_id: str, flow_run_id: str, timeout: float) -> None:
     """Wait for the run's pause (Prefect's Paused state and its form) while the run lives."""
-    from flows.approvals import QUICK_POLL_SECONDS, looks, wait_until_paused
+    from dprelease.flows.approvals import QUICK_POLL_SECONDS, looks, wait_until_paused
 
     for _ in looks(timeout, QUICK_POLL_SECONDS):
         try:
@@ -92,5 +92,7 @@ def refuse_before_start(settings: Settings, approve_as: str | None, key: Path | 
         decisions.require_override("this release", profile, risk_override)
 
 
-def _lines(path: Path) -> list[str]:
+def _lines(path: Path, settings: Settings) -> list[str]:
+    """The lines of an archive file the run writes (on its worker's host: pulled from a shared archive)."""
+    shared_archive.pull(settings, path)
     return path.read_text().splitlines() if path.exists() else []

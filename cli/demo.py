@@ -12,7 +12,10 @@ import os
 import shutil
 from pathlib import Path
 
-DATA = Path(__file__).resolve().parents[1] / "examples" / "data" / "adult.csv.gz"
+#: the embedded Adult data: inside the installed package (the wheel maps examples/data to
+#: dprelease.cli.demo_data), or in the checkout's examples/data
+_INSTALLED_DATA = Path(__file__).resolve().with_name("demo_data") / "adult.csv.gz"
+DATA = _INSTALLED_DATA if _INSTALLED_DATA.is_file() else Path(__file__).resolve().parents[1] / "examples" / "data" / "adult.csv.gz"
 SQL = """SELECT WITH ANONYMIZATION education,
        ANON_COUNT(*, 1) AS people,
        ANON_AVG(age, 17, 90) AS average_age,

@@ -5,7 +5,7 @@ Expected failures are the project's own error classes (a refused request, an unk
 store, escrow or signing problem, a file that cannot be read). Anything else is a bug: one line
 that says so and how to see the traceback (exit 1); its traceback is also kept in <home>/logs/,
 so that a failure seen once (under load, in CI) can be reported without running it again. Library
-logs and warnings are silenced for the command (`cli.quiet`); user text is escaped before Rich sees
+logs and warnings are silenced for the command (`dprelease.cli.quiet`); user text is escaped before Rich sees
 it, so `[uid]` prints as is.
 """
 
@@ -37,7 +37,7 @@ EXPECTED_ERRORS = (
     ("dprelease.escrow.errors", "EscrowError"),  # keys, blobs, registration
     ("dprelease.reporting.signing", "SigningError"),
     ("prefect.exceptions", "FlowPauseTimeout"),  # nobody answered in time
-    ("cli.temporary_prefect_server", "ServerUnavailable"),  # a Prefect server of ours did not start or answer
+    ("dprelease.cli.temporary_prefect_server", "ServerUnavailable"),  # a Prefect server of ours did not start or answer
 )
 #: standard errors that are about the user's input or environment, not a bug
 EXPECTED_BUILTINS = (OSError, ValueError)
@@ -143,7 +143,7 @@ def _collect_after_startup() -> None:
     """No garbage collection while a command imports its libraries: what they allocate lives until
     exit, and collecting it as it grows took 0.25 s of the 1.9 s a release spends importing (13%,
     measured 2026-11-25). A release turns collection back on once it has loaded what it needs
-    (cli.runs.own_run); every other command after STARTUP_S seconds at most."""
+    (dprelease.cli.runs.own_run); every other command after STARTUP_S seconds at most."""
     import gc
     import threading
 

@@ -24,9 +24,9 @@ def run_release_interactively(settings: Settings, request, *, approve_as: str | 
     `no_terminal_reviewer` is given. Without a key the run waits for a decision from elsewhere.
     The flow run is created first, so this command knows its own release (the flow run id) and
     answers only that one."""
+    from dprelease.flows.release import answer_here, release_flow
     from dprelease.pipeline import ReleaseError
     from dprelease.requests.epsilon import to_parameter
-    from flows.release import answer_here, release_flow
 
     from . import runs
 
@@ -131,7 +131,7 @@ def run_utility_interactively(settings: Settings, request, evaluator: str, param
                               no_terminal_reviewer: str | None = None, controller_key: Path | None = None) -> dict:
     """The utility flow in this process; every pause of *its own* run is answered here, signed
     with the controller's key (or automatically as `no_terminal_reviewer` without a terminal)."""
-    from flows.utility import utility_flow
+    from dprelease.flows.utility import utility_flow
 
     from . import runs
 
@@ -153,7 +153,7 @@ def run_utility_interactively(settings: Settings, request, evaluator: str, param
 
 def _pause_description(flow_run_id: str) -> str:
     """The markdown shown above the pause form (the summary the controller decides on)."""
-    from flows.api_client import api_client
+    from dprelease.flows.api_client import api_client
 
     with api_client() as client:
         run = client.read_flow_run(flow_run_id)

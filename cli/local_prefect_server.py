@@ -61,7 +61,7 @@ POLL_S = 1.0  # how often the server looks whether anyone uses it and whether it
 STOP_GRACE_S = 20.0  # a clean stop that takes longer than this is cut short
 MAX_STARTS = 5  # servers started in a row that died before answering
 START_TIMEOUT_S = 300.0
-SERVER_MODULE = "cli.local_prefect_server"  # in the server's command line: how a record's process is recognised
+SERVER_MODULE = "dprelease.cli.local_prefect_server"  # in the server's command line: how a record's process is recognised
 _HAS_PROC = Path("/proc/self/stat").exists()
 
 

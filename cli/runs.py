@@ -57,7 +57,7 @@ class OwnRun:
         """Wait until this run pauses for a decision (True), or ends (False). No deadline of its
         own: while the run's thread lives it is on its way (a busy Prefect server can take minutes
         to record the pause; the run's approval timeout bounds the wait that follows)."""
-        from flows.approvals import awaiting_here, forget_awaiting
+        from dprelease.flows.approvals import awaiting_here, forget_awaiting
 
         said_awaiting = awaiting_here(self.release_id)  # set by the flow's thread as it asks
         try:
@@ -66,7 +66,7 @@ class OwnRun:
             forget_awaiting(self.release_id, said_awaiting)
 
     def _wait_for_pause(self, said_awaiting: threading.Event) -> bool:
-        from flows.approvals import QUICK_POLL_SECONDS, wait_until_paused
+        from dprelease.flows.approvals import QUICK_POLL_SECONDS, wait_until_paused
 
         while self.worker.is_alive():
             said_awaiting.clear()  # before each look: a pause asked after it sets it again
@@ -117,8 +117,8 @@ def own_run(settings: Settings, flow_obj, params: dict, request, warm: Callable[
     need while the Prefect server boots (cli/prefect_server.py)."""
     from prefect.flow_engine import run_flow
 
-    from flows.api_client import api_client
-    from flows.outcomes import outcome, stored_outcome
+    from dprelease.flows.api_client import api_client
+    from dprelease.flows.outcomes import outcome, stored_outcome
 
     platform = pipeline.Platform.open(settings)
     in_main_thread = threading.current_thread() is threading.main_thread()  # only it may handle signals
@@ -131,14 +131,14 @@ def own_run(settings: Settings, flow_obj, params: dict, request, warm: Callable[
         if warm is not None:  # already loaded while a temporary server booted; with a shared one, now
             warm()
         gc.freeze()  # what is loaded by now lives until exit: later collections skip it (0.3 s a release)
-        gc.enable()  # off while the command imported (cli.errors._collect_after_startup)
+        gc.enable()  # off while the command imported (dprelease.cli.errors._collect_after_startup)
         with api_client() as client:
             flow_run = client.create_flow_run(flow_obj, parameters=params)
         out: dict = {}
 
         def work() -> None:
             try:
-                # a rejected release ends in its own final state, "Rejected" (flows.outcomes)
+                # a rejected release ends in its own final state, "Rejected" (dprelease.flows.outcomes)
                 with _without_prefect_heartbeat():
                     state = run_flow(flow_obj, flow_run=flow_run, parameters=params, return_type="state")
                 out["result"] = outcome(state, stored=lambda: stored_outcome(platform, str(flow_run.id)))
@@ -174,7 +174,7 @@ def _told_by_the_store(platform: pipeline.Platform, flow_run_id: str, err: BaseE
     time" (refunded, nothing published: an outcome in one line, not a bug)."""
     from prefect.exceptions import FailedRun
 
-    from flows.outcomes import stored_outcome
+    from dprelease.flows.outcomes import stored_outcome
 
     if not isinstance(err, FailedRun):
         return err
@@ -188,8 +188,8 @@ def _told_by_the_store(platform: pipeline.Platform, flow_run_id: str, err: BaseE
 def _watch_cancellation(platform: pipeline.Platform, run: OwnRun, request, every_s: float = 2.0) -> None:
     """Cancel from the Prefect UI: a run in this process has no worker to stop it, so this command
     watches its run's state and, once it is cancelling or cancelled, stops the release (exit 1)."""
-    from flows.api_client import api_client
-    from flows.outcomes import is_rejected
+    from dprelease.flows.api_client import api_client
+    from dprelease.flows.outcomes import is_rejected
 
     with api_client() as client:  # one client for the whole watch
         while run.worker.is_alive():
@@ -262,7 +262,7 @@ def _stop(platform: pipeline.Platform, run: OwnRun, request, reason: str) -> tup
 
 def _cancel_flow_run(flow_run_id: str, reason: str, wait_s: float = 5.0) -> None:
     """Mark the Prefect flow run Cancelled (best effort, a few seconds at most)."""
-    from flows.approvals import cancel_flow_run
+    from dprelease.flows.approvals import cancel_flow_run
 
     thread = threading.Thread(target=cancel_flow_run, args=(flow_run_id, reason), daemon=True)
     thread.start()

@@ -37,9 +37,9 @@ def main() -> None:
     from test_release_flow import SQL, start_release, wait_for_approval
 
     from dprelease import admin
+    from dprelease.flows.approvals import wait_until_paused
     from dprelease.pipeline import Platform
     from dprelease.settings import Settings
-    from flows.approvals import wait_until_paused
 
     settings = Settings.from_env()
     admin.init(settings)

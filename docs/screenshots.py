@@ -61,11 +61,11 @@ def main() -> None:
     )
     from system_chromium import LAUNCH_ARGS, new_context
 
-    from cli.deciding import decide
     from dprelease import admin, decisions
+    from dprelease.cli.deciding import decide
+    from dprelease.flows.approvals import wait_until_paused
+    from dprelease.flows.release import summary_artifact_key
     from dprelease.settings import Settings
-    from flows.approvals import wait_until_paused
-    from flows.release import summary_artifact_key
 
     settings = Settings.from_env()
     admin.init(settings)

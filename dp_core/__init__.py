@@ -28,7 +28,7 @@ from .query import (
 _LAZY = {"execute": "engine", "BoundsError": "bounds", "ControllerOnly": "result", "DPResult": "result"}
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> object:
     if name in _LAZY:
         import importlib
 

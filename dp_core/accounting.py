@@ -16,15 +16,29 @@ Steinke (`rho_from_eps_delta_tight`), pooled with the Gaussian aggregates' when 
 noise is Gaussian (the whole query is then one zCDP budget plus the threshold's delta); the
 threshold half is multiplied by e^(-epsilon of the query) before use, which pays for the e^eps
 factor of the coupling argument in selection_weighted.py's proof sketch.
+
+The accountant of the Gaussian aggregates' pool (`POOL_ACCOUNTANT`): "pld" by default, the exact
+privacy curve of the Gaussian pool (pld_accounting.py: mu-GDP calibration with dp-accounting, and
+the discrete Gaussians actually sampled certified exactly by the engine before it draws); on the L
+workload's plan its sigma is 22% below the simple zCDP conversion's, 7% below the zCDP pool's.
+"zcdp" is the zCDP pool above (the engine's fallback when the certificate fails). Plans with a
+Gaussian partition selection keep the zCDP pool (the selection's rounds are pooled with the
+aggregates in rho; their exact discrete accounting is not built).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from .errors import InvalidQueryError
+from .pld_accounting import gaussian_delta, gaussian_rho
+
+#: the Gaussian aggregates' pool accountant when the query has no Gaussian selection: "pld" (exact
+#: privacy curve, pld_accounting.py) or "zcdp" (Canonne-Kamath-Steinke's conversion); bench/utility.py
+#: sets it to compare them
+POOL_ACCOUNTANT = "pld"
 
 
 @dataclass(frozen=True)
@@ -121,6 +135,15 @@ class BudgetPlan:
     component_shares: dict[tuple[int, str], Share]
     reused: frozenset[int]  # COUNT(DISTINCT unit) aggregates released from the selection's count
     bounds_shares: dict[int, Share] = field(default_factory=dict)  # APPROX_BOUNDS, per aggregate
+    pool_accountant: str | None = None  # the Gaussian aggregates' pool: "pld", "zcdp", None (no pool)
+    certified_delta: float | None = None  # "pld": the sampled discrete Gaussians' delta(eps_g), set by the engine
+
+    @property
+    def selection_budget(self) -> Share:
+        """The partition selection's share: a plan whose `selection` names a strategy has one."""
+        if self.selection_share is None:
+            raise RuntimeError(f"the budget plan has no share for its selection {self.selection!r}")
+        return self.selection_share
 
     @property
     def shares(self) -> tuple[Share, ...]:
@@ -137,8 +160,42 @@ class BudgetPlan:
         return sum(s.delta for s in self.shares)
 
     @property
+    def gaussian_pool(self) -> tuple[Share, ...]:
+        """The Gaussian aggregates' shares (the pool; a Gaussian selection's share is not in it)."""
+        return tuple(s for s in self.shares if s.rho is not None and s is not self.selection_share)
+
+    def pool_figures(self) -> tuple[float, float, float]:
+        """The pool's (epsilon_g, delta_g, rho_g)."""
+        pool = self.gaussian_pool
+        return sum(s.epsilon for s in pool), sum(s.delta for s in pool), sum(s.rho for s in pool)
+
+    def with_zcdp_pool(self) -> BudgetPlan:
+        """The same plan, every share kept, with the Gaussian aggregates' pool converted by the zCDP
+        accountant instead (`rho_from_eps_delta_tight`): each pooled share's rho scaled by the new
+        pool's rho over the old. The release's fallback when the "pld" certificate refuses: the plan
+        may already have been spent on (APPROX_BOUNDS' shares), so it is never made again."""
+        if self.pool_accountant != "pld":
+            return self
+        eps_g, delta_g, rho_g = self.pool_figures()
+        factor = _share_rho(rho_from_eps_delta_tight, eps_g, delta_g) / rho_g if rho_g > 0 else 0.0
+
+        def scaled(shares: dict) -> dict:
+            return {k: replace(s, rho=s.rho * factor) if s.rho is not None else s for k, s in shares.items()}
+
+        return replace(self, aggregate_shares=scaled(self.aggregate_shares), component_shares=scaled(self.component_shares),
+                       pool_accountant="zcdp", certified_delta=None)
+
+    @property
     def accountant(self) -> str:
-        """Which accounting certifies the plan's (epsilon, delta), in words for the release."""
+        """Which accounting certifies the plan's (epsilon, delta), with its figures, in words for the release."""
+        if self.pool_accountant == "pld":
+            eps_g, delta_g, rho_g = self.pool_figures()
+            mu = math.sqrt(2.0 * rho_g)
+            certified = ("" if self.certified_delta is None else
+                         f"; the discrete Gaussians sampled, accounted exactly: delta {self.certified_delta:.3g}")
+            return (f"privacy loss distributions (dp-accounting) for the Gaussian aggregates: together {mu:.6g}-GDP "
+                    f"(mu^2 = 2 rho adds up), whose exact delta at epsilon {eps_g:.6g} is {gaussian_delta(mu, eps_g):.3g}"
+                    f"{certified}, within their delta {delta_g:.3g}; basic composition with the other parts")
         if any(s.rho is not None for s in self.shares):
             return ("zCDP for the Gaussian parts (rho adds up; converted to (epsilon, delta) by Canonne, Kamath "
                     "and Steinke 2020), basic composition with the other parts")
@@ -185,7 +242,7 @@ COMPONENTS = {"count": ("count",), "count_units": ("count",), "sum": ("sum",), "
               "var": ("N", "S", "Q"), "stddev": ("N", "S", "Q"), "quantile": ("quantile",)}
 
 
-def plan_budget(query) -> BudgetPlan:
+def plan_budget(query, accountant: str | None = None) -> BudgetPlan:
     """Split (epsilon, delta) between partition selection and the aggregates (dp-engine.md, "Budget").
 
     Epsilon: in proportion to weights (selection_weight, each aggregate's weight, or the query's
@@ -193,7 +250,9 @@ def plan_budget(query) -> BudgetPlan:
     Delta: between the parts that need it (selection, Gaussian
     aggregates), in proportion to the same weights. Inside an aggregate the share is split equally
     between its components (AVG: N, S; VAR/STDDEV: N, S, Q). Gaussian aggregates pool their
-    (epsilon, delta), convert once to rho (`rho_from_eps_delta_tight`), and split rho. An aggregate
+    (epsilon, delta), convert once to rho, and split rho: by the exact Gaussian curve
+    (`pld_accounting.gaussian_rho`) with accountant "pld" (default: POOL_ACCOUNTANT), by
+    `rho_from_eps_delta_tight` with "zcdp" and whenever the selection is Gaussian. An aggregate
     whose bounds are inferred gives `bounds_fraction` (default half) of its epsilon to APPROX_BOUNDS.
     """
     aggs = query.aggregates
@@ -217,8 +276,13 @@ def plan_budget(query) -> BudgetPlan:
     needs_delta = gaussian | ({"selection"} if selection else set())
     dlt = split_weights(query.delta, {k: weights[k] for k in needs_delta})
     rho_pool = None
+    pool_accountant = None
     if gaussian:
-        rho_pool = _share_rho(rho_from_eps_delta_tight, sum(eps[k] for k in gaussian), sum(dlt[k] for k in gaussian))
+        pool_accountant = "zcdp" if selection in GAUSSIAN_SELECTIONS else (accountant or POOL_ACCOUNTANT)
+        if pool_accountant not in ("pld", "zcdp"):
+            raise InvalidQueryError(f"unknown accountant {pool_accountant!r}: use 'pld' or 'zcdp'")
+        convert = gaussian_rho if pool_accountant == "pld" else rho_from_eps_delta_tight
+        rho_pool = _share_rho(convert, sum(eps[k] for k in gaussian), sum(dlt[k] for k in gaussian))
         gauss_w = sum(weights[k] for k in gaussian)
 
     sel_share = Share("partition selection", eps["selection"], dlt["selection"]) if selection else None
@@ -240,4 +304,4 @@ def plan_budget(query) -> BudgetPlan:
                 rho / len(parts) if rho is not None else None,
             )
     bounds = {i: Share(f"bounds of {aggs[i].label}", e) for i, e in bounds_eps.items()}
-    return BudgetPlan(selection, sel_share, agg_shares, comp_shares, reused, bounds)
+    return BudgetPlan(selection, sel_share, agg_shares, comp_shares, reused, bounds, pool_accountant)

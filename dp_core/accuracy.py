@@ -27,8 +27,10 @@ with the reason in `note`), and a tolerance cannot be asked of them.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Collection, Set
 from dataclasses import dataclass, replace
 from numbers import Real
+from typing import Any
 
 import numpy as np
 
@@ -37,7 +39,8 @@ from .accounting import BudgetPlan, Share, plan_budget
 from .aggregates import avg_noise_weights, plan_aggregate
 from .errors import InvalidQueryError
 from .intervals import sum_halfwidth
-from .query import Query
+from .pld_accounting import MAX_CERTIFIED_SIGMA
+from .query import Aggregate, Query
 from .release import MAX_SCALE_PER_SENSITIVITY, calibrate
 
 #: the group size for which AVG's interval is stated by default (the seed's "a count of 100")
@@ -79,7 +82,8 @@ class StatisticInterval:
     def halfwidth_text(self, ascii: bool = False) -> str:
         """The half-width as every page writes it (`display.halfwidth`: `±10` for a count; `+-10` in
         the engine's plain text)."""
-        return display.halfwidth(self.halfwidth, display.is_integer_kind(self.kind), ascii)
+        width = math.nan if self.halfwidth is None else self.halfwidth  # none: written as missing ('—')
+        return display.halfwidth(width, display.is_integer_kind(self.kind), ascii)
 
 
 def statistic_intervals(query: Query, epsilon: float | None = None, *, confidence: float | None = None,
@@ -97,53 +101,64 @@ def statistic_intervals(query: Query, epsilon: float | None = None, *, confidenc
     return _intervals(query, epsilon, confidence, integer_columns, reference_count, None)
 
 
-def _check_reference_count(reference_count) -> None:
+def _check_reference_count(reference_count: object) -> None:
     """Refuses a group size no AVG promise can be stated for: below one person, NaN or huge, it gave
     NaN or negative half-widths, hence a nonsense epsilon, with NumPy's warnings in the terminal."""
     if isinstance(reference_count, bool) or not isinstance(reference_count, Real) or \
-            not 1.0 <= reference_count <= MAX_REFERENCE_COUNT:
+            not 1.0 <= float(reference_count) <= MAX_REFERENCE_COUNT:
         raise InvalidQueryError("the reference count (the group size an average's interval is stated for) must "
                                 f"be a number of people from 1 to {MAX_REFERENCE_COUNT:g}, got {reference_count!r}")
 
 
-def _intervals(query: Query, epsilon, confidence, integer_columns, reference_count, names) -> tuple[StatisticInterval, ...]:
+def _intervals(query: Query, epsilon: float | None, confidence: float | None, integer_columns: Set[str] | None,
+               reference_count: float, names: Collection[str] | None) -> tuple[StatisticInterval, ...]:
     """`statistic_intervals`, for the aggregates named in `names` only (None: all)."""
     q = replace(query, epsilon=float(epsilon if epsilon is not None else query.epsilon),
                 confidence=float(confidence if confidence is not None else query.confidence))
     q.validate(noise_floor=False)  # a part that would be pure noise gets an infinite interval (_calibration)
     budget = plan_budget(q)
+    if budget.pool_accountant == "pld" and _beyond_certificate(q, budget, integer_columns):
+        budget = budget.with_zcdp_pool()  # what the release will fall back to (pool_certificate.py)
     return tuple(_interval(q, budget, i, integer_columns, reference_count) for i, a in enumerate(q.aggregates)
                  if names is None or a.label in names)
 
 
-def _interval(q: Query, budget: BudgetPlan, i: int, integer_columns, reference_count: float) -> StatisticInterval:
+def _statistic(q: Query, agg: Aggregate, **fields: Any) -> StatisticInterval:
+    """The interval of `agg` in `q` with the given fields (halfwidth, epsilon, mechanism, ...)."""
+    return StatisticInterval(name=agg.label, kind=agg.kind, confidence=q.confidence, **fields)
+
+
+def _interval(q: Query, budget: BudgetPlan, i: int, integer_columns: Set[str] | None,
+              reference_count: float) -> StatisticInterval:
     agg = q.aggregates[i]
-    base = {"name": agg.label, "kind": agg.kind, "confidence": q.confidence}
     if i in budget.reused:  # COUNT(DISTINCT unit) released from the selection's noisy count
-        cal = _calibration(budget.selection_share, 1.0, 1, q.effective_max_partitions, "laplace", q.confidence)
-        return StatisticInterval(**base, halfwidth=cal[0], epsilon=budget.selection_share.epsilon,
+        cal = _calibration(budget.selection_budget, 1.0, 1, q.effective_max_partitions, "laplace", q.confidence)
+        return _statistic(q, agg, halfwidth=cal[0], epsilon=budget.selection_budget.epsilon,
                                  mechanism=cal[1], scale=cal[2],
                                  note="the partition selection's noisy count of units, released as is")
     share = budget.aggregate_shares[i]
     if agg.kind == "quantile":
-        return StatisticInterval(**base, halfwidth=None, epsilon=share.epsilon, mechanism="exponential mechanism",
+        return _statistic(q, agg, halfwidth=None, epsilon=share.epsilon, mechanism="exponential mechanism",
                                  scale=None, note="quantiles (exponential mechanism) have no interval")
     if agg.needs_bounds:
-        return StatisticInterval(**base, halfwidth=None, epsilon=share.epsilon, mechanism=None, scale=None,
+        return _statistic(q, agg, halfwidth=None, epsilon=share.epsilon, mechanism=None, scale=None,
                                  note="bounds inferred from the data (APPROX_BOUNDS): the noise is known only "
                                       "once they are; give the bounds to get a promise")
     if agg.kind in ("var", "stddev"):
-        return StatisticInterval(**base, halfwidth=None, epsilon=share.epsilon, mechanism=None, scale=None,
+        return _statistic(q, agg, halfwidth=None, epsilon=share.epsilon, mechanism=None, scale=None,
                                  note="its first-order interval depends on the data's spread")
     cu = q.effective_max_partitions
     variants = [integer_columns] if integer_columns is not None else [{agg.column} if agg.column else set(), set()]
-    best = None
+    best: StatisticInterval | None = None
+    best_h = -math.inf
     for ints in variants:  # unknown column type: the larger half-width of integer and real noising
         comps = {c.key: c for c in plan_aggregate(i, agg, set(ints), "", 2).components}
         cals = {k: _calibration(budget.component_shares[(i, k)], c.quantum, c.sensitivity_quanta, cu, q.noise,
                                 q.confidence) for k, c in comps.items()}
         if agg.kind == "avg":
             n_ref = float(reference_count)
+            if agg.lower is None or agg.upper is None:  # needs_bounds is False: both are given
+                raise InvalidQueryError(f"aggregate {agg.label!r}: an average needs both bounds for a promise")
             half = (float(agg.upper) - float(agg.lower)) / 2.0
             scale_n, scale_s = cals["N"][2], cals["S"][2]
             if not (math.isfinite(scale_n) and math.isfinite(scale_s)):
@@ -151,15 +166,41 @@ def _interval(q: Query, budget: BudgetPlan, i: int, integer_columns, reference_c
             else:  # the worst case for the mean: at a bound, |S| = N half
                 weights = avg_noise_weights(np.array([n_ref]), np.array([n_ref * half]), scale_n, scale_s)
                 h = float(sum_halfwidth(q.noise, weights, 1.0 - q.confidence)[0])
-            found = StatisticInterval(**base, halfwidth=h, epsilon=share.epsilon, mechanism=cals["S"][1],
+            found = _statistic(q, agg, halfwidth=h, epsilon=share.epsilon, mechanism=cals["S"][1],
                                       scale=scale_s, reference_count=n_ref,
                                       note=f"first order, for a group of {n_ref:g} people whose mean is within the bounds")
         else:
             (h, mechanism, scale), = cals.values()
-            found = StatisticInterval(**base, halfwidth=h, epsilon=share.epsilon, mechanism=mechanism, scale=scale)
-        if best is None or found.halfwidth > best.halfwidth:
-            best = found
+            found = _statistic(q, agg, halfwidth=h, epsilon=share.epsilon, mechanism=mechanism, scale=scale)
+        if best is None or h > best_h:
+            best, best_h = found, h
+    assert best is not None  # variants holds one or two column-type cases
     return best
+
+
+def _beyond_certificate(q: Query, budget: BudgetPlan, integer_columns) -> bool:
+    """True when the release will not be able to certify the Gaussian pool as sampled and will use
+    the zCDP pool (pool_certificate.py): a pooled aggregate with per-partition bounds, or a component
+    whose noise is over MAX_CERTIFIED_SIGMA grid steps (in either column typing when it is unknown,
+    so that the promise holds either way)."""
+    cu = q.effective_max_partitions
+    variants_of = (lambda a: [integer_columns] if integer_columns is not None
+                   else [{a.column} if a.column else set(), set()])
+    for i, agg in enumerate(q.aggregates):
+        share = budget.aggregate_shares.get(i)
+        if share is None or share.rho is None or agg.kind == "quantile":
+            continue
+        if agg.needs_bounds:
+            if q.bounds_scope == "partition":
+                return True
+            continue  # its sensitivity is known once the bounds are: the release decides
+        for ints in variants_of(agg):
+            for c in plan_aggregate(i, agg, set(ints), "", 2).components:
+                cal = calibrate(quantum=c.quantum, sensitivity_quanta=c.sensitivity_quanta, max_partitions=cu,
+                                share=budget.component_shares[(i, c.key)], noise="gaussian", confidence=q.confidence)
+                if cal.scale_steps > MAX_CERTIFIED_SIGMA:
+                    return True
+    return False
 
 
 def _calibration(share: Share, quantum: float, sensitivity_quanta: int, cu: int, noise: str,
@@ -202,11 +243,11 @@ def smallest_epsilon(query: Query, tolerances: dict[str, float], *, confidence: 
 
     def meets(eps: float) -> bool:
         got = intervals(eps)
-        return all(got[name].halfwidth <= tol for name, tol in tolerances.items())
+        return all(_width(got[name]) <= tol for name, tol in tolerances.items())
 
     hi = EPSILON_SEARCH[1]
     at_hi = intervals(hi)
-    unmet = [at_hi[name] for name, tol in tolerances.items() if at_hi[name].halfwidth > tol]
+    unmet = [at_hi[name] for name, tol in tolerances.items() if _width(at_hi[name]) > tol]
     if unmet:  # the noise at the largest epsilon searched: what the tolerance must at least allow
         raise InvalidQueryError(
             f"no epsilon up to {hi:g} meets the tolerable noise {_tolerance_text(tolerances)}: even at epsilon "
@@ -217,7 +258,12 @@ def smallest_epsilon(query: Query, tolerances: dict[str, float], *, confidence: 
     return smallest_meeting(meets, what=_tolerance_text(tolerances))
 
 
-def smallest_meeting(meets, *, what: str) -> float:
+def _width(interval: StatisticInterval) -> float:
+    """The half-width, infinite for a statistic without a data-free interval (never within a tolerance)."""
+    return math.inf if interval.halfwidth is None else interval.halfwidth
+
+
+def smallest_meeting(meets: Callable[[float], bool], *, what: str) -> float:
     """The smallest total epsilon in EPSILON_SEARCH at which `meets(epsilon)` holds, by bisection on
     log epsilon to a relative 1e-12 (meets must hold from some epsilon on; the result always meets).
     `what` names the need in the refusal when even the largest epsilon searched does not meet it."""

@@ -27,13 +27,12 @@ from dataclasses import dataclass
 
 import sqlglot
 
-from .accounting import GAUSSIAN_SELECTIONS
 from .aggregates import AggregatePlan, plan_aggregate
 from .errors import UnsupportedError
 from .input_checks import FLOAT_TYPES
 from .query import Query
 from .row_filter import compile_filter
-from .selection_weighted import weight_sql
+from .selection_weighted import WEIGHTED_SELECTIONS, weight_sql
 from .sql_text import ident, literal
 
 INPUT_NAME = "dp_input"
@@ -178,7 +177,7 @@ def build_plan(
                 else pieces["hash"].format(cols=group_cols, seed=seed_sql))
         partial_cols.append(f"{rank} AS _rk")
     ctes = [f"_src AS ({src})", f"_partial AS (SELECT {', '.join(partial_cols)} FROM _src GROUP BY {group_cols})"]
-    weighted = needs_bounding and query.private_partitions and query.selection in GAUSSIAN_SELECTIONS
+    weighted = needs_bounding and query.private_partitions and query.selection in WEIGHTED_SELECTIONS
     window = needs_bounding and dialect != "duckdb"  # Spark: one pass over `_partial` (window_bounding_ctes)
     if window:
         ctes += window_bounding_ctes(unit, cu, weighted)

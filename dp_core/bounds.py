@@ -44,8 +44,8 @@ class InferredBounds:
     """The chosen bounds and the DP histogram they came from (public)."""
 
     aggregate: str
-    lower: float
-    upper: float
+    lower: float | None  # None: not inferred (the query gave it)
+    upper: float | None
     bin_edges: tuple[tuple[float, float], ...]  # ascending values
     noisy_counts: tuple[float, ...]
     threshold: int

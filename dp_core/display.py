@@ -14,6 +14,7 @@ rounded here.
 from __future__ import annotations
 
 import math
+from typing import SupportsFloat
 
 #: the kinds of statistic released as whole numbers (noise on the integers, intervals whole too)
 INTEGER_KINDS = frozenset({"count", "count_units"})
@@ -27,7 +28,7 @@ def is_integer_kind(kind: str) -> bool:
     return kind in INTEGER_KINDS
 
 
-def value(x, integer: bool = False) -> str:
+def value(x: SupportsFloat, integer: bool = False) -> str:
     """A released value (or an interval end): whole with thousands separators when `integer`;
     otherwise short (thousands separators from 100, up to two decimals from 1, three
     significant digits below); '—' for a missing one, '∞' for an infinite one."""
@@ -45,14 +46,14 @@ def value(x, integer: bool = False) -> str:
     return f"{v:.3g}"
 
 
-def interval(x, low, high, integer: bool = False) -> str:
+def interval(x: SupportsFloat, low: SupportsFloat, high: SupportsFloat, integer: bool = False) -> str:
     """A released value with its interval, `value [low, high]`; the value alone without one."""
     if math.isnan(float(low)) or math.isnan(float(high)):
         return value(x, integer)
     return f"{value(x, integer)} [{value(low, integer)}, {value(high, integer)}]"
 
 
-def halfwidth(h, integer: bool = False, ascii: bool = False) -> str:
+def halfwidth(h: SupportsFloat, integer: bool = False, ascii: bool = False) -> str:
     """An interval's half-width, `±10`: written as the interval's ends are (`value`). ascii: the
     engine's plain-text form, `+-10` (`+-inf` for an infinite one), as its messages write it."""
     if ascii:
@@ -60,7 +61,7 @@ def halfwidth(h, integer: bool = False, ascii: bool = False) -> str:
     return f"±{value(h, integer)}"
 
 
-def budget(x) -> str:
+def budget(x: SupportsFloat | None) -> str:
     """An epsilon, delta or rho a person reads: four significant digits ('—' for none)."""
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "—"

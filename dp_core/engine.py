@@ -8,13 +8,15 @@ from the data engine; raw rows never do. Any error is raised before noise is dra
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from .accounting import BudgetPlan, plan_budget
-from .aggregates import component_sensitivity, finish
+from .aggregates import AggregatePlan, component_sensitivity, finish
 from .backend import INTEGER_TYPES, NUMERIC_TYPES
 from .bounding import INPUT_NAME, BoundingPlan, build_plan, public_keys_sql, unit_rows_sql
 from .bounds import BoundsError, InferredBounds, histogram_by_partition_sql, histogram_sql, infer_bounds
@@ -22,13 +24,14 @@ from .engine_backend import Backend, open_backend
 from .errors import InvalidDataError, InvalidQueryError
 from .input_checks import FLOAT_TYPES
 from .partition_selection import SELECTION_NOTES, STRATEGIES, Selection
+from .pool_certificate import certify
 from .quantiles import dense_histograms, exponential_quantile
-from .query import Query
-from .release import add_noise
+from .query import Aggregate, Query
+from .release import MechanismRecord, NoisyStatistic, add_noise
 from .result import CI_NOTE, ClampingLoss, ControllerOnly, DPResult
 from .row_filter import compile_filter
 from .selection_advice import selection_advice
-from .selection_mad import mad_rows
+from .selection_mad import TWO_ROUND_SELECTIONS, mad_rows
 from .sql_text import ident
 
 NUMERIC_KINDS = ("sum", "avg", "var", "stddev", "quantile")
@@ -36,8 +39,8 @@ NUMERIC_KINDS = ("sum", "avg", "var", "stddev", "quantile")
 INFINITE_DATE_TYPES = ("DATE", "TIMESTAMP", "TIMESTAMP WITH TIME ZONE", "TIMESTAMP_S", "TIMESTAMP_MS", "TIMESTAMP_NS")
 
 
-def execute(query: Query, data, *, threads: int | None = None, bounding_seed: int | None = None,
-            backend: str | None = None, spark=None, portable_hash: bool = False) -> DPResult:
+def execute(query: Query, data: Any, *, threads: int | None = None, bounding_seed: int | None = None,
+            backend: str | None = None, spark: Any = None, portable_hash: bool = False) -> DPResult:
     """Run `query` on `data` (DataFrame, Arrow table, CSV/Parquet path or DuckDB relation; with
     backend="spark": a Spark DataFrame, a table name or a Parquet/CSV path, on `spark` or the
     active SparkSession). portable_hash: bound contributions with the hash every engine computes
@@ -68,45 +71,45 @@ class ExactStatistics:
     total_units: int | None = None  # distinct units in the whole input (before the row filter)
 
 
-def exact_statistics(query: Query, data, *, threads: int | None = None, bounding_seed: int | None = None,
+def exact_statistics(query: Query, data: Any, *, threads: int | None = None, bounding_seed: int | None = None,
                      with_units: bool = False, budget: BudgetPlan | None = None, backend: str | None = None,
-                     spark=None, portable_hash: bool = False) -> ExactStatistics:
+                     spark: Any = None, portable_hash: bool = False) -> ExactStatistics:
     """Check the input against the query, infer missing bounds (APPROX_BOUNDS, with the budget's
     bounds shares), and run the bounding plan (one SQL statement) on the chosen backend
     (engine_backend.open_backend)."""
     query.validate()
-    backend = open_backend(data, backend, spark=spark, threads=threads)
+    opened = open_backend(data, backend, spark=spark, threads=threads)
     try:
-        schema = backend.schema()
+        schema = opened.schema()
         integer_columns = check_columns(query, schema)
-        check_values(query, backend, schema)
+        check_values(query, opened, schema)
         if query.public_partitions is not None:
-            check_public_keys(query, backend, schema)
+            check_public_keys(query, opened, schema)
         seed = secrets.randbits(63) if bounding_seed is None else bounding_seed
         bounds: tuple[InferredBounds, ...] = ()
         per_partition: dict = {}
         if any(a.needs_bounds for a in query.aggregates):
             budget = budget or plan_budget(query)
             if query.bounds_scope == "partition":
-                query, bounds, per_partition = infer_partition_bounds(query, backend, schema, integer_columns, seed, budget,
+                query, bounds, per_partition = infer_partition_bounds(query, opened, schema, integer_columns, seed, budget,
                                                                       portable_hash)
             else:
-                query, bounds = infer_missing_bounds(query, backend, schema, integer_columns, seed, budget, portable_hash)
+                query, bounds = infer_missing_bounds(query, opened, schema, integer_columns, seed, budget, portable_hash)
         plan = build_plan(query, integer_columns, seed=seed, key_types=schema, partition_bounds=per_partition,
-                          dialect=backend.dialect, transpile=False, portable_hash=portable_hash)
-        if budget is not None and budget.selection == "mad" and not with_units:  # + its round 1 and round 2's SQL
-            rows = mad_rows(backend, query, plan, budget.selection_share)
+                          dialect=opened.dialect, transpile=False, portable_hash=portable_hash)
+        if budget is not None and budget.selection in TWO_ROUND_SELECTIONS and not with_units:  # + round 1, round 2's SQL
+            rows = mad_rows(opened, query, plan, budget.selection_budget)
         else:
-            rows = backend.run(plan.sql)
+            rows = opened.run(plan.sql)
         if query.group_by:  # one order on every backend: the noise is drawn in row order
             rows = rows.sort_values(list(query.group_by), na_position="last", kind="stable").reset_index(drop=True)
         if not with_units:
             return ExactStatistics(query, plan, rows, bounds, partition_bounds=per_partition)
-        units = backend.run(unit_rows_sql(plan, query))
-        total = int(backend.run(f"SELECT count(DISTINCT {ident(query.privacy_unit)}) AS n FROM {INPUT_NAME}")["n"].iloc[0])
+        units = opened.run(unit_rows_sql(plan, query))
+        total = int(opened.run(f"SELECT count(DISTINCT {ident(query.privacy_unit)}) AS n FROM {INPUT_NAME}")["n"].iloc[0])
         return ExactStatistics(query, plan, rows, bounds, per_partition, units, total)
     finally:
-        backend.close()
+        opened.close()
 
 
 def infer_missing_bounds(query: Query, backend: Backend, schema: dict[str, str], integer_columns: set[str],
@@ -135,6 +138,8 @@ def infer_missing_bounds(query: Query, backend: Backend, schema: dict[str, str],
         )
         lower = agg.lower if inferred.lower is None else _whole(inferred.lower)
         upper = agg.upper if inferred.upper is None else _whole(inferred.upper)
+        if upper is None:  # infer_bounds infers every bound the query left out
+            raise BoundsError(f"automatic bounds for {agg.label!r}: the upper bound was neither given nor inferred")
         if agg.kind == "count":
             upper = max(int(upper), 1)
         elif lower is not None and upper is not None and lower >= upper:
@@ -147,7 +152,8 @@ def infer_missing_bounds(query: Query, backend: Backend, schema: dict[str, str],
 
 
 def infer_partition_bounds(query: Query, backend: Backend, schema: dict[str, str], integer_columns: set[str],
-                           seed: int, budget: BudgetPlan, portable_hash: bool = False):
+                           seed: int, budget: BudgetPlan, portable_hash: bool = False,
+                           ) -> tuple[Query, tuple[InferredBounds, ...], dict[int, pd.DataFrame]]:
     """APPROX_BOUNDS once per partition (usability.md step 5, the per-partition option). A unit
     adds at most C_u values over all partitions' histograms, so each bin's noise has scale
     C_u / e_b as for one histogram. A partition where no bin stands out gets no bounds and is not
@@ -180,8 +186,8 @@ def infer_partition_bounds(query: Query, backend: Backend, schema: dict[str, str
                     need_lower=agg.kind != "count" and agg.lower is None, need_upper=agg.upper is None)
             except BoundsError:
                 continue  # no bounds: this partition is not released
-            lo = 0 if agg.kind == "count" else agg.lower if inferred.lower is None else inferred.lower
-            hi = agg.upper if inferred.upper is None else inferred.upper  # a count's: 1 or more (bins from [0, 2))
+            lo = 0.0 if agg.kind == "count" else _chosen(inferred.lower, agg.lower, agg.label)
+            hi = _chosen(inferred.upper, agg.upper, agg.label)  # a count's: 1 or more (bins from [0, 2))
             if lo >= hi:
                 continue
             found.append(replace(inferred, partition=partition))
@@ -196,6 +202,15 @@ def infer_partition_bounds(query: Query, backend: Backend, schema: dict[str, str
         aggregates[i] = replace(agg, lower=None if agg.kind == "count" else _whole(table["lo"].min()),
                                 upper=_whole(table["hi"].max()))
     return replace(query, aggregates=tuple(aggregates)), tuple(found), tables
+
+
+def _chosen(inferred: float | None, given: float | None, label: str) -> float:
+    """A bound after APPROX_BOUNDS: the inferred one, else the one the query gave (infer_bounds
+    infers exactly the missing ones, so one of the two is set)."""
+    bound = given if inferred is None else inferred
+    if bound is None:
+        raise BoundsError(f"automatic bounds for {label!r}: a bound was neither given nor inferred")
+    return bound
 
 
 def _whole(x: float) -> float | int:
@@ -216,7 +231,7 @@ def check_columns(query: Query, schema: dict[str, str]) -> set[str]:
         if col not in schema:
             raise InvalidDataError(f"{role} column {col!r} is not in the input (columns: {available})")
     for a in query.aggregates:
-        if a.kind in NUMERIC_KINDS and not schema[a.column].upper().startswith(NUMERIC_TYPES + ("DECIMAL",)):
+        if a.kind in NUMERIC_KINDS and a.column is not None and not schema[a.column].upper().startswith(NUMERIC_TYPES + ("DECIMAL",)):
             raise InvalidDataError(
                 f"aggregate {a.label!r} needs a numeric column, but {a.column!r} has type {schema[a.column]}"
             )
@@ -247,7 +262,7 @@ def check_values(query: Query, backend: Backend, schema: dict[str, str]) -> None
     the plan handles those rows instead (null unit: dropped; infinite: clamped; NaN: missing)."""
     if backend.derived:
         return
-    floats = sorted({a.column for a in query.aggregates if a.kind in NUMERIC_KINDS
+    floats = sorted({a.column for a in query.aggregates if a.kind in NUMERIC_KINDS and a.column is not None
                      and schema[a.column].upper() in FLOAT_TYPES})
     # DuckDB's DATE and TIMESTAMP hold 'infinity', which no released key can be (pandas cannot hold
     # it): refused for the whole input, not only when a row filter keeps that row (Spark has none)
@@ -258,7 +273,7 @@ def check_values(query: Query, backend: Backend, schema: dict[str, str]) -> None
     check_rows(backend.run, INPUT_NAME, query.privacy_unit, floats, dates=dates)
 
 
-def rules_hold_by_statistics(source, unit: str) -> bool:
+def rules_hold_by_statistics(source: object, unit: str) -> bool:
     """True when the input's own exact statistics prove the whole-input rules hold, so no scan is
     needed: an input offering `column_statistics()` (the escrow's Parquet footer: per column its
     row and NULL counts) with rows, and a unit column that holds no NULL and cannot hold a NaN.
@@ -270,7 +285,8 @@ def rules_hold_by_statistics(source, unit: str) -> bool:
     return column is not None and column.kind != "float" and column.rows > 0 and column.nulls == 0
 
 
-def check_rows(run, relation: str, unit: str, floats=(), label: str | None = None, dates=()) -> None:
+def check_rows(run: Callable[[str], pd.DataFrame], relation: str, unit: str, floats: Sequence[str] = (),
+               label: str | None = None, dates: Sequence[str] = ()) -> None:
     """One scan of a whole input `relation` (SQL name) through `run`: not empty, no null unit id,
     no infinite value in `floats` nor in the DuckDB date or timestamp group keys `dates`. label: how
     the message names the input (None: "the input")."""
@@ -305,14 +321,15 @@ def release(query: Query, plan: BoundingPlan, budget: BudgetPlan, rows: pd.DataF
     cu = query.effective_max_partitions
     alpha = 1.0 - query.confidence
     n_units = rows["_n_units"].to_numpy(dtype=np.int64)
+    per_partition = [i for i in range(len(query.aggregates)) if f"_a{i}_lo" in rows.columns]
+    budget = certify(query, plan, budget, frozenset(per_partition))  # before any noise is drawn
     selection: Selection | None = None
     if budget.selection:
-        selection = STRATEGIES[budget.selection](n_units, budget.selection_share, cu, query.confidence,
+        selection = STRATEGIES[budget.selection](n_units, budget.selection_budget, cu, query.confidence,
                                                  rows=rows, query=query)
         keep = selection.keep
     else:
         keep = np.ones(len(rows), dtype=bool)
-    per_partition = [i for i in range(len(query.aggregates)) if f"_a{i}_lo" in rows.columns]
     for i in per_partition:  # partitions whose bounds could not be inferred are not released
         keep = keep & rows[f"_a{i}_lo"].notna().to_numpy()
     kept = rows.loc[keep].reset_index(drop=True)
@@ -324,6 +341,8 @@ def release(query: Query, plan: BoundingPlan, budget: BudgetPlan, rows: pd.DataF
     for i, (agg, aplan) in enumerate(zip(query.aggregates, plan.aggregates)):
         label = agg.label
         if agg.kind == "quantile":
+            if agg.q is None or agg.lower is None or agg.upper is None:  # validate() and the bounds step set them
+                raise BoundsError(f"the quantile {label!r} has no q or bounds at the noise step")
             hist = dense_histograms(list(kept[f"_a{i}_hist"]), query.quantile_bins)
             value, record = exponential_quantile(
                 hist, agg.q, float(agg.lower), float(agg.upper),
@@ -335,7 +354,9 @@ def release(query: Query, plan: BoundingPlan, budget: BudgetPlan, rows: pd.DataF
             value, lo, hi, sd, group_records = _release_by_partition_bounds(i, agg, aplan, kept, budget, query)
             records += group_records
         else:
-            if i in budget.reused:
+            if i in budget.reused:  # only the Laplace threshold's noisy unit counts are reused (accounting)
+                if selection is None or selection.noisy_units is None:
+                    raise RuntimeError(f"{label!r} reuses the selection's noisy counts, but the selection drew none")
                 noisy = {"count": _subset(selection.noisy_units, keep)}
             else:
                 noisy = {
@@ -369,7 +390,8 @@ def release(query: Query, plan: BoundingPlan, budget: BudgetPlan, rows: pd.DataF
     )
 
 
-def _release_by_partition_bounds(i: int, agg, aplan, kept: pd.DataFrame, budget: BudgetPlan, query: Query):
+def _release_by_partition_bounds(i: int, agg: Aggregate, aplan: AggregatePlan, kept: pd.DataFrame, budget: BudgetPlan,
+                                 query: Query) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[MechanismRecord]]:
     """Noise per group of partitions sharing the same inferred bounds: each group's noise is
     calibrated to its own sensitivity (the point of per-partition bounds)."""
     n = len(kept)
@@ -392,18 +414,19 @@ def _release_by_partition_bounds(i: int, agg, aplan, kept: pd.DataFrame, budget:
     return value, lo, hi, sd, records
 
 
-def _released_bounds(bounds: tuple[InferredBounds, ...], kept: pd.DataFrame, keys: tuple[str, ...]):
+def _released_bounds(bounds: tuple[InferredBounds, ...], kept: pd.DataFrame,
+                     keys: tuple[str, ...]) -> tuple[InferredBounds, ...]:
     """Inferred bounds to publish: dataset-wide ones, and per-partition ones of released partitions."""
     released = {tuple(_key(v) for v in row) for row in kept[list(keys)].itertuples(index=False)} if keys else set()
     return tuple(b for b in bounds
                  if b.partition is None or tuple(_key(b.partition[k]) for k in keys) in released)
 
 
-def _key(v):
+def _key(v: object) -> str | None:
     return None if v is None or (isinstance(v, float) and v != v) else str(v)
 
 
-def _subset(stat, keep):
+def _subset(stat: NoisyStatistic, keep: np.ndarray) -> NoisyStatistic:
     """The selection's noisy counts restricted to the kept partitions (same record, same scale)."""
     return type(stat)(stat.values[keep], stat.halfwidth, stat.scale, stat.sd, stat.record)
 
@@ -424,13 +447,13 @@ def _notes(query: Query, budget: BudgetPlan) -> tuple[str, ...]:
             "COUNT(DISTINCT unit) is the partition selection's noisy count, released as is (no extra budget); "
             "only counts above the threshold are released, so near the threshold they lean high."
         )
-    gaussian = [s for s in budget.shares if s.rho is not None and s is not budget.selection_share]
-    if gaussian:
-        eps_g, delta_g = sum(s.epsilon for s in gaussian), sum(s.delta for s in gaussian)
-        rho_g = sum(s.rho for s in gaussian)
+    if budget.gaussian_pool:
+        eps_g, delta_g, rho_g = budget.pool_figures()
+        how = ("on the Gaussians' exact privacy curve, privacy loss distributions; the discrete noise sampled is "
+               "certified exactly" if budget.pool_accountant == "pld" else "Canonne-Kamath-Steinke conversion")
         notes.append(
-            f"Gaussian aggregates are accounted together in zCDP: their pooled ({eps_g:.6g}, {delta_g:.3g}) "
-            f"is rho = {rho_g:.6g} (Canonne-Kamath-Steinke conversion), split between them; an aggregate's listed "
+            f"Gaussian aggregates are accounted together: their pooled ({eps_g:.6g}, {delta_g:.3g}) "
+            f"is rho = {rho_g:.6g} ({how}), split between them; an aggregate's listed "
             "epsilon and delta are its slice of the pool, not a guarantee of its own."
         )
     if budget.selection in SELECTION_NOTES:
@@ -461,7 +484,7 @@ def _controller_view(query: Query, plan: BoundingPlan, rows: pd.DataFrame, keep:
     return ControllerOnly(nonempty, released, clamping, pairs + dropped_pairs, dropped_pairs, exact)
 
 
-def _exact_value(agg, aplan, rows: pd.DataFrame, i: int) -> np.ndarray:
+def _exact_value(agg: Aggregate, aplan: AggregatePlan, rows: pd.DataFrame, i: int) -> np.ndarray:
     """The non-private value of the bounded statistic (what the noise protects)."""
     if agg.kind == "quantile":
         return np.full(len(rows), np.nan)
@@ -470,6 +493,8 @@ def _exact_value(agg, aplan, rows: pd.DataFrame, i: int) -> np.ndarray:
         return c["count" if agg.kind != "sum" else "sum"]
     if f"_a{i}_lo" in rows.columns:  # per-partition bounds: each partition's own middle
         mid = (rows[f"_a{i}_lo"].to_numpy(dtype=np.float64) + rows[f"_a{i}_hi"].to_numpy(dtype=np.float64)) / 2.0
+    elif agg.lower is None or agg.upper is None:  # the bounds step sets every bound before the plan runs
+        raise BoundsError(f"{agg.label!r} has no bounds at the exact-value step")
     else:
         mid = (float(agg.lower) + float(agg.upper)) / 2.0
     with np.errstate(invalid="ignore", divide="ignore"):

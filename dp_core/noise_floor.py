@@ -41,13 +41,19 @@ def _gaussian_per_sensitivity(l2: float, rho: float | None) -> float:
 def noisy_parts(query, budget: BudgetPlan) -> list[tuple[str, float, float, str]]:
     """(part, its epsilon, its noise per unit of sensitivity, the setting that sizes its share) for
     every noisy part of the plan."""
-    from .selection_weighted import MAD_ROUND_ONE_SHARE  # the engine's numerics: imported when checked
+    from .selection_damped import DAMPED_ROUND_ONE_SHARE, selection_rho  # the engine's numerics: imported when checked
+    from .selection_weighted import MAD_ROUND_ONE_SHARE
 
     cu = query.effective_max_partitions
     parts = []
     share = budget.selection_share
     if share is not None:
-        if budget.selection in GAUSSIAN_SELECTIONS:
+        if budget.selection == "mad_damped":  # its own rho (selection_damped.py), never pooled
+            rho = selection_rho(share)
+            worst = max(_gaussian_per_sensitivity(1.0, rho * f if rho else None)
+                        for f in (DAMPED_ROUND_ONE_SHARE, 1.0 - DAMPED_ROUND_ONE_SHARE))
+            parts.append(("the partition selection", share.epsilon, worst, "selection_weight"))
+        elif budget.selection in GAUSSIAN_SELECTIONS:
             fractions = [1.0] if budget.selection == "weighted_gaussian" else [MAD_ROUND_ONE_SHARE,
                                                                               1.0 - MAD_ROUND_ONE_SHARE]
             worst = max(_gaussian_per_sensitivity(1.0, share.rho * f if share.rho else None) for f in fractions)

@@ -4,7 +4,8 @@ A partition that exists only because of one unit must appear with probability at
 (over all of that unit's <= C_u partitions together). Strategies share one interface: the number
 of distinct units per partition after contribution bounding, the budget share, C_u; the weighted
 ones (weighted Gaussian, MaxAdaptiveDegree: selection_weighted.py, with their derivations) also
-read the per-partition weights the bounding plan computed (`rows`). Derivations: dp-engine.md,
+read the per-partition weights the bounding plan computed (`rows`); MAD's damped form is
+selection_damped.py. Derivations: dp-engine.md,
 "Partition selection".
 """
 
@@ -19,6 +20,7 @@ import numpy as np
 from .accounting import Share
 from .noise import laplace_parameters, secure_uniform
 from .release import MechanismRecord, NoisyStatistic, add_noise
+from .selection_damped import damped_rounds, selection_rho
 from .selection_weighted import WEIGHT_ONE, noisy_pass, selection_rounds
 
 #: the relative amount by which d is lowered: its float computation is off by a few ulps (2^-52 each)
@@ -129,8 +131,9 @@ def select_truncated_geometric(n_units: np.ndarray, share: Share, max_partitions
 
 
 def _round_record(strategy: str, k: int, rnd: dict, share: Share, max_partitions: int) -> MechanismRecord:
-    fraction = rnd["rho"] / share.rho
-    name = "weighted histogram" if strategy == "weighted_gaussian" else f"MAD round {k} weighted histogram"
+    fraction = rnd["rho"] / (share.rho or selection_rho(share))
+    name = {"weighted_gaussian": "weighted histogram", "mad": f"MAD round {k} weighted histogram",
+            "mad_damped": f"damped MAD round {k} weighted histogram"}[strategy]
     return MechanismRecord(
         target=f"partition selection: {name}", mechanism="discrete Gaussian + threshold",
         sensitivity_per_partition=1.0, max_partitions=max_partitions, sensitivity=1.0,
@@ -185,11 +188,32 @@ def select_mad(n_units: np.ndarray, share: Share, max_partitions: int, confidenc
     )
 
 
+def select_mad_damped(n_units: np.ndarray, share: Share, max_partitions: int, confidence: float = 0.95, *,
+                      rows=None, query=None, **_context) -> Selection:
+    """MaxAdaptiveDegree, damped (selection_damped.py): round 1 and its damping were drawn when the plan
+    ran (`_mad_r1`, and the damped partitions' lower weights in `_w2`); round 2 adds noise to `_w2`."""
+    rounds = damped_rounds(share, max_partitions)
+    if rows is None or "_mad_r1" not in rows.columns:
+        raise RuntimeError("selection 'mad_damped' needs its first round, drawn while the plan runs (dp_core.execute)")
+    first = rows["_mad_r1"].to_numpy(dtype=bool)
+    second = noisy_pass(_weights(rows, "_w2"), rounds[1])
+    return Selection(
+        "mad_damped", first | second, None, rounds[1]["threshold"] / WEIGHT_ONE,
+        f"MaxAdaptiveDegree, damped (two rounds): round 1 weighted Gaussian with {rounds[0]['rho'] / selection_rho(share):.0%} "
+        f"of the selection's rho released {int(first.sum())} partitions and marked those it saw above "
+        f"{rounds[0]['damping_cut'] / WEIGHT_ONE:.6g} as damped; round 2 moved each unit's weight off the released ones, "
+        f"gave a damped one half an undamped one's, and released {int((second & ~first).sum())} more "
+        f"(thresholds {rounds[0]['threshold'] / WEIGHT_ONE:.6g} and {rounds[1]['threshold'] / WEIGHT_ONE:.6g})",
+        tuple(_round_record("mad_damped", k, rnd, share, max_partitions) for k, rnd in enumerate(rounds, start=1)),
+    )
+
+
 STRATEGIES = {
     "laplace-threshold": select_laplace_threshold,
     "truncated-geometric": select_truncated_geometric,
     "weighted_gaussian": select_weighted_gaussian,
     "mad": select_mad,
+    "mad_damped": select_mad_damped,
 }
 
 
@@ -203,4 +227,15 @@ def _gaussian_selection_note(budget) -> str:
     )
 
 
-SELECTION_NOTES = {"weighted_gaussian": _gaussian_selection_note, "mad": _gaussian_selection_note}
+def _damped_selection_note(budget) -> str:
+    share = budget.selection_share
+    return (
+        f"Partition selection (mad_damped) is a Gaussian mechanism on a weighted count of units: its "
+        f"({share.epsilon:.6g}, {share.delta:.3g}) share is rho = {selection_rho(share):.6g} (zCDP; from epsilon and half "
+        "the delta, its own, not pooled with the aggregates) plus the threshold's failure probability (the other half of "
+        "the delta, times e^-epsilon of the selection)."
+    )
+
+
+SELECTION_NOTES = {"weighted_gaussian": _gaussian_selection_note, "mad": _gaussian_selection_note,
+                   "mad_damped": _damped_selection_note}

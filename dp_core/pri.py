@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -89,12 +90,12 @@ class EpsilonChoice:
     stop_probability: tuple[float, ...] | None = None  # public mode: P(the search stops there)
     controller_only: tuple[PRIRange, ...] = field(default=(), repr=False, compare=False)
 
-    def public_summary(self) -> dict:
+    def public_summary(self) -> dict[str, Any]:
         out = {"epsilon": self.epsilon, "mode": self.mode, "p": self.p, "rule": self.rule,
                "candidates": list(self.candidates), "guarantee": self.guarantee}
         if self.mode == "public":
-            out.update(beta=self.beta, pass_probability=list(self.pass_probability),
-                       stop_probability=list(self.stop_probability))
+            out.update(beta=self.beta, pass_probability=list(self.pass_probability or ()),
+                       stop_probability=list(self.stop_probability or ()))
         return out
 
 

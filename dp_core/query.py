@@ -11,17 +11,17 @@ import numbers
 import re
 from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeGuard
 
 from .errors import InvalidQueryError
 from .input_checks import check_delta, check_epsilon
 
 AggregateKind = Literal["count", "count_units", "sum", "avg", "var", "stddev", "quantile"]
 NoiseKind = Literal["laplace", "gaussian"]
-SelectionKind = Literal["auto", "laplace-threshold", "truncated-geometric", "weighted_gaussian", "mad"]
+SelectionKind = Literal["auto", "laplace-threshold", "truncated-geometric", "weighted_gaussian", "mad", "mad_damped"]
 
 NOISE_KINDS = ("laplace", "gaussian")
-SELECTION_KINDS = ("auto", "laplace-threshold", "truncated-geometric", "weighted_gaussian", "mad")
+SELECTION_KINDS = ("auto", "laplace-threshold", "truncated-geometric", "weighted_gaussian", "mad", "mad_damped")
 
 
 #: the names the bounding plan, the selections and MAD give their own columns (bounding.py,
@@ -48,11 +48,12 @@ INTERVAL_SUFFIXES = ("_ci_low", "_ci_high", "_noise_sd")
 SPREAD_BOUND_MAX = 2.0**100
 
 
-def _finite(x: object) -> bool:
+def _finite(x: object) -> TypeGuard[int | float]:
+    """A finite int or float (not a bool): what every bound, weight and probability must be."""
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
-def _plain_value(value) -> bool:
+def _plain_value(value: object) -> bool:
     """A value a partition key can hold: hashable and not a container (a dict, a list, a nested tuple)."""
     return isinstance(value, Hashable) and not isinstance(value, (tuple, frozenset))
 
@@ -92,6 +93,8 @@ class Aggregate:
         if self.kind == "count_units":
             return "count_units"
         if self.kind == "quantile":
+            if not _finite(self.q):  # validate() refuses it, naming the aggregate by this label
+                return f"quantile_{self.column}"
             tag = {0.0: "min", 0.5: "median", 1.0: "max"}.get(float(self.q), f"q{self.q:g}")
             return f"{tag}_{self.column}"
         return f"{self.kind}_{self.column}" if self.column else self.kind
@@ -199,8 +202,10 @@ class Query:
     dropped at random. public_partitions: keys given by the controller (tuples when several
     group-by columns); then no partition selection and no delta is spent on it. selection: how
     private partitions are chosen (`auto`: Laplace threshold when the only aggregates are counts of
-    units, whose noisy count it reuses; truncated geometric otherwise; `weighted_gaussian` and `mad`,
-    MaxAdaptiveDegree, spread each unit's weight over its partitions: selection_weighted.py). selection_weight: the
+    units, whose noisy count it reuses; truncated geometric otherwise; `weighted_gaussian`, `mad`
+    (MaxAdaptiveDegree) and `mad_damped` (MAD whose second round damps the partitions round 1 saw far
+    above its threshold) spread each unit's weight over its partitions: selection_weighted.py,
+    selection_damped.py). selection_weight: the
     selection's budget share relative to an aggregate's weight. where: a row filter (SQL condition
     on each row's own columns), applied before contribution bounding. bounds_fraction: the share of
     an aggregate's epsilon spent on inferring its missing bounds (APPROX_BOUNDS); bounds_failure:
@@ -315,13 +320,13 @@ class Query:
             raise InvalidQueryError(f"quantile_bins must be an integer in [2, 65536], got {self.quantile_bins!r}")
         if len(set(self.group_by)) != len(self.group_by):
             raise InvalidQueryError(f"group_by repeats a column: {list(self.group_by)}")
-        clash = [c for c in (self.privacy_unit, *self.group_by) if isinstance(c, str) and PLAN_COLUMN.fullmatch(c)]
-        if clash:
+        internal = [c for c in (self.privacy_unit, *self.group_by) if isinstance(c, str) and PLAN_COLUMN.fullmatch(c)]
+        if internal:
             raise InvalidQueryError(
-                f"the column name {clash[0]!r} is one of the engine's internal column names ({clash[0].lower()!r}): "
+                f"the column name {internal[0]!r} is one of the engine's internal column names ({internal[0].lower()!r}): "
                 "the plan would read that column for its own (a group key named _n_units was read as the "
                 "number of units, and released one person's value); rename it, e.g. "
-                f"SELECT {clash[0]} AS {clash[0].lstrip('_')} or group_by=({clash[0].lstrip('_')!r},)")
+                f"SELECT {internal[0]} AS {internal[0].lstrip('_')} or group_by=({internal[0].lstrip('_')!r},)")
         if self.privacy_unit in self.group_by:
             raise InvalidQueryError(
                 f"grouping by the privacy unit {self.privacy_unit!r} would publish one row per unit"

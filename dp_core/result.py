@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
 
 import numpy as np
 import pandas as pd
@@ -68,6 +69,20 @@ class ControllerOnly:
         }
 
 
+class ChosenEpsilon(Protocol):
+    """What a result reads of how epsilon was chosen (pri.EpsilonChoice; named by its fields here
+    because pri imports the engine, which builds results)."""
+
+    @property
+    def mode(self) -> str: ...
+    @property
+    def p(self) -> float: ...
+    @property
+    def guarantee(self) -> str: ...
+
+    def public_summary(self) -> dict[str, Any]: ...
+
+
 @dataclass(frozen=True)
 class DPResult:
     """Released partitions with values and confidence intervals, and how they were protected."""
@@ -81,7 +96,7 @@ class DPResult:
     partition_selection: str
     notes: tuple[str, ...]
     controller_only: ControllerOnly = field(repr=False, compare=False)
-    epsilon_choice: object | None = None  # pri.EpsilonChoice (public part) when the platform chose epsilon
+    epsilon_choice: ChosenEpsilon | None = None  # pri.EpsilonChoice (public part) when the platform chose epsilon
     inferred_bounds: tuple = ()  # bounds.InferredBounds: bounds chosen by APPROX_BOUNDS, with their DP histograms
     #: the tables a SQL statement read, as (name, privacy unit or None): protected ones are what the
     #: budget is charged for; public ones (no unit) hold no one's rows and are never charged
@@ -138,7 +153,7 @@ class DPResult:
         return [{"name": name, "public": unit is None, "charged": unit is not None,
                  **({"privacy_unit": unit} if unit is not None else {})} for name, unit in self.tables_read]
 
-    def to_json(self, **kwargs) -> str:
+    def to_json(self, **kwargs: Any) -> str:
         # json writes every value of to_dict itself (numpy's float64 is a Python float; bounds and keys are
         # Python numbers) but one: a date or timestamp partition key of per-partition bounds (a pandas
         # Timestamp), written as its text

@@ -15,13 +15,16 @@ the data's sensitivity and `t` the trust in the recipient, all in [0, 1].
 from __future__ import annotations
 
 import math
+from collections.abc import Set
 from dataclasses import dataclass, replace
+from typing import Any
 
 from . import display
 from .accounting import plan_budget
-from .accuracy import smallest_epsilon, statistic_intervals
+from .accuracy import StatisticInterval, smallest_epsilon, statistic_intervals
 from .errors import InvalidQueryError
-from .split import group_need, need_split, needed_epsilon
+from .query import Query
+from .split import NeedSplit, group_need, need_split, needed_epsilon
 
 #: the one place where qualitative levels map to numbers (risk.md); a number maps back to the
 #: level of its band of width 0.2
@@ -163,7 +166,7 @@ class RiskChoice:
     summary: str
 
 
-def choose_epsilon(*, trust, sensitivity, max_risk, max_noise: float, n: int, df: float = 1.0, m: int = 1,
+def choose_epsilon(*, trust: str | float, sensitivity: str | float, max_risk: str | float, max_noise: float, n: int, df: float = 1.0, m: int = 1,
                    p: float = 0.9, dv_over_df: float = 1.0, prefer: str = "privacy", example_value: float = 100.0,
                    bounded_delta: float | None = None) -> RiskChoice:
     """Epsilon from trust, sensitivity, tolerable risk and tolerable (absolute) noise, for ONE
@@ -241,19 +244,20 @@ class PlanRiskChoice:
     summary: str
     split: object = None  # split.NeedSplit when the split was chosen by need (its part_weights go to the release)
 
-    def promised(self, name: str):
+    def promised(self, name: str) -> StatisticInterval:
         """The promised interval of one statistic (accuracy.StatisticInterval)."""
         return next(s for s in self.promise if s.name == name)
 
 
-def plan_tolerances(query, max_noise, *, headline: str | None = None, reference_value: float = 100.0) -> dict:
+def plan_tolerances(query: Query, max_noise: object, *, headline: str | None = None,
+                    reference_value: float = 100.0) -> dict[str, float]:
     """The tolerable half-width per statistic, from the request's `max_noise`.
 
     max_noise: a number (absolute half-width) or a percentage string ('10%' of `reference_value`,
     the seed's "10% noise on a count of 100" = +-10), for the `headline` statistic (default: the
     first aggregate that has a data-free interval); or a mapping statistic name -> number or
     percentage, each of which must be met."""
-    def absolute(name, value) -> float:
+    def absolute(name: object, value: object) -> float:
         given = value  # a refusal quotes what the request said ('-5%'), not the number it came to
         if isinstance(value, str) and value.strip().endswith("%"):
             try:
@@ -279,11 +283,12 @@ def plan_tolerances(query, max_noise, *, headline: str | None = None, reference_
     return {headline: absolute(headline, max_noise)}
 
 
-def choose_epsilon_for_plan(query, *, trust, sensitivity, max_risk, max_noise, n: int, m: int = 1,
+def choose_epsilon_for_plan(query: Query, *, trust: str | float, sensitivity: str | float, max_risk: str | float,
+                            max_noise: object, n: int, m: int = 1,
                             p: float = 0.9, prefer: str = "privacy", headline: str | None = None,
                             reference_value: float = 100.0, reference_count: float | None = None,
-                            integer_columns=None, dv_over_df: float = 1.0, split: str = "equal",
-                            groups=None) -> PlanRiskChoice:
+                            integer_columns: Set[str] | None = None, dv_over_df: float = 1.0, split: str = "equal",
+                            groups: object = None) -> PlanRiskChoice:
     """The total epsilon for the plan `query` (its aggregates, shares, bounds, C_u, selection,
     noise; its own epsilon is ignored) from the tolerable noise and the tolerable risk.
 
@@ -302,7 +307,7 @@ def choose_epsilon_for_plan(query, *, trust, sensitivity, max_risk, max_noise, n
         raise InvalidQueryError(f"the confidence p must be in (0, 1), got {p!r}")
     ref_count = float(reference_value if reference_count is None else reference_count)
     tolerances = plan_tolerances(query, max_noise, headline=headline, reference_value=reference_value)
-    kw = {"confidence": p, "integer_columns": integer_columns, "reference_count": ref_count}
+    kw: dict[str, Any] = {"confidence": p, "integer_columns": integer_columns, "reference_count": ref_count}
     query, eps_noise, chosen = _apply_split(query, tolerances, split, groups, kw)
     eps_risk = epsilon_for_risk(r, s, t, n, m, dv_over_df)
     if eps_risk is None:
@@ -326,7 +331,8 @@ def choose_epsilon_for_plan(query, *, trust, sensitivity, max_risk, max_noise, n
                           tolerances, promise, shares, summary, chosen)
 
 
-def _apply_split(query, tolerances, split, groups, kw):
+def _apply_split(query: Query, tolerances: dict[str, float], split: str, groups: object,
+                 kw: dict[str, Any]) -> tuple[Query, float, NeedSplit | None]:
     """(the query with the chosen split's weights, the smallest total epsilon it needs, the NeedSplit or None)."""
     if split not in ("equal", "need"):
         raise InvalidQueryError(f"split must be 'equal' or 'need', got {split!r}")
@@ -338,7 +344,8 @@ def _apply_split(query, tolerances, split, groups, kw):
     return replace(query, part_weights=chosen.part_weights), chosen.epsilon, chosen
 
 
-def _relax_message(query, tolerances, eps_noise, eps_risk, r, s, t, n, m, dv, kw) -> str:
+def _relax_message(query: Query, tolerances: dict[str, float], eps_noise: float, eps_risk: float, r: float, s: float,
+                   t: float, n: int, m: int, dv: float, kw: dict[str, Any]) -> str:
     """Which tolerance to relax, and by how much: the noise the risk allows, or the risk the noise needs."""
     at_risk = {x.name: x for x in statistic_intervals(query, eps_risk, **kw)}
     noise = "; ".join(f"{name} {at_risk[name].halfwidth_text(ascii=True)} (asked +-{tol:g})"
@@ -361,7 +368,8 @@ def _num(x: float, integer: bool = False) -> str:
 _EXAMPLE = {"count": "a count", "count_units": "a count of people", "sum": "a sum"}
 
 
-def plan_summary(eps: float, shares, promise, tolerances: dict, q: float, rk: float, n: int, m: int, p: float,
+def plan_summary(eps: float, shares: tuple[tuple[str, float], ...], promise: tuple[StatisticInterval, ...],
+                 tolerances: dict[str, float], q: float, rk: float, n: int, m: int, p: float,
                  reference_value: float = 100.0, delta: float = 0.0, max_risk: float | None = None) -> str:
     """The controller's plain-words summary: the total epsilon and how the plan spends it, the
     attacker's bound at that total, and each statistic's real noise (the tolerated ones first)."""
@@ -379,7 +387,7 @@ def plan_summary(eps: float, shares, promise, tolerances: dict, q: float, rk: fl
     return " ".join([head] + parts)
 
 
-def _statistic_sentence(x, tolerance: float | None, p: float, reference_value: float) -> str:
+def _statistic_sentence(x: StatisticInterval, tolerance: float | None, p: float, reference_value: float) -> str:
     asked = f" (tolerance asked: +-{tolerance:g})" if tolerance is not None else ""
     if x.halfwidth is None:
         return f"{x.name}: no interval promised ({x.note})."

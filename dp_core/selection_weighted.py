@@ -92,6 +92,8 @@ WEIGHT_BITS = 16
 WEIGHT_ONE = 1 << WEIGHT_BITS
 #: the share of the selection's rho spent in MAD's first round (the rest goes to the second)
 MAD_ROUND_ONE_SHARE = 0.08
+#: the selections that read the plan's per-partition weights `_w1` (MAD's damped form: selection_damped.py)
+WEIGHTED_SELECTIONS = ("weighted_gaussian", "mad", "mad_damped")
 
 
 def unit_weights(max_partitions: int) -> tuple[int, ...]:
@@ -99,10 +101,11 @@ def unit_weights(max_partitions: int) -> tuple[int, ...]:
     return tuple(math.isqrt((WEIGHT_ONE * WEIGHT_ONE) // t) for t in range(1, max_partitions + 1))
 
 
-def weight_sql(degree_column: str, max_partitions: int, at: str = "list_extract({arr}, {i})") -> str:
+def weight_sql(degree_column: str, max_partitions: int, at: str = "list_extract({arr}, {i})",
+               weights: tuple[int, ...] | None = None) -> str:
     """SQL for the integer weight of one (unit, partition) row of a unit with `degree_column` kept
-    partitions (1 <= degree <= C_u)."""
-    arr = "[" + ", ".join(str(q) for q in unit_weights(max_partitions)) + "]"
+    partitions (1 <= degree <= C_u): `weights[degree - 1]`, by default the table q_t."""
+    arr = "[" + ", ".join(str(q) for q in (weights or unit_weights(max_partitions))) + "]"
     return f"CAST({at.format(arr=arr, i=f'CAST({degree_column} AS INTEGER)')} AS BIGINT)"  # Spark indexes by INT
 
 
@@ -112,27 +115,36 @@ def gaussian_tail_bound(m: float, sigma: float) -> float:
     return normal_sf((m - 1.0) / sigma) if m >= 1 else 1.0
 
 
-def new_partition_probability(threshold: int, sigma: float, max_partitions: int) -> float:
-    """The largest probability that a unit alone in k <= C_u partitions, weighing q_k in each,
-    gets any of them over `threshold` (all in weight steps)."""
+def lone_unit_weights(max_partitions: int) -> tuple[tuple[int, ...], ...]:
+    """The weight vectors a unit alone in its k <= C_u partitions can give them: q_k in each."""
+    return tuple((q,) * k for k, q in enumerate(unit_weights(max_partitions), start=1))
+
+
+def new_partition_probability(threshold: int, sigma: float, max_partitions: int,
+                              configurations: tuple[tuple[int, ...], ...] | None = None) -> float:
+    """The largest probability that a unit alone in its partitions, weighing them as one of
+    `configurations` (default: q_k in each of k <= C_u, `lone_unit_weights`), gets any of them over
+    `threshold` (all in weight steps): max over vectors w of 1 - prod_i (1 - P[K >= T - w_i])."""
     worst = 0.0
-    for k, q in enumerate(unit_weights(max_partitions), start=1):
-        p = gaussian_tail_bound(threshold - q, sigma)
-        worst = max(worst, -math.expm1(k * math.log1p(-min(p, 1.0 - 1e-300))))
+    for vector in configurations or lone_unit_weights(max_partitions):
+        log_none = sum(math.log1p(-min(gaussian_tail_bound(threshold - w, sigma), 1.0 - 1e-300)) for w in vector)
+        worst = max(worst, -math.expm1(log_none))
     return worst
 
 
 @lru_cache(maxsize=256)
-def gaussian_threshold(sigma: float, delta_new: float, max_partitions: int) -> int:
-    """The smallest integer threshold T (weight steps) with new_partition_probability <= delta_new."""
+def gaussian_threshold(sigma: float, delta_new: float, max_partitions: int,
+                       configurations: tuple[tuple[int, ...], ...] | None = None) -> int:
+    """The smallest integer threshold T (weight steps) with new_partition_probability <= delta_new
+    (no single weight above 2^16: every configuration has L2 norm <= 2^16)."""
     guess = WEIGHT_ONE + 1 + sigma * normal_isf(delta_new / max_partitions)
     hi = math.ceil(guess) + 1
-    while new_partition_probability(hi, sigma, max_partitions) > delta_new:
+    while new_partition_probability(hi, sigma, max_partitions, configurations) > delta_new:
         hi = math.ceil(hi * 1.01) + 1
     lo = WEIGHT_ONE  # below 1 the single-unit partition is released with probability >= 1/2
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if new_partition_probability(mid, sigma, max_partitions) <= delta_new:
+        if new_partition_probability(mid, sigma, max_partitions, configurations) <= delta_new:
             hi = mid
         else:
             lo = mid
@@ -160,9 +172,3 @@ def selection_rounds(strategy: str, share: Share, max_partitions: int, epsilon_q
 def noisy_pass(weights: np.ndarray, rnd: dict) -> np.ndarray:
     """One Gaussian round: integer weights plus discrete Gaussian noise, kept when >= threshold."""
     return weights + discrete_gaussian(rnd["sigma"], weights.size, variance=rnd["variance"]) >= rnd["threshold"]
-
-
-def round_one(rows, share: Share, max_partitions: int, epsilon_query: float) -> np.ndarray:
-    """MAD's first round on the plan's `_w1` weights: which partitions it releases."""
-    rnd = selection_rounds("mad", share, max_partitions, epsilon_query)[0]
-    return noisy_pass(rows["_w1"].to_numpy(dtype=np.int64), rnd)

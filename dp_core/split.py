@@ -46,7 +46,8 @@ from .errors import InvalidQueryError
 from .normal_law import normal_sf
 from .partition_selection import discrete_laplace_threshold, truncated_geometric_keep_probability
 from .release import calibrate
-from .selection_weighted import gaussian_tail_bound, selection_rounds, unit_weights
+from .selection_damped import damped_weights, rounds_of
+from .selection_weighted import gaussian_tail_bound, unit_weights
 
 #: how many fixed-point steps the Gaussian pool's weights may take (each step refines all weights)
 FIXED_POINT_STEPS = 8
@@ -103,12 +104,13 @@ def group_release_probability(query, budget, units: int) -> float:
                       confidence=query.confidence).scale_steps
         q, gap = math.exp(-1.0 / t), discrete_laplace_threshold(share.epsilon, share.delta, cu) - units
         return q**gap / (1.0 + q) if gap > 0 else 1.0 - q ** (1 - gap) / (1.0 + q)
-    weight = units * unit_weights(cu)[-1]  # the least weight: every unit in C_u groups
     missed = 1.0
-    for rnd in selection_rounds(budget.selection, share, cu, query.epsilon):
+    for k, rnd in enumerate(rounds_of(budget.selection, share, cu, query.epsilon)):
         # MAD: a group not released in round 1 weighs at least as much in round 2 (its units' weight
-        # only moves off released groups), and the rounds' noises are independent
-        missed *= 1.0 - discrete_gaussian_at_least(rnd["threshold"] - weight, rnd["sigma"])
+        # only moves off released groups), and the rounds' noises are independent; damped MAD's
+        # round 2 may halve it: a damped group of a unit whose other C_u - 1 are not (m = 4 C_u - 3)
+        least = damped_weights(cu)[4 * cu - 4] if k and budget.selection == "mad_damped" else unit_weights(cu)[-1]
+        missed *= 1.0 - discrete_gaussian_at_least(rnd["threshold"] - units * least, rnd["sigma"])
     return 1.0 - missed
 
 

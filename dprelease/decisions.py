@@ -36,7 +36,7 @@ from cryptography.exceptions import InvalidSignature
 
 from dp_core import DPError, risk
 
-from . import passkeys
+from . import passkeys, shared_archive
 from .reporting import signing
 from .settings import Settings
 from .store import Store, StoreError
@@ -123,6 +123,7 @@ def signer(settings: Settings, private_key_path: Path, name: str | None = None) 
 def report_fingerprint(settings: Settings, release_id: str) -> str:
     """SHA-256 of the controller report's signed manifest (it lists every file of the report)."""
     manifest = settings.archive_dir / release_id / "controller" / signing.MANIFEST
+    shared_archive.pull(settings, manifest)  # written by the worker's host
     if not manifest.exists():  # a decision must be bound to the report it was made on
         raise DecisionRefused(f"release {release_id} has no signed controller report to decide on")
     return hashlib.sha256(manifest.read_bytes()).hexdigest()
@@ -169,11 +170,13 @@ def write_context(settings: Settings, release_id: str, question: str, profile: d
     path = settings.archive_dir / release_id / CONTEXT_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     _write_whole(path, json.dumps(context, indent=2))
+    shared_archive.push(settings, path)
     return context
 
 
 def read_context(settings: Settings, release_id: str) -> dict:
     path = settings.archive_dir / release_id / CONTEXT_FILE
+    shared_archive.pull(settings, path)
     if not path.exists():
         raise DecisionRefused(f"release {release_id} asks no question now (no {CONTEXT_FILE} in its archive)")
     return json.loads(path.read_text())
@@ -347,6 +350,7 @@ def record(settings: Settings, release_id: str, decision: Decision | dict, token
         history = json.loads(path.read_text()) if path.exists() else []
         history.append(entry)
         _write_whole(path, json.dumps(history, indent=2))
+        shared_archive.push(settings, path)
     return path
 
 
@@ -364,11 +368,13 @@ def record_refusal(settings: Settings, release_id: str, reason: str, token: str 
     with path.open("a") as fh:
         fh.write(json.dumps({"at": datetime.now(UTC).isoformat(timespec="seconds"), "why": reason,
                              "token": (token or "")[:2000]}) + "\n")
+    shared_archive.push(settings, path)
 
 
 def recorded(settings: Settings, release_id: str) -> list[dict]:
     """The decisions recorded for a release (oldest first)."""
     path = settings.archive_dir / release_id / DECISION_FILE
+    shared_archive.pull(settings, path)  # recorded by the run, on its worker's host
     return json.loads(path.read_text()) if path.exists() else []
 
 

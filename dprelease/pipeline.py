@@ -26,7 +26,7 @@ import dp_core as dp
 from dp_core import display, pri, risk
 from dp_core.sql import Table, compile_statement_for, run_sql
 
-from . import checks, escrow, external, progress
+from . import checks, escrow, external, progress, shared_archive
 from .faults import pause_point
 from .reporting import data_files, pages, signing
 from .requests import ReleaseRequest, query_from_spec
@@ -65,7 +65,7 @@ def now() -> str:
 def load_frame(platform: Platform, dataset_name: str) -> tuple[object, pd.DataFrame]:
     """The dataset's record and its rows as a DataFrame (small data only; steps use `with_rows`)."""
     ds = platform.store.get_dataset(dataset_name)
-    frame = escrow.load_frame(Path(ds.blob_path), platform.escrow_key(), ds.fingerprint, ds.file_format)
+    frame = escrow.load_frame(ds.blob_path, platform.escrow_key(), ds.fingerprint, ds.file_format)
     return ds, frame
 
 
@@ -87,7 +87,7 @@ def with_rows(platform: Platform, dataset_name: str, use, label: str, backend: s
         progress.note(f"{label}: done in {time.monotonic() - started:.1f} s")
         return result
     with progress.track(f"{label}: {dataset_name}", None, "rows read") as advance:
-        rows = escrow.EscrowRows(Path(ds.blob_path), platform.escrow_key(), ds.fingerprint, ds.file_format,
+        rows = escrow.EscrowRows(ds.blob_path, platform.escrow_key(), ds.fingerprint, ds.file_format,
                                  on_rows=advance)
         try:
             result = use(rows)
@@ -332,7 +332,9 @@ def compute_sealed(platform: Platform, release_id: str, planned: Plan, decision:
     path = sealed_path(platform, release_id)
     digest = request_digest(planned, decision.epsilon)
     fernet = Fernet(platform.escrow_key())
+    shared_archive.pull(platform.settings, path)  # sealed on another host: the shared archive's copy counts
     if path.exists():
+        shared_archive.push_new(platform.settings, path)  # sealed here before the shared archive had it
         try:
             stored_digest, result = pickle.loads(fernet.decrypt(path.read_bytes()))
         except (InvalidToken, pickle.UnpicklingError) as err:
@@ -369,6 +371,9 @@ def compute_sealed(platform: Platform, release_id: str, planned: Plan, decision:
     tmp = path.with_suffix(".tmp")
     tmp.write_bytes(fernet.encrypt(pickle.dumps((digest, result))))
     tmp.replace(path)
+    if not shared_archive.push_new(platform.settings, path):  # another run sealed first: its numbers count,
+        path.unlink()                                         # these were never shown to anyone
+        return compute_sealed(platform, release_id, planned, decision)
     pause_point("after_seal")
     return result
 
@@ -376,6 +381,7 @@ def compute_sealed(platform: Platform, release_id: str, planned: Plan, decision:
 def open_sealed(platform: Platform, release_id: str, planned: Plan, decision: EpsilonDecision) -> dp.DPResult:
     """The sealed result of a release for the steps after computing it: a missing seal is an
     error (recomputing would draw new noise that nobody approved)."""
+    shared_archive.pull(platform.settings, sealed_path(platform, release_id))
     if not sealed_path(platform, release_id).exists():
         raise ReleaseError(f"release {release_id} has no sealed result in {platform.settings.archive_dir}: "
                            "refusing to compute new numbers after the compute step")
@@ -436,6 +442,7 @@ def save_summary(platform: Platform, release_id: str, markdown: str) -> Path:
     path = platform.settings.archive_dir / release_id / "summary.md"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(markdown)
+    shared_archive.push(platform.settings, path)
     return path
 
 
@@ -475,6 +482,7 @@ def write_controller_report(platform: Platform, release_id: str, planned: Plan, 
     (directory / "controller.html").write_text(pages.render_controller_report(result, ctx))
     signing.sign_directory(directory, {"release_id": release_id, "kind": "controller-report"},
                            signing.load_private_key(platform.settings.signing_key_file))
+    shared_archive.push(platform.settings, directory)
     return directory
 
 
@@ -585,6 +593,8 @@ def check_policy(platform: Platform, request: ReleaseRequest, epsilon: float | N
 
 
 def reserve(platform: Platform, release_id: str, dataset: str, epsilon: float, delta: float) -> None:
+    """Reserve the release's budget; a shared archive that does not answer refuses first (nothing spent)."""
+    shared_archive.check(platform.settings)
     try:
         platform.store.reserve(dataset, release_id, epsilon, delta)
     except BudgetExceeded as err:
@@ -609,13 +619,17 @@ def publish(platform: Platform, release_id: str, planned: Plan, decision: Epsilo
         "epsilon_mode": decision.mode, "approved_by": approved_by, "published_at": ctx.decided_at,
     }
     manifest = signing.sign_directory(staging, facts, signing.load_private_key(platform.settings.signing_key_file))
+    shared_archive.push(platform.settings, staging)  # after the commit, any host can finish from it
     try:
         platform.store.commit(release_id)
     except StoreError:  # refunded meanwhile (the run was stopped): nothing may appear
         shutil.rmtree(staging, ignore_errors=True)
+        shared_archive.remove(platform.settings, staging)
         raise
     pause_point("during_publication")
     _swap_in(staging, directory)
+    shared_archive.publish_directory(platform.settings, directory)
+    shared_archive.remove(platform.settings, staging)
     platform.store.update_release(release_id, status="published", decision_by=approved_by, decision_comment=comment,
                                   decided_at=datetime.now(UTC),
                                   artifacts_json=json.dumps({k: v["sha256"] for k, v in manifest["files"].items()}))
@@ -629,6 +643,7 @@ def _staging(platform: Platform, release_id: str) -> Path:
     staging = platform.settings.publication_dir / f".staging-{release_id}"
     if staging.exists():
         shutil.rmtree(staging)
+    shared_archive.remove(platform.settings, staging)
     staging.mkdir(parents=True)
     return staging
 
@@ -657,6 +672,8 @@ def write_index(platform: Platform) -> Path:
     entries = []
     for rel in platform.store.list_releases(status="published"):
         manifest = platform.settings.publication_dir / rel.id / signing.MANIFEST
+        if not manifest.exists():  # published from another host: its manifest is in the shared archive
+            shared_archive.pull(platform.settings, manifest)
         if not manifest.exists():
             continue
         facts = json.loads(manifest.read_text())["facts"]
@@ -670,6 +687,8 @@ def write_index(platform: Platform) -> Path:
     path.write_text(pages.render_index(entries, series=index_entries(platform)))
     key = platform.settings.publication_dir / signing.PUBLIC_KEY  # the trusted key, published once
     key.write_bytes(platform.settings.public_key_file.read_bytes())
+    shared_archive.push(platform.settings, key)
+    shared_archive.push(platform.settings, path)
     return path
 
 
@@ -716,6 +735,7 @@ def evaluate_utility(platform: Platform, release_id: str, result: dp.DPResult, n
                "f_raw": evaluator(raw, params)}
     path = platform.settings.archive_dir / release_id / "utility.json"
     path.write_text(json.dumps(utility, indent=2))
+    shared_archive.push(platform.settings, path)
     return utility
 
 
@@ -737,6 +757,7 @@ def publish_utility(platform: Platform, release_id: str, planned: Plan, decision
     directory = platform.settings.publication_dir / release_id
     release = platform.store.get_release(release_id)
     staging = _staging(platform, release_id)
+    shared_archive.pull(platform.settings, directory)  # published from another host
     for name in ("results.csv", "results.json"):
         shutil.copy2(directory / name, staging / name)
     shown = {k: utility[k] for k in ("name", "description", "params")}
@@ -749,5 +770,6 @@ def publish_utility(platform: Platform, release_id: str, planned: Plan, decision
     facts["utility_signal"] = {"evaluator": utility["name"], "approved_by": approved_by}
     manifest = signing.sign_directory(staging, facts, signing.load_private_key(platform.settings.signing_key_file))
     _swap_in(staging, directory)
+    shared_archive.publish_directory(platform.settings, directory)
     platform.store.update_release(release_id, artifacts_json=json.dumps({k: v["sha256"] for k, v in manifest["files"].items()}))
     return directory

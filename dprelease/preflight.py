@@ -1,12 +1,12 @@
 """What a release request can be refused for before any flow starts: an unknown dataset, a query
 that does not fit the dataset's columns, a policy that does not allow it, a fixed epsilon beyond
-the remaining budget, an escrow key that cannot be used. Data-free and quick (no Prefect, no
-decryption); the flow checks all of it again (and reserves the budget atomically), so this is a
-courtesy, never the guard."""
+the remaining budget, an escrow key that cannot be used, a shared archive that does not answer.
+Data-free and quick (no Prefect, no decryption); the flow checks all of it again (and reserves the
+budget atomically), so this is a courtesy, never the guard."""
 
 from __future__ import annotations
 
-from . import pipeline
+from . import pipeline, shared_archive
 from .requests import ReleaseRequest
 from .settings import Settings
 
@@ -18,6 +18,7 @@ def check_request(settings: Settings, request: ReleaseRequest, evaluator: str | 
     if not planned.sql:
         _check_columns(platform, planned)  # a spec's columns exist and have the types it needs
     platform.escrow_key()  # no key, a malformed key, a key file others can read
+    shared_archive.check(settings)  # the bucket the release would seal into and publish to
     pipeline.check_policy(platform, request, request.epsilon, evaluator)
     if request.epsilon is None:
         return

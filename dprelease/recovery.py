@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from . import pipeline
+from . import pipeline, shared_archive
 from .reporting import signing
 from .store import FINAL_STATUSES, Lease, Release, Store, StoreError
 
@@ -220,6 +220,7 @@ def _discard_staging(platform: pipeline.Platform, release_id: str) -> None:
     staging = platform.settings.publication_dir / f".staging-{release_id}"
     if staging.exists():
         shutil.rmtree(staging, ignore_errors=True)
+    shared_archive.remove(platform.settings, staging)  # staged by a worker, maybe on another host
 
 
 def finish_publication(platform: pipeline.Platform, release_id: str) -> None:
@@ -227,6 +228,8 @@ def finish_publication(platform: pipeline.Platform, release_id: str) -> None:
     version set aside while it was being replaced) goes into place, then status and index."""
     pub = platform.settings.publication_dir
     directory, staging, old = pub / release_id, pub / f".staging-{release_id}", pub / f".old-{release_id}"
+    for folder in (directory, staging):  # what the run's host had put in the shared archive
+        shared_archive.pull(platform.settings, folder)
     if (staging / signing.MANIFEST).exists() and not (directory / signing.MANIFEST).exists():
         if directory.exists():
             shutil.rmtree(directory)
@@ -237,6 +240,9 @@ def finish_publication(platform: pipeline.Platform, release_id: str) -> None:
         if leftover.exists():
             shutil.rmtree(leftover, ignore_errors=True)
     manifest = directory / signing.MANIFEST
+    if manifest.exists():
+        shared_archive.publish_directory(platform.settings, directory)
+    shared_archive.remove(platform.settings, staging)
     if not manifest.exists():
         platform.store.update_release(release_id, status="failed", decision_comment=(
             "its budget was committed but no signed publication was found: ask the operator to republish"))

@@ -175,7 +175,7 @@ def release_period(platform, series: str, snapshot: str) -> dict:
         if ds.file_format.startswith("external"):
             raise RunningTotalRefused(f"running total of series {series!r}: snapshot {snap.snapshot} is external "
                                       "(computed on Spark); a running total reads escrowed snapshots only")
-        frame = escrow.load_frame(Path(ds.blob_path), platform.escrow_key(), ds.fingerprint, ds.file_format)
+        frame = escrow.load_frame(ds.blob_path, platform.escrow_key(), ds.fingerprint, ds.file_format)
         columns = [c for c in {unit, spec.value, spec.group_by} if c]
         frames.append(frame[columns].assign(_period=period))
     exact = bounded_period_values(pd.concat(frames, ignore_index=True), unit=unit, period="_period",

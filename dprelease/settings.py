@@ -6,6 +6,8 @@ then passed down; no other module reads the environment.
     DPRELEASE_ESCROW_KEY  Fernet key (urlsafe base64) for the escrow; else the key file
     DPRELEASE_ESCROW_URL  the escrow's blobs in an S3-compatible object store (s3://bucket/prefix;
                           default: <home>/escrow); its endpoint and credentials: the AWS_* variables
+    DPRELEASE_ARCHIVE_URL the release archive and publications in an object store, shared by every host
+                          (s3://bucket/prefix; default: <home>/archive and <home>/published only)
     DPRELEASE_KEY_DIR     where key files live (default <home>/keys; keep it off the data disk)
     DPRELEASE_CONTROLLER_KEY  the controller's own private key (signs decisions; default: none)
     DPRELEASE_SPARK_MASTER    the Spark master for external datasets, or a Spark Connect server
@@ -21,6 +23,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from .object_store import location_setting
 
 #: DuckDB threads per release. One by default: the engine's hash aggregates keep a table per thread,
 #: so peak memory grows with threads (10M rows of the engine benchmark: 0.65 GB with one thread,
@@ -43,6 +47,7 @@ class Settings:
     engine_threads: int | None = ENGINE_THREADS  # DuckDB threads of a release's scans (None: every core)
     escrow_url: str | None = None  # blobs in an object store (s3://bucket/prefix) instead of escrow_dir
     console_url: str = "http://localhost:8400"  # the controllers' console (`dprelease console`), as browsers reach it
+    archive_url: str | None = None  # archive and publications shared in an object store (dprelease.shared_archive)
 
     @property
     def escrow_dir(self) -> Path:
@@ -91,8 +96,10 @@ class Settings:
         return cls(home, store, key_dir, env.get("DPRELEASE_ESCROW_KEY") or None,
                    Path(controller_key).expanduser().resolve() if controller_key else None,
                    env.get("DPRELEASE_SPARK_MASTER") or None, _engine_threads(env.get("DPRELEASE_ENGINE_THREADS")),
-                   _escrow_url(env.get("DPRELEASE_ESCROW_URL")),
-                   console_url=(env.get("DPRELEASE_CONSOLE_URL") or cls.console_url).rstrip("/"))
+                   location_setting("DPRELEASE_ESCROW_URL", env.get("DPRELEASE_ESCROW_URL"), "the escrow in <home>/escrow"),
+                   console_url=(env.get("DPRELEASE_CONSOLE_URL") or cls.console_url).rstrip("/"),
+                   archive_url=location_setting("DPRELEASE_ARCHIVE_URL", env.get("DPRELEASE_ARCHIVE_URL"),
+                                                "the archive in <home>/archive and <home>/published"))
 
     def ensure_dirs(self) -> None:
         for d in (self.home, self.escrow_dir, self.archive_dir, self.publication_dir, self.key_dir):
@@ -115,14 +122,3 @@ def _engine_threads(value: str | None) -> int | None:
         raise ValueError(f"DPRELEASE_ENGINE_THREADS={value!r} is not a positive whole number: set it to 1, 2, ... "
                          "or all (every core), or unset it (default 1)")
     return threads
-
-
-def _escrow_url(value: str | None) -> str | None:
-    """DPRELEASE_ESCROW_URL: an object-store location (s3://bucket/prefix), or None (unset or empty)."""
-    if value is None or not value.strip():
-        return None
-    url = value.strip()
-    if not url.startswith("s3://") or not url[len("s3://"):].strip("/"):
-        raise ValueError(f"DPRELEASE_ESCROW_URL={value!r} is not an object-store location: give s3://bucket/prefix "
-                         "(or unset it to keep the escrow in <home>/escrow)")
-    return url.rstrip("/")

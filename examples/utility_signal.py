@@ -24,8 +24,8 @@ def main() -> None:
     os.environ.setdefault("PREFECT_HOME", str(home / "prefect"))
     os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-    from cli.app import run_utility_interactively
     from dprelease import admin
+    from dprelease.cli.app import run_utility_interactively
     from dprelease.requests import parse_request
     from dprelease.settings import Settings
     from dprelease.store import Store

@@ -51,7 +51,7 @@ def wait_until_paused(flow_run_id: str, timeout: float = 60.0, poll_s: float = S
     and for the form it waits for. Prefect sets the Paused state first and saves the form's schema
     after it (prefect.flow_runs.pause_flow_run); a resume in between is refused by the server ("Run
     input schema not found"), which a loaded machine made happen."""
-    from flows.api_client import api_client
+    from dprelease.flows.api_client import api_client
 
     with api_client() as client:
         for _ in looks(timeout, poll_s):
@@ -84,7 +84,7 @@ def answer(flow_run_id: str, decision: str, reviewer: str, comment: str = "", ti
     """Resume the paused flow run with a decision ("approve" or "reject") and the controller's
     signed decision (the only part that counts), then wait until the run has left the pause (so
     that a next pause is not mistaken for this one)."""
-    from flows.api_client import api_client
+    from dprelease.flows.api_client import api_client
 
     wait_until_paused(flow_run_id, timeout, QUICK_POLL_SECONDS)
     with api_client() as client:
@@ -121,7 +121,7 @@ def cancel_flow_run(flow_run_id: str, reason: str) -> None:
     from prefect.settings import PREFECT_API_URL
     from prefect.states import Cancelled
 
-    from flows.api_client import api_client
+    from dprelease.flows.api_client import api_client
 
     if not PREFECT_API_URL.value():
         return

@@ -28,14 +28,21 @@ from prefect.runtime import flow_run
 from pydantic import Field
 
 from dprelease import pipeline, running_total
+from dprelease.flows.outcomes import ended_releases, is_rejected, outcome, rejected, retry_ended
+from dprelease.flows.release import (
+    RUN_HOOKS,
+    attempt_release_id,
+    prepare_and_decide,
+    record,
+    release_flow,
+    retried_and_ended,
+)
 from dprelease.requests import load_request
 from dprelease.requests.epsilon import to_parameter
 from dprelease.series import note_refusal, publish_series_page, snapshots_to_publish
 from dprelease.settings import Settings
 from dprelease.store import series as store_series
-from flows.outcomes import ended_releases, is_rejected, outcome, rejected, retry_ended
-from flows.release import RUN_HOOKS, attempt_release_id, prepare_and_decide, record, release_flow, retried_and_ended
-from tasks import release_steps as steps
+from dprelease.tasks import release_steps as steps
 
 #: the snapshot rule's default: the newest registered snapshot of the series
 LATEST = "latest"
@@ -105,7 +112,7 @@ def ended_releases_of_subflows(platform) -> list:
 def publish_snapshot(request, series: str, rule: str, approval_timeout: int = 3600):
     """The series path: the snapshots to publish (rule `latest`: every registered snapshot not yet
     published, oldest first; a label: that one, a back-fill), each claimed and released in turn by
-    the release steps (flows.release) on its dataset. The first release's id is this run's id, each
+    the release steps (dprelease.flows.release) on its dataset. The first release's id is this run's id, each
     further one `<run id>@<snapshot>` (Store.releases_of_run), so the run hooks refund the one
     running if the run is cancelled or crashes (which gives its snapshot back). When one cannot be
     released (the series budget does not cover it, its data checks fail), the older ones stay

@@ -20,16 +20,16 @@ from pydantic import Field
 
 from dprelease import decisions, pipeline, recovery
 from dprelease.external import BackendChoice
+from dprelease.flows import approvals
+from dprelease.flows.outcomes import ended_releases, outcome, rejected, retry_ended  # noqa: F401 - outcome: callers import it from here
+from dprelease.flows.pausing import pause_for_input
+from dprelease.flows.release_form import Mapping, Text
 from dprelease.requests import parse_request
 from dprelease.requests.epsilon import EpsilonChoice
 from dprelease.settings import Settings
 from dprelease.store import StoreError
 from dprelease.store.tables import FINAL_STATUSES
-from flows import approvals
-from flows.outcomes import ended_releases, outcome, rejected, retry_ended  # noqa: F401 - outcome: callers import it from here
-from flows.pausing import pause_for_input
-from flows.release_form import Mapping, Text
-from tasks import release_steps as steps
+from dprelease.tasks import release_steps as steps
 
 #: seconds between the paused run's checks for an answer (an internal setting, not a form field):
 #: an answer from elsewhere (the UI, `dprelease approve`) is a person's, seconds to hours away

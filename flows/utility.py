@@ -15,10 +15,10 @@ from prefect import flow
 from prefect.runtime import flow_run
 
 from dprelease import pipeline
+from dprelease.flows.release import RUN_HOOKS, ask_controller, prepare_and_decide, record, request_fields
 from dprelease.requests import parse_request
 from dprelease.settings import Settings
-from flows.release import RUN_HOOKS, ask_controller, prepare_and_decide, record, request_fields
-from tasks import release_steps as steps
+from dprelease.tasks import release_steps as steps
 
 
 @flow(name="dp-utility-signal", log_prints=True, **RUN_HOOKS)

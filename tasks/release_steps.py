@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from prefect import task
 from prefect.artifacts import create_markdown_artifact
 
-from dprelease import decisions, pipeline
+from dprelease import decisions, pipeline, shared_archive
 from dprelease.requests import ReleaseRequest
 from dprelease.settings import Settings
 
@@ -65,6 +65,7 @@ def preview(settings: Settings, release_id: str, planned: pipeline.Plan, epsilon
     path = settings.archive_dir / release_id / "preview.md"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(markdown)
+    shared_archive.push(settings, path)
     return markdown
 
 
@@ -154,5 +155,7 @@ def publish_utility(settings: Settings, release_id: str, planned: pipeline.Plan,
 
     platform = _platform(settings)
     result = pipeline.open_sealed(platform, release_id, planned, decision)
-    utility = json.loads((platform.settings.archive_dir / release_id / "utility.json").read_text())
+    utility_file = platform.settings.archive_dir / release_id / "utility.json"
+    shared_archive.pull(settings, utility_file)  # evaluated on another host, maybe
+    utility = json.loads(utility_file.read_text())
     return str(pipeline.publish_utility(platform, release_id, planned, decision, result, utility, approved_by))

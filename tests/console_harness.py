@@ -25,8 +25,8 @@ def console_server(settings, port: int | None = None):
     """The console for `settings` on 127.0.0.1:PORT (origin http://localhost:PORT); yields its origin."""
     import uvicorn
 
-    from cli.console.app import create_app
-    from cli.console.server import relying_party
+    from dprelease.cli.console.app import create_app
+    from dprelease.cli.console.server import relying_party
 
     port = port or free_port()
     rp = relying_party(port, None, None)

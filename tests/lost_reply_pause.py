@@ -16,8 +16,8 @@ from prefect.input import RunInput
 from prefect.runtime import flow_run
 from prefect.testing.utilities import prefect_test_harness
 
-from flows.approvals import wait_until_paused
-from flows.pausing import pause_for_input
+from dprelease.flows.approvals import wait_until_paused
+from dprelease.flows.pausing import pause_for_input
 
 PATIENCE_S = 15 * 60  # tests/patience.py: a limit only a hung process reaches
 

@@ -35,7 +35,7 @@ def start_prefect_server(workdir: Path) -> tuple[subprocess.Popen, str]:
     database the CLI keeps (cli/temporary_prefect_server.py), so that no migration runs here. Returns (process, UI url)."""
     import httpx
 
-    from cli import temporary_prefect_server as prefect_server
+    from dprelease.cli import temporary_prefect_server as prefect_server
 
     template = prefect_server.template_database()
     db = workdir / "prefect.db"
@@ -115,11 +115,11 @@ def deploy_release_flow() -> str:
     refresh-form` does; returns its id. Needs PREFECT_API_URL set to the server."""
     from prefect import get_client
 
-    from flows.release import release_flow
+    from dprelease.flows.release import release_flow
 
     spec = next(d for d in yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"] if d["name"] == "dp-release")
+    from dprelease.flows import release_form
     from dprelease.settings import Settings
-    from flows import release_form
 
     with get_client(sync_client=True) as client:
         deployment_id = str(client.create_deployment(
@@ -174,7 +174,7 @@ def type_into(field, text: str) -> None:
 def fill_release_form(page, title: str, method: str, fields: dict) -> None:
     """Every field of the run form, as a user sets it: text typed, toggles and lists clicked."""
     wait_for_text(page, "approval_timeout")
-    choose(page, "dataset", "adult")  # a list of the registered datasets (flows.release_form)
+    choose(page, "dataset", "adult")  # a list of the registered datasets (dprelease.flows.release_form)
     type_into(in_field(page, "sql"), SQL)
     type_into(in_field(page, "title"), title)
     in_field(page, "epsilon", "button", method).click()
@@ -214,7 +214,7 @@ def submit_and_run(context, url: str, deployment_id: str, title: str, method: st
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterDeploymentId
     from prefect.flow_engine import run_flow
 
-    from flows.release import outcome, release_flow
+    from dprelease.flows.release import outcome, release_flow
 
     page = open_page(context, f"{ui_base(url)}/deployments/deployment/{deployment_id}/run")
     fill_release_form(page, title, method, fields)

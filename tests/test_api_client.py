@@ -14,7 +14,7 @@ from prefect.settings import (
     temporary_settings,
 )
 
-from flows.api_client import api_client
+from dprelease.flows.api_client import api_client
 
 
 def _context(client) -> ssl.SSLContext:

@@ -24,7 +24,7 @@ import pytest
 from patience import PATIENCE_S
 from typer.testing import CliRunner
 
-from cli.app import app
+from dprelease.cli.app import app
 from dprelease.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -321,7 +321,7 @@ def test_debug_shows_the_traceback(home):
 
 
 def test_an_unexpected_error_is_one_line_that_says_it_is_a_bug():
-    from cli.errors import EXIT_BUG, describe, one_line
+    from dprelease.cli.errors import EXIT_BUG, describe, one_line
 
     message, code = describe(TypeError("unhashable type: 'numpy.ndarray'"))
     assert code == EXIT_BUG and "a bug" in message and "--debug" in message
@@ -331,7 +331,7 @@ def test_an_unexpected_error_is_one_line_that_says_it_is_a_bug():
 
 def test_a_bugs_traceback_is_kept_in_the_home_for_the_report(tmp_path, monkeypatch):
     """A failure seen once (under load, in CI) can be reported without running it again."""
-    from cli.errors import keep_traceback
+    from dprelease.cli.errors import keep_traceback
 
     monkeypatch.setenv("DPRELEASE_HOME", str(tmp_path / "home"))
     try:

@@ -21,6 +21,7 @@ def test_engine_benchmark_with_the_selection_comparison_runs_small():
     out = done.stdout
     assert "ratio c/b" in out and "peak memory" in out
     assert "selection comparison" in out and "MAD / truncated geometric" in out
+    assert "damped MAD / truncated geometric" in out
 
 
 def test_utility_benchmark_runs_small():
@@ -31,8 +32,10 @@ def test_utility_benchmark_runs_small():
         cwd=ROOT, capture_output=True, text=True, timeout=1200, check=False)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     out = done.stdout
-    assert "Canonne-Kamath-Steinke" in out and "total epsilon needed: equal split 1.611, need split 1.149" in out
+    assert "Canonne-Kamath-Steinke" in out and "PLD (exact curve)" in out
+    assert "total epsilon needed: equal split 1.611, need split 1.149" in out
     assert "PipelineDP (computed)" in out and "Selection levers on L" in out and "policy Gaussian" in out
+    assert "damped MAD (built: selection='mad_damped')" in out and "privacy loss distributions" in out
 
 
 def test_spark_benchmark_runs_small():

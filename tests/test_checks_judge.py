@@ -117,8 +117,8 @@ def test_the_release_command_starts_a_judge_for_an_escrowed_dataset(tmp_path, mo
     """The release command's rule, through its own helper: a small escrowed dataset (500 rows) keeps
     the judge process started ahead; a request for a dataset that is not registered (the checks after
     it refuse the request in one line) or on Spark ends it at once."""
-    from cli import app as cli_app
     from dprelease import admin
+    from dprelease.cli import app as cli_app
     from dprelease.requests import parse_request
     from dprelease.settings import Settings
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli.app import app
+from dprelease.cli.app import app
 
 DATA = Path(__file__).resolve().parents[1] / "examples" / "data" / "adult.csv.gz"
 

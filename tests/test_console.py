@@ -53,8 +53,8 @@ def people_in(platform_env, console):
 
 def paused_release(platform_env, **params):
     """A release whose run is paused for a controller's decision: (release, thread, box)."""
+    from dprelease.flows.approvals import wait_until_paused
     from dprelease.pipeline import Platform
-    from flows.approvals import wait_until_paused
 
     store = Platform.open(platform_env).store
     known = {r.id for r in store.list_releases()}
@@ -188,7 +188,7 @@ def test_roles_sessions_and_csrf_are_enforced_on_the_server(platform_env, consol
     assert inbox.status_code == 200 and "Roles" in inbox.text and f"/releases/{rel.id}" in inbox.text
     row = inbox.text.split(f"/releases/{rel.id}", 1)[1].split("</tr>", 1)[0]
     assert "<td>adult</td>" in row and "<td>1</td>" in row and re.search(r"<span[^>]*>\d\.\d\d</span>", row), row
-    from cli.interactive import _pause_description
+    from dprelease.cli.interactive import _pause_description
 
     assert f"({platform_env.console_url}/releases/{rel.id})" in _pause_description(rel.flow_run_id)
     answer = alice.decide(rel.id, "reject", "not today")
@@ -266,23 +266,23 @@ def test_the_console_s_address_must_be_a_secure_context(platform_env):
     import subprocess
     import sys
 
-    from cli.console.server import relying_party
+    from dprelease.cli.console.server import relying_party
 
     assert relying_party(8400, None, None).origin == "http://localhost:8400"
     rp = relying_party(8400, "example.org", "https://console.example.org")
     assert (rp.rp_id, rp.origin) == ("example.org", "https://console.example.org")
     for origin, rp_id, words in (("http://console.example.org", None, "passkeys need https"),
                                  ("https://console.example.org", "other.org", "must be the origin's host")):
-        done = subprocess.run([sys.executable, "-m", "cli.app", "console", "--origin", origin,
+        done = subprocess.run([sys.executable, "-m", "dprelease.cli.app", "console", "--origin", origin,
                                *(["--rp-id", rp_id] if rp_id else [])], capture_output=True, text=True)
         assert done.returncode == 2 and words in done.stderr and len(done.stderr.strip().splitlines()) == 1, done
 
 
 def test_replayed_stale_and_late_decisions_are_refused(platform_env, console, people_in):
     from dprelease import decisions, passkeys
+    from dprelease.flows.approvals import answer as resume
     from dprelease.reporting import signing
     from dprelease.store import Store
-    from flows.approvals import answer as resume
 
     first, t1, b1 = paused_release(platform_env, title="First")
     second, t2, b2 = paused_release(platform_env, title="Second")
@@ -322,7 +322,7 @@ def test_replayed_stale_and_late_decisions_are_refused(platform_env, console, pe
     assert answer.status_code == 409 and "is Rejected, not waiting for a decision" in one_line(answer)
     assert Store(platform_env.store_url).ledger_entry(second.id).status == "refunded"
     assert not (platform_env.publication_dir / second.id).exists()
-    from cli.deciding import decide
+    from dprelease.cli.deciding import decide
 
     decide(platform_env, first.id, "reject", Path(os.environ["DPRELEASE_TEST_CONTROLLER_KEYS"]) / "carol.pem", "tidy")
     t1.join(180)
@@ -467,7 +467,7 @@ def test_the_administrator_s_commands_for_console_people(platform_env, console, 
     import sys
 
     def run(*args):
-        return subprocess.run([sys.executable, "-m", "cli.app", *args], capture_output=True, text=True)
+        return subprocess.run([sys.executable, "-m", "dprelease.cli.app", *args], capture_output=True, text=True)
 
     done = run("analyst", "add", "hal", "--passkey")
     assert done.returncode == 0 and "expires in 24 h" in done.stdout

@@ -27,7 +27,7 @@ def console(platform_env):  # noqa: F811
 
 def command(*args: str, origin: str) -> str:
     """`dprelease ...` in a subprocess (the administrator's setup), its output."""
-    done = subprocess.run([sys.executable, "-m", "cli.app", *args], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "dprelease.cli.app", *args], capture_output=True, text=True,
                           env={**os.environ, "DPRELEASE_CONSOLE_URL": origin}, check=True)
     return done.stdout
 

@@ -144,7 +144,7 @@ def test_import_dp_core_and_cli_help_stay_light():
     import sys
 
     heavy = ("scipy", "prefect", "great_expectations", "pyspark", "matplotlib")
-    probe = ("import sys; sys.argv = ['dprelease', '--help']\nfrom cli.app import app\n"
+    probe = ("import sys; sys.argv = ['dprelease', '--help']\nfrom dprelease.cli.app import app\n"
              "try:\n    app()\nexcept SystemExit:\n    pass\n")
     engine = ("pandas", "duckdb", "sqlglot", "pyarrow")  # loaded by the first query, not by the import
     for code, refused in (("import dp_core", heavy + engine), (probe, heavy + engine)):
@@ -208,14 +208,14 @@ def test_registering_a_parquet_file_loads_neither_pandas_nor_duckdb(tmp_path):
     source = tmp_path / "small.parquet"
     pa.parquet.write_table(pa.table({"uid": list(range(100)), "val": [i % 7 for i in range(100)]}), source)
     env = dict(os.environ, DPRELEASE_HOME=str(tmp_path / "home"))
-    cli = [sys.executable, "-c", "from cli.app import main; main()"]
+    cli = [sys.executable, "-c", "from dprelease.cli.app import main; main()"]
     subprocess.run(cli + ["init"], capture_output=True, env=env, check=True)
     code = (f"import sys\nsys.argv = ['dprelease', '--debug', 'dataset', 'register', 'small', {str(source)!r}, '--unit', 'uid', '--epsilon-cap', '1']\n"
-            "from cli.app import main\ntry:\n    main()\nexcept SystemExit:\n    pass\n"
+            "from dprelease.cli.app import main\ntry:\n    main()\nexcept SystemExit:\n    pass\n"
             "print(' '.join(sorted(sys.modules)))\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     out = done.stdout + done.stderr
     loaded = {m.split(".")[0] for m in out.split()}
-    assert "registered 'small'" in out and "cli.app" in out.split(), "the module list was not printed"  # --debug:
+    assert "registered 'small'" in out and "dprelease.cli.app" in out.split(), "the module list was not printed"  # --debug:
     # the program exits normally (without it, run_program ends the process before the print)
     assert not loaded & {"pandas", "duckdb"}, sorted(loaded & {"pandas", "duckdb"})

@@ -13,7 +13,7 @@ RISK = {"trust": "low", "sensitivity": "high", "max_risk": 0.2, "max_noise": 10,
 
 
 def test_the_form_offers_one_choice_with_only_its_fields():
-    from flows.release import release_flow
+    from dprelease.flows.release import release_flow
 
     schema = release_flow.parameters.model_dump()
     props = schema["properties"]
@@ -63,7 +63,7 @@ def _flow_verdict(epsilon):
     Python API's first check), then the request it builds, judged by parse_request."""
     from prefect.exceptions import ParameterTypeError
 
-    from flows.release import release_flow, request_fields
+    from dprelease.flows.release import release_flow, request_fields
 
     try:
         params = release_flow.validate_parameters({"dataset": "adult", "sql": SQL, "epsilon": epsilon})

@@ -641,3 +641,18 @@ def test_a_group_key_or_statistic_named_like_another_statistic_s_interval_column
         run(data, aggregates=[dp.count(name="n"), dp.count(name="n_noise_sd")])
     assert list(run(data, aggregates=[dp.count(name="n")]).table.columns) == ["n", "n_ci_low", "n_ci_high",
                                                                               "n_noise_sd"]
+
+
+@pytest.mark.parametrize("kind", ["count", "count_units", "sum", "avg", "var", "stddev", "quantile"])
+@pytest.mark.parametrize("field", ["column", "lower", "upper", "q", "name"])
+def test_an_aggregate_built_directly_with_a_field_left_none_is_refused_or_valid_never_a_crash(kind, field):
+    """`Aggregate` is public: built directly, any optional field may be None. validate() either accepts
+    it (a bound left out is inferred) or refuses it naming the aggregate; it never fails on its own
+    label (a quantile without q: float(None) was a TypeError before the refusal could be written)."""
+    full = {"column": "age", "lower": 0.0, "upper": 10.0, "q": 0.5, "name": None}
+    aggregate = dp.Aggregate(kind, **{**full, field: None})
+    try:
+        aggregate.validate()
+        dp.Query([aggregate], privacy_unit="id", epsilon=1.0).validate()
+    except InvalidQueryError as refused:
+        assert "aggregate" in str(refused) or "quantile" in str(refused), str(refused)

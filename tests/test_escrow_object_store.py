@@ -7,15 +7,14 @@ unreachable store is one clear line with nothing registered."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from s3_server import free_port, new_bucket, s3_server  # noqa: F401 - s3_server: a fixture
 
 import dp_core as dp
 from dprelease import admin, escrow
@@ -31,51 +30,10 @@ CLI = str(Path(sys.executable).with_name("dprelease"))
 MARKER = "Zebulon-Quixotic-7731"  # a value that must never appear in the bucket
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def s3_server():
-    """A moto S3 server process on a free port of 127.0.0.1, stopped (by its PID) after the module;
-    the AWS variables s3fs reads point at it."""
-    port = _free_port()
-    log = open(os.devnull, "wb")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=log, stderr=log)
-    deadline = time.monotonic() + 300  # a generous bound: the machine may be loaded; ends early when it listens
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=5).close()
-            break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                pytest.fail("the moto S3 server did not start")
-            time.sleep(0.2)
-    env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "test",
-           "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}
-    yield env
-    proc.terminate()
-    proc.wait()
-    log.close()
-
-
 @pytest.fixture
-def bucket(s3_server, monkeypatch):
+def bucket(s3_server, monkeypatch):  # noqa: F811 - s3_server: the fixture imported above
     """A new bucket on the server; returns its fsspec filesystem and its name."""
-    import secrets
-
-    import fsspec
-
-    for name, value in s3_server.items():
-        monkeypatch.setenv(name, value)
-    fs = fsspec.filesystem("s3", skip_instance_cache=True)
-    name = f"escrow-{secrets.token_hex(4)}"
-    fs.mkdir(name)
-    return fs, name
+    return new_bucket(s3_server, monkeypatch, "escrow")
 
 
 def _settings(tmp_path: Path, url: str) -> Settings:
@@ -175,7 +133,7 @@ def test_an_unreachable_store_is_one_line_and_registers_nothing(tmp_path):
     home = tmp_path / "home"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DPRELEASE_", "AWS_"))}
     env.update(DPRELEASE_HOME=str(home), DPRELEASE_ESCROW_URL="s3://nowhere/escrow",
-               AWS_ENDPOINT_URL=f"http://127.0.0.1:{_free_port()}", AWS_ACCESS_KEY_ID="test",
+               AWS_ENDPOINT_URL=f"http://127.0.0.1:{free_port()}", AWS_ACCESS_KEY_ID="test",
                AWS_SECRET_ACCESS_KEY="test", AWS_DEFAULT_REGION="us-east-1", AWS_MAX_ATTEMPTS="2",
                PYTHONPATH=str(ROOT))
     source = tmp_path / "people.csv"
@@ -197,3 +155,24 @@ def test_an_escrow_url_that_is_not_an_object_store_is_refused_in_one_line():
         Settings.from_env({"DPRELEASE_HOME": "/tmp/h", "DPRELEASE_ESCROW_URL": "/tmp/x"})
     assert Settings.from_env({"DPRELEASE_HOME": "/tmp/h", "DPRELEASE_ESCROW_URL": "s3://b/p/"}).escrow_location == "s3://b/p"
     assert Settings.from_env({"DPRELEASE_HOME": "/tmp/h"}).escrow_location == Path("/tmp/h/escrow")
+
+
+def test_every_platform_step_reads_a_dataset_from_the_bucket(bucket, tmp_path):
+    """The platform's own readers take the blob's stored address as it is: each step that reads a
+    dataset (data checks, the engine's rows, the small-data frame) reads it from the bucket. A
+    bucket URL turned into a local path (s3:/bucket/...) made every release of such a dataset end
+    with 'the escrow blob ... is missing'."""
+    from dprelease import pipeline
+
+    fs, name = bucket
+    settings = _settings(tmp_path, f"s3://{name}/datasets")
+    admin.init(settings)
+    source = tmp_path / "people.csv"
+    _people(300).to_csv(source, index=False)
+    admin.register_dataset(settings, "people", source, "uid", epsilon_cap=5.0)
+    platform = pipeline.Platform.open(settings)
+
+    assert pipeline.check_data(platform, "people").success
+    assert pipeline.with_rows(platform, "people", lambda rows: rows.reader().read_all().num_rows, "count") == 300
+    _ds, frame = pipeline.load_frame(platform, "people")
+    pd.testing.assert_frame_equal(frame, _people(300), check_dtype=False)

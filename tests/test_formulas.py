@@ -11,8 +11,9 @@ import pytest
 
 import dp_core as dp
 from dp_core import partition_selection as ps
-from dp_core.accounting import eps_from_rho, plan_budget, rho_from_eps_delta, rho_from_eps_delta_tight, zcdp_delta
+from dp_core.accounting import eps_from_rho, plan_budget, rho_from_eps_delta, zcdp_delta
 from dp_core.intervals import laplace_mixture_tail, laplace_sum_halfwidth
+from dp_core.pld_accounting import gaussian_rho
 
 
 @pytest.mark.parametrize("eps,delta,cu", [(1.0, 1e-6, 1), (1 / 3, 1e-6, 4), (0.1, 1e-9, 10), (2.0, 1e-3, 3)])
@@ -149,12 +150,12 @@ def test_every_aggregate_states_its_sensitivity_and_scale(cu):
     assert sum(s.epsilon for s in r.budget) == pytest.approx(2.0) and r.delta_spent == 0.0
 
 
-def test_gaussian_scale_follows_zcdp():
+def test_gaussian_scale_follows_the_pools_rho():
     df = pd.DataFrame({"u": range(100), "g": ["a", "b"] * 50, "x": np.linspace(0, 1, 100)})
     q = dp.Query([dp.sum_("x", 0, 3, name="s"), dp.count(name="c")], privacy_unit="u", group_by=("g",),
                  epsilon=1.0, delta=1e-6, max_partitions_contributed=4, noise="gaussian", public_partitions=["a", "b"])
     r = dp.execute(q, df)
-    rho = rho_from_eps_delta_tight(1.0, 1e-6)  # both aggregates pool the whole budget
+    rho = gaussian_rho(1.0, 1e-6)  # both aggregates pool the whole budget (the exact Gaussian curve)
     rec = _records(r)
     s = rec["s.sum"]
     assert s.mechanism == "discrete Gaussian" and s.rho == pytest.approx(rho / 2)
@@ -165,13 +166,13 @@ def test_gaussian_scale_follows_zcdp():
 
 
 def test_the_gaussian_pool_is_converted_tightly_and_validly():
-    """The Gaussian aggregates' pooled share is converted by Canonne-Kamath-Steinke, not the simple
-    bound: on the L workload's plan (COUNT + SUM, C_u 4, epsilon 1, delta 1e-6, private partitions)
+    """The zCDP accountant (the fallback of the exact one, tests/test_pld_accounting.py) converts the
+    Gaussian aggregates' pooled share by Canonne-Kamath-Steinke, not the simple bound: on the L workload's plan (COUNT + SUM, C_u 4, epsilon 1, delta 1e-6, private partitions)
     sigma is at least 15% below the simple conversion's, and the pool's rho still implies its
     (epsilon, delta) share by the conversion's own formula."""
     q = dp.Query([dp.count(upper=10), dp.sum_("x", 0, 1000)], privacy_unit="u", group_by=("g",),
                  epsilon=1.0, delta=1e-6, max_partitions_contributed=4, noise="gaussian")
-    plan = plan_budget(q)
+    plan = plan_budget(q, accountant="zcdp")
     pool = [plan.aggregate_shares[i] for i in (0, 1)]
     eps_g, delta_g, rho_g = sum(s.epsilon for s in pool), sum(s.delta for s in pool), sum(s.rho for s in pool)
     assert (eps_g, delta_g) == pytest.approx((2 / 3, 2e-6 / 3))

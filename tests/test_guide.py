@@ -23,7 +23,7 @@ def guide_commands() -> list[str]:
 
 
 def test_the_guides_commands_run_as_written(tmp_path, monkeypatch):
-    from cli.app import app
+    from dprelease.cli.app import app
 
     commands = guide_commands()
     assert len(commands) >= 8 and any("controller add" in c for c in commands)
@@ -48,7 +48,7 @@ def _the_submitted_request_is_what_release_reads(home: Path, outputs: dict[str, 
     (tests/test_operations.py releases one)."""
     from dataclasses import replace
 
-    from cli.app import _read_request
+    from dprelease.cli.app import _read_request
     from dprelease.requests import load_request
     from dprelease.settings import Settings
 

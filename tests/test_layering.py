@@ -1,6 +1,9 @@
 """The house stays as drawn in docs/architecture.md: every import points down the layers
 
-    cli (entry) -> flows -> tasks -> dprelease (platform) -> dp_core (engine)
+    dprelease.cli (entry) -> dprelease.flows -> dprelease.tasks -> dprelease (platform) -> dp_core (engine)
+
+(cli/, flows/ and tasks/ sit at the repository's top level and are imported as dprelease.cli,
+dprelease.flows and dprelease.tasks; an import of the bare names is refused: the wheel has none)
 
 and no package imports itself back through another (no cycles between the project's packages and
 modules). Imports are read from the source (the AST), lazy imports inside functions included, so a
@@ -15,8 +18,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-#: top-level packages from the bottom floor up
-LAYERS = ["dp_core", "dprelease", "tasks", "flows", "cli"]
+#: the floors from the bottom up: each floor's import name and its directory in the repository
+LAYERS = ["dp_core", "dprelease", "dprelease.tasks", "dprelease.flows", "dprelease.cli"]
+LAYER_DIRS = {"dp_core": "dp_core", "dprelease": "dprelease", "dprelease.tasks": "tasks",
+              "dprelease.flows": "flows", "dprelease.cli": "cli"}
+#: names the checkout's directories would have as top-level packages; no installed wheel has them
+BARE_NAMES = {"tasks", "flows", "cli"}
 #: third-party libraries a layer must not need (the engine runs without the platform's stack)
 FORBIDDEN_LIBRARIES = {
     "dp_core": {"prefect", "sqlmodel", "sqlalchemy", "great_expectations", "jinja2", "typer", "rich", "cryptography"},
@@ -24,18 +31,19 @@ FORBIDDEN_LIBRARIES = {
 }
 
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+def _module_name(layer: str, path: Path) -> str:
+    parts = list(path.relative_to(ROOT / LAYER_DIRS[layer]).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts = parts[:-1]
-    return ".".join(parts)
+    return ".".join([layer, *parts])
 
 
 def _project_modules() -> dict[str, Path]:
+    """Every module of the house by its import name (dprelease.cli.app for cli/app.py)."""
     return {
-        _module_name(path): path
+        _module_name(layer, path): path
         for layer in LAYERS
-        for path in sorted((ROOT / layer).rglob("*.py"))
+        for path in sorted((ROOT / LAYER_DIRS[layer]).rglob("*.py"))
     }
 
 
@@ -69,8 +77,9 @@ def _graph() -> dict[str, set[str]]:
 
 
 def _layer(module: str) -> str | None:
-    top = module.split(".")[0]
-    return top if top in LAYERS else None
+    """The floor a module is on: the longest floor name it starts with."""
+    floors = [layer for layer in LAYERS if module == layer or module.startswith(layer + ".")]
+    return max(floors, key=len, default=None)
 
 
 def _project_edges(graph: dict[str, set[str]]) -> dict[str, set[str]]:
@@ -157,9 +166,9 @@ def test_no_import_cycles_between_packages():
 
 
 @pytest.mark.parametrize("package", ["dprelease.store", "dprelease.escrow", "dprelease.requests",
-                                     "dprelease.reporting", "dprelease.evaluators", "cli"])
+                                     "dprelease.reporting", "dprelease.evaluators", "dprelease.cli"])
 def test_each_platform_package_says_what_it_owns(package):
-    init = ROOT.joinpath(*package.split("."), "__init__.py")
+    init = ROOT.joinpath(*LAYER_DIRS.get(package, package).split("."), "__init__.py")
     doc = ast.get_docstring(ast.parse(init.read_text()))
     assert doc and len(doc.split()) >= 25, f"{package} needs a one-paragraph docstring saying what it owns"
 
@@ -168,12 +177,47 @@ def test_the_check_catches_an_upward_import(tmp_path, monkeypatch):
     """The check itself can fail: a platform module importing a flow is reported."""
     fake_root = tmp_path
     for layer in LAYERS:
-        (fake_root / layer).mkdir()
-        (fake_root / layer / "__init__.py").write_text("")
-    (fake_root / "dprelease" / "bad.py").write_text("from flows.release import release_flow\n")
+        (fake_root / LAYER_DIRS[layer]).mkdir()
+        (fake_root / LAYER_DIRS[layer] / "__init__.py").write_text("")
+    (fake_root / "dprelease" / "bad.py").write_text("from dprelease.flows.release import release_flow\n")
     (fake_root / "flows" / "release.py").write_text("import dprelease.bad\n")
     monkeypatch.setitem(globals(), "ROOT", fake_root)
-    with pytest.raises(AssertionError, match="dprelease.bad imports flows.release"):
+    with pytest.raises(AssertionError, match="dprelease.bad imports dprelease.flows.release"):
         test_every_import_points_down_the_layers()
     with pytest.raises(AssertionError, match="package cycles"):
         test_no_import_cycles_between_packages()
+
+
+def _bare_name_imports(path: Path) -> list[str]:
+    """Imports in one file of `flows`, `tasks` or `cli` as top-level packages, with their lines."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                 else [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+        found += [f"{path.relative_to(ROOT)}:{node.lineno} imports {name}"
+                  for name in names if name.split(".")[0] in BARE_NAMES]
+    return found
+
+
+def test_the_platform_is_imported_by_its_one_name_everywhere():
+    """cli/, flows/ and tasks/ are dprelease.cli, dprelease.flows and dprelease.tasks: the wheel
+    installs no top-level package of those names, so `from dprelease.flows.release import ...` works only
+    from a checkout's working directory and fails once installed. Every Python file of the
+    repository (the house, tests, benchmarks, examples, docs scripts) uses the one name."""
+    files = sorted(p for p in ROOT.rglob("*.py") if not {".venv", "build", "mutants", "site"} & set(p.relative_to(ROOT).parts))
+    bare = [line for path in files for line in _bare_name_imports(path)]
+    assert not bare, "import the platform as dprelease.cli/flows/tasks:\n" + "\n".join(bare)
+
+
+def test_the_one_name_check_catches_a_bare_import(tmp_path, monkeypatch):
+    """The check itself can fail: each way of spelling the old names is reported."""
+    planted = tmp_path / "bench" / "planted.py"
+    planted.parent.mkdir()
+    cli, flows, tasks = sorted(BARE_NAMES)  # spelled apart: a rewrite of the imports leaves this file alone
+    planted.write_text(f"import {cli}.app\nfrom {flows} import release\nfrom {tasks}.release_steps import plan\n"
+                       "from dprelease.flows import approvals\nimport dprelease.cli.app\n")
+    monkeypatch.setitem(globals(), "ROOT", tmp_path)
+    reported = [line.split(" imports ")[1] for line in _bare_name_imports(planted)]
+    assert reported == [f"{cli}.app", flows, f"{tasks}.release_steps"]
+    with pytest.raises(AssertionError, match=f"planted.py:1 imports {cli}"):
+        test_the_platform_is_imported_by_its_one_name_everywhere()

@@ -29,7 +29,7 @@ DATA = ROOT / "examples" / "data" / "adult.csv.gz"
 #: "spawned"), print what it found, then hold it for argv[2] seconds
 ATTACH = textwrap.dedent("""
     import json, sys, time
-    from cli import prefect_server
+    from dprelease.cli import prefect_server
     prefect_server.start()
     if sys.argv[1] != "spawned":
         prefect_server.wait_ready()
@@ -44,7 +44,7 @@ ATTACH = textwrap.dedent("""
 def prefect_home(tmp_path):
     """A fresh PREFECT_HOME holding the migrated template (copied: built once per machine's home);
     every local server left in it is killed at the end."""
-    from cli import temporary_prefect_server
+    from dprelease.cli import temporary_prefect_server
 
     template = temporary_prefect_server.template_database()
     home = tmp_path / "prefect-home"

@@ -30,6 +30,7 @@ SHAPES = {
     "truncated geometric": dict(aggregates=[dp.count(), dp.avg("x", 0, 50)], group_by=("g",)),
     "weighted gaussian": dict(aggregates=[dp.count()], group_by=("g",), selection="weighted_gaussian"),
     "mad": dict(aggregates=[dp.count()], group_by=("g",), selection="mad", max_partitions_contributed=2),
+    "damped mad": dict(aggregates=[dp.count()], group_by=("g",), selection="mad_damped", max_partitions_contributed=2),
     "inferred bounds": dict(aggregates=[dp.sum_("x", None, None)], group_by=("g",)),
     "gaussian aggregates": dict(aggregates=[dp.count(), dp.var("x", 0, 50)], group_by=("g",), noise="gaussian"),
     "gaussian selection and aggregates": dict(aggregates=[dp.sum_("x", 0, 50)], group_by=("g",), noise="gaussian",

@@ -1,4 +1,4 @@
-"""A rejection is its own final state (Completed, named Rejected), read in one place: flows.outcomes."""
+"""A rejection is its own final state (Completed, named Rejected), read in one place: dprelease.flows.outcomes."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from prefect.states import Cancelled, Completed, Failed
 
-from flows.outcomes import REJECTED, is_rejected, outcome, rejected
+from dprelease.flows.outcomes import REJECTED, is_rejected, outcome, rejected
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -79,9 +79,9 @@ def assert_waiting(console, run, thread, box) -> None:
     its budget is reserved and nothing is published."""
     from prefect import get_client
 
-    from cli.interactive import _pause_description
+    from dprelease.cli.interactive import _pause_description
+    from dprelease.flows.approvals import wait_until_paused
     from dprelease.pipeline import Platform
-    from flows.approvals import wait_until_paused
 
     try:
         wait_until_paused(str(run.id), timeout=PATIENCE_S)
@@ -94,7 +94,7 @@ def assert_waiting(console, run, thread, box) -> None:
     message = _pause_description(str(run.id))
     assert message.startswith("# An approval is waiting") and "/artifacts/key/release-" in message
     # its link leads to the UI the server opens (not to the other version at other paths)
-    from flows.release import UI_PREFIX
+    from dprelease.flows.release import UI_PREFIX
 
     assert ui_base(console["url"]) == console["url"] + UI_PREFIX and f"{UI_PREFIX}/artifacts/key/release-" in message
     store = Platform.open(console["settings"]).store
@@ -175,7 +175,7 @@ def assert_refusal_on_the_run_page(console, run) -> None:
     """A decision the form and the signature disagree on (form: approve; signed: reject) is
     refused, and the reason is on the run's page (its artifacts) by the time it is Paused again."""
     from dprelease import decisions
-    from flows.approvals import answer, wait_until_paused
+    from dprelease.flows.approvals import answer, wait_until_paused
 
     token = decisions.sign_for_release(console["settings"], str(run.id), "reject", console["key"], "mismatch")
     answer(str(run.id), "approve", "alice", signed_decision=token)
@@ -183,7 +183,7 @@ def assert_refusal_on_the_run_page(console, run) -> None:
     from prefect import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
-    from flows.release import refusal_artifact_key
+    from dprelease.flows.release import refusal_artifact_key
 
     page = open_run_page(console, run)
     show_artifact(page, "refused-")  # listed on the run's page
@@ -201,7 +201,7 @@ def test_an_on_demand_run_from_the_form_waits_for_the_controller(console):
     started = time.monotonic()
     from prefect import get_client
 
-    from cli.deciding import decide
+    from dprelease.cli.deciding import decide
     from dprelease.pipeline import Platform
 
     settings = console["settings"]

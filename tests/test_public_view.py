@@ -154,8 +154,9 @@ def test_the_readable_table_writes_numbers_short_and_the_public_view_dates_in_is
 
 def test_the_notes_say_a_count_of_units_is_the_selection_s_and_each_gaussian_share_a_slice_of_one_pool():
     """COUNT(DISTINCT unit) under Laplace-threshold selection is released from the selection's count,
-    and Gaussian aggregates are accounted in one zCDP pool: the notes say both, word for word (the
-    pool is the two Gaussian aggregates' two thirds of epsilon 2 and delta 1e-6)."""
+    and Gaussian aggregates are accounted in one pool, by privacy loss distributions: the notes say
+    both, word for word, with the accountant's figures (the pool is the two Gaussian aggregates' two
+    thirds of epsilon 2 and delta 1e-6)."""
     df = pd.DataFrame({"uid": np.arange(3000), "g": np.arange(3000) % 3, "v": np.arange(3000) % 5})
     q = dp.Query([dp.count_units(name="people"), dp.sum_("v", 0, 4, name="s"), dp.count(name="n")],
                  privacy_unit="uid", group_by=("g",), epsilon=2.0, delta=1e-6, noise="gaussian",
@@ -164,11 +165,14 @@ def test_the_notes_say_a_count_of_units_is_the_selection_s_and_each_gaussian_sha
     assert notes[1:3] == (
         "COUNT(DISTINCT unit) is the partition selection's noisy count, released as is (no extra budget); "
         "only counts above the threshold are released, so near the threshold they lean high.",
-        "Gaussian aggregates are accounted together in zCDP: their pooled (1.33333, 6.67e-07) is rho = 0.0402274 "
-        "(Canonne-Kamath-Steinke conversion), split between them; an aggregate's listed epsilon and delta are its "
-        "slice of the pool, not a guarantee of its own.")
-    assert ("Accountant: zCDP for the Gaussian parts (rho adds up; converted to (epsilon, delta) by "
-            "Canonne, Kamath and Steinke 2020), basic composition with the other parts.") in notes
+        "Gaussian aggregates are accounted together: their pooled (1.33333, 6.67e-07) is rho = 0.0447971 (on the "
+        "Gaussians' exact privacy curve, privacy loss distributions; the discrete noise sampled is certified "
+        "exactly), split between them; an aggregate's listed epsilon and delta are its slice of the pool, not a "
+        "guarantee of its own.")
+    assert ("Accountant: privacy loss distributions (dp-accounting) for the Gaussian aggregates: together "
+            "0.299323-GDP (mu^2 = 2 rho adds up), whose exact delta at epsilon 1.33333 is 5e-07; the discrete "
+            "Gaussians sampled, accounted exactly: delta 5e-07, within their delta 6.67e-07; basic composition "
+            "with the other parts.") in notes
 
 
 def test_the_public_json_keys_per_partition_bounds_by_numbers_and_dates_as_the_table_holds_them():

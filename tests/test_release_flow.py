@@ -57,7 +57,7 @@ def platform_env(tmp_path_factory):
 
 def start_release(**params):
     """Run the flow in a thread (as a worker would); returns (thread, box with result or error)."""
-    from flows.release import outcome, release_flow
+    from dprelease.flows.release import outcome, release_flow
 
     box: dict = {}
 
@@ -92,9 +92,9 @@ def controller_key(name="alice") -> Path:
 
 def decide(platform_env, decision, override="", **params):
     """Start a release and answer it as the controller alice (her signed decision)."""
-    from cli.deciding import decide as send
+    from dprelease.cli.deciding import decide as send
+    from dprelease.flows.approvals import wait_until_paused
     from dprelease.pipeline import Platform
-    from flows.approvals import wait_until_paused
 
     platform = Platform.open(platform_env)
     known = {r.id for r in platform.store.list_releases()}
@@ -205,7 +205,7 @@ def _sealed_result(platform, release_id):
 
 def test_reject_publishes_nothing_and_refunds(platform_env):
     from dprelease import pipeline
-    from flows.outcomes import is_rejected
+    from dprelease.flows.outcomes import is_rejected
 
     before = pipeline.Platform.open(platform_env).store.budget("adult")
     platform, rel, box = decide(platform_env, "reject")
@@ -266,7 +266,7 @@ def test_prefect_caches_the_compute_task_by_release_id(platform_env):
 
     from dprelease import pipeline
     from dprelease.requests import parse_request
-    from tasks import release_steps as steps
+    from dprelease.tasks import release_steps as steps
 
     platform = pipeline.Platform.open(platform_env)
     planned = pipeline.plan(platform, parse_request({"dataset": "adult", "sql": SQL, "epsilon": 1.0}))
@@ -381,12 +381,12 @@ def test_only_scheduled_runs_of_the_named_deployment_are_approved_automatically(
     of the same deployment started on demand waits for a controller (and is rejected here)."""
     from prefect.flow_engine import run_flow
 
-    from cli.deciding import decide as send
     from dprelease import admin, decisions, pipeline
+    from dprelease.cli.deciding import decide as send
+    from dprelease.flows.approvals import wait_until_paused
+    from dprelease.flows.publication import publication_flow
+    from dprelease.flows.release import outcome
     from dprelease.reporting import signing
-    from flows.approvals import wait_until_paused
-    from flows.publication import publication_flow
-    from flows.release import outcome
 
     data = Path(__file__).resolve().parents[1] / "examples" / "data" / "adult.csv.gz"
     admin.register_dataset(platform_env, "monthly", data, "person_id", epsilon_cap=10, add_row_id=True)
@@ -432,20 +432,27 @@ def test_only_scheduled_runs_of_the_named_deployment_are_approved_automatically(
         assert _ledger_rows(platform) == before and len(platform.store.list_releases()) == releases
 
 
-def test_deployments_in_prefect_yaml_point_at_flows_with_typed_forms():
+def test_deployments_in_prefect_yaml_point_at_flows_with_typed_forms(monkeypatch):
+    """Each entrypoint loads as a worker loads it (Prefect's loader, from the directory the pull step
+    sets: the repository's root), and is the flow its module dprelease.flows.* defines."""
     import importlib
 
     import yaml
+    from prefect.flows import load_flow_from_entrypoint
 
-    spec = yaml.safe_load((Path(__file__).resolve().parents[1] / "prefect.yaml").read_text())
+    root = Path(__file__).resolve().parents[1]
+    spec = yaml.safe_load((root / "prefect.yaml").read_text())
     names = {d["name"]: d for d in spec["deployments"]}
     assert set(names) == {"dp-release", "dp-monthly-publication"}
     assert names["dp-monthly-publication"]["schedules"][0]["cron"] == "0 6 1 * *"
+    monkeypatch.chdir(root)
     for d in spec["deployments"]:
-        module, func = d["entrypoint"].split(":")
-        flow_obj = getattr(importlib.import_module(module.replace("/", ".").removesuffix(".py")), func)
+        path, func = d["entrypoint"].split(":")
+        flow_obj = load_flow_from_entrypoint(d["entrypoint"], use_placeholder_flow=False)
+        defined = getattr(importlib.import_module("dprelease." + path.replace("/", ".").removesuffix(".py")), func)
+        assert flow_obj.name == defined.name
         props = flow_obj.parameters.model_dump()["properties"]
-        assert set(d["parameters"]) <= set(props)
+        assert set(d["parameters"]) <= set(props) and props == defined.parameters.model_dump()["properties"]
     release_props = names["dp-release"]
     assert release_props["work_pool"]["name"] == "dprelease-pool"
 
@@ -455,8 +462,8 @@ def test_release_flow_never_auto_approves_and_later_steps_never_recompute(platfo
     set as a user could still waits for the controller. And after the compute step, a missing
     seal is an error, not a new draw."""
     from dprelease import pipeline
+    from dprelease.flows.release import release_flow
     from dprelease.requests import parse_request
-    from flows.release import release_flow
 
     props = release_flow.parameters.model_dump()["properties"]
     assert not {"auto_approve_policy", "require_policy", "poll_interval"} & set(props)
@@ -511,7 +518,7 @@ def _refusals(platform_env, release_id) -> int:
 def _send_raw(platform_env, rel, token, decision="approve", reviewer="alice"):
     """Resume the paused run with a hand-made answer, as anyone with the console could; wait
     until the run has refused it and paused again."""
-    from flows.approvals import answer, looks, wait_until_paused
+    from dprelease.flows.approvals import answer, looks, wait_until_paused
 
     before = _refusals(platform_env, rel.id)
     answer(rel.flow_run_id, decision, reviewer, "", signed_decision=token, timeout=PATIENCE_S)
@@ -529,9 +536,9 @@ def assert_refusal_shown(platform_env, rel) -> None:
     from prefect import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, FlowRunFilter, FlowRunFilterId
 
-    from cli.interactive import _pause_description
     from dprelease import decisions
-    from flows.release import refusal_artifact_key
+    from dprelease.cli.interactive import _pause_description
+    from dprelease.flows.release import refusal_artifact_key
 
     path = platform_env.archive_dir / rel.id / decisions.REFUSED_FILE
     why = json.loads(path.read_text().splitlines()[-1])["why"]
@@ -550,10 +557,10 @@ def test_only_a_registered_controllers_signed_decision_publishes(platform_env, t
     the run still waits; then alice's signed decision publishes and the archive records it."""
     from prefect.flow_runs import resume_flow_run
 
-    from cli.deciding import decide as send
     from dprelease import decisions, pipeline
+    from dprelease.cli.deciding import decide as send
+    from dprelease.flows.approvals import wait_until_paused
     from dprelease.reporting import signing
-    from flows.approvals import wait_until_paused
 
     platform = pipeline.Platform.open(platform_env)
     known = {r.id for r in platform.store.list_releases()}
@@ -563,7 +570,7 @@ def test_only_a_registered_controllers_signed_decision_publishes(platform_env, t
     # the paused run says an approval is waiting, links the summary, previews the accuracy
     from prefect import get_client
 
-    from cli.interactive import _pause_description
+    from dprelease.cli.interactive import _pause_description
 
     message = _pause_description(rel.flow_run_id)
     assert "An approval is waiting" in message and "/artifacts/key/release-" in message
@@ -602,7 +609,7 @@ def test_only_a_registered_controllers_signed_decision_publishes(platform_env, t
     assert entry["controller"] == "alice" and entry["decision"] == "approve" and entry["reason"] == "numbers look right"
     assert entry["report_fingerprint"] == decisions.report_fingerprint(platform_env, rel.id) and entry["decided_at"]
     assert platform.store.get_release(rel.id).decision_by == "alice"
-    from flows import approvals
+    from dprelease.flows import approvals
 
     assert rel.id not in approvals._awaiting_here  # a process that runs many flows keeps no event of this one
 
@@ -611,7 +618,7 @@ def test_a_pause_s_event_forgotten_late_never_takes_the_next_wait_s():
     """The utility command decides three times for one release: its next wait may take a new event
     before the flow's thread forgets the one it set for the pause just answered. Each side forgets
     only its own event, so the next pause still wakes the command at once."""
-    from flows import approvals
+    from dprelease.flows import approvals
 
     release = "utility-release"
     first = approvals.awaiting_here(release)  # the flow asks (the command waits on the same event)
@@ -627,9 +634,9 @@ def test_a_pause_s_event_forgotten_late_never_takes_the_next_wait_s():
 def test_risk_above_tolerance_needs_an_override_with_a_reason(platform_env):
     """The default profile tolerates 0.2; epsilon 1 gives about 0.31: the summary says so in
     words, approving without an override is refused, with one the reason is archived."""
-    from cli.deciding import decide as send
     from dprelease import admin, decisions, pipeline
-    from flows.approvals import wait_until_paused
+    from dprelease.cli.deciding import decide as send
+    from dprelease.flows.approvals import wait_until_paused
 
     data = Path(__file__).resolve().parents[1] / "examples" / "data" / "adult.csv.gz"
     admin.register_dataset(platform_env, "risky", data, "person_id", epsilon_cap=10, add_row_id=True)
@@ -684,9 +691,9 @@ def assert_risk_dialog_says_it_once(rel) -> None:
 
     from typer.testing import CliRunner
 
-    from cli.app import app
-    from cli.interactive import _pause_description
-    from flows.release import ReleaseDecision
+    from dprelease.cli.app import app
+    from dprelease.cli.interactive import _pause_description
+    from dprelease.flows.release import ReleaseDecision
 
     dialog = _pause_description(rel.flow_run_id)
     assert dialog.count("above your tolerable risk") == 1, dialog
@@ -729,8 +736,8 @@ def test_the_run_form_offers_the_registered_datasets_and_their_profiles(platform
     from prefect import get_client
     from typer.testing import CliRunner
 
-    from cli.app import app
-    from flows.release import release_flow
+    from dprelease.cli.app import app
+    from dprelease.flows.release import release_flow
 
     with get_client(sync_client=True) as client:
         deployment_id = client.create_deployment(flow_id=client.create_flow_from_name(release_flow.name),
@@ -784,7 +791,7 @@ def run_as_worker(params: dict, box: dict, flow_run=None):
     from prefect.flow_engine import flow_run_logger, run_flow
     from prefect_console import deploy_release_flow
 
-    from flows.release import release_flow
+    from dprelease.flows.release import release_flow
 
     with get_client(sync_client=True) as client:
         run = flow_run or client.create_flow_run_from_deployment(deploy_release_flow(), parameters=params)
@@ -819,9 +826,9 @@ WORKER_PARAMS = {"dataset": "adult", "sql": SQL, "epsilon": {"epsilon": 1.0}, "a
 
 def worker_release(platform_env, decision, **params):
     """A release run as a worker runs it, answered by alice (or left to expire when decision is None)."""
-    from cli.deciding import decide as send
+    from dprelease.cli.deciding import decide as send
+    from dprelease.flows.approvals import wait_until_paused
     from dprelease.pipeline import Platform
-    from flows.approvals import wait_until_paused
 
     platform = Platform.open(platform_env)
     box: dict = {}
@@ -839,7 +846,7 @@ def test_a_rejected_run_ends_rejected_without_a_traceback_through_the_api(platfo
     """Issue 35: a worker's rejected run logged `TypeError: Unexpected result for failed state`. Its
     final state, read back from the API, is named Rejected, is not a failure (nor a publication to
     any reader), and its logs hold no error and no traceback; the budget is refunded."""
-    from flows.outcomes import is_rejected, outcome, stored_outcome
+    from dprelease.flows.outcomes import is_rejected, outcome, stored_outcome
 
     platform, box = worker_release(platform_env, "reject")
     run, state = box["run"], box["state"]
@@ -921,10 +928,10 @@ def test_forged_and_replayed_decisions_are_refused_and_spend_nothing(platform_en
     refunds it to the last digit."""
     import hashlib
 
-    from cli.deciding import decide as send
     from dprelease import decisions, pipeline
+    from dprelease.cli.deciding import decide as send
+    from dprelease.flows.approvals import answer, wait_until_paused
     from dprelease.reporting import signing
-    from flows.approvals import answer, wait_until_paused
 
     platform = pipeline.Platform.open(platform_env)
     budget_before = platform.store.budget("adult")
@@ -1005,7 +1012,7 @@ def test_an_answer_waits_for_the_pause_form_as_well_as_the_pause(platform_env):
     from prefect.input.run_input import keyset_from_base_key
     from prefect.states import Paused, Running
 
-    from flows.approvals import wait_until_paused
+    from dprelease.flows.approvals import wait_until_paused
 
     @flow
     def paused_by_hand():
@@ -1107,8 +1114,8 @@ def test_a_decision_for_a_run_that_died_before_its_pause_is_refused_saying_so(pl
 
     from prefect import flow, get_client
 
-    from cli.deciding import decide as send
     from dprelease import decisions, pipeline, recovery
+    from dprelease.cli.deciding import decide as send
 
     @flow
     def never_pauses():

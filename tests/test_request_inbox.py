@@ -34,7 +34,7 @@ def test_an_inbox_file_reads_back_as_the_request_submitted(tmp_path, text):
 def test_the_command_line_s_inbox_file_runs_as_it_is(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
-    from cli.app import app
+    from dprelease.cli.app import app
     from dprelease.requests import load_request
 
     monkeypatch.setenv("DPRELEASE_HOME", str(tmp_path))

@@ -316,8 +316,8 @@ def platform(tmp_path_factory):
 
 
 def test_demo_promise_is_what_its_report_shows(platform):
-    from cli.demo import REQUEST
     from dprelease import pipeline
+    from dprelease.cli.demo import REQUEST
     from dprelease.reporting import pages
     from dprelease.requests import parse_request
 
@@ -344,8 +344,8 @@ def test_demo_promise_is_what_its_report_shows(platform):
 
 
 def test_no_solution_releases_nothing_and_says_what_to_relax(platform):
-    from cli.demo import REQUEST
     from dprelease import pipeline
+    from dprelease.cli.demo import REQUEST
     from dprelease.requests import parse_request
 
     request = dict(REQUEST, epsilon={"risk": dict(REQUEST["epsilon"]["risk"], max_noise=2)})
@@ -359,7 +359,7 @@ def test_no_solution_releases_nothing_and_says_what_to_relax(platform):
 
 
 def test_a_misspelt_risk_field_is_refused_by_name(platform):
-    from cli.demo import REQUEST
+    from dprelease.cli.demo import REQUEST
     from dprelease.requests import RequestError, parse_request
 
     request = dict(REQUEST, epsilon={"risk": dict(REQUEST["epsilon"]["risk"], headine="people")})
@@ -368,8 +368,8 @@ def test_a_misspelt_risk_field_is_refused_by_name(platform):
 
 
 def test_sql_options_epsilon_and_the_risk_model_are_refused_together(platform):
-    from cli.demo import REQUEST
     from dprelease import pipeline
+    from dprelease.cli.demo import REQUEST
     from dprelease.requests import parse_request
 
     sql = ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 2, privacy_unit_column = person_id) education, "

@@ -53,9 +53,9 @@ def test_a_year_of_running_totals_released_month_by_month_by_the_schedule(env, t
     from test_series import _scheduled_runs
 
     from dprelease import pipeline, running_total, series
+    from dprelease.flows.publication import publication_flow
     from dprelease.reporting import signing
     from dprelease.store import series as store_series
-    from flows.publication import publication_flow
 
     settings, files = env["settings"], env["files"]
     platform = pipeline.Platform.open(settings)
@@ -88,7 +88,7 @@ def test_a_year_of_running_totals_released_month_by_month_by_the_schedule(env, t
     assert all(p["epsilon"] == MONTHLY_EPSILON for p in budget["per_period"].values())
     import subprocess
 
-    shown = subprocess.run([sys.executable, "-m", "cli.app", "budget"], capture_output=True, text=True, cwd=ROOT,
+    shown = subprocess.run([sys.executable, "-m", "dprelease.cli.app", "budget"], capture_output=True, text=True, cwd=ROOT,
                            env={**os.environ, "COLUMNS": "200"}, check=False)
     assert shown.returncode == 0 and ("its running total spent epsilon 1, delta 1e-06 once for its horizon of 12 "
                                       "periods") in shown.stdout, shown.stdout + shown.stderr
@@ -154,13 +154,13 @@ def test_a_running_total_is_refused_with_nothing_written(env, tmp_path):
 
     declaration = tmp_path / "running.yaml"
     declaration.write_text("statistic: COUNT_DISTINCT\nhorizon: 12\nepsilon: 1\ndelta: 1.0e-6\n")
-    cli = subprocess.run([sys.executable, "-m", "cli.app", "dataset", "register", "refused", str(path), "--snapshot",
+    cli = subprocess.run([sys.executable, "-m", "dprelease.cli.app", "dataset", "register", "refused", str(path), "--snapshot",
                           label, "--unit", "person_id", "--epsilon-cap", "2", "--series-budget", "per_snapshot",
                           "--running-total", str(declaration)], capture_output=True, text=True, cwd=ROOT, check=False)
     assert cli.returncode == 2 and cli.stderr.startswith("error: running total: it spans periods"), cli.stderr
     assert "Traceback" not in cli.stderr and len(cli.stderr.strip().splitlines()) == 1
     declaration.write_text("statistic: [")
-    cli = subprocess.run([sys.executable, "-m", "cli.app", "dataset", "register", "refused", str(path), "--snapshot",
+    cli = subprocess.run([sys.executable, "-m", "dprelease.cli.app", "dataset", "register", "refused", str(path), "--snapshot",
                           label, "--unit", "person_id", "--epsilon-cap", "2", "--series-budget", "series_cap",
                           "--running-total", str(declaration)], capture_output=True, text=True, cwd=ROOT, check=False)
     assert cli.returncode == 2 and "cannot be read" in cli.stderr, cli.stderr

@@ -13,7 +13,8 @@ Expected budget shares (accounting.plan_budget, derived here from the weights): 
 epsilon * w_sel / (w_sel + sum of the other parts' weights) and delta * w_sel / (w_sel + sum of the
 Gaussian aggregates' weights). Its delta is the bound for the Laplace threshold and the truncated
 geometric; for the weighted Gaussian and MAD the threshold's part is delta_sel / 2 * e^(-epsilon of
-the query), summed over the rounds (selection_weighted.py's proof sketch, step 3).
+the query), summed over the rounds (selection_weighted.py's proof sketch, step 3); for damped MAD it
+is delta_sel / 2 * e^(-epsilon of the selection) (selection_damped.py, step 3).
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ import pytest
 
 import dp_core as dp
 from dp_core import partition_selection as ps
+from dp_core import selection_damped as sd
 from dp_core import selection_weighted as sw
-from dp_core.accounting import plan_budget
+from dp_core.accounting import plan_budget, rho_from_eps_delta_tight
 from dp_core.noise import gaussian_parameters, laplace_parameters
 
 PRECISION = 100
@@ -185,6 +187,49 @@ def gaussian_rounds_chance(q: dp.Query, side: int = 1) -> tuple[Decimal, Decimal
     return total, dec(share.delta) / 2 * (-dec(q.epsilon)).exp()
 
 
+def damped_weight(a: int, b: int, damped: bool) -> int:
+    """Damped MAD's round-2 weight (selection_damped.py's docstring): floor(2^16 / sqrt(a + b/4)) in
+    an undamped partition, floor(2^15 / sqrt(a + b/4)) in a damped one: the largest integer w with
+    (a + b/4) w^2 <= 4^16 (resp. 4^15)."""
+    top = 4**15 if damped else 4**16
+    w = int(dec(ONE_WEIGHT) / (2 if damped else 1) / (dec(a) + dec(b) / 4).sqrt())
+    while (4 * a + b) * (w + 1) ** 2 <= 4 * top:
+        w += 1
+    while (4 * a + b) * w * w > 4 * top:
+        w -= 1
+    return w
+
+
+def damped_rounds_chance(q: dp.Query, side: int = 1) -> tuple[Decimal, Decimal]:
+    """(damped MAD's chance of releasing any group of a unit alone, over both rounds, the threshold's
+    delta: delta_sel / 2 * e^(-epsilon of the selection)). Round 1: q_k in each of k <= C_u groups.
+    Round 2, whatever round 1 did: a undamped and b damped groups, 1 <= a + b <= C_u, each of its
+    weights; the chance is the worst (a, b)."""
+    share = selection_share(q)
+    cu = q.max_partitions_contributed
+    rounds = sd.damped_rounds(share, cu)
+    # its own rho, from epsilon and half the delta (never pooled), split between the rounds
+    assert sum(r["rho"] for r in rounds) <= rho_from_eps_delta_tight(share.epsilon, share.delta / 2) * (1 + 1e-12)
+    laws = []
+    for rnd in rounds:
+        variance = gaussian_parameters(rnd["variance"]).variance
+        assert variance >= Fraction(4**16) / (2 * Fraction(rnd["rho"]))
+        laws.append((variance, int(rnd["threshold"])))
+    (v1, t1), (v2, t2) = laws
+    first = max(any_of(gaussian_tail(v1, t1 - unit_weight(k), side), k) for k in range(1, cu + 1))
+    second = Decimal(0)
+    for a in range(cu + 1):
+        for b in range(cu + 1 - a):
+            if a + b:
+                none = ((1 - gaussian_tail(v2, t2 - damped_weight(a, b, False), side)) ** a
+                        * (1 - gaussian_tail(v2, t2 - damped_weight(a, b, True), side)) ** b)
+                second = max(second, 1 - none)
+    rows = pd.DataFrame({"_w1": [ONE_WEIGHT], "_w2": [ONE_WEIGHT], "_mad_r1": [False]})
+    used = ps.STRATEGIES[q.selection](np.array([1]), share, cu, rows=rows, query=q)
+    assert used.threshold == t2 / ONE_WEIGHT  # the rounds are the mechanism's own
+    return first + second, dec(share.delta) / 2 * (-dec(share.epsilon)).exp()
+
+
 # --- the checks ------------------------------------------------------------------------------------
 
 
@@ -238,4 +283,18 @@ def test_weighted_gaussian_selections_release_a_group_of_one_unit_with_at_most_t
         chance, allowed = gaussian_rounds_chance(q, side=1)
         assert chance <= allowed, (float(chance), float(allowed))
         lower, _ = gaussian_rounds_chance(q, side=-1)
+        assert lower >= allowed * Decimal("0.99"), (float(lower), float(allowed))
+
+
+@pytest.mark.parametrize("eps, delta, cu, weight, noise", GRID)
+def test_damped_mad_releases_a_group_of_one_unit_with_at_most_its_delta(eps, delta, cu, weight, noise):
+    """Every mix of damped and undamped groups a unit alone can have in round 2 counts (a threshold
+    set for MAD's uniform weights alone would not see a + b/4 < a + b); within the share, and not
+    far below it."""
+    with localcontext() as ctx:
+        ctx.prec = PRECISION
+        q = query("mad_damped", eps, delta, cu, weight, noise)
+        chance, allowed = damped_rounds_chance(q, side=1)
+        assert chance <= allowed, (float(chance), float(allowed))
+        lower, _ = damped_rounds_chance(q, side=-1)
         assert lower >= allowed * Decimal("0.99"), (float(lower), float(allowed))

@@ -92,9 +92,9 @@ def test_a_year_of_monthly_releases_once_each_with_the_signed_series_page(series
     from prefect.flow_engine import run_flow
 
     from dprelease import pipeline, series
+    from dprelease.flows.publication import publication_flow
     from dprelease.reporting import signing
     from dprelease.store import series as store_series
-    from flows.publication import publication_flow
 
     settings, files, spec = series_env["settings"], series_env["files"], series_env["spec"]
     platform = pipeline.Platform.open(settings)
@@ -139,7 +139,7 @@ def test_a_year_of_monthly_releases_once_each_with_the_signed_series_page(series
     assert html.count("<svg") == 2 and "parallel composition" in html
     for o in outcomes:
         assert f"../../{o['release_id']}/index.html" in html
-    cli = subprocess.run([sys.executable, "-m", "cli.app", "verify", str(page_dir), "--key",
+    cli = subprocess.run([sys.executable, "-m", "dprelease.cli.app", "verify", str(page_dir), "--key",
                           str(settings.public_key_file)], check=False, capture_output=True, text=True, cwd=ROOT)
     assert cli.returncode == 0, cli.stdout + cli.stderr
     assert "series/visits/index.html" in (settings.publication_dir / "index.html").read_text()
@@ -193,7 +193,7 @@ def _run_scheduled(spec: Path, name: str):
     """One run created by the schedule of the series' deployment, executed as a worker would."""
     from prefect.flow_engine import run_flow
 
-    from flows.publication import publication_flow
+    from dprelease.flows.publication import publication_flow
 
     _, (run,), parameters = _scheduled_runs(spec, 1, series=name, deployment=f"{name}-publication")
     return run, run_flow(publication_flow, flow_run=run, parameters=parameters, return_type="state")
@@ -263,7 +263,7 @@ def test_a_series_budget_short_of_every_snapshot_publishes_the_oldest_and_names_
     from prefect.flow_engine import run_flow
     from prefect.states import AwaitingRetry
 
-    from flows.publication import publication_flow
+    from dprelease.flows.publication import publication_flow
 
     before = _ledger(platform.store)
     with get_client(sync_client=True) as client:
@@ -301,7 +301,7 @@ def _render_in_chromium(page: Path, tmp_path: Path) -> Path:
 def test_the_monthly_deployment_names_the_series_and_the_snapshot_rule_typed_and_described():
     import yaml
 
-    from flows.publication import publication_flow
+    from dprelease.flows.publication import publication_flow
 
     spec = yaml.safe_load((ROOT / "prefect.yaml").read_text())
     monthly = next(d for d in spec["deployments"] if d["name"] == "dp-monthly-publication")

@@ -155,8 +155,8 @@ def test_per_snapshot_budget_each_period_its_own_cap_total_is_the_largest(sqlite
 
 
 def test_a_snapshot_with_a_changed_schema_is_refused_the_same_by_api_and_cli(tmp_path, monkeypatch):
-    from cli.app import app
     from dprelease import admin, series
+    from dprelease.cli.app import app
     from dprelease.settings import Settings
 
     monkeypatch.setenv("DPRELEASE_HOME", str(tmp_path / "home"))

@@ -166,16 +166,19 @@ def test_approx_bounds_histograms_equal_duckdb_global_and_per_partition(spark, f
     assert_same_frame(duck, on_spark, ["agg", "part", "neg", "e"])
 
 
-def test_mad_second_round_weights_equal_duckdb(spark, frames):
+@pytest.mark.parametrize("selection", ["mad", "mad_damped"])
+def test_mad_second_round_weights_equal_duckdb(spark, frames, selection):
     query = dp.Query([dp.count_units()], privacy_unit="uid", group_by=("part",), epsilon=1.0,
-                     max_partitions_contributed=CU, noise="gaussian", selection="mad")
+                     max_partitions_contributed=CU, noise="gaussian", selection=selection)
     released = [("p00",), ("p03",), ("p07",)]
+    damped = [("p01",), ("p05",)]  # damped MAD's round 2 halves these (MAD's ignores them)
 
     def round_two(backend):
         schema = backend.schema()
         plan = build_plan(query, set(), SEED, key_types=schema, dialect=backend.dialect, transpile=False,
                           portable_hash=True)
-        return backend.run(round_two_sql(plan.with_clause, query, released, schema, backend.dialect))
+        return backend.run(round_two_sql(plan.with_clause, query, released, schema, backend.dialect,
+                                         damped_keys=damped))
 
     duck, on_spark = _run_both(frames, round_two, spark)
     assert len(duck) == 12 - len(released)
@@ -199,7 +202,7 @@ def test_per_partition_bounds_plan_equals_duckdb(spark, frames):
     assert_same_frame(duck, on_spark, ["part"])
 
 
-@pytest.mark.parametrize("selection,noise_kind", [("auto", "laplace"), ("mad", "gaussian")])
+@pytest.mark.parametrize("selection,noise_kind", [("auto", "laplace"), ("mad", "gaussian"), ("mad_damped", "laplace")])
 def test_same_randomness_same_release_on_both(spark, frames, monkeypatch, selection, noise_kind):
     """With the noise source replayed identically, the whole release (automatic bounds, selection
     with MAD's second round, noise, quantiles) is the same table on DuckDB and Spark, and so is the

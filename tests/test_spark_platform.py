@@ -91,11 +91,11 @@ def test_a_release_of_an_external_dataset_runs_on_spark_is_approved_signed_and_v
     controller summary, a signed decision, publication; the report verifies with the public key."""
     import threading
 
-    from cli.deciding import decide
     from dprelease import pipeline
+    from dprelease.cli.deciding import decide
+    from dprelease.flows.approvals import wait_until_paused
+    from dprelease.flows.release import outcome, release_flow
     from dprelease.reporting import signing
-    from flows.approvals import wait_until_paused
-    from flows.release import outcome, release_flow
 
     settings, _, alice = lake_env
     platform = pipeline.Platform.open(settings)
@@ -308,7 +308,7 @@ def test_spark_refuses_a_malformed_csv_and_names_every_column_type(spark, tmp_pa
 def test_cli_registers_an_external_csv_and_refuses_what_does_not_fit(lake_env, tmp_path):
     from typer.testing import CliRunner
 
-    from cli.app import app
+    from dprelease.cli.app import app
     from dprelease.store import Store
 
     settings, _, _ = lake_env

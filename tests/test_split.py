@@ -85,22 +85,25 @@ def test_release_probabilities_agree_with_each_law_computed_independently(units,
         discrete_laplace_release_by_sum(units, t, cu / share.epsilon), rel=1e-9, abs=1e-15)
 
 
-@pytest.mark.parametrize("selection", ["weighted_gaussian", "mad"])
+@pytest.mark.parametrize("selection", ["weighted_gaussian", "mad", "mad_damped"])
 def test_a_gaussian_selection_s_release_probability_is_a_lower_bound_of_the_exact_sum(selection):
     """The weighted selections' bound against the discrete Gaussian's mass summed exactly, each unit
-    weighing q_{C_u} (its least weight) in every round."""
-    from dp_core.selection_weighted import selection_rounds, unit_weights
+    weighing its least weight in every round: q_{C_u}, or in damped MAD's round 2 half the weight of
+    a unit with one damped group and C_u - 1 undamped, floor(2^16 / sqrt(4 C_u - 3))."""
+    from dp_core.selection_damped import rounds_of
+    from dp_core.selection_weighted import unit_weights
 
     q = dp.Query([dp.count(name="c")], privacy_unit="u", group_by=("g",), epsilon=1.0, delta=1e-6,
                  max_partitions_contributed=4, selection=selection, noise="gaussian")
     budget = plan_budget(q)
     for units in (10, 40, 80):
         missed = 1.0
-        for rnd in selection_rounds(selection, budget.selection_share, 4, q.epsilon):
+        for r, rnd in enumerate(rounds_of(selection, budget.selection_share, 4, q.epsilon)):
             sigma = rnd["sigma"]
             k = np.arange(-math.ceil(12 * sigma), math.ceil(12 * sigma) + 1, dtype=np.float64)
             mass = np.exp(-k * k / (2 * sigma * sigma))
-            weight = units * unit_weights(4)[-1]
+            damped = r == 1 and selection == "mad_damped"
+            weight = units * (math.isqrt(4**16 // 13) if damped else unit_weights(4)[-1])  # 4 C_u - 3 = 13
             missed *= 1.0 - float(mass[weight + k >= rnd["threshold"]].sum() / mass.sum())
         bound = group_release_probability(q, budget, units)
         assert bound <= 1.0 - missed + 1e-12 and bound >= 1.0 - missed - 1e-3
@@ -147,8 +150,8 @@ def platform(tmp_path_factory):
 
 
 def test_the_demo_request_needs_a_fifth_less_and_its_report_keeps_every_promise(platform):
-    from cli.demo import REQUEST
     from dprelease import pipeline
+    from dprelease.cli.demo import REQUEST
     from dprelease.requests import parse_request
 
     request = parse_request(REQUEST)
@@ -192,7 +195,7 @@ def test_the_demo_request_needs_a_fifth_less_and_its_report_keeps_every_promise(
     ({"groups": {"units": 10, "chance": 0.5}}, ("groups: Extra inputs are not permitted", "got {'units': 10, 'chance'")),
 ])
 def test_bad_split_fields_are_refused_by_the_request_and_the_chooser_alike(fields, words):
-    from cli.demo import REQUEST
+    from dprelease.cli.demo import REQUEST
     from dprelease.requests import parse_request
 
     fields_ = {**REQUEST["epsilon"]["risk"], **fields}
@@ -235,8 +238,8 @@ def test_with_a_fixed_total_the_need_weights_give_the_smallest_worst_ratio_of_in
 
 
 def test_a_statement_of_two_dp_selects_cannot_be_split_by_need(platform):
-    from cli.demo import REQUEST
     from dprelease import pipeline
+    from dprelease.cli.demo import REQUEST
     from dprelease.requests import parse_request
 
     sql = ("WITH a AS (SELECT WITH ANONYMIZATION sex, ANON_COUNT(*, 1) AS people FROM adult GROUP BY sex), "

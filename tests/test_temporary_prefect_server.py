@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: a command that starts its temporary server as `dprelease release` does, then waits to be killed
 COMMAND = textwrap.dedent("""
     import os, sys, time
-    from cli import prefect_server
+    from dprelease.cli import prefect_server
     prefect_server.start()
     prefect_server.wait_ready()
     server = prefect_server._server
@@ -51,7 +51,7 @@ def _gone(pid: int, within_s: float) -> bool:
 def test_kill_9_of_the_command_takes_its_server_and_the_next_command_removes_its_database():
     import httpx
 
-    from cli import temporary_prefect_server as prefect_server
+    from dprelease.cli import temporary_prefect_server as prefect_server
 
     prefect_server.template_database()  # built once per Prefect home (shared with other tests)
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
@@ -76,7 +76,7 @@ def test_kill_9_of_the_command_takes_its_server_and_the_next_command_removes_its
 
 
 def test_the_sweep_leaves_the_database_of_a_live_command(tmp_path, monkeypatch):
-    from cli import temporary_prefect_server as prefect_server
+    from dprelease.cli import temporary_prefect_server as prefect_server
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     live = tmp_path / f"{prefect_server.SCRATCH_PREFIX}live"
@@ -102,7 +102,7 @@ def test_a_server_on_a_copy_of_the_template_starts_without_migrating_and_serves_
     from prefect import Flow
     from prefect.client.orchestration import SyncPrefectClient
 
-    from cli import temporary_prefect_server as prefect_server
+    from dprelease.cli import temporary_prefect_server as prefect_server
 
     template = prefect_server.template_database()
     assert template.name == f"dprelease-empty-prefect-{prefect.__version__}.db"
@@ -133,7 +133,7 @@ def test_a_template_built_again_holds_every_block_type(tmp_path):
     have registered none, and its copies' servers skip the registration. The builder forgets that."""
     code = textwrap.dedent("""
         import sqlite3
-        from cli import temporary_prefect_server as prefect_server
+        from dprelease.cli import temporary_prefect_server as prefect_server
         counts = []
         for _build in range(2):
             template = prefect_server.template_database()
@@ -165,7 +165,7 @@ def test_a_new_home_copies_the_installations_template_instead_of_building_one(tm
     import prefect
 
     code = textwrap.dedent("""
-        from cli import temporary_prefect_server as prefect_server
+        from dprelease.cli import temporary_prefect_server as prefect_server
         print(prefect_server.existing_template())
         print(prefect_server.template_database())
     """)

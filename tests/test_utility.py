@@ -51,10 +51,10 @@ def env(tmp_path_factory):
 
 def run_utility(env, answers, **params):
     """Start the utility flow and give the answers in order (approve/reject), one per pause."""
-    from cli.deciding import decide
+    from dprelease.cli.deciding import decide
+    from dprelease.flows.approvals import wait_until_paused
+    from dprelease.flows.utility import utility_flow
     from dprelease.pipeline import Platform
-    from flows.approvals import wait_until_paused
-    from flows.utility import utility_flow
 
     platform = Platform.open(env)
     known = {r.id for r in platform.store.list_releases()}
@@ -200,7 +200,7 @@ def _verdict_on(env, rel, token: str, decision: str = "approve", reviewer: str =
     """Hand the paused run a signed token (as anyone with the console could) and read what it made
     of it: "refused: why" or "accepted" (from the archive, as `dprelease approve` does)."""
     from dprelease import decisions
-    from flows.approvals import answer, looks
+    from dprelease.flows.approvals import answer, looks
 
     refused_file = env.archive_dir / rel.id / decisions.REFUSED_FILE
     refused_before = len(refused_file.read_text().splitlines()) if refused_file.exists() else 0
@@ -218,7 +218,7 @@ def _verdict_on(env, rel, token: str, decision: str = "approve", reviewer: str =
 def _asking(env, platform, release_id: str, question: str):
     """The release once its run pauses on `question` (the context is written before each pause)."""
     from dprelease import decisions
-    from flows.approvals import looks, wait_until_paused
+    from dprelease.flows.approvals import looks, wait_until_paused
 
     for _ in looks(PATIENCE_S, 0.05, 0.5):
         rel = platform.store.get_release(release_id)
@@ -236,10 +236,10 @@ def test_an_approval_replayed_as_the_approval_to_compute_or_release_the_utility_
     second pause would compute f(raw output), and her approval to compute it replayed at the third
     would publish it. Each replay is refused and recorded, nothing is computed or released by it,
     the run keeps waiting; her own decision for each question is what moves the run on."""
-    from cli.deciding import decide
     from dprelease import decisions
+    from dprelease.cli.deciding import decide
+    from dprelease.flows.utility import utility_flow
     from dprelease.pipeline import Platform
-    from flows.utility import utility_flow
 
     platform = Platform.open(env)
     known = {r.id for r in platform.store.list_releases()}

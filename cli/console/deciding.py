@@ -206,7 +206,7 @@ def deliver_decision(state, name: str, release_id: str, credential: dict) -> dic
     `name`'s registered passkey), claim the question, resume the run and wait until it recorded the
     decision; Refused with one line otherwise (then nothing was resumed, or the run refused it).
     Runs in a worker thread: the store and the run are waited on here, not in the event loop."""
-    from cli.deciding import deliver
+    from dprelease.cli.deciding import deliver
 
     settings, store = state.settings, state.store
     try:

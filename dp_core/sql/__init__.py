@@ -9,7 +9,11 @@ outer queries over DP results.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any, TypeVar
+
+import pandas as pd
 
 from ..backend import DuckDBBackend
 from ..bounding import INPUT_NAME
@@ -21,6 +25,10 @@ from .compile import CompiledQuery
 from .outer import StatementResult, check_executable, postprocess, run_statement
 from .ownership import TableInfo
 from .statement import CompiledStatement, compile_statement
+
+T = TypeVar("T")
+#: how a check reads one table: its SQL runner and the table's name in that SQL
+TableRelation = tuple[Callable[[str], pd.DataFrame], str]
 
 
 @dataclass(frozen=True)
@@ -37,7 +45,7 @@ def catalog_of(backend: DuckDBBackend, tables: dict[str, Table]) -> dict[str, Ta
     return {name: TableInfo(name, tuple(backend.columns(name)), t.privacy_unit) for name, t in tables.items()}
 
 
-def _guarded(fn, *args, **kwargs):
+def _guarded(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """Every refusal is the project's own error: an unexpected exception in the front end is
     reported as an invalid query naming it (never a bare traceback from the parser)."""
     try:
@@ -50,7 +58,7 @@ def _guarded(fn, *args, **kwargs):
         raise InvalidQueryError(f"the query could not be compiled ({type(err).__name__}: {err})") from err
 
 
-def compile_statement_for(sql: str, tables: dict[str, Table], **request) -> CompiledStatement:
+def compile_statement_for(sql: str, tables: dict[str, Table], **request: Any) -> CompiledStatement:
     """Compile a whole statement against these tables (their columns are read, not their rows)."""
     backend = DuckDBBackend.for_tables({name: t.data for name, t in tables.items()})
     try:
@@ -61,7 +69,7 @@ def compile_statement_for(sql: str, tables: dict[str, Table], **request) -> Comp
         backend.close()
 
 
-def compile_for(sql: str, tables: dict[str, Table], **request) -> CompiledQuery:
+def compile_for(sql: str, tables: dict[str, Table], **request: Any) -> CompiledQuery:
     """Compile a statement and return its first DP SELECT (the statement has at least one)."""
     statement = compile_statement_for(sql, tables, **request)
     if not statement.parts:
@@ -70,7 +78,7 @@ def compile_for(sql: str, tables: dict[str, Table], **request) -> CompiledQuery:
     return statement.parts[0]
 
 
-def compile_sql(sql: str, catalog: dict[str, TableInfo], **request) -> CompiledQuery:
+def compile_sql(sql: str, catalog: dict[str, TableInfo], **request: Any) -> CompiledQuery:
     """The first DP SELECT of `sql` compiled against a catalog (kept for callers of issue 4)."""
     statement = _guarded(compile_statement, sql, catalog, **request)
     if not statement.parts:
@@ -79,7 +87,7 @@ def compile_sql(sql: str, catalog: dict[str, TableInfo], **request) -> CompiledQ
 
 
 def run_sql(sql: str, tables: dict[str, Table], *, threads: int | None = None, backend: str | None = None,
-            spark=None, **request) -> DPResult:
+            spark: Any = None, **request: Any) -> DPResult:
     """Compile and execute a statement. request: epsilon, delta, max_partitions_contributed (the
     statement's totals when its OPTIONS do not give them) and any other Query field (noise,
     public_partitions, selection, confidence, ...). Returns the DPResult of a single plain DP
@@ -107,19 +115,23 @@ def protected_tables(compiled: CompiledStatement) -> list[str]:
     return sorted({name for part in compiled.parts for name in part.protected_tables})
 
 
-def check_tables(compiled: CompiledStatement, tables: dict[str, Table], relation_of) -> None:
+def check_tables(compiled: CompiledStatement, tables: dict[str, Table],
+                 relation_of: Callable[[str], TableRelation]) -> None:
     """The whole-input rules (engine.check_rows) on each protected table the statement reads: the
     caller's own data, checked whole (not empty, a unit id on every row), so that the verdict never
     depends on the rows a DP SELECT selects from it (no scan where the table's own exact statistics
     prove them: engine.rules_hold_by_statistics). relation_of: name -> (run, its SQL name)."""
     for name in protected_tables(compiled):
-        if rules_hold_by_statistics(tables[name].data, tables[name].privacy_unit):
+        unit = tables[name].privacy_unit
+        if unit is None:  # protected_tables: only tables with a unit
+            raise InvalidQueryError(f"table {name!r} has no privacy unit, yet the statement reads it as protected")
+        if rules_hold_by_statistics(tables[name].data, unit):
             continue
         run, relation = relation_of(name)
-        check_rows(run, relation, tables[name].privacy_unit, label=f"table {name!r}")
+        check_rows(run, relation, unit, label=f"table {name!r}")
 
 
-def _run_sql_on_spark(sql: str, tables: dict[str, Table], spark, **request) -> DPResult:
+def _run_sql_on_spark(sql: str, tables: dict[str, Table], spark: Any, **request: Any) -> DPResult:
     """Compile against empty stand-ins of the Spark tables (their schemas), run each DP SELECT on
     Spark, and the outer query (over partition-sized released tables) in DuckDB."""
     from ..backend_spark import SparkBackend, SparkTables

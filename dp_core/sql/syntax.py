@@ -36,7 +36,7 @@ OPTION_NAMES = {
                       "group_selection_strategy", "partition_selection"),
 }
 #: `partition_selection` (this engine's extension): 'truncated-geometric', 'laplace-threshold',
-#: 'weighted_gaussian', 'mad' (dp_core.partition_selection)
+#: 'weighted_gaussian', 'mad', 'mad_damped' (dp_core.partition_selection)
 #: valid in the reference, not offered by this engine
 UNSUPPORTED_OPTIONS = ("k_threshold", "min_privacy_units_per_group")
 #: max_rows_contributed = r (BigQuery: at most r rows per unit in all): read as max_groups_contributed = r

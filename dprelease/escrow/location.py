@@ -20,15 +20,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import BinaryIO
 
+from .. import object_store
+from ..object_store import ObjectStoreMissing, failure, is_object_store
 from .errors import EscrowError
-
-#: the URL schemes of object stores the escrow can use (s3fs: AWS S3 and S3-compatible servers)
-OBJECT_STORE_SCHEMES = ("s3://",)
-
-
-def is_object_store(address: str | Path) -> bool:
-    """Whether a blob address (or an escrow location) is an object-store URL, not a local path."""
-    return isinstance(address, str) and address.startswith(OBJECT_STORE_SCHEMES)
 
 
 def as_address(address: str | Path) -> str | Path:
@@ -37,23 +31,16 @@ def as_address(address: str | Path) -> str | Path:
 
 
 def _filesystem(url: str):
-    """The fsspec filesystem and the path inside it of an object-store URL (s3fs, not cached:
-    a filesystem holds credentials and connections that must not outlive a fork)."""
+    """The fsspec filesystem and the path inside it of a blob's or the escrow's URL."""
     try:
-        import fsspec
-    except ImportError:  # pragma: no cover - fsspec is a dependency
-        raise EscrowError("the object-store escrow needs fsspec and s3fs: pip install 'dprelease[s3]'") from None
-    try:
-        fs, path = fsspec.core.url_to_fs(url, skip_instance_cache=True)
-    except ImportError:
-        raise EscrowError(f"the escrow at {url} needs s3fs: pip install 'dprelease[s3]'") from None
-    return fs, path
+        return object_store.filesystem(url)
+    except ObjectStoreMissing as err:
+        raise EscrowError(f"the escrow at {url}: {err}") from None
 
 
 def _unreachable(url: str, err: BaseException) -> EscrowError:
     """One line for an object store that failed to answer (network, endpoint, credentials, bucket)."""
-    first = (str(err).splitlines() or [type(err).__name__])[0] or type(err).__name__
-    return EscrowError(f"the escrow's object store did not answer for {url} ({type(err).__name__}: {first}): "
+    return EscrowError(f"the escrow's object store did not answer for {url} ({failure(err)}): "
                        "check DPRELEASE_ESCROW_URL, AWS_ENDPOINT_URL, the credentials and the network")
 
 

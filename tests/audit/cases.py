@@ -120,6 +120,7 @@ def cases() -> dict[str, Case]:
         Case("COUNT(DISTINCT unit), Laplace threshold (reused count)", q([dp.count_units()], epsilon=1.0)),
         Case("COUNT, weighted Gaussian selection", q([dp.count(5)], selection="weighted_gaussian")),
         Case("COUNT, MaxAdaptiveDegree selection", q([dp.count(5)], selection="mad")),
+        Case("COUNT, damped MaxAdaptiveDegree selection", q([dp.count(5)], selection="mad_damped")),
         Case("SUM, public partitions", q([dp.sum_("value", 0, 100)], public_partitions=PUBLIC)),
         Case("SUM, no GROUP BY", q([dp.sum_("value", 0, 100)], group_by=(), max_partitions_contributed=1, delta=0.0)),
         Case("COUNT, C_u = 1, public partitions", q([dp.count(5)], public_partitions=PUBLIC,
@@ -130,7 +131,7 @@ def cases() -> dict[str, Case]:
         # dense_histograms meets pd.NA), a small base and 64 bins: the histograms are dense (runs x bins)
         Case("MEDIAN, public partitions", q([dp.median("value", 0, 100)], epsilon=2.0, quantile_bins=64,
                                             public_partitions=tuple((k,) for k in BASE_PARTITIONS)), base_units=60),
-        Case("COUNT + SUM, Gaussian (zCDP pooled)", q([dp.count(5), dp.sum_("value", 0, 100)], noise="gaussian",
+        Case("COUNT + SUM, Gaussian (pooled)", q([dp.count(5), dp.sum_("value", 0, 100)], noise="gaussian",
                                                        public_partitions=PUBLIC, epsilon=2.0)),
         Case("APPROX_BOUNDS, dataset", q([dp.sum_("value", 0, None)], public_partitions=PUBLIC, epsilon=2.0),
              kind="bounds"),
@@ -145,7 +146,7 @@ def cases() -> dict[str, Case]:
 def samples(case: Case, runs: int) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
     """Runs of the case's release on both neighbours: (x1, x2, notes)."""
     d1, d2 = case.data()
-    if case.kind == "release" and case.query.selection == "mad":
+    if case.kind == "release" and case.query.selection in ("mad", "mad_damped"):
         x1, x2, _ = harness.mad_release_samples(case.query, d1, d2, runs)
         return x1, x2, ("MAD round 1 drawn per run; round 2's weights by the product's SQL per round-1 outcome",)
     if case.kind == "release":

@@ -35,7 +35,7 @@ import pandas as pd
 from scipy import stats
 
 import dp_core.bounds as bounds_module
-from dp_core import aggregates, bounding, engine, selection_mad
+from dp_core import aggregates, bounding, engine, selection_damped, selection_mad
 from dp_core.accounting import plan_budget
 from dp_core.backend import DuckDBBackend
 from dp_core.bounding import build_plan
@@ -184,10 +184,11 @@ def release_samples(query: Query, d1, d2, runs: int) -> tuple[np.ndarray, np.nda
 
 
 def mad_release_samples(query: Query, d1, d2, runs: int) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """MaxAdaptiveDegree: round 1's noise is drawn in the data engine step (its outcome decides
-    round 2's weights, computed by SQL), so the engine's exact rows carry ONE round-1 draw. Each
-    run needs its own: round 1 is drawn per run with the product's `round_one` on the tiled `_w1`,
-    and each distinct round-1 outcome gets its round-2 weights from the product's `round_two_sql`
+    """MaxAdaptiveDegree (and its damped form): round 1's noise is drawn in the data engine step (its
+    outcome decides round 2's weights, computed by SQL), so the engine's exact rows carry ONE round-1
+    draw. Each run needs its own: round 1 is drawn per run with the product's `first_round` on the
+    tiled `_w1` (released and damped partitions), and each distinct round-1 outcome gets its round-2
+    weights from the product's `round_two_sql`
     on the dataset's own connection (memoised per outcome); then `engine.release` runs round 2,
     the noise and the rest on the R copies. Features are the differing partitions' values (a
     marginal of the output: a valid lower bound); all partitions are released, since round 2's
@@ -210,25 +211,29 @@ def mad_release_samples(query: Query, d1, d2, runs: int) -> tuple[np.ndarray, np
                                                   bounding.cut_from_bounded_cte(cu), *stats.plan.ctes[at + 1:]])
             memo: dict[tuple, np.ndarray] = {}
 
-            def round_two_weights(released: tuple, base=base, backend=backend, schema=schema, memo=memo,
+            def round_two_weights(outcome: tuple, base=base, backend=backend, schema=schema, memo=memo,
                                   with_clause=with_clause):
-                if released not in memo:
+                if outcome not in memo:
                     keys = list(query.group_by)
-                    chosen = [tuple(bounding._plain(v) for v in row)
-                              for row in base.loc[list(released), keys].itertuples(index=False)]
-                    if not chosen:
-                        memo[released] = base["_w1"].to_numpy(dtype=np.int64)
+                    released, damped = ([tuple(bounding._plain(v) for v in row)
+                                         for row in base.loc[list(chosen), keys].itertuples(index=False)]
+                                        for chosen in outcome)
+                    if not released and not damped:
+                        memo[outcome] = base["_w1"].to_numpy(dtype=np.int64)
                     else:
-                        w2 = backend.run(selection_mad.round_two_sql(with_clause, query, chosen, schema))
+                        w2 = backend.run(selection_mad.round_two_sql(with_clause, query, released, schema,
+                                                                     damped_keys=damped))
                         merged = base[keys].merge(w2, on=keys, how="left", sort=False)
-                        memo[released] = merged["_w2"].fillna(0).to_numpy(dtype=np.int64)
-                return memo[released]
+                        memo[outcome] = merged["_w2"].fillna(0).to_numpy(dtype=np.int64)
+                return memo[outcome]
 
             out = []
             for n in chunks(runs):
                 tiled = tile(base, n)
-                r1 = selection_mad.round_one(tiled, share, cu, query.epsilon).reshape(n, len(base))
-                w2 = np.vstack([round_two_weights(tuple(np.flatnonzero(row))) for row in r1])
+                r1, damped = (a.reshape(n, len(base)) for a in selection_damped.first_round(
+                    tiled["_w1"].to_numpy(dtype=np.int64), query.selection, share, cu, query.epsilon))
+                w2 = np.vstack([round_two_weights((tuple(np.flatnonzero(row)), tuple(np.flatnonzero(d))))
+                                for row, d in zip(r1, damped)])
                 tiled["_mad_r1"] = r1.ravel()
                 tiled["_w2"] = w2.ravel()
                 out.append(tiled_release(stats, n, tiled))

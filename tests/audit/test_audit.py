@@ -21,6 +21,7 @@ import dp_core.bounds as bounds_module
 import dp_core.engine as engine_module
 import dp_core.partition_selection as selection_module
 import dp_core.release as release_module
+import dp_core.selection_damped as damped_module
 import dp_core.selection_weighted as weighted_module
 
 RUNS = 50_000  # per neighbour: 1e5 releases per mechanism, half to search events, half to test
@@ -62,6 +63,11 @@ def gaussian_noise_quartered(monkeypatch):
 def weighted_threshold_too_low(monkeypatch):
     """The weighted Gaussian selection keeps partitions whose noisy weight is >= one unit's."""
     monkeypatch.setattr(weighted_module, "gaussian_threshold", lambda sigma, delta, cu: weighted_module.WEIGHT_ONE)
+
+
+def damped_threshold_too_low(monkeypatch):
+    """Damped MAD keeps partitions whose noisy weight is >= one unit's, in both rounds."""
+    monkeypatch.setattr(damped_module, "gaussian_threshold", lambda *args, **kwargs: weighted_module.WEIGHT_ONE)
 
 
 def threshold_too_low(monkeypatch):
@@ -109,8 +115,9 @@ BROKEN = {
     "no clamping": (no_clamping, "SUM, public partitions"),
     "noise scale halved": (noise_halved, "SUM, no GROUP BY"),
     "selection threshold too low": (threshold_too_low, "COUNT(DISTINCT unit), Laplace threshold (reused count)"),
-    "Gaussian noise sigma quartered": (gaussian_noise_quartered, "COUNT + SUM, Gaussian (zCDP pooled)"),
+    "Gaussian noise sigma quartered": (gaussian_noise_quartered, "COUNT + SUM, Gaussian (pooled)"),
     "weighted Gaussian selection threshold too low": (weighted_threshold_too_low, "COUNT, weighted Gaussian selection"),
+    "damped MAD selection threshold too low": (damped_threshold_too_low, "COUNT, damped MaxAdaptiveDegree selection"),
     "contribution bound ignored": (bound_ignored, "COUNT, C_u = 1, public partitions"),
     "APPROX_BOUNDS histogram without noise": (bounds_without_noise, "APPROX_BOUNDS, dataset"),
     "APPROX_BOUNDS noise drawn but bins from the exact histogram": (bounds_noise_unused, "APPROX_BOUNDS, dataset"),
