@@ -148,7 +148,7 @@ def _interval(q: Query, budget: BudgetPlan, i: int, integer_columns: Set[str] | 
         return _statistic(q, agg, halfwidth=None, epsilon=share.epsilon, mechanism=None, scale=None,
                                  note="its first-order interval depends on the data's spread")
     cu = q.effective_max_partitions
-    variants = [integer_columns] if integer_columns is not None else [{agg.column} if agg.column else set(), set()]
+    variants = _column_typings(agg, integer_columns)
     best: StatisticInterval | None = None
     best_h = -math.inf
     for ints in variants:  # unknown column type: the larger half-width of integer and real noising
@@ -178,14 +178,18 @@ def _interval(q: Query, budget: BudgetPlan, i: int, integer_columns: Set[str] | 
     return best
 
 
-def _beyond_certificate(q: Query, budget: BudgetPlan, integer_columns) -> bool:
+def _column_typings(agg: Aggregate, integer_columns: Set[str] | None) -> list:
+    """The integer-column sets to state an interval for: the input's, or when it is unknown both
+    typings of the aggregate's column (integer and not), so that a promise holds either way."""
+    return [integer_columns] if integer_columns is not None else [{agg.column} if agg.column else set(), set()]
+
+
+def _beyond_certificate(q: Query, budget: BudgetPlan, integer_columns: Set[str] | None) -> bool:
     """True when the release will not be able to certify the Gaussian pool as sampled and will use
     the zCDP pool (pool_certificate.py): a pooled aggregate with per-partition bounds, or a component
     whose noise is over MAX_CERTIFIED_SIGMA grid steps (in either column typing when it is unknown,
     so that the promise holds either way)."""
     cu = q.effective_max_partitions
-    variants_of = (lambda a: [integer_columns] if integer_columns is not None
-                   else [{a.column} if a.column else set(), set()])
     for i, agg in enumerate(q.aggregates):
         share = budget.aggregate_shares.get(i)
         if share is None or share.rho is None or agg.kind == "quantile":
@@ -194,7 +198,7 @@ def _beyond_certificate(q: Query, budget: BudgetPlan, integer_columns) -> bool:
             if q.bounds_scope == "partition":
                 return True
             continue  # its sensitivity is known once the bounds are: the release decides
-        for ints in variants_of(agg):
+        for ints in _column_typings(agg, integer_columns):
             for c in plan_aggregate(i, agg, set(ints), "", 2).components:
                 cal = calibrate(quantum=c.quantum, sensitivity_quanta=c.sensitivity_quanta, max_partitions=cu,
                                 share=budget.component_shares[(i, c.key)], noise="gaussian", confidence=q.confidence)
