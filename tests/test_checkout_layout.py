@@ -18,7 +18,7 @@ import pytest
 from patience import PATIENCE_S
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGE_DIRS = ["dp_core", "dprelease", "flows", "tasks", "cli"]
+PACKAGE_DIRS = ["dp_core", "dprelease", "flows", "tasks", "cli", "templates"]
 
 
 @pytest.fixture(scope="module")

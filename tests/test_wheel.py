@@ -1,7 +1,8 @@
 """The wheel installs like a library (issue 40): `python -m build --wheel` of the checkout, installed
 into a fresh virtual environment outside it, puts exactly two import names into site-packages,
 `dp_core` (the engine) and `dprelease` (the platform, with dprelease.cli, dprelease.flows and
-dprelease.tasks inside it: docs/architecture.md, "One import name"), every module and data file of
+dprelease.tasks inside it, and the top-level templates/ as its reports' templates:
+docs/architecture.md, "One import name"), every module and data file of
 the checkout is in it, and `dprelease demo` runs from a directory that is not the checkout.
 
 Offline and quick: the wheel is built without build isolation (the test venv's setuptools) from a
@@ -27,10 +28,11 @@ from patience import PATIENCE_S
 pytestmark = pytest.mark.xdist_group("wheel")  # one worker builds the wheel and its venv once (--dist loadgroup)
 ROOT = Path(__file__).resolve().parents[1]
 #: what the wheel is built from: the import packages' directories, and what pyproject.toml names
-BUILD_INPUTS = ["pyproject.toml", "README.md", "dp_core", "dprelease", "flows", "tasks", "cli", "examples/data"]
+BUILD_INPUTS = ["pyproject.toml", "README.md", "dp_core", "dprelease", "flows", "tasks", "cli", "templates", "examples/data"]
 #: where each directory of the checkout lands inside site-packages
 INSTALLED_AS = {"dp_core": "dp_core", "dprelease": "dprelease", "tasks": "dprelease/tasks",
-                "flows": "dprelease/flows", "cli": "dprelease/cli", "examples/data": "dprelease/cli/demo_data"}
+                "flows": "dprelease/flows", "cli": "dprelease/cli", "templates": "dprelease/reporting/templates",
+                "examples/data": "dprelease/cli/demo_data"}
 
 
 def _run(args: list, **kwargs) -> subprocess.CompletedProcess:

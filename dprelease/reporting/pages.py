@@ -1,4 +1,4 @@
-"""HTML pages: self-contained release reports (jinja2 templates in `templates/`, inline CSS and SVG).
+"""HTML pages: self-contained release reports (jinja2 templates in the top-level `templates/`, inline CSS and SVG).
 
 Three audiences (platform.md, "People and what each may see"):
 
@@ -34,7 +34,19 @@ from dp_core import risk as risk_model
 from . import charts
 from .svg_chart import Chart
 
-TEMPLATES = Path(__file__).resolve().parent / "templates"
+
+def _templates_dir() -> Path:
+    """The report templates: the repository's top-level templates/ (the design card's place) in a
+    checkout; the wheel installs them inside this package (pyproject.toml's package-dir)."""
+    here = Path(__file__).resolve()
+    places = (here.parent / "templates", here.parents[2] / "templates")
+    for place in places:
+        if place.is_dir():
+            return place
+    raise ImportError(f"the report templates are missing (neither {places[0]} nor {places[1]}): reinstall dprelease")
+
+
+TEMPLATES = _templates_dir()
 
 #: the yes/no attribute of the plain-words explanation (n = 2 possible values, one output)
 EXPLAIN_N = 2
