@@ -45,6 +45,8 @@ OVERRIDE = "synthetic test data: nobody is at risk"  # epsilon 1 is above the de
 WORKER_LIMIT = 5
 
 pytestmark = [pytest.mark.skipif(not os.environ.get(PG_ENV), reason=f"needs PostgreSQL: set {PG_ENV} (.ci/run does)"),
+              pytest.mark.xdist_group("two_hosts"),  # one worker sets the hosts up once (--dist loadgroup)
+              pytest.mark.runs_first,  # the longest module starts first, beside the rest (conftest.py)
               pytest.mark.slow]  # 9.5 min at load 18 on 2 cores (2026-11-29): 21 flow-run processes
 
 
@@ -87,7 +89,7 @@ class Worker:
             shutil.copy2(admin_keys / key, keys / key)
         self.env = {k: v for k, v in os.environ.items() if not k.startswith(("DPRELEASE_", "PREFECT_", "AWS_"))}
         self.env.update(common, DPRELEASE_HOME=str(self.home), PREFECT_HOME=str(self.home / "prefect"),
-                        PREFECT_LOGGING_LEVEL="WARNING")
+                        PREFECT_LOGGING_LEVEL="WARNING", PREFECT_WORKER_QUERY_SECONDS="2")  # default 10
         self.log = root / f"{name}.log"
         self.proc: subprocess.Popen | None = None
 
