@@ -18,10 +18,8 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	.venv/bin/dprelease demo
 
-# three workers on two cores: many tests spend their time waiting on real processes (Prefect
-# servers and workers, flow runs, Spark JVMs, Chromium)
 test: $(STAMP)
-	$(PY) -m pytest -n 3 -q --durations=15
+	$(PY) -m pytest -n 2 -q --durations=15
 
 bench: $(STAMP)
 	$(PY) bench/engine.py
