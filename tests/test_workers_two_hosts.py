@@ -52,7 +52,6 @@ pytestmark = [pytest.mark.skipif(not os.environ.get(PG_ENV), reason=f"needs Post
               pytest.mark.skipif(os.environ.get(TWO_HOSTS_ENV) != "1",
                                  reason=f"minutes of real processes: set {TWO_HOSTS_ENV}=1 to run it"),
               pytest.mark.xdist_group("two_hosts"),  # one worker sets the hosts up once (--dist loadgroup)
-              pytest.mark.runs_first,  # the longest module starts first, beside the rest (conftest.py)
               pytest.mark.slow]  # 9.5 min at load 18 on 2 cores (2026-11-29): 21 flow-run processes
 
 
