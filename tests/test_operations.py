@@ -193,6 +193,8 @@ class LosesOneReply:
             threading.Thread(target=self._requests, args=(client, server, dropping), daemon=True).start()
 
     def _answers(self, server, client, dropping) -> None:
+        import socket
+
         try:
             while data := server.recv(65536):
                 if dropping.is_set():  # the chosen request was handled: its answer never arrives
@@ -200,7 +202,11 @@ class LosesOneReply:
                 client.sendall(data)
         except OSError:
             pass
-        for sock in (client, server):
+        for sock in (client, server):  # shut down first: a close alone sends no FIN while the other
+            try:                       # thread still reads the socket, and the client would wait for
+                sock.shutdown(socket.SHUT_RDWR)  # its read timeout (60 s) instead of retrying at once
+            except OSError:
+                pass
             sock.close()
 
     def _requests(self, client, server, dropping) -> None:
