@@ -592,6 +592,18 @@ def check_policy(platform: Platform, request: ReleaseRequest, epsilon: float | N
                                f"(enabled: {sorted(enabled) or 'none'}): nothing was computed")
 
 
+def check_budget_left(platform: Platform, request: ReleaseRequest, delta: float) -> None:
+    """A fixed epsilon that the remaining budget cannot cover is refused before the data is read, in
+    the reservation's words (the reservation checks again, atomically: this one saves decrypting and
+    checking data that could not be released)."""
+    if request.epsilon is None:
+        return
+    try:
+        platform.store.check_fits(request.dataset, request.epsilon, delta)
+    except BudgetExceeded as err:
+        raise ReleaseError(f"budget: {err}") from None
+
+
 def reserve(platform: Platform, release_id: str, dataset: str, epsilon: float, delta: float) -> None:
     """Reserve the release's budget; a shared archive that does not answer refuses first (nothing spent)."""
     shared_archive.check(platform.settings)

@@ -20,18 +20,7 @@ def check_request(settings: Settings, request: ReleaseRequest, evaluator: str | 
     platform.escrow_key()  # no key, a malformed key, a key file others can read
     shared_archive.check(settings)  # the bucket the release would seal into and publish to
     pipeline.check_policy(platform, request, request.epsilon, evaluator)
-    if request.epsilon is None:
-        return
-    budget = platform.store.budget(request.dataset)
-    for param, asked in (("epsilon", request.epsilon), ("delta", planned.query.delta)):
-        cap, spent, reserved = budget[f"{param}_cap"], budget[f"{param}_committed"], budget[f"{param}_reserved"]
-        remaining = cap - spent - reserved
-        if asked > remaining * (1 + 1e-9) + 1e-15:
-            raise pipeline.ReleaseError(
-                f"budget: budget exceeded for dataset {request.dataset!r}: {param} cap {cap:g}, committed {spent:g}, "
-                f"reserved {reserved:g}, requested {asked:g} (remaining {max(0.0, remaining):g}); "
-                "ask for less, wait for pending releases to be refunded, or raise the cap"
-            )
+    pipeline.check_budget_left(platform, request, planned.query.delta)
 
 
 def _check_columns(platform: pipeline.Platform, planned: pipeline.Plan) -> None:

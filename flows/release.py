@@ -1,8 +1,8 @@
 """The release flow: the recipe of platform.md, read top-down.
 
-1 load (inside each step, in memory) -> 2 check -> 3 plan and policy -> 4 bounds (inside the
-engine, when missing) -> 5 choose epsilon -> 6 reserve -> 7 compute and seal -> 8 summarise ->
-9 decide -> 10 publish, or refund. Any failure after the reservation refunds it; nothing is
+1 load (inside each step, in memory) -> 2 plan and policy (data-free; a fixed epsilon the budget
+cannot cover stops here) -> 3 check the data -> 4 bounds (inside the engine, when missing) -> 5 choose
+epsilon -> 6 reserve -> 7 compute and seal -> 8 summarise -> 9 decide -> 10 publish, or refund. Any failure after the reservation refunds it; nothing is
 published.
 """
 
@@ -164,8 +164,9 @@ def release_flow(
 def prepare_and_decide(settings, platform, release_id, request, timeout, poll_interval: float | None = None):
     """Steps 2-9: everything up to the controller's decision; refunds on any failure."""
     try:
+        planned = steps.plan(settings, request)  # data-free: a bad query is refused before the data is read
+        steps.check_budget_left(settings, planned)  # a fixed epsilon the budget cannot cover, likewise
         steps.check_data(settings, request.dataset, request.backend)
-        planned = steps.plan(settings, request)
         decision = steps.choose_epsilon(settings, planned)
         steps.preview(settings, release_id, planned, decision.epsilon)  # before anything is spent
         profile = pipeline.risk_profile(platform, planned, decision)

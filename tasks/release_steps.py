@@ -42,6 +42,12 @@ def check_policy(settings: Settings, request: ReleaseRequest, evaluator: str | N
     pipeline.check_policy(_platform(settings), request, request.epsilon, evaluator)
 
 
+@task(name="check-budget-left")
+def check_budget_left(settings: Settings, planned: pipeline.Plan) -> None:
+    """A fixed epsilon the remaining budget cannot cover: refused before the data is read."""
+    pipeline.check_budget_left(_platform(settings), planned.request, planned.query.delta)
+
+
 @task(name="plan")
 def plan(settings: Settings, request: ReleaseRequest) -> pipeline.Plan:
     return pipeline.plan(_platform(settings), request)

@@ -240,6 +240,22 @@ def test_failing_data_checks_spend_and_publish_nothing(platform_env):
     assert failed and not (platform_env.publication_dir / failed[-1].id).exists()
 
 
+def test_a_fixed_epsilon_beyond_the_remaining_budget_is_refused_before_the_data_is_read(platform_env):
+    """The strict dataset's data checks fail: a release asking more than its cap (10) is refused for
+    the budget, so its data was never decrypted nor checked; nothing reserved, the release failed."""
+    from dprelease import pipeline
+
+    platform = pipeline.Platform.open(platform_env)
+    before = platform.store.budget("strict")
+    thread, box = start_release(dataset="strict", sql=SQL.replace("FROM adult", "FROM strict"), epsilon=10.5)
+    thread.join(PATIENCE_S)
+    assert "error" in box and str(box["error"]).startswith("budget: budget exceeded for dataset 'strict'"), box
+    assert "Data checks" not in str(box["error"])
+    assert platform.store.budget("strict") == before
+    failed = [r for r in platform.store.list_releases(status="failed") if r.dataset == "strict"]
+    assert failed[-1].decision_comment.startswith("budget: budget exceeded")
+
+
 def test_noise_is_drawn_once_per_release(platform_env):
     """A retried or resumed compute step returns the sealed numbers, byte for byte."""
     from dprelease import pipeline

@@ -214,6 +214,15 @@ class Store:
             ) from exc
         return entry
 
+    def check_fits(self, dataset: str, epsilon: float, delta: float) -> None:
+        """BudgetExceeded, in `reserve`'s words, if a reservation of (epsilon, delta) would not fit now
+        (the dataset's caps, and its series' cap). Reserves nothing: `reserve` checks again under its
+        lock; this lets a release its remaining budget cannot cover stop before its data is read."""
+        epsilon, delta = _check_epsilon(epsilon), _check_delta(delta)
+        with self._transaction() as session:
+            _check_fits(self._dataset(session, dataset), _totals(session, dataset), epsilon, delta)
+            _series.check_series_fits(session, dataset, epsilon, delta)
+
     def commit(self, release_id: str) -> LedgerEntry:
         """Mark a reservation as spent (on approval); idempotent; a refunded one cannot be committed."""
         return self._settle(release_id, "committed")
