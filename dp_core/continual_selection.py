@@ -117,6 +117,10 @@ def first_period_groups(first_period: pd.DataFrame, *, unit: str, group_by: str,
     if group_by not in first_period.columns:
         raise DPError(f"the group column {group_by!r} is not in the data")
     labels = sorted(pd.unique(first_period[group_by].dropna()).tolist(), key=lambda g: (type(g).__name__, g))
+    odd = next((g for g in labels if not isinstance(g, (str, int, float))), None)
+    if odd is not None:  # the chosen groups are kept (sealed, published) as text or numbers
+        raise DPError(f"groups chosen from the data are text or numbers; the group column {group_by!r} holds "
+                      f"{type(odd).__name__} values (group by a text column)")
     if not labels:
         return [], np.zeros(0, dtype=np.int64)
     counts = bounded_period_values(first_period.assign(_period=1), unit=unit, period="_period",

@@ -44,6 +44,7 @@ from dp_core.continual_selection import (
     choose_groups,
     horizon_budget,
 )
+from dp_core.errors import DPError
 
 from . import escrow
 from .store import series as store_series
@@ -129,6 +130,10 @@ class RunningTotal:
             if column and schema is not None and column not in schema:
                 raise RunningTotalRefused(f"running total: column {column!r} is not in the series "
                                           f"(columns: {', '.join(schema)})")
+        group_type = (schema or {}).get(spec.get("group_by") or "", "")
+        if "selection_share" in spec and group_type.startswith(("datetime64", "timedelta64")):
+            raise RunningTotalRefused(f"running total: groups chosen from the data are text or numbers, and "
+                                      f"{spec['group_by']!r} holds {group_type} values (group by a text column)")
         spec.setdefault("groups", [])
         return cls(**spec)
 
@@ -253,8 +258,11 @@ def _horizon_selection(spec: RunningTotal, sealed: dict | None, data: pd.DataFra
         return None
     if sealed is not None and "selection" in sealed:
         return GroupSelection.from_dict(sealed["selection"])
-    return choose_groups(data[data["_period"] == 1], unit=unit, group_by=spec.group_by, max_groups=spec.max_groups,
-                         share=spec.budget().selection)
+    try:
+        return choose_groups(data[data["_period"] == 1], unit=unit, group_by=spec.group_by,
+                             max_groups=spec.max_groups, share=spec.budget().selection)
+    except DPError as err:
+        raise RunningTotalRefused(f"running total: {err}") from None
 
 
 def public_document(series: str, spec: RunningTotal, cal, labels: list[str], result, groups: list,

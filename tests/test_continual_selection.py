@@ -88,5 +88,8 @@ def test_the_first_period_counts_are_the_bounded_distinct_units():
     assert labels == ["a", "b", "c"] and counts.tolist() == [1, 1, 1]
     with pytest.raises(DPError, match="group column 'region'"):
         first_period_groups(data, unit="pid", group_by="region", max_groups=1)
+    days = pd.DataFrame({"pid": [1, 2], "day": pd.to_datetime(["2026-01-01", "2026-01-02"])})
+    with pytest.raises(DPError, match="text or numbers; the group column 'day' holds datetime values"):
+        first_period_groups(days, unit="pid", group_by="day", max_groups=1)
     assert choose_groups(data.iloc[:0], unit="pid", group_by="club", max_groups=1,
                          share=horizon_budget(1.0, 1e-6, 0.25).selection).groups == []

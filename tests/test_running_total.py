@@ -130,7 +130,7 @@ def test_a_year_of_running_totals_released_month_by_month_by_the_schedule(env, t
 
 def test_a_running_total_is_refused_with_nothing_written(env, tmp_path):
     """Each refusal in one line, before the series exists; nothing charged."""
-    from dprelease import pipeline, series
+    from dprelease import pipeline, running_total, series
     from dprelease.store import series as store_series
 
     settings, (label, path) = env["settings"], env["files"][0]
@@ -151,6 +151,9 @@ def test_a_running_total_is_refused_with_nothing_written(env, tmp_path):
             series.register_snapshot(settings, "refused", path, label, budget_mode=budget_mode,
                                      running_total=declared, **common)
         assert store_series.find_series(platform.store, "refused") is None
+    with pytest.raises(series.SnapshotRefused, match="'day' holds datetime64"):
+        running_total.RunningTotal.from_dict({**RUNNING, "group_by": "day", "groups": []},
+                                             {"person_id": "int64", "day": "datetime64[ns]"})
     # the CLI: the same verdict in one line, exit 2, nothing written
     import subprocess
 
