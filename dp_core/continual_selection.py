@@ -130,7 +130,7 @@ def first_period_groups(first_period: pd.DataFrame, *, unit: str, group_by: str,
 
 
 def choose_groups(first_period: pd.DataFrame, *, unit: str, group_by: str, max_groups: int,
-                  share: Share) -> GroupSelection:
+                  share: Share | None) -> GroupSelection:
     """Choose a horizon's groups from its first period's rows by the engine's Laplace threshold
     (fresh CSPRNG noise): called once per horizon; its result is kept and reused, never redrawn."""
     if share is None:
