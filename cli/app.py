@@ -207,6 +207,12 @@ def _register_snapshot(name, path, snapshot, unit, epsilon_cap, delta_cap, add_r
         console.print(escape(f"running total of series {name!r}: {running_total['statistic']} over "
                              f"{running_total['horizon']} periods, epsilon {float(running_total['epsilon']):g} charged "
                              "once for the whole horizon (no period spends more)"))
+        if running_total.get("group_by") and not running_total.get("groups"):
+            from dprelease.running_total import DEFAULT_SELECTION_SHARE
+
+            share = float(running_total.get("selection_share", DEFAULT_SELECTION_SHARE))
+            console.print(escape(f"its {running_total['group_by']!r} groups are chosen once, privately, from the first "
+                                 f"period's data with {share:g} of that budget, and kept for the whole horizon"))
 
 
 def _running_total_file(path: Path | None) -> dict | None:

@@ -4,9 +4,15 @@ charged once for the whole horizon (the tree mechanism, dp_core.continual; docs/
 Declared when the series is created (`register_snapshot(..., running_total={...})`, or
 `dprelease dataset register ... --running-total FILE`): the statistic (COUNT, SUM or
 COUNT_DISTINCT of the unit), the horizon T, what one unit may contribute (B per period, in at most k
-periods, at most C_u of the public groups) and the (epsilon, delta) for all T periods. Only a
-series_cap series (the same people in every period) has one. The budget is a ledger entry on the
-first snapshot, reserved and committed at the declaration; no period spends anything more.
+periods, at most C_u groups) and the (epsilon, delta) for all T periods. Only a series_cap series
+(the same people in every period) has one. The budget is a ledger entry on the first snapshot,
+reserved and committed at the declaration; no period spends anything more.
+
+By group, the groups are either public (`groups: [...]`, declared) or, with `group_by` alone, chosen
+at the first release from the first period's data by the engine's partition selection, with the
+declared `selection_share` of the (epsilon, delta) (dp_core.continual_selection, where the split and
+the per-unit bound are derived); the chosen groups are sealed with the tree's noise and kept for
+the whole horizon.
 
 Each period released by the scheduled publication (flows/publication.py), once its own release is
 approved and published, adds the running total's period t: the exact values of periods 1..t
@@ -28,10 +34,17 @@ import pandas as pd
 from cryptography.fernet import Fernet
 
 from dp_core import display
-from dp_core.accounting import rho_from_eps_delta_tight
 from dp_core.continual import ContributionBound, TreeNoise, calibrate_tree
 from dp_core.continual import release_period as release_tree_period
 from dp_core.continual_bounding import STATISTICS, bounded_period_values
+from dp_core.continual_selection import (
+    DEFAULT_SELECTION_SHARE,
+    GroupSelection,
+    HorizonBudget,
+    choose_groups,
+    horizon_budget,
+)
+from dp_core.errors import DPError
 
 from . import escrow
 from .store import series as store_series
@@ -42,7 +55,7 @@ RELEASED_FILE = "running-total.json"
 NOISE_FILE = "running-total-noise.fernet"  # the sealed node noise (controller only)
 #: the fields of a declaration file
 FIELDS = ("name", "statistic", "value", "group_by", "groups", "horizon", "per_period", "periods", "max_groups",
-          "epsilon", "delta", "confidence")
+          "epsilon", "delta", "confidence", "selection_share")
 
 
 class RunningTotalRefused(SnapshotRefused):
@@ -65,6 +78,7 @@ class RunningTotal:
     periods: int = 1
     max_groups: int = 1
     confidence: float = 0.95
+    selection_share: float | None = None  # with group_by and no public groups: the selection's share of the budget
 
     @classmethod
     def from_dict(cls, data: dict, schema: dict[str, str] | None = None) -> RunningTotal:
@@ -89,7 +103,7 @@ class RunningTotal:
             if name in spec and (isinstance(spec[name], bool) or not isinstance(spec[name], int) or spec[name] < 1):
                 raise RunningTotalRefused(f"running total: {name} must be a whole number >= 1, got {spec[name]!r}")
         for name, low, high in (("epsilon", 0, math.inf), ("delta", 0, 1), ("per_period", 0, math.inf),
-                                ("confidence", 0, 1)):
+                                ("confidence", 0, 1), ("selection_share", 0, 1)):
             if name in spec:
                 try:
                     spec[name] = float(spec[name])
@@ -105,13 +119,21 @@ class RunningTotal:
             spec["per_period"], spec["periods"] = 1.0, 1
         if spec["statistic"] == "COUNT" and float(spec.get("per_period", 1)) != int(spec.get("per_period", 1)):
             raise RunningTotalRefused("running total: a COUNT's per_period is a whole number of rows")
-        if bool(spec.get("group_by")) != bool(spec.get("groups")):
-            raise RunningTotalRefused("running total: totals by group need both `group_by: COLUMN` and its public "
-                                      "`groups: [...]` (fixed at the series' start)")
+        if spec.get("groups") and not spec.get("group_by"):
+            raise RunningTotalRefused("running total: public `groups: [...]` need their `group_by: COLUMN`")
+        if spec.get("group_by") and not spec.get("groups"):  # groups chosen privately from the first period
+            spec.setdefault("selection_share", DEFAULT_SELECTION_SHARE)
+        elif "selection_share" in spec:
+            raise RunningTotalRefused("running total: selection_share is the budget share that chooses the groups "
+                                      "of a `group_by` without public `groups`; drop it (public groups cost nothing)")
         for column in (spec.get("value"), spec.get("group_by")):
             if column and schema is not None and column not in schema:
                 raise RunningTotalRefused(f"running total: column {column!r} is not in the series "
                                           f"(columns: {', '.join(schema)})")
+        group_type = (schema or {}).get(spec.get("group_by") or "", "")
+        if "selection_share" in spec and group_type.startswith(("datetime64", "timedelta64")):
+            raise RunningTotalRefused(f"running total: groups chosen from the data are text or numbers, and "
+                                      f"{spec['group_by']!r} holds {group_type} values (group by a text column)")
         spec.setdefault("groups", [])
         return cls(**spec)
 
@@ -119,11 +141,18 @@ class RunningTotal:
     def bound(self) -> ContributionBound:
         return ContributionBound(float(self.per_period), int(self.periods), int(self.max_groups))
 
+    @property
+    def selects_groups(self) -> bool:
+        """By group without public groups: the first period's data chooses them, once."""
+        return bool(self.group_by) and not self.groups
+
+    def budget(self) -> HorizonBudget:
+        """The (epsilon, delta) split between the group selection (if any) and the tree's rho."""
+        return horizon_budget(self.epsilon, self.delta, self.selection_share if self.selects_groups else None)
+
     def calibration(self):
-        """The tree's noise for the horizon: rho from (epsilon, delta) by the tight conversion."""
-        return calibrate_tree(horizon=self.horizon, bound=self.bound, rho=rho_from_eps_delta_tight(self.epsilon,
-                                                                                                  self.delta),
-                              confidence=self.confidence)
+        """The tree's noise for the horizon: its rho from its share of (epsilon, delta), by the tight conversion."""
+        return calibrate_tree(horizon=self.horizon, bound=self.bound, rho=self.budget().rho, confidence=self.confidence)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -157,9 +186,10 @@ def released(settings, series: str) -> dict | None:
 
 def release_period(platform, series: str, snapshot: str) -> dict:
     """Release the running total through `snapshot` (its period t, 1-based in label order): the
-    node noise of periods <= t drawn once (the sealed noise reused), sealed before anything is
-    written, then the public table written (unless a later period is already shown: its rows hold
-    these). Returns the public document."""
+    groups chosen at the first release if the declaration has no public ones (kept, never chosen
+    again), the node noise of periods <= t drawn once (the sealed noise reused), both sealed before
+    anything is written, then the public table written (unless a later period is already shown:
+    its rows hold these). Returns the public document."""
     spec = declaration(platform.store, series)
     if spec is None:
         raise RunningTotalRefused(f"series {series!r} has no running total")
@@ -169,19 +199,7 @@ def release_period(platform, series: str, snapshot: str) -> dict:
         raise RunningTotalRefused(f"running total of series {series!r}: its horizon of {spec.horizon} periods ended "
                                   f"at {labels[spec.horizon - 1]}; {snapshot} is not in it (declare a new series)")
     unit = store_series.get_series(platform.store, series).privacy_unit
-    frames = []
-    for period, snap in enumerate(store_series.snapshots(platform.store, series)[:t], start=1):
-        ds = platform.store.get_dataset(snap.dataset)
-        if ds.file_format.startswith("external"):
-            raise RunningTotalRefused(f"running total of series {series!r}: snapshot {snap.snapshot} is external "
-                                      "(computed on Spark); a running total reads escrowed snapshots only")
-        frame = escrow.load_frame(ds.blob_path, platform.escrow_key(), ds.fingerprint, ds.file_format)
-        columns = [c for c in {unit, spec.value, spec.group_by} if c]
-        frames.append(frame[columns].assign(_period=period))
-    exact = bounded_period_values(pd.concat(frames, ignore_index=True), unit=unit, period="_period",
-                                  statistic=spec.statistic, periods=spec.periods, groups=spec.groups or None,
-                                  group_by=spec.group_by, value=spec.value, per_period=spec.per_period,
-                                  max_groups=spec.max_groups, horizon=t)
+    data = pd.concat(_period_frames(platform, series, spec, unit, t), ignore_index=True)
     cal = spec.calibration()
     folder = _folder(platform.settings, series)
     folder.mkdir(parents=True, exist_ok=True)
@@ -189,13 +207,22 @@ def release_period(platform, series: str, snapshot: str) -> dict:
     with (folder / ".running-total.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         path = folder / NOISE_FILE
-        noise = (TreeNoise.from_dict(json.loads(fernet.decrypt(path.read_bytes()))) if path.exists()
-                 else TreeNoise(groups=max(1, len(spec.groups))))
-        result = release_tree_period(cal, noise, exact)
+        sealed = _sealed_state(path, fernet)
+        selection = _horizon_selection(spec, sealed, data, unit)
+        groups = selection.groups if selection is not None else list(spec.groups)
+        noise = TreeNoise.from_dict(sealed) if sealed is not None else TreeNoise(groups=max(1, len(groups)))
+        result = None
+        if groups or not spec.group_by:  # no group chosen: nothing to total, no tree noise drawn
+            exact = bounded_period_values(data, unit=unit, period="_period", statistic=spec.statistic,
+                                          periods=spec.periods, groups=groups or None, group_by=spec.group_by,
+                                          value=spec.value, per_period=spec.per_period, max_groups=spec.max_groups,
+                                          horizon=t)
+            result = release_tree_period(cal, noise, exact)
+        kept = {**noise.to_dict(), **({"selection": selection.to_dict()} if selection is not None else {})}
         tmp = path.with_suffix(".tmp")  # sealed before anything derived from it is written
-        tmp.write_bytes(fernet.encrypt(json.dumps(noise.to_dict()).encode()))
+        tmp.write_bytes(fernet.encrypt(json.dumps(kept).encode()))
         tmp.replace(path)
-        document = public_document(series, spec, cal, labels[:t], result)
+        document = public_document(series, spec, cal, labels[:t], result, groups, selection)
         out = folder / RELEASED_FILE
         shown = released(platform.settings, series)
         if shown is None or shown["periods_released"] <= t:  # an earlier period again: the later stay shown
@@ -205,24 +232,68 @@ def release_period(platform, series: str, snapshot: str) -> dict:
     return document
 
 
-def public_document(series: str, spec: RunningTotal, cal, labels: list[str], result) -> dict:
+def _period_frames(platform, series: str, spec: RunningTotal, unit: str, t: int) -> list[pd.DataFrame]:
+    """The escrowed rows of periods 1..t, the columns the running total reads, each with its `_period`."""
+    frames = []
+    for period, snap in enumerate(store_series.snapshots(platform.store, series)[:t], start=1):
+        ds = platform.store.get_dataset(snap.dataset)
+        if ds.file_format.startswith("external"):
+            raise RunningTotalRefused(f"running total of series {series!r}: snapshot {snap.snapshot} is external "
+                                      "(computed on Spark); a running total reads escrowed snapshots only")
+        frame = escrow.load_frame(ds.blob_path, platform.escrow_key(), ds.fingerprint, ds.file_format)
+        columns = [c for c in {unit, spec.value, spec.group_by} if c]
+        frames.append(frame[columns].assign(_period=period))
+    return frames
+
+
+def _sealed_state(path: Path, fernet: Fernet) -> dict | None:
+    """What the earlier releases sealed (the tree's node noise, the chosen groups), or None before the first."""
+    return json.loads(fernet.decrypt(path.read_bytes())) if path.exists() else None
+
+
+def _horizon_selection(spec: RunningTotal, sealed: dict | None, data: pd.DataFrame, unit: str) -> GroupSelection | None:
+    """The horizon's chosen groups: the sealed choice if there is one, else chosen now from period 1's
+    rows (the first release); None when the groups are public or there are none."""
+    if not spec.selects_groups:
+        return None
+    if sealed is not None and "selection" in sealed:
+        return GroupSelection.from_dict(sealed["selection"])
+    try:
+        return choose_groups(data[data["_period"] == 1], unit=unit, group_by=spec.group_by,
+                             max_groups=spec.max_groups, share=spec.budget().selection)
+    except DPError as err:
+        raise RunningTotalRefused(f"running total: {err}") from None
+
+
+def public_document(series: str, spec: RunningTotal, cal, labels: list[str], result, groups: list,
+                    selection: GroupSelection | None = None) -> dict:
     """The released running total: per period and group the period value and the total to date with
-    their intervals, and the naive sum's interval at the same budget (rho / T per month)."""
-    groups = [str(g) for g in spec.groups] or ["all"]
+    their intervals, and the naive sum's interval at the tree's budget (rho / T per month); with
+    groups chosen at the series' start, which were chosen and how (their names are released)."""
+    names = [str(g) for g in groups] if spec.group_by else ["all"]
     rows = []
-    for s, label in enumerate(labels, start=1):
+    for s, label in enumerate(labels if result is not None else [], start=1):
         total_half, naive_half = result.total_halfwidths[s - 1], cal.naive_prefix_halfwidth(s)
-        for i, group in enumerate(groups):
+        for i, group in enumerate(names):
             value, total = float(result.values[s - 1, i]), float(result.totals[s - 1, i])
             rows.append({"snapshot": label, "period": s, "group": group, "value": value,
                          "value_ci_low": value - result.value_halfwidth,
                          "value_ci_high": value + result.value_halfwidth,
                          "total": total, "total_ci_low": total - total_half, "total_ci_high": total + total_half,
                          "naive_ci_halfwidth": naive_half, "total_ci_halfwidth": total_half})
-    return {"series": series, "name": spec.name, "statistic": spec.statistic, "horizon": spec.horizon,
-            "periods_released": len(labels), "epsilon": spec.epsilon, "delta": spec.delta,
-            "rho": cal.rho, "confidence": spec.confidence, "groups": groups,
-            "bound": {"per_period": spec.per_period, "periods": spec.periods, "max_groups": spec.max_groups},
-            "mechanism": f"binary tree over {spec.horizon} periods, {cal.levels} levels, discrete Gaussian noise "
-                         f"(L2 sensitivity {display.value(cal.sensitivity_l2)})",
-            "rows": rows}
+    budget = spec.budget()
+    document = {"series": series, "name": spec.name, "statistic": spec.statistic, "horizon": spec.horizon,
+                "periods_released": len(labels), "epsilon": spec.epsilon, "delta": spec.delta,
+                "rho": cal.rho, "confidence": spec.confidence, "groups": names,
+                "bound": {"per_period": spec.per_period, "periods": spec.periods, "max_groups": spec.max_groups},
+                "mechanism": f"binary tree over {spec.horizon} periods, {cal.levels} levels, discrete Gaussian noise "
+                             f"(L2 sensitivity {display.value(cal.sensitivity_l2)})",
+                "rows": rows}
+    if selection is not None:
+        document["groups_chosen"] = {
+            "snapshot": labels[0], "strategy": selection.strategy, "threshold": selection.threshold,
+            "epsilon": selection.epsilon, "delta": selection.delta, "max_groups": selection.max_groups,
+            "tree_epsilon": budget.tree_epsilon, "tree_delta": budget.tree_delta,
+            "text": f"{selection.description}; they are kept for the whole horizon: a group that first appears in a "
+                    "later period is not in the totals"}
+    return document

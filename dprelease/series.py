@@ -252,6 +252,11 @@ def publish_series_page(platform, series: str) -> Path:
             facts["running_total"] = {"epsilon": running["epsilon"], "delta": running["delta"],
                                       "horizon": running["horizon"], "periods_released": running["periods_released"],
                                       "charged": "once, for the whole horizon"}
+            if running.get("groups_chosen"):  # groups chosen at the series' start: which, when, at what cost
+                chosen = running["groups_chosen"]
+                facts["running_total"]["groups_chosen"] = {
+                    "snapshot": chosen["snapshot"], "groups": running["groups"], "epsilon": chosen["epsilon"],
+                    "delta": chosen["delta"], "threshold": chosen["threshold"]}
         signing.sign_directory(staging, facts, signing.load_private_key(settings.signing_key_file))
         old = root / f".old-{series}"
         shutil.rmtree(old, ignore_errors=True)

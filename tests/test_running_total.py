@@ -130,7 +130,7 @@ def test_a_year_of_running_totals_released_month_by_month_by_the_schedule(env, t
 
 def test_a_running_total_is_refused_with_nothing_written(env, tmp_path):
     """Each refusal in one line, before the series exists; nothing charged."""
-    from dprelease import pipeline, series
+    from dprelease import pipeline, running_total, series
     from dprelease.store import series as store_series
 
     settings, (label, path) = env["settings"], env["files"][0]
@@ -144,11 +144,16 @@ def test_a_running_total_is_refused_with_nothing_written(env, tmp_path):
             ("series_cap", {**RUNNING, "statistic": "AVG"}, "statistic must be one of"),
             ("series_cap", {**RUNNING, "colour": "red"}, "unknown field 'colour'"),
             ("series_cap", {**RUNNING, "group_by": "county"}, "column 'county' is not in the series"),
-            ("series_cap", {k: v for k, v in RUNNING.items() if k != "groups"}, "public `groups")):
+            ("series_cap", {k: v for k, v in RUNNING.items() if k != "group_by"}, "need their `group_by"),
+            ("series_cap", {**RUNNING, "selection_share": 0.2}, "public groups cost nothing"),
+            ("series_cap", {**RUNNING, "groups": [], "selection_share": 1.5}, "selection_share must be a number in")):
         with pytest.raises(series.SnapshotRefused, match=words):
             series.register_snapshot(settings, "refused", path, label, budget_mode=budget_mode,
                                      running_total=declared, **common)
         assert store_series.find_series(platform.store, "refused") is None
+    with pytest.raises(series.SnapshotRefused, match="'day' holds datetime64"):
+        running_total.RunningTotal.from_dict({**RUNNING, "group_by": "day", "groups": []},
+                                             {"person_id": "int64", "day": "datetime64[ns]"})
     # the CLI: the same verdict in one line, exit 2, nothing written
     import subprocess
 
@@ -166,3 +171,96 @@ def test_a_running_total_is_refused_with_nothing_written(env, tmp_path):
     assert cli.returncode == 2 and "cannot be read" in cli.stderr, cli.stderr
     assert store_series.find_series(platform.store, "refused") is None
     assert ledger(platform.store) == before
+
+
+CLUBS = {"name": "members to date", "statistic": "COUNT_DISTINCT", "group_by": "club", "horizon": 4,
+         "epsilon": 1.0, "delta": 1e-6, "selection_share": 0.25}
+
+
+def club_snapshots(directory: Path, clubs: int, size: int) -> list[tuple[str, Path]]:
+    """Three monthly files: `clubs` clubs of `size` members each, every month; from the second
+    month a club `late` of 300 people that was not there in the first."""
+    import pandas as pd
+
+    out = []
+    for month in (1, 2, 3):
+        rows = [(1000 * c + u, f"club{c:02d}") for c in range(clubs) for u in range(size)]
+        rows += [(10**6 + u, "late") for u in range(300)] if month > 1 else []
+        path = directory / f"clubs-{month}.csv"
+        pd.DataFrame(rows, columns=["person_id", "club"]).to_csv(path, index=False)
+        out.append((f"2026-0{month}", path))
+    return out
+
+
+def groups_fixed(documents: list[dict]) -> bool:
+    """Every period's release totals the groups the first one chose, in every row."""
+    first = documents[0]["groups"]
+    return all(d["groups"] == first and {r["group"] for r in d["rows"]} <= set(first) for d in documents)
+
+
+def test_groups_chosen_at_the_series_start_are_kept_for_the_horizon_and_charged_once(env, tmp_path, monkeypatch):
+    """A running total by club without public clubs: the first release chooses the clubs privately on
+    the first month's data (a quarter of the budget), seals them with the tree's noise, and every
+    later month totals exactly those (the club that appears in month 2 is not in the totals); the
+    ledger holds one entry for all of it. Each club has the size whose chance of being chosen is near
+    1/2, so a variant that chooses again each month (injected below) shows other clubs at once."""
+    from cryptography.fernet import Fernet
+
+    from dp_core.continual_selection import horizon_budget
+    from dp_core.partition_selection import discrete_laplace_threshold
+    from dp_core.selection_keep import laplace_threshold_keep_probability
+    from dprelease import pipeline, running_total, series
+    from dprelease.reporting import signing
+    from dprelease.store import series as store_series
+
+    settings = env["settings"]
+    platform = pipeline.Platform.open(settings)
+    budget = horizon_budget(1.0, 1e-6, 0.25)
+    share = budget.selection
+    size = discrete_laplace_threshold(share.epsilon, share.delta, 1)
+    p = float(laplace_threshold_keep_probability([size], share.epsilon, share.delta, 1)[0])
+    clubs = 40
+    # a variant choosing again in months 2 and 3 picks the same clubs with chance (p^2 + (1-p)^2)^(2 * 40)
+    assert (p * p + (1 - p) ** 2) ** (2 * clubs) < 1e-6
+    files = club_snapshots(tmp_path, clubs, size)
+
+    def release_three_months(name: str) -> list[dict]:
+        for i, (label, path) in enumerate(files):
+            first = {"privacy_unit": "person_id", "budget_mode": "series_cap", "epsilon_cap": 1.0,
+                     "risk_profile": {"max_risk": 0.9}, "running_total": CLUBS} if i == 0 else {}
+            series.register_snapshot(settings, name, path, label, **first)
+        return [running_total.release_period(platform, name, label) for label, _ in files]
+
+    before = ledger(platform.store)
+    documents = release_three_months("clubs")
+    assert groups_fixed(documents) and "late" not in documents[-1]["groups"]
+    sealed = json.loads(Fernet(platform.escrow_key()).decrypt(
+        (settings.archive_dir / "series" / "clubs" / running_total.NOISE_FILE).read_bytes()))
+    assert sealed["selection"]["groups"] == documents[0]["groups"]
+    assert running_total.release_period(platform, "clubs", files[0][0]) == documents[0]  # a retry: the same
+    # charged once, the selection included: one ledger entry of the declared (epsilon, delta)
+    assert sorted(set(ledger(platform.store)) - set(before)) == [("running-total:clubs", 1.0, "committed")]
+    assert store_series.series_budget(platform.store, "clubs")["running_total"]["delta"] == 1e-6
+    chosen = documents[-1]["groups_chosen"]
+    assert (chosen["epsilon"], chosen["delta"], chosen["threshold"]) == (share.epsilon, share.delta, size)
+    assert (chosen["tree_epsilon"], chosen["tree_delta"]) == (budget.tree_epsilon, budget.tree_delta)
+    assert documents[-1]["rho"] == budget.rho and "not in the totals" in chosen["text"]
+    page = series.publish_series_page(platform, "clubs") / "index.html"
+    html = page.read_text()
+    assert "Groups chosen at the series' start (2026-01)" in html and "not in the totals" in html
+
+    signed = signing.verify_directory(page.parent, settings.public_key_file)
+    assert signed.ok and signed.facts["running_total"]["groups_chosen"]["groups"] == documents[0]["groups"]
+
+    # no club chosen (two of one person: chosen with chance below 2 * f delta = 5e-7): nothing totalled, said so
+    one_each = tmp_path / "one-each.csv"
+    one_each.write_text("person_id,club\n1,a\n2,b\n")
+    series.register_snapshot(settings, "tiny", one_each, "2026-01", privacy_unit="person_id", budget_mode="series_cap",
+                             epsilon_cap=1.0, risk_profile={"max_risk": 0.9}, running_total=CLUBS)
+    empty = running_total.release_period(platform, "tiny", "2026-01")
+    assert empty["groups"] == [] and empty["rows"] == [] and empty["groups_chosen"]["threshold"] == size
+    assert "No group passed the threshold" in (series.publish_series_page(platform, "tiny") / "index.html").read_text()
+
+    # the broken variant: the sealed state forgotten, the clubs chosen again each month; caught
+    monkeypatch.setattr(running_total, "_sealed_state", lambda path, fernet: None)
+    assert not groups_fixed(release_three_months("clubs-broken"))

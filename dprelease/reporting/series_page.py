@@ -150,14 +150,14 @@ def running_context(document: dict | None, budget: dict) -> dict | None:
              "value_text": display.interval(r["value"], r["value_ci_low"], r["value_ci_high"], integer),
              "total_text": display.interval(r["total"], r["total_ci_low"], r["total_ci_high"], integer),
              "naive_text": display.halfwidth(r["naive_ci_halfwidth"], integer)} for r in document["rows"]]
-    last = document["rows"][-1]
+    last = document["rows"][-1] if document["rows"] else None  # none when no group was chosen
     ratio = (f"{100 * last['total_ci_halfwidth'] / last['naive_ci_halfwidth']:.0f}%"
-             if last["naive_ci_halfwidth"] > 0 else None)
+             if last and last["naive_ci_halfwidth"] > 0 else None)
     charts = [{"svg": Markup(running_chart_svg(document, group)),
                "caption": f"{group}: the totals to date with their interval (dark band), the naive sum's interval "
                           "around them (light band), and each period's value with its interval."}
               for group in document["groups"][:MAX_LINES]]
-    return {**document, "rows": rows, "charts": charts, "ratio": ratio, "last_period": last["snapshot"],
+    return {**document, "rows": rows, "charts": charts, "ratio": ratio, "last_period": last["snapshot"] if last else None,
             "statistic_text": STATISTIC_TEXT[document["statistic"]], "bound_text": bound_text,
             "release_id": (budget.get("running_total") or {}).get("release_id", "")}
 
