@@ -43,15 +43,10 @@ OVERRIDE = "synthetic test data: nobody is at risk"  # epsilon 1 is above the de
 #: runs each worker takes at once: 2 x 5 engine processes are more than 2 cores run at once already
 WORKER_LIMIT = 5
 
-#: the two-host deployment takes 6 to 10 minutes of real processes on 2 cores: outside `make test`
-#: (which must stay under 15 minutes) until it is faster; run it with this set and PostgreSQL's URL
-TWO_HOSTS_ENV = "DPRELEASE_TEST_TWO_HOSTS"
-
 pytestmark = [pytest.mark.skipif(not os.environ.get(PG_ENV), reason=f"needs PostgreSQL: set {PG_ENV} (.ci/run does)"),
-              pytest.mark.skipif(os.environ.get(TWO_HOSTS_ENV) != "1",
-                                 reason=f"minutes of real processes: set {TWO_HOSTS_ENV}=1 to run it"),
               pytest.mark.xdist_group("two_hosts"),  # one worker sets the hosts up once (--dist loadgroup)
-              pytest.mark.slow]  # 9.5 min at load 18 on 2 cores (2026-11-29): 21 flow-run processes
+              pytest.mark.runs_first,  # the longest module starts first, beside the rest (conftest.py)
+              pytest.mark.slow]  # 3 min and 4.6 CPU-minutes at load 7 on 2 cores (2026-11-29): 21 flow-run processes
 
 
 def _people(n: int) -> pd.DataFrame:
