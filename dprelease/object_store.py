@@ -6,6 +6,7 @@ did not answer. Each user wraps these failures in its own error (EscrowError, Ar
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 #: the URL schemes of object stores the platform can use (s3fs: AWS S3 and S3-compatible servers)
@@ -34,17 +35,29 @@ def location_setting(variable: str, value: str | None, default: str) -> str | No
     return url.rstrip("/")
 
 
+#: one filesystem per (process, scheme, AWS_* variables): see `filesystem`
+_FILESYSTEMS: dict[tuple, object] = {}
+
+
 def filesystem(url: str):
-    """The fsspec filesystem and the path inside it of an object-store URL (s3fs, not cached: a
-    filesystem holds credentials and connections that must not outlive a fork)."""
+    """The fsspec filesystem (s3fs) and the path inside it of an object-store URL. One per process
+    and endpoint/credentials (the AWS_* variables): making one loads botocore's service models and
+    opens new connections (8% of a release's CPU when made per call). Its listings are never cached
+    (another host may have written since); a forked child makes its own (the pid is in the key)."""
     try:
         import fsspec
     except ImportError:  # pragma: no cover - fsspec is a dependency
         raise ObjectStoreMissing("the object store needs fsspec and s3fs: pip install 'dprelease[s3]'") from None
-    try:
-        return fsspec.core.url_to_fs(url, skip_instance_cache=True)
-    except ImportError:
-        raise ObjectStoreMissing(f"{url} needs s3fs: pip install 'dprelease[s3]'") from None
+    scheme = url.split("://", 1)[0]
+    key = (os.getpid(), scheme, tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_"))))
+    fs = _FILESYSTEMS.get(key)
+    if fs is None:
+        try:
+            fs = fsspec.filesystem(scheme, skip_instance_cache=True, use_listings_cache=False)
+        except ImportError:
+            raise ObjectStoreMissing(f"{url} needs s3fs: pip install 'dprelease[s3]'") from None
+        _FILESYSTEMS[key] = fs
+    return fs, fs._strip_protocol(url)
 
 
 def failure(err: BaseException) -> str:

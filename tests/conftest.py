@@ -53,3 +53,9 @@ def browser(browser_type_launch_args):
         launched = playwright.chromium.launch(**browser_type_launch_args)
         yield launched
         launched.close()
+
+
+def pytest_collection_modifyitems(items):
+    """Tests marked `runs_first` (minutes of real processes each) go to the front, so that under
+    xdist they run beside the rest of the suite rather than alone at its end."""
+    items.sort(key=lambda item: item.get_closest_marker("runs_first") is None)  # stable: order kept otherwise

@@ -30,20 +30,23 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_prefect_server(workdir: Path) -> tuple[subprocess.Popen, str]:
+def start_prefect_server(workdir: Path, database_url: str | None = None) -> tuple[subprocess.Popen, str]:
     """`prefect server start` (UI included) on a free port, on a copy of the migrated empty Prefect
-    database the CLI keeps (cli/temporary_prefect_server.py), so that no migration runs here. Returns (process, UI url)."""
+    database the CLI keeps (cli/temporary_prefect_server.py), so that no migration runs here, or on
+    `database_url` (an empty PostgreSQL database, migrated as the server starts, as a deployment's
+    server is). Returns (process, UI url)."""
     import httpx
 
     from dprelease.cli import temporary_prefect_server as prefect_server
 
-    template = prefect_server.template_database()
-    db = workdir / "prefect.db"
-    shutil.copyfile(template, db)
+    if database_url is None:
+        db = workdir / "prefect.db"
+        shutil.copyfile(prefect_server.template_database(), db)
+        database_url = f"sqlite+aiosqlite:///{db}"
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env.update(PREFECT_HOME=str(workdir / "prefect-home"), PREFECT_API_DATABASE_CONNECTION_URL=f"sqlite+aiosqlite:///{db}",
+    env.update(PREFECT_HOME=str(workdir / "prefect-home"), PREFECT_API_DATABASE_CONNECTION_URL=database_url,
                PREFECT_UI_API_URL=f"{url}/api", PREFECT_SERVER_ANALYTICS_ENABLED="false",
                PREFECT_LOGGING_LEVEL="WARNING")
     proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port",
