@@ -34,6 +34,16 @@ def check_request(settings: Settings, request: ReleaseRequest, evaluator: str | 
             )
 
 
+def check_submission(platform: pipeline.Platform, request: ReleaseRequest) -> None:
+    """What a request submitted to the analysts' inbox is refused for at once, with the message its
+    release would give: what it asks, against the registered catalogue (an unknown dataset, SQL the
+    rules refuse, an epsilon or delta out of range, a spec's missing column). Data-free; the budget,
+    the policy and the keys are the controller's, checked when a controller runs it."""
+    planned = pipeline.plan(platform, request)
+    if not planned.sql:
+        _check_columns(platform, planned)
+
+
 def _check_columns(platform: pipeline.Platform, planned: pipeline.Plan) -> None:
     """The engine's column checks (dp_core.engine.check_columns) against the registered schema,
     on an empty frame of the registered types: no data is read."""

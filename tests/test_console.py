@@ -499,3 +499,11 @@ def test_an_analyst_s_request_in_the_controllers_inbox(platform_env, console, pe
     assert ana.get(f"/inbox/requests/{request_id}").status_code == 403
     bad = ana.post("/requests", form={"request": "dataset: adult\nepsilon: 1\n"})
     assert bad.status_code == 400 and "give exactly one of `sql`" in bad.text
+    # what its release would refuse is refused at once, as `request submit` refuses it (test_request_inbox.py)
+    waiting = sorted(platform_env.inbox_dir.glob("*.json"))
+    for options, asks, words in (("", "QUALIFY n > 5", "QUALIFY in a DP SELECT is not supported"),
+                                 ("OPTIONS (delta = 0.5) ", "", "delta = 0.5 is above the maximum 0.001")):
+        bad = ana.post("/requests", form={"request": f"dataset: adult\nepsilon: 1\nsql: SELECT WITH ANONYMIZATION "
+                                                     f"{options}sex, ANON_COUNT(*, 1) AS n FROM adult GROUP BY sex {asks}\n"})
+        assert bad.status_code == 400 and words in bad.text
+    assert sorted(platform_env.inbox_dir.glob("*.json")) == waiting
