@@ -194,15 +194,15 @@ def choose_epsilon(*, trust: str | float, sensitivity: str | float, max_risk: st
         )
     if eps_noise > eps_risk:
         raise InvalidQueryError(
-            f"the tolerable noise ({max_noise:g}) needs epsilon >= {eps_noise:.3g}, but the tolerable risk "
-            f"({r:g}) allows at most {eps_risk:.3g}: accept more noise or more risk; nothing is released"
+            f"the tolerable noise ({max_noise:g}) needs epsilon >= {display.budget(eps_noise)}, but the tolerable risk "
+            f"({r:g}) allows at most {display.budget(eps_risk)}: accept more noise or more risk; nothing is released"
         )
     eps = eps_noise if prefer == "privacy" else eps_risk
     q = guessing_bound(eps, n, m, dv_over_df)
     rk = risk(s, t, q)
     bound = truncated_laplace_bound(eps, df, per_output_delta(bounded_delta, m)) if bounded_delta else laplace_error(eps, df, p)
     summary = (
-        f"With epsilon = {eps:.3g}, an attacker who knows everyone else's data guesses a person's "
+        f"With epsilon = {display.budget(eps)}, an attacker who knows everyone else's data guesses a person's "
         f"value (one of {n}) with probability at most {q:.0%}; the risk of sharing is "
         f"{risk_words(rk, r)}. For a count of {example_value:g}, the shared value would be between "
         f"{example_value - bound:.3g} and {example_value + bound:.3g}"
@@ -353,9 +353,10 @@ def _relax_message(query: Query, tolerances: dict[str, float], eps_noise: float,
     needed = risk(s, t, guessing_bound(eps_noise, n, m, dv))
     return (
         f"the tolerable noise ({', '.join(f'{k} +-{v:g}' for k, v in tolerances.items())} at {kw['confidence']:.0%}) "
-        f"needs a total epsilon of at least {eps_noise:.3g} for this plan, but the tolerable risk ({r:g}) allows at "
-        f"most {eps_risk:.3g}. Relax one: accept noise of {noise} at {kw['confidence']:.0%} (the noise at epsilon "
-        f"{eps_risk:.3g}), or accept a risk of {needed:.3g} instead of {r:g} (the risk at epsilon {eps_noise:.3g}); "
+        f"needs a total epsilon of at least {display.budget(eps_noise)} for this plan, but the tolerable risk ({r:g}) allows at "
+        f"most {display.budget(eps_risk)}. Relax one: accept noise of {noise} at {kw['confidence']:.0%} (the noise at epsilon "
+        f"{display.budget(eps_risk)}), or accept a risk of {needed:.3g} instead of {r:g} (the risk at epsilon "
+        f"{display.budget(eps_noise)}); "
         "nothing is released"
     )
 
@@ -373,11 +374,11 @@ def plan_summary(eps: float, shares: tuple[tuple[str, float], ...], promise: tup
                  reference_value: float = 100.0, delta: float = 0.0, max_risk: float | None = None) -> str:
     """The controller's plain-words summary: the total epsilon and how the plan spends it, the
     attacker's bound at that total, and each statistic's real noise (the tolerated ones first)."""
-    split = ", ".join(f"{part} {e:.3g}" for part, e in shares)
+    split = ", ".join(f"{part} {display.budget(e)}" for part, e in shares)
     change = "a changed value" if m == 2 else f"{m} output(s)" if m != 1 else "their presence"
     head = (
-        f"Epsilon {eps:.3g} for the whole plan ({split}); one person's data can affect all of it. An attacker "
-        f"who knows everyone else's data guesses a person's value (one of {n}; {change}: exponent {m} x {eps:.3g}) "
+        f"Epsilon {display.budget(eps)} for the whole plan ({split}); one person's data can affect all of it. An attacker "
+        f"who knows everyone else's data guesses a person's value (one of {n}; {change}: exponent {m} x {display.budget(eps)}) "
         f"with probability at most {q:.0%}" + (f" (the bound may fail with probability delta = {delta:.2g})"
                                                if delta > 0 else "")
         + f"; the risk of sharing is {risk_words(rk, max_risk)}."
