@@ -136,10 +136,25 @@ def per_output_delta(delta: float, m: int) -> float:
     return -math.expm1(math.log1p(-delta) / m)
 
 
+def check_attacker(n: int, m: int, dv_over_df: float = 1.0) -> None:
+    """The attacker model's numbers (risk.md), refused in one line when meaningless: n, the values a
+    person's secret can take, a whole number >= 2 (among fewer there is nothing to guess); m, the
+    outputs (1: whether a person is in the data; 2: a person's value), a whole number >= 1; dv / df > 0.
+    (n = 0 or m = 0 in a request once ended in ZeroDivisionError.)"""
+    if not (n >= 2 and float(n).is_integer()):
+        raise InvalidQueryError(f"n (the values a person's secret can take) must be a whole number >= 2, got {n!r}")
+    if not (m >= 1 and float(m).is_integer()):
+        raise InvalidQueryError(f"m (what the attacker learns: 1 whether a person is in the data, 2 a person's "
+                                f"value) must be a whole number >= 1, got {m!r}")
+    if not (dv_over_df > 0 and math.isfinite(dv_over_df)):
+        raise InvalidQueryError(f"dv_over_df must be a finite number > 0, got {dv_over_df!r}")
+
+
 def epsilon_for_risk(max_risk: float, sensitivity: float, trust: float, n: int, m: int = 1,
                      dv_over_df: float = 1.0, cap: float = EPSILON_CAP) -> float | None:
     """The largest eps whose risk stays within max_risk (closed form); None when no eps can
     (max_risk <= s (1 - t) / n: the floor without any release), `cap` when every eps can."""
+    check_attacker(n, m, dv_over_df)
     exposure = sensitivity * (1.0 - trust)
     if max_risk <= exposure / n:
         return None

@@ -456,6 +456,33 @@ def test_levels_and_tolerances_are_refused_with_their_whole_reason():
                               "a tolerable noise cannot be promised; fix epsilon instead")
 
 
+@pytest.mark.parametrize("n,m,words", [
+    (0, 2, "n (the values a person's secret can take) must be a whole number >= 2, got 0"),
+    (1, 2, "n (the values a person's secret can take) must be a whole number >= 2, got 1"),
+    (-3, 1, "n (the values a person's secret can take) must be a whole number >= 2, got -3"),
+    (2.5, 1, "must be a whole number >= 2, got 2.5"),
+    (float("nan"), 1, "must be a whole number >= 2, got nan"),
+    (16, 0, "m (what the attacker learns: 1 whether a person is in the data, 2 a person's value) must be a whole "
+            "number >= 1, got 0"),
+    (16, -1, "must be a whole number >= 1, got -1"),
+    (16, 1.5, "must be a whole number >= 1, got 1.5"),
+])
+@pytest.mark.parametrize("chooser", ["plan", "one output", "risk alone"])
+def test_an_attacker_model_that_means_nothing_is_refused_naming_it(n, m, words, chooser):
+    """n values a secret can take (>= 2) and m outputs (>= 1) are refused in one sentence by every chooser:
+    n = 0 or m = 0 in a request ended in ZeroDivisionError, n = -3 in a math domain error (issue 35's class:
+    a bad number crashes instead of refusing)."""
+    kw = {"trust": "low", "sensitivity": "high", "max_risk": 0.2, "n": n, "m": m}
+    with pytest.raises(InvalidQueryError) as err:
+        if chooser == "plan":
+            risk.choose_epsilon_for_plan(PLAN, max_noise=10, **kw)
+        elif chooser == "one output":
+            risk.choose_epsilon(max_noise=10, **kw)
+        else:
+            risk.epsilon_for_risk(0.2, 0.7, 0.3, n, m)
+    assert words in str(err.value)
+
+
 @pytest.mark.parametrize("tolerance", [0, -1.5, float("nan"), "ten"])
 def test_a_tolerable_noise_that_is_not_a_positive_number_is_refused_naming_it(tolerance):
     """smallest_epsilon's tolerances must be numbers above 0: anything else is refused in one sentence

@@ -90,8 +90,9 @@ class RiskEpsilon(_Choice):
     max_noise: float | str | dict[str, float | str] = Field(
         description="the tolerable half-width of the headline statistic's interval: a number, a percentage of "
         "reference_value (\"10%\"), or a mapping statistic -> tolerance")
-    n: int = Field(description="how many values the attacker's target (one person's sensitive value) can take (>= 2)")
-    m: int = Field(1, description="1: the attacker learns whether a person is in the data; 2: a person's value")
+    n: int = Field(ge=2, description="how many values the attacker's target (one person's sensitive value) can take "
+                   "(>= 2)")
+    m: int = Field(1, ge=1, description="1: the attacker learns whether a person is in the data; 2: a person's value")
     confidence: float = Field(0.9, description="the confidence of the intervals (0.9: 90%)")
     prefer: Literal["privacy", "accuracy"] = Field(
         "privacy", description="privacy: the smallest epsilon that meets the noise; accuracy: the largest within the risk")
