@@ -272,6 +272,12 @@ def plan_tolerances(query: Query, max_noise: object, *, headline: str | None = N
     the seed's "10% noise on a count of 100" = +-10), for the `headline` statistic (default: the
     first aggregate that has a data-free interval); or a mapping statistic name -> number or
     percentage, each of which must be met."""
+    if isinstance(reference_value, bool) or not isinstance(reference_value, (int, float)) \
+            or not math.isfinite(reference_value) or reference_value <= 0:
+        # a percentage of 0 once read as a bad tolerable noise: "got '10%'"
+        raise InvalidQueryError(f"reference_value (what a percentage tolerable noise is a percentage of, and the "
+                                f"count the summary's example uses) must be a finite number > 0, got {reference_value!r}")
+
     def absolute(name: object, value: object) -> float:
         given = value  # a refusal quotes what the request said ('-5%'), not the number it came to
         if isinstance(value, str) and value.strip().endswith("%"):

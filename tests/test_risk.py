@@ -483,6 +483,20 @@ def test_an_attacker_model_that_means_nothing_is_refused_naming_it(n, m, words, 
     assert words in str(err.value)
 
 
+@pytest.mark.parametrize("reference_value", [0, -5, float("nan"), float("inf"), True])
+@pytest.mark.parametrize("max_noise", ["10%", 10, {"people": "5%"}])
+def test_a_reference_value_that_is_not_a_positive_number_is_refused_naming_it(reference_value, max_noise):
+    """reference_value is refused by name, whatever the tolerable noise: with a percentage the refusal once
+    blamed the tolerance ("the tolerable noise of 'people' must be ... got '10%'"), with a number the summary
+    spoke of "a count of nan"."""
+    with pytest.raises(InvalidQueryError) as err:
+        risk.choose_epsilon_for_plan(PLAN, trust="low", sensitivity="high", max_risk=0.2, max_noise=max_noise, n=16,
+                                     m=2, reference_value=reference_value)
+    assert str(err.value).startswith("reference_value (what a percentage tolerable noise is a percentage of, and "
+                                     f"the count the summary's example uses) must be a finite number > 0, got "
+                                     f"{reference_value!r}")
+
+
 @pytest.mark.parametrize("tolerance", [0, -1.5, float("nan"), "ten"])
 def test_a_tolerable_noise_that_is_not_a_positive_number_is_refused_naming_it(tolerance):
     """smallest_epsilon's tolerances must be numbers above 0: anything else is refused in one sentence

@@ -98,7 +98,8 @@ class RiskEpsilon(_Choice):
         "privacy", description="privacy: the smallest epsilon that meets the noise; accuracy: the largest within the risk")
     headline: str | None = Field(None, description="the statistic a single max_noise applies to "
                                  "(default: the first count, sum or average)")
-    reference_value: float = Field(100.0, description="what a percentage max_noise is a percentage of")
+    reference_value: float = Field(100.0, gt=0, allow_inf_nan=False,
+                                   description="what a percentage max_noise is a percentage of")
     reference_count: float | None = Field(None, description="the group size an average's promise is stated for "
                                           "(default: reference_value)")
     split: Literal["equal", "need"] = Field(
