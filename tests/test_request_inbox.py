@@ -61,6 +61,7 @@ ASKS_WHAT_NO_RELEASE_GIVES = {
     "a spec's unknown column": "dataset: small\nepsilon: 1\nquery: {aggregates: [{kind: sum, column: y, lower: 0, "
                                "upper: 1}]}\n",
     "an unknown dataset": f"dataset: nosuch\nepsilon: 1\nsql: {SMALL_SQL.replace('small', 'nosuch')}\n",
+    "Spark for escrowed data": f"dataset: small\nepsilon: 1\nbackend: spark\nsql: {SMALL_SQL}\n",
 }
 
 
