@@ -646,12 +646,29 @@ def request_submit(spec: Path = typer.Argument(..., help="a release request (.ya
 
     settings = _settings()
     try:
-        submitted = inbox.submit(settings, load_request(spec), requested_by)
+        request = load_request(spec)
+        _check_submission(settings, request)
+        submitted = inbox.submit(settings, request, requested_by)
     except Exception as err:  # noqa: BLE001 - one line for every bad request
         _fail(str(err))
     console.print(escape(f"submitted request {submitted.id} to the controllers' inbox as {requested_by!r}: a "
                          f"controller runs it with `dprelease release {submitted.id}`"), soft_wrap=True,
                   highlight=False)
+
+
+def _check_submission(settings: Settings, request) -> None:
+    """Refuse at once a request its release would refuse for what it asks (preflight.check_submission),
+    where this home's store can be read; an analyst given the inbox alone (the guide's set-up) has
+    it checked when a controller runs it."""
+    from sqlalchemy.engine import make_url
+
+    from dprelease import pipeline, preflight
+    from dprelease.store import Store
+
+    url = make_url(settings.store_url)
+    if url.get_backend_name() == "sqlite" and not os.access(url.database or "", os.R_OK):
+        return  # no store here to read (nor to create): the inbox alone
+    preflight.check_submission(pipeline.Platform(settings, Store(settings.store_url)), request)
 
 
 @request_app.command("list")

@@ -47,6 +47,17 @@ INTERVAL_SUFFIXES = ("_ci_low", "_ci_high", "_noise_sd")
 #: AVG's interval came out zero-wide beside an infinite noise SD, with NumPy's overflow warnings)
 SPREAD_BOUND_MAX = 2.0**100
 
+#: the magnitudes a bound of a SUM or a quantile may have, and the smallest non-zero one of any statistic:
+#: the noise's grid is 2^-32 of the larger bound (aggregates._quantum), so a bound of 1e-300 made a grid
+#: whose inverse overflowed (ZeroDivisionError, or NaN turned into an integer) and a SUM within +-1e300
+#: released an overflowed value with NumPy's warnings; 2^-100 .. 2^100 keeps every step a normal double
+BOUND_MAGNITUDE = (2.0**-100, 2.0**100)
+
+#: the largest per-unit row bound of a count (OPTIONS' max_groups_contributed has the same): the counts,
+#: their noise and their interval ends stay 64-bit integers (2^62 gave the interval [0, -9.2e18], 1e300
+#: an OverflowError)
+COUNT_BOUND_MAX = 2**31 - 1
+
 
 def _finite(x: object) -> TypeGuard[int | float]:
     """A finite int or float (not a bool): what every bound, weight and probability must be."""
@@ -114,9 +125,10 @@ class Aggregate:
             if not (self.lower is None or (_finite(self.lower) and self.lower == 0)):  # the engine never reads it
                 raise InvalidQueryError(f"{where}: a count takes no lower bound (each person's rows in a group are "
                                         f"counted from 0 up to the upper bound): leave it out, got {self.lower!r}")
-            if self.upper is not None and not (_finite(self.upper) and self.upper >= 1 and float(self.upper).is_integer()):
+            if self.upper is not None and not (_finite(self.upper) and 1 <= self.upper <= COUNT_BOUND_MAX
+                                               and float(self.upper).is_integer()):
                 raise InvalidQueryError(
-                    f"{where}: the per-unit row bound must be a whole number >= 1, got {self.upper!r}"
+                    f"{where}: the per-unit row bound must be a whole number from 1 to 2^31 - 1, got {self.upper!r}"
                 )
             return
         for side, value in (("lower", self.lower), ("upper", self.upper)):
@@ -126,6 +138,11 @@ class Aggregate:
                 raise InvalidQueryError(
                     f"{where}: the {side} bound of a mean, variance or standard deviation must be within +-2^100 "
                     f"(about 1.27e30: beyond, its squares overflow), got {value!r}")
+            if value is not None and value != 0 and not BOUND_MAGNITUDE[0] <= abs(value) <= BOUND_MAGNITUDE[1]:
+                raise InvalidQueryError(
+                    f"{where}: the {side} bound must be 0 or between 2^-100 and 2^100 in size (about 7.9e-31 to "
+                    f"1.27e30: beyond, the noise's grid underflows or its values overflow), got {value!r}: express "
+                    "the column in other units (thousands, millionths) to bring it within")
         if self.lower is not None and self.upper is not None:
             if self.lower > self.upper:
                 raise InvalidQueryError(f"{where}: lower bound L={self.lower} exceeds upper bound U={self.upper}")

@@ -136,10 +136,25 @@ def per_output_delta(delta: float, m: int) -> float:
     return -math.expm1(math.log1p(-delta) / m)
 
 
+def check_attacker(n: int, m: int, dv_over_df: float = 1.0) -> None:
+    """The attacker model's numbers (risk.md), refused in one line when meaningless: n, the values a
+    person's secret can take, a whole number >= 2 (among fewer there is nothing to guess); m, the
+    outputs (1: whether a person is in the data; 2: a person's value), a whole number >= 1; dv / df > 0.
+    (n = 0 or m = 0 in a request once ended in ZeroDivisionError.)"""
+    if not (n >= 2 and float(n).is_integer()):
+        raise InvalidQueryError(f"n (the values a person's secret can take) must be a whole number >= 2, got {n!r}")
+    if not (m >= 1 and float(m).is_integer()):
+        raise InvalidQueryError(f"m (what the attacker learns: 1 whether a person is in the data, 2 a person's "
+                                f"value) must be a whole number >= 1, got {m!r}")
+    if not (dv_over_df > 0 and math.isfinite(dv_over_df)):
+        raise InvalidQueryError(f"dv_over_df must be a finite number > 0, got {dv_over_df!r}")
+
+
 def epsilon_for_risk(max_risk: float, sensitivity: float, trust: float, n: int, m: int = 1,
                      dv_over_df: float = 1.0, cap: float = EPSILON_CAP) -> float | None:
     """The largest eps whose risk stays within max_risk (closed form); None when no eps can
     (max_risk <= s (1 - t) / n: the floor without any release), `cap` when every eps can."""
+    check_attacker(n, m, dv_over_df)
     exposure = sensitivity * (1.0 - trust)
     if max_risk <= exposure / n:
         return None
@@ -194,15 +209,15 @@ def choose_epsilon(*, trust: str | float, sensitivity: str | float, max_risk: st
         )
     if eps_noise > eps_risk:
         raise InvalidQueryError(
-            f"the tolerable noise ({max_noise:g}) needs epsilon >= {eps_noise:.3g}, but the tolerable risk "
-            f"({r:g}) allows at most {eps_risk:.3g}: accept more noise or more risk; nothing is released"
+            f"the tolerable noise ({max_noise:g}) needs epsilon >= {display.budget(eps_noise)}, but the tolerable risk "
+            f"({r:g}) allows at most {display.budget(eps_risk)}: accept more noise or more risk; nothing is released"
         )
     eps = eps_noise if prefer == "privacy" else eps_risk
     q = guessing_bound(eps, n, m, dv_over_df)
     rk = risk(s, t, q)
     bound = truncated_laplace_bound(eps, df, per_output_delta(bounded_delta, m)) if bounded_delta else laplace_error(eps, df, p)
     summary = (
-        f"With epsilon = {eps:.3g}, an attacker who knows everyone else's data guesses a person's "
+        f"With epsilon = {display.budget(eps)}, an attacker who knows everyone else's data guesses a person's "
         f"value (one of {n}) with probability at most {q:.0%}; the risk of sharing is "
         f"{risk_words(rk, r)}. For a count of {example_value:g}, the shared value would be between "
         f"{example_value - bound:.3g} and {example_value + bound:.3g}"
@@ -257,6 +272,12 @@ def plan_tolerances(query: Query, max_noise: object, *, headline: str | None = N
     the seed's "10% noise on a count of 100" = +-10), for the `headline` statistic (default: the
     first aggregate that has a data-free interval); or a mapping statistic name -> number or
     percentage, each of which must be met."""
+    if isinstance(reference_value, bool) or not isinstance(reference_value, (int, float)) \
+            or not math.isfinite(reference_value) or reference_value <= 0:
+        # a percentage of 0 once read as a bad tolerable noise: "got '10%'"
+        raise InvalidQueryError(f"reference_value (what a percentage tolerable noise is a percentage of, and the "
+                                f"count the summary's example uses) must be a finite number > 0, got {reference_value!r}")
+
     def absolute(name: object, value: object) -> float:
         given = value  # a refusal quotes what the request said ('-5%'), not the number it came to
         if isinstance(value, str) and value.strip().endswith("%"):
@@ -353,9 +374,10 @@ def _relax_message(query: Query, tolerances: dict[str, float], eps_noise: float,
     needed = risk(s, t, guessing_bound(eps_noise, n, m, dv))
     return (
         f"the tolerable noise ({', '.join(f'{k} +-{v:g}' for k, v in tolerances.items())} at {kw['confidence']:.0%}) "
-        f"needs a total epsilon of at least {eps_noise:.3g} for this plan, but the tolerable risk ({r:g}) allows at "
-        f"most {eps_risk:.3g}. Relax one: accept noise of {noise} at {kw['confidence']:.0%} (the noise at epsilon "
-        f"{eps_risk:.3g}), or accept a risk of {needed:.3g} instead of {r:g} (the risk at epsilon {eps_noise:.3g}); "
+        f"needs a total epsilon of at least {display.budget(eps_noise)} for this plan, but the tolerable risk ({r:g}) allows at "
+        f"most {display.budget(eps_risk)}. Relax one: accept noise of {noise} at {kw['confidence']:.0%} (the noise at epsilon "
+        f"{display.budget(eps_risk)}), or accept a risk of {needed:.3g} instead of {r:g} (the risk at epsilon "
+        f"{display.budget(eps_noise)}); "
         "nothing is released"
     )
 
@@ -373,11 +395,11 @@ def plan_summary(eps: float, shares: tuple[tuple[str, float], ...], promise: tup
                  reference_value: float = 100.0, delta: float = 0.0, max_risk: float | None = None) -> str:
     """The controller's plain-words summary: the total epsilon and how the plan spends it, the
     attacker's bound at that total, and each statistic's real noise (the tolerated ones first)."""
-    split = ", ".join(f"{part} {e:.3g}" for part, e in shares)
+    split = ", ".join(f"{part} {display.budget(e)}" for part, e in shares)
     change = "a changed value" if m == 2 else f"{m} output(s)" if m != 1 else "their presence"
     head = (
-        f"Epsilon {eps:.3g} for the whole plan ({split}); one person's data can affect all of it. An attacker "
-        f"who knows everyone else's data guesses a person's value (one of {n}; {change}: exponent {m} x {eps:.3g}) "
+        f"Epsilon {display.budget(eps)} for the whole plan ({split}); one person's data can affect all of it. An attacker "
+        f"who knows everyone else's data guesses a person's value (one of {n}; {change}: exponent {m} x {display.budget(eps)}) "
         f"with probability at most {q:.0%}" + (f" (the bound may fail with probability delta = {delta:.2g})"
                                                if delta > 0 else "")
         + f"; the risk of sharing is {risk_words(rk, max_risk)}."

@@ -168,8 +168,8 @@ def numbers(platform: pipeline.Platform, request: ReleaseRequest, sliders: Slide
               if a.kind in ("sum", "avg") and a.lower is not None and a.upper is not None}
     rows = [{**row, "bounds": bounds.get(row["name"])} for row in interval_rows(promise)]
     out.update(feasible=feasible, message=message, epsilon=eps, summary=summary,
-               epsilon_written=None if eps is None else f"{eps:.4g}",
-               shares=[{"part": part, "epsilon": e} for part, e in shares],
+               epsilon_written=None if eps is None else display.budget(eps),
+               shares=[{"part": part, "epsilon": e, "written": display.budget(e)} for part, e in shares],
                intervals=rows, risk_fields=sliders.risk_fields(headline),
                levels={name: risk.level_name(getattr(sliders, name)) for name in ("trust", "sensitivity", "max_risk")})
     if eps is not None:
@@ -260,11 +260,11 @@ def analyst_preview(platform: pipeline.Platform, request: ReleaseRequest, analys
     if eps is None:
         raise ToolError("give an epsilon (your dataset has no policy that says how much a release may spend)")
     if limit is not None and eps > limit * (1 + 1e-12):
-        note = (f"your request asks for epsilon {eps:.4g}, above your policy's limit {limit:g} per release (it would be "
+        note = (f"your request asks for epsilon {display.budget(eps)}, above your policy's limit {limit:g} per release (it would be "
                 f"refused): shown at {limit:g}")
         eps = limit
     ints = pipeline.integer_columns(platform.store.get_dataset(request.dataset))
     intervals = accuracy.statistic_intervals(plan.query, eps, integer_columns=ints)
-    return {"epsilon": eps, "epsilon_written": f"{eps:.4g}", "limit": limit, "note": note,
+    return {"epsilon": eps, "epsilon_written": display.budget(eps), "limit": limit, "note": note,
             "confidence": plan.query.confidence, "intervals": interval_rows(intervals),
             "selection": selection_curve(plan.query, eps)}

@@ -156,9 +156,14 @@ def require_override(which: str, profile: dict, risk_override: str) -> None:
     otherwise (`profile` holds the risk and the tolerable risk, as a risk profile or a context)."""
     if risk_override.strip():
         return
-    raise DecisionRefused(
-        f"{which} is above your tolerable risk (risk {float(profile['risk']):.3g}, tolerable "
-        f"{profile['max_risk']}): approving needs an explicit override with a reason (--override-risk REASON)")
+    raise DecisionRefused(f"{which} is above your tolerable risk: its risk is {risk_written(profile)}; approving "
+                          "needs an explicit override with a reason (--override-risk REASON)")
+
+
+def risk_written(profile: dict) -> str:
+    """The risk of a profile or context as the summary and the reports write it (dp_core.risk.risk_words),
+    so that a refusal never reads "0.308" beside a summary's "0.31"."""
+    return risk.risk_words(float(profile["risk"]), risk.level_value(profile["max_risk"]))
 
 
 def write_context(settings: Settings, release_id: str, question: str, profile: dict) -> dict:

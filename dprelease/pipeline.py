@@ -300,8 +300,11 @@ def choose_epsilon_from_risk(platform: Platform, planned: Plan) -> EpsilonDecisi
     asked = ", ".join(f"{name} within ±{tol:g}" for name, tol in choice.tolerances.items())
     rule = (f"the smallest total epsilon with {asked} at {choice.confidence:.0%}" if choice.prefer == "privacy"
             else "the largest total epsilon within the tolerable risk")
+    allowed = (f"the tolerable risk is met at every epsilon up to {display.budget(choice.epsilon_risk)}"
+               if choice.epsilon_risk >= risk.EPSILON_CAP else
+               f"the risk allows at most {display.budget(choice.epsilon_risk)}")
     explanation = (f"chosen from the risk model for the whole plan: {rule} (the noise needs at least "
-                   f"{choice.epsilon_noise:.3g}, the risk allows at most {choice.epsilon_risk:.3g})")
+                   f"{display.budget(choice.epsilon_noise)}, {allowed})")
     return EpsilonDecision(choice.epsilon, "risk", explanation, risk_choice=choice)
 
 

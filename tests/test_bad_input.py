@@ -130,6 +130,12 @@ BAD_REQUESTS = {
     "epsilon absurd": (f"dataset: small\nsql: {SQL}\nepsilon: 1.0e+9\n", "above the maximum 100"),
     "epsilon bad mode": (f"dataset: small\nsql: {SQL}\nepsilon: {{foo: 1}}\n", "epsilon must be a number, {pri"),
     "risk fields missing": (f"dataset: small\nsql: {SQL}\nepsilon: {{risk: {{trust: low}}}}\n", "epsilon.risk needs"),
+    "risk n zero": (f"dataset: small\nsql: {SQL}\nepsilon: {{risk: {{max_noise: 10, n: 0}}}}\n",
+                    "epsilon.risk (Risk model): n: Input should be greater than or equal to 2"),
+    "risk reference value zero": (f"dataset: small\nsql: {SQL}\nepsilon: {{risk: {{max_noise: '10%', n: 4, "
+                                  "reference_value: 0}}\n", "reference_value: Input should be greater than 0"),
+    "risk m zero": (f"dataset: small\nsql: {SQL}\nepsilon: {{risk: {{max_noise: 10, n: 4, m: 0}}}}\n",
+                    "epsilon.risk (Risk model): m: Input should be greater than or equal to 1"),
     "delta above 1": (f"dataset: small\nsql: {SQL}\nepsilon: 1\ndelta: 1.5\n",
                       "delta = 1.5 is above the maximum 0.001"),
     "delta near 1": (f"dataset: small\nsql: {SQL}\nepsilon: 1\ndelta: 0.999999\n",

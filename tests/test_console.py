@@ -423,8 +423,14 @@ def test_a_risk_above_tolerance_asks_the_override_s_reason_on_the_page(platform_
     alice = people_in["alice"]
     page = alice.get(f"/releases/{rel.id}").text
     assert "above your tolerable risk" in page and "Why approve above the tolerable risk" in page
+    # the summary's warning says what to do on this page, not in the Resume form ("the form has no override field")
+    assert "needs your reason for the override, in <em>Why approve above the tolerable risk</em> below" in page
+    assert "--override-risk" not in page and "override field" not in page
     answer = alice.decide(rel.id, "approve", "fine")
     assert answer.status_code == 400 and "needs your reason" in one_line(answer)
+    # the risk reads alike on the page, in its summary and in the refusal (a refusal once said 0.308 beside 0.31)
+    written = decisions.risk_written(decisions.read_context(platform_env, rel.id))
+    assert written.endswith("(above your tolerable 0.2)") and page.count(written) >= 2 and written in one_line(answer)
     untouched(platform_env, rel)
     answer = alice.decide(rel.id, "approve", "fine", "aggregate table, recipient under contract")
     assert answer.status_code == 200, answer.text
@@ -499,3 +505,11 @@ def test_an_analyst_s_request_in_the_controllers_inbox(platform_env, console, pe
     assert ana.get(f"/inbox/requests/{request_id}").status_code == 403
     bad = ana.post("/requests", form={"request": "dataset: adult\nepsilon: 1\n"})
     assert bad.status_code == 400 and "give exactly one of `sql`" in bad.text
+    # what its release would refuse is refused at once, as `request submit` refuses it (test_request_inbox.py)
+    waiting = sorted(platform_env.inbox_dir.glob("*.json"))
+    for options, asks, words in (("", "QUALIFY n > 5", "QUALIFY in a DP SELECT is not supported"),
+                                 ("OPTIONS (delta = 0.5) ", "", "delta = 0.5 is above the maximum 0.001")):
+        bad = ana.post("/requests", form={"request": f"dataset: adult\nepsilon: 1\nsql: SELECT WITH ANONYMIZATION "
+                                                     f"{options}sex, ANON_COUNT(*, 1) AS n FROM adult GROUP BY sex {asks}\n"})
+        assert bad.status_code == 400 and words in bad.text
+    assert sorted(platform_env.inbox_dir.glob("*.json")) == waiting

@@ -138,3 +138,18 @@ def test_a_signed_decision_edited_after_signing_is_refused(controllers, field, v
              "form_controller": content["controller"]}
     with pytest.raises(decisions.DecisionRefused, match="does not verify with the registered key"):
         verdict(store, edited, **asked)
+
+
+@pytest.mark.parametrize("profile", [{"risk": 0.3083, "max_risk": 0.2}, {"risk": 0.4449, "max_risk": "low"},
+                                     {"risk": 0.9, "max_risk": 0.35}])
+def test_an_approval_refused_for_its_risk_writes_the_risk_as_the_summary_does(profile):
+    """The refusal of an approval above the tolerable risk without an override (the CLI's --approve-as, a
+    pasted decision) words the risk as the summary's warning does: it once said "risk 0.308, tolerable 0.2"
+    below a summary's "0.31 (above your tolerable 0.2)"."""
+    from dprelease import decisions
+
+    with pytest.raises(decisions.DecisionRefused) as refused:
+        decisions.require_override("this release", profile, "")
+    written = decisions.risk_written(profile)
+    assert f"its risk is {written};" in str(refused.value) and written in decisions.risk_notice(profile)
+    assert "(above your tolerable " in written

@@ -57,12 +57,36 @@ def test_the_numbers_are_dp_core_s(home, trust, sensitivity, max_risk, noise, n,
         assert not out["feasible"] and str(err) in out["summary"]
         return
     assert out["feasible"] and out["epsilon"] == choice.epsilon and out["summary"] == choice.summary
+    # one epsilon, one string: the page's headline and split read as its summary writes them (0.4757 once stood
+    # above "Epsilon 0.476 for the whole plan (partition selection 0.159, ...)")
+    split = ", ".join(f"{share['part']} {share['written']}" for share in out["shares"])
+    assert out["summary"].startswith(f"Epsilon {out['epsilon_written']} for the whole plan ({split});")
     assert [r["halfwidth"] for r in out["intervals"]] == [s.halfwidth for s in choice.promise]
     h = next(s.halfwidth for s in accuracy.statistic_intervals(query, choice.epsilon, confidence=0.9,
                                                                integer_columns=ints) if s.name == "people")
     assert out["point"] == {"noise": h, "risk": choice.risk}
     assert out["point"]["risk"] <= max_risk
     assert out["surface"]["risk"][10][6] == pytest.approx(risk.risk(0.5, 0.3, choice.guessing_probability))
+
+
+@pytest.mark.parametrize("trust,max_risk,allowed", [
+    (0.6, 0.3, "the tolerable risk is met at every epsilon up to 10)"),  # s (1 - t) = 0.2: no epsilon exceeds 0.3
+    (0.3, 0.32, "the risk allows at most 1.184)"),
+])
+def test_the_release_s_explanation_of_a_risk_model_epsilon(home, trust, max_risk, allowed):
+    """What "Use this epsilon" writes, run as a release: its explanation gives each epsilon as the page does
+    (four significant digits), and where the tolerable risk is above the risk without noise it says so rather
+    than "the risk allows at most 10" (the chooser's cap, which a walkthrough read as a limit of the risk)."""
+    from dprelease import decision_support as tool
+    from dprelease import pipeline
+
+    sliders = tool.Sliders.from_json({"trust": trust, "sensitivity": 0.5, "max_risk": max_risk, "max_noise": 7,
+                                      "n": 2, "m": 2, "p": 0.9})
+    shown = tool.numbers(home, request(), sliders)
+    used = tool.with_risk(request(), shown["risk_fields"])
+    decision = pipeline.choose_epsilon(home, pipeline.plan(home, used))
+    assert decision.epsilon == shown["epsilon"]
+    assert f"(the noise needs at least {shown['epsilon_written']}, {allowed}" in decision.explanation
 
 
 def test_what_if_and_the_analyst_s_limit(home):

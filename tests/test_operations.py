@@ -552,7 +552,7 @@ def test_an_approval_that_cannot_count_is_refused_before_anything_is_reserved(op
         strict = _dataset(ops, "strict", epsilon_cap=10.0)
         request = ops["root"] / "strict.yaml"
         request.write_text(REQUEST.replace("adult", strict).replace(f"epsilon: {EPSILON}", "epsilon: 1.0"))
-        words = "above your tolerable risk (risk 0.308, tolerable 0.2)"
+        words = "above your tolerable risk: its risk is 0.31 (above your tolerable 0.2)"  # as the summary says
     store = _store(ops)
     before, releases = _ledger(ops), len(store.list_releases())
     command = Command(ops, f"refused-{case.replace(' ', '-')}", "release", str(request), "--approve-as", "operator",

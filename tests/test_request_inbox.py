@@ -42,3 +42,62 @@ def test_the_command_line_s_inbox_file_runs_as_it_is(tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     (path,) = (tmp_path / "inbox").glob("*.json")
     assert load_request(path).requested_by == "ana"
+
+
+SMALL_SQL = "SELECT WITH ANONYMIZATION g, ANON_COUNT(*, 1) AS n FROM small GROUP BY g"
+
+#: requests whose release would refuse what they ask: the analyst hears it at once, nothing is written
+ASKS_WHAT_NO_RELEASE_GIVES = {
+    "QUALIFY": f"dataset: small\nepsilon: 1\nsql: {SMALL_SQL} QUALIFY n > 5\n",
+    "a delta over the ceiling in OPTIONS": "dataset: small\nepsilon: 1\nsql: SELECT WITH ANONYMIZATION OPTIONS "
+                                           "(delta = 0.5) g, ANON_COUNT(*, 1) AS n FROM small GROUP BY g\n",
+    "a tiny epsilon in OPTIONS": "dataset: small\nsql: SELECT WITH ANONYMIZATION OPTIONS (epsilon = 1e-300) g, "
+                                 "ANON_COUNT(*, 1) AS n FROM small GROUP BY g\n",
+    "a tiny epsilon": f"dataset: small\nepsilon: 1.0e-300\nsql: {SMALL_SQL}\n",
+    "grouping by the unit's position": "dataset: small\nepsilon: 1\nsql: SELECT WITH ANONYMIZATION uid, "
+                                       "ANON_COUNT(*, 1) AS n FROM small GROUP BY 1\n",
+    "an unknown column": "dataset: small\nepsilon: 1\nsql: SELECT WITH ANONYMIZATION nope, ANON_COUNT(*, 1) AS n "
+                        "FROM small GROUP BY nope\n",
+    "a spec's unknown column": "dataset: small\nepsilon: 1\nquery: {aggregates: [{kind: sum, column: y, lower: 0, "
+                               "upper: 1}]}\n",
+    "an unknown dataset": f"dataset: nosuch\nepsilon: 1\nsql: {SMALL_SQL.replace('small', 'nosuch')}\n",
+    "Spark for escrowed data": f"dataset: small\nepsilon: 1\nbackend: spark\nsql: {SMALL_SQL}\n",
+}
+
+
+@pytest.fixture(scope="module")
+def small_home(tmp_path_factory):
+    """A home with dataset `small` registered: (settings, the folder of request files)."""
+    from typer.testing import CliRunner
+
+    from dprelease.cli.app import app
+    from dprelease.settings import Settings
+
+    root = tmp_path_factory.mktemp("inbox")
+    env = {"DPRELEASE_HOME": str(root / "home"), "DPRELEASE_KEY_DIR": str(root / "keys")}
+    (root / "small.csv").write_text("uid,g,x\n" + "".join(f"{i},{'ab'[i % 2]},{i % 7}\n" for i in range(1, 41)))
+    for args in (["init"], ["dataset", "register", "small", str(root / "small.csv"), "--unit", "uid",
+                            "--epsilon-cap", "5"]):
+        assert CliRunner().invoke(app, args, env=env).exit_code == 0
+    return Settings.from_env(env), env
+
+
+@pytest.mark.parametrize("case", list(ASKS_WHAT_NO_RELEASE_GIVES))
+def test_a_request_no_release_would_run_is_refused_at_submission(small_home, tmp_path, case):
+    """`request submit` refuses in one line, and writes nothing, what `dprelease release` would
+    refuse for what the request asks (issue 35: QUALIFY, a huge delta or a tiny epsilon waited in
+    the inbox as 'submitted' until a controller ran it), with the release's own message."""
+    from typer.testing import CliRunner
+
+    from dprelease import preflight
+    from dprelease.cli.app import app
+    from dprelease.requests import load_request
+
+    settings, env = small_home
+    path = tmp_path / "request.yaml"
+    path.write_text(ASKS_WHAT_NO_RELEASE_GIVES[case])
+    result = CliRunner().invoke(app, ["request", "submit", str(path), "--as", "ana"], env=env)
+    with pytest.raises(Exception) as release:  # the release's verdict on the same request
+        preflight.check_request(settings, load_request(path))
+    assert result.exit_code == 2 and result.stderr.strip().splitlines() == [f"error: {release.value}"]
+    assert not any(settings.inbox_dir.glob("*.json")), "a refused request was written to the inbox"

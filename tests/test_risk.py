@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 import dp_core as dp
-from dp_core import InvalidQueryError, accuracy, risk
+from dp_core import InvalidQueryError, accuracy, display, risk
 from dp_core.accounting import Share, plan_budget
 from dp_core.aggregates import finish, plan_aggregate
 from dp_core.release import NoisyStatistic, calibrate
@@ -92,7 +92,7 @@ def test_a_noise_bound_just_above_the_sensitivity_needs_an_epsilon_beyond_any_ri
     with pytest.raises(InvalidQueryError) as caught:
         risk.choose_epsilon(trust="low", sensitivity="high", max_risk=0.3, max_noise=1.0000001, n=N, m=M,
                             bounded_delta=1e-6)
-    assert str(caught.value).startswith("the tolerable noise (1) needs epsilon >= 2.2e+04, but the tolerable risk")
+    assert str(caught.value).startswith("the tolerable noise (1) needs epsilon >= 2.203e+04, but the tolerable risk")
 
 
 def test_bounded_noise_needs_delta_strictly_between_0_and_one_half():
@@ -261,7 +261,11 @@ def test_plan_chooser_uses_the_total_epsilon_for_the_risk_and_quotes_the_real_no
     assert c.risk == pytest.approx(0.49 * c.guessing_probability)
     assert "a count of 100 would be released as 100 +- 10, i.e. between 90 and 110 with 90% probability" in c.summary
     assert "people (count)" in c.summary and "for a group of 100 people" in c.summary
-    assert f"guesses a person's value (one of 16; a changed value: exponent 2 x {c.epsilon:.3g})" in c.summary
+    # every epsilon as every page writes it (dp_core.display.budget): the DPP tool's headline beside this summary
+    # once read 0.4757 above "Epsilon 0.476"
+    assert f"guesses a person's value (one of 16; a changed value: exponent 2 x {display.budget(c.epsilon)})" in c.summary
+    assert c.summary.startswith(f"Epsilon {display.budget(c.epsilon)} for the whole plan (" + ", ".join(
+        f"{part} {display.budget(e)}" for part, e in c.shares) + ");")
     relative = risk.choose_epsilon_for_plan(PLAN, trust="low", sensitivity="high", max_risk=0.2, max_noise="5%",
                                             reference_value=200, n=16, m=2)
     assert relative.epsilon == pytest.approx(c.epsilon)  # 5% of 200 = 10
@@ -452,6 +456,47 @@ def test_levels_and_tolerances_are_refused_with_their_whole_reason():
                               "a tolerable noise cannot be promised; fix epsilon instead")
 
 
+@pytest.mark.parametrize("n,m,words", [
+    (0, 2, "n (the values a person's secret can take) must be a whole number >= 2, got 0"),
+    (1, 2, "n (the values a person's secret can take) must be a whole number >= 2, got 1"),
+    (-3, 1, "n (the values a person's secret can take) must be a whole number >= 2, got -3"),
+    (2.5, 1, "must be a whole number >= 2, got 2.5"),
+    (float("nan"), 1, "must be a whole number >= 2, got nan"),
+    (16, 0, "m (what the attacker learns: 1 whether a person is in the data, 2 a person's value) must be a whole "
+            "number >= 1, got 0"),
+    (16, -1, "must be a whole number >= 1, got -1"),
+    (16, 1.5, "must be a whole number >= 1, got 1.5"),
+])
+@pytest.mark.parametrize("chooser", ["plan", "one output", "risk alone"])
+def test_an_attacker_model_that_means_nothing_is_refused_naming_it(n, m, words, chooser):
+    """n values a secret can take (>= 2) and m outputs (>= 1) are refused in one sentence by every chooser:
+    n = 0 or m = 0 in a request ended in ZeroDivisionError, n = -3 in a math domain error (issue 35's class:
+    a bad number crashes instead of refusing)."""
+    kw = {"trust": "low", "sensitivity": "high", "max_risk": 0.2, "n": n, "m": m}
+    with pytest.raises(InvalidQueryError) as err:
+        if chooser == "plan":
+            risk.choose_epsilon_for_plan(PLAN, max_noise=10, **kw)
+        elif chooser == "one output":
+            risk.choose_epsilon(max_noise=10, **kw)
+        else:
+            risk.epsilon_for_risk(0.2, 0.7, 0.3, n, m)
+    assert words in str(err.value)
+
+
+@pytest.mark.parametrize("reference_value", [0, -5, float("nan"), float("inf"), True])
+@pytest.mark.parametrize("max_noise", ["10%", 10, {"people": "5%"}])
+def test_a_reference_value_that_is_not_a_positive_number_is_refused_naming_it(reference_value, max_noise):
+    """reference_value is refused by name, whatever the tolerable noise: with a percentage the refusal once
+    blamed the tolerance ("the tolerable noise of 'people' must be ... got '10%'"), with a number the summary
+    spoke of "a count of nan"."""
+    with pytest.raises(InvalidQueryError) as err:
+        risk.choose_epsilon_for_plan(PLAN, trust="low", sensitivity="high", max_risk=0.2, max_noise=max_noise, n=16,
+                                     m=2, reference_value=reference_value)
+    assert str(err.value).startswith("reference_value (what a percentage tolerable noise is a percentage of, and "
+                                     f"the count the summary's example uses) must be a finite number > 0, got "
+                                     f"{reference_value!r}")
+
+
 @pytest.mark.parametrize("tolerance", [0, -1.5, float("nan"), "ten"])
 def test_a_tolerable_noise_that_is_not_a_positive_number_is_refused_naming_it(tolerance):
     """smallest_epsilon's tolerances must be numbers above 0: anything else is refused in one sentence
@@ -539,14 +584,14 @@ def test_the_plan_summary_states_a_failure_probability_only_for_a_plan_that_spen
     count = dp.Query([dp.count(upper=1, name="people")], privacy_unit="id", epsilon=1.0)
     c = risk.choose_epsilon_for_plan(count, trust="low", sensitivity="high", max_risk=0.2, max_noise=10, n=16, m=2)
     assert c.summary == (
-        "Epsilon 0.219 for the whole plan (people 0.219); one person's data can affect all of it. An attacker who "
-        "knows everyone else's data guesses a person's value (one of 16; a changed value: exponent 2 x 0.219) with "
+        "Epsilon 0.2187 for the whole plan (people 0.2187); one person's data can affect all of it. An attacker who "
+        "knows everyone else's data guesses a person's value (one of 16; a changed value: exponent 2 x 0.2187) with "
         "probability at most 9%; the risk of sharing is 0.05 (very low; within your tolerable 0.2). people (count): a "
         "count of 100 would be "
         "released as 100 +- 10, i.e. between 90 and 110 with 90% probability (tolerance asked: +-10).")
     selected = risk.choose_epsilon_for_plan(PLAN, trust="low", sensitivity="high", max_risk=0.2, max_noise=10, n=16,
                                             m=2)
-    assert ("(one of 16; a changed value: exponent 2 x 0.875) with probability at most 28% (the bound may fail with "
+    assert ("(one of 16; a changed value: exponent 2 x 0.8749) with probability at most 28% (the bound may fail with "
             "probability delta = 1e-06); the risk of sharing is ") in selected.summary
 
 
@@ -558,10 +603,10 @@ def test_the_refusal_for_two_tolerances_lists_each_as_asked_and_each_noise_the_r
         risk.choose_epsilon_for_plan(PLAN, trust="low", sensitivity="high", n=16, m=2, max_risk=0.2,
                                      max_noise={"people": 3, "average_age": 0.5}, reference_count=500)
     assert str(err.value) == (
-        "the tolerable noise (people +-3, average_age +-0.5 at 90%) needs a total epsilon of at least 3.84 for this "
-        "plan, but the tolerable risk (0.2) allows at most 1.17. Relax one: accept noise of people +-8 (asked +-3); "
-        "average_age +-1.64 (asked +-0.5) at 90% (the noise at epsilon 1.17), or accept a risk of 0.487 instead of "
-        "0.2 (the risk at epsilon 3.84); nothing is released")
+        "the tolerable noise (people +-3, average_age +-0.5 at 90%) needs a total epsilon of at least 3.841 for this "
+        "plan, but the tolerable risk (0.2) allows at most 1.168. Relax one: accept noise of people +-8 (asked +-3); "
+        "average_age +-1.64 (asked +-0.5) at 90% (the noise at epsilon 1.168), or accept a risk of 0.487 instead of "
+        "0.2 (the risk at epsilon 3.841); nothing is released")
 
 
 def test_the_refusal_quotes_the_risk_of_the_bound_the_attacker_model_gives():
@@ -572,10 +617,10 @@ def test_the_refusal_quotes_the_risk_of_the_bound_the_attacker_model_gives():
         risk.choose_epsilon_for_plan(PLAN, trust="low", sensitivity="high", n=16, m=2, max_risk=0.2,
                                      max_noise={"people": 3, "average_age": 0.5}, reference_count=500, dv_over_df=2.0)
     assert str(err.value) == (
-        "the tolerable noise (people +-3, average_age +-0.5 at 90%) needs a total epsilon of at least 3.84 for this "
-        "plan, but the tolerable risk (0.2) allows at most 0.584. Relax one: accept noise of people +-16 (asked +-3); "
-        "average_age +-3.29 (asked +-0.5) at 90% (the noise at epsilon 0.584), or accept a risk of 0.49 instead of "
-        "0.2 (the risk at epsilon 3.84); nothing is released")
+        "the tolerable noise (people +-3, average_age +-0.5 at 90%) needs a total epsilon of at least 3.841 for this "
+        "plan, but the tolerable risk (0.2) allows at most 0.5841. Relax one: accept noise of people +-16 (asked +-3); "
+        "average_age +-3.29 (asked +-0.5) at 90% (the noise at epsilon 0.5841), or accept a risk of 0.49 instead of "
+        "0.2 (the risk at epsilon 3.841); nothing is released")
 
 
 @pytest.mark.parametrize("prefer", ["privacy", "accuracy"])

@@ -1,4 +1,5 @@
-"""The analysts' side: submit a request (checked as `dprelease request submit` checks it), follow
+"""The analysts' side: submit a request (checked as `dprelease request submit` checks it: its form,
+and what it asks against the registered datasets, preflight.check_submission), follow
 its state, read and download published reports. Nothing of the controller's is shown here."""
 
 from __future__ import annotations
@@ -8,8 +9,12 @@ import json
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
 
+from dp_core import DPError
+from dprelease import preflight
+from dprelease.pipeline import Platform
 from dprelease.reporting import signing
-from dprelease.requests import RequestError, inbox
+from dprelease.requests import inbox
+from dprelease.store import StoreError
 
 from . import states
 from .deciding import waiting_requests
@@ -48,8 +53,10 @@ async def submit_request(request: Request):
     state = request.app.state
     text = form.get("request", "")
     try:
-        path = inbox.submit(state.settings, inbox.parse_text(text), who.name).path
-    except RequestError as err:
+        submitted = inbox.parse_text(text)
+        preflight.check_submission(Platform(state.settings, state.store), submitted)
+        path = inbox.submit(state.settings, submitted, who.name).path
+    except (DPError, StoreError) as err:  # what the request asks, refused as its release would refuse it
         return render(request, who, "requests.html", status=400, text=text, error=str(err), submitted="",
                       rows=my_requests(state.store, state.settings, who.name))
     return RedirectResponse(f"/requests?submitted={path.stem}", status_code=303)

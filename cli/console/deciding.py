@@ -116,6 +116,14 @@ def _markdown(text: str) -> str:
     return MarkdownIt("commonmark", {"html": False}).enable("table").render(text)
 
 
+def _risk_notice_here(context: dict) -> str:
+    """The summary's warning above the tolerable risk as this page's form asks it: the override's reason
+    has its own field here (the Resume form has none, so the summary's own words send there to the terminal)."""
+    return (f"**WARNING: above your tolerable risk.** The risk at this epsilon is {decisions.risk_written(context)}. "
+            "Approving needs your reason for the override, in *Why approve above the tolerable risk* below: it is "
+            "signed with your decision and recorded in the archive.")
+
+
 @router.get("/releases/{release_id}", response_class=HTMLResponse)
 def release_page(request: Request, release_id: str):
     """The decision page while the release waits; its state, decisions and reports afterwards."""
@@ -129,9 +137,14 @@ def release_page(request: Request, release_id: str):
         entry = store.ledger_entry(rel.id)
     except StoreError:
         entry = None
+    context = _context(settings, rel.id)
+    text = summary.read_text() if summary.exists() else ""
+    if context.get("above_tolerance"):  # the summary's warning tells the terminal and the Resume form what to do
+        text = text.replace(decisions.risk_notice(context, rel.id), _risk_notice_here(context))
     return render(request, who, "release.html", rel=rel, fields=_request_fields(rel), label=states.label(rel.status),
-                  context=_context(settings, rel.id), entry=entry,
-                  summary=_markdown(summary.read_text()) if summary.exists() else "",
+                  context=context, entry=entry,
+                  risk_written=decisions.risk_written(context) if isinstance(context.get("risk"), int | float) else "",
+                  summary=_markdown(text) if text else "",
                   has_controller_report=(folder / "controller" / signing.MANIFEST).exists(),
                   audit=decisions.audit(settings, store, rel.id) if decisions.recorded(settings, rel.id) else [],
                   published=(settings.publication_dir / rel.id / signing.MANIFEST).exists())
@@ -174,9 +187,8 @@ async def decision_options(request: Request, release_id: str):
     _waiting(store, release_id)
     context = _context(settings, release_id)
     if decision == "approve" and context.get("above_tolerance") and not override.strip():
-        raise Refused(400, f"the risk of release {release_id} ({context.get('risk'):.3g}) is above your tolerable "
-                           f"risk ({context.get('max_risk')}): approving needs your reason in 'Why approve above the "
-                           "tolerable risk'")
+        raise Refused(400, f"the risk of release {release_id} is {decisions.risk_written(context)}: approving "
+                           "needs your reason in 'Why approve above the tolerable risk'")
     try:
         content = decisions.to_sign(settings, release_id, decision, who.name, reason, override)
     except decisions.DecisionRefused as err:

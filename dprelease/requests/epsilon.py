@@ -90,14 +90,16 @@ class RiskEpsilon(_Choice):
     max_noise: float | str | dict[str, float | str] = Field(
         description="the tolerable half-width of the headline statistic's interval: a number, a percentage of "
         "reference_value (\"10%\"), or a mapping statistic -> tolerance")
-    n: int = Field(description="how many values the attacker's target (one person's sensitive value) can take (>= 2)")
-    m: int = Field(1, description="1: the attacker learns whether a person is in the data; 2: a person's value")
+    n: int = Field(ge=2, description="how many values the attacker's target (one person's sensitive value) can take "
+                   "(>= 2)")
+    m: int = Field(1, ge=1, description="1: the attacker learns whether a person is in the data; 2: a person's value")
     confidence: float = Field(0.9, description="the confidence of the intervals (0.9: 90%)")
     prefer: Literal["privacy", "accuracy"] = Field(
         "privacy", description="privacy: the smallest epsilon that meets the noise; accuracy: the largest within the risk")
     headline: str | None = Field(None, description="the statistic a single max_noise applies to "
                                  "(default: the first count, sum or average)")
-    reference_value: float = Field(100.0, description="what a percentage max_noise is a percentage of")
+    reference_value: float = Field(100.0, gt=0, allow_inf_nan=False,
+                                   description="what a percentage max_noise is a percentage of")
     reference_count: float | None = Field(None, description="the group size an average's promise is stated for "
                                           "(default: reference_value)")
     split: Literal["equal", "need"] = Field(

@@ -99,7 +99,7 @@
     $("epsilon").textContent = out.feasible ? out.epsilon_written
       : (out.epsilon_written ? `${out.epsilon_written} needed, above what the risk allows` : "none meets the noise");
     $("shares").textContent = out.shares.length
-      ? "Split: " + out.shares.map((s) => `${s.part} ${s.epsilon.toPrecision(3)}`).join(", ") : "";
+      ? "Split: " + out.shares.map((s) => `${s.part} ${s.written}`).join(", ") : "";
     $("summary").textContent = out.summary;
     $("summary").classList.toggle("refused", !out.feasible);
     if ($("use")) $("use").disabled = !out.feasible;
