@@ -143,6 +143,8 @@ def test_an_analyst_submits_follows_and_reads_in_the_browser(platform_env, conso
     row.get_by_role("link", name="read").click()
     page.wait_for_url(re.compile(rf"/published/{rel.id}/index.html$"))
     page.goto(f"{console}/published")
+    published_at = page.locator("tr", has_text="Hours by education").locator("td").first.inner_text()
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d", published_at), published_at  # as the inbox writes a time
     with page.expect_download() as download:
         page.locator("tr", has_text="Hours by education").get_by_role("link", name=re.compile(r"\.csv$")).first.click()
     assert download.value.suggested_filename.endswith(".csv")
