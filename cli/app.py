@@ -26,6 +26,7 @@ from dprelease.settings import Settings
 from .console import commands as console_commands
 from .errors import CommandLine, fail, run_program
 from .interactive import console, run_release_interactively, run_utility_interactively
+from .outcome_words import outcome_line
 
 
 def _table(*columns: str, whole: tuple[str, ...] = ()):
@@ -738,7 +739,7 @@ def release(
         from dprelease.requests import inbox
 
         inbox.mark_decided(settings, inbox_file)
-    console.print(result)
+    console.print(outcome_line(result), soft_wrap=True)  # one line, its folder whole
 
 
 def _read_request(settings: Settings, spec: Path):
@@ -833,7 +834,7 @@ def utility(
                                            controller_key=key)
     except (DPError, json.JSONDecodeError) as err:
         _fail(str(err))
-    console.print(result)
+    console.print(outcome_line(result), soft_wrap=True)  # one line, its folder whole
 
 
 _LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")

@@ -261,7 +261,7 @@ def test_releases_share_the_local_server_and_another_terminal_answers_a_paused_o
     outputs = [c.communicate(timeout=PATIENCE_S) for c in together]
     for c, (out, err) in zip(together, outputs, strict=True):
         assert c.returncode == 0, out[-2000:] + err[-2000:]
-        assert "'status': 'published'" in out, out[-2000:]
+        assert " published (signed): " in out, out[-2000:]
     notices = [out for out, _ in outputs if "started this PREFECT_HOME's local Prefect server" in out]
     assert len(notices) == 1, outputs  # on stdout: stderr is left to a refusal's one line
     server_pid = json.loads(next(prefect_home.glob("dprelease-local-server-*.json")).read_text())["pid"]
@@ -279,7 +279,7 @@ def test_releases_share_the_local_server_and_another_terminal_answers_a_paused_o
     assert approve.returncode == 0, approve.stdout + approve.stderr
     assert f"approve of release {release_id} accepted: published" in approve.stdout
     out, err = paused.communicate(timeout=PATIENCE_S)
-    assert paused.returncode == 0 and "'status': 'published'" in out, out[-2000:] + err[-2000:]
+    assert paused.returncode == 0 and " published (signed): " in out, out[-2000:] + err[-2000:]
     assert "started this PREFECT_HOME's local Prefect server" not in out + err
     record = json.loads(next(prefect_home.glob("dprelease-local-server-*.json")).read_text())
     assert record["pid"] == server_pid  # one server served all four commands

@@ -146,7 +146,7 @@ class Command:
 
     def release_id(self) -> str | None:
         """The release this command runs: the one whose lease its process holds (or printed)."""
-        found = re.search(r"'release_id': '([0-9a-f-]{36})'", self.out.read_text())
+        found = re.search(r"Release ([0-9a-f-]{36}) (?:published|rejected)", self.out.read_text())
         if found:
             return found.group(1)
         store = _store(self.ops)
@@ -330,8 +330,9 @@ def test_a_lost_answer_to_the_final_state_still_reports_the_published_release(op
     assert proxy.lost, "the final transition never went through the proxy"
     assert code == 0 and "Traceback" not in text and "MissingResult" not in text, text[-3000:]
     release_id = command.release_id()
-    printed = "".join(command.out.read_text().split())  # the terminal wraps long values
-    assert f"'directory':'{ops['settings'].publication_dir / release_id}'" in printed, printed[-500:]
+    printed = command.out.read_text()
+    assert f"Release {release_id} published (signed): {ops['settings'].publication_dir / release_id}\n" in printed, \
+        printed[-500:]
     assert store.get_release(release_id).status == "published"
     assert store.budget("adult")["epsilon_committed"] == pytest.approx(before["epsilon_committed"] + EPSILON)
 
