@@ -18,14 +18,17 @@ pyspark wheel (tools/spark_cluster.py: a master and 2 workers x 1 core, executor
   (c0) Spark's plain bounding SQL on the cluster; (c1) the DP release on the cluster (a spark://
   driver); (l1) the same release in local[2]; each with the driver's peak (this process tree: the
   Python process and its driver JVM; the executors are the workers' children, not in it) and the
-  executors' peak resident memory as Spark reports it (peakMemoryMetrics.ProcessTreeJVMRSSMemory).
-Prints c1/c0 (target <= 1.3) and the driver's peak (target < 1 GB).
+  largest executor's peak (each executor JVM, a worker daemon's child), both sampled from /proc
+  every 0.1 s: no run asks the driver's UI, whose REST API a loaded machine left unanswered.
+Prints c1/c0 (target <= 1.3) and the driver's peak (target < 1 GB). A failed measurement names the
+file holding its child's whole log, and the cluster's folder (its daemons' and executors' logs) is kept.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -35,8 +38,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-from process_tree import tree_rss
-from spark_cluster import executors, free_port, start_cluster
+from process_tree import children_rss, tree_rss
+from spark_cluster import start_cluster
 
 ROOT = Path(__file__).resolve().parents[1]
 CU, ROW_BOUND, SUM_BOUND, EPSILON, DELTA = 4, 10, 1000, 1.0, 1e-6
@@ -44,20 +47,25 @@ SHUFFLE_PARTITIONS = 8
 EXECUTOR_MEMORY = "1g"
 
 
-def measure(mode: str, path: Path, master: str = "local[2]") -> dict:
-    """Run one measurement in a fresh process: whole wall time, in-process time, peak tree memory."""
+def measure(mode: str, path: Path, master: str = "local[2]", executor_parents: tuple[int, ...] = ()) -> dict:
+    """Run one measurement in a fresh process: whole wall time, in-process time, peak tree memory;
+    with `executor_parents` (the cluster's worker daemons) also the largest executor's peak, read
+    from /proc like the driver's. The child's whole log is kept in a file when it fails."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     start = time.perf_counter()
-    errors = tempfile.TemporaryFile(mode="w+")  # the child's log, shown only if it fails
-    proc = subprocess.Popen([sys.executable, __file__, "--child", mode, str(path), master], stdout=subprocess.PIPE,
-                            stderr=errors, env=env, text=True)
-    peak = 0
+    handle, log_name = tempfile.mkstemp(prefix=f"dprelease-bench-{mode}-", suffix=".log")
+    log = Path(log_name)
+    with os.fdopen(handle, "w") as errors:
+        proc = subprocess.Popen([sys.executable, __file__, "--child", mode, str(path), master],
+                                stdout=subprocess.PIPE, stderr=errors, env=env, text=True)
+    peak = executors_peak = 0
     done = threading.Event()
 
     def sample():
-        nonlocal peak
+        nonlocal peak, executors_peak
         while not done.is_set():
             peak = max(peak, tree_rss(proc.pid))
+            executors_peak = max([executors_peak, *(rss for w in executor_parents for rss in children_rss(w))])
             time.sleep(0.1)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -67,12 +75,14 @@ def measure(mode: str, path: Path, master: str = "local[2]") -> dict:
     done.set()
     sampler.join()
     if proc.returncode != 0:
-        errors.seek(0)
-        said = [line.strip() for line in errors if "Error" in line or "Exception" in line]
-        raise SystemExit(f"{mode} failed (exit {proc.returncode}): {said[-1] if said else 'no error line in its log'}")
-    errors.close()
+        said = [line.strip() for line in log.read_text(errors="replace").splitlines()
+                if "Error" in line or "Exception" in line]
+        raise SystemExit(f"{mode} failed (exit {proc.returncode}): {said[-1] if said else 'no error line in its log'}; "
+                         f"its whole log: {log}")
+    log.unlink()
     inner = json.loads(out.strip().splitlines()[-1])
-    return {"whole": whole, "peak_gb": peak / 1024**3, **inner}
+    extra = {"executors_peak_gb": executors_peak / 1024**3} if executor_parents else {}
+    return {"whole": whole, "peak_gb": peak / 1024**3, **inner, **extra}
 
 
 def session(master: str = "local[2]"):
@@ -81,25 +91,16 @@ def session(master: str = "local[2]"):
     builder = (SparkSession.builder.master(master).appName("dprelease-bench")
                .config("spark.sql.shuffle.partitions", str(SHUFFLE_PARTITIONS))
                .config("spark.ui.showConsoleProgress", "false"))
-    if master.startswith("spark://"):  # the UI's REST API reports the executors' peaks
-        builder = (builder.config("spark.ui.port", str(free_port())).config("spark.driver.host", "127.0.0.1")
-                   .config("spark.executor.memory", EXECUTOR_MEMORY)
-                   .config("spark.executor.processTreeMetrics.enabled", "true")
+    if master.startswith("spark://"):  # executors of EXECUTOR_MEMORY, all registered before the first query
+        builder = (builder.config("spark.driver.host", "127.0.0.1").config("spark.executor.memory", EXECUTOR_MEMORY)
                    .config("spark.scheduler.minRegisteredResourcesRatio", "1.0")
                    .config("spark.scheduler.maxRegisteredResourcesWaitingTime", "600s"))
-    else:
-        builder = builder.config("spark.ui.enabled", "false")
+    # no UI: nothing in the run asks the driver's REST API (it did for the executors' peaks, and a
+    # 100M-row release under load ended in its 60 s timeout); the parent reads /proc instead
+    builder = builder.config("spark.ui.enabled", "false")
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
-
-
-def executors_peak(spark) -> int:
-    """The largest executor's peak resident memory (bytes) so far, as Spark's metrics report it."""
-    context = spark.sparkContext
-    found = [e.get("peakMemoryMetrics", {}).get("ProcessTreeJVMRSSMemory", 0)
-             for e in executors(context.uiWebUrl, context.applicationId) if e["id"] != "driver"]
-    return max(found, default=0)
 
 
 def child(mode: str, path: str, master: str = "local[2]") -> None:
@@ -116,7 +117,6 @@ def child(mode: str, path: str, master: str = "local[2]") -> None:
         return
     spark = session(master)
     started = time.perf_counter() - t0
-    extra = {}
     if mode in ("spark-plain", "spark-floor"):
         spark.read.parquet(path).createOrReplaceTempView("src")
         sql = f"""
@@ -130,16 +130,12 @@ def child(mode: str, path: str, master: str = "local[2]") -> None:
         start = time.perf_counter()
         rows = spark.sql(sql).toArrow()
         run_s = time.perf_counter() - start
-        if master.startswith("spark://"):
-            extra["executors_peak_gb"] = executors_peak(spark) / 1024**3
-        print(json.dumps({"run": run_s, "startup": started, "partitions": rows.num_rows, **extra}))
+        print(json.dumps({"run": run_s, "startup": started, "partitions": rows.num_rows}))
     else:
         start = time.perf_counter()
         result = dp.execute(query, path, backend="spark", spark=spark)
         run_s = time.perf_counter() - start
-        if master.startswith("spark://"):
-            extra["executors_peak_gb"] = executors_peak(spark) / 1024**3
-        print(json.dumps({"run": run_s, "startup": started, "released": len(result.table), **extra}))
+        print(json.dumps({"run": run_s, "startup": started, "released": len(result.table)}))
     spark.stop()
 
 
@@ -169,17 +165,22 @@ def run(path: Path) -> None:
 def run_cluster(path: Path) -> None:
     """On a standalone cluster started for the run (2 workers x 1 core): the plain bounding SQL and
     the release on it, and the release in local[2], interleaved once, with their memory."""
-    with tempfile.TemporaryDirectory(prefix="dprelease-bench-cluster-") as root:
-        cluster = start_cluster(Path(root), workers=2, cores=1, memory=EXECUTOR_MEMORY)
-        try:
-            res = {}
-            for name, mode, master in (("c0", "spark-plain", cluster.master_url), ("c1", "spark", cluster.master_url),
-                                       ("l1", "spark", "local[2]")):
-                before = os.getloadavg()[0]
-                res[name] = measure(mode, path, master)
-                print(f"{name}: load average {before:.2f} before, {os.getloadavg()[0]:.2f} after", flush=True)
-        finally:
-            cluster.stop()
+    root = Path(tempfile.mkdtemp(prefix="dprelease-bench-cluster-"))
+    cluster = start_cluster(root, workers=2, cores=1, memory=EXECUTOR_MEMORY)
+    try:
+        res = {}
+        workers = tuple(worker.pid for worker in cluster.workers)  # each executor is a worker's child JVM
+        for name, mode, master in (("c0", "spark-plain", cluster.master_url), ("c1", "spark", cluster.master_url),
+                                   ("l1", "spark", "local[2]")):
+            before = os.getloadavg()[0]
+            res[name] = measure(mode, path, master, workers if master.startswith("spark://") else ())
+            print(f"{name}: load average {before:.2f} before, {os.getloadavg()[0]:.2f} after", flush=True)
+    except BaseException:
+        print(f"the cluster's logs (master, workers, executors' stderr) are kept in {root}", file=sys.stderr)
+        raise
+    finally:
+        cluster.stop()
+    shutil.rmtree(root)
     labels = {"c0": "Spark plain bounding SQL, cluster", "c1": "dprelease on the cluster (spark://)",
               "l1": "dprelease on Spark local[2]"}
     for name, out in res.items():

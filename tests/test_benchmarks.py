@@ -54,3 +54,42 @@ def test_spark_benchmark_runs_small():
     out = done.stdout
     assert "(s0) Spark plain bounding SQL" in out and "(s1) dprelease on Spark" in out and "(d1) dprelease on DuckDB" in out
     assert "ratios: s1/s0 whole" in out and "target <= 25 s" in out
+
+
+#: a process holding `sys.argv[1]` MB resident, then starting one such child per further argument;
+#: it prints "ready" once every one holds its memory and waits until its standard input closes
+HOLDER = """
+import subprocess, sys
+held = bytearray(int(sys.argv[1]) * 2**20)  # zero-filled and written: resident
+kids = [subprocess.Popen([sys.executable, __file__, mb], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        for mb in sys.argv[2:]]
+for kid in kids:
+    kid.stdout.readline()
+print("ready", flush=True)
+sys.stdin.read()
+for kid in kids:
+    kid.stdin.close()
+    kid.wait()
+"""
+
+
+def test_each_executor_is_measured_apart_from_its_worker(tmp_path):
+    """The cluster benchmark's executors' peak (bench/process_tree.children_rss): each child of a
+    process with its own descendants, the process itself left out, as a worker daemon and its
+    executor JVMs are; the whole tree (tree_rss) still counts all three."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from process_tree import children_rss, tree_rss
+
+    script = tmp_path / "holder.py"
+    script.write_text(HOLDER)
+    mb = 2**20
+    parent = subprocess.Popen([sys.executable, str(script), "120", "20", "60"], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout.readline().strip() == "ready"
+        small, large = sorted(children_rss(parent.pid))
+        assert 20 * mb <= small < 60 * mb <= large < 120 * mb  # each child alone, never with the parent's 120 MB
+        assert tree_rss(parent.pid) >= (120 + 20 + 60) * mb
+    finally:
+        parent.stdin.close()
+        parent.wait(timeout=PATIENCE_S)
