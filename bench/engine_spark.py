@@ -40,18 +40,25 @@ sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 from process_tree import children_rss, tree_rss
 from spark_cluster import start_cluster
+from spark_stages import completed_stages, event_log_conf, stage_lines
 
 ROOT = Path(__file__).resolve().parents[1]
 CU, ROW_BOUND, SUM_BOUND, EPSILON, DELTA = 4, 10, 1000, 1.0, 1e-6
 SHUFFLE_PARTITIONS = 8
 EXECUTOR_MEMORY = "1g"
+EVENT_LOG_ENV = "DPRELEASE_BENCH_EVENT_LOG"  # where a measurement's driver writes its event log
 
 
-def measure(mode: str, path: Path, master: str = "local[2]", executor_parents: tuple[int, ...] = ()) -> dict:
+def measure(mode: str, path: Path, master: str = "local[2]", executor_parents: tuple[int, ...] = (),
+            stages: bool = False) -> dict:
     """Run one measurement in a fresh process: whole wall time, in-process time, peak tree memory;
     with `executor_parents` (the cluster's worker daemons) also the largest executor's peak, read
-    from /proc like the driver's. The child's whole log is kept in a file when it fails."""
+    from /proc like the driver's; with `stages`, each Spark stage's figures from the driver's event
+    log (spark_stages). The child's whole log is kept in a file when it fails."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
+    events = Path(tempfile.mkdtemp(prefix="dprelease-bench-events-")) if stages else None
+    if events:
+        env[EVENT_LOG_ENV] = str(events)
     start = time.perf_counter()
     handle, log_name = tempfile.mkstemp(prefix=f"dprelease-bench-{mode}-", suffix=".log")
     log = Path(log_name)
@@ -82,6 +89,9 @@ def measure(mode: str, path: Path, master: str = "local[2]", executor_parents: t
     log.unlink()
     inner = json.loads(out.strip().splitlines()[-1])
     extra = {"executors_peak_gb": executors_peak / 1024**3} if executor_parents else {}
+    if events:
+        extra["stages"] = completed_stages(events)
+        shutil.rmtree(events)
     return {"whole": whole, "peak_gb": peak / 1024**3, **inner, **extra}
 
 
@@ -98,6 +108,9 @@ def session(master: str = "local[2]"):
     # no UI: nothing in the run asks the driver's REST API (it did for the executors' peaks, and a
     # 100M-row release under load ended in its 60 s timeout); the parent reads /proc instead
     builder = builder.config("spark.ui.enabled", "false")
+    if os.environ.get(EVENT_LOG_ENV):  # the parent reads each stage's figures from it afterwards
+        for key, value in event_log_conf(Path(os.environ[EVENT_LOG_ENV])).items():
+            builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
@@ -162,9 +175,14 @@ def run(path: Path) -> None:
           "(target <= 25 s)")
 
 
+CLUSTER_LABELS = {"c0": "Spark plain bounding SQL, cluster", "c1": "dprelease on the cluster (spark://)",
+                  "l1": "dprelease on Spark local[2]"}
+
+
 def run_cluster(path: Path) -> None:
     """On a standalone cluster started for the run (2 workers x 1 core): the plain bounding SQL and
-    the release on it, and the release in local[2], interleaved once, with their memory."""
+    the release on it, and the release in local[2], interleaved once, with their memory and stages;
+    each printed as soon as it is measured (a later failure keeps the earlier figures)."""
     root = Path(tempfile.mkdtemp(prefix="dprelease-bench-cluster-"))
     cluster = start_cluster(root, workers=2, cores=1, memory=EXECUTOR_MEMORY)
     try:
@@ -173,20 +191,18 @@ def run_cluster(path: Path) -> None:
         for name, mode, master in (("c0", "spark-plain", cluster.master_url), ("c1", "spark", cluster.master_url),
                                    ("l1", "spark", "local[2]")):
             before = os.getloadavg()[0]
-            res[name] = measure(mode, path, master, workers if master.startswith("spark://") else ())
-            print(f"{name}: load average {before:.2f} before, {os.getloadavg()[0]:.2f} after", flush=True)
+            res[name] = out = measure(mode, path, master, workers if master.startswith("spark://") else (), stages=True)
+            executors_gb = f"  executors' peak {out['executors_peak_gb']:.2f} GB" if "executors_peak_gb" in out else ""
+            print(f"({name}) {CLUSTER_LABELS[name]:36s} whole {out['whole']:6.1f} s  (query {out['run']:6.1f} s)  "
+                  f"driver peak {out['peak_gb']:.2f} GB{executors_gb}; load average {before:.2f} before, "
+                  f"{os.getloadavg()[0]:.2f} after", flush=True)
+            print("\n".join(stage_lines(out["stages"])), flush=True)
     except BaseException:
         print(f"the cluster's logs (master, workers, executors' stderr) are kept in {root}", file=sys.stderr)
         raise
     finally:
         cluster.stop()
     shutil.rmtree(root)
-    labels = {"c0": "Spark plain bounding SQL, cluster", "c1": "dprelease on the cluster (spark://)",
-              "l1": "dprelease on Spark local[2]"}
-    for name, out in res.items():
-        executors_gb = f"  executors' peak {out['executors_peak_gb']:.2f} GB" if "executors_peak_gb" in out else ""
-        print(f"({name}) {labels[name]:36s} whole {out['whole']:6.1f} s  (query {out['run']:6.1f} s)  "
-              f"driver peak {out['peak_gb']:.2f} GB{executors_gb}")
     c0, c1 = res["c0"], res["c1"]
     print(f"ratios: c1/c0 whole {c1['whole'] / c0['whole']:.2f}, query {c1['run'] / c0['run']:.2f} (target <= 1.3); "
           f"c1 driver peak {c1['peak_gb']:.2f} GB (target < 1 GB)")

@@ -3,6 +3,7 @@ figures the README reports (the figures themselves come from full runs, never fr
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -93,3 +94,29 @@ def test_each_executor_is_measured_apart_from_its_worker(tmp_path):
     finally:
         parent.stdin.close()
         parent.wait(timeout=PATIENCE_S)
+
+
+def test_stage_figures_come_from_the_event_log_spark_writes(tmp_path):
+    """bench/spark_stages.completed_stages: each completed stage with its statement (the SQL
+    execution of the job that ran it), wall time and task metrics; a stage without a submission
+    time (never run) is left out. Fields named as in Spark 4.3's event log."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from spark_stages import completed_stages, stage_lines
+
+    events = [
+        {"Event": "SparkListenerJobStart", "Job ID": 0, "Stage IDs": [3, 4],
+         "Properties": {"spark.sql.execution.id": "2"}},
+        {"Event": "SparkListenerStageCompleted", "Stage Info": {
+            "Stage ID": 3, "Number of Tasks": 8, "Submission Time": 1_000, "Completion Time": 13_500,
+            "Accumulables": [{"ID": 1, "Name": "internal.metrics.input.recordsRead", "Value": 100_000_000},
+                             {"ID": 2, "Name": "internal.metrics.shuffle.write.recordsWritten", "Value": 41_900_000},
+                             {"ID": 3, "Name": "internal.metrics.shuffle.write.bytesWritten", "Value": 700_000_000},
+                             {"ID": 4, "Name": "internal.metrics.executorRunTime", "Value": 24_000}]}},
+        {"Event": "SparkListenerStageCompleted", "Stage Info": {"Stage ID": 4, "Number of Tasks": 8}},
+    ]
+    (tmp_path / "app-1").write_text("".join(json.dumps(e) + "\n" for e in events))
+    [stage] = completed_stages(tmp_path)
+    assert stage == {"stage": 3, "execution": 2, "seconds": 12.5, "tasks": 8, "input_rows": 100_000_000,
+                     "input_bytes": 0, "shuffle_read_rows": 0, "shuffle_write_rows": 41_900_000,
+                     "shuffle_write_bytes": 700_000_000, "task_time_ms": 24_000, "spilled_bytes": 0}
+    assert "write   41,900,000 rows (   700.0 MB)" in stage_lines([stage])[0]
