@@ -1,5 +1,6 @@
 """Per-stage figures of a Spark application from its event log (spark.eventLog.enabled): each
-completed stage's wall time, tasks, rows read and shuffled, spill. Read from the file the driver
+completed stage's wall time, tasks, rows read and shuffled, its tasks' time and CPU time (the
+CPU time barely moves with other users' load, which stretches every wall time), spill. Read from the file the driver
 writes, after the run, so measuring asks nothing of the driver while it works (its UI's REST API
 went unanswered on a loaded machine: bench/engine_spark.py)."""
 
@@ -13,7 +14,8 @@ METRICS = {"internal.metrics.input.recordsRead": "input_rows", "internal.metrics
            "internal.metrics.shuffle.read.recordsRead": "shuffle_read_rows",
            "internal.metrics.shuffle.write.recordsWritten": "shuffle_write_rows",
            "internal.metrics.shuffle.write.bytesWritten": "shuffle_write_bytes",
-           "internal.metrics.executorRunTime": "task_time_ms", "internal.metrics.diskBytesSpilled": "spilled_bytes"}
+           "internal.metrics.executorRunTime": "task_time_ms", "internal.metrics.executorCpuTime": "cpu_ns",
+           "internal.metrics.diskBytesSpilled": "spilled_bytes"}
 
 
 def event_log_conf(folder: Path) -> dict[str, str]:
@@ -53,4 +55,5 @@ def stage_lines(stages: list[dict]) -> list[str]:
     return [f"    stage {s['stage']:3d} (statement {s['execution']}) {s['seconds']:7.1f} s  {s['tasks']:4d} tasks  "
             f"input {s['input_rows']:>13,} rows  shuffle read {s['shuffle_read_rows']:>12,} rows  "
             f"write {s['shuffle_write_rows']:>12,} rows ({s['shuffle_write_bytes'] / 1e6:8.1f} MB)  "
-            f"task time {s['task_time_ms'] / 1000:7.1f} s  spilled {s['spilled_bytes'] / 1e6:.0f} MB" for s in stages]
+            f"task time {s['task_time_ms'] / 1000:7.1f} s  CPU {s['cpu_ns'] / 1e9:7.1f} s  "
+            f"spilled {s['spilled_bytes'] / 1e6:.0f} MB" for s in stages]

@@ -111,12 +111,14 @@ def test_stage_figures_come_from_the_event_log_spark_writes(tmp_path):
             "Accumulables": [{"ID": 1, "Name": "internal.metrics.input.recordsRead", "Value": 100_000_000},
                              {"ID": 2, "Name": "internal.metrics.shuffle.write.recordsWritten", "Value": 41_900_000},
                              {"ID": 3, "Name": "internal.metrics.shuffle.write.bytesWritten", "Value": 700_000_000},
-                             {"ID": 4, "Name": "internal.metrics.executorRunTime", "Value": 24_000}]}},
+                             {"ID": 4, "Name": "internal.metrics.executorRunTime", "Value": 24_000},
+                             {"ID": 5, "Name": "internal.metrics.executorCpuTime", "Value": 19_500_000_000}]}},
         {"Event": "SparkListenerStageCompleted", "Stage Info": {"Stage ID": 4, "Number of Tasks": 8}},
     ]
     (tmp_path / "app-1").write_text("".join(json.dumps(e) + "\n" for e in events))
     [stage] = completed_stages(tmp_path)
     assert stage == {"stage": 3, "execution": 2, "seconds": 12.5, "tasks": 8, "input_rows": 100_000_000,
                      "input_bytes": 0, "shuffle_read_rows": 0, "shuffle_write_rows": 41_900_000,
-                     "shuffle_write_bytes": 700_000_000, "task_time_ms": 24_000, "spilled_bytes": 0}
-    assert "write   41,900,000 rows (   700.0 MB)" in stage_lines([stage])[0]
+                     "shuffle_write_bytes": 700_000_000, "task_time_ms": 24_000, "cpu_ns": 19_500_000_000,
+                     "spilled_bytes": 0}
+    assert "write   41,900,000 rows (   700.0 MB)  task time    24.0 s  CPU    19.5 s" in stage_lines([stage])[0]
