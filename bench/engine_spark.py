@@ -20,8 +20,12 @@ pyspark wheel (tools/spark_cluster.py: a master and 2 workers x 1 core, executor
   Python process and its driver JVM; the executors are the workers' children, not in it) and the
   largest executor's peak (each executor JVM, a worker daemon's child), both sampled from /proc
   every 0.1 s: no run asks the driver's UI, whose REST API a loaded machine left unanswered.
-Prints c1/c0 (target <= 1.3) and the driver's peak (target < 1 GB). A failed measurement names the
-file holding its child's whole log, and the cluster's folder (its daemons' and executors' logs) is kept.
+Each also prints its Spark stages (wall, tasks' CPU, rows read and shuffled, spill), read from the
+driver's event log after it ends (bench/spark_stages.py); `--measure c1,c0` chooses the runs and their
+order. Prints c1/c0 for the query, whole and the tasks' CPU seconds (target <= 1.3; the CPU ratio is
+the one other users' load barely moves) and the driver's peak (target < 1 GB). A failed measurement
+names the file holding its child's whole log, and the cluster's folder (its daemons' and executors'
+logs) is kept.
 """
 
 from __future__ import annotations
@@ -105,8 +109,8 @@ def session(master: str = "local[2]"):
         builder = (builder.config("spark.driver.host", "127.0.0.1").config("spark.executor.memory", EXECUTOR_MEMORY)
                    .config("spark.scheduler.minRegisteredResourcesRatio", "1.0")
                    .config("spark.scheduler.maxRegisteredResourcesWaitingTime", "600s"))
-    # no UI: nothing in the run asks the driver's REST API (it did for the executors' peaks, and a
-    # 100M-row release under load ended in its 60 s timeout); the parent reads /proc instead
+    # no UI: nothing in the run asks the driver's REST API (it did, for the executors' peaks, with a
+    # 60 s limit, and a 100M-row run at load 19 failed with a bare TimeoutError); the parent reads /proc
     builder = builder.config("spark.ui.enabled", "false")
     if os.environ.get(EVENT_LOG_ENV):  # the parent reads each stage's figures from it afterwards
         for key, value in event_log_conf(Path(os.environ[EVENT_LOG_ENV])).items():
