@@ -84,7 +84,14 @@ def main() -> None:
     ap.add_argument("--backend", choices=("duckdb", "spark", "spark-cluster"), default="duckdb",
                     help="spark: the release on Spark local[2] next to DuckDB and Spark's plain bounding SQL; "
                          "spark-cluster: on a standalone cluster of 2 workers x 1 core next to local[2]")
+    ap.add_argument("--measure", default="c0,c1,l1",
+                    help="spark-cluster: which measurements, in that order, comma-separated (c0: Spark's plain "
+                         "bounding SQL on the cluster, c1: the release on it, l1: the release in local[2]; "
+                         "c1,c0,c0,c1 interleaves twice)")
     args = ap.parse_args()
+    unknown = set(args.measure.split(",")) - {"c0", "c1", "l1"}
+    if unknown:
+        ap.error(f"--measure: unknown measurement {', '.join(sorted(unknown))}: choose among c0, c1, l1")
     t0 = time.perf_counter()
     path = workload.make_workload(args.rows, args.units, args.partitions)
     print(f"workload: {path} ({args.rows:,} rows, {args.units:,} units, {args.partitions:,} partitions; "
@@ -92,7 +99,10 @@ def main() -> None:
     if args.backend in ("spark", "spark-cluster"):
         import engine_spark
 
-        engine_spark.run_cluster(path) if args.backend == "spark-cluster" else engine_spark.run(path)
+        if args.backend == "spark-cluster":
+            engine_spark.run_cluster(path, tuple(args.measure.split(",")))
+        else:
+            engine_spark.run(path)
         return
 
     if args.utility:

@@ -18,14 +18,21 @@ pyspark wheel (tools/spark_cluster.py: a master and 2 workers x 1 core, executor
   (c0) Spark's plain bounding SQL on the cluster; (c1) the DP release on the cluster (a spark://
   driver); (l1) the same release in local[2]; each with the driver's peak (this process tree: the
   Python process and its driver JVM; the executors are the workers' children, not in it) and the
-  executors' peak resident memory as Spark reports it (peakMemoryMetrics.ProcessTreeJVMRSSMemory).
-Prints c1/c0 (target <= 1.3) and the driver's peak (target < 1 GB).
+  largest executor's peak (each executor JVM, a worker daemon's child), both sampled from /proc
+  every 0.1 s: no run asks the driver's UI, whose REST API a loaded machine left unanswered.
+Each also prints its Spark stages (wall, tasks' CPU, rows read and shuffled, spill), read from the
+driver's event log after it ends (bench/spark_stages.py); `--measure c1,c0` chooses the runs and their
+order. Prints c1/c0 for the query, whole and the tasks' CPU seconds (target <= 1.3; the CPU ratio is
+the one other users' load barely moves) and the driver's peak (target < 1 GB). A failed measurement
+names the file holding its child's whole log, and the cluster's folder (its daemons' and executors'
+logs) is kept.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -35,29 +42,41 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-from process_tree import tree_rss
-from spark_cluster import executors, free_port, start_cluster
+from process_tree import children_rss, tree_rss
+from spark_cluster import start_cluster
+from spark_stages import completed_stages, event_log_conf, stage_lines
 
 ROOT = Path(__file__).resolve().parents[1]
 CU, ROW_BOUND, SUM_BOUND, EPSILON, DELTA = 4, 10, 1000, 1.0, 1e-6
 SHUFFLE_PARTITIONS = 8
 EXECUTOR_MEMORY = "1g"
+EVENT_LOG_ENV = "DPRELEASE_BENCH_EVENT_LOG"  # where a measurement's driver writes its event log
 
 
-def measure(mode: str, path: Path, master: str = "local[2]") -> dict:
-    """Run one measurement in a fresh process: whole wall time, in-process time, peak tree memory."""
+def measure(mode: str, path: Path, master: str = "local[2]", executor_parents: tuple[int, ...] = (),
+            stages: bool = False) -> dict:
+    """Run one measurement in a fresh process: whole wall time, in-process time, peak tree memory;
+    with `executor_parents` (the cluster's worker daemons) also the largest executor's peak, read
+    from /proc like the driver's; with `stages`, each Spark stage's figures from the driver's event
+    log (spark_stages). The child's whole log is kept in a file when it fails."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
+    events = Path(tempfile.mkdtemp(prefix="dprelease-bench-events-")) if stages else None
+    if events:
+        env[EVENT_LOG_ENV] = str(events)
     start = time.perf_counter()
-    errors = tempfile.TemporaryFile(mode="w+")  # the child's log, shown only if it fails
-    proc = subprocess.Popen([sys.executable, __file__, "--child", mode, str(path), master], stdout=subprocess.PIPE,
-                            stderr=errors, env=env, text=True)
-    peak = 0
+    handle, log_name = tempfile.mkstemp(prefix=f"dprelease-bench-{mode}-", suffix=".log")
+    log = Path(log_name)
+    with os.fdopen(handle, "w") as errors:
+        proc = subprocess.Popen([sys.executable, __file__, "--child", mode, str(path), master],
+                                stdout=subprocess.PIPE, stderr=errors, env=env, text=True)
+    peak = executors_peak = 0
     done = threading.Event()
 
     def sample():
-        nonlocal peak
+        nonlocal peak, executors_peak
         while not done.is_set():
             peak = max(peak, tree_rss(proc.pid))
+            executors_peak = max([executors_peak, *(rss for w in executor_parents for rss in children_rss(w))])
             time.sleep(0.1)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -67,12 +86,17 @@ def measure(mode: str, path: Path, master: str = "local[2]") -> dict:
     done.set()
     sampler.join()
     if proc.returncode != 0:
-        errors.seek(0)
-        said = [line.strip() for line in errors if "Error" in line or "Exception" in line]
-        raise SystemExit(f"{mode} failed (exit {proc.returncode}): {said[-1] if said else 'no error line in its log'}")
-    errors.close()
+        said = [line.strip() for line in log.read_text(errors="replace").splitlines()
+                if "Error" in line or "Exception" in line]
+        raise SystemExit(f"{mode} failed (exit {proc.returncode}): {said[-1] if said else 'no error line in its log'}; "
+                         f"its whole log: {log}")
+    log.unlink()
     inner = json.loads(out.strip().splitlines()[-1])
-    return {"whole": whole, "peak_gb": peak / 1024**3, **inner}
+    extra = {"executors_peak_gb": executors_peak / 1024**3} if executor_parents else {}
+    if events:
+        extra["stages"] = completed_stages(events)
+        shutil.rmtree(events)
+    return {"whole": whole, "peak_gb": peak / 1024**3, **inner, **extra}
 
 
 def session(master: str = "local[2]"):
@@ -81,25 +105,19 @@ def session(master: str = "local[2]"):
     builder = (SparkSession.builder.master(master).appName("dprelease-bench")
                .config("spark.sql.shuffle.partitions", str(SHUFFLE_PARTITIONS))
                .config("spark.ui.showConsoleProgress", "false"))
-    if master.startswith("spark://"):  # the UI's REST API reports the executors' peaks
-        builder = (builder.config("spark.ui.port", str(free_port())).config("spark.driver.host", "127.0.0.1")
-                   .config("spark.executor.memory", EXECUTOR_MEMORY)
-                   .config("spark.executor.processTreeMetrics.enabled", "true")
+    if master.startswith("spark://"):  # executors of EXECUTOR_MEMORY, all registered before the first query
+        builder = (builder.config("spark.driver.host", "127.0.0.1").config("spark.executor.memory", EXECUTOR_MEMORY)
                    .config("spark.scheduler.minRegisteredResourcesRatio", "1.0")
                    .config("spark.scheduler.maxRegisteredResourcesWaitingTime", "600s"))
-    else:
-        builder = builder.config("spark.ui.enabled", "false")
+    # no UI: nothing in the run asks the driver's REST API (it did, for the executors' peaks, with a
+    # 60 s limit, and a 100M-row run at load 19 failed with a bare TimeoutError); the parent reads /proc
+    builder = builder.config("spark.ui.enabled", "false")
+    if os.environ.get(EVENT_LOG_ENV):  # the parent reads each stage's figures from it afterwards
+        for key, value in event_log_conf(Path(os.environ[EVENT_LOG_ENV])).items():
+            builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
-
-
-def executors_peak(spark) -> int:
-    """The largest executor's peak resident memory (bytes) so far, as Spark's metrics report it."""
-    context = spark.sparkContext
-    found = [e.get("peakMemoryMetrics", {}).get("ProcessTreeJVMRSSMemory", 0)
-             for e in executors(context.uiWebUrl, context.applicationId) if e["id"] != "driver"]
-    return max(found, default=0)
 
 
 def child(mode: str, path: str, master: str = "local[2]") -> None:
@@ -116,7 +134,6 @@ def child(mode: str, path: str, master: str = "local[2]") -> None:
         return
     spark = session(master)
     started = time.perf_counter() - t0
-    extra = {}
     if mode in ("spark-plain", "spark-floor"):
         spark.read.parquet(path).createOrReplaceTempView("src")
         sql = f"""
@@ -130,16 +147,12 @@ def child(mode: str, path: str, master: str = "local[2]") -> None:
         start = time.perf_counter()
         rows = spark.sql(sql).toArrow()
         run_s = time.perf_counter() - start
-        if master.startswith("spark://"):
-            extra["executors_peak_gb"] = executors_peak(spark) / 1024**3
-        print(json.dumps({"run": run_s, "startup": started, "partitions": rows.num_rows, **extra}))
+        print(json.dumps({"run": run_s, "startup": started, "partitions": rows.num_rows}))
     else:
         start = time.perf_counter()
         result = dp.execute(query, path, backend="spark", spark=spark)
         run_s = time.perf_counter() - start
-        if master.startswith("spark://"):
-            extra["executors_peak_gb"] = executors_peak(spark) / 1024**3
-        print(json.dumps({"run": run_s, "startup": started, "released": len(result.table), **extra}))
+        print(json.dumps({"run": run_s, "startup": started, "released": len(result.table)}))
     spark.stop()
 
 
@@ -166,29 +179,45 @@ def run(path: Path) -> None:
           "(target <= 25 s)")
 
 
-def run_cluster(path: Path) -> None:
+CLUSTER_LABELS = {"c0": "Spark plain bounding SQL, cluster", "c1": "dprelease on the cluster (spark://)",
+                  "l1": "dprelease on Spark local[2]"}
+
+
+CLUSTER_RUNS = {"c0": ("spark-plain", True), "c1": ("spark", True), "l1": ("spark", False)}  # mode, on the cluster
+
+
+def run_cluster(path: Path, runs: tuple[str, ...] = ("c0", "c1", "l1")) -> None:
     """On a standalone cluster started for the run (2 workers x 1 core): the plain bounding SQL and
-    the release on it, and the release in local[2], interleaved once, with their memory."""
-    with tempfile.TemporaryDirectory(prefix="dprelease-bench-cluster-") as root:
-        cluster = start_cluster(Path(root), workers=2, cores=1, memory=EXECUTOR_MEMORY)
-        try:
-            res = {}
-            for name, mode, master in (("c0", "spark-plain", cluster.master_url), ("c1", "spark", cluster.master_url),
-                                       ("l1", "spark", "local[2]")):
-                before = os.getloadavg()[0]
-                res[name] = measure(mode, path, master)
-                print(f"{name}: load average {before:.2f} before, {os.getloadavg()[0]:.2f} after", flush=True)
-        finally:
-            cluster.stop()
-    labels = {"c0": "Spark plain bounding SQL, cluster", "c1": "dprelease on the cluster (spark://)",
-              "l1": "dprelease on Spark local[2]"}
-    for name, out in res.items():
-        executors_gb = f"  executors' peak {out['executors_peak_gb']:.2f} GB" if "executors_peak_gb" in out else ""
-        print(f"({name}) {labels[name]:36s} whole {out['whole']:6.1f} s  (query {out['run']:6.1f} s)  "
-              f"driver peak {out['peak_gb']:.2f} GB{executors_gb}")
-    c0, c1 = res["c0"], res["c1"]
-    print(f"ratios: c1/c0 whole {c1['whole'] / c0['whole']:.2f}, query {c1['run'] / c0['run']:.2f} (target <= 1.3); "
-          f"c1 driver peak {c1['peak_gb']:.2f} GB (target < 1 GB)")
+    the release on it, and the release in local[2] (`runs`: which, in that order; a name twice is
+    measured twice), with their memory and stages; each printed as soon as it is measured (a later
+    failure keeps the earlier figures), then the ratios of each measurement's last run."""
+    root = Path(tempfile.mkdtemp(prefix="dprelease-bench-cluster-"))
+    cluster = start_cluster(root, workers=2, cores=1, memory=EXECUTOR_MEMORY)
+    try:
+        res = {}
+        workers = tuple(worker.pid for worker in cluster.workers)  # each executor is a worker's child JVM
+        for name in runs:
+            mode, on_cluster = CLUSTER_RUNS[name]
+            master = cluster.master_url if on_cluster else "local[2]"
+            before = os.getloadavg()[0]
+            res[name] = out = measure(mode, path, master, workers if on_cluster else (), stages=True)
+            executors_gb = f"  executors' peak {out['executors_peak_gb']:.2f} GB" if "executors_peak_gb" in out else ""
+            cpu = sum(stage["cpu_ns"] for stage in out["stages"]) / 1e9
+            out["cpu"] = cpu
+            print(f"({name}) {CLUSTER_LABELS[name]:36s} whole {out['whole']:6.1f} s  (query {out['run']:6.1f} s, "
+                  f"tasks' CPU {cpu:6.1f} s)  driver peak {out['peak_gb']:.2f} GB{executors_gb}; "
+                  f"load average {before:.2f} before, {os.getloadavg()[0]:.2f} after", flush=True)
+            print("\n".join(stage_lines(out["stages"])), flush=True)
+    except BaseException:
+        print(f"the cluster's logs (master, workers, executors' stderr) are kept in {root}", file=sys.stderr)
+        raise
+    finally:
+        cluster.stop()
+    shutil.rmtree(root)
+    if "c0" in res and "c1" in res:
+        c0, c1 = res["c0"], res["c1"]
+        print(f"ratios: c1/c0 whole {c1['whole'] / c0['whole']:.2f}, query {c1['run'] / c0['run']:.2f}, tasks' CPU "
+              f"{c1['cpu'] / c0['cpu']:.2f} (target <= 1.3); c1 driver peak {c1['peak_gb']:.2f} GB (target < 1 GB)")
 
 
 if __name__ == "__main__" and len(sys.argv) in (4, 5) and sys.argv[1] == "--child":

@@ -3,6 +3,7 @@ figures the README reports (the figures themselves come from full runs, never fr
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -54,3 +55,70 @@ def test_spark_benchmark_runs_small():
     out = done.stdout
     assert "(s0) Spark plain bounding SQL" in out and "(s1) dprelease on Spark" in out and "(d1) dprelease on DuckDB" in out
     assert "ratios: s1/s0 whole" in out and "target <= 25 s" in out
+
+
+#: a process holding `sys.argv[1]` MB resident, then starting one such child per further argument;
+#: it prints "ready" once every one holds its memory and waits until its standard input closes
+HOLDER = """
+import subprocess, sys
+held = bytearray(int(sys.argv[1]) * 2**20)  # zero-filled and written: resident
+kids = [subprocess.Popen([sys.executable, __file__, mb], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        for mb in sys.argv[2:]]
+for kid in kids:
+    kid.stdout.readline()
+print("ready", flush=True)
+sys.stdin.read()
+for kid in kids:
+    kid.stdin.close()
+    kid.wait()
+"""
+
+
+def test_each_executor_is_measured_apart_from_its_worker(tmp_path):
+    """The cluster benchmark's executors' peak (bench/process_tree.children_rss): each child of a
+    process with its own descendants, the process itself left out, as a worker daemon and its
+    executor JVMs are; the whole tree (tree_rss) still counts all three."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from process_tree import children_rss, tree_rss
+
+    script = tmp_path / "holder.py"
+    script.write_text(HOLDER)
+    mb = 2**20
+    parent = subprocess.Popen([sys.executable, str(script), "120", "20", "60"], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout.readline().strip() == "ready"
+        small, large = sorted(children_rss(parent.pid))
+        assert 20 * mb <= small < 60 * mb <= large < 120 * mb  # each child alone, never with the parent's 120 MB
+        assert tree_rss(parent.pid) >= (120 + 20 + 60) * mb
+    finally:
+        parent.stdin.close()
+        parent.wait(timeout=PATIENCE_S)
+
+
+def test_stage_figures_come_from_the_event_log_spark_writes(tmp_path):
+    """bench/spark_stages.completed_stages: each completed stage with its statement (the SQL
+    execution of the job that ran it), wall time and task metrics; a stage without a submission
+    time (never run) is left out. Fields named as in Spark 4.3's event log."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from spark_stages import completed_stages, stage_lines
+
+    events = [
+        {"Event": "SparkListenerJobStart", "Job ID": 0, "Stage IDs": [3, 4],
+         "Properties": {"spark.sql.execution.id": "2"}},
+        {"Event": "SparkListenerStageCompleted", "Stage Info": {
+            "Stage ID": 3, "Number of Tasks": 8, "Submission Time": 1_000, "Completion Time": 13_500,
+            "Accumulables": [{"ID": 1, "Name": "internal.metrics.input.recordsRead", "Value": 100_000_000},
+                             {"ID": 2, "Name": "internal.metrics.shuffle.write.recordsWritten", "Value": 41_900_000},
+                             {"ID": 3, "Name": "internal.metrics.shuffle.write.bytesWritten", "Value": 700_000_000},
+                             {"ID": 4, "Name": "internal.metrics.executorRunTime", "Value": 24_000},
+                             {"ID": 5, "Name": "internal.metrics.executorCpuTime", "Value": 19_500_000_000}]}},
+        {"Event": "SparkListenerStageCompleted", "Stage Info": {"Stage ID": 4, "Number of Tasks": 8}},
+    ]
+    (tmp_path / "app-1").write_text("".join(json.dumps(e) + "\n" for e in events))
+    [stage] = completed_stages(tmp_path)
+    assert stage == {"stage": 3, "execution": 2, "seconds": 12.5, "tasks": 8, "input_rows": 100_000_000,
+                     "input_bytes": 0, "shuffle_read_rows": 0, "shuffle_write_rows": 41_900_000,
+                     "shuffle_write_bytes": 700_000_000, "task_time_ms": 24_000, "cpu_ns": 19_500_000_000,
+                     "spilled_bytes": 0}
+    assert "write   41,900,000 rows (   700.0 MB)  task time    24.0 s  CPU    19.5 s" in stage_lines([stage])[0]
