@@ -271,7 +271,10 @@ def test_the_tool_s_refusals_over_http(platform_env, console):  # noqa: F811
     assert analyst.get(f"/dpp/{request_id}").status_code == 403
     boss = Browser(console)
     assert boss.enrol(link_for(platform_env, "cleo", "controller")).status_code == 200
-    boss.get(f"/dpp/{request_id}")
+    # the page's buttons come disabled, enabled by its script once it runs: a click before it (plotly.js is
+    # large, and deferred) did nothing, and the page never answered (a clean-clone run waited 900 s)
+    assert re.search(r'<button[^>]*id="use"[^>]*disabled', boss.get(f"/dpp/{request_id}").text)
+    assert re.search(r'<button[^>]*id="explore"[^>]*disabled', boss.get("/dpp").text)
     bad = boss.post("/dpp/numbers", {"request_id": request_id, "trust": 2, "sensitivity": 0.5, "max_risk": 0.5,
                                      "max_noise": 5})
     assert bad.status_code == 400 and bad.json()["error"] == "trust must be a number from 0 to 1, got 2"

@@ -207,6 +207,7 @@
       update();
     } catch (err) {
       problem(err.message);
+      root.dataset.updates = String(parseInt(root.dataset.updates, 10) + 1);  // answered: with a problem
     }
   }
 
@@ -222,8 +223,10 @@
     }
     $("whatif-bounds").addEventListener("change", update);
     $("noise").addEventListener("input", () => { if (range) { noise = noiseFromSlider(parseFloat($("noise").value)); update(); } });
-    if ($("use")) $("use").addEventListener("click", use);
-    if ($("explore")) $("explore").addEventListener("click", explore);
+    // the buttons are disabled until here: a click before this script ran (plotly.js is large) did nothing
+    for (const [id, action] of [["use", use], ["explore", explore]]) {
+      if ($(id)) { $(id).addEventListener("click", action); $(id).disabled = false; }
+    }
     if (requestId && start.headline) { place(start); update(); }
   }
 
