@@ -203,9 +203,7 @@ class Store:
                     raise StoreError(
                         f"release {release_id!r} already has a budget reservation: a release reserves once"
                     )
-                totals = _totals(session, dataset)
-                _check_fits(ds, totals, epsilon, delta)
-                _series.check_series_fits(session, dataset, epsilon, delta)  # a series_cap series: its cap too
+                _check_fits_now(session, ds, epsilon, delta)
                 entry = LedgerEntry(dataset=dataset, release_id=release_id, epsilon=epsilon, delta=delta)
                 session.add(entry)
         except IntegrityError as exc:  # unique release_id raced past the check
@@ -220,8 +218,7 @@ class Store:
         lock; this lets a release its remaining budget cannot cover stop before its data is read."""
         epsilon, delta = _check_epsilon(epsilon), _check_delta(delta)
         with self._transaction() as session:
-            _check_fits(self._dataset(session, dataset), _totals(session, dataset), epsilon, delta)
-            _series.check_series_fits(session, dataset, epsilon, delta)
+            _check_fits_now(session, self._dataset(session, dataset), epsilon, delta)
 
     def commit(self, release_id: str) -> LedgerEntry:
         """Mark a reservation as spent (on approval); idempotent; a refunded one cannot be committed."""
@@ -544,6 +541,13 @@ def _totals(session: Session, dataset: str) -> dict[str, dict[str, float]]:
         }
         for param, col in (("epsilon", 1), ("delta", 2))
     }
+
+
+def _check_fits_now(session: Session, ds: Dataset, epsilon: float, delta: float) -> None:
+    """In a session: BudgetExceeded unless (epsilon, delta) fits the dataset's caps and, for a snapshot
+    of a series_cap series, the series' cap too (what `reserve` and `check_fits` ask)."""
+    _check_fits(ds, _totals(session, ds.name), epsilon, delta)
+    _series.check_series_fits(session, ds.name, epsilon, delta)
 
 
 def _check_fits(ds: Dataset, totals: dict[str, dict[str, float]], epsilon: float, delta: float) -> None:
