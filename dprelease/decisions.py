@@ -187,6 +187,15 @@ def read_context(settings: Settings, release_id: str) -> dict:
     return json.loads(path.read_text())
 
 
+def question_now(settings: Settings, release_id: str) -> dict:
+    """The context of the question a release asks now; refused, in `dprelease approve`'s words,
+    when it awaits no decision (a published release keeps the context of its last question)."""
+    status = Store(settings.store_url).get_release(release_id).status
+    if status != "awaiting_approval":  # every question's pause sets it (flows/release.py ask_controller)
+        raise DecisionRefused(f"release {release_id} is {status}, not awaiting approval")
+    return read_context(settings, release_id)
+
+
 # --- tokens ------------------------------------------------------------------------------------
 
 
@@ -230,7 +239,7 @@ def sign_for_release(settings: Settings, release_id: str, decision: str, private
         raise DecisionRefused(f"a decision is approve or reject, got {decision!r}")
     key = signing.load_private_key(Path(private_key_path))
     store = Store(settings.store_url)
-    read_context(settings, release_id)  # no question asked: said before the key's owner is looked up
+    question_now(settings, release_id)  # no question asked: said before the key's owner is looked up
     return sign(to_sign(settings, release_id, decision, controller_of_key(store, key), reason, risk_override), key)
 
 
@@ -300,7 +309,7 @@ def to_sign(settings: Settings, release_id: str, decision: str, controller: str,
     or a passkey); refused at once when it could not count."""
     if decision not in DECISIONS:
         raise DecisionRefused(f"a decision is approve or reject, got {decision!r}")
-    context = read_context(settings, release_id)
+    context = question_now(settings, release_id)
     if decision == "approve" and context.get("above_tolerance"):
         require_override(f"release {release_id}", context, risk_override)
     return Decision(release_id=release_id, question=context["question"], decision=decision, controller=controller,

@@ -6,24 +6,22 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager
 
-from patience import PATIENCE_S
-
 
 @contextmanager
 def fresh_home_with_prefect(home):
-    """Yield the Settings of a new home at `home`, with prefect_test_harness running."""
+    """Yield the Settings of a new home at `home`, with a Prefect test harness running."""
     saved = {k: os.environ.get(k) for k in ("DPRELEASE_HOME", "PREFECT_SERVER_ANALYTICS_ENABLED")}
     os.environ["DPRELEASE_HOME"] = str(home)
     os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
     try:
-        from prefect.testing.utilities import prefect_test_harness
+        from prefect_harness import prefect_harness
 
         from dprelease import admin
         from dprelease.settings import Settings
 
         settings = Settings.from_env()
         admin.init(settings)
-        with prefect_test_harness(server_startup_timeout=PATIENCE_S):
+        with prefect_harness():
             yield settings
     finally:
         for k, v in saved.items():

@@ -1,7 +1,8 @@
 """A pause whose reply was lost still ends in the submitted answer (tests/test_release_flow.py runs
 this in a process of its own, with a Prefect API of its own): `python tests/lost_reply_pause.py
-state schema` loses the reply to the Paused state and to saving the form, once each, then resumes
-the run and prints what the paused flow returned."""
+state schema state,schema` runs one paused flow per argument, each losing the replies it names
+once (to the Paused state, to saving the form), resumes it and prints what it returned, one line
+per flow. The three cases share one process and one Prefect API (each its own flow run)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from prefect import flow
 from prefect.flow_runs import resume_flow_run
 from prefect.input import RunInput
 from prefect.runtime import flow_run
-from prefect.testing.utilities import prefect_test_harness
+from prefect_harness import prefect_harness
 
 from dprelease.flows.approvals import wait_until_paused
 from dprelease.flows.pausing import pause_for_input
@@ -26,9 +27,9 @@ class Answer(RunInput):
     word: str
 
 
-def main(lose: tuple[str, ...]) -> None:
-    lost: list[str] = []
-    box: dict = {}
+def lose_replies_once(losing: dict) -> None:
+    """Patch this process's HTTP client: the first reply of each kind in `losing["lose"]` is lost
+    after the server committed the request (appended to `losing["lost"]`)."""
     real_send = httpx.Client.send
 
     def send_losing_the_pause_reply(self, request, *args, **kwargs):
@@ -37,12 +38,19 @@ def main(lose: tuple[str, ...]) -> None:
         which = ("state" if path.endswith("/set_state") and b'"PAUSED"' in request.content else
                  "schema" if path.endswith("/input") and request.method == "POST" and b"schema" in request.content
                  else None)
-        if which in lose and which not in lost:
-            lost.append(which)  # the server committed it; the reply never arrives
+        if which in losing["lose"] and which not in losing["lost"]:
+            losing["lost"].append(which)  # the server committed it; the reply never arrives
             raise httpx.ReadTimeout("reply lost", request=request)
         return response
 
     httpx.Client.send = send_losing_the_pause_reply
+
+
+def pause_losing(lose: tuple[str, ...], losing: dict) -> None:
+    """One paused flow whose replies named in `lose` are lost once each, resumed with an answer."""
+    losing.update(lose=lose, lost=[])
+    lost = losing["lost"]
+    box: dict = {}
 
     @flow
     def asks() -> str:
@@ -70,5 +78,8 @@ def main(lose: tuple[str, ...]) -> None:
 
 
 if __name__ == "__main__":
-    with prefect_test_harness(server_startup_timeout=PATIENCE_S):
-        main(tuple(sys.argv[1:]))
+    losing: dict = {"lose": (), "lost": []}
+    lose_replies_once(losing)
+    with prefect_harness():
+        for case in sys.argv[1:]:
+            pause_losing(tuple(case.split(",")), losing)

@@ -215,7 +215,8 @@ def test_a_release_id_is_taken_whole_or_by_a_start_only_one_release_has(pasted):
     for command in (("approve", published[:6]), ("reject", published[:6], "--reason", "no"),
                     ("decision", "sign", published[:6], "approve", "--key", str(pasted["key"]))):
         code, out = _cli(pasted["home"], *command, columns=80)
-        assert code == 2 and published in out, out  # the whole id: the release found by its start
+        # the whole id: the release found by its start; each command says the release asks nothing now
+        assert code == 2 and f"release {published} is published, not awaiting approval" in " ".join(out.split()), out
     code, out = _cli(pasted["home"], "approve", "3f2a", "--key", str(pasted["key"]), columns=80)
     lines = out.strip().splitlines()
     assert code == 2 and len(lines) == 1, out

@@ -47,7 +47,7 @@ delta: 1.0e-7
 def ops(tmp_path_factory):
     """A home with Adult registered, a Prefect API for the module, and the environment of a command."""
     from prefect.settings import PREFECT_API_URL
-    from prefect.testing.utilities import prefect_test_harness
+    from prefect_harness import prefect_harness
 
     from dprelease import admin
     from dprelease.settings import Settings
@@ -60,7 +60,7 @@ def ops(tmp_path_factory):
                            risk_profile={"max_risk": 0.5})
     (root / "request.yaml").write_text(REQUEST)
     operator_key = _controller_key(settings, root, "operator")
-    with prefect_test_harness(server_startup_timeout=PATIENCE_S):
+    with prefect_harness():
         env = {k: v for k, v in os.environ.items() if not k.startswith(("DPRELEASE_", "PREFECT_"))}
         env.update(store_env)
         env.update(DPRELEASE_HOME=str(settings.home), PREFECT_API_URL=PREFECT_API_URL.value(),

@@ -33,7 +33,7 @@ def series_env(tmp_path_factory):
     saved = {k: os.environ.get(k) for k in ("DPRELEASE_HOME", "PREFECT_SERVER_ANALYTICS_ENABLED")}
     os.environ["DPRELEASE_HOME"] = str(home)
     os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
-    from prefect.testing.utilities import prefect_test_harness
+    from prefect_harness import prefect_harness
 
     from dprelease import admin
     from dprelease.settings import Settings
@@ -44,7 +44,7 @@ def series_env(tmp_path_factory):
     spec = tmp_path_factory.mktemp("requests") / "visits.yaml"
     spec.write_text(f"dataset: visits\ntitle: Monthly visits by region\nsql: |\n  {SQL}\nepsilon: {EPSILON}\n"
                     "delta: 1.0e-7\n")
-    with prefect_test_harness(server_startup_timeout=PATIENCE_S):
+    with prefect_harness():
         yield {"settings": settings, "files": files, "spec": spec}
     for k, v in saved.items():
         if v is None:

@@ -33,7 +33,7 @@ def lake_env(spark, adult, tmp_path_factory):
     saved = {k: os.environ.get(k) for k in ("DPRELEASE_HOME", "PREFECT_SERVER_ANALYTICS_ENABLED")}
     os.environ["DPRELEASE_HOME"] = str(home)
     os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
-    from prefect.testing.utilities import prefect_test_harness
+    from prefect_harness import prefect_harness
 
     from dprelease import admin, decisions, external
     from dprelease.settings import Settings
@@ -49,7 +49,7 @@ def lake_env(spark, adult, tmp_path_factory):
                                risk_profile={"max_risk": 0.5})
     keys = tmp_path_factory.mktemp("controller-keys")
     decisions.create_controller(settings, "alice", keys / "alice.pem")
-    with prefect_test_harness(server_startup_timeout=PATIENCE_S):
+    with prefect_harness():
         yield settings, folder, keys / "alice.pem"
     for k, v in saved.items():
         if v is None:

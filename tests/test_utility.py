@@ -26,7 +26,7 @@ def env(tmp_path_factory):
     saved = os.environ.get("DPRELEASE_HOME")
     os.environ["DPRELEASE_HOME"] = str(home)
     os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
-    from prefect.testing.utilities import prefect_test_harness
+    from prefect_harness import prefect_harness
 
     from dprelease import admin
     from dprelease.settings import Settings
@@ -41,7 +41,7 @@ def env(tmp_path_factory):
     decisions.create_controller(settings, "carla", home / "carla.pem")
     Store(settings.store_url).add_policy("analysts", "adult", max_epsilon_per_release=2.0, analyst="ana",
                                         evaluators=["spearman_rank", "top_k_groups"])
-    with prefect_test_harness(server_startup_timeout=PATIENCE_S):
+    with prefect_harness():
         yield settings
     if saved is None:
         os.environ.pop("DPRELEASE_HOME", None)

@@ -43,13 +43,7 @@ OVERRIDE = "synthetic test data: nobody is at risk"  # epsilon 1 is above the de
 #: runs each worker takes at once: 2 x 5 engine processes are more than 2 cores run at once already
 WORKER_LIMIT = 5
 
-#: with it the suite took 15 min 58 s (two xdist workers) and 14 min 55 s (three) on a clean clone,
-#: over the 15 minutes `make test` must stay under: run it with this set and PostgreSQL's URL
-TWO_HOSTS_ENV = "DPRELEASE_TEST_TWO_HOSTS"
-
 pytestmark = [pytest.mark.skipif(not os.environ.get(PG_ENV), reason=f"needs PostgreSQL: set {PG_ENV} (.ci/run does)"),
-              pytest.mark.skipif(os.environ.get(TWO_HOSTS_ENV) != "1",
-                                 reason=f"3 minutes of real processes: set {TWO_HOSTS_ENV}=1 to run it"),
               pytest.mark.xdist_group("two_hosts"),  # one worker sets the hosts up once (--dist loadgroup)
               pytest.mark.runs_first,  # the longest module starts first, beside the rest (conftest.py)
               pytest.mark.slow]  # 3 min and 4.6 CPU-minutes at load 7 on 2 cores (2026-11-29): 21 flow-run processes
