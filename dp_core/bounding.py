@@ -102,8 +102,8 @@ def _same_key(left: str, right: str, keys: tuple[str, ...]) -> str:
 #: the engine-specific pieces of the plan: a keyed 64-bit hash (the hash of (unit, keys), xor the
 #: seed, hashed again: DuckDB's hash(unit, keys, seed) alone orders a unit's keys far from
 #: uniformly across seeds), the sorted list of a group's n smallest values, duplicates kept
-#: (DuckDB: the group's list, then its n smallest by list_aggregate, about 2x cheaper on L than
-#: the aggregate min(x, n), which keeps a heap per group; Spark: sort the collected list) and its
+#: (DuckDB: the group's list, then its n smallest by list_aggregate: 0.27 s against 0.34 s on L
+#: for the aggregate min(x, n), which keeps a heap per group; Spark: sort the collected list) and its
 #: i-th element (Spark: try_element_at, because Spark evaluates the index before HAVING drops the
 #: short lists)
 DIALECT_PIECES = {
