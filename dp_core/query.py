@@ -27,7 +27,7 @@ SELECTION_KINDS = ("auto", "laplace-threshold", "truncated-geometric", "weighted
 #: the names the bounding plan, the selections and MAD give their own columns (bounding.py,
 #: aggregates.py, selection_mad.py); the group keys and the unit travel through the same relations,
 #: and DuckDB matches names without regard to case
-PLAN_COLUMN = re.compile(r"_(n_units|dropped_pairs|dropped_part|rk|m|over|t|deg|deg_c|c|le|pos|r|b|w1|w2|mad_r1|pid|"
+PLAN_COLUMN = re.compile(r"_(n_units|dropped_pairs|dropped_part|rk|m|over|cutoff|tie|t|deg|deg_c|c|le|pos|r|b|w1|w2|mad_r1|pid|"
                          r"row_draw|hist|u\d+|a\d+(_\w*)?)", re.IGNORECASE)
 
 

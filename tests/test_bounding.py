@@ -296,3 +296,84 @@ def test_the_plan_keeps_the_pairs_the_bounding_rule_keeps(monkeypatch, hash_sql)
     assert (sums["_n_units"] == by_part["units"]).all()
     assert (sums["_a0_sum"] == by_part["c"]).all() and (sums["_a1_sum"] == by_part["v"]).all()
     assert 0 < len(expected) < df.groupby(["uid", "part"]).ngroups  # some units lost pairs to C_u
+
+
+def _plan_of_2026_11_28(ctes: tuple[str, ...], cu: int) -> str:
+    """The DuckDB plan's CTEs as they were before issue 41's change (kept here as the reference):
+    `_cut` kept each unit's C_u + 1 smallest hashes with min(_rk, n), `_bounded` was a LEFT JOIN
+    filtered on that list; the Gaussian selections' `_deg` used the same min(_rk, n)."""
+    old = []
+    for cte in ctes:
+        if cte.startswith("_cut AS (SELECT") and "_cutoff" in cte:
+            cte = (f'_cut AS (SELECT "uid", min(_rk, {cu + 1}) AS _m, count(*) - {cu} AS _over FROM _partial '
+                   f'GROUP BY "uid" HAVING count(*) > {cu})')
+        elif cte.startswith("_bounded AS (SELECT _partial.* FROM _partial ANTI JOIN"):
+            cte = (f'_bounded AS (SELECT _partial.* FROM _partial LEFT JOIN _cut USING ("uid") WHERE _cut._m IS NULL '
+                   f"OR _partial._rk < list_extract(_cut._m, {cu}) OR (_partial._rk = list_extract(_cut._m, {cu}) "
+                   f"AND list_extract(_cut._m, {cu + 1}) <> list_extract(_cut._m, {cu})))")
+        old.append(cte.replace(f"list_aggregate(list(_rk), 'min', {cu + 1})", f"min(_rk, {cu + 1})"))
+    assert old != list(ctes)  # the plan under test has the new form
+    return "WITH " + ",\n".join(old)
+
+
+def _shape(name: str, rng: np.random.Generator) -> pd.DataFrame:
+    """Test data of one shape (test data only: numpy's seeded generator)."""
+    if name == "at C_u":  # most units in exactly C_u partitions, some in C_u + 1, a few in fewer
+        degrees = rng.choice([CU, CU, CU, CU + 1, 1, CU - 1], size=600)
+        rows = [(u, f"p{p}", int(rng.integers(0, 51))) for u, d in enumerate(degrees)
+                for p in rng.choice(30, size=d, replace=False) for _ in range(rng.integers(1, 3))]
+        return pd.DataFrame(rows, columns=["uid", "part", "x"])
+    df = base_data(rng, units=800, partitions=40)
+    if name == "two keys":
+        df["k2"] = rng.integers(0, 3, len(df))
+    return df
+
+
+SHAPES = {  # name -> (data shape, query keywords, hash SQL replacing the keyed hash or None)
+    "keyed hash": ("base", {}, None),
+    "many ties": ("base", {}, "CAST(hash({cols}) % 3 AS UBIGINT)"),
+    "all tied": ("base", {}, "CAST(7 AS UBIGINT)"),
+    "units at C_u": ("at C_u", {}, None),
+    "two keys": ("two keys", {"group_by": ("part", "k2")}, None),
+    "public partitions": ("base", {"public_partitions": [f"p{i}" for i in range(0, 40, 3)]}, "CAST(hash({cols}) % 5 AS UBIGINT)"),
+    "weighted gaussian": ("base", {"noise": "gaussian", "selection": "weighted_gaussian", "delta": 1e-6}, None),
+    "weighted gaussian, ties": ("base", {"noise": "gaussian", "selection": "weighted_gaussian", "delta": 1e-6},
+                                "CAST(hash({cols}) % 3 AS UBIGINT)"),
+    "partition bounds": ("base", {"bounds_scope": "partition", "aggregates": [dp.sum_("x", None, None)], "delta": 1e-6,
+                                  "epsilon": 50.0}, None),  # enough for every partition's bounds
+    "quantile": ("base", {"aggregates": [dp.median("x", 0, 50), dp.count(upper=2)]}, None),
+}
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_the_plan_keeps_the_rows_the_plan_of_2026_11_28_kept(monkeypatch, shape):
+    """Issue 41 rewrote DuckDB's bounding CTEs (an anti join on each unit's cutoff, the smallest
+    hashes by list_aggregate): for the same seed the new plan keeps the same (unit, partition) rows
+    as the old one, and gives the same per-partition values and dropped pairs, on each shape where
+    the two could part: hash ties (some, all), units at exactly C_u, two keys, public partitions,
+    the Gaussian selections' degrees, per-partition bounds and quantiles (whose per-unit value is
+    a random draw: their rows are compared, not their histograms)."""
+    from dp_core import bounding
+
+    data, kw, hash_sql = SHAPES[shape]
+    if hash_sql is not None:
+        monkeypatch.setitem(bounding.DIALECT_PIECES, "duckdb", dict(bounding.DIALECT_PIECES["duckdb"], hash=hash_sql))
+    kw = {"aggregates": [dp.count(upper=2), dp.sum_("x", 0, 40), dp.avg("x", 0, 40)], "group_by": ("part",), **kw}
+    kw = {"epsilon": 1.0, **kw}
+    query = dp.Query(kw.pop("aggregates"), privacy_unit="uid", max_partitions_contributed=CU, **kw)
+    keys = ", ".join(query.group_by)
+    for seed in (11, 12, 13):
+        df = _shape(data, np.random.default_rng(seed))
+        plan = exact_statistics(query, df, bounding_seed=seed).plan
+        old = _plan_of_2026_11_28(plan.ctes, CU)
+        backend = DuckDBBackend.for_input(df)
+        kept_sql = f"\nSELECT uid, {keys} FROM _bounded ORDER BY ALL"
+        new_kept, old_kept = backend.run(plan.with_clause + kept_sql), backend.run(old + kept_sql)
+        pd.testing.assert_frame_equal(new_kept, old_kept)
+        assert 0 < len(new_kept) < df.groupby(["uid", *query.group_by]).ngroups or shape == "public partitions"
+        if shape != "quantile":
+            order = f"\nORDER BY {keys} NULLS LAST"
+            pd.testing.assert_frame_equal(backend.run(plan.sql + order), backend.run(old + "\n" + plan.body + order))
+        else:
+            dropped = "\nSELECT DISTINCT _dropped_pairs FROM (" + plan.body + ")"
+            assert backend.run(plan.with_clause + dropped).equals(backend.run(old + dropped))
