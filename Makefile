@@ -19,7 +19,7 @@ demo: $(STAMP)
 	.venv/bin/dprelease demo
 
 test: $(STAMP)
-	$(PY) -m pytest -n 2 -q --durations=15
+	$(PY) -m pytest -n 3 -q --durations=15
 
 bench: $(STAMP)
 	$(PY) bench/engine.py
