@@ -22,7 +22,8 @@ How it stays correct with several commands and faults:
   it is well-formed, names this home, and its process still runs with the start time recorded (a
   reused pid is not it) and as this module; a process it names is never signalled otherwise. A
   command uses a server only if the record still names it once it has answered, and starts another
-  only once the recorded one no longer runs (looked at again under the lock).
+  only once the recorded one no longer runs (looked at again under the lock); a server stopping on
+  a failure of its own removes its record first, so no command finds it on its way out.
 - **nobody else drives it**: the command binds the listening socket on 127.0.0.1 (a port the
   kernel picks) and hands it to the server, so no other process can take the port first and pose
   as the server; every call but /health needs Prefect's basic authentication with a random secret
@@ -303,30 +304,40 @@ def serve(home: Path, fd: int) -> None:
     os.umask(0o077)  # the database, its journal and the log hold the runs: the owner's only
     import uvicorn
 
+    local = LocalServer(home)
+    users = open(local.users_lock, "a")  # noqa: SIM115 - kept until the process ends
+    local.read_record()  # the record's name is the Prefect version (importlib.metadata): loaded here, see _watch
     config = uvicorn.Config("prefect.server.api.server:create_app", factory=True, log_level="error", lifespan="on")
     server = uvicorn.Server(config)
-    threading.Thread(target=_watch, args=(server, LocalServer(home), idle_seconds()), name="idle-watch",
+    threading.Thread(target=_watch, args=(server, local, users, idle_seconds()), name="idle-watch",
                      daemon=True).start()
     server.run(sockets=[socket.socket(fileno=fd)])
 
 
-def _watch(server, local: LocalServer, idle_s: float) -> None:
+def _watch(server, local: LocalServer, users, idle_s: float) -> None:
     """The server's watchdog: any failure of its own (the home deleted under it) ends the process,
-    never leaves a server nobody can stop."""
+    never leaves a server nobody can stop. It imports nothing (serve loads what it needs first): it
+    starts while the main thread imports Prefect's app, importlib.metadata among it, and an import
+    racing another thread's can fail (CPython's module locks see a deadlock, or hand over a
+    half-initialised module), which would stop a server that may just have answered a command."""
     try:
-        _stop_when_idle_or_replaced(server, local, idle_s)
+        _stop_when_idle_or_replaced(server, local, users, idle_s)
     except BaseException as err:  # noqa: BLE001 - a dead watchdog would keep the server forever
         print(f"dprelease: the local server's watchdog failed ({err!r}): stopping", file=sys.stderr, flush=True)
+        try:
+            _forget_record(local)  # no command finds (nor reports) a server that is stopping
+        except OSError:
+            pass  # the home is gone with its record
     server.should_exit = True
     time.sleep(STOP_GRACE_S)
     os._exit(0)  # a stop that hangs must not keep the users' lock forever
 
 
-def _stop_when_idle_or_replaced(server, local: LocalServer, idle_s: float) -> None:
-    """Return once the users' lock has been free for idle_s (then holding it, and the record
-    removed), or once the record names another process or none (nothing to remove then)."""
+def _stop_when_idle_or_replaced(server, local: LocalServer, users, idle_s: float) -> None:
+    """Return once the users' lock (the open file `users`) has been free for idle_s (then holding
+    it, and the record removed), or once the record names another process or none (nothing to
+    remove then)."""
     last_used = time.monotonic()
-    users = open(local.users_lock, "a")  # noqa: SIM115 - kept until the process ends
     while True:
         time.sleep(POLL_S)
         if server.started and (local.read_record() or _NO_RECORD).pid != os.getpid():
@@ -348,11 +359,17 @@ def _stop_when_idle_or_replaced(server, local: LocalServer, idle_s: float) -> No
         if time.monotonic() - last_used < idle_s:
             fcntl.flock(users, fcntl.LOCK_UN)
             continue
-        with _locked(local.start_lock):  # the record goes first: nobody finds a server that is stopping
-            record = local.read_record()
-            if record is not None and record.pid == os.getpid():
-                local.state_file.unlink(missing_ok=True)
+        _forget_record(local)  # the record goes first: nobody finds a server that is stopping
         return
+
+
+def _forget_record(local: LocalServer) -> None:
+    """Remove the home's record if it still names this process (under the start lock, which
+    commands hold while they find or start the server)."""
+    with _locked(local.start_lock):
+        record = local.read_record()
+        if record is not None and record.pid == os.getpid():
+            local.state_file.unlink(missing_ok=True)
 
 
 # --- helpers ------------------------------------------------------------------------------------

@@ -443,6 +443,41 @@ def test_a_started_server_is_recorded_once_it_is_seen_running(prefect_home):
     assert found["started"] and found["runs"], "the recorded server looked not running right after its start"
 
 
+#: a sitecustomize for the server's process: an audit hook writes the name of every module its
+#: watchdog thread ("idle-watch") loads, and the pid of every process that installed the hook
+RECORD_WATCHDOG_IMPORTS = textwrap.dedent("""
+    import os, sys, threading
+    _here = os.path.dirname(os.path.abspath(__file__))
+    _imports = os.open(os.path.join(_here, "watchdog-imports.txt"), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    os.write(os.open(os.path.join(_here, "hooked.txt"), os.O_WRONLY | os.O_APPEND | os.O_CREAT),
+             f"{os.getpid()}\\n".encode())
+
+    def _record(event, args):
+        if event == "import" and threading.current_thread().name == "idle-watch":
+            os.write(_imports, f"{args[0]}\\n".encode())  # os.write: the hook itself imports nothing
+
+    sys.addaudithook(_record)
+""")
+
+
+def test_the_server_s_watchdog_imports_nothing(prefect_home, tmp_path):
+    """The watchdog thread starts while the server's main thread imports Prefect's app. An import of
+    its own there can fail (CPython's module locks see a deadlock between the two threads, or hand
+    over a half-initialised module), and a failed watchdog stops the server, also one that has just
+    answered a command (which then reports a server that is gone a moment later). Recorded by an
+    audit hook in the server through its whole life: boot, use, idle stop."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(RECORD_WATCHDOG_IMPORTS)
+    env = _env(prefect_home, idle_s=2, PYTHONPATH=f"{hook}{os.pathsep}{ROOT}")
+    found = _run(env)
+    assert _gone(found["pid"], within_s=PATIENCE_S), "the server outlived its idle time"
+    assert not list(prefect_home.glob("dprelease-local-server-*.json")), "the server did not stop as idle"
+    assert str(found["pid"]) in (hook / "hooked.txt").read_text().split(), "the hook was not in the server"
+    loaded = (hook / "watchdog-imports.txt").read_text().split()
+    assert not loaded, f"the server's watchdog thread loaded {loaded}"
+
+
 def test_a_command_reports_only_the_server_the_home_keeps(prefect_home):
     """A command holding a server the home no longer keeps (its record now names another, started
     after the record was damaged) reports the home's server, never the one it found first, even
@@ -465,3 +500,15 @@ def test_a_command_reports_only_the_server_the_home_keeps(prefect_home):
         attached.detach()
         os.kill(first["pid"], signal.SIGKILL)
 
+
+def test_a_server_stopped_by_a_failure_of_its_watchdog_leaves_no_record(prefect_home):
+    """A server that stops on a failure of its watchdog (here: the users' lock file replaced by a
+    directory it cannot open) is no longer the home's: no command finds it while it stops."""
+    env = _env(prefect_home, idle_s=PATIENCE_S)
+    found = _run(env)
+    users = next(prefect_home.glob("dprelease-local-server-*.users"))
+    users.unlink()
+    users.mkdir()
+    assert _gone(found["pid"], within_s=PATIENCE_S), "the server kept running without its watchdog"
+    assert "watchdog failed" in (prefect_home / "dprelease-local-server.log").read_text()
+    assert not list(prefect_home.glob("dprelease-local-server-*.json")), "a stopped server left its record"
