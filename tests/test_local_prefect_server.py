@@ -403,3 +403,112 @@ def test_the_port_listens_before_the_server_has_booted(prefect_home):
     finally:
         starter.kill()
         starter.wait(PATIENCE_S)
+
+
+#: a command that starts the home's server while it keeps the CPU its child runs on (real-time
+#: priority on one CPU; the child gets the normal policy back): then, as the next command would,
+#: it looks at once whether the recorded server runs
+START_HOLDING_THE_CPU = textwrap.dedent("""
+    import json, os, sys
+    from dprelease.cli import local_prefect_server, prefect_server
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO | os.SCHED_RESET_ON_FORK, os.sched_param(1))
+    except PermissionError:
+        print(json.dumps({"skip": "real-time scheduling is not permitted here"}))
+        sys.exit(0)
+    try:
+        prefect_server.start()
+        record = local_prefect_server.LocalServer(prefect_server._local.home).read_record()
+        seen = local_prefect_server._runs(record)
+    finally:
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+    print(json.dumps({"pid": record.pid, "started": prefect_server._local.process is not None, "runs": seen}))
+""")
+
+
+def test_a_started_server_is_recorded_once_it_is_seen_running(prefect_home):
+    """Popen returns once the child's exec has closed its copy of the error pipe, before the kernel
+    has set the new command line; a record written then names a process that looks not running
+    (no module in /proc/<pid>/cmdline), and the next command replaced it while commands that had
+    looked a moment later used it (two servers seen by four commands started at once, in CI). Here
+    the starting command keeps the CPU, so the child cannot end its exec by chance before it."""
+    env = _env(prefect_home, idle_s=PATIENCE_S)
+    command = subprocess.run([sys.executable, "-c", START_HOLDING_THE_CPU], env=env, cwd=ROOT, capture_output=True,
+                             text=True, timeout=PATIENCE_S)
+    assert command.returncode == 0, command.stderr
+    found = json.loads(command.stdout.splitlines()[-1])
+    if "skip" in found:
+        pytest.skip(found["skip"])
+    assert found["started"] and found["runs"], "the recorded server looked not running right after its start"
+
+
+#: a sitecustomize for the server's process: an audit hook writes the name of every module its
+#: watchdog thread ("idle-watch") loads, and the pid of every process that installed the hook
+RECORD_WATCHDOG_IMPORTS = textwrap.dedent("""
+    import os, sys, threading
+    _here = os.path.dirname(os.path.abspath(__file__))
+    _imports = os.open(os.path.join(_here, "watchdog-imports.txt"), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    os.write(os.open(os.path.join(_here, "hooked.txt"), os.O_WRONLY | os.O_APPEND | os.O_CREAT),
+             f"{os.getpid()}\\n".encode())
+
+    def _record(event, args):
+        if event == "import" and threading.current_thread().name == "idle-watch":
+            os.write(_imports, f"{args[0]}\\n".encode())  # os.write: the hook itself imports nothing
+
+    sys.addaudithook(_record)
+""")
+
+
+def test_the_server_s_watchdog_imports_nothing(prefect_home, tmp_path):
+    """The watchdog thread starts while the server's main thread imports Prefect's app. An import of
+    its own there can fail (CPython's module locks see a deadlock between the two threads, or hand
+    over a half-initialised module), and a failed watchdog stops the server, also one that has just
+    answered a command (which then reports a server that is gone a moment later). Recorded by an
+    audit hook in the server through its whole life: boot, use, idle stop."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(RECORD_WATCHDOG_IMPORTS)
+    env = _env(prefect_home, idle_s=2, PYTHONPATH=f"{hook}{os.pathsep}{ROOT}")
+    found = _run(env)
+    assert _gone(found["pid"], within_s=PATIENCE_S), "the server outlived its idle time"
+    assert not list(prefect_home.glob("dprelease-local-server-*.json")), "the server did not stop as idle"
+    assert str(found["pid"]) in (hook / "hooked.txt").read_text().split(), "the hook was not in the server"
+    loaded = (hook / "watchdog-imports.txt").read_text().split()
+    assert not loaded, f"the server's watchdog thread loaded {loaded}"
+
+
+def test_a_command_reports_only_the_server_the_home_keeps(prefect_home):
+    """A command holding a server the home no longer keeps (its record now names another, started
+    after the record was damaged) reports the home's server, never the one it found first, even
+    while that one still runs (it stops once it sees the record; held stopped here, so it cannot)."""
+    from dprelease.cli.local_prefect_server import LocalServer
+
+    env = _env(prefect_home, idle_s=PATIENCE_S)
+    first = _run(env)
+    attached = LocalServer(prefect_home)
+    assert attached.attach(may_start=False) and attached.record.pid == first["pid"]
+    os.kill(first["pid"], signal.SIGSTOP)
+    try:
+        next(prefect_home.glob("dprelease-local-server-*.json")).write_text('{"pid": 1, "port":')
+        second = _run(env)
+        assert second["started"] and second["pid"] != first["pid"]
+        attached.wait_ready()
+        assert (attached.record.pid, attached.record.port) == (second["pid"], second["port"])
+        assert attached.process is None  # not this command's: it never started one
+    finally:
+        attached.detach()
+        os.kill(first["pid"], signal.SIGKILL)
+
+
+def test_a_server_stopped_by_a_failure_of_its_watchdog_leaves_no_record(prefect_home):
+    """A server that stops on a failure of its watchdog (here: the users' lock file replaced by a
+    directory it cannot open) is no longer the home's: no command finds it while it stops."""
+    env = _env(prefect_home, idle_s=PATIENCE_S)
+    found = _run(env)
+    users = next(prefect_home.glob("dprelease-local-server-*.users"))
+    users.unlink()
+    users.mkdir()
+    assert _gone(found["pid"], within_s=PATIENCE_S), "the server kept running without its watchdog"
+    assert "watchdog failed" in (prefect_home / "dprelease-local-server.log").read_text()
+    assert not list(prefect_home.glob("dprelease-local-server-*.json")), "a stopped server left its record"
