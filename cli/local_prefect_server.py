@@ -260,8 +260,10 @@ class LocalServer:
             os.close(log)
         self.record = ServerRecord(pid=self.process.pid, port=port, auth=auth, version=_prefect_version(),
                                    started=_start_time(self.process.pid), home=str(self.home))
-        while not _runs(self.record) and self.process.poll() is None:  # its exec is still under way:
-            time.sleep(0.001)  # see _runs; recorded now, it would look dead to the next command, which would replace it
+        seen_by = time.monotonic() + START_TIMEOUT_S  # a bound only a process that never shows its command line meets
+        while not _runs(self.record) and self.process.poll() is None and time.monotonic() < seen_by:
+            time.sleep(0.001)  # its exec is still under way (see _runs): recorded now, it would look dead to the next
+            # command, which would replace it
         _write_private(self.state_file, json.dumps(asdict(self.record)))
 
     def read_record(self) -> ServerRecord | None:
