@@ -239,8 +239,8 @@ def sign_for_release(settings: Settings, release_id: str, decision: str, private
         raise DecisionRefused(f"a decision is approve or reject, got {decision!r}")
     key = signing.load_private_key(Path(private_key_path))
     store = Store(settings.store_url)
-    question_now(settings, release_id)  # no question asked: said before the key's owner is looked up
-    return sign(to_sign(settings, release_id, decision, controller_of_key(store, key), reason, risk_override), key)
+    context = question_now(settings, release_id)  # no question asked: said before the key's owner is looked up
+    return sign(_decision_on(release_id, context, decision, controller_of_key(store, key), reason, risk_override), key)
 
 
 # --- checking and recording -----------------------------------------------------------------------
@@ -309,7 +309,13 @@ def to_sign(settings: Settings, release_id: str, decision: str, controller: str,
     or a passkey); refused at once when it could not count."""
     if decision not in DECISIONS:
         raise DecisionRefused(f"a decision is approve or reject, got {decision!r}")
-    context = question_now(settings, release_id)
+    return _decision_on(release_id, question_now(settings, release_id), decision, controller, reason, risk_override)
+
+
+def _decision_on(release_id: str, context: dict, decision: str, controller: str, reason: str,
+                 risk_override: str) -> Decision:
+    """The decision on the question `context` (question_now) records; an approval above the
+    tolerable risk without an override reason is refused."""
     if decision == "approve" and context.get("above_tolerance"):
         require_override(f"release {release_id}", context, risk_override)
     return Decision(release_id=release_id, question=context["question"], decision=decision, controller=controller,
