@@ -105,8 +105,18 @@ class DuckDBBackend:
                 return self.relation.query(INPUT_NAME, sql).df()
             return self.connection.sql(sql).df()
         except duckdb.Error as err:
-            words = duckdb_message(err) or str(err)  # never a value of the data (dp_core.engine_errors)
-            raise InvalidDataError(f"the data engine could not run the query: {words}") from None
+            raise _engine_error(err) from None
+
+    def keep(self, name: str, sql: str) -> None:
+        """Keep the rows of `sql` as the in-memory temporary table `name` on the engine's own
+        connection (never spilled: _connect), failing in the words of `run`."""
+        try:
+            self.connection.execute(f"CREATE TEMP TABLE {ident(name)} AS {sql}")
+        except duckdb.Error as err:
+            raise _engine_error(err) from None
+
+    def drop(self, name: str) -> None:
+        self.connection.execute(f"DROP TABLE IF EXISTS {ident(name)}")
 
     def schema(self) -> dict[str, str]:
         """Column name -> DuckDB type name of the input."""
@@ -116,6 +126,11 @@ class DuckDBBackend:
     def close(self) -> None:
         if self.connection is not None:
             self.connection.close()
+
+
+def _engine_error(err: duckdb.Error) -> InvalidDataError:
+    words = duckdb_message(err) or str(err)  # never a value of the data (dp_core.engine_errors)
+    return InvalidDataError(f"the data engine could not run the query: {words}")
 
 
 def _connect(threads: int | None) -> duckdb.DuckDBPyConnection:

@@ -50,6 +50,7 @@ class BoundingPlan:
     aggregates: tuple[AggregatePlan, ...]
     keys: tuple[str, ...]
     ctes: tuple[str, ...] = ()  # the CTEs of `with_clause` one by one (DuckDB dialect only)
+    unit_rows: str = "_bounded"  # the CTE of the bounded rows with their bounds (per-partition bounds: `_bounded_pb`)
 
     @property
     def sql(self) -> str:
@@ -246,8 +247,8 @@ def build_plan(
     if dialect != "duckdb" and transpile:
         with_clause, body = (render(part, dialect) for part in (with_clause + " SELECT 1", body))
         with_clause = with_clause[: -len(" SELECT 1")]
-        return BoundingPlan(with_clause, body, plans, keys, ())
-    return BoundingPlan(with_clause, body, plans, keys, tuple(ctes))
+        return BoundingPlan(with_clause, body, plans, keys, (), source_rows)
+    return BoundingPlan(with_clause, body, plans, keys, tuple(ctes), source_rows)
 
 
 def histogram_ctes(plans, source_rows: str, keys: tuple[str, ...]) -> list[str]:
@@ -356,4 +357,4 @@ def unit_rows_sql(plan: BoundingPlan, query: Query) -> str:
     bounding: the contributions from which PRIs are computed. Controller-only."""
     cols = [ident(query.privacy_unit), *[ident(k) for k in query.group_by]]
     cols += [f"CAST({a.unit_value} AS DOUBLE) AS _u{i}" for i, a in enumerate(plan.aggregates) if a.unit_value]
-    return f"{plan.with_clause}\nSELECT {', '.join(cols)} FROM _bounded"
+    return f"{plan.with_clause}\nSELECT {', '.join(cols)} FROM {plan.unit_rows}"

@@ -75,19 +75,31 @@ def bin_layout(integer: bool, signed: bool) -> list[tuple[bool, int, float, floa
 def histogram_sql(with_clause: str, value: str, integer: bool) -> str:
     """Bin counts of the per-unit values `value` (a column of `_bounded`): (neg, e, n). A value
     at or beyond 2^E_MAX (an infinite one too, which a query can compute) is in the top bin."""
-    e_min = 0 if integer else E_MIN_REAL
-    v = f"CAST({ident(value)} AS DOUBLE)"
-    exponent = (f"CASE WHEN abs({v}) < {2.0 ** (e_min + 1)!r} THEN {e_min} WHEN abs({v}) >= {2.0 ** E_MAX!r} "
-                f"THEN {E_MAX} ELSE CAST(floor(log2(abs({v}))) AS INTEGER) END")
-    return (f"{with_clause}\nSELECT {v} < 0 AS neg, {exponent} AS e, count(*) AS n "
-            f"FROM _bounded WHERE {ident(value)} IS NOT NULL GROUP BY ALL")
+    return f"{with_clause}\n{_histogram_select(value, integer, ())}"
 
 
 def histogram_by_partition_sql(with_clause: str, value: str, integer: bool, keys: tuple[str, ...]) -> str:
     """As `histogram_sql`, one histogram per partition (the keys come first)."""
-    base = histogram_sql(with_clause, value, integer)
-    head, tail = base.split("\nSELECT ", 1)
-    return f"{head}\nSELECT {', '.join(ident(k) for k in keys)}, {tail}"
+    return f"{with_clause}\n{_histogram_select(value, integer, keys)}"
+
+
+def histograms_sql(with_clause: str, values: list[tuple[int, str, bool]], keys: tuple[str, ...] = ()) -> str:
+    """The histograms of several aggregates in one statement, so that the bounding runs once for
+    all of them: rows (`_agg`, keys..., neg, e, n), `values` giving (aggregate index, value
+    column, integer?) each; per partition when `keys` are given."""
+    parts = [f"SELECT {int(index)} AS _agg, * FROM ({_histogram_select(value, integer, keys)}) AS _h{int(index)}"
+             for index, value, integer in values]
+    return f"{with_clause}\n" + "\nUNION ALL ".join(parts)
+
+
+def _histogram_select(value: str, integer: bool, keys: tuple[str, ...]) -> str:
+    e_min = 0 if integer else E_MIN_REAL
+    v = f"CAST({ident(value)} AS DOUBLE)"
+    exponent = (f"CASE WHEN abs({v}) < {2.0 ** (e_min + 1)!r} THEN {e_min} WHEN abs({v}) >= {2.0 ** E_MAX!r} "
+                f"THEN {E_MAX} ELSE CAST(floor(log2(abs({v}))) AS INTEGER) END")
+    lead = "".join(f"{ident(k)}, " for k in keys)
+    return (f"SELECT {lead}{v} < 0 AS neg, {exponent} AS e, count(*) AS n "
+            f"FROM _bounded WHERE {ident(value)} IS NOT NULL GROUP BY ALL")
 
 
 def continuous_threshold(epsilon: float, max_partitions: int, bins: int, failure: float) -> float:

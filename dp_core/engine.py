@@ -19,7 +19,7 @@ from .accounting import BudgetPlan, plan_budget
 from .aggregates import AggregatePlan, component_sensitivity, finish
 from .backend import INTEGER_TYPES, NUMERIC_TYPES
 from .bounding import INPUT_NAME, BoundingPlan, build_plan, public_keys_sql, unit_rows_sql
-from .bounds import BoundsError, InferredBounds, histogram_by_partition_sql, histogram_sql, infer_bounds
+from .bounds import BoundsError, InferredBounds, histograms_sql, infer_bounds
 from .engine_backend import Backend, open_backend
 from .errors import InvalidDataError, InvalidQueryError
 from .input_checks import FLOAT_TYPES
@@ -32,6 +32,7 @@ from .result import CI_NOTE, ClampingLoss, ControllerOnly, DPResult
 from .row_filter import compile_filter
 from .selection_advice import selection_advice
 from .selection_mad import TWO_ROUND_SELECTIONS, mad_rows
+from .shared_partials import SharedPartials
 from .sql_text import ident
 
 NUMERIC_KINDS = ("sum", "avg", "var", "stddev", "quantile")
@@ -79,6 +80,8 @@ def exact_statistics(query: Query, data: Any, *, threads: int | None = None, bou
     (engine_backend.open_backend)."""
     query.validate()
     opened = open_backend(data, backend, spark=spark, threads=threads)
+    needs_bounds = any(a.needs_bounds for a in query.aggregates)
+    partials = SharedPartials(opened, enabled=needs_bounds or with_units)  # read by more than one statement
     try:
         schema = opened.schema()
         integer_columns = check_columns(query, schema)
@@ -88,48 +91,44 @@ def exact_statistics(query: Query, data: Any, *, threads: int | None = None, bou
         seed = secrets.randbits(63) if bounding_seed is None else bounding_seed
         bounds: tuple[InferredBounds, ...] = ()
         per_partition: dict = {}
-        if any(a.needs_bounds for a in query.aggregates):
+        if needs_bounds:
             budget = budget or plan_budget(query)
             if query.bounds_scope == "partition":
                 query, bounds, per_partition = infer_partition_bounds(query, opened, schema, integer_columns, seed, budget,
-                                                                      portable_hash)
+                                                                      portable_hash, partials)
             else:
-                query, bounds = infer_missing_bounds(query, opened, schema, integer_columns, seed, budget, portable_hash)
+                query, bounds = infer_missing_bounds(query, opened, schema, integer_columns, seed, budget, portable_hash,
+                                                     partials)
         plan = build_plan(query, integer_columns, seed=seed, key_types=schema, partition_bounds=per_partition,
                           dialect=opened.dialect, transpile=False, portable_hash=portable_hash)
+        run = partials.reading(plan)  # the same plan, reading the partials already computed (if any)
         if budget is not None and budget.selection in TWO_ROUND_SELECTIONS and not with_units:  # + round 1, round 2's SQL
-            rows = mad_rows(opened, query, plan, budget.selection_budget)
+            rows = mad_rows(opened, query, run, budget.selection_budget)
         else:
-            rows = opened.run(plan.sql)
+            rows = opened.run(run.sql)
         if query.group_by:  # one order on every backend: the noise is drawn in row order
             rows = rows.sort_values(list(query.group_by), na_position="last", kind="stable").reset_index(drop=True)
         if not with_units:
             return ExactStatistics(query, plan, rows, bounds, partition_bounds=per_partition)
-        units = opened.run(unit_rows_sql(plan, query))
+        units = opened.run(unit_rows_sql(run, query))
         total = int(opened.run(f"SELECT count(DISTINCT {ident(query.privacy_unit)}) AS n FROM {INPUT_NAME}")["n"].iloc[0])
         return ExactStatistics(query, plan, rows, bounds, per_partition, units, total)
     finally:
+        partials.close()
         opened.close()
 
 
 def infer_missing_bounds(query: Query, backend: Backend, schema: dict[str, str], integer_columns: set[str],
-                         seed: int, budget: BudgetPlan, portable_hash: bool = False) -> tuple[Query, tuple[InferredBounds, ...]]:
+                         seed: int, budget: BudgetPlan, portable_hash: bool = False,
+                         partials: SharedPartials | None = None) -> tuple[Query, tuple[InferredBounds, ...]]:
     """APPROX_BOUNDS for every aggregate with a missing bound, over the same bounded per-unit
-    values the release will use (same bounding seed). Returns the query with the bounds set."""
-    placeholder = replace(query, aggregates=tuple(
-        replace(a, lower=0 if a.lower is None and a.kind != "count" else a.lower,
-                upper=1 if a.upper is None else a.upper) if a.needs_bounds else a
-        for a in query.aggregates))
-    plan = build_plan(placeholder, integer_columns, seed=seed, key_types=schema, dialect=backend.dialect, transpile=False,
-                      portable_hash=portable_hash)
+    values the release will use (same bounding seed), all histograms from one statement (and the
+    partials kept for the release's plan, `partials`). Returns the query with the bounds set."""
+    histograms = _bounds_histograms(query, backend, schema, integer_columns, seed, portable_hash, partials, (),
+                                    integer_kinds=("sum", "quantile"))
     found, aggregates = [], list(query.aggregates)
-    for i, agg in enumerate(query.aggregates):
-        if not agg.needs_bounds:
-            continue
-        column_type = schema[agg.column].upper() if agg.column else "BIGINT"  # check_columns: it exists
-        integer = agg.kind == "count" or (agg.kind in ("sum", "quantile") and column_type in INTEGER_TYPES)
-        signed = agg.kind != "count" and not column_type.startswith("U")
-        counts = backend.run(histogram_sql(plan.with_clause, f"_a{i}_raw", integer))
+    for i, (counts, integer, signed) in histograms.items():
+        agg = query.aggregates[i]
         hist = {(bool(r.neg), int(r.e)): int(r.n) for r in counts.itertuples()}
         inferred = infer_bounds(
             hist, label=agg.label, integer=integer, signed=signed, share=budget.bounds_shares[i],
@@ -153,27 +152,19 @@ def infer_missing_bounds(query: Query, backend: Backend, schema: dict[str, str],
 
 def infer_partition_bounds(query: Query, backend: Backend, schema: dict[str, str], integer_columns: set[str],
                            seed: int, budget: BudgetPlan, portable_hash: bool = False,
+                           partials: SharedPartials | None = None,
                            ) -> tuple[Query, tuple[InferredBounds, ...], dict[int, pd.DataFrame]]:
     """APPROX_BOUNDS once per partition (usability.md step 5, the per-partition option). A unit
     adds at most C_u values over all partitions' histograms, so each bin's noise has scale
     C_u / e_b as for one histogram. A partition where no bin stands out gets no bounds and is not
     released. Returns the query (bounds set to the widest, for display), the inferred bounds and
     aggregate index -> DataFrame(keys, lo, hi)."""
-    placeholder = replace(query, aggregates=tuple(
-        replace(a, lower=0 if a.lower is None and a.kind != "count" else a.lower,
-                upper=1 if a.upper is None else a.upper) if a.needs_bounds else a
-        for a in query.aggregates))
-    plan = build_plan(placeholder, integer_columns, seed=seed, key_types=schema, dialect=backend.dialect, transpile=False,
-                      portable_hash=portable_hash)
     keys = query.group_by
+    histograms = _bounds_histograms(query, backend, schema, integer_columns, seed, portable_hash, partials, keys,
+                                    integer_kinds=("sum",))
     found, tables, aggregates = [], {}, list(query.aggregates)
-    for i, agg in enumerate(query.aggregates):
-        if not agg.needs_bounds:
-            continue
-        column_type = schema[agg.column].upper() if agg.column else "BIGINT"  # check_columns: it exists
-        integer = agg.kind == "count" or (agg.kind == "sum" and column_type in INTEGER_TYPES)
-        signed = agg.kind != "count" and not column_type.startswith("U")
-        counts = backend.run(histogram_by_partition_sql(plan.with_clause, f"_a{i}_raw", integer, keys))
+    for i, (counts, integer, signed) in histograms.items():
+        agg = query.aggregates[i]
         records = []
         for key_values, group in counts.groupby(list(keys), dropna=False, sort=True):  # same noise order everywhere
             key_values = key_values if isinstance(key_values, tuple) else (key_values,)
@@ -202,6 +193,32 @@ def infer_partition_bounds(query: Query, backend: Backend, schema: dict[str, str
         aggregates[i] = replace(agg, lower=None if agg.kind == "count" else _whole(table["lo"].min()),
                                 upper=_whole(table["hi"].max()))
     return replace(query, aggregates=tuple(aggregates)), tuple(found), tables
+
+
+def _bounds_histograms(query: Query, backend: Backend, schema: dict[str, str], integer_columns: set[str], seed: int,
+                       portable_hash: bool, partials: SharedPartials | None, keys: tuple[str, ...],
+                       integer_kinds: tuple[str, ...]) -> dict[int, tuple[pd.DataFrame, bool, bool]]:
+    """The exact histograms APPROX_BOUNDS noises, for every aggregate with a missing bound, from one
+    statement over the bounded rows the release will use: the plan with placeholder bounds (the
+    partials and the kept rows do not depend on the bounds). Aggregate index -> (bin counts, whose
+    values are integers, whose values can be negative); per partition when `keys` are given."""
+    placeholder = replace(query, aggregates=tuple(
+        replace(a, lower=0 if a.lower is None and a.kind != "count" else a.lower,
+                upper=1 if a.upper is None else a.upper) if a.needs_bounds else a
+        for a in query.aggregates))
+    plan = build_plan(placeholder, integer_columns, seed=seed, key_types=schema, dialect=backend.dialect, transpile=False,
+                      portable_hash=portable_hash)
+    if partials is not None:
+        plan = partials.reading(plan)
+    wanted = {}
+    for i, agg in enumerate(query.aggregates):
+        if agg.needs_bounds:
+            column_type = schema[agg.column].upper() if agg.column else "BIGINT"  # check_columns: it exists
+            wanted[i] = (agg.kind == "count" or (agg.kind in integer_kinds and column_type in INTEGER_TYPES),
+                         agg.kind != "count" and not column_type.startswith("U"))
+    counts = backend.run(histograms_sql(plan.with_clause, [(i, f"_a{i}_raw", integer) for i, (integer, _) in wanted.items()],
+                                        keys))
+    return {i: (counts[counts["_agg"] == i].drop(columns="_agg"), integer, signed) for i, (integer, signed) in wanted.items()}
 
 
 def _chosen(inferred: float | None, given: float | None, label: str) -> float:

@@ -104,14 +104,14 @@ def mad_rows(backend, query, plan, share: Share) -> pd.DataFrame:
         return mad_second_round(backend, query, plan, rows, share, plan.with_clause)
     at = next(i for i, cte in enumerate(plan.ctes) if cte.startswith("_bounded AS ("))
     name = f"_mad_bounded_{secrets.token_hex(6)}"
-    backend.connection.execute(f"CREATE TEMP TABLE {name} AS WITH {', '.join(plan.ctes[: at + 1])} SELECT * FROM _bounded")
+    backend.keep(name, f"WITH {', '.join(plan.ctes[: at + 1])} SELECT * FROM _bounded")
     try:
         cut = cut_from_bounded_cte(query.effective_max_partitions)
         with_clause = "WITH " + ",\n".join([f"_bounded AS (SELECT * FROM {name})", cut, *plan.ctes[at + 1 :]])
         rows = backend.run(numbered_sql(with_clause, plan.body, query))
         return mad_second_round(backend, query, plan, rows, share, with_clause)
     finally:
-        backend.connection.execute(f"DROP TABLE IF EXISTS {name}")
+        backend.drop(name)
 
 
 def mad_second_round(backend, query, plan, rows: pd.DataFrame, share: Share, with_clause: str) -> pd.DataFrame:

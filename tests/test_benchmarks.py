@@ -20,7 +20,7 @@ def test_engine_benchmark_with_the_selection_comparison_runs_small():
         cwd=ROOT, capture_output=True, text=True, timeout=PATIENCE_S, check=False)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     out = done.stdout
-    assert "ratio c/b" in out and "peak memory" in out
+    assert "ratio c/b" in out and "peak memory" in out and "ratio i/c'" in out
     assert "selection comparison" in out and "MAD / truncated geometric" in out
     assert "damped MAD / truncated geometric" in out
 

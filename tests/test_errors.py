@@ -12,6 +12,7 @@ import pytest
 
 import dp_core as dp
 from dp_core import DPError, InvalidDataError, InvalidQueryError
+from dp_core.engine import exact_statistics
 
 DF = pd.DataFrame({"uid": [1, 2, 3], "g": ["a", "b", "a"], "x": [1.0, 2.0, 3.0], "s": ["p", "q", "r"]})
 
@@ -569,6 +570,24 @@ def test_a_query_failing_on_a_value_of_the_data_never_quotes_it(where, kind):
     assert str(caught.value) == (
         f"the data engine could not run the query: {kind}: a value of the data does not fit the query (not shown: "
         "it is the data's); check the query's casts, arithmetic and formats, or filter such rows out")
+
+
+@pytest.mark.parametrize("where", ["CAST(name AS INTEGER) > 3", "strptime(name, '%Y') IS NULL"])
+@pytest.mark.parametrize("path", ["MAD's kept rows", "partials kept for inferred bounds", "partials kept for PRIs"])
+def test_a_value_of_the_data_never_reaches_an_error_from_a_table_the_engine_keeps(where, path):
+    """The statements that keep rows in a temporary table (MAD's bounded rows, the partials read
+    by APPROX_BOUNDS and the plan, or by the PRIs) fail in the words of every other statement."""
+    df = pd.DataFrame({"uid": [1, 2, 3], "g": ["a", "a", "b"], "name": ["x-secret-7"] * 3, "x": [1, 2, 5]})
+    count = dp.count() if path == "partials kept for inferred bounds" else dp.count(upper=2)
+    query = dp.Query([count], privacy_unit="uid", group_by=("g",), epsilon=1.0, delta=1e-6, where=where,
+                     selection="mad" if path == "MAD's kept rows" else "truncated-geometric")
+    with pytest.raises(dp.InvalidDataError) as caught:
+        if path == "partials kept for PRIs":
+            exact_statistics(query, df, with_units=True)
+        else:
+            dp.execute(query, df)
+    assert "x-secret-7" not in str(caught.value)
+    assert str(caught.value).startswith("the data engine could not run the query: ")
 
 
 def test_an_engine_error_on_the_query_itself_keeps_the_engine_s_words():

@@ -405,3 +405,23 @@ def test_a_unit_without_a_value_for_one_aggregate_has_no_term_from_it_in_its_pri
     units = pd.factorize(c.stats.units["uid"])[1]
     assert base == 13.0
     assert dict(zip(units.tolist(), found.tolist())) == {1: 16.0, 2: 17.0}
+
+
+def test_the_unit_values_of_a_release_with_per_partition_bounds_are_clamped_to_their_partition_s_bounds():
+    """With bounds inferred per partition (bounds_scope="partition") each unit's value, from
+    which its PRI is computed, is clamped to its own partition's bounds (it failed to bind
+    the per-partition bound columns until 2026-11-29)."""
+    rng = np.random.default_rng(8)  # test data only
+    rows = [(u, f"p{p}", int(rng.integers(0, 10 + 40 * p))) for u in range(600)
+            for p in rng.choice(6, size=rng.integers(1, 4), replace=False) for _ in range(rng.integers(1, 3))]
+    df = pd.DataFrame(rows, columns=["uid", "part", "x"])
+    query = dp.Query([dp.sum_("x", 0, None)], privacy_unit="uid", group_by=("part",), epsilon=20.0, delta=1e-6,
+                     max_partitions_contributed=3, bounds_scope="partition")
+    stats = exact_statistics(query, df, with_units=True)
+    bounds = stats.partition_bounds[0].set_index("part")
+    units = stats.units.join(bounds, on="part", how="inner")
+    assert len(units) > 0 and bounds["hi"].nunique() > 1
+    assert (units["_u0"] <= units["hi"]).all() and (units["_u0"] >= units["lo"]).all()
+    raw = df.groupby(["uid", "part"])["x"].sum().rename("raw")
+    clipped = units.join(raw, on=["uid", "part"])
+    assert (clipped["_u0"] == np.minimum(clipped["raw"], clipped["hi"])).all()

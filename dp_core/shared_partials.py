@@ -1,0 +1,61 @@
+"""The per-(unit, partition) partials computed once per release, read by each of its statements.
+
+A release whose bounds are inferred (APPROX_BOUNDS) or whose PRIs are computed runs several
+statements over the same bounded rows: the bounds' histograms, the plan itself, each unit's
+values. Each would otherwise repeat the aggregation per (unit, partition), the costliest step of
+the plan (docs/engine.md, "Where a release's time goes"). On a DuckDB connection of the engine's
+own, the plan's `_partial` is computed once into an in-memory temporary table (the connection has
+no temp directory: nothing reaches the disk) and every later plan reads that table instead.
+
+The rows are the same: `_partial` depends on the input, the filter, the unit, the keys, the
+aggregates' columns and the bounding seed, never on the bounds, so the placeholder plan of
+APPROX_BOUNDS and the release's plan share it; a plan whose `_partial` differs from the one kept
+runs as written. A quantile's per-unit value (one of the unit's rows, drawn at random in
+`_partial`) is then drawn once for the bounds and the histogram alike. Spark and DuckDB relations
+(no connection of the engine's own) run each statement in full.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import replace
+
+from .bounding import BoundingPlan
+
+SOURCE_CTE, PARTIAL_CTE = "_src AS (", "_partial AS ("
+
+
+class SharedPartials:
+    """Keeps one plan's `_partial` in a temporary table for the plans after it (`reading`)."""
+
+    def __init__(self, backend, enabled: bool = True):
+        self.backend = backend if enabled and getattr(backend, "connection", None) is not None else None
+        self.table: str | None = None
+        self.partial_sql: str | None = None  # the `_partial` CTE the table holds
+
+    def reading(self, plan: BoundingPlan) -> BoundingPlan:
+        """`plan` with its `_src` and `_partial` CTEs replaced by a scan of the kept table (made
+        from this plan on the first call); `plan` itself when its partials are not the kept ones
+        or nothing can be kept."""
+        if self.backend is None or len(plan.ctes) < 2:
+            return plan
+        source, partial = plan.ctes[:2]
+        later = plan.ctes[2:]
+        if (not source.startswith(SOURCE_CTE) or not partial.startswith(PARTIAL_CTE)
+                or any("_src" in cte for cte in later) or "_src" in plan.body):
+            return plan
+        if self.table is None:
+            self.table = f"_partial_{secrets.token_hex(6)}"
+            self.backend.keep(self.table, f"WITH {source}, {partial} SELECT * FROM _partial")
+            self.partial_sql = partial
+        elif partial != self.partial_sql:
+            return plan
+        # NOT MATERIALIZED: the readers scan the table itself (DuckDB would copy a CTE read twice)
+        ctes = (f"_partial AS NOT MATERIALIZED (SELECT * FROM {self.table})", *later)
+        return replace(plan, with_clause="WITH " + ",\n".join(ctes), ctes=ctes)
+
+    def close(self) -> None:
+        """Drop the table (the connection closes with the release anyway; a caller's may not)."""
+        if self.table is not None:
+            self.backend.drop(self.table)
+            self.table = None
