@@ -112,7 +112,7 @@ def _return_arrow_memory() -> None:
 def check_data(platform: Platform, dataset_name: str, backend: str = "auto") -> checks.CheckReport:
     ds = platform.store.get_dataset(dataset_name)
     report = with_rows(platform, dataset_name, lambda rows: checks.validate(
-        rows, json.loads(ds.expectations_json), progress=progress.note, threads=platform.settings.engine_threads),
+        rows, json.loads(ds.expectations_json), progress=progress.note, threads=platform.settings.threads_now()),
         "data checks", backend)
     pause_point("after_checks")
     return report
@@ -353,11 +353,11 @@ def compute_sealed(platform: Platform, release_id: str, planned: Plan, decision:
         result = with_rows(platform, planned.request.dataset, lambda rows: run_sql(
             planned.sql, _sql_tables(platform, ds, rows), epsilon=decision.epsilon,
             delta=query.delta, max_partitions_contributed=query.max_partitions_contributed,
-            confidence=query.confidence, threads=platform.settings.engine_threads, **weights), "compute",
+            confidence=query.confidence, threads=platform.settings.threads_now(), **weights), "compute",
             planned.request.backend)
     else:
         result = with_rows(platform, planned.request.dataset, lambda rows: dp.execute(
-            query, rows, threads=platform.settings.engine_threads), "compute", planned.request.backend)
+            query, rows, threads=platform.settings.threads_now()), "compute", planned.request.backend)
     if split is not None:
         result = replace(result, notes=tuple(result.notes) + (split.explain(),))
     if decision.pri_choice is not None:

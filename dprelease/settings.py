@@ -12,8 +12,8 @@ then passed down; no other module reads the environment.
     DPRELEASE_CONTROLLER_KEY  the controller's own private key (signs decisions; default: none)
     DPRELEASE_SPARK_MASTER    the Spark master for external datasets, or a Spark Connect server
                               (sc://host:port/;token=...) (default: Spark's own, local[*])
-    DPRELEASE_ENGINE_THREADS  DuckDB threads of one release's scans (default 1: see ENGINE_THREADS; `all`:
-                              every core DuckDB is given)
+    DPRELEASE_ENGINE_THREADS  DuckDB threads of one release's scans (default `auto`: the idle cores, 1 to 4,
+                              see ENGINE_THREADS; a whole number; `all`: every core DuckDB is given)
     DPRELEASE_CONSOLE_URL     the controllers' console as browsers reach it (default http://localhost:8400):
                               the paused run's Resume dialog links to its decision page
 """
@@ -26,14 +26,17 @@ from pathlib import Path
 
 from .object_store import location_setting
 
-#: DuckDB threads per release. One by default: the engine's hash aggregates keep a table per thread,
-#: so peak memory grows with threads (10M rows of the engine benchmark: 0.65 GB with one thread,
-#: 0.96 GB with two), and a platform runs several controllers' releases at once. On the shared
-#: 2-core machine (load 4-5, 2026-11-29) two threads were no faster at 10M rows (medians 1.7-5.6 s
-#: against 1.8-2.7 s, three alternating processes each); at 50M two were (3.9-4.8 s against
-#: 5.7-6.0 s, 2026-11-23). `all` (None here) gives the engine every core DuckDB is given: for a
-#: machine that runs one release at a time (docs/engine.md, "Threads").
-ENGINE_THREADS = 1
+#: DuckDB threads per release. `auto` by default: the cores that are idle when the release's scan
+#: starts (the cores this process may use minus the 1-minute load average, rounded, at least 1, at
+#: most AUTO_THREADS_MAX). The engine's hash aggregates keep a table per thread, so peak memory
+#: grows with threads (10M rows of the engine benchmark: 0.65 GB with one thread, 0.96 GB with
+#: two), and threads bought nothing where other work held the cores: on the shared 2-core machine
+#: (load 4-5, 2026-11-29) two threads were no faster at 10M rows (medians 1.7-5.6 s against
+#: 1.8-2.7 s, three alternating processes each); where nothing else competes, the floor's
+#: aggregation uses 1.9 of 2 cores (docs/engine.md, "Threads"). A whole number fixes the threads;
+#: `all` (None here) gives the engine every core DuckDB is given.
+ENGINE_THREADS = "auto"
+AUTO_THREADS_MAX = 4
 
 
 @dataclass(frozen=True)
@@ -44,7 +47,7 @@ class Settings:
     escrow_key: str | None = None  # from the environment; takes precedence over the key file
     controller_key: Path | None = None  # this controller's private key (decisions are signed with it)
     spark_master: str | None = None  # where external datasets are computed (dprelease.external)
-    engine_threads: int | None = ENGINE_THREADS  # DuckDB threads of a release's scans (None: every core)
+    engine_threads: int | str | None = ENGINE_THREADS  # DuckDB threads of a release's scans (None: every core)
     escrow_url: str | None = None  # blobs in an object store (s3://bucket/prefix) instead of escrow_dir
     console_url: str = "http://localhost:8400"  # the controllers' console (`dprelease console`), as browsers reach it
     archive_url: str | None = None  # archive and publications shared in an object store (dprelease.shared_archive)
@@ -101,24 +104,39 @@ class Settings:
                    archive_url=location_setting("DPRELEASE_ARCHIVE_URL", env.get("DPRELEASE_ARCHIVE_URL"),
                                                 "the archive in <home>/archive and <home>/published"))
 
+    def threads_now(self) -> int | None:
+        """The DuckDB threads for a scan starting now: the setting, or under `auto` the idle cores."""
+        if self.engine_threads != "auto":
+            return self.engine_threads
+        return idle_cores(len(os.sched_getaffinity(0)), os.getloadavg()[0])
+
     def ensure_dirs(self) -> None:
         for d in (self.home, self.escrow_dir, self.archive_dir, self.publication_dir, self.key_dir):
             d.mkdir(parents=True, exist_ok=True)
         os.chmod(self.key_dir, 0o700)
 
 
-def _engine_threads(value: str | None) -> int | None:
-    """DPRELEASE_ENGINE_THREADS as a positive whole number, or None for `all` (every core DuckDB
-    is given); unset or empty: the default."""
+def idle_cores(cores: int, load: float) -> int:
+    """Threads for a scan that should not compete with other work: the cores not busy on average
+    over the last minute (`load`, the run queue the kernel averages), at least 1, at most
+    AUTO_THREADS_MAX."""
+    return max(1, min(AUTO_THREADS_MAX, cores, int(cores - load + 0.5)))
+
+
+def _engine_threads(value: str | None) -> int | str | None:
+    """DPRELEASE_ENGINE_THREADS as a positive whole number, `auto`, or None for `all` (every core
+    DuckDB is given); unset or empty: the default (`auto`)."""
     if value is None or not value.strip():
         return ENGINE_THREADS
     if value.strip().lower() == "all":
         return None
+    if value.strip().lower() == "auto":
+        return "auto"
     try:
         threads = int(value)
     except ValueError:
         threads = 0
     if threads < 1:
         raise ValueError(f"DPRELEASE_ENGINE_THREADS={value!r} is not a positive whole number: set it to 1, 2, ... "
-                         "or all (every core), or unset it (default 1)")
+                         "auto (the idle cores), or all (every core), or unset it (default auto)")
     return threads

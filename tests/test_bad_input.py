@@ -316,7 +316,8 @@ def test_bad_engine_threads_setting_is_one_line_from_the_cli_and_the_api(home, t
     with pytest.raises(ValueError, match=words):
         Settings.from_env({"DPRELEASE_HOME": str(home / "home"), "DPRELEASE_ENGINE_THREADS": threads})
     assert Settings.from_env({"DPRELEASE_HOME": str(home / "home"), "DPRELEASE_ENGINE_THREADS": "2"}).engine_threads == 2
-    assert Settings.from_env({"DPRELEASE_HOME": str(home / "home")}).engine_threads == 1
+    assert Settings.from_env({"DPRELEASE_HOME": str(home / "home")}).engine_threads == "auto"
+    assert Settings.from_env({"DPRELEASE_HOME": str(home / "home"), "DPRELEASE_ENGINE_THREADS": "Auto"}).engine_threads == "auto"
     # every core DuckDB is given, for a machine that runs one release at a time (dp_core's default)
     assert Settings.from_env({"DPRELEASE_HOME": str(home / "home"), "DPRELEASE_ENGINE_THREADS": "all"}).engine_threads is None
 

@@ -167,11 +167,12 @@ def test_register_and_checks_report_progress(home, tmp_path, caplog, monkeypatch
     assert "data checks: p: 1,000 rows read" in text and "great-expectations" in text
 
 
-@pytest.mark.parametrize("setting", ["1", "2", "all"])
+@pytest.mark.parametrize("setting", ["1", "2", "all", "auto"])
 def test_the_engine_threads_setting_reaches_every_duckdb_of_a_release(home, tmp_path, monkeypatch, setting):
     """DPRELEASE_ENGINE_THREADS sets the threads of each DuckDB a release opens: the data checks'
-    scan and the compute's (one thread by default keeps one hash table per aggregate: 0.65 GB
-    against 0.96 GB with two at 10M rows); `all` leaves DuckDB every core it is given."""
+    scan and the compute's (one thread keeps one hash table per aggregate: 0.65 GB against 0.96 GB
+    with two at 10M rows); `all` leaves DuckDB every core it is given; `auto` (the default) the idle
+    cores when each scan starts, from 1 to 4."""
     from dataclasses import replace
 
     import duckdb
@@ -180,8 +181,9 @@ def test_the_engine_threads_setting_reaches_every_duckdb_of_a_release(home, tmp_
 
     settings = replace(home, engine_threads=Settings.from_env({"DPRELEASE_HOME": str(home.home),
                                                                "DPRELEASE_ENGINE_THREADS": setting}).engine_threads)
-    threads = duckdb.connect().execute("SELECT current_setting('threads')").fetchall()[0][0] if setting == "all" \
-        else int(setting)
+    every_core = duckdb.connect().execute("SELECT current_setting('threads')").fetchall()[0][0]
+    threads = {"all": {every_core}, "auto": set(range(1, min(every_core, 4) + 1))}.get(setting, {int(setting)} if
+                                                                                     setting.isdigit() else None)
     admin.register_dataset(settings, "t", _data(tmp_path / "t.csv", 2_000), "uid", epsilon_cap=5.0)
     seen = []
     connect = backend._connect
@@ -195,7 +197,7 @@ def test_the_engine_threads_setting_reaches_every_duckdb_of_a_release(home, tmp_
     assert pipeline.check_data(Platform.open(settings), "t").success
     result = _release(settings, "t")
     assert len(result.table) > 0
-    assert len(seen) >= 2 and set(seen) == {threads}, seen
+    assert len(seen) >= 2 and set(seen) <= threads and (setting == "auto" or set(seen) == threads), seen
 
 
 def test_registering_a_parquet_file_loads_neither_pandas_nor_duckdb(tmp_path):
@@ -219,3 +221,15 @@ def test_registering_a_parquet_file_loads_neither_pandas_nor_duckdb(tmp_path):
     assert "registered 'small'" in out and "dprelease.cli.app" in out.split(), "the module list was not printed"  # --debug:
     # the program exits normally (without it, run_program ends the process before the print)
     assert not loaded & {"pandas", "duckdb"}, sorted(loaded & {"pandas", "duckdb"})
+
+
+@pytest.mark.parametrize("cores, load, threads", [
+    (2, 0.0, 2), (2, 0.4, 2), (2, 0.6, 1), (2, 1.0, 1), (2, 10.0, 1),  # the 2-core machine: idle, busy, loaded
+    (8, 0.0, 4), (8, 3.0, 4), (8, 5.2, 3), (8, 7.9, 1), (1, 0.0, 1), (64, 0.0, 4),
+])
+def test_auto_threads_are_the_idle_cores_from_one_to_four(cores, load, threads):
+    """`auto` takes the cores the last minute's load leaves idle (rounded), never fewer than one
+    and never more than four (memory grows with threads)."""
+    from dprelease.settings import idle_cores
+
+    assert idle_cores(cores, load) == threads
