@@ -107,6 +107,11 @@ class DuckDBBackend:
         except duckdb.Error as err:
             raise _engine_error(err) from None
 
+    @property
+    def can_keep(self) -> bool:
+        """Whether `keep` can hold rows: only on a connection of the engine's own (not a relation's)."""
+        return self.connection is not None
+
     def keep(self, name: str, sql: str) -> None:
         """Keep the rows of `sql` as the in-memory temporary table `name` on the engine's own
         connection (never spilled: _connect), failing in the words of `run`."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -59,6 +59,7 @@ class SparkBackend:
     view: str
     dialect: str = "spark"
     derived: bool = False  # `view` is rows a query selected (SparkTables.backend_for), not a whole input
+    kept: dict = field(default_factory=dict)  # view name -> its cached DataFrame (keep())
 
     @classmethod
     def for_input(cls, data, spark=None) -> SparkBackend:
@@ -87,25 +88,52 @@ class SparkBackend:
 
     def run(self, sql: str) -> pd.DataFrame:
         """Run DuckDB-syntax SQL (transpiled here) and bring its small result back through Arrow."""
+        table = self._spark_does(lambda: self.spark.sql(self.spark_sql(sql)).toArrow())
+        return table.to_pandas(maps_as_pydicts="strict")
+
+    can_keep = True  # keep(): rows computed once for several statements (shared_partials.py)
+
+    def keep(self, name: str, sql: str) -> None:
+        """Keep the rows of `sql` as the temporary view `name`, computed once and cached in the
+        executors' memory only (a partition evicted is recomputed, never written to disk)."""
+        from pyspark import StorageLevel
+
+        def persisted():
+            frame = self.spark.sql(self.spark_sql(sql)).persist(StorageLevel.MEMORY_ONLY)
+            frame.count()  # computed now, once
+            return frame
+
+        frame = self._spark_does(persisted)
+        frame.createOrReplaceTempView(name)
+        self.kept[name] = frame
+
+    def drop(self, name: str) -> None:
+        frame = self.kept.pop(name, None)
+        if frame is not None:
+            frame.unpersist()
+        self.spark.catalog.dropTempView(name)
+
+    def _spark_does(self, work):
+        """`work()`, its failure in one line that never quotes a value of the data."""
         from py4j.protocol import Py4JJavaError
         from pyspark.errors import PySparkException
 
-        text = self.spark_sql(sql)
         try:
-            table = self.spark.sql(text).toArrow()
+            return work()
         except PySparkException as err:
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             words = spark_message(_condition(err), first)  # never a value of the data (dp_core.engine_errors)
             raise InvalidDataError(f"the data engine (Spark) could not run the query: {words}") from None
         except Py4JJavaError as err:  # a failure inside the JVM, e.g. a CSV read FAILFAST
             raise InvalidDataError(java_failure(str(err))) from None
-        return table.to_pandas(maps_as_pydicts="strict")
 
     def spark_sql(self, sql: str) -> str:
         """`sql` (DuckDB syntax, Spark pieces) as Spark SQL over this backend's view."""
         return to_spark_sql(sql, {INPUT_NAME: self.view})
 
     def close(self) -> None:
+        for name in list(self.kept):
+            self.drop(name)
         self.spark.catalog.dropTempView(self.view)
 
 

@@ -11,8 +11,9 @@ The rows are the same: `_partial` depends on the input, the filter, the unit, th
 aggregates' columns and the bounding seed, never on the bounds, so the placeholder plan of
 APPROX_BOUNDS and the release's plan share it; a plan whose `_partial` differs from the one kept
 runs as written. A quantile's per-unit value (one of the unit's rows, drawn at random in
-`_partial`) is then drawn once for the bounds and the histogram alike. Spark and DuckDB relations
-(no connection of the engine's own) run each statement in full.
+`_partial`) is then drawn once for the bounds and the histogram alike. On Spark the partials are a
+temporary view cached in the executors' memory only (an evicted partition is recomputed, never
+written out). A DuckDB relation (no connection of the engine's own) runs each statement in full.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ class SharedPartials:
     """Keeps one plan's `_partial` in a temporary table for the plans after it (`reading`)."""
 
     def __init__(self, backend, enabled: bool = True):
-        self.backend = backend if enabled and getattr(backend, "connection", None) is not None else None
+        self.backend = backend if enabled and getattr(backend, "can_keep", False) else None
         self.table: str | None = None
         self.partial_sql: str | None = None  # the `_partial` CTE the table holds
 
@@ -50,12 +51,15 @@ class SharedPartials:
             self.partial_sql = partial
         elif partial != self.partial_sql:
             return plan
-        # NOT MATERIALIZED: the readers scan the table itself (DuckDB would copy a CTE read twice)
-        ctes = (f"_partial AS NOT MATERIALIZED (SELECT * FROM {self.table})", *later)
+        # DuckDB: NOT MATERIALIZED, so that the readers scan the table itself (it would copy a CTE
+        # read twice); Spark inlines every CTE and reads the cached view
+        hint = "NOT MATERIALIZED " if self.backend.dialect == "duckdb" else ""
+        ctes = (f"_partial AS {hint}(SELECT * FROM {self.table})", *later)
         return replace(plan, with_clause="WITH " + ",\n".join(ctes), ctes=ctes)
 
     def close(self) -> None:
-        """Drop the table (the connection closes with the release anyway; a caller's may not)."""
+        """Drop the table (a connection of the engine's own closes with the release anyway; a
+        Spark session outlives it)."""
         if self.table is not None:
             self.backend.drop(self.table)
             self.table = None

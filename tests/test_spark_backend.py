@@ -331,3 +331,45 @@ def test_rows_a_query_selects_are_never_refused_on_spark(spark):
     bad = spark.createDataFrame(base.assign(uid=[None] + list(range(2, 41))))
     with pytest.raises(InvalidDataError, match=r"^table 't': 1 row\(s\) have no privacy unit id"):
         run_sql(query.format(x=0), {"t": Table(bad, "uid")}, backend="spark", spark=spark)
+
+
+def test_inferred_bounds_on_spark_read_partials_computed_once_and_equal_duckdb(spark, frames):
+    """On Spark too the partials are kept (a cached temporary view) for APPROX_BOUNDS' histograms
+    and the release's plan: the exact histograms and per-partition rows equal DuckDB's, and a
+    release with two inferred bounds aggregates per (unit, partition) in one statement."""
+    from dataclasses import replace
+
+    from dp_core.engine import _bounds_histograms
+    from dp_core.shared_partials import SharedPartials
+
+    query = dp.Query([dp.count(upper=None), dp.sum_("k", None, None)], privacy_unit="uid", group_by=("part",),
+                     epsilon=50.0, delta=1e-6, max_partitions_contributed=CU)
+
+    def histograms_and_rows(backend):
+        schema = backend.schema()
+        integer_columns = check_columns(query, schema)
+        partials = SharedPartials(backend)
+        hist = _bounds_histograms(query, backend, schema, integer_columns, SEED, True, partials, (), ("sum",))
+        assert partials.table is not None
+        fixed = replace(query, aggregates=(dp.count(upper=2), dp.sum_("k", -3, 40)))
+        plan = build_plan(fixed, integer_columns, SEED, key_types=schema, dialect=backend.dialect, transpile=False,
+                          portable_hash=True)
+        rows = backend.run(partials.reading(plan).sql)
+        partials.close()
+        counts = pd.concat([h.assign(agg=i) for i, (h, _, _) in hist.items()]).sort_values(["agg", "neg", "e"])
+        return counts.reset_index(drop=True), rows
+
+    (duck_counts, duck_rows), (spark_counts, spark_rows) = _run_both(frames, histograms_and_rows, spark)
+    assert len(duck_counts) > 2
+    pd.testing.assert_frame_equal(duck_counts, spark_counts, check_dtype=False)
+    assert_same_frame(duck_rows, spark_rows, ["part"])
+
+    backend = open_backend(frames[1])
+    sent = []
+    for name in ("run", "keep"):
+        method = getattr(backend, name)
+        setattr(backend, name, lambda *args, _m=method, _n=name: sent.append((_n, args[-1])) or _m(*args))
+    stats = exact_statistics(query, backend, portable_hash=True)
+    assert len(stats.rows) > 0
+    assert [name for name, sql in sent if 'GROUP BY "uid", "part"' in sql] == ["keep"]
+    assert not [v for v in spark.catalog.listTables() if v.name.startswith("_partial_")]
