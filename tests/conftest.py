@@ -8,6 +8,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+#: --dist loadgroup keeps each xdist_group on one worker (tests/xdist_groups.py: pytest 9.2 broke xdist's way)
+pytest_plugins = ["xdist_groups"]
+
 ADULT = Path(__file__).resolve().parents[1] / "examples" / "data" / "adult.csv.gz"
 
 # the commands the tests start without PREFECT_API_URL share their PREFECT_HOME's local Prefect server

@@ -1,0 +1,60 @@
+"""`--dist loadgroup` keeps an `xdist_group` on one worker (tests/xdist_groups.py): the Spark tests'
+one SparkSession, the Spark cluster, the wheel's venv and the two-host deployment are module or
+session fixtures that must be set up once, not once per worker their tests were spread over."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from patience import PATIENCE_S
+
+TESTS = Path(__file__).resolve().parent
+
+#: a module of three grouped tests sharing a module fixture (it records each set-up's worker) and
+#: modules of ungrouped tests: with the groups ignored, xdist hands each test to the next free worker
+GROUPED = """
+import os, pytest
+pytestmark = pytest.mark.xdist_group("{group}")
+
+@pytest.fixture(scope="module")
+def shared():
+    with open({record!r}, "a") as f:
+        f.write("setup {group} " + os.environ["PYTEST_XDIST_WORKER"] + "\\n")
+
+@pytest.mark.parametrize("i", range(3))
+def test_grouped(shared, i):
+    with open({record!r}, "a") as f:
+        f.write("ran {group} " + os.environ["PYTEST_XDIST_WORKER"] + "\\n")
+"""
+UNGROUPED = """
+import pytest
+
+@pytest.mark.parametrize("i", range(10))
+def test_other(i):
+    pass
+"""
+
+
+def test_a_group_runs_on_one_worker_with_its_module_fixture_set_up_once(tmp_path):
+    record = tmp_path / "record"
+    for group in ("spark", "wheel"):
+        (tmp_path / f"test_a_{group}.py").write_text(GROUPED.format(group=group, record=str(record)))
+    for name in ("b", "c"):
+        (tmp_path / f"test_{name}.py").write_text(UNGROUPED)
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "xdist_groups", "-n", "3", "--dist", "loadgroup",
+                           "-p", "no:cacheprovider", "-q", str(tmp_path)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=PATIENCE_S,
+                          env={**os.environ, "PYTHONPATH": str(TESTS)})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    lines = record.read_text().splitlines()
+    setups = [tuple(line.split()[1:]) for line in lines if line.startswith("setup")]
+    assert sorted(group for group, _ in setups) == ["spark", "wheel"], lines  # each group's module fixture once
+    ran = [tuple(line.split()[1:]) for line in lines if line.startswith("ran")]
+    assert len(ran) == 6 and set(ran) == set(setups), lines  # each test on the worker that set its group up
+
+
+def test_the_suite_loads_the_plugin(pytestconfig):
+    assert pytestconfig.pluginmanager.has_plugin("xdist_groups")
