@@ -1,6 +1,7 @@
-"""`--dist loadgroup` keeps an `xdist_group` on one worker (tests/xdist_groups.py): the Spark tests'
-one SparkSession, the Spark cluster, the wheel's venv and the two-host deployment are module or
-session fixtures that must be set up once, not once per worker their tests were spread over."""
+"""`--dist loadgroup` keeps an `xdist_group` on one worker, and a module whose tests share a module
+fixture (tests/xdist_groups.py): the Spark tests' one SparkSession, the Spark cluster, the wheel's
+venv, the two-host deployment, a module's Prefect harness, console server or browser must be set up
+once, not once per worker their tests were spread over."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ TESTS = Path(__file__).resolve().parent
 #: modules of ungrouped tests: with the groups ignored, xdist hands each test to the next free worker
 GROUPED = """
 import os, pytest
-pytestmark = pytest.mark.xdist_group("{group}")
+{mark}
 
 @pytest.fixture(scope="module")
 def shared():
@@ -38,10 +39,11 @@ def test_other(i):
 """
 
 
-def test_a_group_runs_on_one_worker_with_its_module_fixture_set_up_once(tmp_path):
+def test_a_group_or_a_module_sharing_a_module_fixture_runs_on_one_worker_and_sets_it_up_once(tmp_path):
     record = tmp_path / "record"
-    for group in ("spark", "wheel"):
-        (tmp_path / f"test_a_{group}.py").write_text(GROUPED.format(group=group, record=str(record)))
+    for group in ("spark", "harness"):  # a group named by a mark, and a module left to its module fixture
+        mark = f"pytestmark = pytest.mark.xdist_group({group!r})" if group == "spark" else ""
+        (tmp_path / f"test_a_{group}.py").write_text(GROUPED.format(group=group, mark=mark, record=str(record)))
     for name in ("b", "c"):
         (tmp_path / f"test_{name}.py").write_text(UNGROUPED)
     done = subprocess.run([sys.executable, "-m", "pytest", "-p", "xdist_groups", "-n", "3", "--dist", "loadgroup",
@@ -51,7 +53,7 @@ def test_a_group_runs_on_one_worker_with_its_module_fixture_set_up_once(tmp_path
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     lines = record.read_text().splitlines()
     setups = [tuple(line.split()[1:]) for line in lines if line.startswith("setup")]
-    assert sorted(group for group, _ in setups) == ["spark", "wheel"], lines  # each group's module fixture once
+    assert sorted(group for group, _ in setups) == ["harness", "spark"], lines  # each group's module fixture once
     ran = [tuple(line.split()[1:]) for line in lines if line.startswith("ran")]
     assert len(ran) == 6 and set(ran) == set(setups), lines  # each test on the worker that set its group up
 
