@@ -189,10 +189,10 @@ def mad_release_samples(query: Query, d1, d2, runs: int) -> tuple[np.ndarray, np
     draw. Each run needs its own: round 1 is drawn per run with the product's `first_round` on the
     tiled `_w1` (released and damped partitions), and each distinct round-1 outcome gets its round-2
     weights from the product's `round_two_sql` on the dataset's own connection (`round_two_weights`,
-    once per outcome: memoised); then `engine.release` runs round 2, the noise
-    and the rest on the R copies. Features are the differing partitions' values (a marginal of the
-    output: a valid lower bound); all partitions are released, since round 2's weights of one
-    partition depend on the others' round-1 outcomes."""
+    once per outcome: memoised); then `engine.release` runs round 2, the noise and the rest on the
+    R copies. Features are the differing partitions' values (a marginal of the output: a valid lower
+    bound); all partitions are released, since round 2's weights of one partition depend on the
+    others' round-1 outcomes."""
     budget = plan_budget(query)
     share, cu = budget.selection_share, query.effective_max_partitions
     sides = []
