@@ -12,6 +12,9 @@ from /proc every 0.1 s):
   (d1) the same release on DuckDB.
 Prints the times, memory and the ratios s1/s0 (target <= 1.3), s1/sf and s1 whole (target <= 25 s).
 Spark runs in local[2] with spark.sql.shuffle.partitions = 8 and the driver's default memory.
+With DPRELEASE_BENCH_ONE_PROCESS=1 (the suite's smoke run, tests/test_benchmarks.py) the four run
+one after another in ONE process and one SparkSession: one JVM start instead of three, so each
+"whole" is that shared process's and the ratios mean nothing; it checks the script end to end.
 
 `--backend spark-cluster` (issue 38) measures on a standalone cluster started for the run from the
 pyspark wheel (tools/spark_cluster.py: a master and 2 workers x 1 core, executors of EXECUTOR_MEMORY):
@@ -51,6 +54,8 @@ CU, ROW_BOUND, SUM_BOUND, EPSILON, DELTA = 4, 10, 1000, 1.0, 1e-6
 SHUFFLE_PARTITIONS = 8
 EXECUTOR_MEMORY = "1g"
 EVENT_LOG_ENV = "DPRELEASE_BENCH_EVENT_LOG"  # where a measurement's driver writes its event log
+ONE_PROCESS_ENV = "DPRELEASE_BENCH_ONE_PROCESS"  # "1": --backend spark's runs share one process (a smoke run)
+MODES = ("spark-plain", "spark-floor", "spark", "duckdb")  # --backend spark's measurements, in order
 
 
 def measure(mode: str, path: Path, master: str = "local[2]", executor_parents: tuple[int, ...] = (),
@@ -58,7 +63,9 @@ def measure(mode: str, path: Path, master: str = "local[2]", executor_parents: t
     """Run one measurement in a fresh process: whole wall time, in-process time, peak tree memory;
     with `executor_parents` (the cluster's worker daemons) also the largest executor's peak, read
     from /proc like the driver's; with `stages`, each Spark stage's figures from the driver's event
-    log (spark_stages). The child's whole log is kept in a file when it fails."""
+    log (spark_stages). The child's whole log is kept in a file when it fails. `mode` may name
+    several modes joined by "," (one process runs them in turn): the result is then
+    {mode: its figures}, each with the shared process's whole time and peak."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     events = Path(tempfile.mkdtemp(prefix="dprelease-bench-events-")) if stages else None
     if events:
@@ -91,12 +98,14 @@ def measure(mode: str, path: Path, master: str = "local[2]", executor_parents: t
         raise SystemExit(f"{mode} failed (exit {proc.returncode}): {said[-1] if said else 'no error line in its log'}; "
                          f"its whole log: {log}")
     log.unlink()
-    inner = json.loads(out.strip().splitlines()[-1])
+    modes = mode.split(",")
+    inner = [json.loads(line) for line in out.strip().splitlines()[-len(modes):]]  # one line per mode, in turn
     extra = {"executors_peak_gb": executors_peak / 1024**3} if executor_parents else {}
     if events:
         extra["stages"] = completed_stages(events)
         shutil.rmtree(events)
-    return {"whole": whole, "peak_gb": peak / 1024**3, **inner, **extra}
+    figures = {m: {"whole": whole, "peak_gb": peak / 1024**3, **line, **extra} for m, line in zip(modes, inner)}
+    return figures if len(modes) > 1 else figures[mode]
 
 
 def session(master: str = "local[2]"):
@@ -120,9 +129,24 @@ def session(master: str = "local[2]"):
     return spark
 
 
-def child(mode: str, path: str, master: str = "local[2]") -> None:
-    """One measurement (runs in its own process); prints a JSON line."""
+def child(modes: str, path: str, master: str = "local[2]") -> None:
+    """The measurements `modes` names ("," between several), in turn in this process, the Spark
+    ones in one SparkSession started once; prints a JSON line for each."""
     t0 = time.perf_counter()
+    import dp_core  # noqa: F401  (its import counts in the startup, as it always did)
+
+    spark = started = None
+    for mode in modes.split(","):
+        if mode != "duckdb" and spark is None:
+            spark = session(master)
+            started = time.perf_counter() - t0
+        print(json.dumps(child_run(mode, path, spark, started)), flush=True)
+    if spark is not None:
+        spark.stop()
+
+
+def child_run(mode: str, path: str, spark, started: float | None) -> dict:
+    """One measurement in the child, on `spark` (None for duckdb): its figures."""
     import dp_core as dp
 
     query = dp.Query([dp.count(upper=ROW_BOUND), dp.sum_("val", 0, SUM_BOUND)], privacy_unit="uid",
@@ -130,10 +154,7 @@ def child(mode: str, path: str, master: str = "local[2]") -> None:
     if mode == "duckdb":
         start = time.perf_counter()
         result = dp.execute(query, path)
-        print(json.dumps({"run": time.perf_counter() - start, "released": len(result.table)}))
-        return
-    spark = session(master)
-    started = time.perf_counter() - t0
+        return {"run": time.perf_counter() - start, "released": len(result.table)}
     if mode in ("spark-plain", "spark-floor"):
         spark.read.parquet(path).createOrReplaceTempView("src")
         sql = f"""
@@ -146,21 +167,22 @@ def child(mode: str, path: str, master: str = "local[2]") -> None:
             sql = "SELECT count(*), sum(c), sum(s) FROM (SELECT uid, part, count(*) AS c, sum(val) AS s FROM src GROUP BY uid, part)"
         start = time.perf_counter()
         rows = spark.sql(sql).toArrow()
-        run_s = time.perf_counter() - start
-        print(json.dumps({"run": run_s, "startup": started, "partitions": rows.num_rows}))
-    else:
-        start = time.perf_counter()
-        result = dp.execute(query, path, backend="spark", spark=spark)
-        run_s = time.perf_counter() - start
-        print(json.dumps({"run": run_s, "startup": started, "released": len(result.table)}))
-    spark.stop()
+        return {"run": time.perf_counter() - start, "startup": started, "partitions": rows.num_rows}
+    start = time.perf_counter()
+    result = dp.execute(query, path, backend="spark", spark=spark)
+    return {"run": time.perf_counter() - start, "startup": started, "released": len(result.table)}
 
 
 def run(path: Path) -> None:
     """The three measurements, interleaved once, and their ratios, each with the machine's load
     average (1 min) before and after it (other users share the cores: compare ratios of one run)."""
     res = {}
-    for mode in ("spark-plain", "spark-floor", "spark", "duckdb"):
+    if os.environ.get(ONE_PROCESS_ENV) == "1":
+        before = os.getloadavg()[0]
+        res = measure(",".join(MODES), path)
+        print(f"{', '.join(MODES)} in one process ({ONE_PROCESS_ENV}=1: a smoke run, the figures are not "
+              f"comparable): load average {before:.2f} before, {os.getloadavg()[0]:.2f} after", flush=True)
+    for mode in () if res else MODES:
         before = os.getloadavg()[0]
         res[mode] = measure(mode, path)
         print(f"{mode}: load average {before:.2f} before, {os.getloadavg()[0]:.2f} after", flush=True)

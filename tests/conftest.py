@@ -8,6 +8,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+#: --dist loadgroup keeps each xdist_group on one worker (tests/xdist_groups.py: pytest 9.2 broke xdist's way)
+pytest_plugins = ["xdist_groups"]
+
 ADULT = Path(__file__).resolve().parents[1] / "examples" / "data" / "adult.csv.gz"
 
 # the commands the tests start without PREFECT_API_URL share their PREFECT_HOME's local Prefect server
@@ -57,5 +60,7 @@ def browser(browser_type_launch_args):
 
 def pytest_collection_modifyitems(items):
     """Tests marked `runs_first` (minutes of real processes each) go to the front, so that under
-    xdist they run beside the rest of the suite rather than alone at its end."""
+    xdist they run beside the rest of the suite rather than alone at its end: the scheduler hands
+    out the groups (tests/xdist_groups.py) in this order (pyproject: --no-loadscope-reorder; xdist's
+    own order, by number of tests, would start the two-host and wheel groups after a dozen larger modules)."""
     items.sort(key=lambda item: item.get_closest_marker("runs_first") is None)  # stable: order kept otherwise

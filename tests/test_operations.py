@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from patience import PATIENCE_S
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.runs_first]  # 3-4 min on one worker (its module fixture: one group)
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "examples" / "data" / "adult.csv.gz"

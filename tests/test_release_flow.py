@@ -17,6 +17,8 @@ from patience import PATIENCE_S
 SQL = ("SELECT WITH ANONYMIZATION education, ANON_COUNT(*, 1) AS people, ANON_AVG(age, 17, 90) AS avg_age "
        "FROM adult GROUP BY education")
 RAW_FRAGMENT = b"State-gov,77516,Bachelors"  # the first row of Adult as it sits in the CSV
+#: its tests share one Prefect harness: one worker (tests/xdist_groups.py), 3 min or more, started first (conftest.py)
+pytestmark = pytest.mark.runs_first
 
 
 @pytest.fixture(scope="module")

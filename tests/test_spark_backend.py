@@ -24,7 +24,8 @@ from dp_core.errors import InvalidDataError
 from dp_core.quantiles import dense_histograms
 from dp_core.selection_mad import round_two_sql
 
-pytestmark = pytest.mark.xdist_group("spark")  # one worker, one SparkSession (pyproject: --dist loadgroup)
+pytestmark = [pytest.mark.xdist_group("spark"),  # one worker, one SparkSession (pyproject: --dist loadgroup)
+              pytest.mark.runs_first]  # the Spark group: minutes on one worker, started first (conftest.py)
 
 SEED = 424242
 CU = 3

@@ -26,7 +26,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
-pytestmark = [pytest.mark.xdist_group("spark"), pytest.mark.slow]  # 2-5 min on the 2 shared cores
+pytestmark = [pytest.mark.xdist_group("spark"), pytest.mark.slow, pytest.mark.runs_first]  # 2-5 min on the 2 shared cores
 
 SMALL_ROWS = 250_000
 FILES = 4  # the same number of files (so of read tasks) at every size: only the rows per task grow

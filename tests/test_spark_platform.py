@@ -19,7 +19,8 @@ from patience import PATIENCE_S
 
 import dp_core as dp
 
-pytestmark = pytest.mark.xdist_group("spark")  # one worker, one SparkSession (pyproject: --dist loadgroup)
+pytestmark = [pytest.mark.xdist_group("spark"),  # one worker, one SparkSession (pyproject: --dist loadgroup)
+              pytest.mark.runs_first]  # the Spark group: minutes on one worker, started first (conftest.py)
 
 SQL = ("SELECT WITH ANONYMIZATION education, ANON_COUNT(*, 1) AS people, ANON_AVG(age, 17, 90) AS avg_age "
        "FROM lake GROUP BY education")

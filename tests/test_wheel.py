@@ -25,7 +25,8 @@ from pathlib import Path
 import pytest
 from patience import PATIENCE_S
 
-pytestmark = pytest.mark.xdist_group("wheel")  # one worker builds the wheel and its venv once (--dist loadgroup)
+pytestmark = [pytest.mark.xdist_group("wheel"),  # one worker builds the wheel and its venv once (--dist loadgroup)
+              pytest.mark.runs_first]  # 2-3 min on one worker, started first (conftest.py)
 ROOT = Path(__file__).resolve().parents[1]
 #: what the wheel is built from: the import packages' directories, and what pyproject.toml names
 BUILD_INPUTS = ["pyproject.toml", "README.md", "dp_core", "dprelease", "flows", "tasks", "cli", "templates", "examples/data"]

@@ -45,7 +45,7 @@ WORKER_LIMIT = 5
 
 pytestmark = [pytest.mark.skipif(not os.environ.get(PG_ENV), reason=f"needs PostgreSQL: set {PG_ENV} (.ci/run does)"),
               pytest.mark.xdist_group("two_hosts"),  # one worker sets the hosts up once (--dist loadgroup)
-              pytest.mark.runs_first,  # the longest module starts first, beside the rest (conftest.py)
+              pytest.mark.runs_first,  # a long module: among the first handed out, beside the rest (conftest.py)
               pytest.mark.slow]  # 3 min and 4.6 CPU-minutes at load 7 on 2 cores (2026-11-29): 21 flow-run processes
 
 

@@ -188,11 +188,11 @@ def mad_release_samples(query: Query, d1, d2, runs: int) -> tuple[np.ndarray, np
     outcome decides round 2's weights, computed by SQL), so the engine's exact rows carry ONE round-1
     draw. Each run needs its own: round 1 is drawn per run with the product's `first_round` on the
     tiled `_w1` (released and damped partitions), and each distinct round-1 outcome gets its round-2
-    weights from the product's `round_two_sql`
-    on the dataset's own connection (memoised per outcome); then `engine.release` runs round 2,
-    the noise and the rest on the R copies. Features are the differing partitions' values (a
-    marginal of the output: a valid lower bound); all partitions are released, since round 2's
-    weights of one partition depend on the others' round-1 outcomes."""
+    weights from the product's `round_two_sql` on the dataset's own connection (`round_two_weights`,
+    once per outcome: memoised); then `engine.release` runs round 2, the noise and the rest on the
+    R copies. Features are the differing partitions' values (a marginal of the output: a valid lower
+    bound); all partitions are released, since round 2's weights of one partition depend on the
+    others' round-1 outcomes."""
     budget = plan_budget(query)
     share, cu = budget.selection_share, query.effective_max_partitions
     sides = []
@@ -201,41 +201,22 @@ def mad_release_samples(query: Query, d1, d2, runs: int) -> tuple[np.ndarray, np
         close, backend.close = backend.close, lambda: None  # kept open for round 2's SQL
         try:
             stats = engine.exact_statistics(query, backend, bounding_seed=SEED, budget=budget)
-            schema = backend.schema()
             base = stats.rows.drop(columns=["_mad_r1", "_w2"])
-            # the bounded rows once, as the product's mad_rows does (same seed: the same rows)
-            at = next(i for i, cte in enumerate(stats.plan.ctes) if cte.startswith("_bounded AS ("))
-            backend.connection.execute("CREATE TEMP TABLE _audit_bounded AS WITH "
-                                       f"{', '.join(stats.plan.ctes[: at + 1])} SELECT * FROM _bounded")
-            with_clause = "WITH " + ",\n".join(["_bounded AS (SELECT * FROM _audit_bounded)",  # as mad_rows
-                                                  bounding.cut_from_bounded_cte(cu), *stats.plan.ctes[at + 1:]])
+            with_clause = bounded_with_clause(backend, stats.plan, cu)
             memo: dict[tuple, np.ndarray] = {}
-
-            def round_two_weights(outcome: tuple, base=base, backend=backend, schema=schema, memo=memo,
-                                  with_clause=with_clause):
-                if outcome not in memo:
-                    keys = list(query.group_by)
-                    released, damped = ([tuple(bounding._plain(v) for v in row)
-                                         for row in base.loc[list(chosen), keys].itertuples(index=False)]
-                                        for chosen in outcome)
-                    if not released and not damped:
-                        memo[outcome] = base["_w1"].to_numpy(dtype=np.int64)
-                    else:
-                        w2 = backend.run(selection_mad.round_two_sql(with_clause, query, released, schema,
-                                                                     damped_keys=damped))
-                        merged = base[keys].merge(w2, on=keys, how="left", sort=False)
-                        memo[outcome] = merged["_w2"].fillna(0).to_numpy(dtype=np.int64)
-                return memo[outcome]
-
             out = []
             for n in chunks(runs):
                 tiled = tile(base, n)
                 r1, damped = (a.reshape(n, len(base)) for a in selection_damped.first_round(
                     tiled["_w1"].to_numpy(dtype=np.int64), query.selection, share, cu, query.epsilon))
-                w2 = np.vstack([round_two_weights((tuple(np.flatnonzero(row)), tuple(np.flatnonzero(d))))
-                                for row, d in zip(r1, damped)])
+                # each run's outcome as one row of 2 x partitions flags; its distinct rows and, per run, which
+                seen, which = np.unique(np.hstack([r1, damped]).astype(bool), axis=0, return_inverse=True)
+                outcomes = [(tuple(np.flatnonzero(row[:len(base)])), tuple(np.flatnonzero(row[len(base):])))
+                            for row in seen]
+                new = [o for o in outcomes if o not in memo]
+                memo.update(zip(new, round_two_weights(backend, query, base, with_clause, new)))
                 tiled["_mad_r1"] = r1.ravel()
-                tiled["_w2"] = w2.ravel()
+                tiled["_w2"] = np.vstack([memo[o] for o in outcomes])[which.reshape(-1)].ravel()
                 out.append(tiled_release(stats, n, tiled))
             sides.append((stats, out))
         finally:
@@ -245,6 +226,40 @@ def mad_release_samples(query: Query, d1, d2, runs: int) -> tuple[np.ndarray, np
     x1, x2 = (np.vstack([features(t, stats.query, keys, n)[0] for t, n in zip(out, chunks(runs))])
               for stats, out in sides)
     return x1, x2, names
+
+
+def bounded_with_clause(backend: DuckDBBackend, plan, cu: int) -> str:
+    """The plan's WITH clause over its bounded rows made once (a temp table), as the product's
+    `mad_rows` does (same seed: the same rows): what round 2's statements run on."""
+    at = next(i for i, cte in enumerate(plan.ctes) if cte.startswith("_bounded AS ("))
+    backend.connection.execute("CREATE TEMP TABLE _audit_bounded AS WITH "
+                               f"{', '.join(plan.ctes[: at + 1])} SELECT * FROM _bounded")
+    return "WITH " + ",\n".join(["_bounded AS (SELECT * FROM _audit_bounded)", bounding.cut_from_bounded_cte(cu),
+                                  *plan.ctes[at + 1:]])
+
+
+def round_two_weights(backend: DuckDBBackend, query: Query, base: pd.DataFrame, with_clause: str,
+                      outcomes: list[tuple[tuple, tuple]]) -> list[np.ndarray]:
+    """Round 2's weights, aligned with `base`'s rows, for each round-1 outcome (the row positions
+    released, the row positions damped): the product's `round_two_sql` of each outcome, its rows
+    read back as plain tuples and matched to `base` by key (a pandas frame, a merge and key lookups
+    through .loc per outcome were most of the audit's time; batching the statements by UNION ALL
+    gained nothing measurable). No partition released or damped: round 2 weighs as round 1 (`_w1`),
+    as the product does; a partition absent from an outcome's result (released in round 1) weighs 0."""
+    keys = list(query.group_by)
+    schema = backend.schema()
+    key_rows = [tuple(bounding._plain(v) for v in row) for row in base[keys].itertuples(index=False)]
+    weights = []
+    for chosen in outcomes:
+        released, damped = ([key_rows[i] for i in rows] for rows in chosen)
+        if not released and not damped:
+            weights.append(base["_w1"].to_numpy(dtype=np.int64))
+            continue
+        sql = selection_mad.round_two_sql(with_clause, query, released, schema, damped_keys=damped)
+        by_key = {tuple(bounding._plain(v) for v in key): w2
+                  for *key, w2 in backend.connection.execute(sql).fetchall()}
+        weights.append(np.array([by_key.get(k, 0) for k in key_rows], dtype=np.int64))
+    return weights
 
 
 def chunks(runs: int, size: int = CHUNK) -> list[int]:

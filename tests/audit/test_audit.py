@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import cases
+import harness
 import numpy as np
 import pytest
 
@@ -151,3 +152,46 @@ def test_approx_bounds_bins_follow_the_noisy_counts(monkeypatch):
                                      failure=1e-9, need_lower=True, need_upper=True)
     assert (got.lower, got.upper) == (layout[2][2], layout[6][3] - 1)
     assert list(got.noisy_counts) == list(noisy)
+
+
+@pytest.mark.parametrize("name", ["COUNT, MaxAdaptiveDegree selection", "COUNT, damped MaxAdaptiveDegree selection"])
+def test_the_audit_s_round_two_weights_are_the_product_statement_s_for_each_outcome(name):
+    """The audit's round-2 weights (harness.round_two_weights: each outcome's rows read back as
+    tuples and matched to the partitions by key) are those of the product's `round_two_sql` run
+    through the engine's backend and merged on the keys, on both neighbours, for round-1 outcomes
+    drawn as the audit draws them (nothing released, and every partition released, among them)."""
+    from dp_core import selection_damped, selection_mad
+    from dp_core.accounting import plan_budget
+    from dp_core.backend import DuckDBBackend
+
+    case = cases.cases()[name]
+    query = case.query
+    share, cu = plan_budget(query).selection_share, query.effective_max_partitions
+    keys = list(query.group_by)
+    for data in case.data():
+        backend = DuckDBBackend.for_input(data, threads=1)
+        close, backend.close = backend.close, lambda: None  # kept open for round 2's SQL, as the harness does
+        try:
+            stats = engine_module.exact_statistics(query, backend, bounding_seed=harness.SEED,
+                                                   budget=plan_budget(query))
+            base = stats.rows.drop(columns=["_mad_r1", "_w2"])
+            with_clause = harness.bounded_with_clause(backend, stats.plan, cu)
+            released, damped = selection_damped.first_round(np.tile(base["_w1"].to_numpy(dtype=np.int64), 200),
+                                                            query.selection, share, cu, query.epsilon)
+            drawn = {(tuple(np.flatnonzero(r)), tuple(np.flatnonzero(d)))
+                     for r, d in zip(released.reshape(200, -1), damped.reshape(200, -1))}
+            every = tuple(range(len(base)))
+            outcomes = sorted(drawn | {((), ()), (every, ())})[:40]
+            assert len(outcomes) > 5, outcomes
+            batched = harness.round_two_weights(backend, query, base, with_clause, outcomes)
+            for outcome, got in zip(outcomes, batched):
+                chosen = [[tuple(row) for row in base.loc[list(rows), keys].itertuples(index=False)] for rows in outcome]
+                if not any(chosen):
+                    alone = base["_w1"].to_numpy(dtype=np.int64)
+                else:
+                    w2 = backend.run(selection_mad.round_two_sql(with_clause, query, chosen[0], backend.schema(),
+                                                                 damped_keys=chosen[1]))
+                    alone = base[keys].merge(w2, on=keys, how="left")["_w2"].fillna(0).to_numpy(dtype=np.int64)
+                assert np.array_equal(got, alone), (outcome, got, alone)
+        finally:
+            close()
