@@ -3,7 +3,8 @@ each module whose tests share a module-scoped fixture.
 
 pytest-xdist (3.8) marks a test of a group by appending "@<group>" to its `item._nodeid`; since
 pytest 9.2 a node's id is `item._id` (a structured NodeId), so that write changed nothing, every
-test kept its plain id and the groups were spread over all workers: each worker then started its
+test kept its plain id and the groups were spread over all workers (pytest-dev/pytest-xdist#1386, a fix
+proposed in #1388; drop this part once an xdist release has it): each worker then started its
 own SparkSession, Spark cluster, wheel venv and two-host deployment. And under loadgroup a test
 outside any group is a unit of its own, so a module's tests went to whichever worker was free and
 its module fixture (a Prefect harness, a console server, a browser) was set up once per worker that
