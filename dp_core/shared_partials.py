@@ -9,11 +9,14 @@ no temp directory: nothing reaches the disk) and every later plan reads that tab
 
 The rows are the same: `_partial` depends on the input, the filter, the unit, the keys, the
 aggregates' columns and the bounding seed, never on the bounds, so the placeholder plan of
-APPROX_BOUNDS and the release's plan share it; a plan whose `_partial` differs from the one kept
-runs as written. A quantile's per-unit value (one of the unit's rows, drawn at random in
-`_partial`) is then drawn once for the bounds and the histogram alike. On Spark the partials are a
-temporary view cached in the executors' memory only (an evicted partition is recomputed, never
-written out). A DuckDB relation (no connection of the engine's own) runs each statement in full.
+APPROX_BOUNDS and the release's plan share it; a plan whose `_src` (the filter, the public
+partitions) or `_partial` differs from the ones kept runs as written. The CTEs' text is all that is
+compared, so one SharedPartials serves one release on a backend whose input (`dp_input`, a view of
+DP SQL's define_input too) stays as it is while the table lives. A quantile's per-unit value
+(one of the unit's rows, drawn at random in `_partial`) is then drawn once for the bounds and the
+histogram alike. On Spark the partials are a temporary view cached in the executors' memory only
+(an evicted partition is recomputed, never written out). A DuckDB relation (no connection of the
+engine's own) runs each statement in full.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ class SharedPartials:
     def __init__(self, backend, enabled: bool = True):
         self.backend = backend if enabled and getattr(backend, "can_keep", False) else None
         self.table: str | None = None
-        self.partial_sql: str | None = None  # the `_partial` CTE the table holds
+        self.kept_ctes: tuple[str, str] | None = None  # the `_src` and `_partial` CTEs the table holds
 
     def reading(self, plan: BoundingPlan) -> BoundingPlan:
         """`plan` with its `_src` and `_partial` CTEs replaced by a scan of the kept table (made
@@ -48,8 +51,8 @@ class SharedPartials:
         if self.table is None:
             self.table = f"_partial_{secrets.token_hex(6)}"
             self.backend.keep(self.table, f"WITH {source}, {partial} SELECT * FROM _partial")
-            self.partial_sql = partial
-        elif partial != self.partial_sql:
+            self.kept_ctes = (source, partial)
+        elif (source, partial) != self.kept_ctes:  # `_partial`'s text alone does not say which rows it reads
             return plan
         # DuckDB: NOT MATERIALIZED, so that the readers scan the table itself (it would copy a CTE
         # read twice); Spark inlines every CTE and reads the cached view

@@ -101,6 +101,36 @@ def test_a_plan_of_other_partials_runs_as_written():
     backend.close()
 
 
+OUTSIDE_PARTIAL = {  # name -> a change of the query that leaves `_partial`'s text as it is, not its rows
+    "another filter": {"where": "x >= 30"},
+    "a filter added": {"where": "k2 = 1"},
+    "other public partitions": {"public_partitions": ["p1", "p3", "p5"]},
+}
+
+
+@pytest.mark.parametrize("change", OUTSIDE_PARTIAL)
+def test_a_plan_whose_partials_read_other_rows_runs_as_written_though_its_partial_cte_is_the_same(change):
+    """`_partial` reads `_src`: a plan whose filter or public partitions differ from the kept plan's
+    has the same `_partial` text yet other rows, so it must not read the kept table."""
+    from dataclasses import replace
+
+    df = people(5)
+    backend = DuckDBBackend.for_input(df)
+    partials = SharedPartials(backend)
+    kept = dp.Query([dp.count(upper=2), dp.sum_("x", 0, 40)], privacy_unit="uid", group_by=("part",), epsilon=1.0,
+                    max_partitions_contributed=CU)
+    other = replace(kept, **OUTSIDE_PARTIAL[change])
+    first, second = (build_plan(q, {"uid", "x", "k2"}, seed=5) for q in (kept, other))
+    assert first.ctes[1] == second.ctes[1] and first.ctes[0] != second.ctes[0]  # the case: only `_src` differs
+    partials.reading(first)
+    read = partials.reading(second)
+    by_keys = "\nORDER BY part NULLS LAST"
+    assert backend.run(second.sql + by_keys)["_n_units"].sum() != backend.run(first.sql + by_keys)["_n_units"].sum()
+    pd.testing.assert_frame_equal(backend.run(read.sql + by_keys), backend.run(second.sql + by_keys))
+    partials.close()
+    backend.close()
+
+
 @pytest.mark.parametrize("with_units", [False, True])
 @pytest.mark.parametrize("bounds_scope", ["dataset", "partition"])
 def test_a_release_with_inferred_bounds_aggregates_its_input_per_unit_and_partition_once(with_units, bounds_scope):
