@@ -100,7 +100,11 @@ class SparkBackend:
 
         def persisted():
             frame = self.spark.sql(self.spark_sql(sql)).persist(StorageLevel.MEMORY_ONLY)
-            frame.count()  # computed now, once
+            try:
+                frame.count()  # computed now, once
+            except BaseException:  # the session's cache would keep the plan and what was computed of it
+                frame.unpersist()
+                raise
             return frame
 
         frame = self._spark_does(persisted)

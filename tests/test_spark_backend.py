@@ -374,3 +374,31 @@ def test_inferred_bounds_on_spark_read_partials_computed_once_and_equal_duckdb(s
     assert len(stats.rows) > 0
     assert [name for name, sql in sent if 'GROUP BY "uid", "part"' in sql] == ["keep"]
     assert not [v for v in spark.catalog.listTables() if v.name.startswith("_partial_")]
+
+
+@pytest.mark.parametrize("kept_for", ["inferred bounds", "PRIs"])
+def test_a_keep_failing_on_a_value_of_the_data_leaves_nothing_cached_on_spark(spark, tmp_path, kept_for):
+    """The statement that keeps the partials (a cached view) fails on a value of the data: the
+    error is one line without the value, and the session's cache keeps neither the plan nor what
+    was computed of it (it did until 2026-11-29: persisted before the failing count, never unpersisted)."""
+    from pyspark import StorageLevel
+
+    path = tmp_path / "named.parquet"
+    pd.DataFrame({"uid": range(200), "g": ["a", "b"] * 100, "name": ["12"] * 199 + ["x-secret-7"]}).to_parquet(path)
+    count = dp.count(upper=None) if kept_for == "inferred bounds" else dp.count(upper=2)
+    query = dp.Query([count], privacy_unit="uid", group_by=("g",), epsilon=1.0, delta=1e-6,
+                     where="CAST(name AS INTEGER) > 3")
+    backend = open_backend(spark.read.parquet(str(path)))
+    close, backend.close = backend.close, lambda: None  # the input's view kept to look its plan up afterwards
+    kept = []
+    keep = backend.keep
+    backend.keep = lambda name, sql: kept.append(sql) or keep(name, sql)
+    try:
+        with pytest.raises(InvalidDataError) as caught:
+            exact_statistics(query, backend, with_units=kept_for == "PRIs")
+        assert "x-secret-7" not in str(caught.value) and "CAST_INVALID_INPUT" in str(caught.value)
+        assert len(kept) == 1 and not backend.kept
+        assert spark.sql(backend.spark_sql(kept[0])).storageLevel == StorageLevel.NONE
+        assert not [v for v in spark.catalog.listTables() if v.name.startswith("_partial_")]
+    finally:
+        close()
