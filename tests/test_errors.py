@@ -576,16 +576,23 @@ def test_a_query_failing_on_a_value_of_the_data_never_quotes_it(where, kind):
 @pytest.mark.parametrize("path", ["MAD's kept rows", "partials kept for inferred bounds", "partials kept for PRIs"])
 def test_a_value_of_the_data_never_reaches_an_error_from_a_table_the_engine_keeps(where, path):
     """The statements that keep rows in a temporary table (MAD's bounded rows, the partials read
-    by APPROX_BOUNDS and the plan, or by the PRIs) fail in the words of every other statement."""
+    by APPROX_BOUNDS and the plan, or by the PRIs) fail in the words of every other statement. The
+    failing statement is seen to be a keep (dp.count()'s default upper bound of 1 needs no APPROX_BOUNDS)."""
+    from dp_core.backend import DuckDBBackend
+
     df = pd.DataFrame({"uid": [1, 2, 3], "g": ["a", "a", "b"], "name": ["x-secret-7"] * 3, "x": [1, 2, 5]})
-    count = dp.count() if path == "partials kept for inferred bounds" else dp.count(upper=2)
+    count = dp.count(upper=None) if path == "partials kept for inferred bounds" else dp.count(upper=2)
     query = dp.Query([count], privacy_unit="uid", group_by=("g",), epsilon=1.0, delta=1e-6, where=where,
                      selection="mad" if path == "MAD's kept rows" else "truncated-geometric")
+    backend = DuckDBBackend.for_input(df)
+    kept, keep = [], backend.keep
+    backend.keep = lambda name, sql: kept.append(name) or keep(name, sql)
     with pytest.raises(dp.InvalidDataError) as caught:
         if path == "partials kept for PRIs":
-            exact_statistics(query, df, with_units=True)
+            exact_statistics(query, backend, with_units=True)
         else:
-            dp.execute(query, df)
+            dp.execute(query, backend)
+    assert len(kept) == 1, "the query failed before any statement kept rows"
     assert "x-secret-7" not in str(caught.value)
     assert str(caught.value).startswith("the data engine could not run the query: ")
 
