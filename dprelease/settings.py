@@ -13,7 +13,8 @@ then passed down; no other module reads the environment.
     DPRELEASE_SPARK_MASTER    the Spark master for external datasets, or a Spark Connect server
                               (sc://host:port/;token=...) (default: Spark's own, local[*])
     DPRELEASE_ENGINE_THREADS  DuckDB threads of one release's scans (default `auto`: the idle cores, 1 to 4,
-                              see ENGINE_THREADS; a whole number; `all`: every core DuckDB is given)
+                              1 where the OS gives no load average, see ENGINE_THREADS; a whole number;
+                              `all`: every core DuckDB is given)
     DPRELEASE_CONSOLE_URL     the controllers' console as browsers reach it (default http://localhost:8400):
                               the paused run's Resume dialog links to its decision page
 """
@@ -28,13 +29,14 @@ from .object_store import location_setting
 
 #: DuckDB threads per release. `auto` by default: the cores that are idle when the release's scan
 #: starts (the cores this process may use minus the 1-minute load average, rounded, at least 1, at
-#: most AUTO_THREADS_MAX). The engine's hash aggregates keep a table per thread, so peak memory
-#: grows with threads (10M rows of the engine benchmark: 0.65 GB with one thread, 0.96 GB with
-#: two), and threads bought nothing where other work held the cores: on the shared 2-core machine
-#: (load 4-5, 2026-11-29) two threads were no faster at 10M rows (medians 1.7-5.6 s against
-#: 1.8-2.7 s, three alternating processes each); where nothing else competes, two threads took
-#: 5-13% less wall time at 10M rows, 20-35% less at 50M (docs/engine.md, "Threads"). A whole
-#: number fixes the threads; `all` (None here) gives the engine every core DuckDB is given.
+#: most AUTO_THREADS_MAX; one where the OS gives no load average). The engine's hash aggregates keep
+#: a table per thread, so peak memory grows with threads (10M rows of the engine benchmark: 0.65 GB
+#: with one thread, 0.96 GB with two), and threads bought nothing where other work held the cores:
+#: on the shared 2-core machine (load 4-5, 2026-11-29) two threads were no faster at 10M rows
+#: (medians 1.7-5.6 s against 1.8-2.7 s, three alternating processes each); where nothing else
+#: competes, two threads took 5-13% less wall time at 10M rows, 20-35% less at 50M (docs/engine.md,
+#: "Threads"). A whole number fixes the threads; `all` (None here) gives the engine every core
+#: DuckDB is given.
 ENGINE_THREADS = "auto"
 AUTO_THREADS_MAX = 4
 
@@ -108,7 +110,7 @@ class Settings:
         """The DuckDB threads for a scan starting now: the setting, or under `auto` the idle cores."""
         if self.engine_threads != "auto":
             return self.engine_threads
-        return idle_cores(len(os.sched_getaffinity(0)), os.getloadavg()[0])
+        return idle_cores(usable_cores(), load_average())
 
     def ensure_dirs(self) -> None:
         for d in (self.home, self.escrow_dir, self.archive_dir, self.publication_dir, self.key_dir):
@@ -116,11 +118,31 @@ class Settings:
         os.chmod(self.key_dir, 0o700)
 
 
-def idle_cores(cores: int, load: float) -> int:
+def idle_cores(cores: int, load: float | None) -> int:
     """Threads for a scan that should not compete with other work: the cores not busy on average
     over the last minute (`load`, the run queue the kernel averages), at least 1, at most
-    AUTO_THREADS_MAX."""
+    AUTO_THREADS_MAX; one where the load is unknown (the default before `auto`)."""
+    if load is None:
+        return 1
     return max(1, min(AUTO_THREADS_MAX, cores, int(cores - load + 0.5)))
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its affinity mask where the OS has one (Linux), else
+    every core of the machine (macOS and Windows have no os.sched_getaffinity)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def load_average() -> float | None:
+    """The 1-minute load average, or None where the OS gives none (Windows has no os.getloadavg;
+    it raises OSError where the load is unobtainable)."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
 
 
 def _engine_threads(value: str | None) -> int | str | None:

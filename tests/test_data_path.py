@@ -200,6 +200,46 @@ def test_the_engine_threads_setting_reaches_every_duckdb_of_a_release(home, tmp_
     assert len(seen) >= 2 and set(seen) <= threads and (setting == "auto" or set(seen) == threads), seen
 
 
+def _no_load_average():
+    raise OSError("Load averages are unobtainable")  # what os.getloadavg raises where the OS has none
+
+
+PLATFORMS = {  # name -> what the os module lacks there (os attribute -> None to delete it, else a replacement)
+    "no affinity mask (macOS)": {"sched_getaffinity": None},
+    "no load average (Windows)": {"sched_getaffinity": None, "getloadavg": None},
+    "load unobtainable": {"getloadavg": _no_load_average},
+}
+
+
+@pytest.mark.parametrize("platform_name", PLATFORMS)
+def test_auto_threads_run_a_release_where_the_os_has_no_affinity_mask_or_load_average(home, tmp_path, monkeypatch,
+                                                                                       platform_name):
+    """`auto` (the default) reads the cores this process may use and the load average; where the OS
+    gives no affinity mask the cores are the machine's, and where it gives no load average a scan
+    gets one thread (the default before `auto`), instead of the release failing on AttributeError
+    or OSError at its compute, after the controller's approval."""
+    import os
+
+    import duckdb
+
+    from dp_core import backend
+
+    every_core = duckdb.connect().execute("SELECT current_setting('threads')").fetchall()[0][0]
+    for name, replacement in PLATFORMS[platform_name].items():
+        if replacement is None:
+            monkeypatch.delattr(os, name, raising=False)
+        else:
+            monkeypatch.setattr(os, name, replacement)
+    admin.register_dataset(home, "t", _data(tmp_path / "t.csv", 2_000), "uid", epsilon_cap=5.0)
+    seen = []
+    connect = backend._connect
+    monkeypatch.setattr(backend, "_connect", lambda n: seen.append(n) or connect(n))
+    assert home.engine_threads == "auto"
+    assert len(_release(home, "t").table) > 0
+    unknown_load = "getloadavg" in PLATFORMS[platform_name]
+    assert seen and all(n == 1 if unknown_load else 1 <= n <= min(every_core, 4) for n in seen), seen
+
+
 def test_registering_a_parquet_file_loads_neither_pandas_nor_duckdb(tmp_path):
     """Registration streams Arrow batches from Parquet into the escrow: pandas (0.26 s to import)
     and DuckDB (for CSV only) stay out of the command."""
