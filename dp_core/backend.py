@@ -13,6 +13,7 @@ connection, nothing copied).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from numbers import Integral
 from pathlib import Path
 
 import duckdb
@@ -20,7 +21,7 @@ import pandas as pd
 
 from .bounding import INPUT_NAME
 from .engine_errors import duckdb_message
-from .errors import InvalidDataError
+from .errors import InvalidDataError, InvalidQueryError
 from .input_checks import (
     FLOAT_TYPES,
     check_column_names,
@@ -140,9 +141,14 @@ def _engine_error(err: duckdb.Error) -> InvalidDataError:
 
 def _connect(threads: int | None) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB that never spills to disk (its temporary files would hold plaintext
-    rows): a query larger than memory fails instead of writing data out."""
+    rows): a query larger than memory fails instead of writing data out. `threads`: a whole number
+    from 1, or None for DuckDB's default (every core); anything else (the platform's setting `auto`
+    before Settings.threads_now resolves it) is one line, not DuckDB's or int()'s words."""
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, Integral) or threads < 1):
+        raise InvalidQueryError(f"threads={threads!r} is not a number of DuckDB threads: give a whole number from 1, "
+                                "or None for every core DuckDB is given")
     con = duckdb.connect(":memory:", config={"temp_directory": ""})
-    if threads:
+    if threads is not None:
         con.execute(f"SET threads = {int(threads)}")
     return con
 

@@ -597,6 +597,33 @@ def test_a_value_of_the_data_never_reaches_an_error_from_a_table_the_engine_keep
     assert str(caught.value).startswith("the data engine could not run the query: ")
 
 
+@pytest.mark.parametrize("threads", ["auto", "2", 0, -1, 2.5, True])
+@pytest.mark.parametrize("entry", ["execute", "run_sql"])
+def test_a_number_of_threads_that_is_not_one_is_one_line(threads, entry):
+    """`threads` is a whole number from 1 or None: the platform's `auto` (passed on unresolved, as
+    bench/platform_scale.py did), a text, 0, a negative or a fraction is refused in one line by
+    the query API and the SQL front end alike (int() or DuckDB's own words until 2026-11-29)."""
+    from dp_core.sql import Table, run_sql
+
+    query = dp.Query([dp.count(upper=1)], privacy_unit="uid", group_by=("g",), epsilon=1.0, delta=1e-6)
+    sql = ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1, delta = 1e-6, privacy_unit_column = uid) "
+           "g, COUNT(*, contribution_bounds_per_group => (0, 1)) AS n FROM t GROUP BY g")
+    with pytest.raises(dp.InvalidQueryError) as caught:
+        if entry == "execute":
+            dp.execute(query, DF, threads=threads)
+        else:
+            run_sql(sql, {"t": Table(DF, "uid")}, threads=threads)
+    assert str(caught.value) == (f"threads={threads!r} is not a number of DuckDB threads: give a whole number from 1, "
+                                 "or None for every core DuckDB is given")
+
+
+def test_a_whole_number_of_threads_or_none_is_taken():
+    """The numbers the platform passes (Settings.threads_now: an int, or None for `all`) and numpy's integers."""
+    query = dp.Query([dp.count(upper=1)], privacy_unit="uid", group_by=("g",), epsilon=1.0, delta=1e-6)
+    for threads in (1, 2, np.int64(2), None):
+        assert len(dp.execute(query, DF, threads=threads).table) >= 0
+
+
 def test_an_engine_error_on_the_query_itself_keeps_the_engine_s_words():
     """Only the errors raised on a value of the data lose DuckDB's words: a mistake of the query (here a
     function DuckDB does not know, which the front end leaves to it) keeps them, since they name only the
