@@ -39,8 +39,8 @@ class SharedPartials:
 
     def reading(self, plan: BoundingPlan) -> BoundingPlan:
         """`plan` with its `_src` and `_partial` CTEs replaced by a scan of the kept table (made
-        from this plan on the first call); `plan` itself when its partials are not the kept ones
-        or nothing can be kept."""
+        from this plan on the first call); `plan` itself when its `_src` or `_partial` is not the
+        kept one or nothing can be kept."""
         if self.backend is None or len(plan.ctes) < 2:
             return plan
         source, partial = plan.ctes[:2]
