@@ -67,7 +67,7 @@ from dprelease.settings import Settings
 query = dp.Query([dp.count(upper=10), dp.sum_("val", 0, 1000)], privacy_unit="uid", group_by=("part",),
                  epsilon=1.0, delta=1e-6, max_partitions_contributed=4)
 t0 = time.perf_counter()
-result = dp.execute(query, sys.argv[1], threads=Settings.from_env().engine_threads)  # as the platform runs it
+result = dp.execute(query, sys.argv[1], threads=Settings.from_env().threads_now())  # as the platform runs it
 print(json.dumps({"compute_s": time.perf_counter() - t0, "released": len(result.table)}))
 """
 

@@ -114,8 +114,10 @@ def exact_statistics(query: Query, data: Any, *, threads: int | None = None, bou
         total = int(opened.run(f"SELECT count(DISTINCT {ident(query.privacy_unit)}) AS n FROM {INPUT_NAME}")["n"].iloc[0])
         return ExactStatistics(query, plan, rows, bounds, per_partition, units, total)
     finally:
-        partials.close()
-        opened.close()
+        try:
+            partials.close()
+        finally:
+            opened.close()
 
 
 def infer_missing_bounds(query: Query, backend: Backend, schema: dict[str, str], integer_columns: set[str],
