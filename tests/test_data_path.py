@@ -273,3 +273,26 @@ def test_auto_threads_are_the_idle_cores_from_one_to_four(cores, load, threads):
     from dprelease.settings import idle_cores
 
     assert idle_cores(cores, load) == threads
+
+
+@pytest.mark.parametrize("files, cores", [
+    ({"cpu.max": "150000 100000\n"}, 2),  # cgroup v2: 1.5 CPUs -> 2 whole cores
+    ({"cpu.max": "100000 100000\n"}, 1),
+    ({"cpu.max": "max 100000\n"}, None),  # no quota
+    ({"cpu/cpu.cfs_quota_us": "50000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 1),  # cgroup v1: half a CPU
+    ({"cpu/cpu.cfs_quota_us": "300000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 3),
+    ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),
+    ({}, None),  # no cgroup files at all (macOS, Windows, a host without the controller)
+    ({"cpu.max": "garbage\n"}, None),
+])
+def test_a_containers_cpu_quota_caps_the_auto_threads(tmp_path, files, cores):
+    """A container limited by a cgroup CPU quota sees the host's cores in its affinity mask and
+    load average; `auto` counts the quota's whole cores instead (never more than the mask)."""
+    from dprelease.settings import cpu_quota_cores, usable_cores
+
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert cpu_quota_cores(tmp_path) == cores
+    mask = usable_cores(tmp_path / "none")
+    assert usable_cores(tmp_path) == (mask if cores is None else max(1, min(mask, cores)))
