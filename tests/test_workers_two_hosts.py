@@ -29,6 +29,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from patience import PATIENCE_S
+from prefect_worker import start_worker, stop_worker
 
 pytest.importorskip("s3fs")
 pytest.importorskip("moto")
@@ -107,27 +108,21 @@ class Worker:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
-        with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "prefect", "worker", "start", "--pool", POOL, "--name", self.name,
-                 "--limit", str(WORKER_LIMIT)], cwd=self.cwd, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True)
+        self.proc = start_worker(POOL, ["--name", self.name, "--limit", str(WORKER_LIMIT)], self.cwd, self.env, self.log)
 
-    def stop(self) -> None:
-        """Stop the worker, then any run it started that is still there (each runs in a process
-        group of its own: a run left paused by a failed test must not outlive the module)."""
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(PATIENCE_S)
+    def stop(self) -> list[str]:
+        """Stop the worker as an operator does (docs/deployment.md: SIGTERM, which stops its runs
+        too), then kill any run of this host still there (each runs in a process group of its own:
+        a run left paused by a failed test must not outlive the module); returns what did not stop
+        as documented."""
+        problems = [problem] if self.proc is not None and (problem := stop_worker(self.proc)) else []
         for pid in self.runs():
+            problems.append(f"{self.name}: run process {pid} outlived its stopped worker")
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        return problems
 
     def runs(self) -> list[int]:
         """The processes of this host: those whose DPRELEASE_HOME is its home."""
@@ -193,14 +188,14 @@ def hosts(tmp_path_factory):
                     worker.start()
                 yield settings, deployment_id, workers, root / "alice.pem"
     finally:
-        for worker in workers:
-            worker.stop()
+        problems = [problem for worker in workers for problem in worker.stop()]
         if server is not None:
             stop_process_group(server)
         os.environ.clear()
         os.environ.update(saved)
         _drop_schema(schema)
         _prefect_database(schema, drop=True)
+    assert not problems, problems  # after the cleanup, and only when the module itself ended well
 
 
 def _deploy() -> str:
