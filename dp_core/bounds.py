@@ -72,21 +72,12 @@ def bin_layout(integer: bool, signed: bool) -> list[tuple[bool, int, float, floa
     return negative + positive
 
 
-def histogram_sql(with_clause: str, value: str, integer: bool) -> str:
-    """Bin counts of the per-unit values `value` (a column of `_bounded`): (neg, e, n). A value
-    at or beyond 2^E_MAX (an infinite one too, which a query can compute) is in the top bin."""
-    return f"{with_clause}\n{_histogram_select(value, integer, ())}"
-
-
-def histogram_by_partition_sql(with_clause: str, value: str, integer: bool, keys: tuple[str, ...]) -> str:
-    """As `histogram_sql`, one histogram per partition (the keys come first)."""
-    return f"{with_clause}\n{_histogram_select(value, integer, keys)}"
-
-
 def histograms_sql(with_clause: str, values: list[tuple[int, str, bool]], keys: tuple[str, ...] = ()) -> str:
     """The histograms of several aggregates in one statement, so that the bounding runs once for
     all of them: rows (`_agg`, keys..., neg, e, n), `values` giving (aggregate index, value
-    column, integer?) each; per partition when `keys` are given."""
+    column, integer?) each; per partition when `keys` are given. A histogram counts the per-unit
+    values of a column of `_bounded` by bin; a value at or beyond 2^E_MAX (an infinite one too,
+    which a query can compute) is in the top bin."""
     parts = [f"SELECT {int(index)} AS _agg, * FROM ({_histogram_select(value, integer, keys)}) AS _h{int(index)}"
              for index, value, integer in values]
     return f"{with_clause}\n" + "\nUNION ALL ".join(parts)

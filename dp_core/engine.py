@@ -126,8 +126,7 @@ def infer_missing_bounds(query: Query, backend: Backend, schema: dict[str, str],
     """APPROX_BOUNDS for every aggregate with a missing bound, over the same bounded per-unit
     values the release will use (same bounding seed), all histograms from one statement (and the
     partials kept for the release's plan, `partials`). Returns the query with the bounds set."""
-    histograms = _bounds_histograms(query, backend, schema, integer_columns, seed, portable_hash, partials, (),
-                                    integer_kinds=("sum", "quantile"))
+    histograms = exact_bounds_histograms(query, backend, schema, integer_columns, seed, portable_hash, partials)
     found, aggregates = [], list(query.aggregates)
     for i, (counts, integer, signed) in histograms.items():
         agg = query.aggregates[i]
@@ -162,8 +161,7 @@ def infer_partition_bounds(query: Query, backend: Backend, schema: dict[str, str
     released. Returns the query (bounds set to the widest, for display), the inferred bounds and
     aggregate index -> DataFrame(keys, lo, hi)."""
     keys = query.group_by
-    histograms = _bounds_histograms(query, backend, schema, integer_columns, seed, portable_hash, partials, keys,
-                                    integer_kinds=("sum",))
+    histograms = exact_bounds_histograms(query, backend, schema, integer_columns, seed, portable_hash, partials)
     found, tables, aggregates = [], {}, list(query.aggregates)
     for i, (counts, integer, signed) in histograms.items():
         agg = query.aggregates[i]
@@ -197,13 +195,14 @@ def infer_partition_bounds(query: Query, backend: Backend, schema: dict[str, str
     return replace(query, aggregates=tuple(aggregates)), tuple(found), tables
 
 
-def _bounds_histograms(query: Query, backend: Backend, schema: dict[str, str], integer_columns: set[str], seed: int,
-                       portable_hash: bool, partials: SharedPartials | None, keys: tuple[str, ...],
-                       integer_kinds: tuple[str, ...]) -> dict[int, tuple[pd.DataFrame, bool, bool]]:
+def exact_bounds_histograms(query: Query, backend: Backend, schema: dict[str, str], integer_columns: set[str],
+                            seed: int, portable_hash: bool = False, partials: SharedPartials | None = None,
+                            ) -> dict[int, tuple[pd.DataFrame, bool, bool]]:
     """The exact histograms APPROX_BOUNDS noises, for every aggregate with a missing bound, from one
     statement over the bounded rows the release will use: the plan with placeholder bounds (the
     partials and the kept rows do not depend on the bounds). Aggregate index -> (bin counts, whose
-    values are integers, whose values can be negative); per partition when `keys` are given."""
+    values are integers, whose values can be negative); per partition (the keys first) under
+    bounds_scope "partition" (never for a quantile: Query.validate)."""
     placeholder = replace(query, aggregates=tuple(
         replace(a, lower=0 if a.lower is None and a.kind != "count" else a.lower,
                 upper=1 if a.upper is None else a.upper) if a.needs_bounds else a
@@ -216,8 +215,9 @@ def _bounds_histograms(query: Query, backend: Backend, schema: dict[str, str], i
     for i, agg in enumerate(query.aggregates):
         if agg.needs_bounds:
             column_type = schema[agg.column].upper() if agg.column else "BIGINT"  # check_columns: it exists
-            wanted[i] = (agg.kind == "count" or (agg.kind in integer_kinds and column_type in INTEGER_TYPES),
+            wanted[i] = (agg.kind == "count" or (agg.kind in ("sum", "quantile") and column_type in INTEGER_TYPES),
                          agg.kind != "count" and not column_type.startswith("U"))
+    keys = query.group_by if query.bounds_scope == "partition" else ()
     counts = backend.run(histograms_sql(plan.with_clause, [(i, f"_a{i}_raw", integer) for i, (integer, _) in wanted.items()],
                                         keys))
     return {i: (counts[counts["_agg"] == i].drop(columns="_agg"), integer, signed) for i, (integer, signed) in wanted.items()}

@@ -25,11 +25,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from .engine_threads import idle_cores, load_average, usable_cores
 from .object_store import location_setting
 
 #: DuckDB threads per release. `auto` by default: the cores that are idle when the release's scan
 #: starts (the cores this process may use minus the 1-minute load average, rounded, at least 1, at
-#: most AUTO_THREADS_MAX; one where the OS gives no load average). The engine's hash aggregates keep
+#: most 4 (engine_threads.py); one where the OS gives no load average). The engine's hash aggregates keep
 #: a table per thread, so peak memory grows with threads (10M rows of the engine benchmark: 0.65 GB
 #: with one thread, 0.96 GB with two), and threads bought nothing where other work held the cores:
 #: on the shared 2-core machine (load 4-5, 2026-11-29) two threads were no faster at 10M rows
@@ -38,7 +39,6 @@ from .object_store import location_setting
 #: "Threads"). A whole number fixes the threads; `all` (None here) gives the engine every core
 #: DuckDB is given.
 ENGINE_THREADS = "auto"
-AUTO_THREADS_MAX = 4
 
 
 @dataclass(frozen=True)
@@ -116,59 +116,6 @@ class Settings:
         for d in (self.home, self.escrow_dir, self.archive_dir, self.publication_dir, self.key_dir):
             d.mkdir(parents=True, exist_ok=True)
         os.chmod(self.key_dir, 0o700)
-
-
-def idle_cores(cores: int, load: float | None) -> int:
-    """Threads for a scan that should not compete with other work: the cores not busy on average
-    over the last minute (`load`, the run queue the kernel averages), at least 1, at most
-    AUTO_THREADS_MAX; one where the load is unknown (the default before `auto`)."""
-    if load is None:
-        return 1
-    return max(1, min(AUTO_THREADS_MAX, cores, int(cores - load + 0.5)))
-
-
-def usable_cores(cgroup_root: Path = Path("/sys/fs/cgroup")) -> int:
-    """The cores this process may run on: its affinity mask where the OS has one (Linux), else
-    every core of the machine (macOS and Windows have no os.sched_getaffinity), capped by a
-    container's CPU quota, which the mask does not show (`cpu_quota_cores`)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count() or 1
-    quota = cpu_quota_cores(cgroup_root)
-    return cores if quota is None else max(1, min(cores, quota))
-
-
-def cpu_quota_cores(cgroup_root: Path) -> int | None:
-    """The whole cores a cgroup CPU quota allows (rounded up), or None without a quota: cgroup v2
-    `cpu.max` ("<quota> <period>" or "max <period>"), else v1 `cpu/cpu.cfs_quota_us` over
-    `cpu.cfs_period_us` (a quota of -1: none). A container limited to 1.5 CPUs gets 2."""
-    try:
-        quota, period = (cgroup_root / "cpu.max").read_text().split()[:2]
-        if quota == "max":
-            return None
-    except (OSError, ValueError):
-        try:
-            quota = (cgroup_root / "cpu" / "cpu.cfs_quota_us").read_text().strip()
-            period = (cgroup_root / "cpu" / "cpu.cfs_period_us").read_text().strip()
-        except OSError:
-            return None
-    try:
-        quota_us, period_us = int(quota), int(period)
-    except ValueError:
-        return None
-    if quota_us <= 0 or period_us <= 0:
-        return None
-    return -(-quota_us // period_us)
-
-
-def load_average() -> float | None:
-    """The 1-minute load average, or None where the OS gives none (Windows has no os.getloadavg;
-    it raises OSError where the load is unobtainable)."""
-    try:
-        return os.getloadavg()[0]
-    except (AttributeError, OSError):
-        return None
 
 
 def _engine_threads(value: str | None) -> int | str | None:

@@ -270,7 +270,7 @@ def test_registering_a_parquet_file_loads_neither_pandas_nor_duckdb(tmp_path):
 def test_auto_threads_are_the_idle_cores_from_one_to_four(cores, load, threads):
     """`auto` takes the cores the last minute's load leaves idle (rounded), never fewer than one
     and never more than four (memory grows with threads)."""
-    from dprelease.settings import idle_cores
+    from dprelease.engine_threads import idle_cores
 
     assert idle_cores(cores, load) == threads
 
@@ -288,7 +288,7 @@ def test_auto_threads_are_the_idle_cores_from_one_to_four(cores, load, threads):
 def test_a_containers_cpu_quota_caps_the_auto_threads(tmp_path, files, cores):
     """A container limited by a cgroup CPU quota sees the host's cores in its affinity mask and
     load average; `auto` counts the quota's whole cores instead (never more than the mask)."""
-    from dprelease.settings import cpu_quota_cores, usable_cores
+    from dprelease.engine_threads import cpu_quota_cores, usable_cores
 
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,7 @@ import pytest
 import dp_core as dp
 from dp_core.backend import DuckDBBackend
 from dp_core.bounding import build_plan
-from dp_core.engine import _bounds_histograms, exact_statistics
+from dp_core.engine import exact_bounds_histograms, exact_statistics
 from dp_core.shared_partials import SharedPartials
 
 CU = 3
@@ -58,8 +58,8 @@ def test_plans_reading_the_kept_partials_give_the_rows_of_plans_computing_them(s
         partials = SharedPartials(backend)
         keys = query.group_by if query.bounds_scope == "partition" else ()
         order = list(keys) + ["neg", "e"]
-        alone = _bounds_histograms(query, backend, schema, {"uid", "x", "k2"}, seed, False, None, keys, ("sum",))
-        shared = _bounds_histograms(query, backend, schema, {"uid", "x", "k2"}, seed, False, partials, keys, ("sum",))
+        alone = exact_bounds_histograms(query, backend, schema, {"uid", "x", "k2"}, seed, False, None)
+        shared = exact_bounds_histograms(query, backend, schema, {"uid", "x", "k2"}, seed, False, partials)
         assert partials.table is not None and alone.keys() == shared.keys()
         for i in alone:
             left, right = (h[i][0].sort_values(order).reset_index(drop=True) for h in (alone, shared))

@@ -17,7 +17,7 @@ from patience import PATIENCE_S
 
 import dp_core as dp
 from dp_core.bounding import build_plan
-from dp_core.bounds import histogram_by_partition_sql, histogram_sql
+from dp_core.bounds import histograms_sql
 from dp_core.engine import check_columns, exact_statistics, execute
 from dp_core.engine_backend import open_backend
 from dp_core.errors import InvalidDataError
@@ -155,10 +155,9 @@ def test_approx_bounds_histograms_equal_duckdb_global_and_per_partition(spark, f
         schema = backend.schema()
         plan = build_plan(query, check_columns(query, schema), SEED, key_types=schema, dialect=backend.dialect,
                           transpile=False, portable_hash=True)
-        parts = [backend.run(histogram_sql(plan.with_clause, f"_a{i}_raw", integer)).assign(agg=i, part="*")
-                 for i, integer in ((0, True), (2, False))]
-        parts.append(backend.run(histogram_by_partition_sql(plan.with_clause, "_a1_raw", True, ("part",))).assign(agg=1))
-        out = pd.concat(parts, ignore_index=True)
+        overall = backend.run(histograms_sql(plan.with_clause, [(0, "_a0_raw", True), (2, "_a2_raw", False)]))
+        by_part = backend.run(histograms_sql(plan.with_clause, [(1, "_a1_raw", True)], ("part",)))
+        out = pd.concat([overall.assign(part="*"), by_part], ignore_index=True).rename(columns={"_agg": "agg"})
         out["neg"] = out["neg"].astype(bool)
         return out.astype({"e": "int64", "n": "int64"})
 
@@ -340,7 +339,7 @@ def test_inferred_bounds_on_spark_read_partials_computed_once_and_equal_duckdb(s
     release with two inferred bounds aggregates per (unit, partition) in one statement."""
     from dataclasses import replace
 
-    from dp_core.engine import _bounds_histograms
+    from dp_core.engine import exact_bounds_histograms
     from dp_core.shared_partials import SharedPartials
 
     query = dp.Query([dp.count(upper=None), dp.sum_("k", None, None)], privacy_unit="uid", group_by=("part",),
@@ -350,7 +349,7 @@ def test_inferred_bounds_on_spark_read_partials_computed_once_and_equal_duckdb(s
         schema = backend.schema()
         integer_columns = check_columns(query, schema)
         partials = SharedPartials(backend)
-        hist = _bounds_histograms(query, backend, schema, integer_columns, SEED, True, partials, (), ("sum",))
+        hist = exact_bounds_histograms(query, backend, schema, integer_columns, SEED, True, partials)
         assert partials.table is not None
         fixed = replace(query, aggregates=(dp.count(upper=2), dp.sum_("k", -3, 40)))
         plan = build_plan(fixed, integer_columns, SEED, key_types=schema, dialect=backend.dialect, transpile=False,

@@ -10,8 +10,8 @@ What runs end to end, and what is fixed (docs/privacy.md, "Empirical audit"):
   tiling: the per-partition exact rows are repeated R times under an extra key `_run`, and one call
   releases all R copies. Every mechanism draws independently per partition, so the R copies are R
   independent releases.
-- APPROX_BOUNDS: the exact histograms come from the product's SQL (`histogram_sql`,
-  `histogram_by_partition_sql`) once per dataset; the noise is the product's `add_noise` as
+- APPROX_BOUNDS: the exact histograms come from the product's statement
+  (`engine.exact_bounds_histograms`) once per dataset; the noise is the product's `add_noise` as
   `dp_core.bounds` calls it, on R tiled copies; bins above the product's `discrete_threshold` give
   the bounds. The reading rule is restated here (first and last bin above the threshold), and a
   conformance check runs the real `infer_bounds` on recorded noise and requires the same bounds:
@@ -38,7 +38,6 @@ import dp_core.bounds as bounds_module
 from dp_core import aggregates, bounding, engine, selection_damped, selection_mad
 from dp_core.accounting import plan_budget
 from dp_core.backend import DuckDBBackend
-from dp_core.bounding import build_plan
 from dp_core.query import Query
 
 REPORT_ALPHA = 0.005  # each side: the pair holds at 99%
@@ -274,31 +273,17 @@ def chunks(runs: int, size: int = CHUNK) -> list[int]:
 
 def exact_histograms(query: Query, data, index: int, seed: int = SEED) -> tuple[dict, bool, bool]:
     """The exact log-histogram(s) APPROX_BOUNDS noises for aggregate `index`: {partition key (or
-    ()): {(neg, e): n}}, as the engine computes them (same placeholder plan, same SQL)."""
+    ()): {(neg, e): n}}, from the engine's own statement (`engine.exact_bounds_histograms`)."""
     backend = DuckDBBackend.for_input(data)
     try:
         schema = backend.schema()
         integer_columns = engine.check_columns(query, schema)
-        placeholder = replace(query, aggregates=tuple(
-            replace(a, lower=0 if a.lower is None and a.kind != "count" else a.lower,
-                    upper=1 if a.upper is None else a.upper) if a.needs_bounds else a
-            for a in query.aggregates))
-        plan = build_plan(placeholder, integer_columns, seed=seed, key_types=schema)
-        agg = query.aggregates[index]
-        column_type = schema.get(agg.column, "").upper() if agg.column else "BIGINT"
-        integer = agg.kind == "count" or (agg.kind in ("sum", "quantile") and column_type in engine.INTEGER_TYPES)
-        signed = agg.kind != "count" and not column_type.startswith("U")
-        keys = list(query.group_by)
-        if query.bounds_scope == "partition":
-            counts = backend.run(bounds_module.histogram_by_partition_sql(plan.with_clause, f"_a{index}_raw", integer,
-                                                                          tuple(keys)))
-            out: dict = {}
-            for r in counts.itertuples(index=False):
-                d = r._asdict()
-                out.setdefault(tuple(d[k] for k in keys), {})[(bool(d["neg"]), int(d["e"]))] = int(d["n"])
-        else:
-            counts = backend.run(bounds_module.histogram_sql(plan.with_clause, f"_a{index}_raw", integer))
-            out = {(): {(bool(r.neg), int(r.e)): int(r.n) for r in counts.itertuples()}}
+        counts, integer, signed = engine.exact_bounds_histograms(query, backend, schema, integer_columns, seed)[index]
+        keys = list(query.group_by) if query.bounds_scope == "partition" else []
+        out: dict = {}
+        for r in counts.itertuples(index=False):
+            d = r._asdict()
+            out.setdefault(tuple(d[k] for k in keys), {})[(bool(d["neg"]), int(d["e"]))] = int(d["n"])
         return out, integer, signed
     finally:
         backend.close()
