@@ -5,7 +5,9 @@ user's business are silenced once, at CLI start (`--debug` keeps them all).
   tracebacks) is raised to CRITICAL, in this process and, through the environment, in the
   Prefect server it starts as a subprocess; its telemetry (whose heartbeat fails with
   "database is locked" on SQLite) is off. Logs still reach the Prefect API, so the UI keeps them.
-- great-expectations, SQLAlchemy, docket, uvicorn, httpx ...: their loggers print nothing here.
+- great-expectations, SQLAlchemy, docket, uvicorn, httpx, py4j, pyspark ...: their loggers print nothing here.
+- Spark: a session the platform starts prints none of its own logs (dprelease/spark_logs.py: they
+  quote the data); `--debug` sets DPRELEASE_SPARK_LOGS=on for the command, so they print.
 - Python warnings (pandas, great-expectations, ...) are ignored, here and in subprocesses.
 - DuckDB's nanobind prints ~40 "nanobind: leaked ..." lines when the interpreter shuts down after
   an error; `silence_shutdown_noise` points stderr at /dev/null once every exit handler has run.
@@ -34,19 +36,25 @@ QUIET_ENVIRONMENT = {
 }
 #: library loggers that print on their own (not through Prefect's handlers)
 NOISY_LOGGERS = ("great_expectations", "docket", "sqlalchemy", "alembic", "uvicorn", "httpx", "httpcore",
-                 "asyncio", "fsspec", "py.warnings")
+                 "asyncio", "fsspec", "py.warnings", "py4j", "pyspark")
+#: with --debug: Spark's own logs print in the sessions the platform starts (dprelease.spark_logs)
+DEBUG_ENVIRONMENT = {"DPRELEASE_SPARK_LOGS": "on"}
 
 
 @contextmanager
 def quiet_libraries(debug: bool) -> Iterator[None]:
     """For one command: library logs and warnings off (unless `debug`); everything is restored
     afterwards, so a command run inside a test process leaves no trace."""
-    if debug:
-        yield
-        return
-    saved_env = {name: os.environ.get(name) for name in QUIET_ENVIRONMENT}
-    for name, value in QUIET_ENVIRONMENT.items():
+    environment = DEBUG_ENVIRONMENT if debug else QUIET_ENVIRONMENT
+    saved_env = {name: os.environ.get(name) for name in environment}
+    for name, value in environment.items():
         os.environ.setdefault(name, value)
+    if debug:
+        try:
+            yield
+        finally:
+            _restore(saved_env)
+        return
     saved_levels = {name: logging.getLogger(name).level for name in NOISY_LOGGERS}
     for name in NOISY_LOGGERS:
         logging.getLogger(name).setLevel(logging.CRITICAL)
@@ -67,11 +75,16 @@ def quiet_libraries(debug: bool) -> Iterator[None]:
             handler.setLevel(level)
         for name, level in saved_levels.items():
             logging.getLogger(name).setLevel(level)
-        for name, value in saved_env.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        _restore(saved_env)
+
+
+def _restore(saved_env: dict[str, str | None]) -> None:
+    """The environment variables as they were before the command."""
+    for name, value in saved_env.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 def _prefect_console_handlers() -> list[logging.Handler]:

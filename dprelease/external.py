@@ -81,30 +81,46 @@ def resolve_backend(ds, backend: str = "auto") -> str:
 
 
 def spark_session(settings: Settings):
-    """The process's SparkSession: the active one (a worker or a notebook that made it), else a new
-    one on DPRELEASE_SPARK_MASTER (Spark's own default, local[*], when unset): a master URL
-    (spark://..., local[...], yarn) makes this process a driver; a Spark Connect URL (sc://...) makes
-    it a client of that server, which is the driver (no JVM here)."""
+    """The process's SparkSession: the active one (a worker or a notebook that made it, its logging
+    its maker's), else a new one on DPRELEASE_SPARK_MASTER (Spark's own default, local[*], when
+    unset): a master URL (spark://..., local[...], yarn) makes this process a driver; a Spark Connect
+    URL (sc://...) makes it a client of that server, which is the driver (no JVM here). Spark's own
+    logs, which quote the data, are off in a session started here (dprelease.spark_logs) unless
+    DPRELEASE_SPARK_LOGS=on."""
     try:
         from pyspark.errors import PySparkException
         from pyspark.sql import SparkSession
     except ImportError:
         raise ExternalDataError(f"external datasets run on Spark, and pyspark is not installed: {INSTALL_HINT}") from None
+    from . import spark_logs
+
     session = SparkSession.getActiveSession()
     if session is not None:
         return session
-    builder = SparkSession.builder.appName("dprelease")
-    if settings.spark_master and settings.spark_master.startswith("sc://"):
-        builder = builder.remote(settings.spark_master)
-    elif settings.spark_master:
-        builder = builder.master(settings.spark_master)
+    remote = bool(settings.spark_master and settings.spark_master.startswith("sc://"))
     try:
-        return builder.getOrCreate()
-    except PySparkException as err:  # no Java, a cluster that cannot be reached: Spark's first line
+        if remote:
+            session = SparkSession.builder.appName("dprelease").remote(settings.spark_master).getOrCreate()
+            if not settings.spark_logs:
+                spark_logs.quiet_query_context_loggers()
+            return session
+        conf = _driver_conf(settings)
+        if settings.spark_logs:
+            return SparkSession.builder.config(conf=conf).getOrCreate()
+        return spark_logs.start_driver(conf)
+    except (PySparkException, spark_logs.JvmDidNotStart) as err:  # no Java, a cluster that cannot be reached
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         shown = _without_token(settings.spark_master or "local[*]")
         raise ExternalDataError(f"cannot start Spark (master {shown}): {_without_token(first)}; "
                                 "check Java 17+ and DPRELEASE_SPARK_MASTER") from None
+
+
+def _driver_conf(settings: Settings):
+    """The conf of a driver this process starts: the app's name, the master when one is set."""
+    from pyspark import SparkConf
+
+    conf = SparkConf().setAppName("dprelease")
+    return conf.setMaster(settings.spark_master) if settings.spark_master else conf
 
 
 def _without_token(text: str) -> str:

@@ -12,6 +12,8 @@ then passed down; no other module reads the environment.
     DPRELEASE_CONTROLLER_KEY  the controller's own private key (signs decisions; default: none)
     DPRELEASE_SPARK_MASTER    the Spark master for external datasets, or a Spark Connect server
                               (sc://host:port/;token=...) (default: Spark's own, local[*])
+    DPRELEASE_SPARK_LOGS      `on`: Spark's own logs as Spark prints them, in a session the platform
+                              starts (default `off`: they quote the data, dprelease/spark_logs.py)
     DPRELEASE_ENGINE_THREADS  DuckDB threads of one release's scans (default `auto`: the idle cores, 1 to 4,
                               1 where the OS gives no load average, see ENGINE_THREADS; a whole number;
                               `all`: every core DuckDB is given)
@@ -53,6 +55,7 @@ class Settings:
     escrow_url: str | None = None  # blobs in an object store (s3://bucket/prefix) instead of escrow_dir
     console_url: str = "http://localhost:8400"  # the controllers' console (`dprelease console`), as browsers reach it
     archive_url: str | None = None  # archive and publications shared in an object store (dprelease.shared_archive)
+    spark_logs: bool = False  # Spark's own logs printed, in a session the platform starts (dprelease.spark_logs)
 
     @property
     def escrow_dir(self) -> Path:
@@ -104,7 +107,8 @@ class Settings:
                    location_setting("DPRELEASE_ESCROW_URL", env.get("DPRELEASE_ESCROW_URL"), "the escrow in <home>/escrow"),
                    console_url=(env.get("DPRELEASE_CONSOLE_URL") or cls.console_url).rstrip("/"),
                    archive_url=location_setting("DPRELEASE_ARCHIVE_URL", env.get("DPRELEASE_ARCHIVE_URL"),
-                                                "the archive in <home>/archive and <home>/published"))
+                                                "the archive in <home>/archive and <home>/published"),
+                   spark_logs=_spark_logs(env.get("DPRELEASE_SPARK_LOGS")))
 
     def threads_now(self) -> int | None:
         """The DuckDB threads for a scan starting now: the setting, or under `auto` the idle cores."""
@@ -135,3 +139,13 @@ def _engine_threads(value: str | None) -> int | str | None:
         raise ValueError(f"DPRELEASE_ENGINE_THREADS={value!r} is not a positive whole number: set it to 1, 2, ... "
                          "auto (the idle cores), or all (every core), or unset it (default auto)")
     return threads
+
+
+def _spark_logs(value: str | None) -> bool:
+    """DPRELEASE_SPARK_LOGS: `on` or `off` (unset or empty: off)."""
+    if value is None or value.strip().lower() in ("", "off"):
+        return False
+    if value.strip().lower() == "on":
+        return True
+    raise ValueError(f"DPRELEASE_SPARK_LOGS={value!r} is neither on nor off: set it to on (Spark's own logs, which "
+                     "can quote the data) or off, or unset it (default off)")

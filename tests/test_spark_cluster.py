@@ -36,6 +36,8 @@ PARTITIONS = 100
 PYTHON_MARGIN = 16 * 2**20
 #: what ten times the rows may add to the bytes the tasks send the driver (task metrics only)
 RESULT_MARGIN = 2**20
+#: the value every row of a failing statement's text column holds (found in no client output)
+SECRET = "Zq-5521-vault"
 
 
 def _needs_spark():
@@ -113,16 +115,25 @@ def test_a_release_through_spark_url_runs_on_both_workers_and_the_driver_does_no
 
 
 def test_a_release_as_a_spark_connect_client_runs_on_the_cluster(cluster, rows):
+    """... and a statement failing on a value of the data, in a client of the same server, prints
+    the value nowhere (pyspark's query-context logger quoted it on the client's stderr,
+    dprelease/spark_logs.py); the server's log, its operator's, holds it (docs/deployment.md)."""
     from spark_cluster import start_connect_server
 
     server = start_connect_server(cluster)
     try:
         out = drive(server.url, rows["small"], ui_url=server.ui_url)
+        failing = subprocess.run([sys.executable, str(ROOT / "tests" / "connect_failing_value.py"), server.url, SECRET],
+                                 capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     finally:
         server.stop()
     assert PARTITIONS // 2 < out["releases"][0]["released"] <= PARTITIONS  # 2,500 rows a partition: most pass
     assert_ran_on_both_workers(cluster, out)
     assert "java" not in out["children"]  # the client started no JVM: the server is the driver
+    assert failing.returncode == 2 and failing.stdout.startswith(
+        "refused: the data engine (Spark) could not run the query: [CAST_INVALID_INPUT] "), failing.stdout + failing.stderr
+    assert SECRET not in failing.stdout + failing.stderr, failing.stderr
+    assert SECRET in (cluster.root / "connect.log").read_text(errors="replace")
 
 
 def test_the_deployment_page_starts_classes_and_scripts_the_wheel_has():
