@@ -158,14 +158,20 @@ class RunningTotal:
         return asdict(self)
 
 
-def check_declaration(spec: RunningTotal, budget_mode: str, epsilon_cap: float) -> None:
-    """Before anything is written: a running total spans periods, so it needs the series cap."""
+def check_declaration(spec: RunningTotal, budget_mode: str, epsilon_cap: float, delta_cap: float) -> None:
+    """Before anything is written: a running total spans periods, so it needs the series cap, and
+    its (epsilon, delta), charged at once, must fit the series' caps (else the charge would fail
+    after the series is created, leaving a series without its running total)."""
     if budget_mode != "series_cap":
         raise RunningTotalRefused("running total: it spans periods, so the series must be --series-budget "
                                   "series_cap (one cap for the same people in every period)")
     if spec.epsilon > epsilon_cap:
         raise RunningTotalRefused(f"running total: epsilon {spec.epsilon:g} is over the series cap "
                                   f"{epsilon_cap:g} (it is charged once, for all {spec.horizon} periods)")
+    if spec.delta > delta_cap:
+        raise RunningTotalRefused(f"running total: delta {spec.delta:g} is over the series' delta cap {delta_cap:g} "
+                                  f"(it is charged once, for all {spec.horizon} periods): declare a smaller delta "
+                                  "or give a larger --delta-cap")
     spec.calibration()  # the engine's refusals (e.g. a horizon over its limit) before anything is written
 
 

@@ -81,6 +81,7 @@ def register_snapshot(settings: Settings, series: str, path: Path, snapshot: str
                                   "columns and types: fix the file, or start a new series)")
     mode = budget_mode or existing.budget_mode
     cap = epsilon_cap if epsilon_cap is not None else existing.epsilon_cap
+    delta = delta_cap if delta_cap is not None else (existing.delta_cap if existing is not None else 1e-5)
     total = None
     if running_total is not None:
         if existing is not None:
@@ -90,8 +91,7 @@ def register_snapshot(settings: Settings, series: str, path: Path, snapshot: str
             raise SnapshotRefused("running total: it reads escrowed snapshots; an --external series cannot have one "
                                   "(register the files instead)")
         total = running_totals.RunningTotal.from_dict(running_total, schema)
-        running_totals.check_declaration(total, mode, cap)
-    delta = delta_cap if delta_cap is not None else (existing.delta_cap if existing is not None else 1e-5)
+        running_totals.check_declaration(total, mode, cap, delta)
     name = store_series.snapshot_dataset_name(series, snapshot)
     if reference is not None:
         dataset = external_data.register_external(settings, name, reference, privacy_unit, cap, delta,

@@ -140,6 +140,7 @@ def test_a_running_total_is_refused_with_nothing_written(env, tmp_path):
     for budget_mode, declared, words in (
             ("per_snapshot", RUNNING, "series_cap"),
             ("series_cap", {**RUNNING, "epsilon": 3.0}, "over the series cap"),
+            ("series_cap", {**RUNNING, "delta": 1e-4}, "delta 0.0001 is over the series' delta cap 1e-05"),
             ("series_cap", {**RUNNING, "horizon": 0}, "horizon must be a whole number"),
             ("series_cap", {**RUNNING, "statistic": "AVG"}, "statistic must be one of"),
             ("series_cap", {**RUNNING, "colour": "red"}, "unknown field 'colour'"),
