@@ -175,6 +175,36 @@ def check_declaration(spec: RunningTotal, budget_mode: str, epsilon_cap: float, 
     spec.calibration()  # the engine's refusals (e.g. a horizon over its limit) before anything is written
 
 
+def check_next_label(store, series: str, snapshot: str) -> None:
+    """A series with a running total takes only a snapshot that sorts after its newest: periods are
+    numbered in label order and period s's sealed node noise is added to period s's data at every
+    later release, so a snapshot sorting before a released one would take that period's place and
+    its noise, and two published values would differ by the two periods' exact difference."""
+    if store_series.running_total_declaration(store, series) is None:
+        return
+    newest = max(s.snapshot for s in store_series.snapshots(store, series))
+    if snapshot <= newest:
+        raise RunningTotalRefused(
+            f"running total of series {series!r}: snapshot {snapshot} sorts before {newest}, so it would take the "
+            "place of a period whose noise is sealed; give a label that sorts after it as text (zero-padded, e.g. "
+            "2026-09 then 2026-10); nothing registered")
+
+
+def _check_sealed_periods(series: str, sealed: dict | None, labels: list[str]) -> None:
+    """The periods whose node noise is sealed must be the same snapshots in the same places: a
+    node's noise is only ever added to its own periods' data (`check_next_label`). A state sealed
+    before the periods were recorded has nothing to compare."""
+    drawn = (sealed or {}).get("periods")
+    if drawn is None or labels[:len(drawn)] == drawn:
+        return
+    moved = next(i for i, label in enumerate(drawn) if i >= len(labels) or labels[i] != label)
+    now = labels[moved] if moved < len(labels) else "missing"
+    raise RunningTotalRefused(
+        f"running total of series {series!r}: period {moved + 1} was {drawn[moved]} when its noise was sealed and is "
+        f"now {now} (a snapshot out of label order); its noise is not added to other data, nothing released: "
+        "remove that snapshot from the series")
+
+
 def declaration(store, series: str) -> RunningTotal | None:
     found = store_series.running_total_declaration(store, series)
     return None if found is None else RunningTotal(**json.loads(found.spec_json))
@@ -214,6 +244,7 @@ def release_period(platform, series: str, snapshot: str) -> dict:
         fcntl.flock(lock, fcntl.LOCK_EX)
         path = folder / NOISE_FILE
         sealed = _sealed_state(path, fernet)
+        _check_sealed_periods(series, sealed, labels)
         selection = _horizon_selection(spec, sealed, data, unit)
         groups = selection.groups if selection is not None else list(spec.groups)
         noise = TreeNoise.from_dict(sealed) if sealed is not None else TreeNoise(groups=max(1, len(groups)))
@@ -224,7 +255,9 @@ def release_period(platform, series: str, snapshot: str) -> dict:
                                           value=spec.value, per_period=spec.per_period, max_groups=spec.max_groups,
                                           horizon=t)
             result = release_tree_period(cal, noise, exact)
-        kept = {**noise.to_dict(), **({"selection": selection.to_dict()} if selection is not None else {})}
+        drawn = len((sealed or {}).get("periods", ()))  # the periods whose noise is drawn, by their snapshots
+        kept = {**noise.to_dict(), "periods": labels[:max(t, drawn)],
+                **({"selection": selection.to_dict()} if selection is not None else {})}
         tmp = path.with_suffix(".tmp")  # sealed before anything derived from it is written
         tmp.write_bytes(fernet.encrypt(json.dumps(kept).encode()))
         tmp.replace(path)

@@ -265,3 +265,58 @@ def test_groups_chosen_at_the_series_start_are_kept_for_the_horizon_and_charged_
     # the broken variant: the sealed state forgotten, the clubs chosen again each month; caught
     monkeypatch.setattr(running_total, "_sealed_state", lambda path, fernet: None)
     assert not groups_fixed(release_three_months("clubs-broken"))
+
+
+def test_a_running_total_series_takes_its_periods_in_label_order_only(env, tmp_path):
+    """Period s's sealed node noise is added to period s's data again at every later release, and
+    periods are numbered in label order: a snapshot sorting before a released one would take that
+    period's place and its noise, and the two published values would differ by the two periods'
+    exact difference (seen before the fix: 103 published for February's 100 people, then 133 for a
+    back-filled January's 130, the same +3). Every label that does not sort after the newest is
+    refused at registration, API and CLI alike, nothing registered; a snapshot put in the store out
+    of order another way stops the release, nothing redrawn nor written."""
+    import subprocess
+
+    from dprelease import pipeline, running_total, series
+    from dprelease.store import series as store_series
+
+    settings = env["settings"]
+    platform = pipeline.Platform.open(settings)
+
+    def month(name: str, people: int) -> Path:
+        path = tmp_path / f"{name}.csv"
+        path.write_text("person_id,region\n" + "".join(f"{i},North\n" for i in range(people)))
+        return path
+
+    declared = {"statistic": "COUNT_DISTINCT", "horizon": 12, "epsilon": 1.0, "delta": 1e-6}
+    series.register_snapshot(settings, "ordered", month("aug", 100), "2026-8", privacy_unit="person_id",
+                             budget_mode="series_cap", epsilon_cap=1.0, risk_profile={"max_risk": 0.9},
+                             running_total=declared)
+    series.register_snapshot(settings, "ordered", month("sep", 120), "2026-9")
+    shown = running_total.release_period(platform, "ordered", "2026-9")
+    before = ([s.snapshot for s in store_series.snapshots(platform.store, "ordered")], ledger(platform.store))
+    # an earlier month, a month written without its zero (sorts first), one between two periods
+    for label in ("2026-7", "2026-10", "2026-85"):
+        with pytest.raises(series.SnapshotRefused, match=f"snapshot {label} sorts before 2026-9"):
+            series.register_snapshot(settings, "ordered", month("late", 130), label)
+        assert ([s.snapshot for s in store_series.snapshots(platform.store, "ordered")],
+                ledger(platform.store)) == before
+    cli = subprocess.run([sys.executable, "-m", "dprelease.cli.app", "dataset", "register", "ordered",
+                          str(month("late", 130)), "--snapshot", "2026-10"],
+                         capture_output=True, text=True, cwd=ROOT, check=False)
+    assert cli.returncode == 2 and cli.stderr.startswith("error: running total of series 'ordered': snapshot "
+                                                         "2026-10 sorts before 2026-9"), cli.stderr
+    assert len(cli.stderr.strip().splitlines()) == 1
+    assert [s.snapshot for s in store_series.snapshots(platform.store, "ordered")] == before[0]
+
+    # out of order in the store by another way (a direct insert, a restored backup): refused at release
+    noise_file = settings.archive_dir / "series" / "ordered" / running_total.NOISE_FILE
+    sealed = noise_file.read_bytes()
+    from dprelease import admin
+
+    inserted = admin.register_dataset(settings, store_series.snapshot_dataset_name("ordered", "2026-0"),
+                                      month("jul", 130), "person_id", 1.0, 1e-5, risk_profile={"max_risk": 0.9})
+    store_series.add_snapshot(platform.store, "ordered", "2026-0", inserted.name)
+    with pytest.raises(running_total.RunningTotalRefused, match="period 1 was 2026-8 when its noise was sealed"):
+        running_total.release_period(platform, "ordered", "2026-9")
+    assert noise_file.read_bytes() == sealed and running_total.released(settings, "ordered") == shown
