@@ -190,12 +190,22 @@ def check_next_label(store, series: str, snapshot: str) -> None:
             "2026-09 then 2026-10); nothing registered")
 
 
-def _check_sealed_periods(series: str, sealed: dict | None, labels: list[str]) -> None:
+def _sealed_periods(settings, series: str, sealed: dict | None) -> list[str]:
+    """The snapshots of the periods whose node noise is drawn, in order: as sealed, or, for a state
+    sealed before they were recorded, as the published rows name them (every drawn node's period is
+    in them; with no group chosen nothing was drawn nor published)."""
+    if sealed is None:
+        return []
+    if "periods" in sealed:
+        return sealed["periods"]
+    shown = released(settings, series)
+    return list(dict.fromkeys(row["snapshot"] for row in shown["rows"])) if shown else []
+
+
+def _check_sealed_periods(series: str, drawn: list[str], labels: list[str]) -> None:
     """The periods whose node noise is sealed must be the same snapshots in the same places: a
-    node's noise is only ever added to its own periods' data (`check_next_label`). A state sealed
-    before the periods were recorded has nothing to compare."""
-    drawn = (sealed or {}).get("periods")
-    if drawn is None or labels[:len(drawn)] == drawn:
+    node's noise is only ever added to its own periods' data (`check_next_label`)."""
+    if labels[:len(drawn)] == drawn:
         return
     moved = next(i for i, label in enumerate(drawn) if i >= len(labels) or labels[i] != label)
     now = labels[moved] if moved < len(labels) else "missing"
@@ -244,7 +254,8 @@ def release_period(platform, series: str, snapshot: str) -> dict:
         fcntl.flock(lock, fcntl.LOCK_EX)
         path = folder / NOISE_FILE
         sealed = _sealed_state(path, fernet)
-        _check_sealed_periods(series, sealed, labels)
+        drawn = _sealed_periods(platform.settings, series, sealed)
+        _check_sealed_periods(series, drawn, labels)
         selection = _horizon_selection(spec, sealed, data, unit)
         groups = selection.groups if selection is not None else list(spec.groups)
         noise = TreeNoise.from_dict(sealed) if sealed is not None else TreeNoise(groups=max(1, len(groups)))
@@ -255,8 +266,7 @@ def release_period(platform, series: str, snapshot: str) -> dict:
                                           value=spec.value, per_period=spec.per_period, max_groups=spec.max_groups,
                                           horizon=t)
             result = release_tree_period(cal, noise, exact)
-        drawn = len((sealed or {}).get("periods", ()))  # the periods whose noise is drawn, by their snapshots
-        kept = {**noise.to_dict(), "periods": labels[:max(t, drawn)],
+        kept = {**noise.to_dict(), "periods": labels[:max(t, len(drawn))],  # the drawn periods' snapshots
                 **({"selection": selection.to_dict()} if selection is not None else {})}
         tmp = path.with_suffix(".tmp")  # sealed before anything derived from it is written
         tmp.write_bytes(fernet.encrypt(json.dumps(kept).encode()))

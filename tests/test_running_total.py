@@ -320,3 +320,13 @@ def test_a_running_total_series_takes_its_periods_in_label_order_only(env, tmp_p
     with pytest.raises(running_total.RunningTotalRefused, match="period 1 was 2026-8 when its noise was sealed"):
         running_total.release_period(platform, "ordered", "2026-9")
     assert noise_file.read_bytes() == sealed and running_total.released(settings, "ordered") == shown
+    # a state sealed before the periods were recorded in it: the published rows name them
+    from cryptography.fernet import Fernet
+
+    fernet = Fernet(platform.escrow_key())
+    state = json.loads(fernet.decrypt(sealed))
+    assert state.pop("periods") == ["2026-8", "2026-9"]
+    noise_file.write_bytes(legacy := fernet.encrypt(json.dumps(state).encode()))
+    with pytest.raises(running_total.RunningTotalRefused, match="period 1 was 2026-8 when its noise was sealed"):
+        running_total.release_period(platform, "ordered", "2026-9")
+    assert noise_file.read_bytes() == legacy and running_total.released(settings, "ordered") == shown
