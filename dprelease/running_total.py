@@ -36,7 +36,7 @@ from cryptography.fernet import Fernet
 from dp_core import display
 from dp_core.continual import ContributionBound, TreeNoise, calibrate_tree
 from dp_core.continual import release_period as release_tree_period
-from dp_core.continual_bounding import STATISTICS, bounded_period_values
+from dp_core.continual_bounding import STATISTICS, bounded_period_values, sum_quantum
 from dp_core.continual_selection import (
     DEFAULT_SELECTION_SHARE,
     GroupSelection,
@@ -79,6 +79,9 @@ class RunningTotal:
     max_groups: int = 1
     confidence: float = 0.95
     selection_share: float | None = None  # with group_by and no public groups: the selection's share of the budget
+    #: what a SUM's per-unit values are rounded to, fixed at the declaration from the column's type
+    #: (continual_bounding.sum_quantum); 1 for counts and for declarations made before it was recorded
+    quantum: float = 1.0
 
     @classmethod
     def from_dict(cls, data: dict, schema: dict[str, str] | None = None) -> RunningTotal:
@@ -135,6 +138,9 @@ class RunningTotal:
             raise RunningTotalRefused(f"running total: groups chosen from the data are text or numbers, and "
                                       f"{spec['group_by']!r} holds {group_type} values (group by a text column)")
         spec.setdefault("groups", [])
+        if spec["statistic"] == "SUM":  # a column of unknown type is rounded as a real one
+            value_type = (schema or {}).get(spec["value"], "float")
+            spec["quantum"] = sum_quantum(spec.get("per_period", 1.0), value_type.lower().startswith(("int", "uint")))
         return cls(**spec)
 
     @property
@@ -152,7 +158,8 @@ class RunningTotal:
 
     def calibration(self):
         """The tree's noise for the horizon: its rho from its share of (epsilon, delta), by the tight conversion."""
-        return calibrate_tree(horizon=self.horizon, bound=self.bound, rho=self.budget().rho, confidence=self.confidence)
+        return calibrate_tree(horizon=self.horizon, bound=self.bound, rho=self.budget().rho, confidence=self.confidence,
+                              quantum=self.quantum)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -264,7 +271,7 @@ def release_period(platform, series: str, snapshot: str) -> dict:
             exact = bounded_period_values(data, unit=unit, period="_period", statistic=spec.statistic,
                                           periods=spec.periods, groups=groups or None, group_by=spec.group_by,
                                           value=spec.value, per_period=spec.per_period, max_groups=spec.max_groups,
-                                          horizon=t)
+                                          quantum=spec.quantum, horizon=t)
             result = release_tree_period(cal, noise, exact)
         kept = {**noise.to_dict(), "periods": labels[:max(t, len(drawn))],  # the drawn periods' snapshots
                 **({"selection": selection.to_dict()} if selection is not None else {})}

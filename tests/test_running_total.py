@@ -330,3 +330,31 @@ def test_a_running_total_series_takes_its_periods_in_label_order_only(env, tmp_p
     with pytest.raises(running_total.RunningTotalRefused, match="period 1 was 2026-8 when its noise was sealed"):
         running_total.release_period(platform, "ordered", "2026-9")
     assert noise_file.read_bytes() == legacy and running_total.released(settings, "ordered") == shown
+
+
+def test_a_running_sum_of_a_real_column_totals_its_values_not_their_whole_units(env, tmp_path):
+    """A SUM of a real-valued column: each person's clamped period sum is rounded to the engine's
+    fine quantum (fixed at the declaration from the column's type), not to a whole unit, which made
+    0.4 hours a month 0 and 1.3 hours 1 (every total 0 when B < 0.5). Each value and total to date,
+    at epsilon 10, holds the exact one in its interval at confidence 1 - 1e-8 (12 checks: false
+    failure below 1.2e-7); rounded to whole units they were 60 to 160 away, over twice the half-width."""
+    from dprelease import pipeline, running_total, series
+
+    settings = env["settings"]
+    platform = pipeline.Platform.open(settings)
+    for b, hours in ((0.3, 0.4), (1.0, 0.4), (2.5, 1.3)):
+        name = f"hours-{b}"
+        declared = {"statistic": "SUM", "value": "hours", "per_period": b, "periods": 2, "horizon": 2,
+                    "epsilon": 10.0, "delta": 1e-6, "confidence": 1 - 1e-8}
+        for month in (1, 2):
+            path = tmp_path / f"{name}-{month}.csv"
+            path.write_text("person_id,hours\n" + "".join(f"{i},{hours}\n" for i in range(200)))
+            first = {"privacy_unit": "person_id", "budget_mode": "series_cap", "epsilon_cap": 10.0,
+                     "risk_profile": {"max_risk": 0.9}, "running_total": declared} if month == 1 else {}
+            series.register_snapshot(settings, name, path, f"2026-0{month}", **first)
+        released = running_total.release_period(platform, name, "2026-02")
+        each = 200 * min(b, hours)
+        for row in released["rows"]:
+            assert abs(row["value"] - each) <= row["value_ci_high"] - row["value"], (b, row)
+            assert abs(row["total"] - each * row["period"]) <= row["total_ci_halfwidth"], (b, row)
+            assert row["total_ci_halfwidth"] < 30, (b, row)  # a whole-unit total, 60 off or more, is outside
