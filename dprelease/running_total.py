@@ -45,6 +45,7 @@ from dp_core.continual_selection import (
     horizon_budget,
 )
 from dp_core.errors import DPError
+from dp_core.query import BOUND_MAGNITUDE, COUNT_BOUND_MAX
 
 from . import escrow
 from .store import series as store_series
@@ -120,8 +121,15 @@ class RunningTotal:
                                       "contribution of one unit to one period)")
         if spec["statistic"] == "COUNT_DISTINCT":  # a unit counts once, where it first appears: B = 1, k = 1
             spec["per_period"], spec["periods"] = 1.0, 1
-        if spec["statistic"] == "COUNT" and float(spec.get("per_period", 1)) != int(spec.get("per_period", 1)):
-            raise RunningTotalRefused("running total: a COUNT's per_period is a whole number of rows")
+        per_period = spec.get("per_period", 1.0)
+        if spec["statistic"] == "COUNT" and not (per_period.is_integer() and per_period <= COUNT_BOUND_MAX):
+            raise RunningTotalRefused("running total: a COUNT's per_period is a whole number of rows from 1 to "
+                                      f"2^31 - 1, got {data['per_period']!r}")
+        if spec["statistic"] == "SUM" and not BOUND_MAGNITUDE[0] <= per_period <= BOUND_MAGNITUDE[1]:
+            raise RunningTotalRefused(  # the engine's bounds (dp_core.query): the grid's steps stay normal doubles
+                f"running total: a SUM's per_period must be between 2^-100 and 2^100 (about 7.9e-31 to 1.27e30: beyond, "
+                f"the noise's grid underflows or its values overflow), got {data['per_period']!r}: express the column "
+                "in other units (thousands, millionths)")
         if spec.get("groups") and not spec.get("group_by"):
             raise RunningTotalRefused("running total: public `groups: [...]` need their `group_by: COLUMN`")
         if spec.get("group_by") and not spec.get("groups"):  # groups chosen privately from the first period
