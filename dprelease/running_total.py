@@ -296,6 +296,35 @@ def release_period(platform, series: str, snapshot: str) -> dict:
     return document
 
 
+def release_published(platform, series: str, snapshot: str) -> str | None:
+    """After `snapshot`'s release is published: the running total through the newest period of the
+    horizon up to which every period's own release is published. The total through period t carries
+    period t's data, so a period not published (its release rejected, or still to come) holds it at
+    the period before; its data enters once its own release is approved. Returns what the run
+    should log when the total does not reach `snapshot` (held, or past the horizon), else None."""
+    spec = declaration(platform.store, series)
+    if spec is None:
+        return None
+    held = store_series.claims(platform.store, series)
+    labels = [s.snapshot for s in store_series.snapshots(platform.store, series)]
+    through = None
+    for label in labels[:spec.horizon]:
+        release_id = held.get(label)
+        if release_id is None or platform.store.get_release(release_id).status != "published":
+            break
+        through = label
+    if through is not None:
+        release_period(platform, series, through)
+    if labels.index(snapshot) >= spec.horizon:
+        return (f"running total of series {series!r}: its horizon of {spec.horizon} periods ended at "
+                f"{labels[spec.horizon - 1]}; {snapshot} is not in it (declare a new series)")
+    if through is None or labels.index(through) < labels.index(snapshot):
+        waiting = labels[0 if through is None else labels.index(through) + 1]
+        return (f"running total of series {series!r}: released through {through or 'no period'}, not {snapshot}: "
+                f"{waiting} is not published (its data enters the running total once its own release is)")
+    return None
+
+
 def _period_frames(platform, series: str, spec: RunningTotal, unit: str, t: int) -> list[pd.DataFrame]:
     """The escrowed rows of periods 1..t, the columns the running total reads, each with its `_period`."""
     frames = []

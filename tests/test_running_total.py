@@ -364,3 +364,47 @@ def test_a_running_sum_of_a_real_column_totals_its_values_not_their_whole_units(
             assert abs(row["value"] - each) <= row["value_ci_high"] - row["value"], (b, row)
             assert abs(row["total"] - each * row["period"]) <= row["total_ci_halfwidth"], (b, row)
             assert row["total_ci_halfwidth"] < 30, (b, row)  # a whole-unit total, 60 off or more, is outside
+
+
+def test_a_month_whose_release_is_not_published_holds_the_running_total_before_it(env, tmp_path):
+    """The running total through month t carries month t's data, so it is released only through the
+    newest month up to which every month's own release is published: with February's release
+    rejected, publishing March releases the running total through January only (February's people
+    reached it before, with March's approval alone); once February is published, through March.
+    Through the publication flow's own step, in a Prefect flow; the releases are store records."""
+    from prefect import flow
+
+    from dprelease import pipeline, running_total, series
+    from dprelease.flows.publication import release_running_total
+    from dprelease.store import series as store_series
+
+    settings = env["settings"]
+    platform = pipeline.Platform.open(settings)
+    declared = {"statistic": "COUNT_DISTINCT", "horizon": 12, "epsilon": 1.0, "delta": 1e-6}
+    for month in (1, 2, 3):
+        path = tmp_path / f"held-{month}.csv"
+        path.write_text("person_id,region\n" + "".join(f"{100 * month + i},North\n" for i in range(50)))
+        first = {"privacy_unit": "person_id", "budget_mode": "series_cap", "epsilon_cap": 1.0,
+                 "risk_profile": {"max_risk": 0.9}, "running_total": declared} if month == 1 else {}
+        series.register_snapshot(settings, "held", path, f"2026-0{month}", **first)
+
+    def decided(label: str, status: str) -> None:
+        dataset = store_series.snapshot_dataset_name("held", label)
+        release_id = f"held-{label}-{status}"
+        platform.store.add_release(dataset, {}, release_id=release_id, status=status)
+        if status == "published":  # a rejected release's claim is given back with its refund
+            store_series.claim(platform.store, "held", label, release_id)
+
+    @flow
+    def publication_step(label: str) -> None:
+        release_running_total(platform, "held", label)
+
+    decided("2026-01", "published")
+    decided("2026-02", "rejected")
+    decided("2026-03", "published")
+    publication_step("2026-03")
+    assert running_total.released(settings, "held")["periods_released"] == 1
+    decided("2026-02", "published")
+    publication_step("2026-02")
+    shown = running_total.released(settings, "held")
+    assert shown["periods_released"] == 3 and [r["snapshot"] for r in shown["rows"]] == ["2026-01", "2026-02", "2026-03"]
