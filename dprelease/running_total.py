@@ -15,7 +15,9 @@ the per-unit bound are derived); the chosen groups are sealed with the tree's no
 the whole horizon.
 
 Each period released by the scheduled publication (flows/publication.py), once its own release is
-approved and published, adds the running total's period t: the exact values of periods 1..t
+approved and published, adds the running total's period t (`release_published`: through the newest
+period up to which every period's own release is published, so no period's data enters it before
+its own approval): the exact values of periods 1..t
 (every unit bounded over the horizon, dp_core.continual_bounding), the noise of the tree nodes
 that complete by t drawn once and sealed (encrypted with the escrow key in the controller's archive)
 before anything is written, then the period values and totals to date with their intervals, next to
