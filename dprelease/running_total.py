@@ -134,6 +134,12 @@ class RunningTotal:
                 "in other units (thousands, millionths)")
         if spec.get("groups") and not spec.get("group_by"):
             raise RunningTotalRefused("running total: public `groups: [...]` need their `group_by: COLUMN`")
+        if not isinstance(spec.get("groups", []), list):
+            raise RunningTotalRefused(f"running total: groups must be a list (groups: [North, South]), got "
+                                      f"{spec['groups']!r}")
+        twice = next((g for i, g in enumerate(spec.get("groups") or []) if g in spec["groups"][:i]), None)
+        if twice is not None:  # each would be totalled apart, a person counting in the first only
+            raise RunningTotalRefused(f"running total: group {twice!r} is listed twice in `groups`; list each once")
         if spec.get("group_by") and not spec.get("groups"):  # groups chosen privately from the first period
             spec.setdefault("selection_share", DEFAULT_SELECTION_SHARE)
         elif "selection_share" in spec:

@@ -150,6 +150,8 @@ def test_a_running_total_is_refused_with_nothing_written(env, tmp_path):
             ("series_cap", {**RUNNING, "horizon": 0}, "horizon must be a whole number"),
             ("series_cap", {**RUNNING, "statistic": "AVG"}, "statistic must be one of"),
             ("series_cap", {**RUNNING, "colour": "red"}, "unknown field 'colour'"),
+            ("series_cap", {**RUNNING, "groups": ["North", "South", "North"]}, "group 'North' is listed twice"),
+            ("series_cap", {**RUNNING, "groups": "North"}, r"groups must be a list \(groups: \[North, South\]\)"),
             ("series_cap", {**RUNNING, "group_by": "county"}, "column 'county' is not in the series"),
             ("series_cap", {k: v for k, v in RUNNING.items() if k != "group_by"}, "need their `group_by"),
             ("series_cap", {**RUNNING, "selection_share": 0.2}, "public groups cost nothing"),
