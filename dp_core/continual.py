@@ -242,6 +242,8 @@ def calibrate_tree(*, horizon: int, bound: ContributionBound, rho: float, confid
         raise DPError(f"rho must be a positive number, got {rho!r}")
     if not 0 < confidence < 1:
         raise DPError(f"confidence must be in (0, 1), got {confidence!r}")
+    if not (math.isfinite(quantum) and quantum > 0 and math.frexp(quantum)[0] == 0.5):
+        raise DPError(f"the quantum must be a power of two (the grid is one), got {quantum!r}")
     per_period_quanta = math.ceil(bound.per_period / quantum - 1e-9)
     nominal = math.sqrt(l2_sensitivity_squared(horizon, bound.per_period, bound.periods, bound.max_groups)
                         / (2.0 * rho))

@@ -9,7 +9,7 @@ nothing but its own contributions):
   the first period it appears in each, then by the group;
 - COUNT and SUM: a unit counts in the first k periods it appears in (later periods are dropped);
   its contribution to a (period, group) is min(rows, B) for COUNT and its values' sum clamped to
-  [-B, B] (then rounded to the quantum) for SUM;
+  [-B, B] (then rounded to the quantum, `sum_quantum`: at most ceil(B / quantum) quanta) for SUM;
 - COUNT(DISTINCT unit): a unit counts 1, in the period it first appears in the group, so the
   running total is the number of distinct units to date and k = 1, B = 1 by construction.
 
@@ -23,9 +23,20 @@ import duckdb
 import numpy as np
 import pandas as pd
 
+from .aggregates import _quantum
 from .errors import DPError
 
 STATISTICS = ("COUNT", "SUM", "COUNT_DISTINCT")
+
+
+def sum_quantum(per_period: float, integer_values: bool) -> float:
+    """The quantum a running SUM rounds each unit's clamped period sum to, by the engine's rule
+    (aggregates.py): 1 for an integer column with an integer bound B, else the power of two
+    2^(floor(log2 B) - 32), so that rounding moves a unit's value by at most 2^-33 B (a quantum of
+    1 would round a value of 0.4 to 0, and every value when B < 0.5)."""
+    if integer_values and float(per_period).is_integer():
+        return 1.0
+    return _quantum(-float(per_period), float(per_period))
 
 
 def _ident(name: str) -> str:
@@ -62,7 +73,7 @@ def bounded_period_values(data: pd.DataFrame, *, unit: str, period: str, statist
         period_rank = "TRUE"
     else:
         contribution = (f"least(count(*), {int(b)})" if statistic == "COUNT"
-                        else f"round(greatest(least(sum(v), {b!r}), {-b!r}) / {float(quantum)!r})")
+                        else f"CAST(round(greatest(least(sum(v), {b!r}), {-b!r}) / {float(quantum)!r}) AS BIGINT)")
         per_unit = f"SELECT u, p, i, {contribution} AS c FROM kept GROUP BY u, p, i"
         period_rank = f"pr <= {int(periods)}"
     sql = f"""

@@ -15,7 +15,9 @@ the per-unit bound are derived); the chosen groups are sealed with the tree's no
 the whole horizon.
 
 Each period released by the scheduled publication (flows/publication.py), once its own release is
-approved and published, adds the running total's period t: the exact values of periods 1..t
+approved and published, adds the running total's period t (`release_published`: through the newest
+period up to which every period's own release is published, so no period's data enters it before
+its own approval): the exact values of periods 1..t
 (every unit bounded over the horizon, dp_core.continual_bounding), the noise of the tree nodes
 that complete by t drawn once and sealed (encrypted with the escrow key in the controller's archive)
 before anything is written, then the period values and totals to date with their intervals, next to
@@ -36,7 +38,7 @@ from cryptography.fernet import Fernet
 from dp_core import display
 from dp_core.continual import ContributionBound, TreeNoise, calibrate_tree
 from dp_core.continual import release_period as release_tree_period
-from dp_core.continual_bounding import STATISTICS, bounded_period_values
+from dp_core.continual_bounding import STATISTICS, bounded_period_values, sum_quantum
 from dp_core.continual_selection import (
     DEFAULT_SELECTION_SHARE,
     GroupSelection,
@@ -45,6 +47,7 @@ from dp_core.continual_selection import (
     horizon_budget,
 )
 from dp_core.errors import DPError
+from dp_core.query import BOUND_MAGNITUDE, COUNT_BOUND_MAX
 
 from . import escrow
 from .store import series as store_series
@@ -79,6 +82,9 @@ class RunningTotal:
     max_groups: int = 1
     confidence: float = 0.95
     selection_share: float | None = None  # with group_by and no public groups: the selection's share of the budget
+    #: what a SUM's per-unit values are rounded to, fixed at the declaration from the column's type
+    #: (continual_bounding.sum_quantum); 1 for counts and for declarations made before it was recorded
+    quantum: float = 1.0
 
     @classmethod
     def from_dict(cls, data: dict, schema: dict[str, str] | None = None) -> RunningTotal:
@@ -117,10 +123,23 @@ class RunningTotal:
                                       "contribution of one unit to one period)")
         if spec["statistic"] == "COUNT_DISTINCT":  # a unit counts once, where it first appears: B = 1, k = 1
             spec["per_period"], spec["periods"] = 1.0, 1
-        if spec["statistic"] == "COUNT" and float(spec.get("per_period", 1)) != int(spec.get("per_period", 1)):
-            raise RunningTotalRefused("running total: a COUNT's per_period is a whole number of rows")
+        per_period = spec.get("per_period", 1.0)
+        if spec["statistic"] == "COUNT" and not (per_period.is_integer() and per_period <= COUNT_BOUND_MAX):
+            raise RunningTotalRefused("running total: a COUNT's per_period is a whole number of rows from 1 to "
+                                      f"2^31 - 1, got {data['per_period']!r}")
+        if spec["statistic"] == "SUM" and not BOUND_MAGNITUDE[0] <= per_period <= BOUND_MAGNITUDE[1]:
+            raise RunningTotalRefused(  # the engine's bounds (dp_core.query): the grid's steps stay normal doubles
+                f"running total: a SUM's per_period must be between 2^-100 and 2^100 (about 7.9e-31 to 1.27e30: beyond, "
+                f"the noise's grid underflows or its values overflow), got {data['per_period']!r}: express the column "
+                "in other units (thousands, millionths)")
         if spec.get("groups") and not spec.get("group_by"):
             raise RunningTotalRefused("running total: public `groups: [...]` need their `group_by: COLUMN`")
+        if not isinstance(spec.get("groups", []), list):
+            raise RunningTotalRefused(f"running total: groups must be a list (groups: [North, South]), got "
+                                      f"{spec['groups']!r}")
+        twice = next((g for i, g in enumerate(spec.get("groups") or []) if g in spec["groups"][:i]), None)
+        if twice is not None:  # each would be totalled apart, a person counting in the first only
+            raise RunningTotalRefused(f"running total: group {twice!r} is listed twice in `groups`; list each once")
         if spec.get("group_by") and not spec.get("groups"):  # groups chosen privately from the first period
             spec.setdefault("selection_share", DEFAULT_SELECTION_SHARE)
         elif "selection_share" in spec:
@@ -135,6 +154,9 @@ class RunningTotal:
             raise RunningTotalRefused(f"running total: groups chosen from the data are text or numbers, and "
                                       f"{spec['group_by']!r} holds {group_type} values (group by a text column)")
         spec.setdefault("groups", [])
+        if spec["statistic"] == "SUM":  # a column of unknown type is rounded as a real one
+            value_type = (schema or {}).get(spec["value"], "float")
+            spec["quantum"] = sum_quantum(spec.get("per_period", 1.0), value_type.lower().startswith(("int", "uint")))
         return cls(**spec)
 
     @property
@@ -152,21 +174,68 @@ class RunningTotal:
 
     def calibration(self):
         """The tree's noise for the horizon: its rho from its share of (epsilon, delta), by the tight conversion."""
-        return calibrate_tree(horizon=self.horizon, bound=self.bound, rho=self.budget().rho, confidence=self.confidence)
+        return calibrate_tree(horizon=self.horizon, bound=self.bound, rho=self.budget().rho, confidence=self.confidence,
+                              quantum=self.quantum)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def check_declaration(spec: RunningTotal, budget_mode: str, epsilon_cap: float) -> None:
-    """Before anything is written: a running total spans periods, so it needs the series cap."""
+def check_declaration(spec: RunningTotal, budget_mode: str, epsilon_cap: float, delta_cap: float) -> None:
+    """Before anything is written: a running total spans periods, so it needs the series cap, and
+    its (epsilon, delta), charged at once, must fit the series' caps (else the charge would fail
+    after the series is created, leaving a series without its running total)."""
     if budget_mode != "series_cap":
         raise RunningTotalRefused("running total: it spans periods, so the series must be --series-budget "
                                   "series_cap (one cap for the same people in every period)")
     if spec.epsilon > epsilon_cap:
         raise RunningTotalRefused(f"running total: epsilon {spec.epsilon:g} is over the series cap "
                                   f"{epsilon_cap:g} (it is charged once, for all {spec.horizon} periods)")
+    if spec.delta > delta_cap:
+        raise RunningTotalRefused(f"running total: delta {spec.delta:g} is over the series' delta cap {delta_cap:g} "
+                                  f"(it is charged once, for all {spec.horizon} periods): declare a smaller delta "
+                                  "or give a larger --delta-cap")
     spec.calibration()  # the engine's refusals (e.g. a horizon over its limit) before anything is written
+
+
+def check_next_label(store, series: str, snapshot: str) -> None:
+    """A series with a running total takes only a snapshot that sorts after its newest: periods are
+    numbered in label order and period s's sealed node noise is added to period s's data at every
+    later release, so a snapshot sorting before a released one would take that period's place and
+    its noise, and two published values would differ by the two periods' exact difference."""
+    if store_series.running_total_declaration(store, series) is None:
+        return
+    newest = max(s.snapshot for s in store_series.snapshots(store, series))
+    if snapshot <= newest:
+        raise RunningTotalRefused(
+            f"running total of series {series!r}: snapshot {snapshot} sorts before {newest}, so it would take the "
+            "place of a period whose noise is sealed; give a label that sorts after it as text (zero-padded, e.g. "
+            "2026-09 then 2026-10); nothing registered")
+
+
+def _sealed_periods(settings, series: str, sealed: dict | None) -> list[str]:
+    """The snapshots of the periods whose node noise is drawn, in order: as sealed, or, for a state
+    sealed before they were recorded, as the published rows name them (every drawn node's period is
+    in them; with no group chosen nothing was drawn nor published)."""
+    if sealed is None:
+        return []
+    if "periods" in sealed:
+        return sealed["periods"]
+    shown = released(settings, series)
+    return list(dict.fromkeys(row["snapshot"] for row in shown["rows"])) if shown else []
+
+
+def _check_sealed_periods(series: str, drawn: list[str], labels: list[str]) -> None:
+    """The periods whose node noise is sealed must be the same snapshots in the same places: a
+    node's noise is only ever added to its own periods' data (`check_next_label`)."""
+    if labels[:len(drawn)] == drawn:
+        return
+    moved = next(i for i, label in enumerate(drawn) if i >= len(labels) or labels[i] != label)
+    now = labels[moved] if moved < len(labels) else "missing"
+    raise RunningTotalRefused(
+        f"running total of series {series!r}: period {moved + 1} was {drawn[moved]} when its noise was sealed and is "
+        f"now {now} (a snapshot out of label order); its noise is not added to other data, nothing released: "
+        "remove that snapshot from the series")
 
 
 def declaration(store, series: str) -> RunningTotal | None:
@@ -208,6 +277,8 @@ def release_period(platform, series: str, snapshot: str) -> dict:
         fcntl.flock(lock, fcntl.LOCK_EX)
         path = folder / NOISE_FILE
         sealed = _sealed_state(path, fernet)
+        drawn = _sealed_periods(platform.settings, series, sealed)
+        _check_sealed_periods(series, drawn, labels)
         selection = _horizon_selection(spec, sealed, data, unit)
         groups = selection.groups if selection is not None else list(spec.groups)
         noise = TreeNoise.from_dict(sealed) if sealed is not None else TreeNoise(groups=max(1, len(groups)))
@@ -216,9 +287,10 @@ def release_period(platform, series: str, snapshot: str) -> dict:
             exact = bounded_period_values(data, unit=unit, period="_period", statistic=spec.statistic,
                                           periods=spec.periods, groups=groups or None, group_by=spec.group_by,
                                           value=spec.value, per_period=spec.per_period, max_groups=spec.max_groups,
-                                          horizon=t)
+                                          quantum=spec.quantum, horizon=t)
             result = release_tree_period(cal, noise, exact)
-        kept = {**noise.to_dict(), **({"selection": selection.to_dict()} if selection is not None else {})}
+        kept = {**noise.to_dict(), "periods": labels[:max(t, len(drawn))],  # the drawn periods' snapshots
+                **({"selection": selection.to_dict()} if selection is not None else {})}
         tmp = path.with_suffix(".tmp")  # sealed before anything derived from it is written
         tmp.write_bytes(fernet.encrypt(json.dumps(kept).encode()))
         tmp.replace(path)
@@ -230,6 +302,35 @@ def release_period(platform, series: str, snapshot: str) -> dict:
             tmp.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
             tmp.replace(out)
     return document
+
+
+def release_published(platform, series: str, snapshot: str) -> str | None:
+    """After `snapshot`'s release is published: the running total through the newest period of the
+    horizon up to which every period's own release is published. The total through period t carries
+    period t's data, so a period not published (its release rejected, or still to come) holds it at
+    the period before; its data enters once its own release is approved. Returns what the run
+    should log when the total does not reach `snapshot` (held, or past the horizon), else None."""
+    spec = declaration(platform.store, series)
+    if spec is None:
+        return None
+    held = store_series.claims(platform.store, series)
+    labels = [s.snapshot for s in store_series.snapshots(platform.store, series)]
+    through = None
+    for label in labels[:spec.horizon]:
+        release_id = held.get(label)
+        if release_id is None or platform.store.get_release(release_id).status != "published":
+            break
+        through = label
+    if through is not None:
+        release_period(platform, series, through)
+    if labels.index(snapshot) >= spec.horizon:
+        return (f"running total of series {series!r}: its horizon of {spec.horizon} periods ended at "
+                f"{labels[spec.horizon - 1]}; {snapshot} is not in it (declare a new series)")
+    if through is None or labels.index(through) < labels.index(snapshot):
+        waiting = labels[0 if through is None else labels.index(through) + 1]
+        return (f"running total of series {series!r}: released through {through or 'no period'}, not {snapshot}: "
+                f"{waiting} is not published (its data enters the running total once its own release is)")
+    return None
 
 
 def _period_frames(platform, series: str, spec: RunningTotal, unit: str, t: int) -> list[pd.DataFrame]:

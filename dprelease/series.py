@@ -70,6 +70,7 @@ def register_snapshot(settings: Settings, series: str, path: Path, snapshot: str
         if snapshot in taken:
             raise SnapshotRefused(f"snapshot {snapshot} of series {series!r} is already registered: a snapshot is "
                                   "registered once (give the next period's label)")
+        running_totals.check_next_label(store, series, snapshot)
     reference = None if external is None else external_data.snapshot_reference(external, snapshot)
     schema = (file_schema(path, privacy_unit if add_row_id else None) if reference is None
               else external_data.reference_schema(settings, reference))
@@ -81,6 +82,7 @@ def register_snapshot(settings: Settings, series: str, path: Path, snapshot: str
                                   "columns and types: fix the file, or start a new series)")
     mode = budget_mode or existing.budget_mode
     cap = epsilon_cap if epsilon_cap is not None else existing.epsilon_cap
+    delta = delta_cap if delta_cap is not None else (existing.delta_cap if existing is not None else 1e-5)
     total = None
     if running_total is not None:
         if existing is not None:
@@ -90,8 +92,7 @@ def register_snapshot(settings: Settings, series: str, path: Path, snapshot: str
             raise SnapshotRefused("running total: it reads escrowed snapshots; an --external series cannot have one "
                                   "(register the files instead)")
         total = running_totals.RunningTotal.from_dict(running_total, schema)
-        running_totals.check_declaration(total, mode, cap)
-    delta = delta_cap if delta_cap is not None else (existing.delta_cap if existing is not None else 1e-5)
+        running_totals.check_declaration(total, mode, cap, delta)
     name = store_series.snapshot_dataset_name(series, snapshot)
     if reference is not None:
         dataset = external_data.register_external(settings, name, reference, privacy_unit, cap, delta,

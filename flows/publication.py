@@ -154,14 +154,15 @@ def publish_snapshot(request, series: str, rule: str, approval_timeout: int = 36
 
 def release_running_total(platform, series: str, snapshot: str) -> None:
     """The series' running total through this period, when it has one (its budget was charged once
-    at the declaration; this period's approval of the snapshot's release publishes it too). A
-    period past its horizon is logged and left out."""
-    if running_total.declaration(platform.store, series) is None:
-        return
+    at the declaration; this period's approval of the snapshot's release publishes it too), or
+    through the period before the first one not published (running_total.release_published). A
+    period past its horizon, or held, is logged."""
     try:
-        running_total.release_period(platform, series, snapshot)
+        held = running_total.release_published(platform, series, snapshot)
     except running_total.RunningTotalRefused as err:
-        get_run_logger().warning("%s", err)
+        held = str(err)
+    if held:
+        get_run_logger().warning("%s", held)
 
 
 def left_unpublished(series: str, outcomes: list[dict], left: list, err: Exception) -> str:

@@ -160,7 +160,7 @@ def test_the_tree_beats_the_naive_sum_where_units_are_bounded_over_the_horizon()
 def test_calibration_refuses_bad_parameters_in_one_line():
     for kwargs, words in (({"horizon": 0}, "horizon"), ({"horizon": 5000}, "horizon"), ({"rho": 0.0}, "rho"),
                           ({"bound": ContributionBound(0, 1)}, "per-period"),
-                          ({"bound": ContributionBound(1, 0)}, "periods")):
+                          ({"bound": ContributionBound(1, 0)}, "periods"), ({"quantum": 0.1}, "power of two")):
         args = {"horizon": 12, "bound": ContributionBound(1, 1), "rho": 0.1, "confidence": 0.95, **kwargs}
         with pytest.raises(DPError, match=words):
             calibrate_tree(**args)
@@ -204,6 +204,59 @@ def test_bounding_a_neighbour_changes_only_its_own_contribution_within_the_bound
         assert np.abs(diff).max() <= b and (np.abs(diff).sum(axis=1) > 0).sum() <= k
         assert (np.abs(diff).sum(axis=0) > 0).sum() <= cu
         assert np.abs(diff).sum() > 0
+
+
+# (statistic, T, B, k, C_u): the declarations' forms; a grid of 32 steps (B = 3,125.03 steps), and a
+# real column's SUM (B = 0.3: quantum 2^-34, grid 2^-13)
+NEIGHBOURS = [("COUNT_DISTINCT", 12, 1, 1, 1), ("COUNT_DISTINCT", 13, 1, 1, 3), ("COUNT", 8, 2, 3, 2),
+              ("COUNT", 16, 1, 16, 1), ("SUM", 12, 5, 4, 4), ("SUM", 7, 100_001, 2, 2), ("SUM", 8, 0.3, 2, 2)]
+
+
+@pytest.mark.parametrize("statistic, horizon, b, k, cu", NEIGHBOURS)
+def test_the_worst_neighbour_costs_exactly_the_horizons_rho(statistic, horizon, b, k, cu):
+    """The calibration against the privacy loss it must bound, from the released parts only: a unit
+    with many rows in every period and group is added to other units' data; both are bounded
+    (continual_bounding) and rounded to the grid (leaf_steps) as released, and the unit's change of
+    every node of every group, in grid steps, costs sum(change^2) / (2 s^2) in zCDP under the
+    discrete Gaussian N_Z(0, s^2) the sampler draws (Canonne, Kamath and Steinke 2020: a shift v of
+    N_Z(0, s^2) is v^2 / (2 s^2)-zCDP, and independent coordinates add up). That is at most rho,
+    and the unit reaches it (the sampler rounds s^2 up by less than 2^-19): on the grid of 32 the
+    other units' sums are 15 (mod 32), where B moves a leaf by ceil(B / g) = 3,126 steps (0 for the
+    real column, where 0.3 is 2,457.6 steps, rounded up). A noise
+    scale off by any factor, a level or the C_u groups missing from the sensitivity, B's steps
+    rounded down, or a unit counted in more periods than declared costs more than rho; a scale too
+    wide costs less."""
+    from fractions import Fraction
+
+    from dp_core.continual import leaf_steps
+    from dp_core.continual_bounding import sum_quantum
+    from dp_core.noise import gaussian_parameters
+
+    rho = 0.05
+    quantum = sum_quantum(b, float(b).is_integer()) if statistic == "SUM" else 1.0
+    cal = calibrate_tree(horizon=horizon, bound=ContributionBound(b, k, cu), rho=rho, confidence=0.95, quantum=quantum)
+    groups = ["a", "b", "c", "d"]
+    rng = np.random.default_rng(3)  # test data only; never noise
+    if quantum < 1:
+        assert (quantum, cal.grid) == (2.0**-34, 2.0**-13)
+        base = frame([(100 * p + i, p, g, 0.0) for p in range(1, horizon + 1) for i, g in enumerate(groups)])
+    elif cal.grid == 1:
+        base = frame([(int(u), int(p), str(rng.choice(groups)), int(rng.integers(0, b + 1)))
+                      for u in range(40) for p in rng.choice(range(1, horizon + 1), size=3)])
+    else:
+        assert cal.grid == 32
+        base = frame([(100 * p + i, p, g, 15) for p in range(1, horizon + 1) for i, g in enumerate(groups)])
+    star = frame([(999, p, g, b) for p in range(1, horizon + 1) for g in groups
+                  for _ in range(int(b) + 1 if b < 9 else 2)])
+    args = {"unit": "uid", "period": "period", "groups": groups, "group_by": "region", "value": "amount",
+            "statistic": statistic, "periods": k, "per_period": b, "max_groups": cu, "horizon": horizon,
+            "quantum": quantum}
+    with_unit = leaf_steps(cal, bounded_period_values(pd.concat([base, star]), **args))
+    without = leaf_steps(cal, bounded_period_values(base, **args))
+    change = [node_value(with_unit, n) - node_value(without, n) for n in all_nodes(horizon)]
+    squares = sum(int(v) ** 2 for node in change for v in node)
+    cost = Fraction(squares) / (2 * gaussian_parameters(cal.node_variance_parameter).variance)
+    assert Fraction(rho) * (1 - Fraction(1, 2**19)) <= cost <= Fraction(rho), float(cost / Fraction(rho))
 
 
 def test_bounding_refuses_what_it_cannot_bound():

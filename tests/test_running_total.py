@@ -140,9 +140,18 @@ def test_a_running_total_is_refused_with_nothing_written(env, tmp_path):
     for budget_mode, declared, words in (
             ("per_snapshot", RUNNING, "series_cap"),
             ("series_cap", {**RUNNING, "epsilon": 3.0}, "over the series cap"),
+            ("series_cap", {**RUNNING, "delta": 1e-4}, "delta 0.0001 is over the series' delta cap 1e-05"),
+            ("series_cap", {**RUNNING, "statistic": "SUM", "value": "visits", "per_period": 1e-300},
+             r"a SUM's per_period must be between 2\^-100 and 2\^100"),
+            ("series_cap", {**RUNNING, "statistic": "SUM", "value": "visits", "per_period": 1e31},
+             r"a SUM's per_period must be between 2\^-100 and 2\^100"),
+            ("series_cap", {**RUNNING, "statistic": "COUNT", "per_period": 2**40},
+             r"a COUNT's per_period is a whole number of rows from 1 to 2\^31 - 1"),
             ("series_cap", {**RUNNING, "horizon": 0}, "horizon must be a whole number"),
             ("series_cap", {**RUNNING, "statistic": "AVG"}, "statistic must be one of"),
             ("series_cap", {**RUNNING, "colour": "red"}, "unknown field 'colour'"),
+            ("series_cap", {**RUNNING, "groups": ["North", "South", "North"]}, "group 'North' is listed twice"),
+            ("series_cap", {**RUNNING, "groups": "North"}, r"groups must be a list \(groups: \[North, South\]\)"),
             ("series_cap", {**RUNNING, "group_by": "county"}, "column 'county' is not in the series"),
             ("series_cap", {k: v for k, v in RUNNING.items() if k != "group_by"}, "need their `group_by"),
             ("series_cap", {**RUNNING, "selection_share": 0.2}, "public groups cost nothing"),
@@ -264,3 +273,140 @@ def test_groups_chosen_at_the_series_start_are_kept_for_the_horizon_and_charged_
     # the broken variant: the sealed state forgotten, the clubs chosen again each month; caught
     monkeypatch.setattr(running_total, "_sealed_state", lambda path, fernet: None)
     assert not groups_fixed(release_three_months("clubs-broken"))
+
+
+def test_a_running_total_series_takes_its_periods_in_label_order_only(env, tmp_path):
+    """Period s's sealed node noise is added to period s's data again at every later release, and
+    periods are numbered in label order: a snapshot sorting before a released one would take that
+    period's place and its noise, and the two published values would differ by the two periods'
+    exact difference (seen before the fix: 103 published for February's 100 people, then 133 for a
+    back-filled January's 130, the same +3). Every label that does not sort after the newest is
+    refused at registration, API and CLI alike, nothing registered; a snapshot put in the store out
+    of order another way stops the release, nothing redrawn nor written."""
+    import subprocess
+
+    from dprelease import pipeline, running_total, series
+    from dprelease.store import series as store_series
+
+    settings = env["settings"]
+    platform = pipeline.Platform.open(settings)
+
+    def month(name: str, people: int) -> Path:
+        path = tmp_path / f"{name}.csv"
+        path.write_text("person_id,region\n" + "".join(f"{i},North\n" for i in range(people)))
+        return path
+
+    declared = {"statistic": "COUNT_DISTINCT", "horizon": 12, "epsilon": 1.0, "delta": 1e-6}
+    series.register_snapshot(settings, "ordered", month("aug", 100), "2026-8", privacy_unit="person_id",
+                             budget_mode="series_cap", epsilon_cap=1.0, risk_profile={"max_risk": 0.9},
+                             running_total=declared)
+    series.register_snapshot(settings, "ordered", month("sep", 120), "2026-9")
+    shown = running_total.release_period(platform, "ordered", "2026-9")
+    before = ([s.snapshot for s in store_series.snapshots(platform.store, "ordered")], ledger(platform.store))
+    # an earlier month, a month written without its zero (sorts first), one between two periods
+    for label in ("2026-7", "2026-10", "2026-85"):
+        with pytest.raises(series.SnapshotRefused, match=f"snapshot {label} sorts before 2026-9"):
+            series.register_snapshot(settings, "ordered", month("late", 130), label)
+        assert ([s.snapshot for s in store_series.snapshots(platform.store, "ordered")],
+                ledger(platform.store)) == before
+    cli = subprocess.run([sys.executable, "-m", "dprelease.cli.app", "dataset", "register", "ordered",
+                          str(month("late", 130)), "--snapshot", "2026-10"],
+                         capture_output=True, text=True, cwd=ROOT, check=False)
+    assert cli.returncode == 2 and cli.stderr.startswith("error: running total of series 'ordered': snapshot "
+                                                         "2026-10 sorts before 2026-9"), cli.stderr
+    assert len(cli.stderr.strip().splitlines()) == 1
+    assert [s.snapshot for s in store_series.snapshots(platform.store, "ordered")] == before[0]
+
+    # out of order in the store by another way (a direct insert, a restored backup): refused at release
+    noise_file = settings.archive_dir / "series" / "ordered" / running_total.NOISE_FILE
+    sealed = noise_file.read_bytes()
+    from dprelease import admin
+
+    inserted = admin.register_dataset(settings, store_series.snapshot_dataset_name("ordered", "2026-0"),
+                                      month("jul", 130), "person_id", 1.0, 1e-5, risk_profile={"max_risk": 0.9})
+    store_series.add_snapshot(platform.store, "ordered", "2026-0", inserted.name)
+    with pytest.raises(running_total.RunningTotalRefused, match="period 1 was 2026-8 when its noise was sealed"):
+        running_total.release_period(platform, "ordered", "2026-9")
+    assert noise_file.read_bytes() == sealed and running_total.released(settings, "ordered") == shown
+    # a state sealed before the periods were recorded in it: the published rows name them
+    from cryptography.fernet import Fernet
+
+    fernet = Fernet(platform.escrow_key())
+    state = json.loads(fernet.decrypt(sealed))
+    assert state.pop("periods") == ["2026-8", "2026-9"]
+    noise_file.write_bytes(legacy := fernet.encrypt(json.dumps(state).encode()))
+    with pytest.raises(running_total.RunningTotalRefused, match="period 1 was 2026-8 when its noise was sealed"):
+        running_total.release_period(platform, "ordered", "2026-9")
+    assert noise_file.read_bytes() == legacy and running_total.released(settings, "ordered") == shown
+
+
+def test_a_running_sum_of_a_real_column_totals_its_values_not_their_whole_units(env, tmp_path):
+    """A SUM of a real-valued column: each person's clamped period sum is rounded to the engine's
+    fine quantum (fixed at the declaration from the column's type), not to a whole unit, which made
+    0.4 hours a month 0 and 1.3 hours 1 (every total 0 when B < 0.5). Each value and total to date,
+    at epsilon 10, holds the exact one in its interval at confidence 1 - 1e-8 (12 checks: false
+    failure below 1.2e-7); rounded to whole units they were 60 to 160 away, over twice the half-width."""
+    from dprelease import pipeline, running_total, series
+
+    settings = env["settings"]
+    platform = pipeline.Platform.open(settings)
+    for b, hours in ((0.3, 0.4), (1.0, 0.4), (2.5, 1.3)):
+        name = f"hours-{b}"
+        declared = {"statistic": "SUM", "value": "hours", "per_period": b, "periods": 2, "horizon": 2,
+                    "epsilon": 10.0, "delta": 1e-6, "confidence": 1 - 1e-8}
+        for month in (1, 2):
+            path = tmp_path / f"{name}-{month}.csv"
+            path.write_text("person_id,hours\n" + "".join(f"{i},{hours}\n" for i in range(200)))
+            first = {"privacy_unit": "person_id", "budget_mode": "series_cap", "epsilon_cap": 10.0,
+                     "risk_profile": {"max_risk": 0.9}, "running_total": declared} if month == 1 else {}
+            series.register_snapshot(settings, name, path, f"2026-0{month}", **first)
+        released = running_total.release_period(platform, name, "2026-02")
+        each = 200 * min(b, hours)
+        for row in released["rows"]:
+            assert abs(row["value"] - each) <= row["value_ci_high"] - row["value"], (b, row)
+            assert abs(row["total"] - each * row["period"]) <= row["total_ci_halfwidth"], (b, row)
+            assert row["total_ci_halfwidth"] < 30, (b, row)  # a whole-unit total, 60 off or more, is outside
+
+
+def test_a_month_whose_release_is_not_published_holds_the_running_total_before_it(env, tmp_path):
+    """The running total through month t carries month t's data, so it is released only through the
+    newest month up to which every month's own release is published: with February's release
+    rejected, publishing March releases the running total through January only (February's people
+    reached it before, with March's approval alone); once February is published, through March.
+    Through the publication flow's own step, in a Prefect flow; the releases are store records."""
+    from prefect import flow
+
+    from dprelease import pipeline, running_total, series
+    from dprelease.flows.publication import release_running_total
+    from dprelease.store import series as store_series
+
+    settings = env["settings"]
+    platform = pipeline.Platform.open(settings)
+    declared = {"statistic": "COUNT_DISTINCT", "horizon": 12, "epsilon": 1.0, "delta": 1e-6}
+    for month in (1, 2, 3):
+        path = tmp_path / f"held-{month}.csv"
+        path.write_text("person_id,region\n" + "".join(f"{100 * month + i},North\n" for i in range(50)))
+        first = {"privacy_unit": "person_id", "budget_mode": "series_cap", "epsilon_cap": 1.0,
+                 "risk_profile": {"max_risk": 0.9}, "running_total": declared} if month == 1 else {}
+        series.register_snapshot(settings, "held", path, f"2026-0{month}", **first)
+
+    def decided(label: str, status: str) -> None:
+        dataset = store_series.snapshot_dataset_name("held", label)
+        release_id = f"held-{label}-{status}"
+        platform.store.add_release(dataset, {}, release_id=release_id, status=status)
+        if status == "published":  # a rejected release's claim is given back with its refund
+            store_series.claim(platform.store, "held", label, release_id)
+
+    @flow
+    def publication_step(label: str) -> None:
+        release_running_total(platform, "held", label)
+
+    decided("2026-01", "published")
+    decided("2026-02", "rejected")
+    decided("2026-03", "published")
+    publication_step("2026-03")
+    assert running_total.released(settings, "held")["periods_released"] == 1
+    decided("2026-02", "published")
+    publication_step("2026-02")
+    shown = running_total.released(settings, "held")
+    assert shown["periods_released"] == 3 and [r["snapshot"] for r in shown["rows"]] == ["2026-01", "2026-02", "2026-03"]
