@@ -223,3 +223,36 @@ def test_a_store_made_before_series_gains_the_series_tables_on_open(tmp_path):
     store_series.add_snapshot(old, "visits", "2026-01", "visits@2026-01")
     assert store_series.series_budget(old, "visits")["epsilon_reserved"] == 0.25
     old.close()
+
+
+def test_a_series_orders_its_snapshots_by_code_point_whatever_the_databases_collation(any_store):  # noqa: F811
+    """The periods of a series are its labels in code-point order (Python's, which the running
+    total's label check uses) on every database. On PostgreSQL the label column is first given a
+    linguistic collation (ICU en-US, what a database initialised under en_US.UTF-8 has), where
+    '2026-a' sorts before '2026-B' and '2026_1' next to '2026-1': the store sorted by it."""
+    from sqlalchemy import text
+
+    if any_store.engine.dialect.name == "postgresql":
+        with any_store.engine.begin() as conn:
+            if conn.execute(text("SELECT 1 FROM pg_collation WHERE collname = 'en-US-x-icu'")).first() is None:
+                pytest.skip("this PostgreSQL has no ICU en-US collation")
+            conn.execute(text('ALTER TABLE series_snapshots ALTER COLUMN snapshot TYPE VARCHAR COLLATE "en-US-x-icu"'))
+    schema = {"person_id": "int64", "visits": "int64"}
+    labels = ("2026-a", "2026-B", "2026_1", "2026-2", "2026.1")
+    store_series.add_series(any_store, "visits", privacy_unit="person_id", schema=schema, budget_mode="per_snapshot",
+                            epsilon_cap=1.0, delta_cap=1e-5)
+    for i, label in enumerate(labels):
+        any_store.add_dataset(f"visits@{label}", privacy_unit="person_id", blob_path="-", fingerprint="-",
+                              file_format="parquet", schema=schema, epsilon_cap=1.0, delta_cap=1e-5)
+        any_store.add_policy(f"p{i}@{label}", dataset=f"visits@{label}", analyst="ana", max_epsilon_per_release=0.5)
+        store_series.add_snapshot(any_store, "visits", label, f"visits@{label}")
+    assert [s.snapshot for s in store_series.snapshots(any_store, "visits")] == sorted(labels)
+    # a new snapshot takes the standing policies of the newest label in the same order ('2026_1')
+    any_store.add_dataset("visits@2027", privacy_unit="person_id", blob_path="-", fingerprint="-",
+                          file_format="parquet", schema=schema, epsilon_cap=1.0, delta_cap=1e-5)
+    store_series.add_snapshot(any_store, "visits", "2027", "visits@2027")
+
+    def standing(label: str) -> set[str]:
+        return {p.name.split("@")[0] for p in any_store.policies_for(f"visits@{label}", "ana")}
+
+    assert standing("2027") == standing("2026_1") != standing("2026.1")

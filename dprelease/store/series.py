@@ -136,8 +136,8 @@ def add_snapshot(store, series: str, snapshot: str, dataset: str) -> Snapshot:
         with store._transaction() as session:
             if session.get(Snapshot, (series, snapshot)) is not None:
                 raise SnapshotRefused(f"snapshot {snapshot} of series {series!r} is already registered")
-            previous = session.exec(select(Snapshot).where(Snapshot.series == series)
-                                    .order_by(Snapshot.snapshot.desc())).first()
+            previous = max(session.exec(select(Snapshot).where(Snapshot.series == series)).all(),
+                           key=label_order, default=None)
             session.add(row)
             if previous is not None:
                 for policy in session.exec(select(Policy).where(Policy.dataset == previous.dataset)).all():
@@ -151,10 +151,18 @@ def add_snapshot(store, series: str, snapshot: str, dataset: str) -> Snapshot:
     return row
 
 
+def label_order(snapshot: Snapshot) -> str:
+    """A snapshot's place in its series: its label in code-point order, Python's, the same on every
+    database (a PostgreSQL whose collation is linguistic, e.g. en_US, puts '2026-a' before '2026-B'
+    and ignores '-' against '_'; SQLite and the C collation do not), so the periods a running total
+    numbers and the label it checks a new snapshot against agree wherever the store is."""
+    return snapshot.snapshot
+
+
 def snapshots(store, series: str) -> list[Snapshot]:
-    """The snapshots of a series, oldest label first."""
+    """The snapshots of a series, oldest label first (label_order)."""
     with store._transaction() as session:
-        return list(session.exec(select(Snapshot).where(Snapshot.series == series).order_by(Snapshot.snapshot)).all())
+        return sorted(session.exec(select(Snapshot).where(Snapshot.series == series)).all(), key=label_order)
 
 
 def resolve(store, series: str, rule: str) -> Snapshot:
