@@ -366,6 +366,15 @@ def _horizon_selection(spec: RunningTotal, sealed: dict | None, data: pd.DataFra
         raise RunningTotalRefused(f"running total: {err}") from None
 
 
+def node_noise(cal) -> dict:
+    """Each node's noise as an auditor re-derives it, from public parameters only: the discrete
+    Gaussian on the grid g with sigma^2 = Delta_2^2 / (2 rho) (in the statistic's units), its exact
+    variance as sampled, and the rho and L2 sensitivity it was calibrated from."""
+    grid = float(cal.grid)
+    return {"law": "discrete Gaussian", "grid": grid, "sigma": math.sqrt(float(cal.node_variance_parameter)) * grid,
+            "variance": float(cal.node_variance), "rho": float(cal.rho), "l2_sensitivity": float(cal.sensitivity_l2)}
+
+
 def public_document(series: str, spec: RunningTotal, cal, labels: list[str], result, groups: list,
                     selection: GroupSelection | None = None) -> dict:
     """The released running total: per period and group the period value and the total to date with
@@ -382,14 +391,15 @@ def public_document(series: str, spec: RunningTotal, cal, labels: list[str], res
                          "value_ci_high": value + result.value_halfwidth,
                          "total": total, "total_ci_low": total - total_half, "total_ci_high": total + total_half,
                          "naive_ci_halfwidth": naive_half, "total_ci_halfwidth": total_half})
-    budget = spec.budget()
+    budget, noise = spec.budget(), node_noise(cal)
     document = {"series": series, "name": spec.name, "statistic": spec.statistic, "horizon": spec.horizon,
                 "periods_released": len(labels), "epsilon": spec.epsilon, "delta": spec.delta,
                 "rho": cal.rho, "confidence": spec.confidence, "groups": names,
                 "bound": {"per_period": spec.per_period, "periods": spec.periods, "max_groups": spec.max_groups},
                 "mechanism": f"binary tree over {spec.horizon} periods, {cal.levels} levels, discrete Gaussian noise "
+                             f"of sigma {display.value(noise['sigma'])} per node "
                              f"(L2 sensitivity {display.value(cal.sensitivity_l2)})",
-                "rows": rows}
+                "node_noise": noise, "rows": rows}
     if selection is not None:
         document["groups_chosen"] = {
             "snapshot": labels[0], "strategy": selection.strategy, "threshold": selection.threshold,

@@ -6,6 +6,7 @@ API (prefect_test_harness) whose deployment schedule creates the runs."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import sys
@@ -109,6 +110,11 @@ def test_a_year_of_running_totals_released_month_by_month_by_the_schedule(env, t
     cal = running_total.RunningTotal(**{**RUNNING, "per_period": 1.0, "periods": 1}).calibration()
     for row in final["rows"]:
         assert row["total_ci_halfwidth"] == cal.prefix_halfwidth(row["period"])
+    # the node noise stated beside them, as an auditor re-derives it: sigma^2 = Delta_2^2 / (2 rho)
+    noise = final["node_noise"]
+    assert noise["rho"] == final["rho"] == cal.rho and noise["l2_sensitivity"] == cal.sensitivity_l2
+    assert noise["sigma"] == pytest.approx(cal.sensitivity_l2 / math.sqrt(2 * cal.rho), rel=1e-12)
+    assert noise["variance"] == pytest.approx(noise["sigma"] ** 2, rel=1e-6) and noise["grid"] == cal.grid
 
     # the signed series page says so, holds the running total and no controller-only value
     page_dir = series.series_directory(settings, "members")
@@ -118,6 +124,9 @@ def test_a_year_of_running_totals_released_month_by_month_by_the_schedule(env, t
     assert json.loads((page_dir / "running-total.json").read_text()) == final
     html = (page_dir / "index.html").read_text()
     assert "charged once for the whole horizon" in html and "naive sum" in html and "running-total:members" in html
+    from dp_core import display
+
+    assert f"discrete Gaussian noise of sigma {display.value(final['node_noise']['sigma'])} per node" in html
     assert not list(page_dir.rglob("*.fernet"))
     assert (settings.archive_dir / "series" / "members" / running_total.NOISE_FILE).exists()
     assert html.count('<figure class="series-chart">') == 4 + 1  # a chart per region, and the monthly statistic's
