@@ -62,6 +62,28 @@ def fail(message: str, code: int = EXIT_REFUSED) -> None:
     raise typer.Exit(code)
 
 
+def _click_classes(name: str) -> tuple[type, ...]:
+    """Click's exception class `name`, and the same class of the click that Typer vendors (Typer 0.2x
+    parses arguments with its own copy, `typer._click`, whose errors are not click's)."""
+    vendored = (cls for cls in typer.BadParameter.__mro__ if cls.__name__ == name)
+    return tuple({getattr(click.exceptions, name), *vendored})
+
+
+#: what the command line's parsing raises for a wrong argument (a missing one, an unknown option, a
+#: value of the wrong type): the person's mistake, one line and exit 2, never "a bug"
+USAGE_ERRORS = _click_classes("UsageError")
+#: how a command ends on purpose (typer.Exit, Ctrl-C at a prompt, click's own errors): passed on as is
+ENDINGS = (typer.Exit, typer.Abort, *_click_classes("ClickException"), *_click_classes("Exit"),
+           *_click_classes("Abort"))
+
+
+def usage_line(err: Exception) -> str:
+    """A parsing error as one line: what is wrong, in which command, and where its usage is."""
+    ctx = getattr(err, "ctx", None)
+    command = ctx.command_path if ctx is not None else "dprelease"
+    return f"{err.format_message()} (in `{command}`: see `{command} --help`)"
+
+
 def _expected_classes() -> tuple[type, ...]:
     found = []
     for module_name, class_name in EXPECTED_ERRORS:
@@ -106,12 +128,27 @@ class ErrorBoundary(TyperGroup):
     """The top-level command group: runs every command inside the error boundary and with library
     output silenced. `--debug` (read from the parsed options) lets the traceback and logs through."""
 
+    def make_context(self, info_name, args, parent=None, **extra):
+        """The top level's own options parsed (`dprelease --bad`): a mistake there is one line too."""
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except USAGE_ERRORS as err:
+            if "--debug" in args:
+                raise
+            print_error(usage_line(err))
+            raise typer.Exit(EXIT_REFUSED) from None
+
     def invoke(self, ctx: click.Context):
         debug = bool(ctx.params.get("debug"))
         with quiet_libraries(debug):
             try:
                 return super().invoke(ctx)
-            except (typer.Exit, click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
+            except USAGE_ERRORS as err:
+                if debug:
+                    raise
+                print_error(usage_line(err))
+                raise typer.Exit(EXIT_REFUSED) from None
+            except ENDINGS:
                 raise
             except Exception as err:  # the boundary: every error ends here
                 if debug:
