@@ -873,14 +873,17 @@ def server(port: int = 4200, host: str = typer.Option("127.0.0.1", help="address
 @app.command()
 def demo() -> None:
     """The whole path on Adult: a temporary Prefect server, the encrypted dataset, one release
-    with epsilon chosen by the platform, the approval, the signed report verified."""
+    with epsilon chosen by the platform, the approval, the signed report verified.
+
+    Everything goes to ./demo-output (deleted by the next demo); your DPRELEASE_HOME, store, keys and
+    Prefect server are never read or changed."""
     from dp_core import DPError
 
-    from .demo import run_demo
+    from .demo import DemoHomeTaken, run_demo
 
     try:
         run_demo(console)
-    except DPError as err:
+    except (DPError, DemoHomeTaken) as err:
         _fail(str(err))
 
 
