@@ -30,6 +30,23 @@ def init(settings: Settings) -> list[str]:
 DEFAULT_RISK_PROFILE = {"sensitivity": "medium", "trust": "low", "n": 2, "max_risk": 0.2}
 
 
+def checked_risk_profile(given: dict | None) -> dict:
+    """A dataset's risk profile: the given fields over the defaults, each checked at registration as
+    every release will read it (a level name or a number in [0, 1]; n, the values the sensitive
+    attribute can take, a whole number from 2), so that no registered profile refuses every release."""
+    from dp_core import risk
+    from dp_core.errors import InvalidQueryError
+
+    profile = {**DEFAULT_RISK_PROFILE, **(given or {})}
+    for field in ("sensitivity", "trust", "max_risk"):
+        risk.level_value(profile[field])  # refuses unknown levels before anything is sealed
+    n = profile["n"]
+    if isinstance(n, bool) or not isinstance(n, int) or n < 2:
+        raise InvalidQueryError(f"the sensitive attribute's number of possible values (--sensitive-values, the risk "
+                                f"model's n) must be a whole number of at least 2 (a yes/no attribute: 2), got {n!r}")
+    return profile
+
+
 def register_dataset(settings: Settings, name: str, path: Path, privacy_unit: str | None, epsilon_cap: float,
                      delta_cap: float = 1e-5, expectations: list[dict] | None = None, add_row_id: bool = False,
                      risk_profile: dict | None = None):
@@ -45,15 +62,13 @@ def register_dataset(settings: Settings, name: str, path: Path, privacy_unit: st
     of every controller summary (defaults: DEFAULT_RISK_PROFILE). privacy_unit None registers a
     public table (no one's rows: DP SQL may join it and outer queries may read it; it is never
     charged); it is stored with an empty unit."""
-    from dp_core import input_checks, risk
+    from dp_core import input_checks
 
     from . import progress
     from .store import StoreError
 
     input_checks.check_file(path)  # the engine's file rules, before anything is sealed
-    profile = {**DEFAULT_RISK_PROFILE, **(risk_profile or {})}
-    for field in ("sensitivity", "trust", "max_risk"):
-        risk.level_value(profile[field])  # refuses unknown levels before anything is sealed
+    profile = checked_risk_profile(risk_profile)
     public = not privacy_unit
     if public and add_row_id:
         raise escrow.EscrowError("a public dataset has no privacy unit: drop --add-row-id")

@@ -282,9 +282,33 @@ def test_bad_request_is_refused_before_any_flow(home, case):
      "unknown level 'huge'"),
     (("dataset", "register", "b", "{root}/small.csv", "--unit", "uid", "--epsilon-cap", "5", "--max-risk", "7"),
      "a level must be in [0, 1]"),
+    (("dataset", "register", "b", "{root}/small.csv", "--unit", "uid", "--epsilon-cap", "5", "--sensitive-values", "0"),
+     "must be a whole number of at least 2"),
+    (("dataset", "register", "b", "{root}/small.csv", "--unit", "uid", "--epsilon-cap", "5", "--sensitive-values", "1"),
+     "must be a whole number of at least 2"),
+    (("dataset", "register", "b", "{root}/small.csv", "--unit", "uid", "--epsilon-cap", "5", "--sensitive-values",
+      "-3", "--snapshot", "2026-11", "--series-budget", "series_cap"), "must be a whole number of at least 2"),
 ], ids=lambda v: " ".join(v) if isinstance(v, tuple) else None)
 def test_bad_command_is_one_line(home, args, words):
     refused(home, *[a.format(root=home) for a in args], words=words)
+
+
+@pytest.mark.parametrize("n", [0, 1, -3, 2.5, "2", True])
+def test_a_risk_profile_no_release_could_use_is_refused_by_the_api_as_by_the_cli(home, n):
+    """A registered risk profile is read by every release: n (the sensitive attribute's values) below 2
+    or not whole refused every one of them; it is refused at registration, nothing sealed or recorded."""
+    from dp_core import DPError
+    from dprelease import admin
+
+    before = state(home)
+    blobs = sorted((home / "home" / "escrow").iterdir())
+    with pytest.raises(DPError, match=r"must be a whole number of at least 2 \(a yes/no attribute: 2\), got") as err:
+        admin.register_dataset(Settings.from_env(), "b", home / "small.csv", "uid", 5.0, risk_profile={"n": n})
+    if type(n) is int:  # what the command line's --sensitive-values can carry
+        line = refused(home, "dataset", "register", "b", home / "small.csv", "--unit", "uid", "--epsilon-cap", "5",
+                       "--sensitive-values", n, words="at least 2")
+        assert line == f"error: {err.value}", "the API and the CLI must say the same"
+    assert state(home) == before and sorted((home / "home" / "escrow").iterdir()) == blobs
 
 
 @pytest.mark.parametrize("env,words", [
