@@ -28,6 +28,8 @@ from .quiet import quiet_libraries, silence_shutdown_noise
 #: to commands whose answer is "no" (verify FAILED)
 EXIT_REFUSED = 2
 EXIT_BUG = 1
+#: exit code of a command stopped by Ctrl-C (128 + SIGINT), as a release's own interrupt (cli/runs.py)
+EXIT_INTERRUPTED = 130
 
 #: the project's error classes, by module: one is caught only if its module was loaded (an error
 #: of a class can only exist once its module is imported), so the boundary imports nothing heavy
@@ -138,10 +140,24 @@ class ErrorBoundary(TyperGroup):
             print_error(usage_line(err))
             raise typer.Exit(EXIT_REFUSED) from None
 
+    def _command_path(self, ctx) -> str:
+        """The command a person typed (`dprelease dataset register`), from the words left to parse."""
+        words, command = [ctx.command_path], self
+        for word in [*getattr(ctx, "_protected_args", ()), *ctx.args]:
+            command = getattr(command, "commands", {}).get(word)
+            if command is None:
+                break
+            words.append(word)
+        return " ".join(words)
+
     def invoke(self, ctx: click.Context):
+        from dprelease.faults import pause_point
+
         debug = bool(ctx.params.get("debug"))
+        typed = self._command_path(ctx)  # before the group hands its words to the command
         with quiet_libraries(debug):
             try:
+                pause_point("command_start")
                 return super().invoke(ctx)
             except USAGE_ERRORS as err:
                 if debug:
@@ -150,6 +166,11 @@ class ErrorBoundary(TyperGroup):
                 raise typer.Exit(EXIT_REFUSED) from None
             except ENDINGS:
                 raise
+            except KeyboardInterrupt:  # Ctrl-C before a release's own handler (cli/runs.py) or in another command
+                if debug:
+                    raise
+                print(f"dprelease: interrupted (SIGINT): `{typed}` stopped", file=sys.stderr, flush=True)
+                raise typer.Exit(EXIT_INTERRUPTED) from None
             except Exception as err:  # the boundary: every error ends here
                 if debug:
                     raise
