@@ -301,3 +301,29 @@ def test_a_typed_query_refuses_group_keys_and_units_named_like_the_plan_s_intern
     with pytest.raises(dp.InvalidQueryError, match="internal column"):
         dp.Query([dp.count(upper=1, name="n")], privacy_unit=name, epsilon=1.0, group_by=("g",)).validate()
     dp.Query([dp.count(upper=1, name="n")], privacy_unit="_uid", epsilon=1.0, group_by=("_run",)).validate()
+
+
+ADULT_COLUMNS = ["age", "workclass", "education", "education_num", "marital_status", "occupation", "relationship",
+                 "race", "sex", "capital_gain", "capital_loss", "hours_per_week", "native_country", "income"]
+
+
+def _one_letter_typos(name: str) -> list[str]:
+    """A letter dropped, doubled, changed or two swapped: the typos a person makes in a column name."""
+    i = len(name) // 2
+    return [name[:i] + name[i + 1:], name[:i] + name[i] + name[i:], name[:i] + ("x" if name[i] != "x" else "y")
+            + name[i + 1:], name[:i] + name[i + 1] + name[i] + name[i + 2:]]
+
+
+@pytest.mark.parametrize("column", [c for c in ADULT_COLUMNS if len(c) >= 5])
+def test_a_misspelt_column_is_answered_with_the_column_meant(column):
+    """A typo in a column name (`educaton`) said 'a subquery may not refer to the columns of the query
+    around it' of a query without a subquery; it now names the column meant, for every typo of one
+    letter in any of Adult's column names of five letters or more."""
+    frame = pd.DataFrame({"uid": [1, 2], **{c: [1, 2] for c in ADULT_COLUMNS}})
+    tables = {"adult": Table(frame, privacy_unit="uid")}
+    for typo in {t for t in _one_letter_typos(column) if t not in ADULT_COLUMNS}:
+        with pytest.raises(dp.InvalidQueryError) as caught:
+            run_sql(f"SELECT WITH ANONYMIZATION {typo}, ANON_COUNT(*, 1) AS n FROM adult GROUP BY {typo}", tables,
+                    epsilon=1.0)
+        assert str(caught.value).startswith(f"unknown column {typo!r}: did you mean {column!r}? (available: "), typo
+        assert "subquery" not in str(caught.value)
