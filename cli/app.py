@@ -749,6 +749,10 @@ def _read_request(settings: Settings, spec: Path):
     else:
         path = inbox.find(settings, str(spec))
         if path is None and not spec.suffix and len(spec.parts) == 1:
+            if (decided := inbox.find_decided(settings, str(spec))) is not None:
+                raise RequestError(f"request {decided.stem} of the analysts' inbox was already decided (its release "
+                                   f"published or rejected; its file: {decided}): it runs once; to ask again, the "
+                                   "analyst submits it again (`dprelease request submit`)")
             raise RequestError(f"{str(spec)!r} is neither a request file nor the id of a request in the analysts' "
                                "inbox: list them with `dprelease request list`")
         path = path or spec
