@@ -327,3 +327,19 @@ def test_a_misspelt_column_is_answered_with_the_column_meant(column):
                     epsilon=1.0)
         assert str(caught.value).startswith(f"unknown column {typo!r}: did you mean {column!r}? (available: "), typo
         assert "subquery" not in str(caught.value)
+
+
+@pytest.mark.parametrize("param, value", [("epsilon", v) for v in (0, -1, "abc", float("nan"), float("inf"), True,
+                                                                    1e9, "1")]
+                         + [("delta", v) for v in (-1e-6, "tiny", float("nan"), True, 0.5)])
+def test_run_sql_refuses_a_bad_epsilon_or_delta_in_the_engine_s_words(param, value):
+    """run_sql(epsilon="abc") said "the request's epsilon must be a number" where dp.Query (and a request
+    file, and the CLI) say "epsilon must be a finite number > 0, got 'abc'": the same input, the same line."""
+    frame = pd.DataFrame({"uid": range(40), "g": ["a", "b"] * 20})
+    budget = {"epsilon": 1.0, "delta": 1e-6, param: value}
+    with pytest.raises(dp.InvalidQueryError) as by_query:
+        dp.execute(dp.Query([dp.count(upper=1)], privacy_unit="uid", group_by=("g",), **budget), frame)
+    with pytest.raises(dp.InvalidQueryError) as by_sql:
+        run_sql("SELECT WITH ANONYMIZATION g, ANON_COUNT(*, 1) AS n FROM t GROUP BY g",
+                {"t": Table(frame, privacy_unit="uid")}, **budget)
+    assert str(by_sql.value) == str(by_query.value)

@@ -911,7 +911,7 @@ def test_request_parameters_and_options_are_read_as_written(tables):
         assert compile_statement_for(statement, tables, epsilon=1.0, delta=1e-9).parts[0].query.delta == 1e-9
     with pytest.raises(dp.DPError) as info:
         compile_statement_for(sql, tables, epsilon="x")
-    assert str(info.value) == "the request's epsilon must be a number, got 'x'"
+    assert str(info.value) == "epsilon must be a finite number > 0, got 'x'"  # the engine's words (dp.execute)
     signed = sql.replace("DIFFERENTIAL_PRIVACY", "DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1, max_groups_contributed = +5)")
     assert compile_statement_for(signed, tables).parts[0].query.max_partitions_contributed == 5
     qualified = {"people": tables["people"], "sales.depts": tables["depts"], "lake.sales.people": tables["depts"]}
