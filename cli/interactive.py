@@ -4,6 +4,7 @@ prompt, or the no-terminal rule). SIGINT, SIGTERM or a cancel from the UI stop i
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -169,8 +170,10 @@ def _pause_description(flow_run_id: str) -> str:
         key = keyset.get("description")
         if key:
             try:
-                value = client.read_flow_run_input(flow_run_id, key)
-                return str(value).strip('"').encode().decode("unicode_escape")
+                # the stored input is the description as JSON (orjson: UTF-8, not \u escapes): decoded as
+                # JSON, "±" stays "±" (decoding it as unicode_escape made it "Â±")
+                value = json.loads(client.read_flow_run_input(flow_run_id, key))
+                return value if isinstance(value, str) else str(value)
             except Exception:  # noqa: BLE001 - the description is a convenience
                 pass
     return "A decision is needed."
