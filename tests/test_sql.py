@@ -343,3 +343,27 @@ def test_run_sql_refuses_a_bad_epsilon_or_delta_in_the_engine_s_words(param, val
         run_sql("SELECT WITH ANONYMIZATION g, ANON_COUNT(*, 1) AS n FROM t GROUP BY g",
                 {"t": Table(frame, privacy_unit="uid")}, **budget)
     assert str(by_sql.value) == str(by_query.value)
+
+
+QUOTED_NUMBERS = [  # (a statement with {} where a number literal goes, what the message calls it)
+    ("SELECT WITH ANONYMIZATION g, ANON_AVG(age, {}, 90) AS a FROM t GROUP BY g", "ANON_AVG(...): the lower bound"),
+    ("SELECT WITH ANONYMIZATION g, ANON_SUM(age, 0, {}) AS a FROM t GROUP BY g", "ANON_SUM(...): the upper bound"),
+    ("SELECT WITH ANONYMIZATION g, ANON_COUNT(*, 1) AS n FROM t GROUP BY g LIMIT {}", "LIMIT"),
+    ("SELECT WITH ANONYMIZATION g, ANON_COUNT(*, 1) AS n FROM t TABLESAMPLE SYSTEM ({} PERCENT) GROUP BY g",
+     "the sample's percentage"),
+    ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (privacy_unit_column = uid) APPROX_QUANTILES(age, {}) FROM t",
+     "the number of quantiles"),
+]
+
+
+@pytest.mark.parametrize("sql, what", QUOTED_NUMBERS, ids=[w for _, w in QUOTED_NUMBERS])
+@pytest.mark.parametrize("written, fix", [("'5'", "write 5 without quotes"),
+                                          ("'five'", "write a number, without quotes")])
+def test_a_number_written_in_quotes_is_refused_with_the_fix(sql, what, written, fix):
+    """A bound, LIMIT, sample percentage or quantile count written as text ('5') was refused without
+    saying why a 5 is not a number here: the line now says to write it without quotes."""
+    frame = pd.DataFrame({"uid": range(40), "g": ["a", "b"] * 20, "age": [30] * 40})
+    with pytest.raises(dp.InvalidQueryError) as caught:
+        run_sql(sql.format(written), {"t": Table(frame, privacy_unit="uid")}, epsilon=1.0)
+    message = str(caught.value)
+    assert what in message and f"must be a number literal, got the string {written}: {fix}" in message, message

@@ -422,7 +422,7 @@ WORD_FOR_WORD = {  # refusals whose whole message is the guidance: rule -> (stat
         "ANON_STDDEV_POP(...): takes 1 positional argument(s), got 3: bounds go in CLAMPED BETWEEN L AND U"),
     "an upper bound that is not a number": (
         f"{DP.format(e=1)} SUM(age, contribution_bounds_per_group => (0, 'ninety')) AS s FROM people",
-        "SUM(...): the upper bound must be a number literal, got the string 'ninety'"),
+        "SUM(...): the upper bound must be a number literal, got the string 'ninety': write a number, without quotes"),
     "two statements": ("SELECT region FROM depts; SELECT dept FROM depts", "give exactly one SQL statement"),
     "three contribution bounds": (f"{DP.format(e=1)} SUM(age, contribution_bounds_per_group => (0, 1, 2)) AS s "
                                   "FROM people", "SUM(...): contribution bounds need exactly two numbers (L, U)"),

@@ -73,6 +73,14 @@ def quote(sql: exp.Expression) -> str:
 _DP_CALL = re.compile(r"\b__DP_(?=\w+\()")  # the parser's prefix of a DP aggregate call
 
 
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def number_literal(node: exp.Expression | None, what: str, integer: bool = False) -> float:
     """A numeric literal (possibly negative, possibly in parentheses); with integer=True a
     whole-number literal (INT64). Anything else (missing, a string, NULL, a column, a parameter, an
@@ -85,9 +93,12 @@ def number_literal(node: exp.Expression | None, what: str, integer: bool = False
         neg, node = True, node.this
     if node is None:
         raise InvalidQueryError(f"{what} is missing: it must be a number literal")
-    if not (isinstance(node, exp.Literal) and not node.is_string):
-        kind = (f"the string {quote(node)}" if isinstance(node, exp.Literal) else "NULL" if isinstance(node, exp.Null)
-                else repr(quote(node)))
+    if isinstance(node, exp.Literal) and node.is_string:  # '17': a number in quotes is text in SQL
+        fix = (f"write {'-' if neg else ''}{node.this.strip()} without quotes" if _is_number(node.this)
+               else "write a number, without quotes")
+        raise InvalidQueryError(f"{what} must be a number literal, got the string {quote(node)}: {fix}")
+    if not isinstance(node, exp.Literal):
+        kind = "NULL" if isinstance(node, exp.Null) else repr(quote(node))
         raise InvalidQueryError(f"{what} must be a number literal, got {kind}")
     text = str(node.this)
     try:
