@@ -70,15 +70,9 @@ def quote(sql: exp.Expression) -> str:
         return type(sql).__name__
 
 
+#: a decimal number as SQL writes one (a sign, digits, a fraction, an exponent)
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 _DP_CALL = re.compile(r"\b__DP_(?=\w+\()")  # the parser's prefix of a DP aggregate call
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
 
 
 def number_literal(node: exp.Expression | None, what: str, integer: bool = False) -> float:
@@ -94,7 +88,7 @@ def number_literal(node: exp.Expression | None, what: str, integer: bool = False
     if node is None:
         raise InvalidQueryError(f"{what} is missing: it must be a number literal")
     if isinstance(node, exp.Literal) and node.is_string:  # '17': a number in quotes is text in SQL
-        fix = (f"write {'-' if neg else ''}{node.this.strip()} without quotes" if _is_number(node.this)
+        fix = (f"write {'-' if neg else ''}{node.this.strip()} without quotes" if _NUMBER.fullmatch(node.this.strip())
                else "write a number, without quotes")
         raise InvalidQueryError(f"{what} must be a number literal, got the string {quote(node)}: {fix}")
     if not isinstance(node, exp.Literal):
