@@ -771,9 +771,10 @@ def _keep_checks_judge(request) -> None:
     if request.backend == "spark":  # refused for escrowed data, judged beside Spark for external data
         checks_judge.discard()
         return
+    store = Store(_settings().store_url)  # a home with no store is refused here, before a Prefect server starts
     try:
-        ds = Store(_settings().store_url).get_dataset(request.dataset)
-    except Exception:  # noqa: BLE001 - an unknown dataset or home: check_request says so in one line
+        ds = store.get_dataset(request.dataset)
+    except Exception:  # noqa: BLE001 - an unknown dataset: check_request says so in one line
         checks_judge.discard()
         return
     if not checks_judge.worth_a_process(external.escrowed_bytes(ds)):
