@@ -47,6 +47,16 @@ def checked_risk_profile(given: dict | None) -> dict:
     return profile
 
 
+def _refuse_missing_units(path: Path, profile) -> None:
+    """Data whose privacy unit is empty in some rows fails the first check of its own suite (a non-null
+    unit), so every release of it would stop there: refused at registration instead, naming the rows."""
+    if profile.unit_missing:
+        raise escrow.EscrowError(
+            f"{path}: the privacy unit column {profile.unit!r} is empty in {profile.unit_missing} row(s) (the first: "
+            f"data row {profile.first_unit_missing}, line {profile.first_unit_missing + 1} of a CSV): every row needs "
+            "the person it belongs to; fill in or remove those rows, then register again")
+
+
 def register_dataset(settings: Settings, name: str, path: Path, privacy_unit: str | None, epsilon_cap: float,
                      delta_cap: float = 1e-5, expectations: list[dict] | None = None, add_row_id: bool = False,
                      risk_profile: dict | None = None):
@@ -93,7 +103,7 @@ def register_dataset(settings: Settings, name: str, path: Path, privacy_unit: st
         raise
     unit_column = privacy_unit if add_row_id else None
     schema = source.schema if unit_column is None else source.schema.insert(0, _int64_field(unit_column))
-    data_profile = checks.DatasetProfile.for_schema(schema)
+    data_profile = checks.DatasetProfile.for_schema(schema, privacy_unit)
     with progress.track(f"seal {path.name} (Parquet, encrypted)", source.total_rows, "rows") as advance:
         def observe(batch) -> None:
             data_profile.add(batch)
@@ -102,6 +112,7 @@ def register_dataset(settings: Settings, name: str, path: Path, privacy_unit: st
         sealed = escrow.seal_source(path, source, fingerprint, settings, key, row_number_column=unit_column,
                                     on_batch=observe)
     try:
+        _refuse_missing_units(path, data_profile)
         suite = expectations if expectations is not None else [
             e for e in data_profile.expectations(privacy_unit or "") if e["kwargs"].get("column", True) != ""]
         return store.add_dataset(name, privacy_unit=privacy_unit or "", blob_path=sealed.path, fingerprint=fingerprint,

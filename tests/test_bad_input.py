@@ -501,3 +501,36 @@ def test_results_csv_neutralises_formula_cells_and_keeps_numbers(tmp_path):
     text = (tmp_path / "results.json").read_text()
     json.loads(text)
     assert '"=HYPERLINK(\\"http://x\\")"' in text and "'=HYPERLINK" not in text  # exact, JSON-escaped
+
+
+def _rows_with_empty_units(where: int, count: int = 60) -> list[tuple]:
+    """(uid, g, x) rows with the unit left empty in row `where` (0-based) and in the last row too."""
+    return [(None if i in (where, count - 1) else i, "ab"[i % 2], i % 7) for i in range(count)]
+
+
+@pytest.mark.parametrize("where", [0, 31, 59])
+@pytest.mark.parametrize("suffix", [".csv", ".csv.gz", ".parquet"])
+def test_data_with_rows_of_no_one_is_refused_at_registration_not_at_every_release(home, tmp_path, where, suffix):
+    """A unit cell left empty registered fine and then failed every release at its first data check
+    (a non-null unit); registration now refuses it, naming how many rows and the first, with nothing
+    sealed or recorded, by the CLI and the API in the same words."""
+    from dprelease import admin
+    from dprelease.escrow import EscrowError
+
+    rows = _rows_with_empty_units(where)
+    path = tmp_path / f"people{suffix}"
+    if suffix == ".parquet":
+        pq.write_table(pa.table({"uid": [r[0] for r in rows], "g": [r[1] for r in rows], "x": [r[2] for r in rows]}),
+                       path)
+    else:
+        text = "uid,g,x\n" + "".join(f"{'' if u is None else u},{g},{x}\n" for u, g, x in rows)
+        path.write_bytes(gzip.compress(text.encode()) if suffix == ".csv.gz" else text.encode())
+    blobs = sorted((home / "home" / "escrow").iterdir())
+    empty = sum(u is None for u, _, _ in rows)
+    words = (f"the privacy unit column 'uid' is empty in {empty} row(s) (the first: data row {where + 1}, line "
+             f"{where + 2} of a CSV)")
+    line = refused(home, "dataset", "register", "people", path, "--unit", "uid", "--epsilon-cap", "1", words=words)
+    with pytest.raises(EscrowError) as api:
+        admin.register_dataset(Settings.from_env(), "people", path, "uid", 1.0)
+    assert line == f"error: {api.value}", "the API and the CLI must say the same"
+    assert sorted((home / "home" / "escrow").iterdir()) == blobs, "a refused registration left a blob"
