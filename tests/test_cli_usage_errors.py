@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 import typer
+from patience import PATIENCE_S
 from typer.testing import CliRunner
 
 from dprelease.cli.app import app
-from patience import PATIENCE_S
 
 
 def _leaf_commands(group, path=()):
