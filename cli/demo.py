@@ -8,6 +8,7 @@ signed analyst report written and verified, and the paths printed.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 from pathlib import Path
@@ -41,10 +42,10 @@ REQUEST = {
 
 #: the file that marks a folder as the demo's own home: only such a folder is ever deleted
 DEMO_MARKER = ".dprelease-demo"
-#: the one setting of yours the demo keeps: where this installation's empty Prefect database is
-#: kept (copied, never changed). Every other DPRELEASE_* points at your home, store, keys, escrow,
+#: the settings of yours the demo keeps: where this installation's empty Prefect database is kept
+#: (copied, never changed), and the test-only pause points (dprelease/faults.py). Every other DPRELEASE_* points at your home, store, keys, escrow,
 #: archive or console, which the demo must neither read nor change
-KEPT_SETTINGS = ("DPRELEASE_PREFECT_TEMPLATE_DIR",)
+KEPT_SETTINGS = ("DPRELEASE_PREFECT_TEMPLATE_DIR", "DPRELEASE_TEST_PAUSE_AT", "DPRELEASE_TEST_PAUSE_MARKER")
 #: the Prefect settings that would send the demo's run to your Prefect server
 PREFECT_CONNECTION = ("PREFECT_API_URL", "PREFECT_API_AUTH_STRING", "PREFECT_API_KEY", "PREFECT_PROFILES_PATH")
 
@@ -56,6 +57,24 @@ class DemoHomeTaken(ValueError):
 def demo_home() -> Path:
     """Where the demo keeps everything: ./demo-output, whatever DPRELEASE_HOME says (that is your home)."""
     return (Path.cwd() / "demo-output").resolve()
+
+
+#: the open directory whose lock says a demo runs there (held until this process ends)
+_HELD: list[int] = []
+
+
+def _hold_the_directory(directory: Path) -> None:
+    """One demo at a time in a directory: each deletes ./demo-output as it starts, so a second one
+    would pull the first's store, keys and escrow from under it. The lock is on the directory itself
+    (no file left behind) and the kernel drops it when the process ends, by kill -9 too."""
+    held = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(held)
+        raise DemoHomeTaken(f"another `dprelease demo` is running in {directory}: wait for it to end, or run this one "
+                            "from another directory") from None
+    _HELD.append(held)
 
 
 def _clear_previous_demo(home: Path) -> None:
@@ -72,6 +91,7 @@ def prepare_environment() -> Path:
     """A fresh demo home in ./demo-output, with none of your settings (your DPRELEASE_HOME, store, keys,
     escrow and Prefect server are left alone) and Prefect kept inside it (analytics off). Returns the home."""
     home = demo_home()
+    _hold_the_directory(home.parent)
     _clear_previous_demo(home)
     home.mkdir(parents=True, exist_ok=True)
     (home / DEMO_MARKER).write_text("made by `dprelease demo`: deleted by its next run\n")

@@ -64,3 +64,44 @@ def test_the_demo_refuses_a_demo_output_folder_it_did_not_make(tmp_path):
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and "move it away" in lines[0], done.stderr
     assert sorted(p.name for p in kept.parent.iterdir()) == ["notes.txt", "store.db"]
+
+
+def test_a_second_demo_in_the_same_directory_is_refused_while_the_first_runs(tmp_path):
+    """Two `make demo` at once in one directory: the second deleted ./demo-output under the first
+    (its store, keys and escrow). It is now refused in one line while the first runs, and the first,
+    held at a step of its release (dprelease/faults.py), then finishes as if alone."""
+    import time
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DPRELEASE_", "PREFECT_"))}
+    marker = tmp_path.parent / f"{tmp_path.name}-paused"
+    cli = str(Path(sys.executable).with_name("dprelease"))
+    first = subprocess.Popen([cli, "demo"], cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True,
+                             env={**env, "DPRELEASE_TEST_PAUSE_AT": "after_checks",
+                                  "DPRELEASE_TEST_PAUSE_MARKER": str(marker)})
+    try:
+        deadline = time.monotonic() + PATIENCE_S
+        while not marker.exists() and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)  # polls for the marker: the bound is the suite's patience, not a timing
+        assert marker.exists(), first.communicate()
+        home = tmp_path / "demo-output"
+
+        def held() -> list:  # the first demo's store, keys and escrow (its Prefect folder is its server's)
+            return sorted(str(p.relative_to(home)) for p in home.rglob("*") if p.relative_to(home).parts[0] != "prefect")
+
+        before = held()
+        assert "store.db" in before and any(p.startswith("escrow/") for p in before)
+        second = subprocess.run([cli, "demo"], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                                text=True, timeout=PATIENCE_S)
+        assert second.returncode == 2, second.stdout + second.stderr
+        assert second.stderr.strip().splitlines() == [
+            f"error: another `dprelease demo` is running in {tmp_path}: wait for it to end, or run this one from "
+            "another directory"]
+        assert held() == before
+        marker.unlink()  # the first demo goes on
+        out, err = first.communicate(timeout=PATIENCE_S)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert first.returncode == 0, out + err
+    assert "verify: OK, signature and every file intact" in out
