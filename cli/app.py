@@ -646,12 +646,9 @@ def request_submit(spec: Path = typer.Argument(..., help="a release request (.ya
     from dprelease.requests import inbox, load_request
 
     settings = _settings()
-    try:
-        request = load_request(spec)
-        _check_submission(settings, request)
-        submitted = inbox.submit(settings, request, requested_by)
-    except Exception as err:  # noqa: BLE001 - one line for every bad request
-        _fail(str(err))
+    request = load_request(spec)  # its errors: one line from the boundary, in `release`'s words (cli/errors.py)
+    _check_submission(settings, request)
+    submitted = inbox.submit(settings, request, requested_by)
     console.print(escape(f"submitted request {submitted.id} to the controllers' inbox as {requested_by!r}: a "
                          f"controller runs it with `dprelease release {submitted.id}`"), soft_wrap=True,
                   highlight=False)
@@ -752,6 +749,10 @@ def _read_request(settings: Settings, spec: Path):
     else:
         path = inbox.find(settings, str(spec))
         if path is None and not spec.suffix and len(spec.parts) == 1:
+            if (decided := inbox.find_decided(settings, str(spec))) is not None:
+                raise RequestError(f"request {decided.stem} of the analysts' inbox was already decided (its release "
+                                   f"published or rejected; its file: {decided}): it runs once; to ask again, the "
+                                   "analyst submits it again (`dprelease request submit`)")
             raise RequestError(f"{str(spec)!r} is neither a request file nor the id of a request in the analysts' "
                                "inbox: list them with `dprelease request list`")
         path = path or spec
@@ -770,9 +771,10 @@ def _keep_checks_judge(request) -> None:
     if request.backend == "spark":  # refused for escrowed data, judged beside Spark for external data
         checks_judge.discard()
         return
+    store = Store(_settings().store_url)  # a home with no store is refused here, before a Prefect server starts
     try:
-        ds = Store(_settings().store_url).get_dataset(request.dataset)
-    except Exception:  # noqa: BLE001 - an unknown dataset or home: check_request says so in one line
+        ds = store.get_dataset(request.dataset)
+    except Exception:  # noqa: BLE001 - an unknown dataset: check_request says so in one line
         checks_judge.discard()
         return
     if not checks_judge.worth_a_process(external.escrowed_bytes(ds)):
@@ -873,14 +875,17 @@ def server(port: int = 4200, host: str = typer.Option("127.0.0.1", help="address
 @app.command()
 def demo() -> None:
     """The whole path on Adult: a temporary Prefect server, the encrypted dataset, one release
-    with epsilon chosen by the platform, the approval, the signed report verified."""
+    with epsilon chosen by the platform, the approval, the signed report verified.
+
+    Everything goes to ./demo-output (deleted by the next demo); your DPRELEASE_HOME, store, keys and
+    Prefect server are never read or changed."""
     from dp_core import DPError
 
-    from .demo import run_demo
+    from .demo import DemoHomeTaken, run_demo
 
     try:
         run_demo(console)
-    except DPError as err:
+    except (DPError, DemoHomeTaken) as err:
         _fail(str(err))
 
 

@@ -1,13 +1,14 @@
 """`make demo` / `dprelease demo`: the whole release path on the embedded Adult data.
 
-A fresh home (./demo-output, or DPRELEASE_HOME), a temporary Prefect server, the Adult file
-encrypted into the escrow, one release whose epsilon the platform chooses (the risk model), the
-controller summary, the approval (a prompt; without a terminal it approves and says so), the
+A fresh home in ./demo-output (never your DPRELEASE_HOME, store, keys or Prefect server), a
+temporary Prefect server, the Adult file encrypted into the escrow, one release whose epsilon the
+platform chooses (the risk model), the controller summary, the approval (a prompt; without a terminal it approves and says so), the
 signed analyst report written and verified, and the paths printed.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 from pathlib import Path
@@ -39,17 +40,70 @@ REQUEST = {
 }
 
 
+#: the file that marks a folder as the demo's own home: only such a folder is ever deleted
+DEMO_MARKER = ".dprelease-demo"
+#: the settings of yours the demo keeps: where this installation's empty Prefect database is kept
+#: (copied, never changed), and the test-only pause points (dprelease/faults.py). Every other DPRELEASE_* points at your home, store, keys, escrow,
+#: archive or console, which the demo must neither read nor change
+KEPT_SETTINGS = ("DPRELEASE_PREFECT_TEMPLATE_DIR", "DPRELEASE_TEST_PAUSE_AT", "DPRELEASE_TEST_PAUSE_MARKER")
+#: the Prefect settings that would send the demo's run to your Prefect server
+PREFECT_CONNECTION = ("PREFECT_API_URL", "PREFECT_API_AUTH_STRING", "PREFECT_API_KEY", "PREFECT_PROFILES_PATH")
+
+
+class DemoHomeTaken(ValueError):
+    """./demo-output exists and is not a demo's home: the demo refuses rather than delete it."""
+
+
+def demo_home() -> Path:
+    """Where the demo keeps everything: ./demo-output, whatever DPRELEASE_HOME says (that is your home)."""
+    return (Path.cwd() / "demo-output").resolve()
+
+
+#: the open directory whose lock says a demo runs there (held until this process ends)
+_HELD: list[int] = []
+
+
+def _hold_the_directory(directory: Path) -> None:
+    """One demo at a time in a directory: each deletes ./demo-output as it starts, so a second one
+    would pull the first's store, keys and escrow from under it. The lock is on the directory itself
+    (no file left behind) and the kernel drops it when the process ends, by kill -9 too."""
+    held = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(held)
+        raise DemoHomeTaken(f"another `dprelease demo` is running in {directory}: wait for it to end, or run this one "
+                            "from another directory") from None
+    _HELD.append(held)
+
+
+def _clear_previous_demo(home: Path) -> None:
+    """Delete the previous demo's home (it holds the marker); refuse a folder that is not one."""
+    if (home / DEMO_MARKER).is_file():
+        shutil.rmtree(home)
+    elif home.exists() and any(home.iterdir()):
+        raise DemoHomeTaken(f"{home} exists and is not a previous demo's home (no {DEMO_MARKER} in it): the demo "
+                            "writes there and deletes it on its next run; move it away or run the demo from "
+                            "another directory")
+
+
 def prepare_environment() -> Path:
-    """A fresh demo home, and Prefect kept inside it (analytics off). Returns the home."""
-    home = Path(os.environ.get("DPRELEASE_HOME") or Path.cwd() / "demo-output").resolve()
-    if home.exists() and (home / "store.db").exists():
-        shutil.rmtree(home)  # a previous demo run: start again from nothing
+    """A fresh demo home in ./demo-output, with none of your settings (your DPRELEASE_HOME, store, keys,
+    escrow and Prefect server are left alone) and Prefect kept inside it (analytics off). Returns the home."""
+    home = demo_home()
+    _hold_the_directory(home.parent)
+    _clear_previous_demo(home)
     home.mkdir(parents=True, exist_ok=True)
+    (home / DEMO_MARKER).write_text("made by `dprelease demo`: deleted by its next run\n")
+    for name in [name for name in os.environ if name.startswith("DPRELEASE_") and name not in KEPT_SETTINGS]:
+        del os.environ[name]
+    for name in PREFECT_CONNECTION:
+        os.environ.pop(name, None)
     os.environ["DPRELEASE_HOME"] = str(home)
-    os.environ.setdefault("PREFECT_HOME", str(home / "prefect"))
+    os.environ["PREFECT_HOME"] = str(home / "prefect")
     # one command shows the whole path: its Prefect server ends with it (nothing left running, and
     # the next demo, which deletes this home, never pulls a database from under a live server)
-    os.environ.setdefault("DPRELEASE_PREFECT_SERVER", "temporary")
+    os.environ["DPRELEASE_PREFECT_SERVER"] = "temporary"
     os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     # Prefect polls its temporary server's /health until it answers; its default patience (20 s of

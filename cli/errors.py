@@ -28,6 +28,8 @@ from .quiet import quiet_libraries, silence_shutdown_noise
 #: to commands whose answer is "no" (verify FAILED)
 EXIT_REFUSED = 2
 EXIT_BUG = 1
+#: exit code of a command stopped by Ctrl-C (128 + SIGINT), as a release's own interrupt (cli/runs.py)
+EXIT_INTERRUPTED = 130
 
 #: the project's error classes, by module: one is caught only if its module was loaded (an error
 #: of a class can only exist once its module is imported), so the boundary imports nothing heavy
@@ -60,6 +62,28 @@ def fail(message: str, code: int = EXIT_REFUSED) -> None:
     """Refuse the command with one line on stderr."""
     print_error(message)
     raise typer.Exit(code)
+
+
+def _click_classes(name: str) -> tuple[type, ...]:
+    """Click's exception class `name`, and the same class of the click that Typer vendors (Typer 0.2x
+    parses arguments with its own copy, `typer._click`, whose errors are not click's)."""
+    vendored = (cls for cls in typer.BadParameter.__mro__ if cls.__name__ == name)
+    return tuple({getattr(click.exceptions, name), *vendored})
+
+
+#: what the command line's parsing raises for a wrong argument (a missing one, an unknown option, a
+#: value of the wrong type): the person's mistake, one line and exit 2, never "a bug"
+USAGE_ERRORS = _click_classes("UsageError")
+#: how a command ends on purpose (typer.Exit, Ctrl-C at a prompt, click's own errors): passed on as is
+ENDINGS = (typer.Exit, typer.Abort, *_click_classes("ClickException"), *_click_classes("Exit"),
+           *_click_classes("Abort"))
+
+
+def usage_line(err: Exception) -> str:
+    """A parsing error as one line: what is wrong, in which command, and where its usage is."""
+    ctx = getattr(err, "ctx", None)
+    command = ctx.command_path if ctx is not None else "dprelease"
+    return f"{err.format_message()} (in `{command}`: see `{command} --help`)"
 
 
 def _expected_classes() -> tuple[type, ...]:
@@ -106,13 +130,47 @@ class ErrorBoundary(TyperGroup):
     """The top-level command group: runs every command inside the error boundary and with library
     output silenced. `--debug` (read from the parsed options) lets the traceback and logs through."""
 
+    def make_context(self, info_name, args, parent=None, **extra):
+        """The top level's own options parsed (`dprelease --bad`): a mistake there is one line too."""
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except USAGE_ERRORS as err:
+            if "--debug" in args:
+                raise
+            print_error(usage_line(err))
+            raise typer.Exit(EXIT_REFUSED) from None
+
+    def _command_path(self, ctx) -> str:
+        """The command a person typed (`dprelease dataset register`), from the words left to parse."""
+        words, command = [ctx.command_path], self
+        for word in [*getattr(ctx, "_protected_args", ()), *ctx.args]:
+            command = getattr(command, "commands", {}).get(word)
+            if command is None:
+                break
+            words.append(word)
+        return " ".join(words)
+
     def invoke(self, ctx: click.Context):
+        from dprelease.faults import pause_point
+
         debug = bool(ctx.params.get("debug"))
+        typed = self._command_path(ctx)  # before the group hands its words to the command
         with quiet_libraries(debug):
             try:
+                pause_point("command_start")
                 return super().invoke(ctx)
-            except (typer.Exit, click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
+            except USAGE_ERRORS as err:
+                if debug:
+                    raise
+                print_error(usage_line(err))
+                raise typer.Exit(EXIT_REFUSED) from None
+            except ENDINGS:
                 raise
+            except KeyboardInterrupt:  # Ctrl-C before a release's own handler (cli/runs.py) or in another command
+                if debug:
+                    raise
+                print(f"dprelease: interrupted (SIGINT): `{typed}` stopped", file=sys.stderr, flush=True)
+                raise typer.Exit(EXIT_INTERRUPTED) from None
             except Exception as err:  # the boundary: every error ends here
                 if debug:
                     raise

@@ -4,11 +4,13 @@ prompt, or the no-terminal rule). SIGINT, SIGTERM or a cancel from the UI stop i
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from dprelease.settings import Settings
 
@@ -64,6 +66,14 @@ def warm_release_imports() -> None:
         checks_judge.load_framework()
 
 
+def where_to_decide(settings: Settings, release_id: str, why: str) -> str:
+    """The line a release prints when it cannot ask here: why, and every place its decision can be made
+    (the console's decision page, the command line, the Prefect UI), while it waits for the run."""
+    return (f"{why}: decide in the console ({settings.console_url}/releases/{release_id}, `dprelease console`), "
+            f"with `dprelease approve|reject {release_id} --key YOUR_KEY`, or in the Prefect UI (Resume); "
+            "waiting for the run")
+
+
 def _decide_here(settings: Settings, release_id: str, key: Path | None, approve_as: str | None,
                  no_terminal_reviewer: str | None, risk_override: str = "") -> bool:
     """Ask, sign with the controller's key and send the decision; re-ask when the run refuses it.
@@ -79,16 +89,15 @@ def _decide_here(settings: Settings, release_id: str, key: Path | None, approve_
         console.print(f"[bold red]WARNING: above your tolerable risk[/bold red]: risk {words}; approving needs an "
                       "override with a reason.")
     if key is None:
-        console.print(f"[yellow]no controller key (--key or DPRELEASE_CONTROLLER_KEY): decide in the Prefect UI or "
-                      f"with `dprelease approve {release_id} --key YOUR_KEY`; waiting for the run[/yellow]",
-                      soft_wrap=True)
+        line = where_to_decide(settings, release_id, "no controller key (--key or DPRELEASE_CONTROLLER_KEY)")
+        console.print(f"[yellow]{escape(line)}[/yellow]", soft_wrap=True)
         return False
     while True:
         decision, comment, override = _ask(approve_as, no_terminal_reviewer, bool(context.get("above_tolerance")),
                                            risk_override)
         if decision is None:
-            console.print(f"[yellow]no terminal to ask: decide with `dprelease approve|reject {release_id} "
-                          "--key YOUR_KEY`; waiting for the run[/yellow]", soft_wrap=True)
+            line = where_to_decide(settings, release_id, "no terminal to ask")
+            console.print(f"[yellow]{escape(line)}[/yellow]", soft_wrap=True)
             return False
         try:
             decide(settings, release_id, decision, key, comment, override)
@@ -161,8 +170,10 @@ def _pause_description(flow_run_id: str) -> str:
         key = keyset.get("description")
         if key:
             try:
-                value = client.read_flow_run_input(flow_run_id, key)
-                return str(value).strip('"').encode().decode("unicode_escape")
+                # the stored input is the description as JSON (orjson: UTF-8, not \u escapes): decoded as
+                # JSON, "±" stays "±" (decoding it as unicode_escape made it "Â±")
+                value = json.loads(client.read_flow_run_input(flow_run_id, key))
+                return value if isinstance(value, str) else str(value)
             except Exception:  # noqa: BLE001 - the description is a convenience
                 pass
     return "A decision is needed."

@@ -30,6 +30,33 @@ def init(settings: Settings) -> list[str]:
 DEFAULT_RISK_PROFILE = {"sensitivity": "medium", "trust": "low", "n": 2, "max_risk": 0.2}
 
 
+def checked_risk_profile(given: dict | None) -> dict:
+    """A dataset's risk profile: the given fields over the defaults, each checked at registration as
+    every release will read it (a level name or a number in [0, 1]; n, the values the sensitive
+    attribute can take, a whole number from 2), so that no registered profile refuses every release."""
+    from dp_core import risk
+    from dp_core.errors import InvalidQueryError
+
+    profile = {**DEFAULT_RISK_PROFILE, **(given or {})}
+    for field in ("sensitivity", "trust", "max_risk"):
+        risk.level_value(profile[field])  # refuses unknown levels before anything is sealed
+    n = profile["n"]
+    if isinstance(n, bool) or not isinstance(n, int) or n < 2:
+        raise InvalidQueryError(f"the sensitive attribute's number of possible values (--sensitive-values, the risk "
+                                f"model's n) must be a whole number of at least 2 (a yes/no attribute: 2), got {n!r}")
+    return profile
+
+
+def _refuse_missing_units(path: Path, profile) -> None:
+    """Data whose privacy unit is empty in some rows fails the first check of its own suite (a non-null
+    unit), so every release of it would stop there: refused at registration instead, naming the rows."""
+    if profile.unit_missing:
+        raise escrow.EscrowError(
+            f"{path}: the privacy unit column {profile.unit!r} is empty in {profile.unit_missing} row(s) (the first: "
+            f"data row {profile.first_unit_missing}, line {profile.first_unit_missing + 1} of a CSV): every row needs "
+            "the person it belongs to; fill in or remove those rows, then register again")
+
+
 def register_dataset(settings: Settings, name: str, path: Path, privacy_unit: str | None, epsilon_cap: float,
                      delta_cap: float = 1e-5, expectations: list[dict] | None = None, add_row_id: bool = False,
                      risk_profile: dict | None = None):
@@ -45,15 +72,13 @@ def register_dataset(settings: Settings, name: str, path: Path, privacy_unit: st
     of every controller summary (defaults: DEFAULT_RISK_PROFILE). privacy_unit None registers a
     public table (no one's rows: DP SQL may join it and outer queries may read it; it is never
     charged); it is stored with an empty unit."""
-    from dp_core import input_checks, risk
+    from dp_core import input_checks
 
     from . import progress
     from .store import StoreError
 
     input_checks.check_file(path)  # the engine's file rules, before anything is sealed
-    profile = {**DEFAULT_RISK_PROFILE, **(risk_profile or {})}
-    for field in ("sensitivity", "trust", "max_risk"):
-        risk.level_value(profile[field])  # refuses unknown levels before anything is sealed
+    profile = checked_risk_profile(risk_profile)
     public = not privacy_unit
     if public and add_row_id:
         raise escrow.EscrowError("a public dataset has no privacy unit: drop --add-row-id")
@@ -78,7 +103,7 @@ def register_dataset(settings: Settings, name: str, path: Path, privacy_unit: st
         raise
     unit_column = privacy_unit if add_row_id else None
     schema = source.schema if unit_column is None else source.schema.insert(0, _int64_field(unit_column))
-    data_profile = checks.DatasetProfile.for_schema(schema)
+    data_profile = checks.DatasetProfile.for_schema(schema, privacy_unit)
     with progress.track(f"seal {path.name} (Parquet, encrypted)", source.total_rows, "rows") as advance:
         def observe(batch) -> None:
             data_profile.add(batch)
@@ -87,6 +112,7 @@ def register_dataset(settings: Settings, name: str, path: Path, privacy_unit: st
         sealed = escrow.seal_source(path, source, fingerprint, settings, key, row_number_column=unit_column,
                                     on_batch=observe)
     try:
+        _refuse_missing_units(path, data_profile)
         suite = expectations if expectations is not None else [
             e for e in data_profile.expectations(privacy_unit or "") if e["kwargs"].get("column", True) != ""]
         return store.add_dataset(name, privacy_unit=privacy_unit or "", blob_path=sealed.path, fingerprint=fingerprint,

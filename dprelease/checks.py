@@ -59,12 +59,16 @@ class DatasetProfile:
     columns: list[str] = field(default_factory=list)
     numeric: set[str] = field(default_factory=set)
     categories: dict[str, set | None] = field(default_factory=dict)  # None: too many values
+    unit: str | None = None  # the privacy-unit column, whose empty cells the suite's first check refuses
+    rows: int = 0  # rows seen so far
+    unit_missing: int = 0  # rows whose unit is empty (null)
+    first_unit_missing: int | None = None  # the first such row, 1-based (the header is not a row)
 
     @classmethod
-    def for_schema(cls, schema) -> DatasetProfile:
+    def for_schema(cls, schema, unit: str | None = None) -> DatasetProfile:
         import pyarrow as pa
 
-        profile = cls(columns=list(schema.names))
+        profile = cls(columns=list(schema.names), unit=unit if unit in schema.names else None)
         for f in schema:
             if pa.types.is_nested(f.type):
                 continue  # lists and structs: carried along, checked by the column set only
@@ -76,6 +80,13 @@ class DatasetProfile:
 
     def add(self, batch) -> None:
         import pyarrow.compute as pc
+
+        if self.unit is not None and (missing := batch.column(self.unit).null_count):
+            if self.first_unit_missing is None:
+                first = pc.index(pc.is_null(batch.column(self.unit)), True).as_py()
+                self.first_unit_missing = self.rows + first + 1
+            self.unit_missing += missing
+        self.rows += batch.num_rows
 
         for name, seen in self.categories.items():
             if seen is None:

@@ -178,18 +178,16 @@ def register_external(settings: Settings, name: str, reference: str, privacy_uni
     found by Spark (one `SELECT DISTINCT ... LIMIT` per text column: partition-sized results).
     Everything that can be refused (unit, name, reference, columns) is refused before the record
     is written."""
-    from dp_core import input_checks, risk
+    from dp_core import input_checks
 
     from . import checks
-    from .admin import DEFAULT_RISK_PROFILE
+    from .admin import checked_risk_profile
     from .store import Store, StoreError
 
     if not privacy_unit:
         raise ExternalDataError("an external dataset needs --unit (a public table is registered from a file, "
                                 "into the escrow)")
-    profile = {**DEFAULT_RISK_PROFILE, **(risk_profile or {})}
-    for field in ("sensitivity", "trust", "max_risk"):
-        risk.level_value(profile[field])
+    profile = checked_risk_profile(risk_profile)
     store = Store(settings.store_url)
     if name in {d.name for d in store.list_datasets()}:
         raise StoreError(f"dataset {name!r} is already registered: choose another name")

@@ -4,8 +4,8 @@ The one place outside `settings` that reads the environment, and only for this: 
 DPRELEASE_TEST_PAUSE_AT names the step a run reaches, the run writes its pid and the step to the
 file DPRELEASE_TEST_PAUSE_MARKER and sleeps until it is killed, or until the test removes the marker
 (the run then goes on). Unset, a pause point does nothing.
-Steps: after_checks, after_reserve, after_seal, during_publication (budget committed, the signed
-publication staged, not yet in place).
+Steps: command_start (a `dprelease` command parsed, nothing done yet), after_checks, after_reserve,
+after_seal, during_publication (budget committed, the signed publication staged, not yet in place).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import os
 import time
 from pathlib import Path
 
-STEPS = ("after_checks", "after_reserve", "after_seal", "during_publication")
+STEPS = ("command_start", "after_checks", "after_reserve", "after_seal", "during_publication")
 
 
 def pause_point(step: str) -> None:

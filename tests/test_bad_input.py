@@ -282,9 +282,33 @@ def test_bad_request_is_refused_before_any_flow(home, case):
      "unknown level 'huge'"),
     (("dataset", "register", "b", "{root}/small.csv", "--unit", "uid", "--epsilon-cap", "5", "--max-risk", "7"),
      "a level must be in [0, 1]"),
+    (("dataset", "register", "b", "{root}/small.csv", "--unit", "uid", "--epsilon-cap", "5", "--sensitive-values", "0"),
+     "must be a whole number of at least 2"),
+    (("dataset", "register", "b", "{root}/small.csv", "--unit", "uid", "--epsilon-cap", "5", "--sensitive-values", "1"),
+     "must be a whole number of at least 2"),
+    (("dataset", "register", "b", "{root}/small.csv", "--unit", "uid", "--epsilon-cap", "5", "--sensitive-values",
+      "-3", "--snapshot", "2026-11", "--series-budget", "series_cap"), "must be a whole number of at least 2"),
 ], ids=lambda v: " ".join(v) if isinstance(v, tuple) else None)
 def test_bad_command_is_one_line(home, args, words):
     refused(home, *[a.format(root=home) for a in args], words=words)
+
+
+@pytest.mark.parametrize("n", [0, 1, -3, 2.5, "2", True])
+def test_a_risk_profile_no_release_could_use_is_refused_by_the_api_as_by_the_cli(home, n):
+    """A registered risk profile is read by every release: n (the sensitive attribute's values) below 2
+    or not whole refused every one of them; it is refused at registration, nothing sealed or recorded."""
+    from dp_core import DPError
+    from dprelease import admin
+
+    before = state(home)
+    blobs = sorted((home / "home" / "escrow").iterdir())
+    with pytest.raises(DPError, match=r"must be a whole number of at least 2 \(a yes/no attribute: 2\), got") as err:
+        admin.register_dataset(Settings.from_env(), "b", home / "small.csv", "uid", 5.0, risk_profile={"n": n})
+    if type(n) is int:  # what the command line's --sensitive-values can carry
+        line = refused(home, "dataset", "register", "b", home / "small.csv", "--unit", "uid", "--epsilon-cap", "5",
+                       "--sensitive-values", n, words="at least 2")
+        assert line == f"error: {err.value}", "the API and the CLI must say the same"
+    assert state(home) == before and sorted((home / "home" / "escrow").iterdir()) == blobs
 
 
 @pytest.mark.parametrize("env,words", [
@@ -477,3 +501,36 @@ def test_results_csv_neutralises_formula_cells_and_keeps_numbers(tmp_path):
     text = (tmp_path / "results.json").read_text()
     json.loads(text)
     assert '"=HYPERLINK(\\"http://x\\")"' in text and "'=HYPERLINK" not in text  # exact, JSON-escaped
+
+
+def _rows_with_empty_units(where: int, count: int = 60) -> list[tuple]:
+    """(uid, g, x) rows with the unit left empty in row `where` (0-based) and in the last row too."""
+    return [(None if i in (where, count - 1) else i, "ab"[i % 2], i % 7) for i in range(count)]
+
+
+@pytest.mark.parametrize("where", [0, 31, 59])
+@pytest.mark.parametrize("suffix", [".csv", ".csv.gz", ".parquet"])
+def test_data_with_rows_of_no_one_is_refused_at_registration_not_at_every_release(home, tmp_path, where, suffix):
+    """A unit cell left empty registered fine and then failed every release at its first data check
+    (a non-null unit); registration now refuses it, naming how many rows and the first, with nothing
+    sealed or recorded, by the CLI and the API in the same words."""
+    from dprelease import admin
+    from dprelease.escrow import EscrowError
+
+    rows = _rows_with_empty_units(where)
+    path = tmp_path / f"people{suffix}"
+    if suffix == ".parquet":
+        pq.write_table(pa.table({"uid": [r[0] for r in rows], "g": [r[1] for r in rows], "x": [r[2] for r in rows]}),
+                       path)
+    else:
+        text = "uid,g,x\n" + "".join(f"{'' if u is None else u},{g},{x}\n" for u, g, x in rows)
+        path.write_bytes(gzip.compress(text.encode()) if suffix == ".csv.gz" else text.encode())
+    blobs = sorted((home / "home" / "escrow").iterdir())
+    empty = sum(u is None for u, _, _ in rows)
+    words = (f"the privacy unit column 'uid' is empty in {empty} row(s) (the first: data row {where + 1}, line "
+             f"{where + 2} of a CSV)")
+    line = refused(home, "dataset", "register", "people", path, "--unit", "uid", "--epsilon-cap", "1", words=words)
+    with pytest.raises(EscrowError) as api:
+        admin.register_dataset(Settings.from_env(), "people", path, "uid", 1.0)
+    assert line == f"error: {api.value}", "the API and the CLI must say the same"
+    assert sorted((home / "home" / "escrow").iterdir()) == blobs, "a refused registration left a blob"

@@ -223,3 +223,29 @@ def test_a_release_id_is_taken_whole_or_by_a_start_only_one_release_has(pasted):
     assert lines[0].startswith("error: '3f2a' is the start of 2 releases") and first in lines[0] and second in lines[0]
     code, out = _cli(pasted["home"], "approve", "no-such-release", columns=80)
     assert code == 2 and "unknown release 'no-such-release'" in out
+
+
+@pytest.mark.parametrize("console_url", ["http://localhost:8400", "https://console.example.org"])
+def test_a_release_that_cannot_ask_here_names_every_place_to_decide(console_url):
+    """`dprelease release` without a key or a terminal waits for a decision made elsewhere: its line
+    named the Prefect UI and `dprelease approve` but not the console, where the guide decides; it now
+    names the console's decision page of that release (a page the console serves), the commands and
+    the Prefect UI."""
+    import re
+
+    from starlette.routing import compile_path
+
+    from dprelease.cli.console import deciding
+    from dprelease.cli.interactive import where_to_decide
+    from dprelease.settings import Settings
+
+    settings = Settings.from_env({"DPRELEASE_HOME": "/nonexistent", "DPRELEASE_CONSOLE_URL": console_url})
+    release_id = "6f1c0a52-5d1e-4a7b-9c1d-2e3f4a5b6c7d"
+    for why in ("no controller key (--key or DPRELEASE_CONTROLLER_KEY)", "no terminal to ask"):
+        line = where_to_decide(settings, release_id, why)
+        assert line.startswith(f"{why}: decide in the console ({console_url}/releases/{release_id}")
+        assert f"dprelease approve|reject {release_id} --key" in line and "Prefect UI" in line
+        page = re.search(rf"{re.escape(console_url)}(/releases/\S+?),", line)[1]
+        served = [route for route in deciding.router.routes if getattr(route, "methods", None) == {"GET"}
+                  and compile_path(route.path)[0].fullmatch(page)]
+        assert served, f"the console serves no page at {page}"

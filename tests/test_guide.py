@@ -98,3 +98,43 @@ def test_the_guide_and_prefect_yaml_name_the_same_deployments_and_request_files(
             first = re.search(r"examples/requests/[\w.-]+\.yaml", sentence).group(0)
             assert first == request_file, (name, first, request_file, sentence)
     assert (ROOT / deployments["dp-monthly-publication"]["parameters"]["request_file"]).exists()
+
+
+def _cli_tree():
+    import typer
+
+    from dprelease.cli.app import app
+
+    return typer.main.get_command(app)
+
+
+def test_every_command_and_option_the_docs_name_exists():
+    """Whatever the README and docs/ write as `dprelease <command> [--option]` (in a block or in a
+    sentence, where the guide's test does not run it) is a command of the program with that option:
+    the deployment guide named a `dprelease decide` that never existed."""
+    top = _cli_tree()
+    # `dprelease` followed by words that read as a command: lower-case words, then its options
+    mention = re.compile(r"`?dprelease ((?:[a-z][a-z-]*(?: |$))+)([^`|#\n]*)")
+    prose = {"publishes", "offers", "therefore", "on", "import", "measurement"}  # "dprelease publishes ...": the name
+    unknown = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for number, line in enumerate(page.read_text().splitlines(), 1):
+            for found in mention.finditer(line):
+                words = found.group(1).split()
+                if words[0] in prose or words[0] == "dprelease":
+                    continue
+                command, used = top, []
+                for word in words:
+                    sub = getattr(command, "commands", {}).get(word)
+                    if sub is None:
+                        break
+                    command, used = sub, [*used, word]
+                where = f"{page.relative_to(ROOT)}:{number}"
+                if not used:
+                    unknown.append(f"{where}: dprelease {' '.join(words)}")
+                    continue
+                options = {o for p in command.params for o in (*p.opts, *p.secondary_opts)} | {"--help", "--debug"}
+                for option in re.findall(r"(?<![\w-])(--[a-z][a-z-]*)", found.group(2)):
+                    if option not in options:
+                        unknown.append(f"{where}: dprelease {' '.join(used)} has no {option}")
+    assert not unknown, "\n".join(unknown)

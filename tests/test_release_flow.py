@@ -593,6 +593,10 @@ def test_only_a_registered_controllers_signed_decision_publishes(platform_env, t
     message = _pause_description(rel.flow_run_id)
     assert "An approval is waiting" in message and "/artifacts/key/release-" in message
     assert "Accuracy preview" in message and "before any budget is spent" in message
+    from dprelease.flows.release import preview_text
+
+    preview = preview_text(rel.id)  # its intervals' "±" and dashes, as the terminal shows them (not "Â±")
+    assert "±" in preview and preview in message
     with get_client(sync_client=True) as client:
         assert client.read_flow_run(rel.flow_run_id).name == "Education, checked by alice"
     # no identity: the form refuses a missing signature and a blank reviewer

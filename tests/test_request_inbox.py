@@ -101,3 +101,65 @@ def test_a_request_no_release_would_run_is_refused_at_submission(small_home, tmp
         preflight.check_request(settings, load_request(path))
     assert result.exit_code == 2 and result.stderr.strip().splitlines() == [f"error: {release.value}"]
     assert not any(settings.inbox_dir.glob("*.json")), "a refused request was written to the inbox"
+
+
+#: request files that cannot be read as a request at all: name -> content (None: no such file; "dir": a folder)
+UNREADABLE_REQUESTS = {
+    "missing.yaml": None,
+    "folder.yaml": "dir",
+    "latin1.yaml": "dataset: Köln\n".encode("latin-1"),
+    "not-yaml.yaml": b"dataset: [small\n",
+    "a-list.yaml": b"- dataset: small\n",
+    "unknown-field.yaml": f"dataset: small\nsql: {SMALL_SQL}\nepsilon: 1\ncolour: red\n".encode(),
+    "epsilon-text.yaml": f"dataset: small\nsql: {SMALL_SQL}\nepsilon: abc\n".encode(),
+}
+
+
+@pytest.mark.parametrize("name", list(UNREADABLE_REQUESTS))
+def test_submit_and_release_refuse_an_unreadable_request_file_in_the_same_line(small_home, tmp_path, name):
+    """A request file that is missing, a folder, not UTF-8 or not a request: `request submit` says
+    what `dprelease release` says of it (it said `[Errno 2] No such file or directory: ...`), exit 2,
+    and nothing reaches the inbox."""
+    from typer.testing import CliRunner
+
+    from dprelease.cli.app import app
+
+    settings, env = small_home
+    path = tmp_path / name
+    content = UNREADABLE_REQUESTS[name]
+    if content == "dir":
+        path.mkdir()
+    elif content is not None:
+        path.write_bytes(content)
+    submitted = CliRunner().invoke(app, ["request", "submit", str(path), "--as", "ana"], env=env)
+    released = CliRunner().invoke(app, ["release", str(path), "--approve-as", "alice"], env=env)
+    lines = submitted.stderr.strip().splitlines()
+    assert submitted.exit_code == released.exit_code == 2, submitted.output + released.output
+    assert len(lines) == 1 and lines[0].startswith("error: ") and str(path) in lines[0], submitted.stderr
+    assert lines == released.stderr.strip().splitlines()
+    assert not any(settings.inbox_dir.glob("*.json")), "a refused request was written to the inbox"
+
+
+@pytest.mark.parametrize("given", ["whole id", "a start of it"])
+def test_a_decided_request_run_again_by_its_id_says_it_was_decided(small_home, given):
+    """`dprelease release ID` of a request a controller already decided (moved to inbox/decided/ when its
+    release was published or rejected) said the id was no request at all; it now says it was decided and
+    how to ask again, exit 2, with nothing spent and nothing moved back."""
+    from typer.testing import CliRunner
+
+    from dprelease.cli.app import app
+    from dprelease.requests import inbox
+    from dprelease.store import Store
+
+    settings, env = small_home
+    submitted = inbox.submit(settings, inbox.parse_text(f"dataset: small\nepsilon: 1\nsql: {SMALL_SQL}\n"), "ana")
+    inbox.mark_decided(settings, submitted.path)  # what `dprelease release` does once it is published or rejected
+    before = Store(settings.store_url).budget("small")
+    words = submitted.id if given == "whole id" else submitted.id[:6]
+    result = CliRunner().invoke(app, ["release", words, "--approve-as", "alice"], env=env)
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code == 2 and len(lines) == 1, result.output
+    assert lines[0].startswith(f"error: request {submitted.id} of the analysts' inbox was already decided"), lines
+    assert "submits it again" in lines[0]
+    assert Store(settings.store_url).budget("small") == before
+    assert not any(settings.inbox_dir.glob("*.json"))

@@ -301,3 +301,69 @@ def test_a_typed_query_refuses_group_keys_and_units_named_like_the_plan_s_intern
     with pytest.raises(dp.InvalidQueryError, match="internal column"):
         dp.Query([dp.count(upper=1, name="n")], privacy_unit=name, epsilon=1.0, group_by=("g",)).validate()
     dp.Query([dp.count(upper=1, name="n")], privacy_unit="_uid", epsilon=1.0, group_by=("_run",)).validate()
+
+
+ADULT_COLUMNS = ["age", "workclass", "education", "education_num", "marital_status", "occupation", "relationship",
+                 "race", "sex", "capital_gain", "capital_loss", "hours_per_week", "native_country", "income"]
+
+
+def _one_letter_typos(name: str) -> list[str]:
+    """A letter dropped, doubled, changed or two swapped: the typos a person makes in a column name."""
+    i = len(name) // 2
+    return [name[:i] + name[i + 1:], name[:i] + name[i] + name[i:], name[:i] + ("x" if name[i] != "x" else "y")
+            + name[i + 1:], name[:i] + name[i + 1] + name[i] + name[i + 2:]]
+
+
+@pytest.mark.parametrize("column", [c for c in ADULT_COLUMNS if len(c) >= 5])
+def test_a_misspelt_column_is_answered_with_the_column_meant(column):
+    """A typo in a column name (`educaton`) said 'a subquery may not refer to the columns of the query
+    around it' of a query without a subquery; it now names the column meant, for every typo of one
+    letter in any of Adult's column names of five letters or more."""
+    frame = pd.DataFrame({"uid": [1, 2], **{c: [1, 2] for c in ADULT_COLUMNS}})
+    tables = {"adult": Table(frame, privacy_unit="uid")}
+    for typo in {t for t in _one_letter_typos(column) if t not in ADULT_COLUMNS}:
+        with pytest.raises(dp.InvalidQueryError) as caught:
+            run_sql(f"SELECT WITH ANONYMIZATION {typo}, ANON_COUNT(*, 1) AS n FROM adult GROUP BY {typo}", tables,
+                    epsilon=1.0)
+        assert str(caught.value).startswith(f"unknown column {typo!r}: did you mean {column!r}? (available: "), typo
+        assert "subquery" not in str(caught.value)
+
+
+@pytest.mark.parametrize("param, value", [("epsilon", v) for v in (0, -1, "abc", float("nan"), float("inf"), True,
+                                                                    1e9, "1")]
+                         + [("delta", v) for v in (-1e-6, "tiny", float("nan"), True, 0.5)])
+def test_run_sql_refuses_a_bad_epsilon_or_delta_in_the_engine_s_words(param, value):
+    """run_sql(epsilon="abc") said "the request's epsilon must be a number" where dp.Query (and a request
+    file, and the CLI) say "epsilon must be a finite number > 0, got 'abc'": the same input, the same line."""
+    frame = pd.DataFrame({"uid": range(40), "g": ["a", "b"] * 20})
+    budget = {"epsilon": 1.0, "delta": 1e-6, param: value}
+    with pytest.raises(dp.InvalidQueryError) as by_query:
+        dp.execute(dp.Query([dp.count(upper=1)], privacy_unit="uid", group_by=("g",), **budget), frame)
+    with pytest.raises(dp.InvalidQueryError) as by_sql:
+        run_sql("SELECT WITH ANONYMIZATION g, ANON_COUNT(*, 1) AS n FROM t GROUP BY g",
+                {"t": Table(frame, privacy_unit="uid")}, **budget)
+    assert str(by_sql.value) == str(by_query.value)
+
+
+QUOTED_NUMBERS = [  # (a statement with {} where a number literal goes, what the message calls it)
+    ("SELECT WITH ANONYMIZATION g, ANON_AVG(age, {}, 90) AS a FROM t GROUP BY g", "ANON_AVG(...): the lower bound"),
+    ("SELECT WITH ANONYMIZATION g, ANON_SUM(age, 0, {}) AS a FROM t GROUP BY g", "ANON_SUM(...): the upper bound"),
+    ("SELECT WITH ANONYMIZATION g, ANON_COUNT(*, 1) AS n FROM t GROUP BY g LIMIT {}", "LIMIT"),
+    ("SELECT WITH ANONYMIZATION g, ANON_COUNT(*, 1) AS n FROM t TABLESAMPLE SYSTEM ({} PERCENT) GROUP BY g",
+     "the sample's percentage"),
+    ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (privacy_unit_column = uid) APPROX_QUANTILES(age, {}) FROM t",
+     "the number of quantiles"),
+]
+
+
+@pytest.mark.parametrize("sql, what", QUOTED_NUMBERS, ids=[w for _, w in QUOTED_NUMBERS])
+@pytest.mark.parametrize("written, fix", [("'5'", "write 5 without quotes"),
+                                          ("'five'", "write a number, without quotes")])
+def test_a_number_written_in_quotes_is_refused_with_the_fix(sql, what, written, fix):
+    """A bound, LIMIT, sample percentage or quantile count written as text ('5') was refused without
+    saying why a 5 is not a number here: the line now says to write it without quotes."""
+    frame = pd.DataFrame({"uid": range(40), "g": ["a", "b"] * 20, "age": [30] * 40})
+    with pytest.raises(dp.InvalidQueryError) as caught:
+        run_sql(sql.format(written), {"t": Table(frame, privacy_unit="uid")}, epsilon=1.0)
+    message = str(caught.value)
+    assert what in message and f"must be a number literal, got the string {written}: {fix}" in message, message

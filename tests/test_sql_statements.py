@@ -422,7 +422,7 @@ WORD_FOR_WORD = {  # refusals whose whole message is the guidance: rule -> (stat
         "ANON_STDDEV_POP(...): takes 1 positional argument(s), got 3: bounds go in CLAMPED BETWEEN L AND U"),
     "an upper bound that is not a number": (
         f"{DP.format(e=1)} SUM(age, contribution_bounds_per_group => (0, 'ninety')) AS s FROM people",
-        "SUM(...): the upper bound must be a number literal, got the string 'ninety'"),
+        "SUM(...): the upper bound must be a number literal, got the string 'ninety': write a number, without quotes"),
     "two statements": ("SELECT region FROM depts; SELECT dept FROM depts", "give exactly one SQL statement"),
     "three contribution bounds": (f"{DP.format(e=1)} SUM(age, contribution_bounds_per_group => (0, 1, 2)) AS s "
                                   "FROM people", "SUM(...): contribution bounds need exactly two numbers (L, U)"),
@@ -911,7 +911,7 @@ def test_request_parameters_and_options_are_read_as_written(tables):
         assert compile_statement_for(statement, tables, epsilon=1.0, delta=1e-9).parts[0].query.delta == 1e-9
     with pytest.raises(dp.DPError) as info:
         compile_statement_for(sql, tables, epsilon="x")
-    assert str(info.value) == "the request's epsilon must be a number, got 'x'"
+    assert str(info.value) == "epsilon must be a finite number > 0, got 'x'"  # the engine's words (dp.execute)
     signed = sql.replace("DIFFERENTIAL_PRIVACY", "DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1, max_groups_contributed = +5)")
     assert compile_statement_for(signed, tables).parts[0].query.max_partitions_contributed == 5
     qualified = {"people": tables["people"], "sales.depts": tables["depts"], "lake.sales.people": tables["depts"]}

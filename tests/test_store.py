@@ -251,7 +251,8 @@ def test_a_datasets_budget_counts_only_its_own_reservations_and_spending(any_sto
         any_store.reserve("adult", "a2", 0.5, 0.0)
     assert str(caught.value) == (
         "budget exceeded for dataset 'adult': epsilon cap 10, committed 0, reserved 10, requested 0.5 "
-        "(remaining 0); ask for less, wait for pending releases to be refunded, or raise the cap")
+        "(remaining 0); ask for at most 0, or wait for the pending releases holding 10 to end (a cap is all the data "
+        "may ever spend: it cannot be raised)")
 
 
 def test_a_snapshot_of_a_series_with_one_cap_is_refused_over_the_series_delta_cap(any_store):
@@ -271,10 +272,39 @@ def test_a_snapshot_of_a_series_with_one_cap_is_refused_over_the_series_delta_ca
         any_store.reserve("visits@2026-02", "february", 0.2, 6e-6)  # 0.4 of epsilon fits; 1.2e-5 of delta does not
     assert str(caught.value) == (
         "budget exceeded for series 'visits' (one cap for all snapshots: the same people in each): delta cap 1e-05, "
-        "committed 0, reserved 6e-06, requested 6e-06 (remaining 4e-06); raise the series cap or spend less per period")
+        "committed 0, reserved 6e-06, requested 6e-06 (remaining 4e-06); ask for at most 4e-06, or wait for the pending "
+        "releases holding 6e-06 to end (a cap is all the data may ever spend: it cannot be raised)")
     with pytest.raises(StoreError, match="no budget reservation for release 'february'"):
         any_store.ledger_entry("february")
     assert any_store.reserve("visits@2026-02", "february", 0.2, 4e-6).status == "reserved"  # the series' remainder
+
+
+@pytest.mark.parametrize("param", ["epsilon", "delta"])
+@pytest.mark.parametrize("whose", ["dataset", "series"])
+def test_a_budget_refusal_advises_only_what_can_be_done_and_its_advice_fits(any_store, whose, param):
+    """A refusal over a cap said "or raise the cap", which no command or API does: it now names the
+    largest request that fits (and the reservations to wait for), and that request is accepted."""
+    import re
+
+    schema = {"person_id": "int64"}
+    name = "visits@2026-01" if whose == "series" else "adult"
+    any_store.add_dataset(name, privacy_unit="person_id", blob_path="-", fingerprint="-", file_format="parquet",
+                          schema=schema, epsilon_cap=3.0 if whose == "series" else 1.0, delta_cap=1e-4)
+    if whose == "series":  # the series' cap (1, 1e-5) is the tighter one
+        store_series.add_series(any_store, "visits", privacy_unit="person_id", schema=schema,
+                                budget_mode="series_cap", epsilon_cap=1.0, delta_cap=1e-5)
+        store_series.add_snapshot(any_store, "visits", "2026-01", name)
+    cap = {"epsilon": 1.0, "delta": 1e-5 if whose == "series" else 1e-4}[param]
+    held = any_store.reserve(name, "first", *((0.25, 0.0) if param == "epsilon" else (0.1, cap / 4)))
+    assert held.status == "reserved"
+    with pytest.raises(BudgetExceeded) as caught:
+        any_store.reserve(name, "second", *((0.9, 0.0) if param == "epsilon" else (0.1, cap)))
+    message = str(caught.value)
+    assert "raise" not in message.replace("cannot be raised", ""), message
+    advised = float(re.search(r"ask for at most (\S+), or wait for the pending releases holding", message)[1])
+    assert advised == pytest.approx(cap * 0.75, rel=1e-3)
+    asked = (advised, 0.0) if param == "epsilon" else (0.1, advised)
+    assert any_store.reserve(name, "second", *asked).status == "reserved"
 
 
 def test_delta_cap_is_enforced(sqlite_store):

@@ -75,6 +75,8 @@ def console(port: int = typer.Option(8400, help="port to listen on"),
     releases, follow budgets; analysts submit requests and read published reports.
 
     Example: dprelease console --port 8400"""
+    from dprelease.store import Store
+
     from .. import prefect_server
     from .server import relying_party, serve
 
@@ -82,6 +84,7 @@ def console(port: int = typer.Option(8400, help="port to listen on"),
         rp = relying_party(port, rp_id, origin)
     except ValueError as err:
         fail(str(err))
+    Store(Settings.from_env().store_url)  # a home with no store is refused before a Prefect server starts
     prefect_server.start()
     prefect_server.wait_ready()
     terminal.print(f"the console: {rp.origin} (listening on {host}:{port}; Ctrl-C stops it)", highlight=False,

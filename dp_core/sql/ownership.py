@@ -29,6 +29,7 @@ quotes the offending clause and says why it would break the guarantee.
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field, replace
 
 import sqlglot
@@ -78,6 +79,19 @@ class Relation:
 
     def is_unit(self, name: str) -> bool:
         return self.unit is not None and (self.unit.lower() == name.lower() or name.lower() in self.copies)
+
+
+def _unknown_column(name: str, known: list[str]) -> str:
+    """An unknown column and its likely fix: the known column closest to it when there is one (a typo:
+    difflib's ratio of at least 0.75, case aside, e.g. one letter dropped, added, changed or swapped in
+    a name of five letters or more), else the other way a column is unknown here: a subquery that
+    refers to the query around it."""
+    available = f"(available: {', '.join(known) or 'none'})"
+    by_lower = {c.lower(): c for c in known}
+    close = difflib.get_close_matches(name.lower(), list(by_lower), n=1, cutoff=0.75)
+    if close:
+        return f"unknown column {name!r}: did you mean {by_lower[close[0]]!r}? {available}"
+    return f"unknown column {name!r} {available}; a subquery may not refer to the columns of the query around it"
 
 
 @dataclass
@@ -147,8 +161,7 @@ class Scope:
         owners = [r for r in self.relations if r.has(name)]
         if not owners:
             known = sorted({c for r in self.relations for c in r.columns.values()})
-            raise InvalidQueryError(f"unknown column {name!r} (available: {', '.join(known) or 'none'}); "
-                                    "a subquery may not refer to the columns of the query around it")
+            raise InvalidQueryError(_unknown_column(name, known))
         if len(owners) > 1:
             raise InvalidQueryError(f"column {name!r} is ambiguous: qualify it with one of {[r.alias for r in owners]}")
         _refuse_unnamed(owners[0], name)

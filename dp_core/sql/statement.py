@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from ..errors import InvalidQueryError, UnsupportedError
-from ..input_checks import check_delta
+from ..input_checks import check_delta, check_epsilon
 from ..sql_scopes import table_reads
 from .compile import CompiledQuery, Compiler
 from .ownership import OwnershipChecker, TableInfo, _arg, check_column_list, check_functions
@@ -97,9 +97,8 @@ def _share(clauses, key: str, request, default=None) -> dict[int, float | None]:
         return out
     if request is None:  # no request value: each DP SELECT without its own takes the default
         return {**out, **{n: default for n in lacking}}
-    total = request
-    if not isinstance(total, (int, float)) or isinstance(total, bool):
-        raise InvalidQueryError(f"the request's {key} must be a number, got {total!r}")
+    # the request's value is checked as the engine checks a query's (dp.Query, a request file): one message
+    total = check_epsilon(request) if key == "epsilon" else check_delta(request)
     left = float(total) - sum(fixed.values())
     if fixed and left <= (0 if key == "epsilon" else -1e-300):
         raise InvalidQueryError(

@@ -70,6 +70,8 @@ def quote(sql: exp.Expression) -> str:
         return type(sql).__name__
 
 
+#: a decimal number as SQL writes one (a sign, digits, a fraction, an exponent)
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 _DP_CALL = re.compile(r"\b__DP_(?=\w+\()")  # the parser's prefix of a DP aggregate call
 
 
@@ -85,9 +87,12 @@ def number_literal(node: exp.Expression | None, what: str, integer: bool = False
         neg, node = True, node.this
     if node is None:
         raise InvalidQueryError(f"{what} is missing: it must be a number literal")
-    if not (isinstance(node, exp.Literal) and not node.is_string):
-        kind = (f"the string {quote(node)}" if isinstance(node, exp.Literal) else "NULL" if isinstance(node, exp.Null)
-                else repr(quote(node)))
+    if isinstance(node, exp.Literal) and node.is_string:  # '17': a number in quotes is text in SQL
+        fix = (f"write {'-' if neg else ''}{node.this.strip()} without quotes" if _NUMBER.fullmatch(node.this.strip())
+               else "write a number, without quotes")
+        raise InvalidQueryError(f"{what} must be a number literal, got the string {quote(node)}: {fix}")
+    if not isinstance(node, exp.Literal):
+        kind = "NULL" if isinstance(node, exp.Null) else repr(quote(node))
         raise InvalidQueryError(f"{what} must be a number literal, got {kind}")
     text = str(node.this)
     try:

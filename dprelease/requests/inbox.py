@@ -90,11 +90,20 @@ def read(path: Path) -> ReleaseRequest:
 def find(settings: Settings, text: str) -> Path | None:
     """The inbox file of a request id or of a prefix only one id starts with; None when no request
     has it (AmbiguousPrefix when several do)."""
+    return _find_in(settings.inbox_dir, text, "inbox requests")
+
+
+def find_decided(settings: Settings, text: str) -> Path | None:
+    """The file of a request a controller already decided (inbox/decided/), by its id or a prefix only
+    one decided id starts with; None when none has it."""
+    return _find_in(settings.inbox_dir / DECIDED, text, "decided inbox requests")
+
+
+def _find_in(folder: Path, text: str, what: str) -> Path | None:
     if not text or "/" in text or text.startswith("."):
         return None
-    ids = [p.stem for p in settings.inbox_dir.glob("*.json")]
-    found = by_prefix(text, ids, "inbox requests")
-    return None if found is None else settings.inbox_dir / f"{found}.json"
+    found = by_prefix(text, [p.stem for p in folder.glob("*.json")], what)
+    return None if found is None else folder / f"{found}.json"
 
 
 def mark_decided(settings: Settings, path: Path) -> None:

@@ -555,8 +555,4 @@ def _check_fits(ds: Dataset, totals: dict[str, dict[str, float]], epsilon: float
     for param, cap, asked in (("epsilon", ds.epsilon_cap, epsilon), ("delta", ds.delta_cap, delta)):
         spent, reserved = totals[param]["committed"], totals[param]["reserved"]
         if not _within(math.fsum((spent, reserved, asked)), cap):
-            raise BudgetExceeded(
-                f"budget exceeded for dataset {ds.name!r}: {param} cap {cap:g}, committed {spent:g}, "
-                f"reserved {reserved:g}, requested {asked:g} (remaining {max(0.0, cap - spent - reserved):g}); "
-                "ask for less, wait for pending releases to be refunded, or raise the cap"
-            )
+            raise BudgetExceeded.over(f"dataset {ds.name!r}", param, cap, spent, reserved, asked)

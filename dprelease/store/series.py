@@ -279,10 +279,8 @@ def check_series_fits(session: Session, dataset: str, epsilon: float, delta: flo
     for param, cap, asked in (("epsilon", series.epsilon_cap, epsilon), ("delta", series.delta_cap, delta)):
         spent, reserved = totals[param]["committed"], totals[param]["reserved"]
         if math.fsum((spent, reserved, asked)) > cap + CAP_TOLERANCE * max(cap, 1e-12):
-            raise BudgetExceeded(
-                f"budget exceeded for series {series.name!r} (one cap for all snapshots: the same people in each): "
-                f"{param} cap {cap:g}, committed {spent:g}, reserved {reserved:g}, requested {asked:g} "
-                f"(remaining {max(0.0, cap - spent - reserved):g}); raise the series cap or spend less per period")
+            raise BudgetExceeded.over(f"series {series.name!r} (one cap for all snapshots: the same people in each)",
+                                      param, cap, spent, reserved, asked)
 
 
 def series_budget(store, name: str) -> dict:
