@@ -235,10 +235,12 @@ def scheduled_deployment() -> str | None:
 
 def ask_controller(platform, release_id: str, description: str, key: str, timeout: int,
                    poll_interval: float | None = None, answered: str = "pending",
-                   profile: dict | None = None) -> ReleaseDecision:
+                   profile: dict | None = None, with_preview: bool = True) -> ReleaseDecision:
     """Pause until a controller's signed decision counts (the UI's Resume form, or `dprelease
     approve`); a decision that does not verify is refused, recorded, and the run asks again. The
-    release's status is `awaiting_approval` during the pause and `answered` after it."""
+    release's status is `awaiting_approval` during the pause and `answered` after it.
+    `with_preview`: the accuracy preview under the question (the release's own approval, before
+    its budget is spent; not a later question, asked once it is)."""
     settings = platform.settings
     profile = profile or {}
     poll_interval = poll_interval or APPROVAL_POLL_SECONDS
@@ -253,7 +255,7 @@ def ask_controller(platform, release_id: str, description: str, key: str, timeou
             remaining = int(deadline - time.monotonic())
             if remaining <= 0:
                 raise FlowPauseTimeout(f"no valid decision within {timeout} s")
-            text = waiting_message(release_id, description, refused)
+            text = waiting_message(release_id, description, refused, with_preview)
             form = ReleaseDecision.with_initial_data(description=text)
             answer = pause_for_input(form, timeout=remaining, poll_interval=poll_interval,
                                      key=key if attempt == 0 else f"{key}-{attempt}")
@@ -278,7 +280,7 @@ def ask_controller(platform, release_id: str, description: str, key: str, timeou
         platform.store.update_release(release_id, status=answered)
 
 
-def waiting_message(release_id: str, summary: str, refused: list[str]) -> str:
+def waiting_message(release_id: str, summary: str, refused: list[str], with_preview: bool = True) -> str:
     """The markdown above the Resume form: the last refusal first (a refused decision closed the
     dialog), then that an approval is waiting, where the summary is, and the summary (which opens
     with the risk warning when the risk is above the tolerable risk: said once)."""
@@ -291,7 +293,7 @@ def waiting_message(release_id: str, summary: str, refused: list[str]) -> str:
     lines = [f"# An approval is waiting: release `{release_id}`"]
     if refused:
         lines.append(f"**Your last decision was refused:** {refused[-1]}")
-    return "\n\n".join(lines + [where, summary, preview_text(release_id)])
+    return "\n\n".join(lines + [where, summary] + ([preview_text(release_id)] if with_preview else []))
 
 
 def show_refusal(release_id: str, reason: str, form_decision: str, reviewer: str) -> None:

@@ -58,14 +58,14 @@ def utility_flow(
     ask = (f"## Run the evaluation `{evaluator}`?\nParameters: `{evaluator_params}`. It will be computed on the "  # 4-5
            "DP output and on the output without noise; both stay withheld until your last approval.")
     run_it = ask_controller(platform, release_id, ask, f"utility-run-{release_id}", approval_timeout, poll_interval,
-                            answered="published")
+                            answered="published", with_preview=False)  # the budget is spent: no preview
     if run_it.decision != "approve":
         return {"release_id": release_id, "status": "published", "directory": directory, "utility": "not run",
                 "stopped_at": 2}
     summary = steps.evaluate_utility(settings, release_id, planned, decision, evaluator, evaluator_params)
 
     last = ask_controller(platform, release_id, summary, f"utility-release-{release_id}", approval_timeout,  # 6
-                          poll_interval, answered="published")
+                          poll_interval, answered="published", with_preview=False)
     if last.decision != "approve":
         return {"release_id": release_id, "status": "published", "directory": directory, "utility": "withheld",
                 "stopped_at": 3}

@@ -52,6 +52,7 @@ def env(tmp_path_factory):
 def run_utility(env, answers, **params):
     """Start the utility flow and give the answers in order (approve/reject), one per pause."""
     from dprelease.cli.deciding import decide
+    from dprelease.cli.interactive import _pause_description
     from dprelease.flows.approvals import wait_until_paused
     from dprelease.flows.utility import utility_flow
     from dprelease.pipeline import Platform
@@ -70,15 +71,17 @@ def run_utility(env, answers, **params):
 
     thread = threading.Thread(target=target, daemon=True)
     thread.start()
-    snapshots = []
+    snapshots, questions = [], []
     for decision in answers:
         rel = _wait_awaiting(platform, known, thread)
         if rel is None:
             break
         wait_until_paused(rel.flow_run_id, timeout=PATIENCE_S)  # this pause (resuming sets the run Running at once)
         snapshots.append(_analyst_text(env, rel.id))
+        questions.append(_pause_description(rel.flow_run_id))
         decide(env, rel.id, decision, env.home / "carla.pem", f"step {len(snapshots)}", timeout=PATIENCE_S)
     thread.join(PATIENCE_S)
+    box["questions"] = questions  # the text above each pause's form, in order
     return box, snapshots
 
 
@@ -118,6 +121,12 @@ def test_all_three_approvals_release_the_utility_signal(env):
     report = signing.verify_directory(Path(result["directory"]), env.public_key_file)
     assert report.ok and report.facts["utility_signal"]["evaluator"] == "spearman_rank"
     assert (Path(result["directory"]) / "utility.json").exists()
+    # the accuracy preview ("before any budget is spent") is shown with the release's approval only:
+    # the questions after it are asked once its budget is spent
+    first, run_it, release_it = box["questions"]
+    assert "Accuracy preview" in first and "before any budget is spent" in first
+    assert all("Accuracy preview" not in q and "before any budget" not in q for q in (run_it, release_it))
+    assert "Run the evaluation" in run_it
 
 
 @pytest.mark.parametrize("stop", [1, 2, 3])
