@@ -26,7 +26,7 @@ import dp_core as dp
 from dp_core import display, pri, risk
 from dp_core.sql import Table, compile_statement_for, run_sql
 
-from . import checks, escrow, external, progress, shared_archive
+from . import checks, column_types, escrow, external, progress, shared_archive
 from .faults import pause_point
 from .reporting import data_files, pages, signing
 from .requests import ReleaseRequest, query_from_spec
@@ -135,8 +135,7 @@ def plan(platform: Platform, request: ReleaseRequest) -> Plan:
     ds = platform.store.get_dataset(request.dataset)
     placeholder = request.epsilon or 1.0
     options = risk_confidence(request)
-    columns = list(json.loads(ds.schema_json))
-    empty = pd.DataFrame({c: pd.Series(dtype=t) for c, t in _pandas_types(ds).items()})[columns]
+    empty = column_types.planning_stand_in(ds)
     if not ds.privacy_unit:
         raise ReleaseError(f"dataset {ds.name!r} is public (no privacy unit): there is nothing to protect; a DP "
                            "release reads a protected dataset (public ones may be joined in its SQL)")
@@ -146,6 +145,7 @@ def plan(platform: Platform, request: ReleaseRequest) -> Plan:
                                           max_partitions_contributed=request.max_partitions_contributed, **options)
         if not statement.parts:
             raise ReleaseError("the SQL has no DP SELECT: nothing to release")
+        column_types.check_sql_types(request.sql, statement, sql_datasets(platform, ds))  # before any data
         if len(statement.parts) > 1 and request.epsilon_mode == "risk" and request.risk.get("split") == "need":
             raise ReleaseError("epsilon.risk.split: need chooses the shares of one DP SELECT, and this SQL has "
                                f"{len(statement.parts)}: use split: equal, or one DP SELECT; nothing was computed")
@@ -187,25 +187,29 @@ def preview_markdown(platform: Platform, planned: Plan, epsilon: float) -> str:
 def _sql_tables(platform: Platform, ds, data, planning: bool = False) -> dict[str, Table]:
     """The tables a SQL request may read: its dataset (protected) and every public dataset (empty
     stand-ins of the registered schema while planning, their rows when computing)."""
-    tables = {ds.name: Table(data, ds.privacy_unit)}
-    series_name = store_series.series_name_of(platform.store, ds.name)
-    if series_name:  # a snapshot of a series: the series' SQL names the series, whatever the period
-        tables[series_name] = tables[ds.name]
-    for other in platform.store.list_datasets():
-        if not other.privacy_unit and other.name != ds.name:
-            if planning:
-                rows = pd.DataFrame({c: pd.Series(dtype=t) for c, t in _pandas_types(other).items()})
-            else:
-                _, rows = load_frame(platform, other.name)  # public tables: small, read whole
-            tables[other.name] = Table(rows)
+    tables = {}
+    for name, record in sql_datasets(platform, ds).items():
+        if record is ds:
+            tables[name] = Table(data, ds.privacy_unit)
+        elif planning:
+            tables[name] = Table(column_types.planning_stand_in(record))
+        else:
+            _, rows = load_frame(platform, record.name)  # public tables: small, read whole
+            tables[name] = Table(rows)
     return tables
 
 
-def _pandas_types(ds) -> dict[str, str]:
-    """The registered schema as pandas dtypes (enough for the SQL compiler to know the columns)."""
-    out = {}
-    for col, kind in json.loads(ds.schema_json).items():
-        out[col] = "float64" if kind.startswith("float") else "int64" if kind.startswith("int") else "object"
+def sql_datasets(platform: Platform, ds) -> dict:
+    """The SQL name -> the registered dataset of every table a SQL request on `ds` may read: `ds`
+    (under its series' name too, for a snapshot: the series' SQL names the series, whatever the
+    period) and every public dataset."""
+    out = {ds.name: ds}
+    series_name = store_series.series_name_of(platform.store, ds.name)
+    if series_name:
+        out[series_name] = ds
+    for other in platform.store.list_datasets():
+        if not other.privacy_unit and other.name != ds.name:
+            out[other.name] = other
     return out
 
 
@@ -314,8 +318,8 @@ def statement_epsilon(platform: Platform, planned: Plan, epsilon: float) -> floa
     if not planned.sql:
         return epsilon
     ds = platform.store.get_dataset(planned.request.dataset)
-    empty = pd.DataFrame({c: pd.Series(dtype=t) for c, t in _pandas_types(ds).items()})
-    return compile_statement_for(planned.sql, _sql_tables(platform, ds, empty, planning=True), epsilon=epsilon,
+    return compile_statement_for(planned.sql, _sql_tables(platform, ds, column_types.planning_stand_in(ds),
+                                                          planning=True), epsilon=epsilon,
                                  delta=planned.request.delta).epsilon
 
 

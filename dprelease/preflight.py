@@ -6,7 +6,7 @@ budget atomically), so this is a courtesy, never the guard."""
 
 from __future__ import annotations
 
-from . import external, pipeline, shared_archive
+from . import column_types, external, pipeline, shared_archive
 from .requests import ReleaseRequest
 from .settings import Settings
 
@@ -34,21 +34,6 @@ def check_submission(platform: pipeline.Platform, request: ReleaseRequest) -> pi
 
 
 def _check_columns(platform: pipeline.Platform, planned: pipeline.Plan) -> None:
-    """The engine's column checks (dp_core.engine.check_columns) against the registered schema,
-    on an empty frame of the registered types: no data is read."""
-    import json
-
-    import pandas as pd
-
-    from dp_core.backend import DuckDBBackend
-    from dp_core.engine import check_columns
-
-    ds = platform.store.get_dataset(planned.request.dataset)
-    types = pipeline._pandas_types(ds)
-    empty = pd.DataFrame({c: pd.Series(dtype="string" if types[c] == "object" else types[c])
-                          for c in json.loads(ds.schema_json)})
-    backend = DuckDBBackend.for_input(empty)
-    try:
-        check_columns(planned.query, backend.schema())
-    finally:
-        backend.close()
+    """The engine's column checks (dp_core.engine.check_columns) against the registered schema, on
+    empty stand-ins typed as the release reads them (column_types): no data is read."""
+    column_types.check_query_types(planned.query, platform.store.get_dataset(planned.request.dataset))

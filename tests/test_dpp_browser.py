@@ -11,10 +11,10 @@ import html
 import json
 import math
 import re
-from contextlib import contextmanager
 
 import pytest
 from console_harness import Browser, console_server
+from moved_away import moved_away
 from test_console import paused_release, platform_env  # noqa: F401 - the module's home and Prefect API
 from test_console_browser import enrolled, enrolment_link  # noqa: F401
 
@@ -43,16 +43,9 @@ def submitted(platform_env, title: str) -> str:  # noqa: F811
     return inbox.submit(platform_env, request, "ana").id
 
 
-@contextmanager
 def no_escrow_key(settings):
     """The escrow key moved away: anything that reads the data fails while it is."""
-    key = settings.escrow_key_file
-    away = key.with_name(key.name + ".away")
-    key.rename(away)
-    try:
-        yield
-    finally:
-        away.rename(key)
+    return moved_away(settings.escrow_key_file)
 
 
 def settled(page) -> dict:

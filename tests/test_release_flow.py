@@ -258,6 +258,27 @@ def test_a_fixed_epsilon_beyond_the_remaining_budget_is_refused_before_the_data_
     assert failed[-1].decision_comment.startswith("budget: budget exceeded")
 
 
+def test_an_aggregate_of_a_text_column_is_refused_by_the_flows_plan_before_the_data_is_read(platform_env):
+    """A flow started without the CLI's preflight (the Prefect UI's run form, a deployment) refuses an
+    average of a text column at its data-free plan step, with the engine's words: the strict
+    dataset's data checks (which would fail) never ran, nothing was reserved, no ledger entry."""
+    from dprelease import pipeline
+
+    platform = pipeline.Platform.open(platform_env)
+    before = platform.store.budget("strict")
+    entries = len(platform.store.ledger_entries("strict"))
+    sql = ("SELECT WITH ANONYMIZATION sex, ANON_AVG(level, 0, 1) AS v FROM (SELECT person_id, sex, education AS "
+           "level FROM strict) GROUP BY sex")
+    thread, box = start_release(dataset="strict", sql=sql, epsilon=1.0)
+    thread.join(PATIENCE_S)
+    assert "error" in box and "aggregate 'v' needs a numeric column, but 'level' has type VARCHAR" in str(box["error"])
+    assert "Data checks" not in str(box["error"])
+    assert platform.store.budget("strict") == before
+    assert len(platform.store.ledger_entries("strict")) == entries
+    failed = [r for r in platform.store.list_releases(status="failed") if r.dataset == "strict"]
+    assert "has type VARCHAR" in failed[-1].decision_comment
+
+
 def test_noise_is_drawn_once_per_release(platform_env):
     """A retried or resumed compute step returns the sealed numbers, byte for byte."""
     from dprelease import pipeline

@@ -117,6 +117,22 @@ def run_statement(compiled: CompiledStatement, data: dict, *, threads: int | Non
     return combine(results, table)
 
 
+def part_schemas(compiled: CompiledStatement, data: dict) -> list[dict[str, str]]:
+    """Each DP SELECT's input as the engine sees it when the part runs (run_statement): the columns
+    and DuckDB types of its source relation (FROM, joins, WHERE, inner SELECTs) over `data`. Over
+    empty stand-ins no row is read: the engine's column checks (engine.check_columns) can then be
+    given before any data is. InvalidDataError when a source cannot be bound over these tables."""
+    backend = DuckDBBackend.for_tables(data)
+    try:
+        schemas = []
+        for part in compiled.parts:
+            backend.define_input(render(part.source_sql("duckdb"), "duckdb", 0))  # a sample's stand-in key
+            schemas.append(backend.schema())
+        return schemas
+    finally:
+        backend.close()
+
+
 def with_public_groups(part: CompiledQuery, data: dict, threads: int | None = None, sample_key: int | None = None) -> Query:
     """The part's query, with OPTIONS (group_selection_strategy = PUBLIC_GROUPS) resolved: its public
     partitions are the distinct key tuples of its public-groups subqueries, read from the public
