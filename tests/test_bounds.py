@@ -531,3 +531,19 @@ def test_the_released_query_s_bounds_are_the_widest_of_the_released_partitions_b
     assert s.lower == min(b.lower for b in published["s"]) and s.upper == max(b.upper for b in published["s"])
     assert n.lower is None and n.upper == max(b.upper for b in published["n"])
     assert r.to_dict()["aggregates"][0]["upper"] == s.upper < 2**19
+
+
+def test_the_bounds_histogram_s_noise_and_threshold_are_sized_for_a_unit_s_c_u_values():
+    """A unit adds one value to the histogram in each of its <= C_u partitions: L1 sensitivity C_u, so the
+    noise's scale is C_u / epsilon of the share, the threshold is the one for that noise, and the record
+    says so (C_u = 4, public groups: the bounds get half of epsilon 2; the record test above has C_u = 1,
+    where a missing C_u shows nowhere)."""
+    units = np.arange(1000)
+    df = pd.DataFrame({"uid": np.repeat(units, 4), "g": np.tile(list("abcd"), 1000), "x": np.linspace(1.0, 100.0, 4000)})
+    q = dp.Query([dp.Aggregate("sum", column="x", name="s")], privacy_unit="uid", group_by=("g",),
+                 public_partitions=list("abcd"), epsilon=2.0, max_partitions_contributed=4)
+    (b,) = dp.execute(q, df).inferred_bounds
+    d = b.record.to_dict()
+    assert (d["max_partitions"], d["sensitivity"], d["epsilon"], d["scale"]) == (4, 4.0, 1.0, 4.0)
+    assert b.threshold == bounds.discrete_threshold(1.0, 4, len(b.bin_edges), q.bounds_failure)
+    assert b.threshold > bounds.discrete_threshold(1.0, 1, len(b.bin_edges), q.bounds_failure)
