@@ -96,17 +96,20 @@ def test_the_truncated_geometric_keeps_each_partition_within_its_epsilon_and_del
 
 
 def test_the_truncated_geometric_selection_keeps_with_the_exact_probabilities():
-    """The selection's draw is U < P(n) with U uniform on [0, 2^128): P(n) = 0 never keeps, 2^128 always,
-    and a partition of size n is kept about P(n) / 2^128 of the time (200,000 draws of a size whose
-    p is near 1/2: within 6 sd, false-failure rate 2e-9)."""
-    from dp_core.selection_geometric import ONE, draw_keep, keep_numerators
+    """The selection draws U < P(n) with U uniform on [0, 2^128), P the grid checked above for its share's
+    epsilon / C_u and per-partition delta: P(n) = 0 never keeps, 2^128 always, and a partition of a size
+    whose p is near 1/2 is kept about p of the time (200,000 draws: within 6 sd, false-failure rate
+    2e-9; a selection that drew p for another epsilon or C_u is off by far more)."""
+    from dp_core.accounting import Share
+    from dp_core.partition_selection import STRATEGIES
+    from dp_core.selection_geometric import ONE, keep_numerators
 
-    epsilon, cu, d = 1.0, 1, per_partition_delta(1e-6, 1)
-    numerators = keep_numerators(np.arange(0, 40), epsilon, cu, d)
+    share, cu = Share("partition selection", 3.0, 1e-6), 3
+    numerators = keep_numerators(np.arange(0, 200), share.epsilon, cu, per_partition_delta(share.delta, cu))
     middle = int(np.argmin([abs(p / ONE - 0.5) for p in numerators]))
     big = next(n for n, p in enumerate(numerators) if p == ONE)
     sizes = np.array([0] * 1000 + [big] * 1000 + [middle] * 200_000)
-    kept = draw_keep(sizes, epsilon, cu, d)
+    kept = STRATEGIES["truncated-geometric"](sizes, share, cu).keep
     assert not kept[:1000].any() and kept[1000:2000].all()
     p = numerators[middle] / ONE
     assert abs(kept[2000:].sum() - 200_000 * p) < 6 * math.sqrt(200_000 * p * (1 - p))
