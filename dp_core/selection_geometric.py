@@ -13,29 +13,34 @@ constraint: where 1 - p(n + 1) is near e^-e it is rounded by up to 2^-53, and th
 it by e^e (at e = 50, p(2) rounded to 1: a partition of two units always kept, of one dropped with
 probability 1 - d, an infinite privacy loss; at e = 25, d = 1e-6, an excess of 8 d).
 
-Here the recursion runs on integers P(n) = p(n) 2^K (K = 128), every step rounded down, with e^e taken
+Here the recursion runs on integers P(n) = p(n) 2^K, every step rounded down, with e^e taken
 from below and e^-e from above (60-digit decimals, widened by 10^-50): each P(n + 1) is at most both
 bounds for the true e^e and d, so the constraints hold exactly for the probabilities drawn. A partition
 is kept when a uniform integer U on [0, 2^K) from the OS CSPRNG is below P(n): probability P(n) / 2^K
-exactly. d is partition_selection.per_partition_delta (at most the share's per-partition delta).
+exactly. K = 128 + ceil(log2(1/d)), so that d itself has 128 bits on the grid (MIN_DELTA is 1e-100). d is partition_selection.per_partition_delta (at most the share's per-partition delta).
 """
 
 from __future__ import annotations
 
+import math
+import secrets
 from decimal import Decimal, localcontext
 from fractions import Fraction
 
 import numpy as np
 
-from .noise import random_words
-
-#: the grid of the keep probabilities: 2^-KEEP_BITS (two 64-bit CSPRNG words per decision)
+#: the bits of the keep probabilities' grid beyond those d needs (d is 2^-K times an integer of 128 bits)
 KEEP_BITS = 128
-ONE = 1 << KEEP_BITS
-_WORD = 1 << 64
 
 
-def _growth_bounds(epsilon: float, max_partitions: int) -> tuple[int, int]:
+def grid_bits(d: float) -> int:
+    """K: the keep probabilities are integers over 2^K (d > 0 has KEEP_BITS significant bits on that grid)."""
+    if not d > 0:
+        raise ValueError(f"the truncated geometric needs a per-partition delta > 0, got {d!r}")
+    return KEEP_BITS + max(0, math.ceil(-math.log2(d)))
+
+
+def _growth_bounds(epsilon: float, max_partitions: int, bits: int) -> tuple[int, int]:
     """(floor(a 2^K), ceil(b 2^K)) with a <= e^e and b >= e^-e, e = epsilon / C_u exactly."""
     with localcontext() as ctx:
         ctx.prec = 60
@@ -43,42 +48,44 @@ def _growth_bounds(epsilon: float, max_partitions: int) -> tuple[int, int]:
         growth = (Decimal(exact.numerator) / Decimal(exact.denominator)).exp()
         widen = Decimal(10) ** -50  # above the rounding of the quotient and of exp (10^-58 relative)
         low, high = Fraction(growth * (1 - widen)), Fraction((1 + widen) / growth)
-    return int(low * ONE), -int(-high * ONE // 1)
+    return math.floor(low * (1 << bits)), math.ceil(high * (1 << bits))
 
 
-def keep_grid(largest: int, epsilon: float, max_partitions: int, d: float) -> list[int]:
-    """P(0), ..., P(m) on the 2^-K grid (module docstring) for e = epsilon / C_u, m = min(largest, the
-    first n with P(n) = 2^K)."""
-    grow, shrink = _growth_bounds(epsilon, max_partitions)
-    step = int(Fraction(d) * ONE)  # floor(d 2^K)
+def keep_grid(largest: int, epsilon: float, max_partitions: int, d: float) -> tuple[list[int], int]:
+    """(P(0), ..., P(m); 2^K) on the 2^-K grid (module docstring) for e = epsilon / C_u, m = min(largest,
+    the first n with P(n) = 2^K)."""
+    bits = grid_bits(d)
+    one = 1 << bits
+    grow, shrink = _growth_bounds(epsilon, max_partitions, bits)
+    step = math.floor(Fraction(d) * one)  # <= d 2^K
     grid = [0]
-    while len(grid) <= largest and grid[-1] < ONE:
+    while len(grid) <= largest and grid[-1] < one:
         p = grid[-1]
-        first = (grow * p >> KEEP_BITS) + step  # <= e^e p + d
-        rest = ONE - p - step
-        second = ONE - (-(-shrink * rest // ONE)) if rest > 0 else ONE  # <= 1 - e^-e (1 - p - d)
-        grid.append(min(first, second, ONE))
-    return grid
+        first = (grow * p >> bits) + step  # <= e^e p + d
+        rest = one - p - step
+        second = one - -(-shrink * rest // one) if rest > 0 else one  # <= 1 - e^-e (1 - p - d)
+        grid.append(min(first, second, one))
+    return grid, one
 
 
-def keep_numerators(n: np.ndarray, epsilon: float, max_partitions: int, d: float) -> list[int]:
-    """P(n) for each size in `n` (2^K from the first size where P reaches 1 on)."""
+def keep_numerators(n: np.ndarray, epsilon: float, max_partitions: int, d: float) -> tuple[list[int], int]:
+    """(P(n) for each size in `n`, 2^K): 2^K from the first size where P reaches 1 on."""
     sizes = np.asarray(n, dtype=np.float64)
     largest = int(sizes.max()) if sizes.size else 0
-    grid = keep_grid(max(largest, 0), epsilon, max_partitions, d)
+    grid, one = keep_grid(max(largest, 0), epsilon, max_partitions, d)
     last = len(grid) - 1
-    return [0 if s <= 0 else grid[min(int(s), last)] if int(s) <= last else ONE for s in sizes.tolist()]
+    return [0 if s <= 0 else grid[int(s)] if int(s) <= last else one for s in sizes.tolist()], one
 
 
 def keep_probability(n: np.ndarray, epsilon: float, max_partitions: int, d: float) -> np.ndarray:
     """P(n) / 2^K as floats (rounded to nearest: for display and expected counts, not for deciding)."""
-    return np.array([p / ONE for p in keep_numerators(n, epsilon, max_partitions, d)], dtype=np.float64)
+    numerators, one = keep_numerators(n, epsilon, max_partitions, d)
+    return np.array([p / one for p in numerators], dtype=np.float64)
 
 
 def draw_keep(n: np.ndarray, epsilon: float, max_partitions: int, d: float) -> np.ndarray:
-    """Keep each partition with probability exactly P(n) / 2^K: U < P(n), U = two CSPRNG words."""
-    numerators = keep_numerators(n, epsilon, max_partitions, d)
-    count = len(numerators)
-    high, low = random_words(count), random_words(count)
-    return np.array([p >= ONE or (int(h) * _WORD + int(lo)) < p for p, h, lo in zip(numerators, high, low)],
-                    dtype=bool)
+    """Keep each partition with probability exactly P(n) / 2^K: U < P(n), U uniform on [0, 2^K) from
+    the OS CSPRNG (secrets)."""
+    numerators, one = keep_numerators(n, epsilon, max_partitions, d)
+    bits = one.bit_length() - 1
+    return np.array([p >= one or (p > 0 and secrets.randbits(bits) < p) for p in numerators], dtype=bool)

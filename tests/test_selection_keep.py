@@ -65,7 +65,7 @@ def test_a_query_s_curve_is_its_strategy_s():
 
 
 @pytest.mark.parametrize("epsilon", [0.1, 1.0, 5.0, 25.0, 50.0, 100.0])
-@pytest.mark.parametrize("delta", [1e-12, 1e-6, 1e-3])
+@pytest.mark.parametrize("delta", [1e-100, 1e-12, 1e-6, 1e-3])
 @pytest.mark.parametrize("cu", [1, 2, 5, 16])
 def test_the_truncated_geometric_keeps_each_partition_within_its_epsilon_and_delta_share(epsilon, delta, cu):
     """The keep probabilities the selection draws, P(n) / 2^128, are (e, d)-DP between neighbouring sizes n
@@ -75,19 +75,20 @@ def test_the_truncated_geometric_keeps_each_partition_within_its_epsilon_and_del
     Viswanath 2015: (k e, 1 - (1 - d)^k)). Exact, in 200-digit decimals, at every size until p = 1. The
     closed form in floats broke the second constraint where 1 - p(n + 1) is near e^-e (by 5e-15 at e = 5,
     above the whole delta at e = 25, and at e = 50 p(2) = 1.0: a partition of one unit dropped with
-    chance 1 - d, of two never). The delta test (tests/test_selection_delta.py) sees only p(1) = d."""
+    chance 1 - d, of two never). MIN_DELTA (1e-100) included: its d needs a finer grid than 2^-128. The
+    delta test (tests/test_selection_delta.py) sees only p(1) = d."""
     from decimal import Decimal, localcontext
 
-    from dp_core.selection_geometric import ONE, keep_grid
+    from dp_core.selection_geometric import keep_grid
 
     with localcontext() as ctx:
-        ctx.prec = 200
+        ctx.prec = 600  # P(n) / 2^K exactly (K <= 128 + 333 bits)
         e = Decimal(epsilon) / cu
         d = 1 - (1 - Decimal(delta)) ** (Decimal(1) / cu)
         growth = e.exp()
-        grid = keep_grid(10**7, epsilon, cu, per_partition_delta(delta, cu))
-        assert grid[0] == 0 and grid[-1] == ONE  # the curve reaches 1
-        p = [Decimal(x) / Decimal(ONE) for x in grid]
+        grid, one = keep_grid(10**7, epsilon, cu, per_partition_delta(delta, cu))
+        assert grid[0] == 0 and grid[-1] == one  # the curve reaches 1
+        p = [Decimal(x) / Decimal(one) for x in grid]
         for n in range(len(p) - 1):
             assert p[n] <= p[n + 1], n
             assert p[n + 1] <= growth * p[n] + d, (n, float(p[n]), float(p[n + 1]))
@@ -102,14 +103,14 @@ def test_the_truncated_geometric_selection_keeps_with_the_exact_probabilities():
     2e-9; a selection that drew p for another epsilon or C_u is off by far more)."""
     from dp_core.accounting import Share
     from dp_core.partition_selection import STRATEGIES
-    from dp_core.selection_geometric import ONE, keep_numerators
+    from dp_core.selection_geometric import keep_numerators
 
     share, cu = Share("partition selection", 3.0, 1e-6), 3
-    numerators = keep_numerators(np.arange(0, 200), share.epsilon, cu, per_partition_delta(share.delta, cu))
-    middle = int(np.argmin([abs(p / ONE - 0.5) for p in numerators]))
-    big = next(n for n, p in enumerate(numerators) if p == ONE)
+    numerators, one = keep_numerators(np.arange(0, 200), share.epsilon, cu, per_partition_delta(share.delta, cu))
+    middle = int(np.argmin([abs(p / one - 0.5) for p in numerators]))
+    big = next(n for n, p in enumerate(numerators) if p == one)
     sizes = np.array([0] * 1000 + [big] * 1000 + [middle] * 200_000)
     kept = STRATEGIES["truncated-geometric"](sizes, share, cu).keep
     assert not kept[:1000].any() and kept[1000:2000].all()
-    p = numerators[middle] / ONE
+    p = numerators[middle] / one
     assert abs(kept[2000:].sum() - 200_000 * p) < 6 * math.sqrt(200_000 * p * (1 - p))
