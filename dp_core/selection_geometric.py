@@ -70,7 +70,7 @@ def keep_grid(largest: int, epsilon: float, max_partitions: int, d: float) -> tu
 
 def keep_numerators(n: np.ndarray, epsilon: float, max_partitions: int, d: float) -> tuple[list[int], int]:
     """(P(n) for each size in `n`, 2^K): 2^K from the first size where P reaches 1 on."""
-    sizes = np.asarray(n, dtype=np.float64)
+    sizes = np.nan_to_num(np.asarray(n, dtype=np.float64), nan=0.0, posinf=2.0**62, neginf=0.0)  # noisy estimates too
     largest = int(sizes.max()) if sizes.size else 0
     grid, one = keep_grid(max(largest, 0), epsilon, max_partitions, d)
     last = len(grid) - 1
