@@ -23,11 +23,12 @@ exactly. K = 128 + ceil(log2(1/d)), so that d itself has 128 bits on the grid (M
 from __future__ import annotations
 
 import math
-import secrets
 from decimal import Decimal, localcontext
 from fractions import Fraction
 
 import numpy as np
+
+from .noise import uniform_below
 
 #: the bits of the keep probabilities' grid beyond those d needs (d is 2^-K times an integer of 128 bits)
 KEEP_BITS = 128
@@ -85,7 +86,7 @@ def keep_probability(n: np.ndarray, epsilon: float, max_partitions: int, d: floa
 
 def draw_keep(n: np.ndarray, epsilon: float, max_partitions: int, d: float) -> np.ndarray:
     """Keep each partition with probability exactly P(n) / 2^K: U < P(n), U uniform on [0, 2^K) from
-    the OS CSPRNG (secrets)."""
+    the OS CSPRNG (noise.uniform_below, so that a test's replayed stream replays it too)."""
     numerators, one = keep_numerators(n, epsilon, max_partitions, d)
-    bits = one.bit_length() - 1
-    return np.array([p >= one or (p > 0 and secrets.randbits(bits) < p) for p in numerators], dtype=bool)
+    uniforms = uniform_below(one, len(numerators))
+    return np.array([int(u) < p for p, u in zip(numerators, uniforms)], dtype=bool)

@@ -114,3 +114,10 @@ def test_the_truncated_geometric_selection_keeps_with_the_exact_probabilities():
     assert not kept[:1000].any() and kept[1000:2000].all()
     p = numerators[middle] / one
     assert abs(kept[2000:].sum() - 200_000 * p) < 6 * math.sqrt(200_000 * p * (1 - p))
+
+
+def test_a_missing_or_infinite_size_estimate_has_a_keep_probability_of_0_or_1():
+    """The selection advice reads sizes from released noisy counts: a missing one counts as no units, an
+    infinite one as a group always kept, a negative one as none (none of them fails the release)."""
+    p = truncated_geometric_keep_probability(np.array([np.nan, np.inf, -3.0, 0.0]), 1.0, 1e-6, 2)
+    assert p.tolist() == [0.0, 1.0, 0.0, 0.0]
