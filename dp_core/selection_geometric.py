@@ -1,4 +1,4 @@
-"""The truncated geometric selection's keep probabilities, exactly: integers on a grid of 2^-128.
+"""The truncated geometric selection's keep probabilities, exactly: integers on a grid of 2^-K.
 
 Desfontaines, Voss, Gipson, Mandayam ("Differentially private partition selection", PoPETs 2022,
 arXiv 2006.03684) define the optimal keep probability of a partition of n units, for a per-partition
@@ -7,17 +7,20 @@ arXiv 2006.03684) define the optimal keep probability of a partition of n units,
     p(0) = 0,   p(n + 1) = min(e^e p(n) + d,  1 - e^-e (1 - p(n) - d),  1),
 
 whose two terms are the two (e, d)-DP constraints between the sizes n and n + 1 that bound p(n + 1)
-from above (the other two hold because p never decreases). Their closed form
-(partition_selection.truncated_geometric_keep_probability) computed in floats breaks the second
-constraint: where 1 - p(n + 1) is near e^-e it is rounded by up to 2^-53, and the constraint multiplies
-it by e^e (at e = 50, p(2) rounded to 1: a partition of two units always kept, of one dropped with
-probability 1 - d, an infinite privacy loss; at e = 25, d = 1e-6, an excess of 8 d).
+from above (the other two hold because p never decreases). Its closed form, computed in floats,
+breaks the second constraint: where 1 - p(n + 1) is near e^-e it is rounded by up to 2^-53 and the
+constraint multiplies it by e^e (measured with d = 1e-6: an excess of 0.07 d at e = 20, 1.8 d at
+e = 25; at e = 50 p(2) rounds to 1, so a partition of two units is always kept and one of one unit
+dropped with probability 1 - d: an infinite privacy loss).
 
-Here the recursion runs on integers P(n) = p(n) 2^K, every step rounded down, with e^e taken
-from below and e^-e from above (60-digit decimals, widened by 10^-50): each P(n + 1) is at most both
-bounds for the true e^e and d, so the constraints hold exactly for the probabilities drawn. A partition
-is kept when a uniform integer U on [0, 2^K) from the OS CSPRNG is below P(n): probability P(n) / 2^K
-exactly. K = 128 + ceil(log2(1/d)), so that d itself has 128 bits on the grid (MIN_DELTA is 1e-100). d is partition_selection.per_partition_delta (at most the share's per-partition delta).
+Here the recursion runs on integers P(n) = p(n) 2^K, every step rounded down, with e^e taken from
+below and e^-e from above (60-digit decimals, widened by 10^-50): each P(n + 1) is at most both
+bounds for the true e^e and d, so the constraints hold exactly for the probabilities drawn (rounding
+down costs at most 2^-K per step). A partition is kept when a uniform integer U on [0, 2^K) from the
+OS CSPRNG is below P(n): probability P(n) / 2^K exactly. K = 128 + ceil(log2(1/d)), so that d has 128
+bits on the grid (MIN_DELTA is 1e-100); d is partition_selection.per_partition_delta (at most the
+share's per-partition delta). The work is one step per size up to the largest group or to p = 1,
+about 2 ln(1/d) / e steps.
 """
 
 from __future__ import annotations
