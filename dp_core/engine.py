@@ -352,6 +352,7 @@ def release(query: Query, plan: BoundingPlan, budget: BudgetPlan, rows: pd.DataF
     for i in per_partition:  # partitions whose bounds could not be inferred are not released
         keep = keep & rows[f"_a{i}_lo"].notna().to_numpy()
     kept = rows.loc[keep].reset_index(drop=True)
+    query = _bounds_of_released_partitions(query, kept, per_partition)
 
     table = kept[list(query.group_by)].copy()
     records = [b.record for b in bounds]
@@ -407,6 +408,19 @@ def release(query: Query, plan: BoundingPlan, budget: BudgetPlan, rows: pd.DataF
         controller_only=_controller_view(query, plan, rows, keep),
         inferred_bounds=_released_bounds(bounds, kept, query.group_by),
     )
+
+
+def _bounds_of_released_partitions(query: Query, kept: pd.DataFrame, per_partition: list[int]) -> Query:
+    """The query as released: a statistic bounded per partition states the widest bounds of its released
+    partitions (the bounds published beside them), never those of a partition left out: one person's
+    partition, dropped by the selection, would show that they exist and their value's range. None when
+    no partition is released."""
+    aggregates = list(query.aggregates)
+    for i in per_partition:
+        lows, highs = kept[f"_a{i}_lo"], kept[f"_a{i}_hi"]
+        lower = None if aggregates[i].kind == "count" or kept.empty else _whole(lows.min())
+        aggregates[i] = replace(aggregates[i], lower=lower, upper=None if kept.empty else _whole(highs.max()))
+    return replace(query, aggregates=tuple(aggregates))
 
 
 def _release_by_partition_bounds(i: int, agg: Aggregate, aplan: AggregatePlan, kept: pd.DataFrame, budget: BudgetPlan,

@@ -18,9 +18,11 @@ from fractions import Fraction
 import numpy as np
 
 from .accounting import Share
-from .noise import laplace_parameters, secure_uniform
+from .noise import laplace_parameters
 from .release import MechanismRecord, NoisyStatistic, add_noise
 from .selection_damped import damped_rounds, selection_rho
+from .selection_geometric import draw_keep
+from .selection_geometric import keep_probability as geometric_keep_probability
 from .selection_weighted import WEIGHT_ONE, noisy_pass, selection_rounds
 
 #: the relative amount by which d is lowered: its float computation is off by a few ulps (2^-52 each)
@@ -65,22 +67,14 @@ def discrete_laplace_threshold(epsilon: float, delta: float, max_partitions: int
 
 def truncated_geometric_keep_probability(n: np.ndarray, epsilon: float, delta: float, max_partitions: int) -> np.ndarray:
     """Keep probability p(n) of the near-optimal selection (Desfontaines, Voss, Gipson, Mandayam,
-    PoPETs 2022, arXiv 2006.03684), with e = eps/C_u and d = 1 - (1 - delta)^(1/C_u):
+    PoPETs 2022, arXiv 2006.03684), with e = eps/C_u and d = 1 - (1 - delta)^(1/C_u): the one the
+    selection draws, from the exact recursion of selection_geometric.py, whose closed form is
 
         p(n) = d (exp(n e) - 1) / (exp(e) - 1)                              n <= n1
         p(n) = p(n1) - (1 - p(n1) + d / (exp(e) - 1)) (exp(-(n - n1) e) - 1) n > n1
         n1 = 1 + floor(ln(1 + tanh(e/2) (1/d - 1)) / e),   p = min(p, 1), p(0) = 0.
     """
-    n = np.asarray(n, dtype=np.float64)
-    e = epsilon / max_partitions
-    d = per_partition_delta(delta, max_partitions)
-    em1 = math.expm1(e)
-    n1 = 1.0 + math.floor(math.log1p(math.tanh(e / 2.0) * (1.0 / d - 1.0)) / e)
-    p_n1 = d * math.expm1(n1 * e) / em1
-    low = d * np.expm1(np.minimum(n, n1) * e) / em1
-    high = p_n1 - (1.0 - p_n1 + d / em1) * np.expm1(-(n - n1) * e)
-    p = np.where(n <= n1, low, high)
-    return np.clip(np.where(n <= 0, 0.0, p), 0.0, 1.0)
+    return geometric_keep_probability(n, epsilon, max_partitions, per_partition_delta(delta, max_partitions))
 
 
 @dataclass(frozen=True)
@@ -117,9 +111,15 @@ def select_laplace_threshold(n_units: np.ndarray, share: Share, max_partitions: 
 def select_truncated_geometric(n_units: np.ndarray, share: Share, max_partitions: int, confidence: float = 0.95,
                                **_context) -> Selection:
     """Keep each partition independently with probability p(n) (CSPRNG uniforms)."""
-    p = truncated_geometric_keep_probability(n_units, share.epsilon, share.delta, max_partitions)
-    keep = secure_uniform(n_units.size) <= p
-    # secure_uniform is on (0, 1]: a uniform equal to 1 keeps only when p == 1, so p(n) is exact
+    keep = draw_keep(n_units, share.epsilon, max_partitions, per_partition_delta(share.delta, max_partitions))
+    record = MechanismRecord(
+        target="partition selection: truncated geometric", mechanism="keep with probability p(n) of the unit count",
+        sensitivity_per_partition=1.0, max_partitions=max_partitions, sensitivity=float(max_partitions),
+        epsilon=share.epsilon, delta=share.delta, rho=None, scale=None, grid=None,
+        note=(f"each partition's keep decision is (epsilon / C_u = {share.epsilon / max_partitions:.6g}, "
+              f"d = {per_partition_delta(share.delta, max_partitions):.3g})-DP in its count of units; a unit in "
+              f"<= {max_partitions} partitions: (epsilon, 1 - (1 - d)^C_u <= delta)"),
+    )
     return Selection(
         "truncated-geometric",
         keep,
@@ -127,6 +127,7 @@ def select_truncated_geometric(n_units: np.ndarray, share: Share, max_partitions
         None,
         "each partition kept with the near-optimal probability p(n) of its unit count "
         "(truncated geometric, Desfontaines et al. 2022)",
+        (record,),
     )
 
 

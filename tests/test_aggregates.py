@@ -149,11 +149,13 @@ def test_a_quantile_is_drawn_uniformly_within_the_bin_the_mechanism_chose():
     assert record.grid == 1.0
 
 
-def test_the_quantile_s_bin_is_drawn_with_the_exponential_mechanism_s_probabilities():
+@pytest.mark.parametrize("cu", [1, 3])
+def test_the_quantile_s_bin_is_drawn_with_the_exponential_mechanism_s_probabilities(cu):
     """A q = 0.9 quantile over 6 bins whose rank distances are 9, 8, 7, 6, 5 and 0: each bin is chosen with
-    probability proportional to exp(-epsilon d / (2 max(q, 1 - q))), the exponential mechanism at its
-    sensitivity (a sharper law would spend more than epsilon). 300,000 draws, chi-square, false-failure
-    rate 1e-7."""
+    probability proportional to exp(-(epsilon / C_u) d / (2 max(q, 1 - q))), the exponential mechanism at its
+    sensitivity with a unit's epsilon split over its C_u partitions (a sharper law would spend more than
+    epsilon; the share is C_u times 0.5, so the law is the same for every C_u). 300,000 draws, chi-square,
+    false-failure rate 1e-7 per C_u."""
     from scipy.stats import chisquare
 
     from dp_core.accounting import Share
@@ -163,11 +165,12 @@ def test_the_quantile_s_bin_is_drawn_with_the_exponential_mechanism_s_probabilit
     cum = np.cumsum(counts[0])
     distance = np.maximum(np.maximum(cum - counts[0] - 9.0, 9.0 - cum), 0.0)
     assert distance.tolist() == [9.0, 8.0, 7.0, 6.0, 5.0, 0.0]
-    epsilon = 0.5
+    epsilon = 0.5  # per partition
     law = np.exp(-epsilon * distance / (2 * 0.9))
     law /= law.sum()
-    values, _ = exponential_quantile(counts, 0.9, 0.0, 6.0, target="q", share=Share("q", epsilon=epsilon),
-                                     max_partitions=1)
+    values, record = exponential_quantile(counts, 0.9, 0.0, 6.0, target="q", share=Share("q", epsilon=epsilon * cu),
+                                          max_partitions=cu)
+    assert (record.epsilon, record.sensitivity_per_partition, record.sensitivity) == (epsilon * cu, 0.9, 0.9 * cu)
     observed = np.bincount(np.floor(values).astype(int), minlength=6)
     assert chisquare(observed, law * len(values)).pvalue > 1e-7
 

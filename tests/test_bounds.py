@@ -506,3 +506,44 @@ def test_an_integer_sum_of_minus_one_per_unit_gets_the_bounds_minus_one_to_zero(
     assert (b.lower, b.upper) == (-1.0, 0.0)
     assert (r.query.aggregates[0].lower, r.query.aggregates[0].upper) == (-1, 0)
     assert r.controller_only.exact["s"].iloc[0] == -2000
+
+
+def test_the_released_query_s_bounds_are_the_widest_of_the_released_partitions_bounds_only():
+    """The released query states, for a statistic bounded per partition, bounds that come from the
+    published partitions' bounds alone: the least lower and the greatest upper of those. A partition held
+    by one person ("lone", value 10^6) gets its own bounds ([2^19, 2^20]: its one value passes the
+    histogram's threshold 0 with probability 1 - 5e-5 at this epsilon and bounds_failure) but the selection leaves it out;
+    showing its upper in the query (1048576) would tell that the person exists and their value's range,
+    which no share of delta pays for. Epsilon 60, delta 1e-9: "lone" is released with probability at most
+    1e-9; 2,000 units in each other partition stand far out of the noise."""
+    rows = []
+    for g, low in (("small", 1.0), ("large", 100.0)):
+        rows += [{"g": g, "v": low * (1 + i % 3)} for i in range(2000)]
+    rows.append({"g": "lone", "v": 1e6})
+    df = pd.DataFrame(rows).assign(uid=range(len(rows)))
+    q = dp.Query([dp.Aggregate("sum", column="v", name="s"), dp.count(upper=None, name="n")], privacy_unit="uid",
+                 group_by=("g",), epsilon=60.0, delta=1e-9, bounds_scope="partition", bounds_failure=1e-2)
+    r = dp.execute(q, df)
+    assert sorted(r.table["g"]) == ["large", "small"]
+    published = {a.label: [b for b in r.inferred_bounds if b.aggregate == a.label] for a in r.query.aggregates}
+    assert all({b.partition["g"] for b in found} == {"large", "small"} for found in published.values())
+    s, n = r.query.aggregates
+    assert s.lower == min(b.lower for b in published["s"]) and s.upper == max(b.upper for b in published["s"])
+    assert n.lower is None and n.upper == max(b.upper for b in published["n"])
+    assert r.to_dict()["aggregates"][0]["upper"] == s.upper < 2**19
+
+
+def test_the_bounds_histogram_s_noise_and_threshold_are_sized_for_a_unit_s_c_u_values():
+    """A unit adds one value to the histogram in each of its <= C_u partitions: L1 sensitivity C_u, so the
+    noise's scale is C_u / epsilon of the share, the threshold is the one for that noise, and the record
+    says so (C_u = 4, public groups: the bounds get half of epsilon 2; the record test above has C_u = 1,
+    where a missing C_u shows nowhere)."""
+    units = np.arange(1000)
+    df = pd.DataFrame({"uid": np.repeat(units, 4), "g": np.tile(list("abcd"), 1000), "x": np.linspace(1.0, 100.0, 4000)})
+    q = dp.Query([dp.Aggregate("sum", column="x", name="s")], privacy_unit="uid", group_by=("g",),
+                 public_partitions=list("abcd"), epsilon=2.0, max_partitions_contributed=4)
+    (b,) = dp.execute(q, df).inferred_bounds
+    d = b.record.to_dict()
+    assert (d["max_partitions"], d["sensitivity"], d["epsilon"], d["scale"]) == (4, 4.0, 1.0, 4.0)
+    assert b.threshold == bounds.discrete_threshold(1.0, 4, len(b.bin_edges), q.bounds_failure)
+    assert b.threshold > bounds.discrete_threshold(1.0, 1, len(b.bin_edges), q.bounds_failure)

@@ -61,3 +61,63 @@ def test_a_query_s_curve_is_its_strategy_s():
     assert list(p) == list(truncated_geometric_keep_probability(np.array([1, 10, 100]), share.epsilon, share.delta, 2))
     public = dp.Query([dp.count()], privacy_unit="id", epsilon=1.0)
     assert keep_probability(public, 1.0, [1, 5])[1].tolist() == [1.0, 1.0]
+
+
+
+@pytest.mark.parametrize("epsilon", [0.1, 1.0, 5.0, 25.0, 50.0, 100.0])
+@pytest.mark.parametrize("delta", [1e-100, 1e-12, 1e-6, 1e-3])
+@pytest.mark.parametrize("cu", [1, 2, 5, 16])
+def test_the_truncated_geometric_keeps_each_partition_within_its_epsilon_and_delta_share(epsilon, delta, cu):
+    """The keep probabilities the selection draws, P(n) / 2^128, are (e, d)-DP between neighbouring sizes n
+    and n + 1, with e = epsilon / C_u and d = 1 - (1 - delta)^(1/C_u) (Desfontaines et al. 2022, the
+    optimal mechanism's constraints): p(n + 1) <= e^e p(n) + d and 1 - p(n) <= e^e (1 - p(n + 1)) + d, and p
+    never decreases; a unit in C_u partitions then costs (epsilon, delta) by composition (Kairouz, Oh,
+    Viswanath 2015: (k e, 1 - (1 - d)^k)). Exact, in 200-digit decimals, at every size until p = 1. The
+    closed form in floats broke the second constraint where 1 - p(n + 1) is near e^-e (by 5e-15 at e = 5,
+    above the whole delta at e = 25, and at e = 50 p(2) = 1.0: a partition of one unit dropped with
+    chance 1 - d, of two never). MIN_DELTA (1e-100) included: its d needs a finer grid than 2^-128. The
+    delta test (tests/test_selection_delta.py) sees only p(1) = d."""
+    from decimal import Decimal, localcontext
+
+    from dp_core.selection_geometric import keep_grid
+
+    with localcontext() as ctx:
+        ctx.prec = 600  # P(n) / 2^K exactly (K <= 128 + 333 bits)
+        e = Decimal(epsilon) / cu
+        d = 1 - (1 - Decimal(delta)) ** (Decimal(1) / cu)
+        growth = e.exp()
+        grid, one = keep_grid(10**7, epsilon, cu, per_partition_delta(delta, cu))
+        assert grid[0] == 0 and grid[-1] == one  # the curve reaches 1
+        p = [Decimal(x) / Decimal(one) for x in grid]
+        for n in range(len(p) - 1):
+            assert p[n] <= p[n + 1], n
+            assert p[n + 1] <= growth * p[n] + d, (n, float(p[n]), float(p[n + 1]))
+            assert 1 - p[n] <= growth * (1 - p[n + 1]) + d, (n, float(p[n]), float(p[n + 1]))
+        assert p[1] >= d * (1 - Decimal(2) ** -40)  # the first step spends the whole d, not less
+
+
+def test_the_truncated_geometric_selection_keeps_with_the_exact_probabilities():
+    """The selection draws U < P(n) with U uniform on [0, 2^128), P the grid checked above for its share's
+    epsilon / C_u and per-partition delta: P(n) = 0 never keeps, 2^128 always, and a partition of a size
+    whose p is near 1/2 is kept about p of the time (200,000 draws: within 6 sd, false-failure rate
+    2e-9; a selection that drew p for another epsilon or C_u is off by far more)."""
+    from dp_core.accounting import Share
+    from dp_core.partition_selection import STRATEGIES
+    from dp_core.selection_geometric import keep_numerators
+
+    share, cu = Share("partition selection", 3.0, 1e-6), 3
+    numerators, one = keep_numerators(np.arange(0, 200), share.epsilon, cu, per_partition_delta(share.delta, cu))
+    middle = int(np.argmin([abs(p / one - 0.5) for p in numerators]))
+    big = next(n for n, p in enumerate(numerators) if p == one)
+    sizes = np.array([0] * 1000 + [big] * 1000 + [middle] * 200_000)
+    kept = STRATEGIES["truncated-geometric"](sizes, share, cu).keep
+    assert not kept[:1000].any() and kept[1000:2000].all()
+    p = numerators[middle] / one
+    assert abs(kept[2000:].sum() - 200_000 * p) < 6 * math.sqrt(200_000 * p * (1 - p))
+
+
+def test_a_missing_or_infinite_size_estimate_has_a_keep_probability_of_0_or_1():
+    """The selection advice reads sizes from released noisy counts: a missing one counts as no units, an
+    infinite one as a group always kept, a negative one as none (none of them fails the release)."""
+    p = truncated_geometric_keep_probability(np.array([np.nan, np.inf, -3.0, 0.0]), 1.0, 1e-6, 2)
+    assert p.tolist() == [0.0, 1.0, 0.0, 0.0]

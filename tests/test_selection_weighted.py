@@ -614,3 +614,26 @@ def test_mad_s_second_round_names_round_one_s_partitions_by_number_whatever_thei
     assert len(result.table) == 4 and len(rows) == 4
     assert rows["_mad_r1"].sum() >= 1
     assert (rows.loc[rows["_mad_r1"], "_w2"] == 0).all(), rows[["part", "_mad_r1", "_w2"]]
+
+
+@pytest.mark.parametrize("strategy", ["weighted_gaussian", "mad", "mad_damped"])
+def test_each_round_draws_the_noise_its_threshold_was_set_for(strategy):
+    """Each Gaussian round draws noise of the sigma its threshold and delta were computed for (the delta
+    tests take sigma from the round's parameters, not from the draw): weights m = round(sigma) steps below a
+    round's threshold pass with probability P(K >= m), about Phi_bar(1) = 0.159 (noise half as wide: 0.023;
+    twice: 0.31). Round 1 of MAD and damped MAD is drawn by selection_damped.first_round, the other rounds
+    by noisy_pass. 200,000 partitions a round, 6 sd (false failure 2e-9 a round)."""
+    from dp_core.selection_damped import first_round, rounds_of
+    from dp_core.selection_weighted import noisy_pass
+
+    q = dp.Query([dp.count()], privacy_unit="u", group_by=("g",), epsilon=1.0, delta=1e-6, selection=strategy,
+                 max_partitions_contributed=2)
+    share, cu, size = plan_budget(q).selection_share, 2, 200_000
+    for k, rnd in enumerate(rounds_of(strategy, share, cu, q.epsilon)):
+        m = round(rnd["sigma"])
+        weights = np.full(size, rnd["threshold"] - m, dtype=np.int64)
+        drawn = first_round(weights, strategy, share, cu, q.epsilon)[0] if k == 0 and strategy != "weighted_gaussian" \
+            else noisy_pass(weights, rnd)
+        p = norm.sf(m / rnd["sigma"])  # the discrete law's tail, within 1e-5 at sigma > 1e4 steps
+        assert rnd["sigma"] > 1e4
+        assert abs(drawn.sum() - size * p) < 6 * math.sqrt(size * p * (1 - p)), (k, drawn.sum() / size, p)

@@ -134,3 +134,21 @@ def test_a_release_says_its_partitions_were_kept_by_the_truncated_geometric_law(
     assert result.partition_selection == (
         "truncated-geometric: each partition kept with the near-optimal probability p(n) of its unit count "
         "(truncated geometric, Desfontaines et al. 2022)")
+
+
+@pytest.mark.parametrize("strategy", ["laplace-threshold", "truncated-geometric", "weighted_gaussian", "mad", "mad_damped"])
+def test_every_selection_is_recorded_with_its_share_so_the_mechanisms_account_for_the_whole_budget(strategy):
+    """Whatever the strategy, the release lists the partition selection among its mechanisms, with its
+    sensitivity over a unit's C_u = 2 partitions and its share: the records' epsilons and deltas add up to
+    the (epsilon, delta) spent, so an auditor checks the budget from the records alone (the truncated
+    geometric's selection was missing from them: its share was spent but not listed)."""
+    units = np.arange(3000)
+    df = pd.DataFrame({"uid": np.repeat(units, 2), "g": np.stack([units % 3, 3 + units % 3], axis=1).ravel()})
+    q = dp.Query([dp.count(upper=1, name="n")], privacy_unit="uid", group_by=("g",), epsilon=2.0, delta=1e-6,
+                 max_partitions_contributed=2, selection=strategy)
+    r = dp.execute(q, df)
+    chosen = [m for m in r.mechanisms if m.target.startswith("partition selection")]
+    assert chosen and all(m.max_partitions == 2 for m in chosen)
+    assert sum(m.epsilon for m in r.mechanisms) == pytest.approx(r.epsilon_spent, rel=1e-12)
+    assert sum(m.delta for m in r.mechanisms) == pytest.approx(r.delta_spent, rel=1e-12)
+    assert sum(m.epsilon for m in chosen) == pytest.approx(r.budget[0].epsilon, rel=1e-12)
