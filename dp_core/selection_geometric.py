@@ -31,7 +31,10 @@ from fractions import Fraction
 
 import numpy as np
 
-from .noise import uniform_below
+from .noise import random_words, uniform_below
+
+#: the bits of one CSPRNG word (dp_core.noise.random_words)
+_WORD = 64
 
 #: the bits of the keep probabilities' grid beyond those d needs (d is 2^-K times an integer of 128 bits)
 KEEP_BITS = 128
@@ -72,24 +75,47 @@ def keep_grid(largest: int, epsilon: float, max_partitions: int, d: float) -> tu
     return grid, one
 
 
+def _grid_index(n, last: int) -> tuple[np.ndarray, np.ndarray]:
+    """(the grid index of each size in `n`, clipped to [0, last]; whether the size is past the grid,
+    where P is 2^K): sizes are floored, a NaN or a size <= 0 is 0 (noisy estimates too)."""
+    sizes = np.nan_to_num(np.asarray(n, dtype=np.float64), nan=0.0, posinf=2.0**62, neginf=0.0)
+    past = np.floor(sizes) > last
+    return np.clip(sizes, 0, last).astype(np.int64), past
+
+
 def keep_numerators(n: np.ndarray, epsilon: float, max_partitions: int, d: float) -> tuple[list[int], int]:
     """(P(n) for each size in `n`, 2^K): 2^K from the first size where P reaches 1 on."""
-    sizes = np.nan_to_num(np.asarray(n, dtype=np.float64), nan=0.0, posinf=2.0**62, neginf=0.0)  # noisy estimates too
-    largest = int(sizes.max()) if sizes.size else 0
-    grid, one = keep_grid(max(largest, 0), epsilon, max_partitions, d)
-    last = len(grid) - 1
-    return [0 if s <= 0 else grid[int(s)] if int(s) <= last else one for s in sizes.tolist()], one
+    sizes = np.nan_to_num(np.asarray(n, dtype=np.float64), nan=0.0, posinf=2.0**62, neginf=0.0)
+    grid, one = keep_grid(max(int(sizes.max()) if sizes.size else 0, 0), epsilon, max_partitions, d)
+    index, past = _grid_index(sizes, len(grid) - 1)
+    return [one if beyond else grid[i] for i, beyond in zip(index.tolist(), past.tolist())], one
 
 
 def keep_probability(n: np.ndarray, epsilon: float, max_partitions: int, d: float) -> np.ndarray:
     """P(n) / 2^K as floats (rounded to nearest: for display and expected counts, not for deciding)."""
-    numerators, one = keep_numerators(n, epsilon, max_partitions, d)
-    return np.array([p / one for p in numerators], dtype=np.float64)
+    sizes = np.nan_to_num(np.asarray(n, dtype=np.float64), nan=0.0, posinf=2.0**62, neginf=0.0)
+    grid, one = keep_grid(max(int(sizes.max()) if sizes.size else 0, 0), epsilon, max_partitions, d)
+    index, past = _grid_index(sizes, len(grid) - 1)
+    return np.where(past, 1.0, np.array([p / one for p in grid], dtype=np.float64)[index])
 
 
 def draw_keep(n: np.ndarray, epsilon: float, max_partitions: int, d: float) -> np.ndarray:
-    """Keep each partition with probability exactly P(n) / 2^K: U < P(n), U uniform on [0, 2^K) from
-    the OS CSPRNG (noise.uniform_below, so that a test's replayed stream replays it too)."""
-    numerators, one = keep_numerators(n, epsilon, max_partitions, d)
-    uniforms = uniform_below(one, len(numerators))
-    return np.array([int(u) < p for p, u in zip(numerators, uniforms)], dtype=bool)
+    """Keep each partition with probability exactly P(n) / 2^K: U < P(n) for U uniform on [0, 2^K)
+    from the OS CSPRNG (dp_core.noise, so that a test's replayed stream replays it too), compared a
+    word at a time: U's top 64 bits W decide unless W equals P's top 64 bits (probability 2^-64),
+    when U's other K - 64 bits are drawn and compared with P's. Vectorised over the partitions:
+    one word each, the grid's words looked up by size."""
+    sizes = np.nan_to_num(np.asarray(n, dtype=np.float64), nan=0.0, posinf=2.0**62, neginf=0.0)
+    grid, one = keep_grid(max(int(sizes.max()) if sizes.size else 0, 0), epsilon, max_partitions, d)
+    index, past = _grid_index(sizes, len(grid) - 1)
+    low_bits = one.bit_length() - 1 - _WORD
+    always = np.array([p == one for p in grid], dtype=bool)[index] | past  # P = 2^K: kept whatever U is
+    top = np.array([0 if p == one else p >> low_bits for p in grid], dtype=np.uint64)[index]
+    words = random_words(sizes.size)
+    keep = always | (words < top)
+    tied = np.flatnonzero(~always & (words == top))
+    if tied.size:  # U's top word equals P's: the rest of U against the rest of P
+        rest = uniform_below(1 << low_bits, tied.size)
+        mask = (1 << low_bits) - 1
+        keep[tied] = [int(u) < (grid[index[i]] & mask) for u, i in zip(rest, tied.tolist())]
+    return keep

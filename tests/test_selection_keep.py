@@ -121,3 +121,29 @@ def test_a_missing_or_infinite_size_estimate_has_a_keep_probability_of_0_or_1():
     infinite one as a group always kept, a negative one as none (none of them fails the release)."""
     p = truncated_geometric_keep_probability(np.array([np.nan, np.inf, -3.0, 0.0]), 1.0, 1e-6, 2)
     assert p.tolist() == [0.0, 1.0, 0.0, 0.0]
+
+
+def test_the_keep_draw_compares_the_whole_uniform_with_the_whole_probability(monkeypatch):
+    """draw_keep compares U's top 64-bit word with P(n)'s and, only on a tie, the rest of their bits: with
+    the CSPRNG replaced by a source handing out chosen U (its top word through os.urandom, its rest through
+    secrets.randbelow, the two dp_core.noise draws), the decision is U < P(n) for U just below, at and just
+    above P(n) (the same top word: the tie path), a word apart, and the ends of [0, 2^K)."""
+    import sys
+    import types
+
+    from dp_core import noise
+    from dp_core.selection_geometric import draw_keep, keep_numerators
+
+    eps, cu, d = 3.0, 3, per_partition_delta(1e-6, 3)
+    numerators, one = keep_numerators(np.arange(0, 50), eps, cu, d)
+    size = next(n for n, p in enumerate(numerators) if one // 4 < p < 3 * one // 4)
+    p, low_bits = numerators[size], one.bit_length() - 1 - 64
+    mask = (1 << low_bits) - 1
+    assert 1 < (p & mask) < mask - 1  # so that P - 1, P and P + 1 share P's top word
+    for u in (p - 1, p, p + 1, p - (1 << low_bits), p + (1 << low_bits), 0, one - 1):
+        top, rest = u >> low_bits, u & mask
+        source = types.SimpleNamespace(urandom=lambda n, top=top: top.to_bytes(8, sys.byteorder) * (n // 8),
+                                       randbelow=lambda bound, rest=rest: rest, randbits=lambda k: 0)
+        monkeypatch.setattr(noise, "os", source)
+        monkeypatch.setattr(noise, "secrets", source)
+        assert draw_keep(np.array([size]), eps, cu, d).tolist() == [u < p], (u - p)
