@@ -13,7 +13,7 @@ import uuid
 from typing import Literal
 
 from prefect import flow, get_run_logger
-from prefect.exceptions import FlowPauseTimeout
+from prefect.exceptions import FlowPauseTimeout, TerminationSignal
 from prefect.input import RunInput
 from prefect.runtime import flow_run
 from pydantic import Field
@@ -68,20 +68,22 @@ def run_releases(platform: pipeline.Platform, flow_run_id: str) -> list:
     return platform.store.releases_of_run(flow_run_id)
 
 
-def _run_ended(flow_obj, run, state) -> None:
-    """Completion and failure hooks: the run's process no longer holds its releases."""
-    recovery.release_lease(str(run.id))
-    for release in run_releases(pipeline.Platform.open(Settings.from_env()), str(run.id)):
+def _run_ended(flow, flow_run, state) -> None:
+    """Completion and failure hooks: the run's process no longer holds its releases. (A hook's
+    parameters have the names Prefect's runner passes them by, flow=, flow_run=, state=, when it
+    runs a worker run's cancellation hooks itself; its engine passes them by position.)"""
+    recovery.release_lease(str(flow_run.id))
+    for release in run_releases(pipeline.Platform.open(Settings.from_env()), str(flow_run.id)):
         recovery.release_lease(release.id)
 
 
-def _run_stopped(flow_obj, run, state) -> None:
+def _run_stopped(flow, flow_run, state) -> None:
     """Cancellation and crash hooks (the UI's Cancel, a killed worker's run marked Crashed): refund
     and mark the release at once, instead of waiting for a recovery sweep. A release already final
     (a series run's earlier snapshot, published or rejected) stays as it is."""
     platform = pipeline.Platform.open(Settings.from_env())
-    recovery.release_lease(str(run.id))
-    for release in run_releases(platform, str(run.id)):
+    recovery.release_lease(str(flow_run.id))
+    for release in run_releases(platform, str(flow_run.id)):
         recovery.release_lease(release.id)
         if release.status in FINAL_STATUSES:
             continue
@@ -193,9 +195,27 @@ def prepare_and_decide(settings, platform, release_id, request, timeout, poll_in
         steps.refund(settings, release_id, "expired", None, "nobody answered in time")
         raise
     except BaseException as err:  # cancellation and termination too: never leave budget reserved
-        pipeline.refund(platform, release_id, "failed", None, str(err)[:500] or type(err).__name__)
+        pipeline.refund(platform, release_id, "failed", None, failure_reason(err))
+        if isinstance(err, (TerminationSignal, KeyboardInterrupt)):  # the process ends now: no hook of its
+            recovery.release_lease(release_id)  # own runs after a stop, and there is nothing left to recover
         raise
     return planned, decision, verdict
+
+
+#: why a release failed when its run's process was told to stop before the decision (Prefect's
+#: TerminationSignal: a cancel in the UI, its worker stopped; Ctrl-C where it runs in a terminal)
+STOPPED_REASON = ("the flow run was stopped before a decision (cancelled in Prefect, or its worker or "
+                  "process stopped): nothing was released and the budget is refunded; submit the request again")
+
+
+def failure_reason(err: BaseException) -> str:
+    """The words a release's record keeps for the error that ended it before its decision: the
+    error's own message (the CLI's interrupt names its signal), else STOPPED_REASON for a stop
+    (Prefect's TerminationSignal says nothing), else the error's class."""
+    said = str(err)[:500]
+    if said:
+        return said
+    return STOPPED_REASON if isinstance(err, (TerminationSignal, KeyboardInterrupt)) else type(err).__name__
 
 
 def warn_before_reserving(release_id: str, profile: dict) -> None:
