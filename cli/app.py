@@ -709,6 +709,7 @@ def release(
     checks_judge.start_ahead()  # first of all: great-expectations' import (1.5 s) runs beside the rest
     try:
         settings = _settings()
+        prefect_server.check_mode()
         request, inbox_file = _read_request(settings, spec)
         _keep_checks_judge(request)
         prefect_server.start()  # without a shared server, this command's own boots (2.6 s) beside the rest

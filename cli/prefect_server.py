@@ -44,6 +44,13 @@ def _needs_own_server() -> bool:
     return not (PREFECT_API_URL.value() or os.environ.get(PREFECT_DB_ENV))
 
 
+def check_mode() -> None:
+    """Refuse an unknown DPRELEASE_PREFECT_SERVER in one line (ValueError) before the command checks
+    anything else: a setting of the environment, said first, as every setting is (read from the
+    environment alone: importing Prefect here would create PREFECT_HOME)."""
+    local_prefect_server.wanted()
+
+
 def start() -> None:
     """Find or spawn the server this command needs, if it needs one (returns at once; idempotent).
     When the template database does not exist yet, building it waits for `wait_ready`, so that a

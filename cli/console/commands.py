@@ -84,6 +84,10 @@ def console(port: int = typer.Option(8400, help="port to listen on"),
         rp = relying_party(port, rp_id, origin)
     except ValueError as err:
         fail(str(err))
+    try:
+        prefect_server.check_mode()
+    except ValueError as err:
+        fail(str(err))
     Store(Settings.from_env().store_url)  # a home with no store is refused before a Prefect server starts
     prefect_server.start()
     prefect_server.wait_ready()
