@@ -75,27 +75,24 @@ def keep_grid(largest: int, epsilon: float, max_partitions: int, d: float) -> tu
     return grid, one
 
 
-def _grid_index(n, last: int) -> tuple[np.ndarray, np.ndarray]:
-    """(the grid index of each size in `n`, clipped to [0, last]; whether the size is past the grid,
-    where P is 2^K): sizes are floored, a NaN or a size <= 0 is 0 (noisy estimates too)."""
+def _sized_grid(n, epsilon: float, max_partitions: int, d: float) -> tuple[list[int], int, np.ndarray, np.ndarray]:
+    """(the grid P(0..m), 2^K, each size's index in it, whether the size is past it, where P is 2^K)
+    for the sizes `n`, floored; a NaN or a size <= 0 is 0 (noisy estimates too)."""
     sizes = np.nan_to_num(np.asarray(n, dtype=np.float64), nan=0.0, posinf=2.0**62, neginf=0.0)
-    past = np.floor(sizes) > last
-    return np.clip(sizes, 0, last).astype(np.int64), past
+    grid, one = keep_grid(max(int(sizes.max()) if sizes.size else 0, 0), epsilon, max_partitions, d)
+    last = len(grid) - 1
+    return grid, one, np.clip(sizes, 0, last).astype(np.int64), np.floor(sizes) > last
 
 
 def keep_numerators(n: np.ndarray, epsilon: float, max_partitions: int, d: float) -> tuple[list[int], int]:
     """(P(n) for each size in `n`, 2^K): 2^K from the first size where P reaches 1 on."""
-    sizes = np.nan_to_num(np.asarray(n, dtype=np.float64), nan=0.0, posinf=2.0**62, neginf=0.0)
-    grid, one = keep_grid(max(int(sizes.max()) if sizes.size else 0, 0), epsilon, max_partitions, d)
-    index, past = _grid_index(sizes, len(grid) - 1)
+    grid, one, index, past = _sized_grid(n, epsilon, max_partitions, d)
     return [one if beyond else grid[i] for i, beyond in zip(index.tolist(), past.tolist())], one
 
 
 def keep_probability(n: np.ndarray, epsilon: float, max_partitions: int, d: float) -> np.ndarray:
     """P(n) / 2^K as floats (rounded to nearest: for display and expected counts, not for deciding)."""
-    sizes = np.nan_to_num(np.asarray(n, dtype=np.float64), nan=0.0, posinf=2.0**62, neginf=0.0)
-    grid, one = keep_grid(max(int(sizes.max()) if sizes.size else 0, 0), epsilon, max_partitions, d)
-    index, past = _grid_index(sizes, len(grid) - 1)
+    grid, one, index, past = _sized_grid(n, epsilon, max_partitions, d)
     return np.where(past, 1.0, np.array([p / one for p in grid], dtype=np.float64)[index])
 
 
@@ -105,13 +102,11 @@ def draw_keep(n: np.ndarray, epsilon: float, max_partitions: int, d: float) -> n
     word at a time: U's top 64 bits W decide unless W equals P's top 64 bits (probability 2^-64),
     when U's other K - 64 bits are drawn and compared with P's. Vectorised over the partitions:
     one word each, the grid's words looked up by size."""
-    sizes = np.nan_to_num(np.asarray(n, dtype=np.float64), nan=0.0, posinf=2.0**62, neginf=0.0)
-    grid, one = keep_grid(max(int(sizes.max()) if sizes.size else 0, 0), epsilon, max_partitions, d)
-    index, past = _grid_index(sizes, len(grid) - 1)
+    grid, one, index, past = _sized_grid(n, epsilon, max_partitions, d)
     low_bits = one.bit_length() - 1 - _WORD
     always = np.array([p == one for p in grid], dtype=bool)[index] | past  # P = 2^K: kept whatever U is
     top = np.array([0 if p == one else p >> low_bits for p in grid], dtype=np.uint64)[index]
-    words = random_words(sizes.size)
+    words = random_words(index.size)
     keep = always | (words < top)
     tied = np.flatnonzero(~always & (words == top))
     if tied.size:  # U's top word equals P's: the rest of U against the rest of P

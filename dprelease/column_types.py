@@ -49,8 +49,9 @@ def check_sql_types(sql: str, statement: CompiledStatement, datasets: dict[str, 
     """Raise the engine's InvalidDataError when every type the registered schemas allow makes the
     engine refuse a DP SELECT's column; return when one passes or one cannot be judged here.
     datasets: the SQL's table name -> the registered dataset record it reads (protected and public)."""
-    words = named(sql)
-    everything = renames_by_position(sql)
+    tree = parse_statement(sql).tree
+    words = named(tree)
+    everything = renames_by_position(tree)
 
     def judge(tables: dict[str, pa.Table]) -> InvalidDataError | None:
         schemas = part_schemas(statement, tables)  # InvalidDataError: a source that does not bind
@@ -164,13 +165,12 @@ def stand_in(types: dict[str, pa.DataType]) -> pa.Table:
     return pa.table({col: pa.array([], type=t) for col, t in types.items()})
 
 
-def named(sql: str) -> set[str]:
-    """Every identifier the SQL writes (lower case): the columns whose type can matter."""
-    return {i.name.lower() for i in parse_statement(sql).tree.find_all(exp.Identifier)}
+def named(tree: exp.Expression) -> set[str]:
+    """Every identifier the SQL's tree writes (lower case): the columns whose type can matter."""
+    return {i.name.lower() for i in tree.find_all(exp.Identifier)}
 
 
-def renames_by_position(sql: str) -> bool:
+def renames_by_position(tree: exp.Expression) -> bool:
     """An alias with a column list (`t(a, b)`, a CTE's `c(a, b)`) names columns without writing
     theirs: then any column's type can matter."""
-    tree = parse_statement(sql).tree
     return any(alias.columns for alias in tree.find_all(exp.TableAlias))
