@@ -12,8 +12,10 @@ it, so `[uid]` prints as is.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import NoReturn
 
 import click
@@ -86,6 +88,17 @@ def usage_line(err: Exception) -> str:
     return f"{err.format_message()} (in `{command}`: see `{command} --help`)"
 
 
+def in_option_words(message: str, command) -> str:
+    """A refusal worded for the command line: the library names its parameters as Python does
+    (`epsilon_cap must be > 0`), the person typed options (`--epsilon-cap`). Only names with an
+    underscore are rewritten (a one-word name such as `epsilon` is also the ordinary word)."""
+    for param in getattr(command, "params", ()):
+        if getattr(param, "param_type_name", "") == "option" and param.name and "_" in param.name and param.opts:
+            long = max(param.opts, key=len)
+            message = re.sub(rf"(?<![-\w]){re.escape(param.name)}(?!\w)", long, message)
+    return message
+
+
 def _expected_classes() -> tuple[type, ...]:
     found = []
     for module_name, class_name in EXPECTED_ERRORS:
@@ -126,12 +139,28 @@ def keep_traceback(err: BaseException) -> Path | None:
         return None
 
 
+def flags_without_type(command) -> None:
+    """Help without a type on flags: Typer 0.29 shows `--debug <bool>` as if a flag took a value;
+    a flag is typed as itself (`--debug`). Every command under `command`, once per process."""
+    help_names = SimpleNamespace(help_option_names=["--help"])  # all the help option's making reads of a context
+    try:
+        help_option = [command.get_help_option(help_names)] if hasattr(command, "get_help_option") else []
+    except Exception:  # noqa: BLE001 - help's looks must never stop a command
+        help_option = []
+    for param in [*getattr(command, "params", ()), *filter(None, help_option)]:
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
+    for inner in getattr(command, "commands", {}).values():
+        flags_without_type(inner)
+
+
 class ErrorBoundary(TyperGroup):
     """The top-level command group: runs every command inside the error boundary and with library
     output silenced. `--debug` (read from the parsed options) lets the traceback and logs through."""
 
     def make_context(self, info_name, args, parent=None, **extra):
         """The top level's own options parsed (`dprelease --bad`): a mistake there is one line too."""
+        flags_without_type(self)
         try:
             return super().make_context(info_name, args, parent=parent, **extra)
         except USAGE_ERRORS as err:
@@ -140,21 +169,23 @@ class ErrorBoundary(TyperGroup):
             print_error(usage_line(err))
             raise typer.Exit(EXIT_REFUSED) from None
 
-    def _command_path(self, ctx) -> str:
-        """The command a person typed (`dprelease dataset register`), from the words left to parse."""
+    def _command_typed(self, ctx) -> tuple[str, object]:
+        """The command a person typed (`dprelease dataset register`), from the words left to parse,
+        and its click command (the deepest one the words name)."""
         words, command = [ctx.command_path], self
         for word in [*getattr(ctx, "_protected_args", ()), *ctx.args]:
-            command = getattr(command, "commands", {}).get(word)
-            if command is None:
+            inner = getattr(command, "commands", {}).get(word)
+            if inner is None:
                 break
             words.append(word)
-        return " ".join(words)
+            command = inner
+        return " ".join(words), command
 
     def invoke(self, ctx: click.Context):
         from dprelease.faults import pause_point
 
         debug = bool(ctx.params.get("debug"))
-        typed = self._command_path(ctx)  # before the group hands its words to the command
+        typed, command = self._command_typed(ctx)  # before the group hands its words to the command
         with quiet_libraries(debug):
             try:
                 pause_point("command_start")
@@ -175,6 +206,8 @@ class ErrorBoundary(TyperGroup):
                 if debug:
                     raise
                 message, code = describe(err)
+                if code == EXIT_REFUSED:
+                    message = in_option_words(message, command)
                 if code == EXIT_BUG and (kept := keep_traceback(err)) is not None:
                     message += f"; its traceback: {kept}"
                 print_error(message)

@@ -39,7 +39,10 @@ def checked_risk_profile(given: dict | None) -> dict:
 
     profile = {**DEFAULT_RISK_PROFILE, **(given or {})}
     for field in ("sensitivity", "trust", "max_risk"):
-        risk.level_value(profile[field])  # refuses unknown levels before anything is sealed
+        try:
+            risk.level_value(profile[field])  # refuses unknown levels before anything is sealed
+        except InvalidQueryError as err:
+            raise InvalidQueryError(f"the risk profile's {field}: {err}") from None
     n = profile["n"]
     if isinstance(n, bool) or not isinstance(n, int) or n < 2:
         raise InvalidQueryError(f"the sensitive attribute's number of possible values (--sensitive-values, the risk "

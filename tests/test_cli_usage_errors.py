@@ -74,3 +74,34 @@ def test_the_program_refuses_a_text_epsilon_cap_in_one_line(tmp_path):
     assert done.stdout == ""
     _refused_in_one_line(done.returncode, done.stderr, tmp_path / "home", ("dataset", "register"))
     assert "'--epsilon-cap'" in done.stderr
+
+
+@pytest.mark.parametrize("option, value, library_name", [
+    ("--epsilon-cap", "-1", "epsilon_cap"),
+    ("--delta-cap", "0.5", "delta_cap"),
+    ("--max-risk", "5", "max_risk"),
+])
+def test_a_refused_value_is_named_by_the_option_the_person_typed(option, value, library_name, tmp_path, monkeypatch):
+    """The library names its parameters as Python does (epsilon_cap); on the command line the refusal
+    names the option (--epsilon-cap), and nothing is registered."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("DPRELEASE_HOME", str(home))
+    runner = CliRunner()
+    assert runner.invoke(app, ["init"], prog_name="dprelease").exit_code == 0
+    data = tmp_path / "data.csv"
+    data.write_text("uid,x\n1,2\n2,3\n")
+    args = ["dataset", "register", "d", str(data), "--unit", "uid", "--epsilon-cap", "1", option, value]
+    result = runner.invoke(app, args, prog_name="dprelease")
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: "), result.output
+    assert option in result.output and library_name not in result.output, result.output
+    listed = runner.invoke(app, ["dataset", "list"], prog_name="dprelease")
+    assert " d " not in listed.output and "│ d" not in listed.output, listed.output
+
+
+@pytest.mark.parametrize("words", [(), ("dataset", "register"), ("release",), ("budget",)], ids=" ".join)
+def test_help_shows_no_value_type_on_a_flag(words):
+    """A flag takes no value: help lists `--debug`, `--help`, `--public` without a `<bool>` after them."""
+    result = CliRunner().invoke(app, [*words, "--help"], prog_name="dprelease", terminal_width=120)
+    assert result.exit_code == 0, result.output
+    assert "--help" in result.output and "<bool>" not in result.output, result.output
