@@ -5,7 +5,8 @@ DPRELEASE_TEST_PAUSE_AT names the step a run reaches, the run writes its pid and
 file DPRELEASE_TEST_PAUSE_MARKER and sleeps until it is killed, or until the test removes the marker
 (the run then goes on). Unset, a pause point does nothing.
 Steps: command_start (a `dprelease` command parsed, nothing done yet), after_checks, after_reserve,
-after_seal, during_publication (budget committed, the signed publication staged, not yet in place).
+after_seal, during_publication (budget committed, the signed publication staged, not yet in place),
+snapshot_sealed (a series' snapshot sealed and its dataset recorded, the snapshot not yet).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import os
 import time
 from pathlib import Path
 
-STEPS = ("command_start", "after_checks", "after_reserve", "after_seal", "during_publication")
+STEPS = ("command_start", "after_checks", "after_reserve", "after_seal", "during_publication", "snapshot_sealed")
 
 
 def pause_point(step: str) -> None:

@@ -205,12 +205,10 @@ def check_next_label(store, series: str, snapshot: str) -> None:
     its noise, and two published values would differ by the two periods' exact difference."""
     if store_series.running_total_declaration(store, series) is None:
         return
-    newest = max(s.snapshot for s in store_series.snapshots(store, series))
-    if snapshot <= newest:
-        raise RunningTotalRefused(
-            f"running total of series {series!r}: snapshot {snapshot} sorts before {newest}, so it would take the "
-            "place of a period whose noise is sealed; give a label that sorts after it as text (zero-padded, e.g. "
-            "2026-09 then 2026-10); nothing registered")
+    try:
+        store_series.check_after_newest(series, snapshot, max(s.snapshot for s in store_series.snapshots(store, series)))
+    except store_series.SnapshotRefused as refused:
+        raise RunningTotalRefused(str(refused)) from None
 
 
 def _sealed_periods(settings, series: str, sealed: dict | None) -> list[str]:

@@ -13,10 +13,12 @@ import json
 from pathlib import Path
 
 from . import escrow
+from .faults import pause_point
 from .settings import Settings
 from .store import Store
 from .store import series as store_series
 from .store.series import SnapshotRefused
+from .store.tables import FILE_FORMATS
 
 
 def register_snapshot(settings: Settings, series: str, path: Path, snapshot: str, *, privacy_unit: str | None = None,
@@ -100,10 +102,17 @@ def register_snapshot(settings: Settings, series: str, path: Path, snapshot: str
     else:
         dataset = admin.register_dataset(settings, name, Path(path), privacy_unit, cap, delta, add_row_id=add_row_id,
                                          risk_profile=risk_profile)
-    if existing is None:
-        store_series.add_series(store, series, privacy_unit=privacy_unit, schema=json.loads(dataset.schema_json),
-                                budget_mode=mode, epsilon_cap=cap, delta_cap=delta)
-    store_series.add_snapshot(store, series, snapshot, dataset.name)
+    pause_point("snapshot_sealed")
+    try:
+        if existing is None:
+            store_series.add_series(store, series, privacy_unit=privacy_unit, schema=json.loads(dataset.schema_json),
+                                    budget_mode=mode, epsilon_cap=cap, delta_cap=delta)
+        store_series.add_snapshot(store, series, snapshot, dataset.name)
+    except BaseException:  # refused where it is recorded (a registration at once took a later label): nothing kept
+        forgotten = store_series.forget_unrecorded_dataset(store, dataset.name)
+        if forgotten is not None and forgotten.file_format in FILE_FORMATS:  # this registration's own blob
+            escrow.location.remove(forgotten.blob_path)
+        raise
     if total is not None:  # charged once, for the whole horizon
         store_series.declare_running_total(store, series, total.to_dict(), total.epsilon, total.delta)
     return dataset

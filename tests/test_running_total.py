@@ -333,7 +333,13 @@ def test_a_running_total_series_takes_its_periods_in_label_order_only(env, tmp_p
 
     inserted = admin.register_dataset(settings, store_series.snapshot_dataset_name("ordered", "2026-0"),
                                       month("jul", 130), "person_id", 1.0, 1e-5, risk_profile={"max_risk": 0.9})
-    store_series.add_snapshot(platform.store, "ordered", "2026-0", inserted.name)
+    from sqlmodel import Session
+
+    from dprelease.store.tables import Snapshot
+
+    with Session(platform.store.engine) as session:  # a row put in directly (add_snapshot refuses the label)
+        session.add(Snapshot(series="ordered", snapshot="2026-0", dataset=inserted.name))
+        session.commit()
     with pytest.raises(running_total.RunningTotalRefused, match="period 1 was 2026-8 when its noise was sealed"):
         running_total.release_period(platform, "ordered", "2026-9")
     assert noise_file.read_bytes() == sealed and running_total.released(settings, "ordered") == shown
@@ -419,3 +425,53 @@ def test_a_month_whose_release_is_not_published_holds_the_running_total_before_i
     publication_step("2026-02")
     shown = running_total.released(settings, "held")
     assert shown["periods_released"] == 3 and [r["snapshot"] for r in shown["rows"]] == ["2026-01", "2026-02", "2026-03"]
+
+
+def test_two_registrations_at_once_cannot_both_pass_the_label_check(env, tmp_path):
+    """Two snapshots of a running-total series registered at once, 2026-09 and 2026-10 after 2026-08:
+    both checked the label against 2026-08 before either was recorded, so both passed, and 2026-09
+    landed after 2026-10 had become the newest (a period out of order, refused only at its release).
+    The label is checked again where the snapshot is recorded, the series locked: the command paused
+    after sealing 2026-09 resumes after 2026-10 is in and is refused in one line, and its dataset and
+    sealed blob are gone (nothing half-registered)."""
+    import subprocess
+    import time
+
+    from patience import PATIENCE_S
+
+    from dprelease import pipeline, series
+    from dprelease.store import series as store_series
+
+    settings = env["settings"]
+    store = pipeline.Platform.open(settings).store
+
+    def month(name: str, people: int) -> Path:
+        path = tmp_path / f"{name}.csv"
+        path.write_text("person_id,region\n" + "".join(f"{i},North\n" for i in range(people)))
+        return path
+
+    declared = {"statistic": "COUNT_DISTINCT", "horizon": 12, "epsilon": 1.0, "delta": 1e-6}
+    series.register_snapshot(settings, "racing", month("aug", 100), "2026-08", privacy_unit="person_id",
+                             budget_mode="series_cap", epsilon_cap=1.0, risk_profile={"max_risk": 0.9},
+                             running_total=declared)
+    blobs_before = sorted(p.name for p in settings.escrow_dir.iterdir())
+    marker = tmp_path / "paused"
+    env_vars = {**os.environ, "DPRELEASE_TEST_PAUSE_AT": "snapshot_sealed", "DPRELEASE_TEST_PAUSE_MARKER": str(marker)}
+    late = subprocess.Popen([sys.executable, "-m", "dprelease.cli.app", "dataset", "register", "racing",
+                             str(month("sep", 110)), "--snapshot", "2026-09"], env=env_vars, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + PATIENCE_S
+    while not marker.exists():
+        assert late.poll() is None, late.communicate()
+        assert time.monotonic() < deadline, "the registration never reached its pause"
+        time.sleep(0.1)
+    assert store.get_dataset("racing@2026-09")  # sealed and recorded as a dataset, not yet a snapshot
+    series.register_snapshot(settings, "racing", month("oct", 120), "2026-10")
+    marker.unlink()  # the paused registration goes on
+    out, err = late.communicate(timeout=PATIENCE_S)
+    assert late.returncode == 2 and len(err.strip().splitlines()) == 1, (out, err)
+    assert err.startswith("error: running total of series 'racing': snapshot 2026-09 sorts before 2026-10"), err
+    assert [s.snapshot for s in store_series.snapshots(store, "racing")] == ["2026-08", "2026-10"]
+    assert "racing@2026-09" not in [d.name for d in store.list_datasets()]
+    blobs_after = sorted(p.name for p in settings.escrow_dir.iterdir())
+    assert len(blobs_after) == len(blobs_before) + 1  # 2026-10's; 2026-09's sealed blob removed

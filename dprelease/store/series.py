@@ -31,6 +31,7 @@ from dp_core.input_checks import check_delta
 from .errors import BudgetExceeded, StoreError
 from .tables import (
     SERIES_BUDGETS,
+    Dataset,
     LedgerEntry,
     Policy,
     Release,
@@ -134,10 +135,15 @@ def add_snapshot(store, series: str, snapshot: str, dataset: str) -> Snapshot:
     row = Snapshot(series=series, snapshot=check_label(snapshot), dataset=dataset)
     try:
         with store._transaction() as session:
+            # the series row locked (PostgreSQL; SQLite's transactions hold the write lock), so two
+            # registrations of the same series at once are checked one after the other
+            session.exec(select(Series).where(Series.name == series).with_for_update()).first()
             if session.get(Snapshot, (series, snapshot)) is not None:
                 raise SnapshotRefused(f"snapshot {snapshot} of series {series!r} is already registered")
             previous = max(session.exec(select(Snapshot).where(Snapshot.series == series)).all(),
                            key=label_order, default=None)
+            if previous is not None and session.get(RunningTotalDeclaration, series) is not None:
+                check_after_newest(series, snapshot, previous.snapshot)
             session.add(row)
             if previous is not None:
                 for policy in session.exec(select(Policy).where(Policy.dataset == previous.dataset)).all():
@@ -149,6 +155,33 @@ def add_snapshot(store, series: str, snapshot: str, dataset: str) -> Snapshot:
     except IntegrityError as exc:
         raise SnapshotRefused(f"snapshot {snapshot} of series {series!r} is already registered") from exc
     return row
+
+
+def forget_unrecorded_dataset(store, name: str) -> Dataset | None:
+    """Undo the dataset registration of a snapshot that could not be recorded (refused in
+    add_snapshot, e.g. a concurrent registration took a later label): its row goes, only while nothing
+    refers to it (no snapshot, release, ledger entry or policy). The removed row (its blob is the
+    caller's to remove), or None when it is referred to or already gone."""
+    with store._transaction() as session:
+        dataset = session.exec(select(Dataset).where(Dataset.name == name).with_for_update()).first()
+        if dataset is None:
+            return None
+        for table in (Snapshot, Release, LedgerEntry, Policy):
+            if session.exec(select(table).where(table.dataset == name)).first() is not None:
+                return None
+        session.delete(dataset)
+        return dataset
+
+
+def check_after_newest(series: str, snapshot: str, newest: str) -> None:
+    """A series with a running total takes only a label that sorts after its newest (why:
+    dprelease.running_total.check_next_label); checked again where the snapshot is recorded, so that
+    two registrations at once cannot both pass against the same newest."""
+    if snapshot <= newest:
+        raise SnapshotRefused(
+            f"running total of series {series!r}: snapshot {snapshot} sorts before {newest}, so it would take the "
+            "place of a period whose noise is sealed; give a label that sorts after it as text (zero-padded, e.g. "
+            "2026-09 then 2026-10); nothing registered")
 
 
 def label_order(snapshot: Snapshot) -> str:
