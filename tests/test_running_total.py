@@ -284,6 +284,22 @@ def test_groups_chosen_at_the_series_start_are_kept_for_the_horizon_and_charged_
     assert not groups_fixed(release_three_months("clubs-broken"))
 
 
+def _people_file(folder: Path, name: str, people: int) -> Path:
+    """A period's file: `people` people, all in North."""
+    path = folder / f"{name}.csv"
+    path.write_text("person_id,region\n" + "".join(f"{i},North\n" for i in range(people)))
+    return path
+
+
+def _start_running_total_series(settings, name: str, path: Path, label: str) -> None:
+    """A series of the same people with a 12-period COUNT_DISTINCT running total, from its first snapshot."""
+    from dprelease import series
+
+    declared = {"statistic": "COUNT_DISTINCT", "horizon": 12, "epsilon": 1.0, "delta": 1e-6}
+    series.register_snapshot(settings, name, path, label, privacy_unit="person_id", budget_mode="series_cap",
+                             epsilon_cap=1.0, risk_profile={"max_risk": 0.9}, running_total=declared)
+
+
 def test_a_running_total_series_takes_its_periods_in_label_order_only(env, tmp_path):
     """Period s's sealed node noise is added to period s's data again at every later release, and
     periods are numbered in label order: a snapshot sorting before a released one would take that
@@ -301,14 +317,9 @@ def test_a_running_total_series_takes_its_periods_in_label_order_only(env, tmp_p
     platform = pipeline.Platform.open(settings)
 
     def month(name: str, people: int) -> Path:
-        path = tmp_path / f"{name}.csv"
-        path.write_text("person_id,region\n" + "".join(f"{i},North\n" for i in range(people)))
-        return path
+        return _people_file(tmp_path, name, people)
 
-    declared = {"statistic": "COUNT_DISTINCT", "horizon": 12, "epsilon": 1.0, "delta": 1e-6}
-    series.register_snapshot(settings, "ordered", month("aug", 100), "2026-8", privacy_unit="person_id",
-                             budget_mode="series_cap", epsilon_cap=1.0, risk_profile={"max_risk": 0.9},
-                             running_total=declared)
+    _start_running_total_series(settings, "ordered", month("aug", 100), "2026-8")
     series.register_snapshot(settings, "ordered", month("sep", 120), "2026-9")
     shown = running_total.release_period(platform, "ordered", "2026-9")
     before = ([s.snapshot for s in store_series.snapshots(platform.store, "ordered")], ledger(platform.store))
@@ -446,14 +457,9 @@ def test_two_registrations_at_once_cannot_both_pass_the_label_check(env, tmp_pat
     store = pipeline.Platform.open(settings).store
 
     def month(name: str, people: int) -> Path:
-        path = tmp_path / f"{name}.csv"
-        path.write_text("person_id,region\n" + "".join(f"{i},North\n" for i in range(people)))
-        return path
+        return _people_file(tmp_path, name, people)
 
-    declared = {"statistic": "COUNT_DISTINCT", "horizon": 12, "epsilon": 1.0, "delta": 1e-6}
-    series.register_snapshot(settings, "racing", month("aug", 100), "2026-08", privacy_unit="person_id",
-                             budget_mode="series_cap", epsilon_cap=1.0, risk_profile={"max_risk": 0.9},
-                             running_total=declared)
+    _start_running_total_series(settings, "racing", month("aug", 100), "2026-08")
     blobs_before = sorted(p.name for p in settings.escrow_dir.iterdir())
     marker = tmp_path / "paused"
     env_vars = {**os.environ, "DPRELEASE_TEST_PAUSE_AT": "snapshot_sealed", "DPRELEASE_TEST_PAUSE_MARKER": str(marker)}
