@@ -291,13 +291,14 @@ def _people_file(folder: Path, name: str, people: int) -> Path:
     return path
 
 
-def _start_running_total_series(settings, name: str, path: Path, label: str) -> None:
-    """A series of the same people with a 12-period COUNT_DISTINCT running total, from its first snapshot."""
+def _start_running_total_series(settings, name: str, path: Path, label: str, epsilon_cap: float = 1.0) -> None:
+    """A series of the same people with a 12-period COUNT_DISTINCT running total (epsilon 1), from its
+    first snapshot."""
     from dprelease import series
 
     declared = {"statistic": "COUNT_DISTINCT", "horizon": 12, "epsilon": 1.0, "delta": 1e-6}
     series.register_snapshot(settings, name, path, label, privacy_unit="person_id", budget_mode="series_cap",
-                             epsilon_cap=1.0, risk_profile={"max_risk": 0.9}, running_total=declared)
+                             epsilon_cap=epsilon_cap, risk_profile={"max_risk": 0.9}, running_total=declared)
 
 
 def test_a_running_total_series_takes_its_periods_in_label_order_only(env, tmp_path):
@@ -481,3 +482,53 @@ def test_two_registrations_at_once_cannot_both_pass_the_label_check(env, tmp_pat
     assert "racing@2026-09" not in [d.name for d in store.list_datasets()]
     blobs_after = sorted(p.name for p in settings.escrow_dir.iterdir())
     assert len(blobs_after) == len(blobs_before) + 1  # 2026-10's; 2026-09's sealed blob removed
+
+
+def test_a_period_finished_by_recovery_releases_the_running_total_and_the_series_page(env, tmp_path):
+    """The scheduled run of a running-total series killed (SIGKILL) while it moves the approved period
+    into place: the recovery finishes the publication and, as the run would have, the running total
+    through that period and the series page (before: the period was published and the running total
+    never was; for the horizon's last period, nothing would ever publish it)."""
+    import signal
+    import subprocess
+    import time
+
+    from patience import PATIENCE_S
+    from prefect.settings import PREFECT_API_URL
+    from test_series import _scheduled_runs
+
+    from dprelease import pipeline, recovery, running_total, series
+
+    settings = env["settings"]
+    platform = pipeline.Platform.open(settings)
+    _start_running_total_series(settings, "crashy", _people_file(tmp_path, "aug", 100), "2026-08", epsilon_cap=1.2)
+    spec = tmp_path / "crashy.yaml"
+    spec.write_text("dataset: crashy\ntitle: Visitors\nsql: |\n  SELECT WITH ANONYMIZATION region, ANON_COUNT(*, 1) AS n "
+                    "FROM crashy GROUP BY region\nepsilon: 0.1\ndelta: 1.0e-8\n")
+    platform.store.add_policy("crashy-monthly", series.dataset_for_policy(platform.store, "crashy"),
+                              max_epsilon_per_release=0.1, approval="auto", deployment="crashy-publication")
+    _, [run], _ = _scheduled_runs(spec, 1, series="crashy", deployment="crashy-publication")
+    marker = tmp_path / "paused"
+    code = ("import sys\nfrom prefect import get_client\nfrom prefect.flow_engine import run_flow\n"
+            "from dprelease.flows.publication import publication_flow\n"
+            "with get_client(sync_client=True) as client:\n    run = client.read_flow_run(sys.argv[1])\n"
+            "run_flow(publication_flow, flow_run=run, parameters=run.parameters)\n")
+    killed = subprocess.Popen([sys.executable, "-c", code, str(run.id)], cwd=ROOT, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True, env={**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(),
+                                   "DPRELEASE_TEST_PAUSE_AT": "during_publication",
+                                                              "DPRELEASE_TEST_PAUSE_MARKER": str(marker)})
+    deadline = time.monotonic() + PATIENCE_S
+    while not marker.exists():
+        assert killed.poll() is None, killed.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "the run never reached its publication"
+        time.sleep(0.1)
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    assert running_total.released(settings, "crashy") is None
+    [done] = recovery.sweep(platform)
+    assert done.outcome == "published" and done.dataset == "crashy@2026-08", done
+    document = running_total.released(settings, "crashy")
+    assert document is not None and {row["snapshot"] for row in document["rows"]} == {"2026-08"}
+    page = json.loads((settings.publication_dir / "series" / "crashy" / "series.json").read_text())
+    assert [period["snapshot"] for period in page["periods"]] == ["2026-08"]
+    assert recovery.sweep(platform) == []

@@ -235,11 +235,17 @@ def series_of_dataset(session: Session, dataset: str) -> tuple[Series, Snapshot]
     return session.get(Series, snap.series), snap
 
 
-def series_name_of(store, dataset: str) -> str | None:
-    """The series a dataset is a snapshot of (None for a plain dataset)."""
+def snapshot_of_dataset(store, dataset: str) -> tuple[str, str] | None:
+    """(series, snapshot label) of a snapshot's dataset, or None for a plain dataset."""
     with store._transaction() as session:
         found = series_of_dataset(session, dataset)
-        return None if found is None else found[0].name
+        return None if found is None else (found[0].name, found[1].snapshot)
+
+
+def series_name_of(store, dataset: str) -> str | None:
+    """The series a dataset is a snapshot of (None for a plain dataset)."""
+    found = snapshot_of_dataset(store, dataset)
+    return None if found is None else found[0]
 
 
 # --- the once-only claim ----------------------------------------------------------------------------
