@@ -99,7 +99,7 @@ def test_a_refused_value_is_named_by_the_option_the_person_typed(option, value, 
     assert " d " not in listed.output and "│ d" not in listed.output, listed.output
 
 
-@pytest.mark.parametrize("words", [(), ("dataset", "register"), ("release",), ("budget",)], ids=" ".join)
+@pytest.mark.parametrize("words", [(), *COMMANDS], ids=" ".join)
 def test_help_shows_no_value_type_on_a_flag(words):
     """A flag takes no value: help lists `--debug`, `--help`, `--public` without a `<bool>` after them."""
     result = CliRunner().invoke(app, [*words, "--help"], prog_name="dprelease", terminal_width=120)
