@@ -106,6 +106,39 @@ def test_the_exact_law_of_neighbouring_histograms_moves_by_at_most_the_recorded_
             assert _max_log_ratio(first, second, bits) + MARGIN <= bound
 
 
+def _secure_uniform_cdf(x: Fraction) -> Fraction:
+    """P(u <= x) for noise.secure_uniform: k / 2^106 (each 2^-106) up to 2^-21, (h + 1) / 2^53 above."""
+    if x <= Fraction(1, 2**21):
+        return Fraction(math.floor(x * 2**106), 2**106)
+    return Fraction(1, 2**21) + Fraction(min(math.floor(x * 2**53), 2**53) - 2**32, 2**53)
+
+
+def _float_mechanism_law(row: list[int], q: float, epsilon_per_partition: float) -> list[Fraction]:
+    """The exact law of the float mechanism this module replaced (until 2026-11-29): float64 weights
+    exp(-eps_p d / (2 Delta)), their normalised cumulative sums, and the first bin whose sum
+    reaches a secure_uniform draw."""
+    counts = np.array(row, dtype=np.float64)
+    cum = np.cumsum(counts)
+    rank = q * cum[-1]
+    distance = np.maximum(np.maximum(cum - counts - rank, rank - cum), 0.0)
+    weights = np.exp(-epsilon_per_partition * distance / (2.0 * max(q, 1.0 - q)))
+    cdf = np.cumsum(weights) / weights.sum()
+    edges = [Fraction(0)] + [_secure_uniform_cdf(Fraction(float(c))) for c in cdf[:-1]] + [Fraction(1)]
+    return [edges[j + 1] - edges[j] for j in range(len(row))]
+
+
+def test_the_same_check_finds_the_float_mechanism_s_infinite_loss():
+    """The check has power: on one of the cases above (a MEDIAN, 1,024 bins, n = 300, eps_p = 1) the
+    float mechanism's law gives a bin probability 0 on one histogram and more on its neighbour."""
+    row = _histogram(300, 1024, seed=300 + 1024)
+    base = _float_mechanism_law(row, 0.5, 1.0)
+    impossible_on_one_side = 0
+    for other in _neighbours(row, 0.5):
+        neighbour = _float_mechanism_law(other, 0.5, 1.0)
+        impossible_on_one_side += sum((a == 0) != (b == 0) for a, b in zip(base, neighbour))
+    assert impossible_on_one_side > 0
+
+
 def test_the_recorded_epsilon_is_the_share_and_the_law_spends_close_to_it():
     """The record states the share's epsilon; the exponent's scale is below eps_p / (2 Delta) by a
     relative 2^-29 at most (the utility lost to exactness)."""
