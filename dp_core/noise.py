@@ -94,8 +94,8 @@ def uniform_from_words(high: np.ndarray, low: np.ndarray) -> np.ndarray:
 def secure_uniform(n: int) -> np.ndarray:
     """`n` floats uniform on (0, 1], from the OS CSPRNG (53 significant bits down to 2^-106).
 
-    Used where a float probability is compared (truncated-geometric selection, the exponential
-    mechanism of quantiles); the noise samplers below use integers only."""
+    Used for the quantile's point inside the bin its exact exponential mechanism chose (after the
+    private choice); the noise samplers below use integers only."""
     if n <= 0:
         return np.empty(0, dtype=np.float64)
     words = random_words(n) >> np.uint64(11)
@@ -128,6 +128,32 @@ def uniform_below(bound: int, n: int) -> np.ndarray:
         draw = draw[draw < bound][:want]
         out[filled : filled + draw.size] = draw
         filled += draw.size
+    return out
+
+
+def _bit_lengths(values: np.ndarray) -> np.ndarray:
+    """int.bit_length of each non-negative int64, exactly: the float exponent, corrected by one
+    where converting to float64 rounded the value up to the next power of two."""
+    lengths = np.frexp(values.astype(np.float64))[1].astype(np.int64)  # 0 for 0
+    too_long = (lengths > 0) & ((values >> np.maximum(lengths - 1, 0)) == 0)
+    return lengths - too_long
+
+
+def uniform_below_each(bounds: np.ndarray) -> np.ndarray:
+    """One integer uniform on {0, ..., bounds[i] - 1} per entry (int64, 1 <= bounds[i] < 2^63):
+    the top bit_length(bound - 1) bits of a word, redrawn where they are >= the bound (each
+    draw is kept with probability above 1/2)."""
+    bounds = np.asarray(bounds, dtype=np.int64)
+    if bounds.size and int(bounds.min()) < 1:
+        raise ValueError("bounds must be positive")
+    shifts = (_WORD_BITS - _bit_lengths(bounds - 1)).astype(np.uint64)
+    out = np.zeros(bounds.size, dtype=np.int64)
+    pending = np.flatnonzero(shifts < _WORD_BITS)  # a bound of 1 has only 0
+    while pending.size:
+        draw = (random_words(pending.size) >> shifts[pending]).astype(np.int64)
+        kept = draw < bounds[pending]
+        out[pending[kept]] = draw[kept]
+        pending = pending[~kept]
     return out
 
 
@@ -199,6 +225,46 @@ def bernoulli_exp_neg_int(v: np.ndarray) -> np.ndarray:
     out[positive] = words < thresholds
     for k in np.flatnonzero(words == thresholds):
         out[positive[k]] = _uniform_below_exp_neg(int(v[positive[k]]), int(words[k]), _HALF_BITS)
+    return out
+
+
+#: the largest v that `bernoulli_pow2_exp_neg` takes (exp(-v) 2^t(v) needs t(v) + 32 bits)
+POW2_EXP_NEG_MAX_V = 64
+
+
+@lru_cache(maxsize=None)
+def exp_neg_octave(v: int) -> int:
+    """t(v) = floor(v log2 e) for an integer v >= 0, exactly: 2^-(t+1) < exp(-v) <= 2^-t, read
+    from the bit length of floor(exp(-v) 2^(2v + 64)) (which lies in [2^(2v+63-t), 2^(2v+64-t)))."""
+    if v == 0:
+        return 0
+    bits = 2 * v + 64
+    return bits - exp_neg_floor(v, bits).bit_length()
+
+
+@lru_cache(maxsize=1)
+def _pow2_exp_neg_thresholds() -> np.ndarray:
+    """floor(exp(-v) 2^(t(v) + 32)) for v = 0..POW2_EXP_NEG_MAX_V, in [2^31, 2^32) (v = 0 unused)."""
+    return np.array([0] + [exp_neg_floor(v, exp_neg_octave(v) + _HALF_BITS) for v in range(1, POW2_EXP_NEG_MAX_V + 1)],
+                    dtype=np.uint32)
+
+
+def bernoulli_pow2_exp_neg(v: np.ndarray) -> np.ndarray:
+    """Bernoulli(exp(-v) 2^t(v)) for each integer 0 <= v <= POW2_EXP_NEG_MAX_V, t(v) = floor(v log2 e)
+    (`exp_neg_octave`): a probability in (1/2, 1]. U < exp(-v) 2^t iff U 2^-t < exp(-v), and U 2^-t
+    is a uniform whose first t bits are 0: its first t + 32 bits are U's 32-bit word W, compared
+    with floor(exp(-v) 2^(t + 32)); a tie (probability 2^-32) is refined with more bits."""
+    v = np.asarray(v, dtype=np.int64)
+    if v.size and not 0 <= int(v.min()) <= int(v.max()) <= POW2_EXP_NEG_MAX_V:
+        raise ValueError(f"bernoulli_pow2_exp_neg takes 0 <= v <= {POW2_EXP_NEG_MAX_V}")
+    out = np.ones(v.size, dtype=bool)  # exp(0) 2^0 = 1: no randomness spent
+    positive = np.flatnonzero(v > 0)
+    words = random_halfwords(positive.size)
+    thresholds = _pow2_exp_neg_thresholds()[v[positive]]
+    out[positive] = words < thresholds
+    for k in np.flatnonzero(words == thresholds):
+        level = int(v[positive[k]])
+        out[positive[k]] = _uniform_below_exp_neg(level, int(words[k]), _HALF_BITS + exp_neg_octave(level))
     return out
 
 
