@@ -25,7 +25,7 @@ from .errors import InvalidDataError, InvalidQueryError
 from .input_checks import FLOAT_TYPES
 from .partition_selection import SELECTION_NOTES, STRATEGIES, Selection
 from .pool_certificate import certify
-from .quantiles import dense_histograms, exponential_quantile
+from .quantiles import exponential_quantile_of_maps
 from .query import Aggregate, Query
 from .release import MechanismRecord, NoisyStatistic, add_noise
 from .result import CI_NOTE, ClampingLoss, ControllerOnly, DPResult
@@ -363,9 +363,8 @@ def release(query: Query, plan: BoundingPlan, budget: BudgetPlan, rows: pd.DataF
         if agg.kind == "quantile":
             if agg.q is None or agg.lower is None or agg.upper is None:  # validate() and the bounds step set them
                 raise BoundsError(f"the quantile {label!r} has no q or bounds at the noise step")
-            hist = dense_histograms(list(kept[f"_a{i}_hist"]), query.quantile_bins)
-            value, record = exponential_quantile(
-                hist, agg.q, float(agg.lower), float(agg.upper),
+            value, record = exponential_quantile_of_maps(
+                list(kept[f"_a{i}_hist"]), query.quantile_bins, agg.q, float(agg.lower), float(agg.upper),
                 target=label, share=budget.component_shares[(i, "quantile")], max_partitions=cu,
             )
             lo = hi = sd = np.full(len(kept), np.nan)

@@ -193,3 +193,25 @@ def exponential_quantile(
              "weights; output uniform within the chosen bin; no CI",
     )
     return np.clip(values, lower, upper), record
+
+
+#: the cells of one block of partitions' histograms (int64): the dense (P, B) matrices a release
+#: holds at once (the counts, their exponents, the envelope's cumulative sums) stay near 3 x 8 x this
+#: many bytes (96 MB) whatever the number of partitions and bins
+BLOCK_CELLS = 1 << 22
+
+
+def exponential_quantile_of_maps(maps: list, bins: int, q: float, lower: float, upper: float, *, target: str,
+                                 share: Share, max_partitions: int) -> tuple[np.ndarray, MechanismRecord]:
+    """exponential_quantile over the partitions' {bin: count} maps (as the engine's SQL returns them),
+    a block of partitions at a time: each partition's draw is independent of the others', so blocks
+    change nothing in the output's law, and memory stays bounded by BLOCK_CELLS (100,000 partitions
+    of 1,024 bins were three dense matrices of 0.8 GB each)."""
+    rows = max(1, BLOCK_CELLS // bins)
+    values, record = [], None
+    for start in range(0, max(len(maps), 1), rows):
+        block = dense_histograms(maps[start:start + rows], bins)
+        value, record = exponential_quantile(block, q, lower, upper, target=target, share=share,
+                                             max_partitions=max_partitions)
+        values.append(value)
+    return np.concatenate(values), record
