@@ -38,7 +38,7 @@ START_GRACE_S = 60.0  # a release younger than this without a lease is still sta
 
 # -- the owner of a run: this process ------------------------------------------------------------
 
-def _process_started(pid: int) -> float:
+def process_started(pid: int) -> float:
     """The start time of a process in clock ticks since boot (Linux /proc), 0 when unknown."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -66,7 +66,7 @@ def process_alive(pid: int, started: float = 0.0) -> bool:
         pass
     if _process_state(pid) in ("Z", "X"):
         return False
-    return not (started and _process_started(pid) and _process_started(pid) != started)
+    return not (started and process_started(pid) and process_started(pid) != started)
 
 
 def this_host() -> str:
@@ -80,7 +80,7 @@ class Heartbeat:
     def __init__(self, store: Store, release_id: str, flow_run_id: str | None = None) -> None:
         self.store, self.release_id = store, release_id
         pid = os.getpid()
-        store.take_lease(release_id, this_host(), pid, _process_started(pid), flow_run_id)
+        store.take_lease(release_id, this_host(), pid, process_started(pid), flow_run_id)
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._beat, name=f"lease-{release_id[:8]}", daemon=True)
         self._thread.start()

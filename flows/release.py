@@ -20,7 +20,7 @@ from pydantic import Field
 
 from dprelease import decisions, pipeline, recovery
 from dprelease.external import BackendChoice
-from dprelease.flows import approvals
+from dprelease.flows import approvals, watchdog
 from dprelease.flows.outcomes import ended_releases, outcome, rejected, retry_ended  # noqa: F401 - outcome: callers import it from here
 from dprelease.flows.pausing import pause_for_input
 from dprelease.flows.release_form import Mapping, Text
@@ -73,8 +73,10 @@ def _run_ended(flow, flow_run, state) -> None:
     parameters have the names Prefect's runner passes them by, flow=, flow_run=, state=, when it
     runs a worker run's cancellation hooks itself; its engine passes them by position.)"""
     recovery.release_lease(str(flow_run.id))
-    for release in run_releases(pipeline.Platform.open(Settings.from_env()), str(flow_run.id)):
+    releases = run_releases(pipeline.Platform.open(Settings.from_env()), str(flow_run.id))
+    for release in releases:
         recovery.release_lease(release.id)
+    watchdog.finish(str(flow_run.id), ended=all(r.status in FINAL_STATUSES for r in releases))
 
 
 def _run_stopped(flow, flow_run, state) -> None:
@@ -91,6 +93,7 @@ def _run_stopped(flow, flow_run, state) -> None:
             recovery.stop(platform, release.id, f"the flow run was {state.name.lower()}")
         except StoreError:  # the run ended before it recorded a release
             pass
+    watchdog.finish(str(flow_run.id), ended=True)  # each release is final now, or never recorded
 
 
 RUN_HOOKS = {"on_completion": [_run_ended], "on_failure": [_run_ended], "on_cancellation": [_run_stopped],
@@ -396,11 +399,14 @@ def recover_dead_runs(platform: pipeline.Platform) -> None:
 
 def record(platform: pipeline.Platform, release_id: str, request) -> None:
     """The release's row in the store (kept as it is when a run is resumed), held by this
-    process's lease; first, the releases of dead runs are recovered."""
+    process's lease and watched by its watchdog (dprelease.flows.watchdog); first, the releases of
+    dead runs are recovered."""
     recover_dead_runs(platform)
     try:
         platform.store.get_release(release_id)
     except StoreError:  # a first run: record it
         platform.store.add_release(request.dataset, request.to_json(), release_id=release_id,
                                    flow_run_id=str(flow_run.id) if flow_run.id else None)
-    recovery.hold_lease(platform.store, release_id, str(flow_run.id) if flow_run.id else None)
+    run_id = str(flow_run.id) if flow_run.id else None
+    recovery.hold_lease(platform.store, release_id, run_id)
+    watchdog.watch(run_id or release_id, run_id)  # settles the release at once if this process dies

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 from patience import PATIENCE_S
+from pg_schema import fresh_schema
+from run_watchdog import wait_gone, watchdog_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.runs_first]  # 3-4 min on one worker (its module fixture: one group)
 
@@ -73,20 +75,7 @@ def ops(tmp_path_factory):
 
 def _fresh_pg_schema() -> str:
     """The store URL of a new, empty schema of DPRELEASE_TEST_PG_URL (left for inspection)."""
-    import uuid
-
-    from sqlalchemy import create_engine, make_url, text
-
-    url = os.environ.get("DPRELEASE_TEST_PG_URL")
-    if not url:
-        pytest.skip("DPRELEASE_TEST_OPERATIONS_ON_PG=1 needs DPRELEASE_TEST_PG_URL")
-    schema = f"dprelease_ops_{uuid.uuid4().hex[:12]}"
-    engine = create_engine(url)
-    with engine.begin() as conn:
-        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    engine.dispose()
-    return make_url(url).update_query_dict({"options": f"-csearch_path={schema}"}).render_as_string(
-        hide_password=False)
+    return fresh_schema("dprelease_ops_", "DPRELEASE_TEST_OPERATIONS_ON_PG=1 and its tests")[1]
 
 
 def _controller_key(settings, root: Path, name: str) -> Path:
@@ -381,7 +370,8 @@ def test_cancel_from_the_prefect_ui_stops_a_command_at_its_prompt(ops):
 
 
 def test_kill_9_at_each_step_then_recovery_leaves_the_budget_exact(ops):
-    """A command killed (SIGKILL) after the checks, after reserving, after sealing, while paused,
+    """A command killed (SIGKILL) with its run's watchdog (as when its machine goes down: nothing
+    settles its release at once) after the checks, after reserving, after sealing, while paused,
     and during publication; `approve` on the dead paused run says so; `recover` ends the rest."""
     from dprelease import pipeline
     from dprelease.reporting import signing
@@ -399,6 +389,9 @@ def test_kill_9_at_each_step_then_recovery_leaves_the_budget_exact(ops):
         else:
             _until(command.marker.exists, step, commands=[command])
             ids[step] = command.release_id()
+        watchdog = watchdog_of(command.proc.pid, ids[step])
+        os.kill(watchdog, signal.SIGKILL)  # first: killed after the command, it would settle the release
+        wait_gone(watchdog, "the command's watchdog")
         command.proc.send_signal(signal.SIGKILL)
         command.wait(PATIENCE_S)
     assert all(ids.values()), ids

@@ -38,7 +38,7 @@ def _running(platform, release_id: str, epsilon: float = 1.0, pid: int | None = 
     platform.store.add_release("d", "{}", release_id=release_id)
     platform.store.reserve("d", release_id, epsilon, 0.0)
     platform.store.take_lease(release_id, host or recovery.this_host(), pid or os.getpid(),
-                              recovery._process_started(pid or os.getpid()))
+                              recovery.process_started(pid or os.getpid()))
     if heartbeat_age_s:
         from sqlmodel import Session
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from patience import PATIENCE_S
+from run_watchdog import wait_gone, watchdog_of
 
 SQL = ("SELECT WITH ANONYMIZATION education, ANON_COUNT(*, 1) AS people, ANON_AVG(age, 17, 90) AS avg_age "
        "FROM adult GROUP BY education")
@@ -106,6 +107,7 @@ def decide(platform_env, decision, override="", **params):
         (rel,) = [r for r in platform.store.list_releases() if r.id not in known]
         return platform, rel, box
     rel = wait_for_approval(platform.store, known, thread=thread, box=box)
+    box["watchdog"] = watchdog_of(os.getpid(), rel.id)  # the run's, started when it recorded the release
     wait_until_paused(rel.flow_run_id, timeout=PATIENCE_S)
     send(platform_env, rel.id, decision, controller_key(), "checked", override, timeout=PATIENCE_S)
     thread.join(PATIENCE_S)
@@ -136,6 +138,22 @@ def test_approve_publishes_a_verifiable_report_and_commits_once(platform_env):
     assert "risk at this epsilon" in (platform_env.archive_dir / rel.id / "summary.md").read_text()
     assert "tolerable risk" in (controller / "controller.html").read_text()
     assert not list(platform_env.publication_dir.rglob("controller*"))
+
+
+def test_a_run_that_completes_ends_its_watchdog_which_changes_nothing(platform_env):
+    """The run's hooks tell its watchdog (dprelease.flows.watchdog) that the release ended: it exits
+    while the run's process lives on, leaving the release, the ledger and the run's state as they were."""
+    from prefect import get_client
+
+    platform, rel, box = decide(platform_env, "approve")
+    assert box["result"]["status"] == "published", box
+    committed = platform.store.budget("adult")
+    wait_gone(box["watchdog"], "the watchdog of a run that completed")
+    assert platform.store.get_release(rel.id).status == "published"
+    assert [e.status for e in platform.store.ledger_entries("adult") if e.release_id == rel.id] == ["committed"]
+    assert platform.store.budget("adult") == committed and platform.store.get_lease(rel.id) is None
+    with get_client(sync_client=True) as client:
+        assert client.read_flow_run(rel.flow_run_id).state.is_completed()
 
 
 #: labels under which the controller report shows raw-data numbers (case-insensitive)

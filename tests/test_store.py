@@ -5,22 +5,18 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import threading
 import time
-import uuid
 from datetime import UTC
 
 import pytest
 from patience import PATIENCE_S
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
+from pg_schema import drop_schema, fresh_schema
+from sqlalchemy import text
 
 from dprelease.store import BudgetExceeded, Store, StoreError
 from dprelease.store import ledger as store_module
 from dprelease.store import series as store_series
-
-PG_ENV = "DPRELEASE_TEST_PG_URL"
 
 
 def _register(store: Store, name: str = "adult", epsilon_cap: float = 10.0, delta_cap: float = 1e-5) -> None:
@@ -48,23 +44,14 @@ def sqlite_store(tmp_path):
 @pytest.fixture
 def pg_store():
     """A store in a fresh PostgreSQL schema (dropped afterwards); skipped without DPRELEASE_TEST_PG_URL."""
-    url = os.environ.get(PG_ENV)
-    if not url:
-        pytest.skip(f"PostgreSQL tests need {PG_ENV}, e.g. postgresql+psycopg://user:pw@127.0.0.1:5432/db")
-    schema = f"dprelease_test_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(url)
-    with admin.begin() as conn:
-        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    scoped = make_url(url).update_query_dict({"options": f"-csearch_path={schema}"})
-    store = Store(scoped.render_as_string(hide_password=False))
+    schema, url = fresh_schema("dprelease_test_")
+    store = Store(url)
     store.create_all()
     try:
         yield store
     finally:
         store.close()
-        with admin.begin() as conn:
-            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        admin.dispose()
+        drop_schema(schema)
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -22,13 +22,13 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pandas as pd
 import pytest
 from patience import PATIENCE_S
+from pg_schema import drop_schema, fresh_schema
 from prefect_worker import start_worker, stop_worker
 
 pytest.importorskip("s3fs")
@@ -52,29 +52,6 @@ pytestmark = [pytest.mark.skipif(not os.environ.get(PG_ENV), reason=f"needs Post
 
 def _people(n: int) -> pd.DataFrame:
     return pd.DataFrame({"uid": range(n), "town": [f"town-{i % 3}" for i in range(n)]})
-
-
-def _pg_schema_url() -> tuple[str, str]:
-    """A new schema of the test PostgreSQL, and the store URL that uses it."""
-    from sqlalchemy import create_engine, make_url, text
-
-    url = os.environ[PG_ENV]
-    schema = f"two_hosts_{uuid.uuid4().hex[:10]}"
-    engine = create_engine(url)
-    with engine.begin() as conn:
-        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    engine.dispose()
-    scoped = make_url(url).update_query_dict({"options": f"-csearch_path={schema}"})
-    return schema, scoped.render_as_string(hide_password=False)
-
-
-def _drop_schema(schema: str) -> None:
-    from sqlalchemy import create_engine, text
-
-    engine = create_engine(os.environ[PG_ENV])
-    with engine.begin() as conn:
-        conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-    engine.dispose()
 
 
 def _prefect_database(name: str, drop: bool = False) -> str:
@@ -137,9 +114,20 @@ class Worker:
         return found
 
     def kill(self, run_pid: int) -> None:
-        """The host dies: its worker and the flow run it started (its own process group) get SIGKILL."""
+        """The host dies: every process of it at once, its worker, the flow run it started (its own
+        process group) and the run's watchdog (a session of its own): all stopped first, so that no
+        watchdog sees its run die and settles the release, then killed."""
+        everyone = [pid for pid in self.runs() if pid != os.getpid()]
+        assert run_pid in everyone and self.proc.pid in everyone, everyone
+        for pid in everyone:
+            os.kill(pid, signal.SIGSTOP)
         os.killpg(os.getpgid(run_pid), signal.SIGKILL)
         os.killpg(self.proc.pid, signal.SIGKILL)
+        for pid in everyone:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         self.proc.wait(PATIENCE_S)
 
 
@@ -155,7 +143,7 @@ def hosts(tmp_path_factory):
     from dprelease.settings import Settings
 
     root = tmp_path_factory.mktemp("two-hosts")
-    schema, store_url = _pg_schema_url()
+    schema, store_url = fresh_schema("two_hosts_")
     saved = dict(os.environ)
     workers: list[Worker] = []
     server = None
@@ -193,7 +181,7 @@ def hosts(tmp_path_factory):
             stop_process_group(server)
         os.environ.clear()
         os.environ.update(saved)
-        _drop_schema(schema)
+        drop_schema(schema)
         _prefect_database(schema, drop=True)
     assert not problems, problems  # after the cleanup, and only when the module itself ended well
 
