@@ -91,11 +91,13 @@ def usage_line(err: Exception) -> str:
 def in_option_words(message: str, command) -> str:
     """A refusal worded for the command line: the library names its parameters as Python does
     (`epsilon_cap must be > 0`), the person typed options (`--epsilon-cap`). Only names with an
-    underscore are rewritten (a one-word name such as `epsilon` is also the ordinary word)."""
+    underscore, whose option is that name spelt with dashes, are rewritten (a one-word name such as
+    `epsilon` is also the ordinary word)."""
     for param in getattr(command, "params", ()):
-        if getattr(param, "param_type_name", "") == "option" and param.name and "_" in param.name and param.opts:
-            long = max(param.opts, key=len)
-            message = re.sub(rf"(?<![-\w]){re.escape(param.name)}(?!\w)", long, message)
+        if getattr(param, "param_type_name", "") == "option" and param.name and "_" in param.name:
+            spelt = "--" + param.name.replace("_", "-")  # an option named otherwise (--as for requested_by):
+            if spelt in param.opts:  # its Python name is another thing's too (a request file's field)
+                message = re.sub(rf"(?<![-\w]){re.escape(param.name)}(?!\w)", spelt, message)
     return message
 
 
