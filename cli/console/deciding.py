@@ -72,13 +72,8 @@ def waiting_requests(store, settings) -> list:
     submitted = request_inbox.submitted(settings.inbox_dir)
     if not submitted:
         return []
-    run = set()
-    for text in store.release_requests():
-        try:
-            run.add(request_inbox.request_key(json.loads(text)))
-        except ValueError:
-            continue
-    return [(path, fields) for path, fields in submitted if request_inbox.request_key(fields) not in run]
+    runs = request_inbox.runs_by_request(store.release_requests())
+    return [(path, fields) for path, fields in submitted if request_inbox.run_of(path, fields, runs) is None]
 
 
 @router.get("/inbox", response_class=HTMLResponse)

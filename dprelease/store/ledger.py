@@ -420,10 +420,12 @@ class Store:
         with self._transaction() as session:
             return list(session.exec(query).all())
 
-    def release_requests(self) -> list[str]:
-        """Every release's request JSON: one column, not whole rows (a page over thousands of releases)."""
+    def release_requests(self) -> list:
+        """Every release's id, status, creation time and request JSON: four columns, not whole rows (a
+        page over thousands of releases)."""
         with self._transaction() as session:
-            return list(session.exec(select(Release.request_json)).all())
+            return list(session.exec(select(Release.id, Release.status, Release.created_at,
+                                            Release.request_json)).all())
 
     def releases_of_run(self, flow_run_id: str) -> list[Release]:
         """The releases one flow run made: its own id, `<id>@<snapshot>` for each further snapshot a
