@@ -378,11 +378,12 @@ def verify(directory: Path,
         raise typer.Exit(1)
     if not _decisions_verify(directory):
         raise typer.Exit(1)
-    if key is None:
+    if key is None or signing.shipped_inside(directory, key):
+        given = "" if key is None else f" (the key you gave, {key}, is that key: a file of the publication)"
         console.print(f"[yellow]intact, signer not established[/yellow] {directory}: the files match a signature "
-                      f"made with the key shipped inside the publication (fingerprint {shipped_fp}), which anyone "
-                      "could have replaced. Get the publisher's public key out of band, check its fingerprint, and "
-                      f"pin it: dprelease verify {directory} --key PUBLISHER_KEY.pem")
+                      f"made with the key shipped inside the publication{given} (fingerprint {shipped_fp}), which "
+                      "anyone could have replaced. Get the publisher's public key out of band, check its fingerprint, "
+                      f"and pin it: dprelease verify {directory} --key PUBLISHER_KEY.pem")
         raise typer.Exit(1)
     console.print(f"[green]OK[/green] {directory}: signed by the key you gave ({signing.key_fingerprint(key)}), "
                   "every file intact")

@@ -104,7 +104,7 @@ def test_verify_without_a_trusted_key_does_not_claim_who_signed(env, tmp_path, m
     assert code == 0 and "OK" in out
 
 
-def test_a_forged_publication_fails_verify_with_and_without_key(env, tmp_path):
+def test_a_forged_publication_fails_verify_with_and_without_key(env, tmp_path, monkeypatch):
     """A number changed, the manifest re-signed with a new key, that key put at the publication
     root (and in the release): never OK, never exit 0."""
     from dprelease.reporting import signing
@@ -125,6 +125,12 @@ def test_a_forged_publication_fails_verify_with_and_without_key(env, tmp_path):
     assert code == 1 and "OK" not in out and "signer not established" in out
     code, out = run("verify", str(release), "--key", str(tmp_path / "publisher.pub.pem"))
     assert code == 1 and "FAILED" in out and "not the trusted key" in out
+    # the key shipped with the files, given as --key however it is spelt, is the forger's: it establishes no signer
+    monkeypatch.chdir(root)
+    for shipped in (release / "public_key.pem", root / "r1" / ".." / "r1" / "public_key.pem", Path("r1/public_key.pem")):
+        code, out = run("verify", "r1", "--key", str(shipped))
+        assert code == 1 and "OK" not in out and "signer not established" in out, (shipped, out)
+        assert signing.verify_directory(release, shipped) == signing.verify_directory(release)
 
 
 def test_server_refuses_to_listen_beyond_localhost_without_auth(monkeypatch):
