@@ -124,6 +124,8 @@ def test_expired_and_used_enrolment_links_are_refused(platform_env, console):
     assert answer.status_code == 410 and "has expired" in answer.text
     link = enrolment_link(platform_env, "fay", "analyst")
     first, second = Browser(console), Browser(console)
+    words = " ".join(first.get(link[link.index("/enrol/"):]).text.split())
+    assert "registered as an <strong>analyst</strong>" in words and "decisions" not in words  # an analyst decides nothing
     assert first.enrol(link).status_code == 200
     answer = second.enrol(link)
     assert answer.status_code == 410 and "already used" in answer.text
@@ -438,6 +440,10 @@ def test_a_risk_above_tolerance_asks_the_override_s_reason_on_the_page(platform_
     assert box["result"]["status"] == "published", box
     (entry,) = decisions.recorded(platform_env, rel.id)
     assert entry["risk_override"] == "aggregate table, recipient under contract"
+    # decided, the page no longer sends the controller to a field it no longer has
+    page = alice.get(f"/releases/{rel.id}").text
+    assert "Why approve above the tolerable risk" not in page and "above your tolerable risk" in page
+    assert "[risk override: aggregate table, recipient under contract]" in page
 
 
 def test_a_series_budget_and_history(platform_env, console, people_in):

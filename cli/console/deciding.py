@@ -119,6 +119,12 @@ def _risk_notice_here(context: dict) -> str:
             "signed with your decision and recorded in the archive.")
 
 
+def _risk_notice_decided(context: dict) -> str:
+    """The summary's warning once the release is no longer waiting: no field or command to send to."""
+    return (f"**WARNING: above your tolerable risk.** The risk at this epsilon is {decisions.risk_written(context)}; "
+            "an approval needed a reason for the override (see Decided by above).")
+
+
 @router.get("/releases/{release_id}", response_class=HTMLResponse)
 def release_page(request: Request, release_id: str):
     """The decision page while the release waits; its state, decisions and reports afterwards."""
@@ -135,7 +141,8 @@ def release_page(request: Request, release_id: str):
     context = _context(settings, rel.id)
     text = summary.read_text() if summary.exists() else ""
     if context.get("above_tolerance"):  # the summary's warning tells the terminal and the Resume form what to do
-        text = text.replace(decisions.risk_notice(context, rel.id), _risk_notice_here(context))
+        here = _risk_notice_here(context) if rel.status == "awaiting_approval" else _risk_notice_decided(context)
+        text = text.replace(decisions.risk_notice(context, rel.id), here)
     return render(request, who, "release.html", rel=rel, fields=_request_fields(rel), label=states.label(rel.status),
                   context=context, entry=entry,
                   risk_written=decisions.risk_written(context) if isinstance(context.get("risk"), int | float) else "",
