@@ -721,6 +721,8 @@ def release(
         from .deciding import refuse_before_start
 
         check_request(settings, request)  # refused before any flow starts (quick, same message)
+        if inbox_file is not None:
+            _refuse_a_request_run_already(settings, inbox_file)
         key = key or settings.controller_key
         preview = _preview(settings, request)
         refuse_before_start(settings, approve_as, key, override_risk, preview and preview[1])
@@ -760,6 +762,27 @@ def _read_request(settings: Settings, spec: Path):
         path = path or spec
     from_inbox = path.resolve().parent == settings.inbox_dir.resolve()
     return (inbox.read(path) if from_inbox else load_request(path)), (path if from_inbox else None)
+
+
+def _refuse_a_request_run_already(settings: Settings, path: Path) -> None:
+    """A request of the inbox runs once: refused while a release run from it waits or runs, and once
+    it is published or rejected (a run from the Prefect UI leaves the file in the inbox); a run that
+    failed or expired, refunded, may be run again."""
+    import json
+
+    from dprelease.requests import RequestError, inbox
+    from dprelease.store import Store
+
+    from .console import states
+
+    run = inbox.run_of(path, json.loads(path.read_text()), inbox.runs_by_request(Store(settings.store_url)
+                                                                                  .release_requests()))
+    if run is not None and run.status not in ("failed", "expired"):
+        waits = run.status in ("pending", "awaiting_approval")
+        raise RequestError(f"request {path.stem} of the analysts' inbox was run already: release {run.id} is "
+                           f"{states.label(run.status)}; a request runs once ("
+                           + (f"decide that release: dprelease approve|reject {run.id}, or in the console)" if waits
+                              else "to ask again, the analyst submits it again)"))
 
 
 def _keep_checks_judge(request) -> None:
