@@ -242,6 +242,9 @@ def sign_directory(directory: Path, facts: dict, private_key: Ed25519PrivateKey)
 def _release_directory(directory: Path) -> Path:
     """`directory` as a Path, or a SigningError if it is not an existing directory."""
     directory = Path(directory)
+    if directory.is_file():
+        raise SigningError(f"{directory} is a file, not a release directory: give the folder that holds the "
+                           f"release's files and its {MANIFEST} ({directory.parent})")
     if not directory.is_dir():
         raise SigningError(f"release directory {directory} does not exist or is not a directory")
     return directory
