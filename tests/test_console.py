@@ -471,6 +471,23 @@ def test_a_series_budget_and_history(platform_env, console, people_in):
     assert "one cap for all periods" in page and "2026-01: 0.5" in page and "<polyline" in page
     assert ">Published<" in page.split("Visits 2026-01", 1)[1] and ">Rejected<" in page.split("Visits 2026-02", 1)[1]
     assert people_in["ana"].get("/budget/series/visits").status_code == 403
+    # its signed page, published beside the releases, is on the analysts' Published page too, and served
+    from dprelease.reporting import signing
+
+    folder = platform_env.publication_dir / "series" / "visits"
+    folder.mkdir(parents=True)
+    (folder / "index.html").write_text("<html>every period</html>")
+    (folder / "series.csv").write_text("snapshot,people\n2026-01,100\n")
+    signing.sign_directory(folder, {"kind": "series", "series": "visits", "title": "Visits by month",
+                                    "epsilon_total": 0.5}, signing.load_private_key(platform_env.signing_key_file))
+    ana = people_in["ana"]
+    row = ana.get("/published").text.split('href="/published/series/visits/index.html"', 1)[1].split("</tr>", 1)[0]
+    assert "Visits by month (every period)" in row and "<td>0.5</td>" in row and "series.csv?download=1" in row
+    assert ana.get("/published/series/visits/index.html").text == "<html>every period</html>"
+    assert ana.get("/published/series/visits/series.csv").status_code == 200
+    for path in ("/published/series/%2E%2E/index.html", "/published/series/%2E%2E/series/visits/index.html",
+                 "/published/series/visits/manifest.sig"):
+        assert ana.get(path).status_code == 404, path
 
 
 def test_the_administrator_s_commands_for_console_people(platform_env, console, people_in):
