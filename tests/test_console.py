@@ -488,6 +488,11 @@ def test_a_series_budget_and_history(platform_env, console, people_in):
     for path in ("/published/series/%2E%2E/index.html", "/published/series/%2E%2E/series/visits/index.html",
                  "/published/series/visits/manifest.sig"):
         assert ana.get(path).status_code == 404, path
+    # a mistyped address or method: the console's page with one line (JSON to the pages' scripts), not the
+    # framework's {"detail": "Not Found"}
+    page = alice.get("/budgets")
+    assert page.status_code == 404 and "there is no page /budgets in the console" in page.text and "<html" in page.text
+    assert one_line(alice.post("/budget", {})).startswith("/budget does not answer POST")
 
 
 def test_the_administrator_s_commands_for_console_people(platform_env, console, people_in):
