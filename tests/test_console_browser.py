@@ -154,6 +154,9 @@ def test_an_analyst_submits_follows_and_reads_in_the_browser(platform_env, conso
     used = carl.post(f"/dpp/{first_id}/use", {"trust": 0.3, "sensitivity": 0.5, "max_risk": 1, "max_noise": 50})
     assert used.status_code == 409 and used.json()["error"].startswith(f"nothing was written: request {first_id} was run")
     assert "Hours by education" not in carl.get("/inbox").text
+    page_of_it = carl.get(f"/inbox/requests/{first_id}").text  # its page says so, and links the release
+    assert '<p class="state" id="state">Published</p>' in page_of_it and f'href="/releases/{rel.id}"' in page_of_it
+    assert "Run it to see its numbers" not in page_of_it
     # to ask again, she submits the same request again: a new request, listed as waiting on both sides
     page.goto(f"{console}/requests")
     page.get_by_label("A release request").fill(

@@ -93,8 +93,10 @@ def request_page(request: Request, request_id: str):
     if not found:
         raise Refused(404, f"there is no request {request_id!r} in the inbox")
     path, fields = found[0]
+    run = request_inbox.run_of(path, fields, request_inbox.runs_by_request(state.store.release_requests()))
     return render(request, who, "request.html", path=path, fields=fields, epsilon=fields.get("epsilon"),
-                  text=fields.get("sql") or json.dumps(fields.get("query"), indent=2))
+                  text=fields.get("sql") or json.dumps(fields.get("query"), indent=2), run=run,
+                  label=states.label(run.status) if run else "Submitted (waiting for a controller)")
 
 
 def _release(store, release_id: str):
