@@ -378,8 +378,8 @@ def verify(directory: Path,
         raise typer.Exit(1)
     if not _decisions_verify(directory):
         raise typer.Exit(1)
-    if key is None or signing.shipped_inside(directory, key):
-        given = "" if key is None else f" (the key you gave, {key}, is that key: a file of the publication)"
+    if key is None or signing.shipped_with(directory, key):
+        given = "" if key is None else f" (the key you gave, {key}, is shipped with the publication)"
         console.print(f"[yellow]intact, signer not established[/yellow] {directory}: the files match a signature "
                       f"made with the key shipped inside the publication{given} (fingerprint {shipped_fp}), which "
                       "anyone could have replaced. Get the publisher's public key out of band, check its fingerprint, "

@@ -127,7 +127,8 @@ def test_a_forged_publication_fails_verify_with_and_without_key(env, tmp_path, m
     assert code == 1 and "FAILED" in out and "not the trusted key" in out
     # the key shipped with the files, given as --key however it is spelt, is the forger's: it establishes no signer
     monkeypatch.chdir(root)
-    for shipped in (release / "public_key.pem", root / "r1" / ".." / "r1" / "public_key.pem", Path("r1/public_key.pem")):
+    for shipped in (release / "public_key.pem", root / "r1" / ".." / "r1" / "public_key.pem", Path("r1/public_key.pem"),
+                    root / "public_key.pem", Path("public_key.pem")):  # in the release, or beside it at the root
         code, out = run("verify", "r1", "--key", str(shipped))
         assert code == 1 and "OK" not in out and "signer not established" in out, (shipped, out)
         assert signing.verify_directory(release, shipped) == signing.verify_directory(release)

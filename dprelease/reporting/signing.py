@@ -293,10 +293,10 @@ class VerifyReport:
 def verify_directory(directory: Path, public_key: PublicKeySource | None = None) -> VerifyReport:
     """Check a signed release directory and report every problem found, each naming its file.
     With `public_key` (the trusted key: PEM bytes, path or key) the embedded public_key.pem must be
-    that key; without it, or given a key file inside the publication (shipped_inside), the embedded key
+    that key; without it, or given a key file shipped with the publication (shipped_with), the embedded key
     is used, which only proves integrity, not authorship."""
     directory = _release_directory(directory)
-    trusted = None if public_key is None or shipped_inside(directory, public_key) else load_public_key(public_key)
+    trusted = None if public_key is None or shipped_with(directory, public_key) else load_public_key(public_key)
     problems: list[str] = []
     manifest_bytes = _read_reserved(directory, MANIFEST, problems)
     manifest = None if manifest_bytes is None else _parse_manifest(manifest_bytes, problems)
@@ -310,12 +310,14 @@ def verify_directory(directory: Path, public_key: PublicKeySource | None = None)
     return VerifyReport(ok=not problems, problems=problems, facts=facts)
 
 
-def shipped_inside(directory: Path, public_key: PublicKeySource) -> bool:
-    """Whether the key given as trusted is a file inside the publication itself (its public_key.pem,
-    say): whoever altered the files could have replaced it too, so it establishes no signer."""
+def shipped_with(directory: Path, public_key: PublicKeySource) -> bool:
+    """Whether the key given as trusted is a file shipped with the publication: inside the release's
+    folder (its public_key.pem), or the public_key.pem beside the releases (the publication root's,
+    a folder above it). Whoever altered the files could have replaced it too: it establishes no signer."""
     if not isinstance(public_key, (str, os.PathLike)):
         return False
-    return Path(public_key).resolve().is_relative_to(Path(directory).resolve())
+    key, folder = Path(public_key).resolve(), Path(directory).resolve()
+    return key.is_relative_to(folder) or any(key == above / PUBLIC_KEY for above in folder.parents)
 
 
 def _read_reserved(directory: Path, name: str, problems: list[str], why: str = "") -> bytes | None:
