@@ -478,12 +478,18 @@ def _decide(release_id: str, decision: str, key: Path | None, reason: str, overr
 
 
 def _release_id(store, text: str) -> str:
-    """A release id as a person pastes it: whole, or any start of it that only one release has (an
-    unknown one is left for the store to name; an ambiguous one is refused)."""
+    """A release id as a person pastes it to decide it: whole, or any start of it that only one release
+    waiting for a decision has (a series run's releases share their run's id: `<run>` and
+    `<run>@2026-04`), else only one release has (an unknown one is left for the store to name; an
+    ambiguous one is refused)."""
     from dprelease.prefixes import by_prefix
 
     store.create_all()
-    return by_prefix(text, (r.id for r in store.list_releases()), "releases") or text
+    releases = store.list_releases()
+    waiting = [r.id for r in releases if r.status == "awaiting_approval"]
+    if text not in {r.id for r in releases} and sum(i.startswith(text) for i in waiting) == 1:
+        return by_prefix(text, waiting, "releases waiting for a decision")
+    return by_prefix(text, (r.id for r in releases), "releases") or text
 
 
 def _outcome(platform, release_id: str, asked: str):

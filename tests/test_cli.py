@@ -230,6 +230,18 @@ def test_a_release_id_is_taken_whole_or_by_a_start_only_one_release_has(pasted):
     assert lines[0].startswith("error: '3f2a' is the start of 2 releases") and first in lines[0] and second in lines[0]
     code, out = _cli(pasted["home"], "approve", "no-such-release", columns=80)
     assert code == 2 and "unknown release 'no-such-release'" in out
+    # a series run's releases share its id, `<run>` for its first snapshot and `<run>@<label>` for the next: a
+    # start of it names the one that waits for a decision (every start was the start of 2 releases)
+    from dprelease.settings import Settings
+    from dprelease.store import Store
+
+    store, run = Store(Settings.from_env({"DPRELEASE_HOME": str(pasted["home"])}).store_url), "9fa835d3-79a6-4b90"
+    store.add_release(store.get_release(published).dataset, "{}", release_id=run, status="published")
+    store.add_release(store.get_release(published).dataset, "{}", release_id=f"{run}@2026-04", status="awaiting_approval")
+    for command in (("reject", run[:4], "--reason", "no"), ("decision", "sign", run[:8], "reject", "--key",
+                                                              str(pasted["key"]))):
+        code, out = _cli(pasted["home"], *command, columns=200)
+        assert code == 2 and f"release {run}@2026-04" in out and "start of" not in out, out
 
 
 @pytest.mark.parametrize("console_url", ["http://localhost:8400", "https://console.example.org"])
