@@ -471,6 +471,9 @@ def test_a_series_budget_and_history(platform_env, console, people_in):
     assert "one cap for all periods" in page and "2026-01: 0.5" in page and "<polyline" in page
     assert ">Published<" in page.split("Visits 2026-01", 1)[1] and ">Rejected<" in page.split("Visits 2026-02", 1)[1]
     assert people_in["ana"].get("/budget/series/visits").status_code == 403
+    store_series.add_series(store, "quiet", privacy_unit="person_id", schema={"age": "BIGINT"},
+                            budget_mode="series_cap", epsilon_cap=3, delta_cap=1e-5)
+    assert "<dt>Periods</dt><dd>none published yet</dd>" in alice.get("/budget/series/quiet").text  # not blank
     # its signed page, published beside the releases, is on the analysts' Published page too, and served
     from dprelease.reporting import signing
 
