@@ -378,11 +378,12 @@ def verify(directory: Path,
         raise typer.Exit(1)
     if not _decisions_verify(directory):
         raise typer.Exit(1)
-    if key is None:
+    if key is None or signing.shipped_with(directory, key):
+        given = "" if key is None else f" (the key you gave, {key}, is shipped with the publication)"
         console.print(f"[yellow]intact, signer not established[/yellow] {directory}: the files match a signature "
-                      f"made with the key shipped inside the publication (fingerprint {shipped_fp}), which anyone "
-                      "could have replaced. Get the publisher's public key out of band, check its fingerprint, and "
-                      f"pin it: dprelease verify {directory} --key PUBLISHER_KEY.pem")
+                      f"made with the key shipped inside the publication{given} (fingerprint {shipped_fp}), which "
+                      "anyone could have replaced. Get the publisher's public key out of band, check its fingerprint, "
+                      f"and pin it: dprelease verify {directory} --key PUBLISHER_KEY.pem")
         raise typer.Exit(1)
     console.print(f"[green]OK[/green] {directory}: signed by the key you gave ({signing.key_fingerprint(key)}), "
                   "every file intact")
@@ -477,12 +478,18 @@ def _decide(release_id: str, decision: str, key: Path | None, reason: str, overr
 
 
 def _release_id(store, text: str) -> str:
-    """A release id as a person pastes it: whole, or any start of it that only one release has (an
-    unknown one is left for the store to name; an ambiguous one is refused)."""
+    """A release id as a person pastes it to decide it: whole, or any start of it that only one release
+    waiting for a decision has (a series run's releases share their run's id: `<run>` and
+    `<run>@2026-04`), else only one release has (an unknown one is left for the store to name; an
+    ambiguous one is refused)."""
     from dprelease.prefixes import by_prefix
 
     store.create_all()
-    return by_prefix(text, (r.id for r in store.list_releases()), "releases") or text
+    releases = store.list_releases()
+    waiting = [r.id for r in releases if r.status == "awaiting_approval"]
+    if text not in {r.id for r in releases} and sum(i.startswith(text) for i in waiting) == 1:
+        return by_prefix(text, waiting, "releases waiting for a decision")
+    return by_prefix(text, (r.id for r in releases), "releases") or text
 
 
 def _outcome(platform, release_id: str, asked: str):
@@ -720,6 +727,8 @@ def release(
         from .deciding import refuse_before_start
 
         check_request(settings, request)  # refused before any flow starts (quick, same message)
+        if inbox_file is not None:
+            _refuse_a_request_run_already(settings, inbox_file)
         key = key or settings.controller_key
         preview = _preview(settings, request)
         refuse_before_start(settings, approve_as, key, override_risk, preview and preview[1])
@@ -759,6 +768,27 @@ def _read_request(settings: Settings, spec: Path):
         path = path or spec
     from_inbox = path.resolve().parent == settings.inbox_dir.resolve()
     return (inbox.read(path) if from_inbox else load_request(path)), (path if from_inbox else None)
+
+
+def _refuse_a_request_run_already(settings: Settings, path: Path) -> None:
+    """A request of the inbox runs once: refused while a release run from it waits or runs, and once
+    it is published or rejected (a run from the Prefect UI leaves the file in the inbox); a run that
+    failed or expired, refunded, may be run again."""
+    import json
+
+    from dprelease.requests import RequestError, inbox
+    from dprelease.store import Store
+
+    from .console import states
+
+    run = inbox.run_of(path, json.loads(path.read_text()), inbox.runs_by_request(Store(settings.store_url)
+                                                                                  .release_requests()))
+    if run is not None and run.status not in ("failed", "expired"):
+        waits = run.status in ("pending", "awaiting_approval")
+        raise RequestError(f"request {path.stem} of the analysts' inbox was run already: release {run.id} is "
+                           f"{states.label(run.status)}; a request runs once ("
+                           + (f"decide that release: dprelease approve|reject {run.id}, or in the console)" if waits
+                              else "to ask again, the analyst submits it again)"))
 
 
 def _keep_checks_judge(request) -> None:

@@ -239,7 +239,8 @@ def choose_epsilon(platform: Platform, planned: Plan) -> EpsilonDecision:
                            f"epsilon from every DP SELECT's OPTIONS, or give a fixed `epsilon:`; nothing was computed")
     if req.epsilon_mode == "pri":
         p, mode = float(req.pri.get("p", 50)), req.pri.get("mode", "public")
-        spent, cap = budget["epsilon_committed"] + budget["epsilon_reserved"], budget["epsilon_cap"]
+        cap = budget["epsilon_cap"]
+        spent = cap - budget["epsilon_remaining"]  # a series_cap snapshot: what its series' cap leaves
         if mode == "public":
             choice = pri.choose_epsilon_public(planned.query, p, beta=float(req.pri.get("beta", 0.5)),
                                                spent=spent, cap=cap)

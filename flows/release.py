@@ -22,7 +22,7 @@ from dprelease import decisions, pipeline, recovery
 from dprelease.external import BackendChoice
 from dprelease.flows import approvals, watchdog
 from dprelease.flows.outcomes import ended_releases, outcome, rejected, retry_ended  # noqa: F401 - outcome: callers import it from here
-from dprelease.flows.pausing import pause_for_input
+from dprelease.flows.pausing import pause_for_input, pause_key
 from dprelease.flows.release_form import Mapping, Text
 from dprelease.requests import parse_request
 from dprelease.requests.epsilon import EpsilonChoice
@@ -267,6 +267,7 @@ def ask_controller(platform, release_id: str, description: str, key: str, timeou
     settings = platform.settings
     profile = profile or {}
     poll_interval = poll_interval or APPROVAL_POLL_SECONDS
+    key = pause_key(key)  # a release of a series' later snapshot is `<run>@<label>`: no pause key as it is
     context = decisions.write_context(settings, release_id, key, profile)
     deadline = time.monotonic() + timeout
     refused: list[str] = []

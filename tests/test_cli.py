@@ -104,7 +104,7 @@ def test_verify_without_a_trusted_key_does_not_claim_who_signed(env, tmp_path, m
     assert code == 0 and "OK" in out
 
 
-def test_a_forged_publication_fails_verify_with_and_without_key(env, tmp_path):
+def test_a_forged_publication_fails_verify_with_and_without_key(env, tmp_path, monkeypatch):
     """A number changed, the manifest re-signed with a new key, that key put at the publication
     root (and in the release): never OK, never exit 0."""
     from dprelease.reporting import signing
@@ -125,6 +125,13 @@ def test_a_forged_publication_fails_verify_with_and_without_key(env, tmp_path):
     assert code == 1 and "OK" not in out and "signer not established" in out
     code, out = run("verify", str(release), "--key", str(tmp_path / "publisher.pub.pem"))
     assert code == 1 and "FAILED" in out and "not the trusted key" in out
+    # the key shipped with the files, given as --key however it is spelt, is the forger's: it establishes no signer
+    monkeypatch.chdir(root)
+    for shipped in (release / "public_key.pem", root / "r1" / ".." / "r1" / "public_key.pem", Path("r1/public_key.pem"),
+                    root / "public_key.pem", Path("public_key.pem")):  # in the release, or beside it at the root
+        code, out = run("verify", "r1", "--key", str(shipped))
+        assert code == 1 and "OK" not in out and "signer not established" in out, (shipped, out)
+        assert signing.verify_directory(release, shipped) == signing.verify_directory(release)
 
 
 def test_server_refuses_to_listen_beyond_localhost_without_auth(monkeypatch):
@@ -223,6 +230,18 @@ def test_a_release_id_is_taken_whole_or_by_a_start_only_one_release_has(pasted):
     assert lines[0].startswith("error: '3f2a' is the start of 2 releases") and first in lines[0] and second in lines[0]
     code, out = _cli(pasted["home"], "approve", "no-such-release", columns=80)
     assert code == 2 and "unknown release 'no-such-release'" in out
+    # a series run's releases share its id, `<run>` for its first snapshot and `<run>@<label>` for the next: a
+    # start of it names the one that waits for a decision (every start was the start of 2 releases)
+    from dprelease.settings import Settings
+    from dprelease.store import Store
+
+    store, run = Store(Settings.from_env({"DPRELEASE_HOME": str(pasted["home"])}).store_url), "9fa835d3-79a6-4b90"
+    store.add_release(store.get_release(published).dataset, "{}", release_id=run, status="published")
+    store.add_release(store.get_release(published).dataset, "{}", release_id=f"{run}@2026-04", status="awaiting_approval")
+    for command in (("reject", run[:4], "--reason", "no"), ("decision", "sign", run[:8], "reject", "--key",
+                                                              str(pasted["key"]))):
+        code, out = _cli(pasted["home"], *command, columns=200)
+        assert code == 2 and f"release {run}@2026-04" in out and "start of" not in out, out
 
 
 @pytest.mark.parametrize("console_url", ["http://localhost:8400", "https://console.example.org"])

@@ -124,6 +124,8 @@ def test_expired_and_used_enrolment_links_are_refused(platform_env, console):
     assert answer.status_code == 410 and "has expired" in answer.text
     link = enrolment_link(platform_env, "fay", "analyst")
     first, second = Browser(console), Browser(console)
+    words = " ".join(first.get(link[link.index("/enrol/"):]).text.split())
+    assert "registered as an <strong>analyst</strong>" in words and "decisions" not in words  # an analyst decides nothing
     assert first.enrol(link).status_code == 200
     answer = second.enrol(link)
     assert answer.status_code == 410 and "already used" in answer.text
@@ -438,6 +440,10 @@ def test_a_risk_above_tolerance_asks_the_override_s_reason_on_the_page(platform_
     assert box["result"]["status"] == "published", box
     (entry,) = decisions.recorded(platform_env, rel.id)
     assert entry["risk_override"] == "aggregate table, recipient under contract"
+    # decided, the page no longer sends the controller to a field it no longer has
+    page = alice.get(f"/releases/{rel.id}").text
+    assert "Why approve above the tolerable risk" not in page and "above your tolerable risk" in page
+    assert "[risk override: aggregate table, recipient under contract]" in page
 
 
 def test_a_series_budget_and_history(platform_env, console, people_in):
@@ -465,6 +471,31 @@ def test_a_series_budget_and_history(platform_env, console, people_in):
     assert "one cap for all periods" in page and "2026-01: 0.5" in page and "<polyline" in page
     assert ">Published<" in page.split("Visits 2026-01", 1)[1] and ">Rejected<" in page.split("Visits 2026-02", 1)[1]
     assert people_in["ana"].get("/budget/series/visits").status_code == 403
+    store_series.add_series(store, "quiet", privacy_unit="person_id", schema={"age": "BIGINT"},
+                            budget_mode="series_cap", epsilon_cap=3, delta_cap=1e-5)
+    assert "<dt>Periods</dt><dd>none published yet</dd>" in alice.get("/budget/series/quiet").text  # not blank
+    # its signed page, published beside the releases, is on the analysts' Published page too, and served
+    from dprelease.reporting import signing
+
+    folder = platform_env.publication_dir / "series" / "visits"
+    folder.mkdir(parents=True)
+    (folder / "index.html").write_text("<html>every period</html>")
+    (folder / "series.csv").write_text("snapshot,people\n2026-01,100\n")
+    signing.sign_directory(folder, {"kind": "series", "series": "visits", "title": "Visits by month",
+                                    "epsilon_total": 0.5}, signing.load_private_key(platform_env.signing_key_file))
+    ana = people_in["ana"]
+    row = ana.get("/published").text.split('href="/published/series/visits/index.html"', 1)[1].split("</tr>", 1)[0]
+    assert "Visits by month (every period)" in row and "<td>0.5</td>" in row and "series.csv?download=1" in row
+    assert ana.get("/published/series/visits/index.html").text == "<html>every period</html>"
+    assert ana.get("/published/series/visits/series.csv").status_code == 200
+    for path in ("/published/series/%2E%2E/index.html", "/published/series/%2E%2E/series/visits/index.html",
+                 "/published/series/visits/manifest.sig"):
+        assert ana.get(path).status_code == 404, path
+    # a mistyped address or method: the console's page with one line (JSON to the pages' scripts), not the
+    # framework's {"detail": "Not Found"}
+    page = alice.get("/budgets")
+    assert page.status_code == 404 and "there is no page /budgets in the console" in page.text and "<html" in page.text
+    assert one_line(alice.post("/budget", {})).startswith("/budget does not answer POST")
 
 
 def test_the_administrator_s_commands_for_console_people(platform_env, console, people_in):

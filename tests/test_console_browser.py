@@ -118,6 +118,7 @@ def test_an_analyst_submits_follows_and_reads_in_the_browser(platform_env, conso
         f"dataset: adult\ntitle: Hours by education\nepsilon: 1.0\nsql: {SQL}\n")
     page.get_by_role("button", name="Submit").click()
     page.get_by_text("submitted to the controllers' inbox").wait_for()
+    first_id = re.search(r"Request (\w+) submitted", page.get_by_role("status").inner_text()).group(1)
     assert "Submitted (waiting for a controller)" in page.locator("tr", has_text="Hours by education").inner_text()
     # a request that fails the command line's validation fails here with its one line
     page.get_by_label("A release request").fill("dataset: adult\nepsilon: -1\nsql: SELECT 1\n")
@@ -149,4 +150,20 @@ def test_an_analyst_submits_follows_and_reads_in_the_browser(platform_env, conso
         page.locator("tr", has_text="Hours by education").get_by_role("link", name=re.compile(r"\.csv$")).first.click()
     assert download.value.suggested_filename.endswith(".csv")
     assert page.get_by_role("button", name=re.compile("Approve|Reject")).count() == 0
+    # the request it ran from was run once: its epsilon cannot be rewritten (which listed it again, for a second run)
+    used = carl.post(f"/dpp/{first_id}/use", {"trust": 0.3, "sensitivity": 0.5, "max_risk": 1, "max_noise": 50})
+    assert used.status_code == 409 and used.json()["error"].startswith(f"nothing was written: request {first_id} was run")
+    assert "Hours by education" not in carl.get("/inbox").text
+    page_of_it = carl.get(f"/inbox/requests/{first_id}").text  # its page says so, and links the release
+    assert '<p class="state" id="state">Published</p>' in page_of_it and f'href="/releases/{rel.id}"' in page_of_it
+    assert "Run it to see its numbers" not in page_of_it
+    # to ask again, she submits the same request again: a new request, listed as waiting on both sides
+    page.goto(f"{console}/requests")
+    page.get_by_label("A release request").fill(
+        f"dataset: adult\ntitle: Hours by education\nepsilon: 1.0\nsql: {SQL}\n")
+    page.get_by_role("button", name="Submit").click()
+    again = re.search(r"Request (\w+) submitted", page.get_by_role("status").inner_text()).group(1)
+    states = page.locator("tr", has_text="Hours by education").all_inner_texts()
+    assert len(states) == 2 and "Submitted (waiting for a controller)" in states[0] and "Published" in states[1]
+    assert f"/inbox/requests/{again}" in carl.get("/inbox").text
     context.close()

@@ -163,3 +163,40 @@ def test_a_decided_request_run_again_by_its_id_says_it_was_decided(small_home, g
     assert "submits it again" in lines[0]
     assert Store(settings.store_url).budget("small") == before
     assert not any(settings.inbox_dir.glob("*.json"))
+
+
+def test_a_request_run_already_is_not_run_again_by_its_id(small_home):
+    """`dprelease release ID` of an inbox request whose release waits for a decision started a second
+    release of it, a second reservation (the first run leaves the file in the inbox until it is decided,
+    and a run from the Prefect UI leaves it there for good). Refused in one line, exit 2, nothing spent,
+    while its release runs or waits and once it is published or rejected; a run that failed or expired
+    (refunded) may be run again; the same request submitted again afterwards is a new one."""
+    from typer.testing import CliRunner
+
+    from dprelease.cli.app import app
+    from dprelease.requests import inbox
+    from dprelease.store import Store
+
+    settings, env = small_home
+    store = Store(settings.store_url)
+    request = inbox.parse_text(f"dataset: small\ntitle: once\nepsilon: 1\nsql: {SMALL_SQL}\n")
+    submitted = inbox.submit(settings, request, "ana")
+    run = store.add_release("small", submitted.request.to_json())  # as the flow records the run of it
+    before = store.budget("small")
+    for status, words in (("pending", "is Running; a request runs once (decide that release"),
+                          ("awaiting_approval", "is Waiting for a decision; a request runs once (decide that release"),
+                          ("published", "is Published; a request runs once (to ask again, the analyst submits"),
+                          ("rejected", "is Rejected; a request runs once (to ask again, the analyst submits")):
+        store.update_release(run.id, status=status)
+        result = CliRunner().invoke(app, ["release", submitted.id[:6], "--approve-as", "alice"], env=env)
+        lines = result.stderr.strip().splitlines()
+        assert result.exit_code == 2 and len(lines) == 1, result.output
+        assert lines[0].startswith(f"error: request {submitted.id} of the analysts' inbox was run already: release "
+                                   f"{run.id} {words}"), lines
+        assert store.budget("small") == before and submitted.path.exists()
+    store.update_release(run.id, status="failed")  # refunded: this command goes on to its next check
+    result = CliRunner().invoke(app, ["release", submitted.id, "--approve-as", "alice"], env=env)
+    assert result.exit_code == 2 and "run already" not in result.stderr, result.output
+    again = inbox.submit(settings, request, "ana")  # asked again: a new request, waiting for its own run
+    assert inbox.run_of(again.path, json.loads(again.path.read_text()),
+                        inbox.runs_by_request(store.release_requests())) is None

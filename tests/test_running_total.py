@@ -301,6 +301,41 @@ def _start_running_total_series(settings, name: str, path: Path, label: str, eps
                              epsilon_cap=epsilon_cap, risk_profile={"max_risk": 0.9}, running_total=declared)
 
 
+def test_a_running_total_series_refuses_a_label_whose_numbers_are_not_as_wide_as_its_own(env, tmp_path):
+    """2026-2 after 2026-01 sorts after it, but then every later month (2026-02 .. 2026-12) sorts before
+    2026-2 and is refused, and no command removes a snapshot: the series was stuck at its second month.
+    A label whose numbers are wider or narrower than the newest's is refused at registration, API and
+    CLI alike, with the label written as the series writes it; nothing registered."""
+    import subprocess
+
+    from dprelease import series
+    from dprelease.store import Store
+    from dprelease.store import series as store_series
+
+    settings = env["settings"]
+    month = tmp_path / "month.csv"
+    month.write_text("person_id,region\n" + "".join(f"{i},North\n" for i in range(50)))
+    series.register_snapshot(settings, "padded", month, "2026-01", privacy_unit="person_id", budget_mode="series_cap",
+                             epsilon_cap=1.0, risk_profile={"max_risk": 0.9},
+                             running_total={"statistic": "COUNT_DISTINCT", "horizon": 12, "epsilon": 1.0, "delta": 1e-6})
+    store = Store(settings.store_url)
+    before = ([s.snapshot for s in store_series.snapshots(store, "padded")], ledger(store))
+    for label, written in (("2026-2", "2026-02"), ("2026-010", "2026-10"), ("2026-1", None), ("2027-1", "2027-01"),
+                           ("2026-100", None)):
+        with pytest.raises(series.SnapshotRefused, match=f"snapshot {label} writes a number with other digits") as err:
+            series.register_snapshot(settings, "padded", month, label)
+        assert (f"as the series does, {written};" in str(err.value)) if written else "as the series does;" in str(err.value)
+        assert ([s.snapshot for s in store_series.snapshots(store, "padded")], ledger(store)) == before
+    cli = subprocess.run([sys.executable, "-m", "dprelease.cli.app", "dataset", "register", "padded", str(month),
+                          "--snapshot", "2026-2"], capture_output=True, text=True, cwd=ROOT, check=False)
+    assert cli.returncode == 2 and cli.stderr.startswith("error: running total of series 'padded': snapshot 2026-2 "
+                                                         "writes a number with other digits than 2026-01"), cli.stderr
+    assert len(cli.stderr.strip().splitlines()) == 1 and "2026-02" in cli.stderr
+    for label in ("2026-02", "2026-10", "2026-11b"):  # as wide as the newest's; another shape is text order's alone
+        series.register_snapshot(settings, "padded", month, label)
+    assert [s.snapshot for s in store_series.snapshots(store, "padded")] == ["2026-01", "2026-02", "2026-10", "2026-11b"]
+
+
 def test_a_running_total_series_takes_its_periods_in_label_order_only(env, tmp_path):
     """Period s's sealed node noise is added to period s's data again at every later release, and
     periods are numbered in label order: a snapshot sorting before a released one would take that

@@ -334,3 +334,46 @@ def test_the_series_page_escapes_names_and_draws_a_band_per_drawn_group(tmp_path
     _write_series_data(tmp_path, "visits", "Visits", periods, ["region"], ["n"], budget)
     assert "'=HYPERLINK" in (tmp_path / "series.csv").read_text()
     assert json.loads((tmp_path / "series.json").read_text())["periods"][0]["rows"] == rows
+
+
+def test_a_run_of_several_waiting_snapshots_asks_a_controller_about_each(series_env, tmp_path):
+    """A run that is not the policy's scheduled one (the UI's Run, `prefect deployment run`) asks a
+    controller about each waiting snapshot, oldest first. The second snapshot's release id is
+    `<run>@<label>`, and its pause key was `approval-<run>@<label>`, which Prefect refuses (a key holds
+    lowercase letters, digits and dashes only): the run failed with a pydantic validation error
+    instead of asking, for any label. Both are asked now, each decision bound to its own release."""
+    import threading
+
+    from test_release_flow import wait_for_approval
+
+    from dprelease import decisions, series
+    from dprelease.cli.deciding import decide
+    from dprelease.flows.approvals import wait_until_paused
+    from dprelease.flows.publication import publication_flow
+
+    settings = series_env["settings"]
+    platform, spec = _new_series(series_env, "wing", ["2026-01", "2026-02"], tmp_path, budget_mode="per_snapshot",
+                                 epsilon_cap=EPSILON)
+    key = tmp_path / "carol.pem"
+    decisions.create_controller(settings, "carol", key)
+    box: dict = {}
+
+    def run():
+        try:
+            box["state"] = publication_flow(request_file=str(spec), series="wing", snapshot="latest",
+                                            approval_timeout=PATIENCE_S, return_state=True)
+        except BaseException as err:  # noqa: BLE001 - the test reads it
+            box["error"] = err
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    asked = []
+    for decision in ("reject", "approve"):
+        rel = wait_for_approval(platform.store, set(asked), thread=thread, box=box)
+        wait_until_paused(rel.flow_run_id, timeout=PATIENCE_S)
+        decide(settings, rel.id, decision, key, "checked", "", timeout=PATIENCE_S)
+        asked.append(rel.id)
+    thread.join(PATIENCE_S)
+    assert asked[1] == f"{asked[0]}@2026-02", asked
+    assert [platform.store.get_release(r).status for r in asked] == ["rejected", "published"]
+    assert [p.snapshot for p in series.published_periods(platform, "wing")] == ["2026-02"]

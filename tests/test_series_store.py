@@ -140,6 +140,24 @@ def test_series_cap_charges_every_snapshot_against_one_cap_under_concurrency(any
     assert budget["epsilon_total"] == pytest.approx(0.9) and budget["epsilon_remaining"] == pytest.approx(0.1)
 
 
+@pytest.mark.parametrize("mode", ["series_cap", "per_snapshot"])
+def test_a_snapshot_s_budget_left_is_what_a_reservation_on_it_may_take(sqlite_store, mode):  # noqa: F811
+    """`dprelease budget` and the console's budgets page (Store.budget) said a series_cap series' next
+    snapshot had its whole cap left (2.2) while the series, whose one cap every snapshot spends, had
+    1.2: what a reservation on it may take, and what the PRI chooses epsilon within, is the smaller."""
+    _series(sqlite_store, mode, 1.0)
+    sqlite_store.reserve("visits@2026-01", "r1", 0.6, 1e-6)
+    sqlite_store.commit("r1")
+    sqlite_store.reserve("visits@2026-02", "r2", 0.1, 0.0)  # reserved counts as spent until refunded
+    left = 0.3 if mode == "series_cap" else 1.0
+    for label, own in (("2026-02", 0.9), ("2026-03", 1.0)):
+        budget = sqlite_store.budget(f"visits@{label}")
+        assert budget["epsilon_remaining"] == pytest.approx(min(own, left))
+        with pytest.raises(BudgetExceeded):  # just above it is refused; it is itself taken
+            sqlite_store.reserve(f"visits@{label}", f"over-{label}", budget["epsilon_remaining"] + 1e-3, 0.0)
+    sqlite_store.reserve("visits@2026-03", "r3", left, 0.0)
+
+
 def test_per_snapshot_budget_each_period_its_own_cap_total_is_the_largest(sqlite_store):  # noqa: F811
     """Parallel composition over disjoint snapshots: each snapshot may spend its cap; the series'
     guarantee is the largest period's epsilon, not the sum."""

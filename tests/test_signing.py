@@ -401,6 +401,9 @@ def test_signing_usage_errors(tmp_path: Path, keys: tuple[Path, Path]) -> None:
         sign_directory(tmp_path / "r", FACTS, keys[0])  # type: ignore[arg-type]
     with pytest.raises(SigningError, match="does not exist or is not a directory"):
         verify_directory(tmp_path / "missing")
+    (tmp_path / "r" / "index.html").write_text("<html></html>")  # the report's page given for its folder
+    with pytest.raises(SigningError, match=rf"index.html is a file, not a release directory: give the folder .* \({tmp_path / 'r'}\)$"):
+        verify_directory(tmp_path / "r" / "index.html")
 
 
 def test_verify_report_text_counts_its_problems() -> None:

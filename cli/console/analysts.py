@@ -62,8 +62,12 @@ async def submit_request(request: Request):
     return RedirectResponse(f"/requests?submitted={path.stem}", status_code=303)
 
 
+#: a series' signed page is published at published/series/<name>/ (dprelease.series.series_directory)
+SERIES = "series"
+
+
 def published(store, settings) -> list[dict]:
-    """The published releases (their signed facts), newest first."""
+    """The published releases (their signed facts), newest first, then each series' signed page."""
     rows = []
     for rel in store.list_releases(status="published"):
         manifest = settings.publication_dir / rel.id / signing.MANIFEST
@@ -71,6 +75,12 @@ def published(store, settings) -> list[dict]:
             facts = json.loads(manifest.read_text())["facts"]
             rows.append({"id": rel.id, "facts": facts, "files": sorted(json.loads(manifest.read_text())["files"])})
     rows.sort(key=lambda r: r["facts"].get("published_at", ""), reverse=True)
+    for manifest in sorted((settings.publication_dir / SERIES).glob(f"*/{signing.MANIFEST}")):
+        signed = json.loads(manifest.read_text())
+        facts = signed["facts"]
+        rows.append({"id": f"{SERIES}/{manifest.parent.name}", "files": sorted(signed["files"]),
+                     "facts": {"title": f"{facts.get('title') or facts.get('series')} (every period)",
+                               "dataset": f"series {facts.get('series')}", "epsilon": facts.get("epsilon_total")}})
     return rows
 
 
@@ -86,6 +96,11 @@ def published_file(request: Request, release_id: str, name: str):
     """A file of a published, signed release (only the files its manifest lists, and the manifest)."""
     require(request, "analyst", "controller")
     folder = request.app.state.settings.publication_dir / release_id
+    if release_id == SERIES and "/" in name:  # a series' page: published/series/<name>/<file>
+        series, name = name.split("/", 1)
+        if series in ("", ".", ".."):
+            raise Refused(404, f"there is no published series {series!r}")
+        folder = folder / series
     try:
         listed = json.loads((folder / signing.MANIFEST).read_text())["files"]
     except (OSError, ValueError, KeyError):

@@ -8,6 +8,7 @@ from pathlib import Path
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dprelease.passkeys import RelyingParty
 from dprelease.settings import Settings
@@ -45,6 +46,13 @@ def create_app(settings: Settings, rp: RelyingParty) -> FastAPI:
         if err.status == 401 and request.method == "GET":
             return RedirectResponse(f"/signin?next={request.url.path}", status_code=303)
         return render(request, visitor(request), "message.html", status=err.status, message=err.message)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def no_such_page(request: Request, err: StarletteHTTPException):
+        """A mistyped address or method: the console's one line, not the framework's JSON."""
+        what = (f"there is no page {request.url.path} in the console" if err.status_code == 404 else
+                f"{request.url.path} does not answer {request.method} ({err.detail})")
+        return await refused(request, Refused(err.status_code, f"{what}: start from the menu above"))
 
     @app.middleware("http")
     async def headers(request: Request, call_next):

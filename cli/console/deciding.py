@@ -72,13 +72,8 @@ def waiting_requests(store, settings) -> list:
     submitted = request_inbox.submitted(settings.inbox_dir)
     if not submitted:
         return []
-    run = set()
-    for text in store.release_requests():
-        try:
-            run.add(request_inbox.request_key(json.loads(text)))
-        except ValueError:
-            continue
-    return [(path, fields) for path, fields in submitted if request_inbox.request_key(fields) not in run]
+    runs = request_inbox.runs_by_request(store.release_requests())
+    return [(path, fields) for path, fields in submitted if request_inbox.run_of(path, fields, runs) is None]
 
 
 @router.get("/inbox", response_class=HTMLResponse)
@@ -98,8 +93,10 @@ def request_page(request: Request, request_id: str):
     if not found:
         raise Refused(404, f"there is no request {request_id!r} in the inbox")
     path, fields = found[0]
+    run = request_inbox.run_of(path, fields, request_inbox.runs_by_request(state.store.release_requests()))
     return render(request, who, "request.html", path=path, fields=fields, epsilon=fields.get("epsilon"),
-                  text=fields.get("sql") or json.dumps(fields.get("query"), indent=2))
+                  text=fields.get("sql") or json.dumps(fields.get("query"), indent=2), run=run,
+                  label=states.label(run.status) if run else "Submitted (waiting for a controller)")
 
 
 def _release(store, release_id: str):
@@ -124,6 +121,12 @@ def _risk_notice_here(context: dict) -> str:
             "signed with your decision and recorded in the archive.")
 
 
+def _risk_notice_decided(context: dict) -> str:
+    """The summary's warning once the release is no longer waiting: no field or command to send to."""
+    return (f"**WARNING: above your tolerable risk.** The risk at this epsilon is {decisions.risk_written(context)}; "
+            "an approval needed a reason for the override (see Decided by above).")
+
+
 @router.get("/releases/{release_id}", response_class=HTMLResponse)
 def release_page(request: Request, release_id: str):
     """The decision page while the release waits; its state, decisions and reports afterwards."""
@@ -140,7 +143,8 @@ def release_page(request: Request, release_id: str):
     context = _context(settings, rel.id)
     text = summary.read_text() if summary.exists() else ""
     if context.get("above_tolerance"):  # the summary's warning tells the terminal and the Resume form what to do
-        text = text.replace(decisions.risk_notice(context, rel.id), _risk_notice_here(context))
+        here = _risk_notice_here(context) if rel.status == "awaiting_approval" else _risk_notice_decided(context)
+        text = text.replace(decisions.risk_notice(context, rel.id), here)
     return render(request, who, "release.html", rel=rel, fields=_request_fields(rel), label=states.label(rel.status),
                   context=context, entry=entry,
                   risk_written=decisions.risk_written(context) if isinstance(context.get("risk"), int | float) else "",

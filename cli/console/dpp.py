@@ -20,6 +20,7 @@ from dprelease.requests import ReleaseRequest, RequestError
 from dprelease.requests import inbox as request_inbox
 from dprelease.requests.request import parse_request
 
+from . import states
 from .security import Refused, check_csrf, require
 from .views import render
 
@@ -123,6 +124,11 @@ async def use_epsilon(request: Request, request_id: str):
     body = await _json(request)
     settings = request.app.state.settings
     path, fields, req = _stored_request(settings, request_id)
+    run = request_inbox.run_of(path, fields, request_inbox.runs_by_request(request.app.state.store.release_requests()))
+    if run is not None:  # rewritten, it would be listed as waiting again, and run a second time
+        raise Refused(409, f"nothing was written: request {request_id} was run already (release {run.id}, "
+                           f"{states.label(run.status)}), with the epsilon its run chose; to ask again, the analyst "
+                           "submits it again")
     platform = _platform(request)
 
     def choose():

@@ -242,6 +242,9 @@ def sign_directory(directory: Path, facts: dict, private_key: Ed25519PrivateKey)
 def _release_directory(directory: Path) -> Path:
     """`directory` as a Path, or a SigningError if it is not an existing directory."""
     directory = Path(directory)
+    if directory.is_file():
+        raise SigningError(f"{directory} is a file, not a release directory: give the folder that holds the "
+                           f"release's files and its {MANIFEST} ({directory.parent})")
     if not directory.is_dir():
         raise SigningError(f"release directory {directory} does not exist or is not a directory")
     return directory
@@ -290,9 +293,10 @@ class VerifyReport:
 def verify_directory(directory: Path, public_key: PublicKeySource | None = None) -> VerifyReport:
     """Check a signed release directory and report every problem found, each naming its file.
     With `public_key` (the trusted key: PEM bytes, path or key) the embedded public_key.pem must be
-    that key; without it, the embedded key is used, which only proves integrity, not authorship."""
+    that key; without it, or given a key file shipped with the publication (shipped_with), the embedded key
+    is used, which only proves integrity, not authorship."""
     directory = _release_directory(directory)
-    trusted = None if public_key is None else load_public_key(public_key)
+    trusted = None if public_key is None or shipped_with(directory, public_key) else load_public_key(public_key)
     problems: list[str] = []
     manifest_bytes = _read_reserved(directory, MANIFEST, problems)
     manifest = None if manifest_bytes is None else _parse_manifest(manifest_bytes, problems)
@@ -304,6 +308,16 @@ def verify_directory(directory: Path, public_key: PublicKeySource | None = None)
         problems.extend(_file_problems(manifest["files"], listing))
     facts = manifest["facts"] if manifest is not None and signed else None
     return VerifyReport(ok=not problems, problems=problems, facts=facts)
+
+
+def shipped_with(directory: Path, public_key: PublicKeySource) -> bool:
+    """Whether the key given as trusted is a file shipped with the publication: inside the release's
+    folder (its public_key.pem), or the public_key.pem beside the releases (the publication root's,
+    a folder above it). Whoever altered the files could have replaced it too: it establishes no signer."""
+    if not isinstance(public_key, (str, os.PathLike)):
+        return False
+    key, folder = Path(public_key).resolve(), Path(directory).resolve()
+    return key.is_relative_to(folder) or any(key == above / PUBLIC_KEY for above in folder.parents)
 
 
 def _read_reserved(directory: Path, name: str, problems: list[str], why: str = "") -> bytes | None:

@@ -12,6 +12,7 @@ import json
 import os
 import uuid
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from pathlib import Path
 
 import yaml
@@ -140,3 +141,28 @@ def request_key(fields: dict) -> str:
     except (RequestError, ValueError, TypeError):  # already as a release records it (or not a request)
         pass
     return json.dumps({k: v for k, v in fields.items() if v is not None}, sort_keys=True)
+
+
+def runs_by_request(releases) -> dict[str, list]:
+    """The store's releases (rows of id, status, created_at, request_json: Store.release_requests)
+    grouped by their request's key."""
+    runs: dict[str, list] = {}
+    for row in releases:
+        try:
+            runs.setdefault(request_key(json.loads(row.request_json)), []).append(row)
+        except ValueError:
+            continue
+    return runs
+
+
+def run_of(path: Path, fields: dict, runs: dict[str, list]):
+    """The newest release run from this inbox file (`runs`: runs_by_request), or None: one of the same
+    request created no earlier than the file was last written. The same request submitted again after
+    a run (the analyst asking again, as they are told to) is a new file, written after that run: a new
+    request, waiting for its own run."""
+    try:
+        written = datetime.fromtimestamp(path.stat().st_mtime, UTC)
+    except OSError:
+        return None
+    after = [row for row in runs.get(request_key(fields), []) if row.created_at >= written]
+    return max(after, key=lambda row: row.created_at, default=None)

@@ -334,17 +334,21 @@ class Store:
         return entry
 
     def budget(self, dataset: str) -> dict[str, Any]:
-        """The dataset's caps and what is committed, reserved and left, for epsilon and for delta."""
+        """The dataset's caps and what is committed, reserved and left, for epsilon and for delta. A
+        snapshot of a series_cap series has left at most what its series has left (what a reservation
+        on it may take: every snapshot spends from the series' one cap)."""
         with self._transaction() as session:
             ds = self._dataset(session, dataset)
             totals = _totals(session, dataset)
+            shared = _series.series_cap_left(session, dataset)
         out: dict[str, Any] = {"dataset": dataset}
         for param, cap in (("epsilon", ds.epsilon_cap), ("delta", ds.delta_cap)):
             committed, reserved = totals[param]["committed"], totals[param]["reserved"]
             out[f"{param}_cap"] = cap
             out[f"{param}_committed"] = committed
             out[f"{param}_reserved"] = reserved
-            out[f"{param}_remaining"] = max(0.0, cap - committed - reserved)
+            out[f"{param}_remaining"] = max(0.0, min(cap - committed - reserved,
+                                                     shared[param] if shared else math.inf))
         return out
 
     # --- releases ---------------------------------------------------------------------------------
@@ -420,10 +424,12 @@ class Store:
         with self._transaction() as session:
             return list(session.exec(query).all())
 
-    def release_requests(self) -> list[str]:
-        """Every release's request JSON: one column, not whole rows (a page over thousands of releases)."""
+    def release_requests(self) -> list:
+        """Every release's id, status, creation time and request JSON: four columns, not whole rows (a
+        page over thousands of releases)."""
         with self._transaction() as session:
-            return list(session.exec(select(Release.request_json)).all())
+            return list(session.exec(select(Release.id, Release.status, Release.created_at,
+                                            Release.request_json)).all())
 
     def releases_of_run(self, flow_run_id: str) -> list[Release]:
         """The releases one flow run made: its own id, `<id>@<snapshot>` for each further snapshot a

@@ -322,6 +322,18 @@ def check_series_fits(session: Session, dataset: str, epsilon: float, delta: flo
                                       param, cap, spent, reserved, asked)
 
 
+def series_cap_left(session: Session, dataset: str) -> dict | None:
+    """For a snapshot of a series_cap series: the epsilon and delta its series' one cap has left (less
+    every snapshot's committed and reserved); None for any other dataset."""
+    found = series_of_dataset(session, dataset)
+    if found is None or found[0].budget_mode != "series_cap":
+        return None
+    series = found[0]
+    totals = _series_totals(session, series.name)
+    return {param: cap - totals[param]["committed"] - totals[param]["reserved"]
+            for param, cap in (("epsilon", series.epsilon_cap), ("delta", series.delta_cap))}
+
+
 def series_budget(store, name: str) -> dict:
     """The series' budget as stated in its page: the mode, the per-period spend and the total
     guarantee (parallel: the largest period; sequential: the sum) with what remains."""
