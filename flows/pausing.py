@@ -14,8 +14,6 @@ the pause goes on the same way.
 
 from __future__ import annotations
 
-import hashlib
-import re
 import time
 
 from prefect import get_client, get_run_logger
@@ -23,15 +21,6 @@ from prefect.exceptions import FlowPauseTimeout, Pause, PrefectHTTPStatusError
 from prefect.flow_runs import pause_flow_run
 from prefect.input.run_input import keyset_from_base_key, run_input_subclass_from_type
 from prefect.runtime import flow_run
-
-
-def pause_key(text: str) -> str:
-    """`text` as a pause key Prefect takes (3.8 refuses any character but lowercase letters, digits
-    and dashes): as it is when it is one; else those characters, other runs turned into a dash, and
-    a digest of the whole, so that keys that differ only there (`<run>@2026-B`, `<run>@2026-b`) stay apart."""
-    if re.fullmatch(r"[a-z0-9-]+", text):
-        return text
-    return f"{re.sub(r'[^a-z0-9-]+', '-', text.lower())}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
 
 
 def pause_for_input(form, *, timeout: int, poll_interval: float, key: str):

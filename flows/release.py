@@ -22,7 +22,7 @@ from dprelease import decisions, pipeline, recovery
 from dprelease.external import BackendChoice
 from dprelease.flows import approvals, watchdog
 from dprelease.flows.outcomes import ended_releases, outcome, rejected, retry_ended  # noqa: F401 - outcome: callers import it from here
-from dprelease.flows.pausing import pause_for_input, pause_key
+from dprelease.flows.pausing import pause_for_input
 from dprelease.flows.release_form import Mapping, Text
 from dprelease.requests import parse_request
 from dprelease.requests.epsilon import EpsilonChoice
@@ -30,6 +30,7 @@ from dprelease.settings import Settings
 from dprelease.store import StoreError
 from dprelease.store.tables import FINAL_STATUSES
 from dprelease.tasks import release_steps as steps
+from dprelease.tasks.prefect_keys import artifact_key, prefect_key
 
 #: seconds between the paused run's checks for an answer (an internal setting, not a form field):
 #: an answer from elsewhere (the UI, `dprelease approve`) is a person's, seconds to hours away
@@ -235,7 +236,7 @@ def warn_before_reserving(release_id: str, profile: dict) -> None:
         f"# Before the reservation: release `{release_id}`\n\n{notice}\n\nThe budget is reserved next and stays "
         "reserved until you decide; rejecting (or cancelling the run) refunds it. To stay within the tolerable risk, "
         "cancel this run and start one with a smaller epsilon, or choose epsilon from the risk model.",
-        key=f"risk-{release_id[:12].lower()}", description="risk above the tolerable risk, before the reservation")
+        key=artifact_key("risk", release_id), description="risk above the tolerable risk, before the reservation")
 
 
 def scheduled_deployment() -> str | None:
@@ -267,7 +268,7 @@ def ask_controller(platform, release_id: str, description: str, key: str, timeou
     settings = platform.settings
     profile = profile or {}
     poll_interval = poll_interval or APPROVAL_POLL_SECONDS
-    key = pause_key(key)  # a release of a series' later snapshot is `<run>@<label>`: no pause key as it is
+    key = prefect_key(key)  # a release of a series' later snapshot is `<run>@<label>`: no pause key as it is
     context = decisions.write_context(settings, release_id, key, profile)
     deadline = time.monotonic() + timeout
     refused: list[str] = []
@@ -342,11 +343,11 @@ def preview_text(release_id: str) -> str:
 
 
 def summary_artifact_key(release_id: str) -> str:
-    return f"release-{release_id[:12].lower()}"
+    return artifact_key("release", release_id)
 
 
 def refusal_artifact_key(release_id: str) -> str:
-    return f"refused-{release_id[:12].lower()}"
+    return artifact_key("refused", release_id)
 
 
 #: the Prefect UI the server opens (3.8: the V2 UI at /v2, its default): links lead there, not to

@@ -12,6 +12,7 @@ from prefect.artifacts import create_markdown_artifact
 from dprelease import decisions, pipeline, shared_archive
 from dprelease.requests import ReleaseRequest
 from dprelease.settings import Settings
+from dprelease.tasks.prefect_keys import artifact_key
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ def preview(settings: Settings, release_id: str, planned: pipeline.Plan, epsilon
     """The expected interval of each statistic at this epsilon, from the plan only (before the
     budget is reserved): an artifact in the UI and a file beside the summary."""
     markdown = pipeline.preview_markdown(_platform(settings), planned, epsilon)
-    create_markdown_artifact(markdown, key=f"preview-{release_id[:12].lower()}", description="accuracy preview")
+    create_markdown_artifact(markdown, key=artifact_key("preview", release_id), description="accuracy preview")
     path = settings.archive_dir / release_id / "preview.md"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(markdown)
@@ -118,7 +119,7 @@ def summarise(settings: Settings, release_id: str, planned: pipeline.Plan, decis
     markdown = pipeline.controller_summary(release_id, planned, decision, result, profile)
     if decisions.risk_above_tolerance(profile):  # a decision, not a label: said first, in words and red
         markdown = decisions.risk_notice(profile, release_id) + "\n\n" + markdown
-    create_markdown_artifact(markdown, key=f"release-{release_id[:12].lower()}", description="controller summary")
+    create_markdown_artifact(markdown, key=artifact_key("release", release_id), description="controller summary")
     pipeline.save_summary(platform, release_id, markdown)
     pipeline.write_controller_report(platform, release_id, planned, decision, result)
     return markdown
@@ -131,7 +132,7 @@ def publish(settings: Settings, release_id: str, planned: pipeline.Plan, decisio
     result = pipeline.open_sealed(platform, release_id, planned, decision)
     directory = pipeline.publish(platform, release_id, planned, decision, result, approved_by, comment)
     create_markdown_artifact(f"Published release `{release_id}` to `{directory}` (signed).",
-                             key=f"published-{release_id[:12].lower()}")
+                             key=artifact_key("published", release_id))
     return str(directory)
 
 
@@ -149,7 +150,7 @@ def evaluate_utility(settings: Settings, release_id: str, planned: pipeline.Plan
     utility = pipeline.evaluate_utility(platform, release_id, result, evaluator, params,
                                         pipeline.enabled_evaluators(platform, planned.request))
     markdown = pipeline.utility_summary(utility)
-    create_markdown_artifact(markdown, key=f"utility-{release_id[:12].lower()}",
+    create_markdown_artifact(markdown, key=artifact_key("utility", release_id),
                              description="utility signal (withheld)")
     return markdown
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -376,4 +377,16 @@ def test_a_run_of_several_waiting_snapshots_asks_a_controller_about_each(series_
     thread.join(PATIENCE_S)
     assert asked[1] == f"{asked[0]}@2026-02", asked
     assert [platform.store.get_release(r).status for r in asked] == ["rejected", "published"]
+    # each snapshot keeps its own controller summary in the Prefect UI (one key for both showed only the newest)
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    from dprelease.flows.release import summary_artifact_key
+
+    keys = [summary_artifact_key(r) for r in asked]
+    assert len(set(keys)) == 2 and all(re.fullmatch(r"[a-z0-9-]+", k) for k in keys), keys
+    with get_client(sync_client=True) as client:
+        for rid, k in zip(asked, keys):
+            found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[k])))
+            assert [("@2026-02" in a.data) for a in found] == [rid.endswith("@2026-02")], (k, len(found))
     assert [p.snapshot for p in series.published_periods(platform, "wing")] == ["2026-02"]
