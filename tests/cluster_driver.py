@@ -15,6 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 from spark_cluster import executors, free_port, task_result_bytes  # noqa: E402
+from spark_session import executor_conf  # noqa: E402
 
 CU, ROW_BOUND, SUM_BOUND = 4, 10, 1000
 
@@ -48,7 +49,10 @@ def session(url: str):
         from dprelease.settings import Settings
 
         return spark_session(Settings.from_env({"DPRELEASE_SPARK_MASTER": url}))
-    return (SparkSession.builder.master(url).appName("dprelease-cluster-test")
+    builder = SparkSession.builder
+    for key, value in executor_conf().items():  # the suite's quick JVMs (tests/spark_session.py)
+        builder = builder.config(key, value)
+    return (builder.master(url).appName("dprelease-cluster-test")
             .config("spark.driver.memory", "512m").config("spark.executor.memory", "512m")
             .config("spark.sql.shuffle.partitions", "4").config("spark.ui.port", str(free_port()))
             .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from spark_session import quick_jvms
 
 #: --dist loadgroup keeps each xdist_group on one worker (tests/xdist_groups.py: pytest 9.2 broke xdist's way)
 pytest_plugins = ["xdist_groups"]
@@ -16,6 +17,9 @@ ADULT = Path(__file__).resolve().parents[1] / "examples" / "data" / "adult.csv.g
 # the commands the tests start without PREFECT_API_URL share their PREFECT_HOME's local Prefect server
 # (cli/local_prefect_server.py); each such server ends a minute after its last command, not 30 min
 os.environ.setdefault("DPRELEASE_LOCAL_SERVER_IDLE_S", "60")
+# the Spark JVMs the tests start (the suite's session, the processes' drivers, a cluster's daemons)
+# start with C1 only and one GC thread: half the CPU of each start-up (tests/spark_session.py)
+quick_jvms()
 
 
 @pytest.fixture(scope="session")

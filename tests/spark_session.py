@@ -2,9 +2,33 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import pytest
+
+#: the options of every JVM the tests start, all short-lived on 2 shared cores: C1 only and one GC
+#: thread. A local[1] session, a small query and a failing one: 14.6 CPU-s, 7.9 with these; the
+#: CPU-seconds of test_spark_logs.py 96 -> 57, of test_spark_cluster.py (executors too) 141 -> 72,
+#: of test_spark_backend.py and test_spark_platform.py (the suite's session) 143 -> 80 (load 4-13)
+QUICK_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+#: where Spark's scripts and launcher read a JVM's options: a driver's (spark-submit, pyspark's
+#: gateway), the launcher's own JVM, a standalone cluster's daemons
+JVM_OPTIONS_VARIABLES = ("SPARK_SUBMIT_OPTS", "SPARK_LAUNCHER_OPTS", "SPARK_DAEMON_JAVA_OPTS")
+
+
+def quick_jvms() -> None:
+    """Every Spark JVM this process or its children start gets QUICK_JVM_OPTIONS, unless the
+    environment sets its own (nothing they print or compute changes, only how fast they start)."""
+    for variable in JVM_OPTIONS_VARIABLES:
+        os.environ.setdefault(variable, QUICK_JVM_OPTIONS)
+
+
+def executor_conf() -> dict[str, str]:
+    """The conf that gives a cluster's executors the drivers' options (SPARK_SUBMIT_OPTS): their
+    worker starts them from the application's conf, not from an environment variable."""
+    options = os.environ.get("SPARK_SUBMIT_OPTS", "")
+    return {"spark.executor.extraJavaOptions": options} if options else {}
 
 
 def local_spark_session():

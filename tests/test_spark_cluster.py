@@ -119,8 +119,9 @@ def test_a_release_as_a_spark_connect_client_runs_on_the_cluster(cluster, rows):
     the value nowhere (pyspark's query-context logger quoted it on the client's stderr,
     dprelease/spark_logs.py); the server's log, its operator's, holds it (docs/deployment.md)."""
     from spark_cluster import start_connect_server
+    from spark_session import executor_conf
 
-    server = start_connect_server(cluster)
+    server = start_connect_server(cluster, conf=executor_conf())
     try:
         out = drive(server.url, rows["small"], ui_url=server.ui_url)
         failing = subprocess.run([sys.executable, str(ROOT / "tests" / "connect_failing_value.py"), server.url, SECRET],

@@ -211,6 +211,7 @@ def test_a_sample_on_the_first_table_of_a_parenthesized_join(tables):
     assert within_binomial(exact_n(result), N, 0.10)  # the FROM is flattened in place: the sample is kept
 
 
+@pytest.mark.xdist_group("spark")  # on the Spark worker, in its session: no JVM of its own here
 def test_on_spark_the_same_sample_as_on_duckdb(spark, tables):
     small = {"people": Table(tables["people"].data.head(20_000), "uid")}
     sql = f"{DPS} {C1} AS n FROM people TABLESAMPLE BERNOULLI (10 PERCENT)"
@@ -234,6 +235,7 @@ def test_on_spark_the_same_sample_as_on_duckdb(spark, tables):
     assert on_spark["uid"].tolist() == on_duck["uid"].tolist()
 
 
+@pytest.mark.xdist_group("spark")  # on the Spark worker, in its session: no JVM of its own here
 def test_on_spark_a_sampled_public_groups_list_matches_the_join(spark, tables):
     """The key list is read by DuckDB (public tables, beside the engine), the source's join runs on
     Spark: the portable hash keeps the same groups on both."""
