@@ -70,13 +70,13 @@ class StatisticInterval:
         """True when the interval is known before the data is read (a tolerance can be asked)."""
         return self.halfwidth is not None
 
-    def describe(self) -> str:
-        """One line: `name: +-h at 90% (...)` (h as every page writes it), or why there is no data-free
-        interval."""
+    def describe(self, ascii: bool = True) -> str:
+        """One line: `name: +-h at 90% (...)` (h as every page writes it; `±h` with ascii=False, for a
+        web page), or why there is no data-free interval."""
         if self.halfwidth is None:
             return f"{self.name}: no data-free interval ({self.note})"
         group = f" for a group of {self.reference_count:g} people" if self.reference_count else ""
-        return (f"{self.name}: {self.halfwidth_text(ascii=True)} at {self.confidence:.0%}{group} "
+        return (f"{self.name}: {self.halfwidth_text(ascii=ascii)} at {self.confidence:.0%}{group} "
                 f"({self.mechanism}, epsilon {display.budget(self.epsilon)})")
 
     def halfwidth_text(self, ascii: bool = False) -> str:

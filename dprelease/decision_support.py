@@ -108,7 +108,7 @@ def interval_rows(intervals) -> list[dict]:
         rows.append({"name": s.name, "kind": s.kind, "halfwidth": s.halfwidth if finite else None,
                      "written": display.halfwidth(s.halfwidth, integer) if s.halfwidth is not None else "—",
                      "confidence": s.confidence, "epsilon": s.epsilon, "mechanism": s.mechanism,
-                     "reference_count": s.reference_count, "note": s.note or (s.describe() if s.promised else "")})
+                     "reference_count": s.reference_count, "note": s.note or (s.describe(ascii=False) if s.promised else "")})
     return rows
 
 

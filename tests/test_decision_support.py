@@ -118,3 +118,18 @@ def test_slider_values_out_of_range_are_refused_in_one_line(body, message):
     with pytest.raises(tool.ToolError) as err:
         tool.Sliders.from_json(body)
     assert str(err.value).startswith(message)
+
+
+def test_an_interval_s_note_on_the_page_writes_plus_minus_as_the_reports_do():
+    """The decision tool's notes are read on a web page, where the reports write ±; the engine's plain
+    text (a terminal) keeps +-."""
+    import dp_core as dp
+    from dp_core.accuracy import statistic_intervals
+
+    from dprelease.decision_support import interval_rows
+
+    query = dp.Query([dp.count(upper=1)], privacy_unit="u", group_by=("g",), epsilon=1.0, delta=1e-6)
+    intervals = statistic_intervals(query, 1.0, integer_columns={"u", "g"})
+    notes = [row["note"] for row in interval_rows(intervals)]
+    assert notes and all("±" in note and "+-" not in note for note in notes), notes
+    assert all("+-" in s.describe() for s in intervals)
