@@ -125,7 +125,6 @@ def test_an_interval_s_note_on_the_page_writes_plus_minus_as_the_reports_do():
     text (a terminal) keeps +-."""
     import dp_core as dp
     from dp_core.accuracy import statistic_intervals
-
     from dprelease.decision_support import interval_rows
 
     query = dp.Query([dp.count(upper=1)], privacy_unit="u", group_by=("g",), epsilon=1.0, delta=1e-6)
