@@ -168,6 +168,21 @@ def page_text(page) -> str:
     return page.evaluate("document.body ? document.body.innerText : ''") or ""
 
 
+def form_state(page) -> str:
+    """What a form that did not submit shows: its address, the values its fields hold (innerText has
+    none of them), the lines that read like a validation message, and the submit button's state (seen
+    once in CI: Submit clicked under load, no run created in 15 min, and the page's first 1,500
+    characters, all it said then, held none of these)."""
+    values = page.evaluate("[...document.querySelectorAll('input, textarea')].map(e => (e.name || e.id || e.type) + '=' + e.value)")
+    text = page_text(page)
+    messages = [line for line in text.splitlines()
+                if re.search(r"(?i)\b(must|required|invalid|error|not valid|expected)\b", line)]
+    submit = page.evaluate("[...document.querySelectorAll('button')].filter(b => b.innerText.trim() === 'Submit')"
+                           ".map(b => 'disabled' + '=' + b.disabled)")
+    return (f"the page is {page.url}; its fields hold {values}; its messages: {messages}; Submit: {submit}; "
+            f"its text ends:\n{text[-1500:]}")
+
+
 def type_into(field, text: str) -> None:
     """Click a field, as a user does, and replace what it holds by `text`."""
     field.click()
@@ -229,7 +244,7 @@ def submit_and_run(context, url: str, deployment_id: str, title: str, method: st
         by_text(page, "Submit", "button").click()
         deadline = time.monotonic() + PATIENCE_S
         while not (created := [r for r in client.read_flow_runs(flow_run_filter=flt) if r.id not in before]):
-            assert time.monotonic() < deadline, f"the form created no run; the page shows:\n{page_text(page)[:1500]}"
+            assert time.monotonic() < deadline, f"the form created no run; {form_state(page)}"
             time.sleep(0.3)
     run = created[0]
     box: dict = {}
