@@ -118,19 +118,19 @@ def bin_exponents(counts: np.ndarray, q: float, share: Share, max_partitions: in
     steps_cap = -(-limit // s) if s else 0  # S i >= M 2^b from i = steps_cap on: clip i there
     cum = np.cumsum(counts, axis=1)
     floor_rank, ceil_rank, left_part, right_part = _rank_parts(cum[:, -1], q, s)
-    # ceil(S (q n - C_j)) = S (f - C_j) + ceil(S rem / D), positive exactly left of the rank; i
-    # clipped to [-1, steps_cap] first: -S + ceil(S rem / D) <= 0 keeps the sign, S i stays in int64
-    left = np.subtract(floor_rank[:, None], cum, out=cum)  # cum is not needed after this
-    np.clip(left, -1, steps_cap, out=left)
-    left *= s
-    left += left_part[:, None]
-    # ceil(S (C_(j-1) - q n)) = S (C_(j-1) - ceil(q n)) + ceil(S (D - rem) / D), positive right of it
-    right = np.cumsum(counts, axis=1)
-    right -= counts
+    # ceil(S (C_(j-1) - q n)) = S (C_(j-1) - ceil(q n)) + ceil(S (D - rem) / D), positive right of the
+    # rank (C_(j-1) = C_j - count_j)
+    right = cum - counts
     right -= ceil_rank[:, None]
     np.clip(right, -1, steps_cap, out=right)
     right *= s
     right += right_part[:, None]
+    # ceil(S (q n - C_j)) = S (f - C_j) + ceil(S rem / D), positive exactly left of it; i clipped to
+    # [-1, steps_cap] first: -S + ceil(S rem / D) <= 0 keeps the sign, S i stays in int64
+    left = np.subtract(floor_rank[:, None], cum, out=cum)  # cum is not needed after this
+    np.clip(left, -1, steps_cap, out=left)
+    left *= s
+    left += left_part[:, None]
     exponents = np.maximum(left, right, out=left)  # ceil(S max(a, b, 0)) = max(ceil(S a), ceil(S b), 0)
     np.clip(exponents, 0, limit, out=exponents)
     return exponents, scale
