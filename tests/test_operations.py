@@ -51,17 +51,9 @@ def ops(tmp_path_factory):
     from prefect.settings import PREFECT_API_URL
     from prefect_harness import prefect_harness
 
-    from dprelease import admin
-    from dprelease.settings import Settings
-
     root = tmp_path_factory.mktemp("ops")
     store_env = {"DPRELEASE_STORE_URL": _fresh_pg_schema()} if ON_POSTGRES else {}
-    settings = Settings.from_env({"DPRELEASE_HOME": str(root / "home"), **store_env})
-    admin.init(settings)
-    admin.register_dataset(settings, "adult", DATA, "person_id", epsilon_cap=100.0, add_row_id=True,
-                           risk_profile={"max_risk": 0.5})
-    (root / "request.yaml").write_text(REQUEST)
-    operator_key = _controller_key(settings, root, "operator")
+    settings, operator_key = _home_with_adult(root, store_env)
     with prefect_harness():
         env = {k: v for k, v in os.environ.items() if not k.startswith(("DPRELEASE_", "PREFECT_"))}
         env.update(store_env)
@@ -71,6 +63,20 @@ def ops(tmp_path_factory):
                    PREFECT_CLIENT_MAX_RETRIES="10",  # the module's one SQLite-backed server is busy
                    DPRELEASE_CONTROLLER_KEY=str(operator_key))  # decisions are signed (issue 13)
         yield {"settings": settings, "env": env, "root": root, "request": root / "request.yaml"}
+
+
+def _home_with_adult(root: Path, store_env: dict):
+    """A new home under `root` (its store where `store_env` says) with Adult registered, the request
+    file beside it, and the operator's controller key: (its settings, the key's path)."""
+    from dprelease import admin
+    from dprelease.settings import Settings
+
+    settings = Settings.from_env({"DPRELEASE_HOME": str(root / "home"), **store_env})
+    admin.init(settings)
+    admin.register_dataset(settings, "adult", DATA, "person_id", epsilon_cap=100.0, add_row_id=True,
+                           risk_profile={"max_risk": 0.5})
+    (root / "request.yaml").write_text(REQUEST)
+    return settings, _controller_key(settings, root, "operator")
 
 
 def _fresh_pg_schema() -> str:
@@ -373,9 +379,6 @@ def test_kill_9_at_each_step_then_recovery_leaves_the_budget_exact(ops):
     """A command killed (SIGKILL) with its run's watchdog (as when its machine goes down: nothing
     settles its release at once) after the checks, after reserving, after sealing, while paused,
     and during publication; `approve` on the dead paused run says so; `recover` ends the rest."""
-    from dprelease import pipeline
-    from dprelease.reporting import signing
-
     store = _store(ops)
     before = store.budget("adult")
     approve = ("--approve-as", "killed")
@@ -416,27 +419,122 @@ def test_kill_9_at_each_step_then_recovery_leaves_the_budget_exact(ops):
         _assert_untouched(ops, ids[step])
 
     # the approved run killed during publication: published once, the sealed numbers, signed
-    published = ids["during_publication"]
-    assert store.get_release(published).status == "published"
-    assert store.ledger_entry(published).status == "committed"
-    directory = ops["settings"].publication_dir / published
-    assert signing.verify_directory(directory, ops["settings"].public_key_file).ok
-    platform = pipeline.Platform.open(ops["settings"])
-    from cryptography.fernet import Fernet
-
-    sealed = pickle.loads(Fernet(platform.escrow_key()).decrypt(pipeline.sealed_path(platform, published).read_bytes()))[1]
-    import pandas as pd
-
-    published_table = pd.read_csv(directory / "results.csv")  # text cells are quoted (spreadsheet-safe CSV)
-    pd.testing.assert_frame_equal(published_table, sealed.table.reset_index(drop=True), check_dtype=False)
-    assert published in (ops["settings"].publication_dir / "index.html").read_text()
-    assert not list(ops["settings"].publication_dir.glob(".staging-*"))
+    _assert_published_as_sealed(ops, ids["during_publication"])
 
     after = store.budget("adult")
     assert after["epsilon_reserved"] == 0
     assert after["epsilon_committed"] == pytest.approx(before["epsilon_committed"] + EPSILON)
     again = subprocess.run([CLI, "recover"], check=False, env=ops["env"], capture_output=True, text=True, timeout=PATIENCE_S)
     assert again.returncode == 0 and "0 release(s) recovered" in again.stdout, again.stdout
+
+
+def _assert_published_as_sealed(ops, release_id: str, sealed_bytes: bytes | None = None) -> None:
+    """The release is published once, signed, committed, its results the numbers sealed before it was
+    approved (`sealed_bytes`, when given: the sealed file as it was then, never drawn again), in the
+    index, and no staging folder is left."""
+    import pandas as pd
+    from cryptography.fernet import Fernet
+
+    from dprelease import pipeline
+    from dprelease.reporting import signing
+
+    store = _store(ops)
+    assert store.get_release(release_id).status == "published"
+    assert store.ledger_entry(release_id).status == "committed"
+    directory = ops["settings"].publication_dir / release_id
+    assert signing.verify_directory(directory, ops["settings"].public_key_file).ok
+    platform = pipeline.Platform.open(ops["settings"])
+    held = pipeline.sealed_path(platform, release_id).read_bytes()
+    assert sealed_bytes is None or held == sealed_bytes
+    sealed = pickle.loads(Fernet(platform.escrow_key()).decrypt(held))[1]
+    published_table = pd.read_csv(directory / "results.csv")  # text cells are quoted (spreadsheet-safe CSV)
+    pd.testing.assert_frame_equal(published_table, sealed.table.reset_index(drop=True), check_dtype=False)
+    assert release_id in (ops["settings"].publication_dir / "index.html").read_text()
+    assert not list(ops["settings"].publication_dir.glob(".staging-*"))
+
+
+def _signal_handled(pid: int, signum: int) -> bool:
+    """Whether the process now ignores `signum`: a command's handler of SIGINT and SIGTERM ignores
+    both first thing (cli/runs.py), so the signal reached it (Linux /proc: SigIgn's bit signum - 1)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigIgn:"):
+            return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    return False
+
+
+@pytest.fixture(scope="module")
+def ops_pg(ops):
+    """The module's Prefect API and commands, on a home of its own whose store is a fresh
+    PostgreSQL schema of DPRELEASE_TEST_PG_URL (skipped without it)."""
+    url = fresh_schema("dprelease_ops_watchdog_", "the watchdog tests on PostgreSQL")[1]
+    root = ops["root"] / "on-pg"
+    root.mkdir()
+    settings, operator_key = _home_with_adult(root, {"DPRELEASE_STORE_URL": url})
+    env = {**ops["env"], "DPRELEASE_HOME": str(settings.home), "DPRELEASE_STORE_URL": url,
+           "DPRELEASE_CONTROLLER_KEY": str(operator_key)}
+    return {"settings": settings, "env": env, "root": root, "request": root / "request.yaml"}
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=["SIGINT", "SIGTERM", "kill-9"])
+@pytest.mark.parametrize("store_kind", ["home", "postgresql"])
+def test_a_killed_release_command_is_settled_without_recover(ops, store_kind, signum, request):
+    """A `dprelease release` command stopped as a controller's terminal stops it (Ctrl-C, SIGTERM,
+    kill -9) once its release has drawn and sealed its noise (reserved), and another once its
+    approval committed the budget (publishing): with no `dprelease recover`, once each command and
+    its watchdog have ended, the first is refunded and the second published once with the numbers
+    sealed before (no noise drawn again), the budget exactly as before plus the one committed
+    release, no lease, nothing half-published, the Prefect runs ended; and the next release of the
+    dataset publishes. On the module's store, and on PostgreSQL with DPRELEASE_TEST_PG_URL."""
+    from prefect import get_client
+
+    from dprelease import pipeline
+
+    on = ops if store_kind == "home" else request.getfixturevalue("ops_pg")
+    name, store = signal.Signals(signum).name, _store(on)
+    platform = pipeline.Platform.open(on["settings"])
+    before = store.budget("adult")
+    commands = {step: Command(on, f"{store_kind}-{name}-{step}", "release", str(on["request"]), "--approve-as",
+                              "operator", pause_at=step) for step in ("after_seal", "during_publication")}
+    ids, sealed, watchdogs = {}, {}, {}
+    for step, command in commands.items():
+        _until(command.marker.exists, step, commands=[command])
+        ids[step] = command.release_id()
+        sealed[step] = pipeline.sealed_path(platform, ids[step]).read_bytes()
+        watchdogs[step] = watchdog_of(command.proc.pid, ids[step])
+    assert store.ledger_entry(ids["after_seal"]).status == "reserved"
+    assert store.ledger_entry(ids["during_publication"]).status == "committed"
+    for step, command in commands.items():
+        command.proc.send_signal(signum)
+        if signum != signal.SIGKILL and step == "during_publication":
+            # interrupted once approved, the command lets its run finish the publication: let it go on
+            _until(lambda c=command: _signal_handled(c.proc.pid, signum), f"{name} handled", commands=[command])
+            command.marker.unlink()
+    for step, command in commands.items():
+        code = command.wait(PATIENCE_S)
+        assert code in (128 + signum, -signum), (code, command.text()[-3000:])
+        assert "Traceback" not in command.text(), command.text()[-3000:]
+        wait_gone(watchdogs[step], f"the watchdog of {command.name}")
+
+    refunded, published = ids["after_seal"], ids["during_publication"]
+    assert store.get_release(refunded).status == "failed"
+    _assert_untouched(on, refunded)
+    _assert_published_as_sealed(on, published, sealed["during_publication"])
+    assert pipeline.sealed_path(platform, refunded).read_bytes() == sealed["after_seal"]
+    after = store.budget("adult")
+    exact = {**before, "epsilon_committed": before["epsilon_committed"] + EPSILON,
+             "delta_committed": before["delta_committed"] + 1e-7,
+             "epsilon_remaining": before["epsilon_remaining"] - EPSILON,
+             "delta_remaining": before["delta_remaining"] - 1e-7}
+    assert after == pytest.approx(exact), (before, after)  # the refunded release: nothing left of it
+    assert [store.get_lease(r) for r in (refunded, published)] == [None, None]
+    with get_client(sync_client=True) as client:
+        for release_id in (refunded, published):
+            state = client.read_flow_run(release_id).state
+            assert state.is_final(), (release_id, state)
+
+    later = Command(on, f"{store_kind}-{name}-later", "release", str(on["request"]), "--approve-as", "operator")
+    assert later.wait() == 0, later.text()[-3000:]
+    _assert_published_as_sealed(on, later.release_id())
 
 
 def _dataset(ops, name: str, **kwargs) -> str:
