@@ -29,7 +29,6 @@ from __future__ import annotations
 import fcntl
 import json
 import math
-import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -211,31 +210,13 @@ def check_next_label(store, series: str, snapshot: str) -> None:
         store_series.check_after_newest(series, snapshot, newest)
     except store_series.SnapshotRefused as refused:
         raise RunningTotalRefused(str(refused)) from None
-    padded = _same_widths(snapshot, newest)
+    padded = store_series.same_widths(snapshot, newest)
     if padded != snapshot:
         raise RunningTotalRefused(
             f"running total of series {series!r}: snapshot {snapshot} writes a number with other digits than "
             f"{newest}, so the labels after it would sort before it and be refused (as 2026-10 sorts before 2026-2): "
             f"write its numbers as the series does{f', {padded}' if padded and padded > newest else ''}; nothing "
             "registered")
-
-
-def _same_widths(label: str, newest: str) -> str | None:
-    """`label` with each number as wide as the same number of `newest` (zero-padded), when the two
-    are alike (numbers in the same places, the same text between them); `label` itself when they are
-    not alike or already agree; None when a number is wider and cannot be narrowed. Text order is
-    number order only for numbers of one width: 2026-2 after 2026-01 sorts after it, and then
-    2026-03 .. 2026-12 all sort before 2026-2."""
-    parts, model = re.split(r"(\d+)", label), re.split(r"(\d+)", newest)
-    if len(parts) != len(model) or parts[0::2] != model[0::2]:
-        return label
-    for i in range(1, len(parts), 2):
-        width = len(model[i])
-        number = parts[i].lstrip("0").rjust(width, "0")
-        if len(number) > width:
-            return None
-        parts[i] = number
-    return "".join(parts)
 
 
 def _sealed_periods(settings, series: str, sealed: dict | None) -> list[str]:

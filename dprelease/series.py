@@ -73,6 +73,8 @@ def register_snapshot(settings: Settings, series: str, path: Path, snapshot: str
             raise SnapshotRefused(f"snapshot {snapshot} of series {series!r} is already registered: a snapshot is "
                                   "registered once (give the next period's label)")
         running_totals.check_next_label(store, series, snapshot)
+        if taken:
+            store_series.check_same_widths(series, snapshot, max(taken))
     reference = None if external is None else external_data.snapshot_reference(external, snapshot)
     schema = (file_schema(path, privacy_unit if add_row_id else None) if reference is None
               else external_data.reference_schema(settings, reference))

@@ -274,3 +274,55 @@ def test_a_series_orders_its_snapshots_by_code_point_whatever_the_databases_coll
         return {p.name.split("@")[0] for p in any_store.policies_for(f"visits@{label}", "ana")}
 
     assert standing("2027") == standing("2026_1") != standing("2026.1")
+
+
+@pytest.mark.parametrize(("first", "then", "listed"), [
+    ("2026-9", "2026-10", None),  # unpadded: as text, 2026-10 sorts before 2026-9
+    ("2026-01", "2026-2", None),  # sorts after 2026-01, but every later month (2026-03 ...) before it
+    ("2026-12", "2027-1", None),
+    ("v9", "v10", None),
+    ("2026-05", "2026-03", ["2026-03", "2026-05"]),  # a back-fill written as the series writes: in its place
+    ("2026-09", "2026-10", ["2026-09", "2026-10"]),
+])
+def test_a_plain_series_refuses_a_label_whose_numbers_are_not_as_wide_as_its_newest(tmp_path, monkeypatch, first,
+                                                                                      then, listed):
+    """A series without a running total lists its periods in label order, as text (the series page, the
+    index, `latest`): a label written with other widths than the newest's (2026-10 after 2026-9) was
+    registered and its period published before the earlier one. It is refused the same by the Python
+    API and the CLI in one line saying how to write it, nothing sealed or recorded; a label written as
+    the series writes its labels is taken, a back-fill included, and listed in its place."""
+    from dprelease import admin, series
+    from dprelease.cli.app import app
+    from dprelease.settings import Settings
+
+    monkeypatch.setenv("DPRELEASE_HOME", str(tmp_path / "home"))
+    settings = Settings.from_env()
+    admin.init(settings)
+    path = tmp_path / "period.csv"
+    pd.DataFrame({"person_id": range(20), "visits": [1, 2] * 10}).to_csv(path, index=False)
+    series.register_snapshot(settings, "visits", path, first, privacy_unit="person_id", budget_mode="per_snapshot",
+                             epsilon_cap=1.0)
+    store = Store(settings.store_url)
+
+    def state():
+        return (sorted(p.name for p in settings.escrow_dir.iterdir()), [d.name for d in store.list_datasets()],
+                [s.snapshot for s in store_series.snapshots(store, "visits")])
+
+    if listed is not None:
+        result = CliRunner().invoke(app, ["dataset", "register", "visits", str(path), "--snapshot", then])
+        assert result.exit_code == 0, result.output
+        assert state()[2] == listed
+        return
+    before = state()
+    with pytest.raises(store_series.SnapshotRefused) as api:
+        series.register_snapshot(settings, "visits", path, then)
+    with pytest.raises(store_series.SnapshotRefused) as recorded:  # where it is recorded, under the series' lock
+        store_series.add_snapshot(store, "visits", then, f"visits@{first}")
+    result = CliRunner().invoke(app, ["dataset", "register", "visits", str(path), "--snapshot", then])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    line = " ".join(result.output.split())
+    assert line == f"error: {api.value}" == f"error: {recorded.value}", (line, str(api.value))
+    assert f"snapshot {then} of series 'visits' writes its numbers with other widths than {first}" in line, line
+    padded = store_series.same_widths(then, first)
+    assert (f"write it {padded}" if padded else "a new series whose labels are zero-padded from the first") in line
+    assert state() == before  # nothing sealed, nothing recorded

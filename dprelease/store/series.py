@@ -144,6 +144,8 @@ def add_snapshot(store, series: str, snapshot: str, dataset: str) -> Snapshot:
                            key=label_order, default=None)
             if previous is not None and session.get(RunningTotalDeclaration, series) is not None:
                 check_after_newest(series, snapshot, previous.snapshot)
+            if previous is not None:
+                check_same_widths(series, snapshot, previous.snapshot)
             session.add(row)
             if previous is not None:
                 for policy in session.exec(select(Policy).where(Policy.dataset == previous.dataset)).all():
@@ -182,6 +184,40 @@ def check_after_newest(series: str, snapshot: str, newest: str) -> None:
             f"running total of series {series!r}: snapshot {snapshot} sorts before {newest}, so it would take the "
             "place of a period whose noise is sealed; give a label that sorts after it as text (zero-padded, e.g. "
             "2026-09 then 2026-10); nothing registered")
+
+
+def same_widths(label: str, newest: str) -> str | None:
+    """`label` with each number as wide as the same number of `newest` (zero-padded), when the two
+    are alike (numbers in the same places, the same text between them); `label` itself when they are
+    not alike or already agree; None when a number is wider and cannot be narrowed. Text order is
+    number order only for numbers of one width: 2026-2 after 2026-01 sorts after it, and then
+    2026-03 .. 2026-12 all sort before 2026-2."""
+    parts, model = re.split(r"(\d+)", label), re.split(r"(\d+)", newest)
+    if len(parts) != len(model) or parts[0::2] != model[0::2]:
+        return label
+    for i in range(1, len(parts), 2):
+        width = len(model[i])
+        number = parts[i].lstrip("0").rjust(width, "0")
+        if len(number) > width:
+            return None
+        parts[i] = number
+    return "".join(parts)
+
+
+def check_same_widths(series: str, snapshot: str, newest: str) -> None:
+    """Every series takes only a label whose numbers are as wide as its newest's: its periods are
+    listed (the series page, the index, `latest`, oldest first) in label order, as text, which is
+    their order only when each number keeps one width (2026-10 sorts before 2026-9). A back-fill
+    written as the series writes its labels (2026-03 after 2026-05) takes its place among them."""
+    padded = same_widths(snapshot, newest)
+    if padded == snapshot:
+        return
+    fix = (f"write it {padded}" if padded is not None else
+           f"this series' labels are narrower, so it cannot take {snapshot}: register its periods in a new series "
+           "whose labels are zero-padded from the first (2026-09, then 2026-10)")
+    raise SnapshotRefused(f"snapshot {snapshot} of series {series!r} writes its numbers with other widths than "
+                          f"{newest}, and a series lists its periods in label order as text, where numbers of "
+                          f"other widths are out of order (2026-10 sorts before 2026-9): {fix}; nothing registered")
 
 
 def label_order(snapshot: Snapshot) -> str:
