@@ -12,13 +12,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from . import escrow
+from . import escrow, shared_archive
 from .faults import pause_point
 from .settings import Settings
 from .store import Store
 from .store import series as store_series
 from .store.series import SnapshotRefused
 from .store.tables import FILE_FORMATS
+
+
+class SeriesPageRefused(Exception):
+    """The series page cannot be published as it stands (a published period without its signed folder)."""
 
 
 def register_snapshot(settings: Settings, series: str, path: Path, snapshot: str, *, privacy_unit: str | None = None,
@@ -190,6 +194,13 @@ def published_periods(platform, series: str) -> list:
         if release_id is None or platform.store.get_release(release_id).status != "published":
             continue
         folder = platform.settings.publication_dir / release_id
+        if not (folder / MANIFEST).exists():  # published from another host: its folder is in the shared archive
+            shared_archive.pull(platform.settings, folder)
+        if not (folder / MANIFEST).exists():  # the page shows signed numbers only, never the store's word alone
+            raise SeriesPageRefused(
+                f"series {series!r}: period {snap.snapshot}'s release {release_id} is published in the store but "
+                f"its signed folder {folder} is missing, so the series page cannot show it: put the release's "
+                "signed folder back (from a backup or the shared archive)")
         manifest_bytes = (folder / MANIFEST).read_bytes()
         facts = json.loads(manifest_bytes)["facts"]
         public = json.loads((folder / "results.json").read_text())

@@ -6,6 +6,8 @@ workers, PostgreSQL, Prefect) is tests/test_workers_two_hosts.py."""
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -227,3 +229,36 @@ def test_the_cli_refuses_a_release_when_the_archive_does_not_answer(tmp_path):
         "error: the shared archive's object store did not answer for s3://nowhere/shared"), done.stderr
     assert "DPRELEASE_ARCHIVE_URL" in lines[0] and "Traceback" not in done.stderr
     assert Store(f"sqlite:///{home / 'store.db'}").ledger_entries("people") == []
+
+
+def test_a_series_page_published_on_another_host_shows_the_periods_published_anywhere(two_hosts, tmp_path):
+    """A series' periods are published by whichever worker runs them: host a publishes 2026-01, then
+    host b publishes the series page (as its run of the next period does). The page lists 2026-01,
+    its signed folder pulled from the bucket as the index pulls a manifest; before, the page read the
+    folder from b's own disk and failed (FileNotFoundError) after b's period was published."""
+    from dprelease import series
+    from dprelease.store import series as store_series
+
+    _, a, b = two_hosts
+    source = tmp_path / "visits.csv"
+    pd.DataFrame({"uid": range(200), "town": [f"t{i % 2}" for i in range(200)]}).to_csv(source, index=False)
+    series.register_snapshot(a, "visits", source, "2026-01", privacy_unit="uid", budget_mode="per_snapshot",
+                             epsilon_cap=5.0)
+    platform_a = pipeline.Platform.open(a)
+    request = parse_request({"dataset": "visits@2026-01", "epsilon": 1.0, "delta": 1e-6, "title": "Visits: 2026-01",
+                             "sql": "SELECT WITH ANONYMIZATION town, ANON_COUNT(*, 1) AS people FROM visits GROUP BY town"})
+    planned = pipeline.plan(platform_a, request)
+    decision = pipeline.choose_epsilon(platform_a, planned)
+    platform_a.store.add_release(request.dataset, request.to_json(), release_id="v1")
+    store_series.claim(platform_a.store, "visits", "2026-01", "v1")
+    pipeline.reserve(platform_a, "v1", request.dataset, decision.epsilon, planned.query.delta)
+    result = pipeline.compute_sealed(platform_a, "v1", planned, decision)
+    pipeline.publish(platform_a, "v1", planned, decision, result, approved_by="alice")
+
+    shutil.copytree(a.key_dir, b.key_dir, dirs_exist_ok=True)  # the publisher's keys, as every host has them
+    platform_b = pipeline.Platform.open(b)
+    assert not (b.publication_dir / "v1").exists()
+    page = series.publish_series_page(platform_b, "visits")
+    shown = json.loads((page / "series.json").read_text())
+    assert [(p["snapshot"], p["release_id"]) for p in shown["periods"]] == [("2026-01", "v1")]
+    assert signing.verify_directory(b.publication_dir / "v1", a.public_key_file).ok
