@@ -225,26 +225,17 @@ def _discard_staging(platform: pipeline.Platform, release_id: str) -> None:
 
 
 def finish_series_period(platform: pipeline.Platform, dataset: str) -> str:
-    """After a series snapshot's publication is finished here: what its run would have done next,
-    the series' running total through the newest period whose releases are all published (its noise
-    sealed: drawn once, the same values whoever computes them) and the series page. Returns what
-    the recovery line adds ('' for a plain dataset or when all is done), never raises: the
+    """After a series snapshot's publication is finished here: what its run would have done next
+    (dprelease.series_period.period_published: the running total, the series page, the index). Returns what
+    the recovery line adds ('' for a plain dataset or when all is done); never raises: the
     publication itself is complete, and the next period's run catches up what could not be done."""
-    from . import running_total
-    from .series import publish_series_page
+    from .series_period import period_published
     from .store import series as store_series
 
     found = store_series.snapshot_of_dataset(platform.store, dataset)
     if found is None:
         return ""
-    series, snapshot = found
-    try:
-        held = running_total.release_published(platform, series, snapshot)
-        publish_series_page(platform, series)
-        pipeline.write_index(platform)
-    except Exception as err:  # noqa: BLE001 - the period is published; its series page waits for the next run
-        return f"; series {series!r}: its page and running total were not updated ({err}): the next period's run does it"
-    return f"; {held}" if held else ""
+    return "".join(f"; {note}" for note in period_published(platform, *found))
 
 
 def finish_publication(platform: pipeline.Platform, release_id: str) -> None:

@@ -27,7 +27,7 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 from pydantic import Field
 
-from dprelease import pipeline, running_total
+from dprelease import pipeline
 from dprelease.flows.outcomes import ended_releases, is_rejected, outcome, rejected, retry_ended
 from dprelease.flows.release import (
     RUN_HOOKS,
@@ -39,7 +39,8 @@ from dprelease.flows.release import (
 )
 from dprelease.requests import load_request
 from dprelease.requests.epsilon import to_parameter
-from dprelease.series import note_refusal, publish_series_page, snapshots_to_publish
+from dprelease.series import note_refusal, series_directory, snapshots_to_publish
+from dprelease.series_period import period_published
 from dprelease.settings import Settings
 from dprelease.store import series as store_series
 from dprelease.tasks import release_steps as steps
@@ -152,17 +153,15 @@ def publish_snapshot(request, series: str, rule: str, approval_timeout: int = 36
     return result
 
 
-def release_running_total(platform, series: str, snapshot: str) -> None:
-    """The series' running total through this period, when it has one (its budget was charged once
-    at the declaration; this period's approval of the snapshot's release publishes it too), or
-    through the period before the first one not published (running_total.release_published). A
-    period past its horizon, or held, is logged."""
-    try:
-        held = running_total.release_published(platform, series, snapshot)
-    except running_total.RunningTotalRefused as err:
-        held = str(err)
-    if held:
-        get_run_logger().warning("%s", held)
+def release_running_total(platform, series: str, snapshot: str) -> Path:
+    """The step after a period's publication (dprelease.series_period.period_published, as the recovery that
+    finishes one does): the series' running total through this period when it has one (its budget
+    was charged once at the declaration), or through the period before the first one not published;
+    then the series page and the index. What did not reach this period, or could not be done, is
+    logged (the period is published whatever follows). Returns where the series page is."""
+    for note in period_published(platform, series, snapshot):
+        get_run_logger().warning("%s", note)
+    return series_directory(platform.settings, series)
 
 
 def left_unpublished(series: str, outcomes: list[dict], left: list, err: Exception) -> str:
@@ -191,9 +190,7 @@ def release_snapshot(settings, platform, request, series: str, snap, release_id:
     planned, decision, verdict = prepare_and_decide(settings, platform, release_id, request, approval_timeout)
     if verdict.decision == "approve":
         where = steps.publish(settings, release_id, planned, decision, verdict.reviewer, verdict.comment)
-        release_running_total(platform, series, snap.snapshot)
-        page = publish_series_page(platform, series)
-        pipeline.write_index(platform)  # again, now that the series page exists: the index links it
+        page = release_running_total(platform, series, snap.snapshot)
         steps.budget_view(settings, request.dataset)
         return {"status": "published", "said": f"{snap.snapshot} published",
                 "outcome": {"release_id": release_id, "status": "published", "directory": where, "series": series,

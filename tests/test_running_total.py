@@ -474,6 +474,41 @@ def test_a_month_whose_release_is_not_published_holds_the_running_total_before_i
     assert shown["periods_released"] == 3 and [r["snapshot"] for r in shown["rows"]] == ["2026-01", "2026-02", "2026-03"]
 
 
+def test_a_period_published_without_its_signed_folder_is_said_and_what_follows_is_still_done(env, tmp_path):
+    """The one step after a series period's publication (dprelease.series_period.period_published), the
+    publication run's and the recovery's: a period published in the store whose signed folder is not
+    in the publication directory (its release a store record here; a folder removed, or published on
+    another host and missing from the shared archive) cannot be shown on the series page, which
+    shows signed numbers only. The page is left as it was and one line says why, naming the period,
+    its release and the folder; the running total is still released through the newest published
+    period and the index still written. Before, the run's path failed with FileNotFoundError after
+    the period had been published, and the recovery's skipped the index."""
+    from dprelease import pipeline, recovery, running_total, series
+    from dprelease.series_period import period_published
+    from dprelease.store import series as store_series
+
+    settings = env["settings"]
+    platform = pipeline.Platform.open(settings)
+    _start_running_total_series(settings, "unsigned", _people_file(tmp_path, "jan", 60), "2026-01")
+    series.register_snapshot(settings, "unsigned", _people_file(tmp_path, "feb", 70), "2026-02")
+    for label in ("2026-01", "2026-02"):
+        release_id = f"unsigned-{label}"
+        platform.store.add_release(store_series.snapshot_dataset_name("unsigned", label), {}, release_id=release_id,
+                                   status="published")
+        store_series.claim(platform.store, "unsigned", label, release_id)
+    index = settings.publication_dir / "index.html"
+    index.unlink(missing_ok=True)
+    notes = period_published(platform, "unsigned", "2026-02")
+    folder = settings.publication_dir / "unsigned-2026-01"
+    assert notes == ["the series page was not published again (the next period's run publishes it): series "
+                     f"'unsigned': period 2026-01's release unsigned-2026-01 is published in the store but its signed "
+                     f"folder {folder} is missing, so the series page cannot show it: put the release's signed "
+                     "folder back (from a backup or the shared archive)"], notes
+    assert running_total.released(settings, "unsigned")["periods_released"] == 2
+    assert index.exists() and not series.series_directory(settings, "unsigned").exists()
+    assert recovery.finish_series_period(platform, "unsigned@2026-02") == f"; {notes[0]}"
+
+
 def test_two_registrations_at_once_cannot_both_pass_the_label_check(env, tmp_path):
     """Two snapshots of a running-total series registered at once, 2026-09 and 2026-10 after 2026-08:
     both checked the label against 2026-08 before either was recorded, so both passed, and 2026-09
