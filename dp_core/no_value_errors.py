@@ -1,0 +1,224 @@
+"""Row-level expressions that cannot fail on a value of the data: a DP SELECT's source, a row filter.
+
+Why. DuckDB stops a whole query when one row's value does not fit an expression: a cast that does
+not parse (`CAST(note AS INTEGER)` over 'x'), an overflow (`age::TINYINT * 100`), a date, a regular
+expression or a JSON text that does not parse. Whether the query fails then depends on one person's
+row, and an analyst can aim it: `CAST(CASE WHEN name = 'Alice' AND salary > 1e5 THEN 'x' ELSE '1' END
+AS INTEGER)` fails exactly when Alice earns more. The failure's words carry no value
+(dp_core.engine_errors), but the failure itself is a raw-derived fact that reaches the analyst
+without an approval and without noise (the platform shows the release Failed and refunds it),
+one bit per request, as often as asked. No delta covers it: it is certain, not rare.
+
+What. Every row-level expression the analyst wrote in the source (select items of the DP SELECT's
+FROM subqueries and CTEs, WHERE, join conditions, GROUP BY keys, HAVING over per-unit groups,
+aggregate arguments) is evaluated under DuckDB's TRY: a value that does not fit becomes NULL, as
+TRY_CAST does, so the row is filtered out, lands in the NULL group or is skipped by the aggregate.
+Each row's result is still a function of that row alone, so the per-unit bounds and every
+sensitivity are unchanged; a query with no failing value computes exactly what it did before.
+
+TRY cannot hold an aggregate, a subquery, a window or a volatile function (DuckDB's binder refuses
+them): such an expression is not wrapped whole; its parts are, down to the pieces TRY can hold.
+Not covered here (see docs/sql.md): an aggregate that overflows inside a per-unit subquery (a SUM of
+HUGEINT values near 2^127), and the Spark backend (sqlglot renders no TRY for Spark: its ANSI
+errors stay, named without their values)."""
+
+from __future__ import annotations
+
+from sqlglot import exp
+
+from .errors import InvalidQueryError
+
+#: the nodes that compute a value from their arguments, and so may fail on one
+COMPUTING = (exp.Func, exp.Binary, exp.Unary, exp.Predicate, exp.Bracket, exp.Dot)
+#: what TRY may not hold (DuckDB's binder: aggregates, subqueries, windows, volatile functions, UNNEST), and
+#: the calls sqlglot does not know, which the checks let through only as the engine's own (a DP aggregate,
+#: the sample placeholder that sql/sample.render replaces by its decision)
+NOT_IN_TRY = (exp.AggFunc, exp.Query, exp.Subquery, exp.Exists, exp.Window, exp.Rand, exp.Randn, exp.Uuid,
+              exp.Unnest, exp.Explode, exp.Try, exp.Star, exp.Anonymous)
+#: a clause of a SELECT whose expressions are evaluated row by row (or per group, for HAVING)
+ROW_CLAUSES = ("where", "having")
+
+
+def quote_start(select: exp.Expression) -> str:
+    """The start of a SELECT as written, to name it in a refusal."""
+    text = select.sql("duckdb")
+    return repr(text if len(text) <= 80 else text[:77] + "...")
+
+
+def _may_hold(node: exp.Expression) -> bool:
+    """TRY(node) binds: nothing inside it is one of NOT_IN_TRY."""
+    return node.find(*NOT_IN_TRY) is None
+
+
+def guarded(node: exp.Expression) -> exp.Expression:
+    """`node` with its largest computing parts that TRY may hold wrapped in TRY; columns and
+    literals as they are; a query inside it is left to its own SELECTs (never_failing)."""
+    if isinstance(node, (exp.Query, exp.Subquery, exp.Window)):  # a window reads public rows only (ownership.py)
+        return node
+    if isinstance(node, COMPUTING) and not isinstance(node, exp.Paren) and _may_hold(node):
+        return exp.Try(this=node)
+    for key, value in list(node.args.items()):
+        if isinstance(value, exp.Expression):
+            node.set(key, guarded(value))
+        elif isinstance(value, list):
+            node.set(key, [guarded(v) if isinstance(v, exp.Expression) else v for v in value])
+    return node
+
+
+def _guard_select(select: exp.Select) -> None:
+    """One SELECT's row-level expressions guarded in place (its list, WHERE, HAVING, GROUP BY keys and
+    join conditions); the same rule everywhere, so a GROUP BY key still matches its select item."""
+    items = []
+    for item in select.expressions:
+        if isinstance(item, exp.Alias):
+            item.set("this", guarded(item.this))
+            items.append(item)
+        elif isinstance(item, COMPUTING) and _may_hold(item):
+            # an unnamed computed item keeps the name DuckDB gives it (its SQL text): TRY would rename it
+            items.append(exp.alias_(guarded(item.copy()), item.sql("duckdb"), quoted=True))
+        else:
+            items.append(guarded(item))
+    select.set("expressions", items)
+    for clause in ROW_CLAUSES:
+        holder = select.args.get(clause)
+        if holder is not None:
+            holder.set("this", guarded(holder.this))
+    group = select.args.get("group")
+    if group is not None:
+        group.set("expressions", [guarded(e) for e in group.expressions])
+    for join in select.args.get("joins") or []:
+        if join.args.get("on") is not None:
+            join.set("on", guarded(join.args["on"]))
+
+
+#: a SELECT's parts the split below does not carry to its outer SELECT (it leaves such a SELECT as it is)
+UNSPLIT = ("order", "limit", "offset", "qualify", "windows", "kind", "into", "locks", "sample", "prewhere",
+           "connect", "match", "laterals", "cluster", "distribute", "sort", "settings", "format", "exclude")
+
+
+def _aggregates_in(node: exp.Expression) -> list[exp.AggFunc]:
+    """The outermost aggregate calls of `node` (not those of a subquery's or a window's)."""
+    found = []
+    for inner in node.walk(prune=lambda n: isinstance(n, (exp.AggFunc, exp.Query, exp.Subquery, exp.Window))):
+        if isinstance(inner, exp.AggFunc):
+            found.append(inner)
+    return found
+
+
+def _computes_over_aggregates(select: exp.Select) -> bool:
+    """Some item or HAVING computes with an aggregate's result (`CAST(MAX(x) AS INT)`, `SUM(x) > 5`):
+    TRY cannot hold that computation where the aggregate is, so the SELECT is split (below)."""
+    parts = [*select.expressions, *([select.args["having"].this] if select.args.get("having") else [])]
+    for part in parts:
+        top = part.this if isinstance(part, exp.Alias) else part
+        for node in top.walk(prune=lambda n: isinstance(n, (exp.AggFunc, exp.Query, exp.Subquery, exp.Window))):
+            if isinstance(node, COMPUTING) and not isinstance(node, (exp.AggFunc, exp.Paren)) and _aggregates_in(node):
+                return True
+    return False
+
+
+def _split(select: exp.Select) -> exp.Select | None:
+    """An aggregating SELECT that computes with its aggregates' results, as two: the inner one
+    computes its GROUP BY keys and aggregates (`__dp_key<j>`, `__dp_agg<i>`), the outer one the items
+    and HAVING over them, under TRY, with the same output names:
+
+        SELECT uid, CAST(MAX(x) AS INT) AS m FROM t GROUP BY uid HAVING SUM(y) > 5
+        -> SELECT __dp_key0 AS uid, TRY(CAST(__dp_agg0 AS INT)) AS m
+           FROM (SELECT uid AS __dp_key0, MAX(x) AS __dp_agg0, SUM(y) AS __dp_agg1 FROM t GROUP BY uid)
+           WHERE TRY(__dp_agg1 > 5)
+
+    The same rows and values when nothing fails. None when the SELECT holds what the split does not
+    carry (ORDER BY, a window, GROUP BY ROLLUP, ...; never_failing then refuses it). `select` becomes
+    the inner SELECT; the outer one takes its place in the tree and is returned."""
+    group = select.args.get("group")
+    if any(select.args.get(k) for k in UNSPLIT) or (group is not None and any(
+            v for k, v in group.args.items() if k != "expressions")):
+        return None
+    items = list(select.expressions)
+    if any(isinstance(i, exp.Star) or (isinstance(i, exp.Column) and isinstance(i.this, exp.Star)) for i in items):
+        return None
+    keys = []
+    for key in (group.expressions if group is not None else []):
+        if isinstance(key, exp.Literal) and key.is_int and 1 <= int(key.this) <= len(items):  # GROUP BY 2
+            key = items[int(key.this) - 1]
+            key = key.this if isinstance(key, exp.Alias) else key
+        if (isinstance(key, exp.Column) and not key.table and
+                any(isinstance(i, exp.Alias) and i.alias.lower() == key.name.lower() for i in items)):
+            return None  # a key that may name a select item: which one DuckDB reads is its binder's choice
+        keys.append(key.copy())
+    key_sql = [k.sql("duckdb") for k in keys]
+    key_names = {k.name.lower(): j for j, k in enumerate(keys) if isinstance(k, exp.Column)}
+    aggregates: list[exp.Expression] = []
+    agg_sql: list[str] = []
+
+    def over_inner(node: exp.Expression) -> exp.Expression:
+        """`node` (a copy of an item or of HAVING) reading the inner SELECT's columns."""
+        for agg in _aggregates_in(node):
+            text = agg.sql("duckdb")
+            if text not in agg_sql:
+                agg_sql.append(text)
+                aggregates.append(agg.copy())
+            column = exp.column(f"__dp_agg{agg_sql.index(text)}")
+            if agg is node:
+                return column
+            agg.replace(column)
+
+        def as_key(n: exp.Expression) -> exp.Expression:
+            if n.sql("duckdb") in key_sql:
+                return exp.column(f"__dp_key{key_sql.index(n.sql('duckdb'))}")
+            if isinstance(n, exp.Column) and not n.name.startswith("__dp_") and n.name.lower() in key_names:
+                return exp.column(f"__dp_key{key_names[n.name.lower()]}")
+            return n
+        return node.transform(as_key, copy=False)
+
+    outer_items = []
+    for item in items:
+        inner = item.this if isinstance(item, exp.Alias) else item
+        name = item.args["alias"].copy() if isinstance(item, exp.Alias) else exp.to_identifier(
+            inner.name if isinstance(inner, exp.Column) else inner.sql("duckdb"), quoted=True)
+        outer_items.append(exp.Alias(this=over_inner(inner.copy()), alias=name))
+    having = select.args.get("having")
+    condition = over_inner(having.this.copy()) if having is not None else None
+    for part in [*outer_items, *([condition] if condition is not None else [])]:
+        if any(not c.name.startswith("__dp_") for c in part.find_all(exp.Column)
+               if not c.find_ancestor(exp.Query, exp.Subquery)):
+            return None  # a column that is neither a key nor inside an aggregate
+    outer = exp.Select(expressions=outer_items, distinct=select.args.get("distinct"))
+    if condition is not None:
+        outer.set("where", exp.Where(this=condition))
+    with_clause = select.args.get("with_") or select.args.get("with")
+    select.set("expressions", [exp.alias_(k, f"__dp_key{j}") for j, k in enumerate(keys)]
+               + [exp.alias_(a, f"__dp_agg{i}") for i, a in enumerate(aggregates)])
+    for arg in ("having", "distinct", "with_", "with"):
+        if arg in select.args:
+            select.set(arg, None)
+    if group is not None:
+        group.set("expressions", [k.copy() for k in keys])
+    select.replace(outer)
+    outer.set("from_" if "from_" in exp.Select.arg_types else "from",
+              exp.From(this=exp.Subquery(this=select, alias=exp.TableAlias(this=exp.to_identifier("__dp_grouped")))))
+    if with_clause is not None:
+        outer.set("with_" if "with_" in exp.Select.arg_types else "with", with_clause)
+    return outer
+
+
+def never_failing(source: exp.Expression) -> exp.Expression:
+    """A copy of a DP SELECT's source whose row-level expressions turn a value they cannot compute
+    into NULL instead of failing the query (the module's docstring says why)."""
+    source = source.copy()
+    for select in list(source.find_all(exp.Select)):
+        if _computes_over_aggregates(select):
+            outer = _split(select)
+            if outer is None:
+                raise InvalidQueryError(
+                    f"{quote_start(select)}: an aggregating subquery that computes with its aggregates' results "
+                    "(a cast, arithmetic or a comparison over MAX(...), SUM(...)) must be a plain GROUP BY of columns "
+                    "or expressions (no ORDER BY, window, ROLLUP, or key named by a select alias) so that the "
+                    "computation cannot fail on one person's value; compute it in an outer SELECT instead")
+            _guard_select(outer)
+            source = outer if select is source else source
+        _guard_select(select)
+    return source
+
+
+__all__ = ["guarded", "never_failing"]

@@ -1,0 +1,93 @@
+"""One person's value cannot make a DP SELECT fail (dp_core/sql/no_value_errors.py, docs/sql.md "A
+value the query cannot compute").
+
+Until 2026-11-29 an expression that DuckDB cannot compute on one row's value (a cast that does not
+parse, an overflow, a date, a regular expression or a JSON text that does not parse) failed the whole
+query: an analyst who aimed it at one person (`CAST(CASE WHEN name = 'p7' AND age > 40 THEN 'x' ELSE
+'1' END AS INTEGER)`) learned a fact about that person from whether the release failed, without noise
+and without a controller's approval (the platform shows the release Failed, refunded). Here each such
+expression, in each place a DP SELECT evaluates row-level expressions, is run on two neighbouring
+datasets that differ by one person whose value the expression cannot compute: both must run."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dp_core.sql import Table, run_sql
+
+N = 200
+TARGET = 7  # the person whose value the expression cannot compute
+C = "COUNT(*, contribution_bounds_per_group => (0, 1))"
+DP = "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1, delta = 1e-6) "
+
+#: (an expression of the text column v that DuckDB fails on, a value it computes, the target's value it fails on)
+FAILING = [
+    ("CAST(v AS INTEGER)", "1", "x"),  # Conversion Error
+    ("CAST(CAST(v AS INTEGER) AS TINYINT)", "1", "200"),  # Conversion Error: out of the type's range
+    ("CAST(v AS INTEGER) * 9223372036854775807", "1", "3"),  # Out of Range Error: overflow
+    ("strptime(v, '%Y-%m-%d')", "2020-01-02", "x"),  # Invalid Input Error
+    ("regexp_matches('a', v)", "a", "("),  # Invalid Input Error: a regular expression that does not parse
+    ("json_extract(v, '$.a')", '{"a": 1}', "{"),  # Invalid Input Error: malformed JSON
+    ("make_date(2000, CAST(v AS INTEGER), 1)", "1", "13"),  # Conversion Error: a date out of range
+    ("CAST(v AS DATE)", "2020-01-02", "2020-13-01"),
+    ("from_base64(v)", "YQ==", "!"),
+    ("chr(CAST(v AS INTEGER))", "65", "-5"),
+]
+
+#: every place a DP SELECT evaluates a row-level expression, {e} the failing expression
+PLACES = {
+    "WHERE": DP + f"{C} AS n FROM people WHERE {{e}} IS NOT NULL",
+    "GROUP BY key": DP + f"k, {C} AS n FROM (SELECT uid, {{e}} AS k FROM people) GROUP BY k",
+    "GROUP BY expression": DP + f"{{e}} AS k, {C} AS n FROM people GROUP BY {{e}}",
+    "aggregate argument": DP + "SUM(CASE WHEN {e} IS NULL THEN 0 ELSE 1 END, "
+                               "contribution_bounds_per_group => (0, 1)) AS s FROM people",
+    "join condition": DP + f"region, {C} AS n FROM people p JOIN depts d ON p.dept = d.dept AND {{e}} IS NOT NULL "
+                           "GROUP BY region",
+    "per-unit HAVING": DP + f"{C} AS n FROM (SELECT uid FROM people GROUP BY uid HAVING MAX({{e}}) IS NOT NULL)",
+    "CTE": f"WITH c AS (SELECT uid, {{e}} AS k FROM people) {DP} {C} AS n FROM c WHERE k IS NOT NULL",
+    "CASE aimed at one person": DP + f"{C} AS n FROM people "
+                                     f"WHERE (CASE WHEN uid = {TARGET} THEN {{e}} END) IS NULL",
+    # {m}: the expression over a per-unit aggregate's result (MAX(v)), where TRY cannot hold the aggregate
+    "over a per-unit aggregate": DP + "SUM(CASE WHEN k IS NULL THEN 0 ELSE 1 END, contribution_bounds_per_group => "
+                                      "(0, 1)) AS s FROM (SELECT uid, {m} AS k FROM people GROUP BY uid)",
+    "per-unit HAVING over an aggregate": DP + f"{C} AS n FROM (SELECT uid FROM people GROUP BY uid "
+                                              "HAVING {m} IS NOT NULL)",
+}
+
+
+def people_with(good: str, target: str | None) -> dict:
+    """N people whose v is `good`, the target's `target`; None: the target is not in the data."""
+    people = pd.DataFrame({"uid": np.arange(N), "dept": np.array(["a", "b"])[np.arange(N) % 2],
+                           "v": np.array([good] * N, dtype=object)})
+    if target is None:
+        people = people[people["uid"] != TARGET]
+    else:
+        people.loc[people["uid"] == TARGET, "v"] = target
+    return {"people": Table(people.reset_index(drop=True), "uid"),
+            "depts": Table(pd.DataFrame({"dept": ["a", "b"], "region": ["N", "S"]}))}
+
+
+@pytest.mark.parametrize("place", PLACES)
+@pytest.mark.parametrize(("expression", "good", "bad"), FAILING, ids=[f[0] for f in FAILING])
+def test_a_value_the_query_cannot_compute_does_not_fail_the_release(place, expression, good, bad):
+    sql = PLACES[place].format(e=expression, m=re.sub(r"\bv\b", "MAX(v)", expression))
+    without = run_sql(sql, people_with(good, None), epsilon=1.0)  # the neighbour without the target
+    with_target = run_sql(sql, people_with(good, bad), epsilon=1.0)  # raised a DuckDB value error until the fix
+    assert list(with_target.table.columns) == list(without.table.columns)
+
+
+@pytest.mark.parametrize(("expression", "good", "bad"), FAILING, ids=[f[0] for f in FAILING])
+def test_a_row_filter_the_target_fails_does_not_fail_the_release(expression, good, bad):
+    """The engine's own row filter (Query.where, a release spec's `where`) likewise: a row whose value
+    the filter cannot compute is filtered out."""
+    import dp_core as dp
+
+    query = dp.Query([dp.count(upper=1, name="n")], privacy_unit="uid", group_by=("dept",), epsilon=1.0, delta=1e-6,
+                     where=f"{expression} IS NOT NULL", public_partitions=["a", "b"])
+    for target in (None, bad):  # the neighbour without the target, then with it (raised until the fix)
+        people = people_with(good, target)["people"].data
+        assert list(dp.execute(query, people).table["dept"]) == ["a", "b"]
