@@ -236,6 +236,22 @@ def _whole(x: float) -> float | int:
     return int(x) if float(x).is_integer() and abs(x) < 2**62 else x
 
 
+#: DuckDB key types no released table holds: nested values (pandas orders partitions by comparing
+#: keys, and two lists or structs do not compare: the release failed once the data held two distinct
+#: ones; Spark names a list ARRAY<...>) and the types DuckDB does not convert to NumPy
+UNRELEASABLE_KEY_TYPES = ("STRUCT", "MAP", "UNION", "ARRAY", "TIME WITH TIME ZONE", "TIMETZ", "UHUGEINT", "VARINT", "BIGNUM")
+
+
+def refuse_unreleasable_key(key: str, kind: str) -> None:
+    """A group-by key of a type no partition can be keyed by is refused by its type (never by its
+    values: whether the release fails must not depend on the rows)."""
+    upper = kind.upper()
+    if upper.endswith("]") or upper.startswith(UNRELEASABLE_KEY_TYPES):
+        raise InvalidDataError(
+            f"group-by key column {key!r} has type {kind}: a partition is keyed by plain values (text, numbers, "
+            f"dates, times); group by a plain value made of it instead (e.g. CAST({key} AS VARCHAR))")
+
+
 def check_columns(query: Query, schema: dict[str, str]) -> set[str]:
     """Every named column exists and numeric aggregates read numeric columns.
 
@@ -249,6 +265,8 @@ def check_columns(query: Query, schema: dict[str, str]) -> set[str]:
     for role, col in needed:
         if col not in schema:
             raise InvalidDataError(f"{role} column {col!r} is not in the input (columns: {available})")
+    for k in query.group_by:
+        refuse_unreleasable_key(k, schema[k])
     for a in query.aggregates:
         if a.kind in NUMERIC_KINDS and a.column is not None and not schema[a.column].upper().startswith(NUMERIC_TYPES + ("DECIMAL",)):
             raise InvalidDataError(

@@ -1,5 +1,5 @@
-"""One person's value cannot make a DP SELECT fail (dp_core/sql/no_value_errors.py, docs/sql.md "A
-value the query cannot compute").
+"""One person's value cannot make a DP SELECT fail (dp_core/no_value_errors.py, docs/sql.md "A value
+the query cannot compute"; docs/engine.md "Data rules": group keys).
 
 Until 2026-11-29 an expression that DuckDB cannot compute on one row's value (a cast that does not
 parse, an overflow, a date, a regular expression or a JSON text that does not parse) failed the whole
@@ -91,3 +91,46 @@ def test_a_row_filter_the_target_fails_does_not_fail_the_release(expression, goo
     for target in (None, bad):  # the neighbour without the target, then with it (raised until the fix)
         people = people_with(good, target)["people"].data
         assert list(dp.execute(query, people).table["dept"]) == ["a", "b"]
+
+
+#: group keys a released table cannot hold, as one person's value (the others' is 2020-01-01)
+UNHOLDABLE_KEYS = ["DATE 'infinity'", "DATE '-infinity'", "DATE '295000-01-01'", "DATE '-295000-01-01'",
+                   "TIMESTAMP 'infinity'", "TIMESTAMPTZ 'infinity'", "TIMESTAMP_S '-infinity'", "TIMESTAMP_MS 'infinity'",
+                   "TIMESTAMP_NS 'infinity'"]
+
+
+@pytest.mark.parametrize("key", UNHOLDABLE_KEYS)
+def test_a_date_key_no_table_can_hold_does_not_fail_the_release(key):
+    """A DATE or TIMESTAMP key computed from one person's row that pandas cannot hold ('infinity', a
+    date beyond +-292,000 years): reading the candidate partitions failed on it (a Conversion Error,
+    or a NotImplementedError of pandas), before any selection; the row is now dropped (bounding.py)."""
+    kind = key.split()[0]
+    sql = DP + (f"k, {C} AS n FROM (SELECT uid, CASE WHEN v = 'target' THEN {key} ELSE {kind} '2020-01-01' END AS k "
+                "FROM people) GROUP BY k")
+    for target in (None, "target"):  # the neighbour without the target, then with it (failed until the fix)
+        released = run_sql(sql, people_with("other", target), epsilon=1.0).table
+        assert len(released) == 1 and str(released["k"].iloc[0]).startswith("2020-01-01")
+
+
+#: key types no partition can be keyed by, with two values of each (one person's, everyone else's)
+NESTED_KEYS = [("[1, 2]", "[1]"), ("[1, 2]::INTEGER[2]", "[1, 3]::INTEGER[2]"), ("{'x': 1}", "{'x': 2}"),
+               ("MAP {'x': 1}", "MAP {'y': 2}"), ("TIMETZ '01:00+02'", "TIMETZ '01:00+03'"),
+               ("1::UHUGEINT", "2::UHUGEINT")]
+
+
+@pytest.mark.parametrize(("target_key", "other_key"), NESTED_KEYS, ids=[k[0] for k in NESTED_KEYS])
+def test_a_key_type_no_partition_can_be_keyed_by_is_refused_whatever_the_values(target_key, other_key):
+    """Grouping by a list, array, struct or map failed in pandas (ordering the partitions compares
+    keys) only once the data held two distinct keys: one person's row decided whether the release
+    failed. Now such a key type is refused by its type, the same way on both neighbours."""
+    from dp_core import InvalidDataError
+
+    sql = DP + (f"k, {C} AS n FROM (SELECT uid, CASE WHEN v = 'target' THEN {target_key} ELSE {other_key} END AS k "
+                "FROM people) GROUP BY k")
+    refusals = []
+    for target in (None, "target"):
+        with pytest.raises(InvalidDataError) as caught:
+            run_sql(sql, people_with("other", target), epsilon=1.0)
+        refusals.append(str(caught.value))
+    assert refusals[0] == refusals[1]
+    assert "group-by key column 'k' has type" in refusals[0] and "\n" not in refusals[0]
