@@ -18,8 +18,10 @@ sensitivity are unchanged; a query with no failing value computes exactly what i
 
 TRY cannot hold an aggregate, a subquery, a window or a volatile function (DuckDB's binder refuses
 them): such an expression is not wrapped whole; its parts are, down to the pieces TRY can hold.
-Not covered here (see docs/sql.md): an aggregate that overflows inside a per-unit subquery (a SUM of
-HUGEINT values near 2^127), and the Spark backend (sqlglot renders no TRY for Spark: its ANSI
+An aggregate that overflows itself cannot be held either: a SUM or AVG inside a per-unit subquery
+is refused by its argument's type when that type can overflow (refuse_overflowing_sums, from the
+binding over empty stand-ins: HUGEINT, DECIMAL over 18 digits, INTERVAL). Not covered: the Spark
+backend (sqlglot renders no TRY for Spark: its ANSI
 errors stay, named without their values)."""
 
 from __future__ import annotations
@@ -221,4 +223,55 @@ def never_failing(source: exp.Expression) -> exp.Expression:
     return source
 
 
-__all__ = ["guarded", "never_failing"]
+#: aggregates that only pick, count or collect their rows' values: they compute nothing that overflows
+PICKING = (exp.Count, exp.Min, exp.Max, exp.AnyValue, exp.First, exp.Last, exp.ArrayAgg, exp.GroupConcat,
+           exp.ArgMax, exp.ArgMin, exp.LogicalAnd, exp.LogicalOr, exp.ApproxDistinct)
+#: argument types that an aggregate's own arithmetic can overflow on: DuckDB adds integers of up to
+#: 64 bits and decimals of up to 18 digits in HUGEINT (2^63 rows could not overflow it), floats in
+#: DOUBLE (inf), but HUGEINT, UHUGEINT and wider decimals in their own type, and an INTERVAL's months
+#: in 32 bits (AVG), or converts them (MEDIAN of months)
+OVERFLOWING_TYPES = ("HUGEINT", "UHUGEINT", "INTERVAL")
+
+
+def _can_overflow(kind: str) -> bool:
+    upper = kind.upper()
+    if upper.startswith("DECIMAL(") and upper.endswith(")"):
+        return int(upper[len("DECIMAL("):].split(",")[0]) > 18
+    return upper in OVERFLOWING_TYPES
+
+
+def refuse_overflowing_sums(source: exp.Expression, describe) -> None:
+    """An aggregate inside a per-unit subquery of `source` (never_failing's output) that computes with
+    its argument (SUM, AVG, MEDIAN, ...: not MIN, MAX, COUNT) over a type it can overflow on (HUGEINT,
+    UHUGEINT, DECIMAL over 18 digits, INTERVAL) is refused by that type: TRY cannot hold an aggregate,
+    so it would fail the whole release on one person's values (two of her rows near 10^38).
+    `describe(sql)` -> [(column, type)] binds a query over the tables' empty stand-ins (no row is
+    read); a probe DuckDB cannot bind alone is left to the query's own binding."""
+    with_clause = source.args.get("with_") or source.args.get("with")
+    for select in source.find_all(exp.Select):
+        calls = [a for part in select.expressions for a in _aggregates_in(part)
+                 if not isinstance(a, PICKING) and isinstance(a.this, exp.Expression) and not isinstance(a.this, exp.Star)]
+        if not calls:
+            continue
+        probe = select.copy()
+        probe.set("expressions", [exp.alias_(c.this.copy(), f"__dp_arg{i}") for i, c in enumerate(calls)])
+        for arg in ("group", "having", "distinct", "order", "limit", "qualify"):
+            if arg in probe.args:
+                probe.set(arg, None)
+        if with_clause is not None and select is not source and not (probe.args.get("with_") or probe.args.get("with")):
+            probe.set("with_" if "with_" in exp.Select.arg_types else "with", with_clause.copy())
+        try:
+            types = [kind for _, kind in describe(probe.sql("duckdb"))]
+        except Exception:  # noqa: BLE001 - the statement's own binding (check_executable) says what is wrong
+            continue
+        for call, kind in zip(calls, types):
+            if _can_overflow(kind):
+                written = call.transform(lambda n: n.this if isinstance(n, exp.Try) else n)  # as the analyst wrote it
+                name = call.sql_name() if hasattr(call, "sql_name") else call.key.upper()
+                raise InvalidQueryError(
+                    f"{quote_start(written)}: {name} over {kind} values inside a subquery can overflow on one "
+                    f"person's values, which would fail the release on them: compute it over DOUBLE "
+                    f"({name}(CAST(... AS DOUBLE))), or over BIGINT if the values fit")
+
+
+__all__ = ["guarded", "never_failing", "refuse_overflowing_sums"]

@@ -134,3 +134,47 @@ def test_a_key_type_no_partition_can_be_keyed_by_is_refused_whatever_the_values(
         refusals.append(str(caught.value))
     assert refusals[0] == refusals[1]
     assert "group-by key column 'k' has type" in refusals[0] and "\n" not in refusals[0]
+
+
+#: per-unit sums over a type that can overflow: (the aggregate, the target's value, everyone else's)
+OVERFLOWING_SUMS = [
+    ("SUM", "170141183460469231731687303715884105727::HUGEINT", "1::HUGEINT"),
+    ("AVG", "170141183460469231731687303715884105727::HUGEINT", "1::HUGEINT"),
+    ("SUM", "99999999999999999999999999999999999999::DECIMAL(38, 0)", "1::DECIMAL(38, 0)"),
+    ("AVG", "9999999999999999999::DECIMAL(19, 0) * 9999999999999999999", "1::DECIMAL(19, 0)"),
+    ("SUM", "340282366920938463463374607431768211455::UHUGEINT", "1::UHUGEINT"),
+    ("AVG", "INTERVAL 2000000000 MONTH", "INTERVAL 1 MONTH"),
+    ("MEDIAN", "INTERVAL 2000000000 MONTH", "INTERVAL 1 DAY"),  # Conversion Error: months to microseconds
+]
+
+
+@pytest.mark.parametrize(("aggregate", "target_value", "other_value"), OVERFLOWING_SUMS,
+                         ids=[f"{a} {t.split('::')[-1]}" for a, t, _ in OVERFLOWING_SUMS])
+def test_a_per_unit_sum_that_can_overflow_is_refused_by_its_type(aggregate, target_value, other_value):
+    """TRY cannot hold an aggregate: a per-unit SUM, AVG or MEDIAN over HUGEINT, UHUGEINT, a DECIMAL of
+    more than 18 digits or an INTERVAL overflowed on the target's two rows and failed the release, and
+    ran without her. Now it is refused by its argument's type, the same way on both neighbours."""
+    from dp_core import InvalidQueryError
+
+    doubled = "(SELECT uid, v FROM people UNION ALL SELECT uid, v FROM people)"  # two rows per person
+    sql = DP + (f"{C} AS n FROM (SELECT uid, {aggregate}(CASE WHEN v = 'target' THEN {target_value} ELSE "
+                f"{other_value} END) AS s FROM {doubled} GROUP BY uid) WHERE s IS NOT NULL")
+    refusals = []
+    for target in (None, "target"):
+        with pytest.raises(InvalidQueryError) as caught:
+            run_sql(sql, people_with("other", target), epsilon=1.0)
+        refusals.append(str(caught.value))
+    assert refusals[0] == refusals[1] and f"{aggregate} over " in refusals[0] and "\n" not in refusals[0]
+
+
+@pytest.mark.parametrize("aggregate", ["SUM", "AVG", "MEDIAN"])
+@pytest.mark.parametrize("value", ["CAST(uid AS BIGINT)", "CAST(uid AS DOUBLE)", "CAST(uid AS DECIMAL(18, 2))",
+                                   "CAST(uid AS UBIGINT)", "MAX(CAST(uid AS HUGEINT))"])
+def test_a_per_unit_aggregate_that_cannot_overflow_runs(aggregate, value):
+    """The types whose sums DuckDB keeps in HUGEINT or DOUBLE without overflow, and MIN / MAX over any
+    type, run as before."""
+    if value.startswith("MAX"):
+        aggregate, value = "MAX", value[4:-1]
+    sql = DP + (f"SUM(s, contribution_bounds_per_group => (0, 1000)) AS total FROM (SELECT uid, {aggregate}({value}) AS s "
+                "FROM people GROUP BY uid)")
+    assert len(run_sql(sql, people_with("other", None), epsilon=1.0).table) == 1
