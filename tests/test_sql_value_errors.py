@@ -71,6 +71,17 @@ def people_with(good: str, target: str | None) -> dict:
             "depts": Table(pd.DataFrame({"dept": ["a", "b"], "region": ["N", "S"]}))}
 
 
+def refused_alike(sql: str, error: type) -> str:
+    """The one-line refusal of `sql` on the neighbour without the target, the same as on the one with her."""
+    refusals = []
+    for target in (None, "target"):
+        with pytest.raises(error) as caught:
+            run_sql(sql, people_with("other", target), epsilon=1.0)
+        refusals.append(str(caught.value))
+    assert refusals[0] == refusals[1] and "\n" not in refusals[0]
+    return refusals[0]
+
+
 @pytest.mark.parametrize("place", PLACES)
 @pytest.mark.parametrize(("expression", "good", "bad"), FAILING, ids=[f[0] for f in FAILING])
 def test_a_value_the_query_cannot_compute_does_not_fail_the_release(place, expression, good, bad):
@@ -127,13 +138,8 @@ def test_a_key_type_no_partition_can_be_keyed_by_is_refused_whatever_the_values(
 
     sql = DP + (f"k, {C} AS n FROM (SELECT uid, CASE WHEN v = 'target' THEN {target_key} ELSE {other_key} END AS k "
                 "FROM people) GROUP BY k")
-    refusals = []
-    for target in (None, "target"):
-        with pytest.raises(InvalidDataError) as caught:
-            run_sql(sql, people_with("other", target), epsilon=1.0)
-        refusals.append(str(caught.value))
-    assert refusals[0] == refusals[1]
-    assert "group-by key column 'k' has type" in refusals[0] and "\n" not in refusals[0]
+    refusal = refused_alike(sql, InvalidDataError)
+    assert "group-by key column 'k' has type" in refusal
 
 
 #: per-unit sums over a type that can overflow: (the aggregate, the target's value, everyone else's)
@@ -159,12 +165,7 @@ def test_a_per_unit_sum_that_can_overflow_is_refused_by_its_type(aggregate, targ
     doubled = "(SELECT uid, v FROM people UNION ALL SELECT uid, v FROM people)"  # two rows per person
     sql = DP + (f"{C} AS n FROM (SELECT uid, {aggregate}(CASE WHEN v = 'target' THEN {target_value} ELSE "
                 f"{other_value} END) AS s FROM {doubled} GROUP BY uid) WHERE s IS NOT NULL")
-    refusals = []
-    for target in (None, "target"):
-        with pytest.raises(InvalidQueryError) as caught:
-            run_sql(sql, people_with("other", target), epsilon=1.0)
-        refusals.append(str(caught.value))
-    assert refusals[0] == refusals[1] and f"{aggregate} over " in refusals[0] and "\n" not in refusals[0]
+    assert f"{aggregate} over " in refused_alike(sql, InvalidQueryError)
 
 
 @pytest.mark.parametrize("aggregate", ["SUM", "AVG", "MEDIAN"])
