@@ -91,6 +91,10 @@ def _bounds_values(frame, keys: tuple[str, ...], key_types: dict[str, str] | Non
         cells += [literal(float(rec["lo"])), literal(float(rec["hi"]))]
         rows.append("(" + ", ".join(cells) + ")")
     cols = ", ".join([*(ident(k) for k in keys), "lo", "hi"])
+    if not rows:  # no partition got bounds (Query.bounds_fallback): none is released
+        nulls = ", ".join([*(f"CAST(NULL AS {t})" if t else "NULL" for t in types), "CAST(NULL AS DOUBLE)",
+                           "CAST(NULL AS DOUBLE)"])
+        return f"(SELECT {nulls} WHERE FALSE) AS _v({cols})"
     return f"(VALUES {', '.join(rows)}) AS _v({cols})"
 
 
