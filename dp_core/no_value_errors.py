@@ -15,6 +15,9 @@ aggregate arguments) is evaluated under DuckDB's TRY: a value that does not fit 
 TRY_CAST does, so the row is filtered out, lands in the NULL group or is skipped by the aggregate.
 Each row's result is still a function of that row alone, so the per-unit bounds and every
 sensitivity are unchanged; a query with no failing value computes exactly what it did before.
+Post-processing too (a DP SELECT's expressions over its aggregates, its HAVING, the outer query over
+the released tables): a cast of a noisy count that fails when the noise pushes it past 127 made the
+failure (refunded, seen by the analyst) a free noisy sample, as often as asked.
 
 TRY cannot hold an aggregate, a subquery, a window or a volatile function (DuckDB's binder refuses
 them): such an expression is not wrapped whole; its parts are, down to the pieces TRY can hold.
@@ -55,16 +58,28 @@ def _may_hold(node: exp.Expression) -> bool:
 def guarded(node: exp.Expression) -> exp.Expression:
     """`node` with its largest computing parts that TRY may hold wrapped in TRY; columns and
     literals as they are; a query inside it is left to its own SELECTs (never_failing)."""
-    if isinstance(node, (exp.Query, exp.Subquery, exp.Window)):  # a window reads public rows only (ownership.py)
+    if isinstance(node, (exp.Query, exp.Subquery)):
+        return node
+    if isinstance(node, exp.Window):  # TRY cannot hold the window's function: its arguments, keys and order
+        _guard_inside(node.this)
+        for key in ("partition_by", "order"):
+            if node.args.get(key) is not None:
+                node.set(key, guarded(node.args[key]) if isinstance(node.args[key], exp.Expression)
+                         else [guarded(v) for v in node.args[key]])
         return node
     if isinstance(node, COMPUTING) and not isinstance(node, exp.Paren) and _may_hold(node):
         return exp.Try(this=node)
+    _guard_inside(node)
+    return node
+
+
+def _guard_inside(node: exp.Expression) -> None:
+    """`node`'s arguments guarded in place, `node` itself left as it is."""
     for key, value in list(node.args.items()):
         if isinstance(value, exp.Expression):
             node.set(key, guarded(value))
         elif isinstance(value, list):
             node.set(key, [guarded(v) if isinstance(v, exp.Expression) else v for v in value])
-    return node
 
 
 def _guard_select(select: exp.Select) -> None:
@@ -88,6 +103,10 @@ def _guard_select(select: exp.Select) -> None:
     group = select.args.get("group")
     if group is not None:
         group.set("expressions", [guarded(e) for e in group.expressions])
+    order = select.args.get("order")
+    if order is not None:  # ORDER BY of an outer query (over protected rows a subquery has none)
+        for ordered in order.expressions:
+            ordered.set("this", guarded(ordered.this))
     for join in select.args.get("joins") or []:
         if join.args.get("on") is not None:
             join.set("on", guarded(join.args["on"]))
