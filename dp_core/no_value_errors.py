@@ -113,7 +113,7 @@ def _guard_select(select: exp.Select) -> None:
 
 
 #: a SELECT's parts the split below does not carry to its outer SELECT (it leaves such a SELECT as it is)
-UNSPLIT = ("order", "limit", "offset", "qualify", "windows", "kind", "into", "locks", "sample", "prewhere",
+UNSPLIT = ("qualify", "windows", "kind", "into", "locks", "sample", "prewhere",
            "connect", "match", "laterals", "cluster", "distribute", "sort", "settings", "format", "exclude")
 
 
@@ -200,13 +200,27 @@ def _split(select: exp.Select) -> exp.Select | None:
         outer_items.append(exp.Alias(this=over_inner(inner.copy()), alias=name))
     having = select.args.get("having")
     condition = over_inner(having.this.copy()) if having is not None else None
-    for part in [*outer_items, *([condition] if condition is not None else [])]:
-        if any(not c.name.startswith("__dp_") for c in part.find_all(exp.Column)
-               if not c.find_ancestor(exp.Query, exp.Subquery)):
+    order = select.args.get("order")  # an outer query's ORDER BY: over the items' names, keys, aggregates
+    order = order.copy() if order is not None else None
+    names = {i.alias_or_name.lower() for i in outer_items}
+    for ordered in order.expressions if order is not None else []:
+        if not (isinstance(ordered.this, exp.Column) and not ordered.this.table and ordered.name.lower() in names):
+            ordered.set("this", over_inner(ordered.this))
+    for part in [*outer_items, *([condition] if condition is not None else []),
+                 *(order.expressions if order is not None else [])]:
+        if any(not c.name.startswith("__dp_") and not (isinstance(part, exp.Ordered) and c.name.lower() in names)
+               for c in part.find_all(exp.Column) if not c.find_ancestor(exp.Query, exp.Subquery)):
             return None  # a column that is neither a key nor inside an aggregate
     outer = exp.Select(expressions=outer_items, distinct=select.args.get("distinct"))
     if condition is not None:
         outer.set("where", exp.Where(this=condition))
+    for arg in ("limit", "offset"):  # an outer query's LIMIT and OFFSET: after the ORDER BY, as before
+        if select.args.get(arg) is not None:
+            outer.set(arg, select.args[arg])
+            select.set(arg, None)
+    if order is not None:
+        outer.set("order", order)
+        select.set("order", None)
     with_clause = select.args.get("with_") or select.args.get("with")
     select.set("expressions", [exp.alias_(k, f"__dp_key{j}") for j, k in enumerate(keys)]
                + [exp.alias_(a, f"__dp_agg{i}") for i, a in enumerate(aggregates)])
@@ -232,10 +246,10 @@ def never_failing(source: exp.Expression) -> exp.Expression:
             outer = _split(select)
             if outer is None:
                 raise InvalidQueryError(
-                    f"{quote_start(select)}: an aggregating subquery that computes with its aggregates' results "
-                    "(a cast, arithmetic or a comparison over MAX(...), SUM(...)) must be a plain GROUP BY of columns "
-                    "or expressions (no ORDER BY, window, ROLLUP, or key named by a select alias) so that the "
-                    "computation cannot fail on one person's value; compute it in an outer SELECT instead")
+                    f"{quote_start(select)}: a SELECT that computes with its aggregates' results (a cast, arithmetic "
+                    "or a comparison over MAX(...), SUM(...)) must group by columns or expressions (no window, ROLLUP, "
+                    "QUALIFY, or key named by a select alias) so that the computation cannot fail on a value; compute "
+                    "it in a SELECT around this one instead")
             _guard_select(outer)
             source = outer if select is source else source
         _guard_select(select)

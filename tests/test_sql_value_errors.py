@@ -208,3 +208,26 @@ def test_post_processing_cannot_fail_on_a_released_value(place):
     people["people"].data["dept"] = "a"  # one group, which 199 people make sure is released
     released = run_sql(sql, people, epsilon=1.0).table  # raised until the fix
     assert len(released) == (0 if "WHERE" in place or "HAVING" in place else 1)  # the condition is NULL
+
+
+GROUPED = f"(SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1) dept, {C} AS n FROM people GROUP BY dept) x"
+
+
+@pytest.mark.parametrize(("clauses", "rows"), [
+    ("GROUP BY dept ORDER BY dept", ["a", "b"]),
+    ("GROUP BY dept ORDER BY dept DESC LIMIT 1", ["b"]),
+    ("GROUP BY dept ORDER BY SUM(n) + 0 DESC, dept LIMIT 1 OFFSET 1", None),
+    ("GROUP BY dept HAVING SUM(n) > 0 ORDER BY 1", ["a", "b"]),
+    ("GROUP BY dept ORDER BY twice, dept", None),
+])
+def test_an_outer_query_computing_over_its_aggregates_keeps_its_order_and_limit(clauses, rows):
+    """An outer query that computes with its aggregates' results (`SUM(n) * 2`) is run as two SELECTs
+    so that TRY can hold the computation (no_value_errors._split); its ORDER BY (by name, position,
+    key or aggregate), LIMIT and OFFSET apply after the computation, as written."""
+    people = people_with("other", None)
+    sql = f"SELECT dept, SUM(n) * 2 AS twice FROM {GROUPED} {clauses}"
+    released = run_sql(sql, people, epsilon=1.0).table
+    assert list(released.columns) == ["dept", "twice"]
+    if rows is not None:
+        assert list(released["dept"]) == rows
+    assert len(released) == (1 if "LIMIT" in clauses else 2)
