@@ -253,6 +253,10 @@ def never_failing(source: exp.Expression) -> exp.Expression:
             _guard_select(outer)
             source = outer if select is source else source
         _guard_select(select)
+    for operation in source.find_all(exp.Union, exp.Intersect, exp.Except):  # `... UNION ... ORDER BY <expr>`
+        if operation.args.get("order") is not None:
+            for ordered in operation.args["order"].expressions:
+                ordered.set("this", guarded(ordered.this))
     return source
 
 
