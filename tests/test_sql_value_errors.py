@@ -233,3 +233,14 @@ def test_an_outer_query_computing_over_its_aggregates_keeps_its_order_and_limit(
     if rows is not None:
         assert list(released["dept"]) == rows
     assert len(released) == (1 if "LIMIT" in clauses else 2)
+
+
+def test_an_outer_query_s_unnamed_columns_keep_the_names_duckdb_gives_them():
+    """TRY around an unnamed expression of the outer query renames nothing a person reads: each column
+    is named as DuckDB names the query as written."""
+    import duckdb
+
+    expressions = "dept, n * 2, upper(dept), CAST(n AS INTEGER), n + 1 > 3, coalesce(n, 0)"
+    released = run_sql(f"SELECT {expressions} FROM ({INNER})", people_with("other", None), epsilon=1.0).table
+    written = duckdb.connect().sql(f"SELECT {expressions} FROM (SELECT 'a' AS dept, 1 AS n)").columns
+    assert list(released.columns) == written

@@ -115,11 +115,22 @@ def run_statement(compiled: CompiledStatement, data: dict, *, threads: int | Non
         backend = DuckDBBackend.for_tables({**{n: data[n] for n in compiled.public_tables}, **frames}, threads=threads)
         try:
             table = backend.run(render(compiled.outer_sql(), "duckdb", key))
+            table.columns = written_names(backend, compiled, key, list(table.columns))
         except Exception as err:  # noqa: BLE001 - DuckDB's errors, reported as the query's
             raise InvalidQueryError(f"the outer query could not run on the DP results: {str(err).splitlines()[0]}") from None
         finally:
             backend.close()
     return combine(results, table)
+
+
+def written_names(backend: DuckDBBackend, compiled: CompiledStatement, key: int, names: list[str]) -> list[str]:
+    """The outer table's column names as DuckDB names the query as written (`(n * 2)`, not the names of
+    its TRY-guarded form): bound over the released tables, no row read. `names` when they differ in number."""
+    if compiled.outer_written is None:
+        return names
+    described = backend.run(f"DESCRIBE {render(compiled.outer_written.sql('duckdb'), 'duckdb', key)}")
+    written = list(described["column_name"])
+    return written if len(written) == len(names) else names
 
 
 def part_schemas(compiled: CompiledStatement, data: dict) -> list[dict[str, str]]:

@@ -45,6 +45,8 @@ class CompiledStatement:
     outer: exp.Expression | None  # None: the statement is one DP SELECT, released as is
     public_tables: tuple[str, ...]  # catalog names the outer query reads
     options_epsilon: bool = False  # some DP SELECT fixes its own epsilon in OPTIONS (not the request's)
+    #: the outer query as written (`outer` is it under TRY): DuckDB names its unnamed columns
+    outer_written: exp.Expression | None = None
 
     @property
     def epsilon(self) -> float:
@@ -177,8 +179,11 @@ def compile_statement(sql: str, catalog: dict[str, TableInfo], *, epsilon=None, 
         check_delta(total, "the statement's total delta (summed over its DP SELECTs)")
     if any(s is tree for s in marked) and parts[0].plain:
         return CompiledStatement(tuple(parts), None, (), options_epsilon=fixed_epsilon)
-    outer, public = _outer_query(tree, catalog, kinds)
-    return CompiledStatement(tuple(parts), outer, public, options_epsilon=fixed_epsilon)
+    written, public = _outer_query(tree, catalog, kinds)
+    # post-processing cannot fail on a released (noisy) value either (no_value_errors.py): a cast that
+    # failed exactly when the noise pushed a count past 127 made a refunded failure a free noisy sample
+    return CompiledStatement(tuple(parts), never_failing(written), public, options_epsilon=fixed_epsilon,
+                             outer_written=written)
 
 
 def refuse_engine_names(tree: exp.Expression) -> None:
@@ -297,9 +302,7 @@ def _outer_query(tree: exp.Expression, catalog: dict[str, TableInfo], kinds: dic
                 f"{quote(node)[:60]!r}: a DP aggregate outside a DP SELECT list; write SELECT WITH "
                 "DIFFERENTIAL_PRIVACY ... before it"
             )
-    # post-processing cannot fail on a released (noisy) value either (no_value_errors.py): a cast that
-    # failed exactly when the noise pushed a count past 127 made a refunded failure a free noisy sample
-    return never_failing(outer), tuple(sorted(public))
+    return outer, tuple(sorted(public))
 
 
 __all__ = ["CompiledStatement", "UnsupportedError", "compile_statement", "released_name"]
