@@ -266,7 +266,8 @@ def _plan_with_partition_bounds(index: int, agg: Aggregate, integer_columns: set
     p = f"_a{index}"
     v = ident(f"{p}_raw")
     lo_sql, hi_sql = SQL(ident(f"{p}_lo")), SQL(ident(f"{p}_hi"))
-    widest = max(max(abs(lo), abs(hi)) for lo, hi in bounds)
+    # no partition got bounds (Query.bounds_fallback): none is released; the plan still needs a width
+    widest = max((max(abs(lo), abs(hi)) for lo, hi in bounds), default=1.0)
     proxy = replace(agg, lower=None if agg.kind == "count" else -widest,
                     upper=max(math.ceil(widest), 1) if agg.kind == "count" else widest)
     # the one per-unit partial SQL
@@ -285,7 +286,7 @@ def _plan_with_partition_bounds(index: int, agg: Aggregate, integer_columns: set
         return AggregatePlan(agg, partial, finals, (comp,), (f"{p}_nclamped", f"{p}_clamped"), clamped)
     mid = SQL(f"(({lo_sql}) + ({hi_sql})) / 2.0")  # each partition's own middle
     centred = f"({_clamp_sql(v, lo_sql, hi_sql)} - {mid})"
-    half = max((hi - lo) / 2.0 for lo, hi in bounds)
+    half = max(((hi - lo) / 2.0 for lo, hi in bounds), default=0.5)
     s_comp, s_sql = _real_component("S", f"{p}_S", centred, -half, half)
     finals = {f"{p}_N": f"count({v})", f"{p}_S": s_sql}
     comps = [Component("N", f"{p}_N", 1.0, 1), s_comp]

@@ -180,6 +180,8 @@ def to_spark_sql(sql: str, views: dict[str, str]) -> str:
         table.set("this", exp.to_identifier(lowered[name.lower()]))
         if not alias:  # columns qualified by the table's name still resolve
             table.set("alias", exp.TableAlias(this=exp.to_identifier(name)))
+    # Spark has no TRY(expression) (no_value_errors.py): its expressions run as written
+    tree = tree.transform(lambda node: node.this if isinstance(node, exp.Try) else node)
     return tree.sql(dialect="spark")
 
 

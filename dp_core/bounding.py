@@ -21,6 +21,11 @@ Rows with a NULL unit id are dropped first too: they belong to no unit, so they 
 unit's contribution and removing a unit leaves them out either way. A whole input with such rows
 is refused before this (engine.check_values); the rule is for rows a query derived (a DP SELECT over
 a public table with privacy_unit_column), where a refusal would depend on the selected rows.
+So are rows whose DATE or TIMESTAMP group key no released table can hold (DuckDB: 'infinity', or a
+date beyond the +-292,000 years of pandas' microseconds): reading the candidate partitions failed on
+such a key, before any selection, so a key computed from one person's row (`CASE WHEN name = 'Alice'
+AND ... THEN DATE 'infinity' ...`) made the release fail or not (until 2026-11-29). A whole input
+with an infinite date key is refused before this (engine.check_values), as for NULL units.
 """
 
 from __future__ import annotations
@@ -86,6 +91,10 @@ def _bounds_values(frame, keys: tuple[str, ...], key_types: dict[str, str] | Non
         cells += [literal(float(rec["lo"])), literal(float(rec["hi"]))]
         rows.append("(" + ", ".join(cells) + ")")
     cols = ", ".join([*(ident(k) for k in keys), "lo", "hi"])
+    if not rows:  # no partition got bounds (Query.bounds_fallback): none is released
+        nulls = ", ".join([*(f"CAST(NULL AS {t})" if t else "NULL" for t in types), "CAST(NULL AS DOUBLE)",
+                           "CAST(NULL AS DOUBLE)"])
+        return f"(SELECT {nulls} WHERE FALSE) AS _v({cols})"
     return f"(VALUES {', '.join(rows)}) AS _v({cols})"
 
 
@@ -167,6 +176,14 @@ def build_plan(
     )
 
     conditions = [f"{unit} IS NOT NULL"]  # a row of no unit: dropped (module docstring)
+    if dialect == "duckdb":  # a date or timestamp key no released table can hold: dropped (module docstring)
+        for k in keys:
+            kind = str((key_types or {}).get(k, "")).upper()
+            if kind == "DATE":
+                conditions.append(f"({ident(k)} IS NULL OR (isfinite({ident(k)}) AND "
+                                  f"TRY_CAST({ident(k)} AS TIMESTAMP) IS NOT NULL))")
+            elif kind.startswith("TIMESTAMP"):
+                conditions.append(f"({ident(k)} IS NULL OR isfinite({ident(k)}))")
     if query.where is not None:
         conditions.append(f"({compile_filter(query.where)[0]})")
     if query.public_partitions is not None:

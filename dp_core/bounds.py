@@ -17,6 +17,14 @@
    nothing is released.
 The noisy histogram is DP (part of the public result), and so is the estimate it gives of the
 share of values outside the chosen bounds.
+
+Falling back (`Query.bounds_fallback`, the platform's releases). Whether a bin stands out is a
+noisy fact about the data: with a filter selecting K - 1 known people and one target, the bin
+passes at a large epsilon exactly when the target matches the filter. A refusal there reached the
+analyst as "Failed (refunded)": an e_b-DP bit, unapproved and refunded, so free to ask again and
+again. With the fallback the bounds are the histogram's whole range instead (a count's per-unit
+bound: the largest, 2^31 - 1), noted for the controller, and the release goes to its decision like
+any other: a fixed choice, so the result stays DP at the stated epsilon.
 """
 
 from __future__ import annotations
@@ -33,6 +41,11 @@ from .sql_text import ident
 
 E_MAX = 63
 E_MIN_REAL = -32
+
+
+#: what a release says when no bin stood out and the bounds fell back to the histogram's whole range
+FALLBACK_NOTE = ("no histogram bin stood out of the noise: the bounds are the histogram's whole range (the noise "
+                 "is that wide); set the bounds by hand, or give more epsilon")
 
 
 class BoundsError(DPError):
@@ -121,15 +134,19 @@ def infer_bounds(
     failure: float,
     need_lower: bool,
     need_upper: bool,
+    fallback: bool = False,
 ) -> InferredBounds:
-    """Noise the histogram, threshold it, and read the bounds off it."""
+    """Noise the histogram, threshold it, and read the bounds off it. fallback: no bin above the
+    threshold gives the layout's whole range (noted) instead of BoundsError (module docstring)."""
     layout = bin_layout(integer, signed)
     exact = np.array([counts.get((neg, e), 0) for neg, e, _, _ in layout], dtype=np.int64)
     noisy = add_noise(exact, target=f"bounds of {label}", quantum=1.0, sensitivity_quanta=1,
                       max_partitions=max_partitions, share=share, noise="laplace", confidence=0.95)
     k = discrete_threshold(share.epsilon, max_partitions, len(layout), failure)
     above = np.flatnonzero(noisy.values > k)
-    if above.size == 0:
+    if above.size == 0 and fallback:
+        above = np.array([0, len(layout) - 1])  # the whole range: a fixed choice (module docstring)
+    elif above.size == 0:
         raise BoundsError(
             f"automatic bounds for {label!r}: no histogram bin stands out of the noise (threshold {k}); "
             "give more epsilon, use more data, or set the bounds by hand. Nothing was released"
@@ -149,7 +166,8 @@ def infer_bounds(
         target=f"bounds of {label}", mechanism="discrete Laplace on a log histogram (APPROX_BOUNDS)",
         sensitivity_per_partition=1.0, max_partitions=max_partitions, sensitivity=float(max_partitions),
         epsilon=share.epsilon, delta=0.0, rho=None, scale=noisy.scale, grid=1.0,
-        note=f"{len(layout)} bins, threshold {k}, failure probability {failure:g}",
+        note=f"{len(layout)} bins, threshold {k}, failure probability {failure:g}"
+             + ("" if (noisy.values > k).any() else f"; {FALLBACK_NOTE}"),
     )
     return InferredBounds(label, lower, upper, tuple((lo, hi) for _, _, lo, hi in layout),
                           tuple(float(x) for x in noisy.values), k, float(outside), record)

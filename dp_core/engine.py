@@ -19,14 +19,14 @@ from .accounting import BudgetPlan, plan_budget
 from .aggregates import AggregatePlan, component_sensitivity, finish
 from .backend import INTEGER_TYPES, NUMERIC_TYPES
 from .bounding import INPUT_NAME, BoundingPlan, build_plan, public_keys_sql, unit_rows_sql
-from .bounds import BoundsError, InferredBounds, histograms_sql, infer_bounds
+from .bounds import FALLBACK_NOTE, BoundsError, InferredBounds, histograms_sql, infer_bounds
 from .engine_backend import Backend, open_backend
 from .errors import InvalidDataError, InvalidQueryError
 from .input_checks import FLOAT_TYPES
 from .partition_selection import SELECTION_NOTES, STRATEGIES, Selection
 from .pool_certificate import certify
 from .quantiles import exponential_quantile_of_maps
-from .query import Aggregate, Query
+from .query import COUNT_BOUND_MAX, Aggregate, Query
 from .release import MechanismRecord, NoisyStatistic, add_noise
 from .result import CI_NOTE, ClampingLoss, ControllerOnly, DPResult
 from .row_filter import compile_filter
@@ -135,13 +135,24 @@ def infer_missing_bounds(query: Query, backend: Backend, schema: dict[str, str],
             hist, label=agg.label, integer=integer, signed=signed, share=budget.bounds_shares[i],
             max_partitions=query.effective_max_partitions, failure=query.bounds_failure,
             need_lower=agg.kind != "count" and agg.lower is None, need_upper=agg.upper is None,
+            fallback=query.bounds_fallback,
         )
         lower = agg.lower if inferred.lower is None else _whole(inferred.lower)
         upper = agg.upper if inferred.upper is None else _whole(inferred.upper)
         if upper is None:  # infer_bounds infers every bound the query left out
             raise BoundsError(f"automatic bounds for {agg.label!r}: the upper bound was neither given nor inferred")
+        if agg.kind != "count" and lower is not None and lower >= upper and query.bounds_fallback:
+            # the bounds came out empty: the whole range on the inferred side(s), as when no bin stands out
+            edges = inferred.bin_edges
+            lower = _whole(edges[0][0]) if inferred.lower is not None else lower
+            upper = _whole(edges[-1][1]) if inferred.upper is not None else upper
+            inferred = replace(inferred, lower=None if inferred.lower is None else float(lower),
+                               upper=None if inferred.upper is None else float(upper),
+                               record=replace(inferred.record, note=f"{inferred.record.note}; {FALLBACK_NOTE}"))
         if agg.kind == "count":
             upper = max(int(upper), 1)
+            if query.bounds_fallback and FALLBACK_NOTE in inferred.record.note:
+                upper = min(upper, COUNT_BOUND_MAX)  # a count's per-unit bound is at most 2^31 - 1
         elif lower is not None and upper is not None and lower >= upper:
             raise BoundsError(
                 f"automatic bounds for {agg.label!r} came out empty ([{lower}, {upper}]): set the bounds by hand"
@@ -176,18 +187,24 @@ def infer_partition_bounds(query: Query, backend: Backend, schema: dict[str, str
                     max_partitions=query.effective_max_partitions, failure=query.bounds_failure,
                     need_lower=agg.kind != "count" and agg.lower is None, need_upper=agg.upper is None)
             except BoundsError:
-                continue  # no bounds: this partition is not released
+                continue  # no bounds: this partition is not released (with bounds_fallback too)
             lo = 0.0 if agg.kind == "count" else _chosen(inferred.lower, agg.lower, agg.label)
             hi = _chosen(inferred.upper, agg.upper, agg.label)  # a count's: 1 or more (bins from [0, 2))
             if lo >= hi:
                 continue
             found.append(replace(inferred, partition=partition))
             records.append({**partition, "lo": float(lo), "hi": float(hi)})
-        if not records:
+        if not records and not query.bounds_fallback:
             raise BoundsError(
                 f"automatic bounds for {agg.label!r}: no partition has a histogram bin above the noise; give "
                 "more epsilon, use more data, or set the bounds by hand. Nothing was released"
             )
+        if not records:  # bounds_fallback: no partition is released, as when each one alone has no bounds
+            tables[i] = pd.DataFrame({**{k: pd.Series(dtype=object) for k in keys}, "lo": pd.Series(dtype=float),
+                                      "hi": pd.Series(dtype=float)})
+            aggregates[i] = replace(agg, lower=agg.lower if agg.kind != "count" else None,
+                                    upper=agg.upper if agg.upper is not None else 1)
+            continue
         table = pd.DataFrame(records)
         tables[i] = table
         aggregates[i] = replace(agg, lower=None if agg.kind == "count" else _whole(table["lo"].min()),
@@ -236,6 +253,22 @@ def _whole(x: float) -> float | int:
     return int(x) if float(x).is_integer() and abs(x) < 2**62 else x
 
 
+#: DuckDB key types no released table holds: nested values (pandas orders partitions by comparing
+#: keys, and two lists or structs do not compare: the release failed once the data held two distinct
+#: ones; Spark names a list ARRAY<...>) and the types DuckDB does not convert to NumPy
+UNRELEASABLE_KEY_TYPES = ("STRUCT", "MAP", "UNION", "ARRAY", "TIME WITH TIME ZONE", "TIMETZ", "UHUGEINT", "VARINT", "BIGNUM")
+
+
+def refuse_unreleasable_key(key: str, kind: str) -> None:
+    """A group-by key of a type no partition can be keyed by is refused by its type (never by its
+    values: whether the release fails must not depend on the rows)."""
+    upper = kind.upper()
+    if upper.endswith("]") or upper.startswith(UNRELEASABLE_KEY_TYPES):
+        raise InvalidDataError(
+            f"group-by key column {key!r} has type {kind}: a partition is keyed by plain values (text, numbers, "
+            f"dates, times); group by a plain value made of it instead (e.g. CAST({key} AS VARCHAR))")
+
+
 def check_columns(query: Query, schema: dict[str, str]) -> set[str]:
     """Every named column exists and numeric aggregates read numeric columns.
 
@@ -249,6 +282,8 @@ def check_columns(query: Query, schema: dict[str, str]) -> set[str]:
     for role, col in needed:
         if col not in schema:
             raise InvalidDataError(f"{role} column {col!r} is not in the input (columns: {available})")
+    for k in query.group_by:
+        refuse_unreleasable_key(k, schema[k])
     for a in query.aggregates:
         if a.kind in NUMERIC_KINDS and a.column is not None and not schema[a.column].upper().startswith(NUMERIC_TYPES + ("DECIMAL",)):
             raise InvalidDataError(

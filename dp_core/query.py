@@ -230,6 +230,10 @@ class Query:
     set of inferred bounds) or `partition` (inferred per partition, for magnitudes that differ a
     lot; private partitions only). part_weights: ((part, weight), ...) overriding selection_weight and the
     aggregates' weights, part 'selection' or an aggregate's output name (the split chosen by need: split.py).
+    bounds_fallback: when no histogram bin stands out (or the bounds come out empty), clamp to the
+    histogram's whole range, noted, instead of refusing: whether the refusal happens is a noisy
+    fact about the data, which the platform must not let reach an analyst before a controller's
+    decision, nor refund (bounds.py, "Falling back").
     """
 
     aggregates: tuple[Aggregate, ...]
@@ -249,6 +253,7 @@ class Query:
     bounds_failure: float = 1e-9
     bounds_scope: str = "dataset"
     part_weights: tuple[tuple[str, float], ...] = ()
+    bounds_fallback: bool = False
 
     def __post_init__(self) -> None:
         # accept lists for convenience; store tuples so the query is hashable and comparable
@@ -324,6 +329,8 @@ class Query:
             raise InvalidQueryError(f"bounds_fraction must be in (0, 1), got {self.bounds_fraction!r}")
         if not (_finite(self.bounds_failure) and 0 < self.bounds_failure < 0.5):
             raise InvalidQueryError(f"bounds_failure must be in (0, 0.5), got {self.bounds_failure!r}")
+        if not isinstance(self.bounds_fallback, bool):
+            raise InvalidQueryError(f"bounds_fallback must be True or False, got {self.bounds_fallback!r}")
         if self.bounds_scope not in ("dataset", "partition"):
             raise InvalidQueryError(f"bounds_scope must be 'dataset' or 'partition', got {self.bounds_scope!r}")
         if self.bounds_scope == "partition" and any(a.needs_bounds for a in self.aggregates):

@@ -2,7 +2,9 @@
 
 The filter is SQL text, parsed with sqlglot and accepted only when it is a row-level predicate:
 no subquery, aggregate, window function, unknown function or random(). It is re-rendered from the
-parsed tree, so what runs is what was checked.
+parsed tree, so what runs is what was checked, under TRY: a row whose value it cannot compute (a cast
+that does not parse) is filtered out instead of failing the release on one person's value
+(no_value_errors.py).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import sqlglot
 from sqlglot import exp
 
 from .errors import InvalidQueryError
+from .no_value_errors import guarded
 
 _FORBIDDEN = {
     exp.Subquery: "a subquery",
@@ -42,4 +45,4 @@ def compile_filter(text: str, dialect: str = "duckdb") -> tuple[str, set[str]]:
                 )
     if not isinstance(tree, _PREDICATES):
         raise InvalidQueryError(f"the row filter {text!r} is not a condition (true or false per row)")
-    return tree.sql(dialect=dialect), {c.name for c in tree.find_all(exp.Column)}
+    return guarded(tree.copy()).sql(dialect=dialect), {c.name for c in tree.find_all(exp.Column)}

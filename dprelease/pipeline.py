@@ -24,6 +24,7 @@ from cryptography.fernet import Fernet, InvalidToken
 
 import dp_core as dp
 from dp_core import display, pri, risk
+from dp_core.bounds import FALLBACK_NOTE
 from dp_core.sql import Table, compile_statement_for, run_sql
 
 from . import checks, column_types, escrow, external, progress, shared_archive
@@ -352,19 +353,24 @@ def compute_sealed(platform: Platform, release_id: str, planned: Plan, decision:
         return result
     split = getattr(decision.risk_choice, "split", None)  # the need split: its weights are the release's
     weights = {"part_weights": split.part_weights} if split is not None else {}
-    query = replace(planned.query, epsilon=decision.epsilon, **weights)
+    # APPROX_BOUNDS finding no bin falls back to the histogram's whole range (noted for the controller)
+    # instead of failing: the failure was a noisy fact about the data that reached the analyst as
+    # "Failed (refunded)", unapproved and free to ask again (dp_core/bounds.py, "Falling back")
+    query = replace(planned.query, epsilon=decision.epsilon, bounds_fallback=True, **weights)
     if planned.sql:
         ds = platform.store.get_dataset(planned.request.dataset)
         result = with_rows(platform, planned.request.dataset, lambda rows: run_sql(
             planned.sql, _sql_tables(platform, ds, rows), epsilon=decision.epsilon,
             delta=query.delta, max_partitions_contributed=query.max_partitions_contributed,
-            confidence=query.confidence, threads=platform.settings.threads_now(), **weights), "compute",
-            planned.request.backend)
+            confidence=query.confidence, threads=platform.settings.threads_now(), bounds_fallback=True,
+            **weights), "compute", planned.request.backend)
     else:
         result = with_rows(platform, planned.request.dataset, lambda rows: dp.execute(
             query, rows, threads=platform.settings.threads_now()), "compute", planned.request.backend)
     if split is not None:
         result = replace(result, notes=tuple(result.notes) + (split.explain(),))
+    result = replace(result, notes=tuple(result.notes) + tuple(
+        f"{b.aggregate}: {FALLBACK_NOTE}" for b in result.inferred_bounds if FALLBACK_NOTE in b.record.note))
     if decision.pri_choice is not None:
         result = replace(result, epsilon_choice=replace(decision.pri_choice, controller_only=()))
         if not planned.sql and not on_spark(platform, planned.request):  # the controller's view: PRI

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -547,3 +548,34 @@ def test_the_bounds_histogram_s_noise_and_threshold_are_sized_for_a_unit_s_c_u_v
     assert (d["max_partitions"], d["sensitivity"], d["epsilon"], d["scale"]) == (4, 4.0, 1.0, 4.0)
     assert b.threshold == bounds.discrete_threshold(1.0, 4, len(b.bin_edges), q.bounds_failure)
     assert b.threshold > bounds.discrete_threshold(1.0, 1, len(b.bin_edges), q.bounds_failure)
+
+
+@pytest.mark.parametrize("kind", ["sum", "avg", "count", "quantile"])
+def test_with_the_fallback_no_bin_standing_out_clamps_to_the_whole_range_and_says_so(kind):
+    """Query.bounds_fallback (the platform's releases): where the engine refuses ("no histogram bin
+    stands out"), the bounds are the histogram's whole range (a count's per-unit bound at most
+    2^31 - 1) and the mechanism's note says so: whether bounds are found is a noisy fact about the
+    data that must reach a controller, not the analyst as a refusal (bounds.py, "Falling back")."""
+    from dp_core.bounds import FALLBACK_NOTE
+
+    df = pd.DataFrame({"uid": range(20), "x": np.arange(20.0)})
+    agg = dp.Aggregate(kind, column=None if kind == "count" else "x", name="v", q=0.5 if kind == "quantile" else None)
+    query = dp.Query([agg], privacy_unit="uid", epsilon=1.0)
+    with pytest.raises(dp.BoundsError):
+        dp.execute(query, df)
+    result = dp.execute(replace(query, bounds_fallback=True), df)
+    (b,) = result.inferred_bounds
+    assert FALLBACK_NOTE in b.record.note and len(result.table) == 1
+    assert b.upper == 2.0**64 if kind != "count" else b.upper >= 2**31 - 1
+    assert result.query.aggregates[0].upper == (2**31 - 1 if kind == "count" else 2.0**64)
+
+
+def test_with_the_fallback_partitions_without_bounds_are_not_released_even_when_none_has_any():
+    """Per partition, a partition whose histogram has no bin above the threshold is not released; with
+    the fallback, none having one releases the empty table (the engine alone refuses)."""
+    df = pd.DataFrame({"uid": range(30), "g": np.arange(30) % 3, "x": np.arange(30.0)})
+    query = dp.Query([dp.Aggregate("sum", column="x", name="s")], privacy_unit="uid", group_by=("g",), epsilon=1.0,
+                     bounds_scope="partition")
+    with pytest.raises(dp.BoundsError):
+        dp.execute(query, df)
+    assert len(dp.execute(replace(query, bounds_fallback=True), df).table) == 0

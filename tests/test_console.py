@@ -543,4 +543,7 @@ def test_an_analyst_s_request_in_the_controllers_inbox(platform_env, console, pe
         bad = ana.post("/requests", form={"request": f"dataset: adult\nepsilon: 1\nsql: SELECT WITH ANONYMIZATION "
                                                      f"{options}sex, ANON_COUNT(*, 1) AS n FROM adult GROUP BY sex {asks}\n"})
         assert bad.status_code == 400 and words in bad.text
+    data_mode = ana.post("/requests", form={"request": "dataset: adult\nepsilon: {pri: {p: 0, mode: data}}\nsql: SELECT "
+                                                       "WITH ANONYMIZATION sex, ANON_COUNT(*, 1) AS n FROM adult GROUP BY sex\n"})
+    assert data_mode.status_code == 400 and "epsilon.pri.mode: data chooses epsilon" in data_mode.text
     assert sorted(platform_env.inbox_dir.glob("*.json")) == waiting

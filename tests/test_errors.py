@@ -12,7 +12,6 @@ import pytest
 
 import dp_core as dp
 from dp_core import DPError, InvalidDataError, InvalidQueryError
-from dp_core.engine import exact_statistics
 
 DF = pd.DataFrame({"uid": [1, 2, 3], "g": ["a", "b", "a"], "x": [1.0, 2.0, 3.0], "s": ["p", "q", "r"]})
 
@@ -559,40 +558,31 @@ def test_public_partitions_of_numpy_values_are_plain_values():
     ("strptime(name, '%Y') IS NULL", "Invalid Input Error"),  # ... Could not parse string "x-secret-7" ...
 ])
 def test_a_query_failing_on_a_value_of_the_data_never_quotes_it(where, kind):
-    """DuckDB quotes the value a cast or a parse failed on; the refusal names the failure and the
-    remedy, never the value (it would reach the store, the logs and the Prefect UI in plain text)."""
-    from dp_core.sql import Table, run_sql
+    """DuckDB quotes the value an operation failed on; the engine's refusal names the failure and the
+    remedy, never the value (it would reach the store, the logs and the Prefect UI in plain text). A DP
+    SELECT and a row filter no longer fail on a value (tests/test_sql_value_errors.py), so the engine's
+    statement is given the failing expression directly."""
+    from dp_core.backend import INPUT_NAME, DuckDBBackend
 
-    people = {"t": Table(pd.DataFrame({"uid": [1, 2, 3], "name": ["x-secret-7"] * 3, "x": [1, 2, 1234567]}), "uid")}
+    backend = DuckDBBackend.for_input(pd.DataFrame({"uid": [1, 2, 3], "name": ["x-secret-7"] * 3, "x": [1, 2, 1234567]}))
     with pytest.raises(dp.InvalidDataError) as caught:
-        run_sql("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1, delta = 1e-6, privacy_unit_column = uid) "
-                f"COUNT(*) AS n FROM t WHERE {where}", people)
+        backend.run(f"SELECT count(*) AS n FROM {INPUT_NAME} WHERE {where}")
     assert str(caught.value) == (
         f"the data engine could not run the query: {kind}: a value of the data does not fit the query (not shown: "
         "it is the data's); check the query's casts, arithmetic and formats, or filter such rows out")
 
 
-@pytest.mark.parametrize("where", ["CAST(name AS INTEGER) > 3", "strptime(name, '%Y') IS NULL"])
-@pytest.mark.parametrize("path", ["MAD's kept rows", "partials kept for inferred bounds", "partials kept for PRIs"])
-def test_a_value_of_the_data_never_reaches_an_error_from_a_table_the_engine_keeps(where, path):
-    """The statements that keep rows in a temporary table (MAD's bounded rows, the partials read
-    by APPROX_BOUNDS and the plan, or by the PRIs) fail in the words of every other statement. The
-    failing statement is seen to be a keep (dp.count()'s default upper bound of 1 needs no APPROX_BOUNDS)."""
-    from dp_core.backend import DuckDBBackend
+@pytest.mark.parametrize("failing", ["CAST(name AS INTEGER) > 3", "strptime(name, '%Y') IS NULL"])
+def test_a_value_of_the_data_never_reaches_an_error_from_a_table_the_engine_keeps(failing):
+    """The statements that keep rows in a temporary table (MAD's bounded rows, the partials read by
+    APPROX_BOUNDS and the plan, or by the PRIs: DuckDBBackend.keep) fail in the words of every other
+    statement. Row filters and DP SQL no longer fail on a value (tests/test_sql_value_errors.py), so
+    the keep is given a failing statement over the input directly."""
+    from dp_core.backend import INPUT_NAME, DuckDBBackend
 
-    df = pd.DataFrame({"uid": [1, 2, 3], "g": ["a", "a", "b"], "name": ["x-secret-7"] * 3, "x": [1, 2, 5]})
-    count = dp.count(upper=None) if path == "partials kept for inferred bounds" else dp.count(upper=2)
-    query = dp.Query([count], privacy_unit="uid", group_by=("g",), epsilon=1.0, delta=1e-6, where=where,
-                     selection="mad" if path == "MAD's kept rows" else "truncated-geometric")
-    backend = DuckDBBackend.for_input(df)
-    kept, keep = [], backend.keep
-    backend.keep = lambda name, sql: kept.append(name) or keep(name, sql)
+    backend = DuckDBBackend.for_input(pd.DataFrame({"uid": [1, 2, 3], "name": ["x-secret-7"] * 3}))
     with pytest.raises(dp.InvalidDataError) as caught:
-        if path == "partials kept for PRIs":
-            exact_statistics(query, backend, with_units=True)
-        else:
-            dp.execute(query, backend)
-    assert len(kept) == 1, "the query failed before any statement kept rows"
+        backend.keep("_kept", f"SELECT uid FROM {INPUT_NAME} WHERE {failing}")
     assert "x-secret-7" not in str(caught.value)
     assert str(caught.value).startswith("the data engine could not run the query: ")
 

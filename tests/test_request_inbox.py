@@ -200,3 +200,37 @@ def test_a_request_run_already_is_not_run_again_by_its_id(small_home):
     again = inbox.submit(settings, request, "ana")  # asked again: a new request, waiting for its own run
     assert inbox.run_of(again.path, json.loads(again.path.read_text()),
                         inbox.runs_by_request(store.release_requests())) is None
+
+
+#: an analyst's requests whose epsilon choice reads the raw data (PRI data mode), in each form a request takes
+DATA_MODE_REQUESTS = {
+    "a spec aimed at one person, p = 0": "dataset: small\nepsilon: {pri: {p: 0, mode: data}}\n"
+                                         "query: {group_by: [g], public_partitions: [a, b], where: \"uid = 7 AND x > 3\", "
+                                         "aggregates: [{kind: count, upper: 1}]}\n",
+    "SQL, p = 50": f"dataset: small\nepsilon: {{pri: {{mode: data, p: 50}}}}\nsql: {SMALL_SQL}\n",
+    "JSON": json.dumps({"dataset": "small", "epsilon": {"pri": {"p": 20, "mode": "data"}},
+                        "query": {"aggregates": [{"kind": "count"}]}}),
+}
+
+
+@pytest.mark.parametrize("case", list(DATA_MODE_REQUESTS))
+def test_an_analyst_cannot_submit_an_epsilon_chosen_from_the_data(small_home, tmp_path, case):
+    """PRI data mode chooses epsilon from the people's own PRIs, and fails (refunded) when no candidate
+    passes: with p = 0 and a filter selecting one person, it failed exactly when that person matched
+    the filter (every PRI equal passes at once; one person inside the count never does), a fact the
+    analyst read as "Failed (refunded)" before any approval, for nothing. The analysts' inbox refuses
+    it, from the command line and in the console (both submit through inbox.submit), writing nothing."""
+    from typer.testing import CliRunner
+
+    from dprelease.cli.app import app
+    from dprelease.requests import inbox, load_request
+
+    settings, env = small_home
+    waiting = sorted(settings.inbox_dir.glob("*.json"))
+    path = tmp_path / ("request.json" if case == "JSON" else "request.yaml")
+    path.write_text(DATA_MODE_REQUESTS[case])
+    result = CliRunner().invoke(app, ["request", "submit", str(path), "--as", "ana"], env=env)
+    assert result.exit_code == 2 and result.stderr.strip().splitlines() == [f"error: {inbox.DATA_MODE_REFUSAL}"]
+    with pytest.raises(inbox.RequestError, match="epsilon.pri.mode: data chooses epsilon"):
+        inbox.submit(settings, load_request(path), "ana")
+    assert sorted(settings.inbox_dir.glob("*.json")) == waiting, "a refused request was written to the inbox"

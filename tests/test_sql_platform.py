@@ -178,3 +178,47 @@ def test_the_summary_shows_the_first_rows_and_says_the_controller_report_holds_t
     report = pipeline.write_controller_report(platform, "many-groups", planned, decision, result)
     html = (report / "controller.html").read_text()
     assert all(f">{age}<" in html for age in result.table["age"].astype(int))
+
+
+def test_a_cast_aimed_at_one_person_computes_whatever_her_row_holds(platform):
+    """The analyst's attack through the platform's own compute step (escrow, DuckDB): a cast that
+    fails on one value, put on person 7's row only when her education is the one guessed. Until
+    2026-11-29 the right guess failed the compute (the release Failed, refunded: the analyst read her
+    education), the wrong one ran; now both compute (tests/test_sql_value_errors.py: the class)."""
+    from dprelease import pipeline
+    from dprelease.requests import parse_request
+
+    data = Path(__file__).resolve().parents[1] / "examples" / "data" / "adult.csv.gz"
+    hers = pd.read_csv(data, usecols=["education"])["education"].iloc[7]
+    for n, guess in enumerate((hers, "no such education")):
+        sql = (f"{DP.format(e=1)} COUNT(*, contribution_bounds_per_group => (0, 1)) AS n FROM adult "
+               f"WHERE CAST(CASE WHEN person_id = 7 AND education = '{guess}' THEN 'x' ELSE '1' END AS INTEGER) = 1")
+        planned = pipeline.plan(platform, parse_request({"dataset": "adult", "sql": sql, "epsilon": 1.0}))
+        decision = pipeline.choose_epsilon(platform, planned)
+        result = pipeline.compute_sealed(platform, f"aimed-cast-{n}", planned, decision)
+        assert list(result.table.columns)[:1] == ["n"]
+
+
+def test_whether_bounds_are_found_for_one_person_never_fails_the_release(platform):
+    """APPROX_BOUNDS' refusal ("no histogram bin stands out") is a noisy fact about the data. Aimed: a
+    filter selecting 4 known people and person 7 if her education is the one guessed, at epsilon 10:
+    the histogram's bin passes its threshold when she is in, not when she is out. The refusal reached
+    the analyst as "Failed (refunded)" before any approval, free to ask again (until 2026-11-29);
+    now the compute step falls back to the histogram's whole range, noted, either way."""
+    from dp_core.bounds import FALLBACK_NOTE
+    from dprelease import pipeline
+    from dprelease.requests import parse_request
+
+    data = Path(__file__).resolve().parents[1] / "examples" / "data" / "adult.csv.gz"
+    hers = pd.read_csv(data, usecols=["education"])["education"].iloc[7]
+    notes = []
+    for n, guess in enumerate((hers, "no such education")):
+        sql = (f"{DP.format(e=10)} COUNT(*) AS n FROM adult WHERE person_id BETWEEN 100 AND 103 "
+               f"OR (person_id = 7 AND education = '{guess}')")
+        planned = pipeline.plan(platform, parse_request({"dataset": "adult", "sql": sql, "epsilon": 10.0}))
+        decision = pipeline.choose_epsilon(platform, planned)
+        result = pipeline.compute_sealed(platform, f"aimed-bounds-{n}", planned, decision)  # raised until the fix
+        assert len(result.table) == 1
+        notes.append(FALLBACK_NOTE in result.inferred_bounds[0].record.note)
+    assert notes[1], "no bin stood out without her, so the bounds fell back"
+    assert any(FALLBACK_NOTE in note for note in result.notes)  # said in the summary and the report

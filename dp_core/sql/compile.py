@@ -21,6 +21,7 @@ from sqlglot import exp
 
 from .. import query as q
 from ..errors import InvalidQueryError, UnsupportedError
+from ..no_value_errors import never_failing
 from . import public_groups
 from .ownership import OwnershipChecker, Scope, _arg, check_functions, is_dp_call, is_subquery, outside_cte_reads
 from .syntax import DPClause, mark_of, number_literal, quote
@@ -437,6 +438,7 @@ class Compiler:
             source.set("with_" if "with_" in exp.Select.arg_types else "with",
                        exp.With(expressions=[w.copy() for w in with_items]))
 
+        source = never_failing(source)  # one person's value must not fail the query (dp_core/no_value_errors.py)
         order_by, limit = self._post_processing(select, [n for n, _ in out])
         given = {k: v for k, v in clause.options.items() if v is not None}  # NULL: the default
         eps = given.get("epsilon", epsilon)

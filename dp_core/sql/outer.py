@@ -13,11 +13,13 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
+import sqlglot
 
 from .. import display
 from ..backend import DuckDBBackend
 from ..engine import execute
 from ..errors import InvalidQueryError
+from ..no_value_errors import never_failing, refuse_overflowing_sums
 from ..query import Query
 from ..result import CI_NOTE, ClampingLoss, ControllerOnly, DPResult
 from .compile import CompiledQuery, _ident
@@ -76,6 +78,9 @@ def released_table(result: DPResult, part: CompiledQuery, with_ci: bool, data: d
         sql += f" LIMIT {int(part.limit)}"
     public = {n: data[n] for n in part.output_tables if data and n in data}  # public subqueries of the list
     backend = DuckDBBackend.for_tables({"__released": result.table, **public})
+    # the list and HAVING cannot fail on a released (noisy) value (no_value_errors.py): a refunded
+    # failure would be a noisy sample the analyst saw for free
+    sql = never_failing(sqlglot.parse_one(sql, read="duckdb")).sql("duckdb")
     try:
         return backend.run(render(sql, "duckdb", sample_key))
     finally:
@@ -110,11 +115,22 @@ def run_statement(compiled: CompiledStatement, data: dict, *, threads: int | Non
         backend = DuckDBBackend.for_tables({**{n: data[n] for n in compiled.public_tables}, **frames}, threads=threads)
         try:
             table = backend.run(render(compiled.outer_sql(), "duckdb", key))
+            table.columns = written_names(backend, compiled, key, list(table.columns))
         except Exception as err:  # noqa: BLE001 - DuckDB's errors, reported as the query's
             raise InvalidQueryError(f"the outer query could not run on the DP results: {str(err).splitlines()[0]}") from None
         finally:
             backend.close()
     return combine(results, table)
+
+
+def written_names(backend: DuckDBBackend, compiled: CompiledStatement, key: int, names: list[str]) -> list[str]:
+    """The outer table's column names as DuckDB names the query as written (`(n * 2)`, not the names of
+    its TRY-guarded form): bound over the released tables, no row read. `names` when they differ in number."""
+    if compiled.outer_written is None:
+        return names
+    described = backend.run(f"DESCRIBE {render(compiled.outer_written.sql('duckdb'), 'duckdb', key)}")
+    written = list(described["column_name"])
+    return written if len(written) == len(names) else names
 
 
 def part_schemas(compiled: CompiledStatement, data: dict) -> list[dict[str, str]]:
@@ -217,6 +233,8 @@ def check_executable(compiled: CompiledStatement, backend: DuckDBBackend, writte
             raise InvalidQueryError(
                 f"DP SELECT {i + 1} is refused: the rows it reads cannot be computed ({_reason(err)}); check the tables, "
                 f"columns and aliases its FROM, WHERE and GROUP BY name{statement}") from None
+        refuse_overflowing_sums(part.source, lambda sql: [
+            (row[0], row[1]) for row in con.execute(f"DESCRIBE {render(sql, 'duckdb', 0)}").fetchall()])
         if part.public_groups_sql is not None:
             try:
                 con.execute(f"DESCRIBE {render(part.public_groups_sql, 'duckdb', 0)}")

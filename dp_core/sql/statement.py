@@ -24,6 +24,7 @@ from sqlglot import exp
 
 from ..errors import InvalidQueryError, UnsupportedError
 from ..input_checks import check_delta, check_epsilon
+from ..no_value_errors import never_failing
 from ..sql_scopes import table_reads
 from .compile import CompiledQuery, Compiler
 from .ownership import OwnershipChecker, TableInfo, _arg, check_column_list, check_functions
@@ -44,6 +45,8 @@ class CompiledStatement:
     outer: exp.Expression | None  # None: the statement is one DP SELECT, released as is
     public_tables: tuple[str, ...]  # catalog names the outer query reads
     options_epsilon: bool = False  # some DP SELECT fixes its own epsilon in OPTIONS (not the request's)
+    #: the outer query as written (`outer` is it under TRY): DuckDB names its unnamed columns
+    outer_written: exp.Expression | None = None
 
     @property
     def epsilon(self) -> float:
@@ -176,8 +179,11 @@ def compile_statement(sql: str, catalog: dict[str, TableInfo], *, epsilon=None, 
         check_delta(total, "the statement's total delta (summed over its DP SELECTs)")
     if any(s is tree for s in marked) and parts[0].plain:
         return CompiledStatement(tuple(parts), None, (), options_epsilon=fixed_epsilon)
-    outer, public = _outer_query(tree, catalog, kinds)
-    return CompiledStatement(tuple(parts), outer, public, options_epsilon=fixed_epsilon)
+    written, public = _outer_query(tree, catalog, kinds)
+    # post-processing cannot fail on a released (noisy) value either (no_value_errors.py): a cast that
+    # failed exactly when the noise pushed a count past 127 made a refunded failure a free noisy sample
+    return CompiledStatement(tuple(parts), never_failing(written), public, options_epsilon=fixed_epsilon,
+                             outer_written=written)
 
 
 def refuse_engine_names(tree: exp.Expression) -> None:

@@ -30,6 +30,7 @@ from markupsafe import Markup
 
 from dp_core import display
 from dp_core import risk as risk_model
+from dp_core.bounds import FALLBACK_NOTE
 
 from . import charts
 from .svg_chart import Chart
@@ -245,6 +246,8 @@ def _bounds_rows(result) -> list[dict]:
             upper = b.upper if a.upper is None else a.upper
             source = ("inferred privately (APPROX_BOUNDS); estimated share of values outside: "
                       f"{fmt_percent(b.outside_share)}")
+            if FALLBACK_NOTE in b.record.note:
+                source = f"inferred privately (APPROX_BOUNDS), but {FALLBACK_NOTE}"
         if a.kind == "count":
             meaning = "rows per person and group counted at most"
             lower = 0 if lower is None else lower

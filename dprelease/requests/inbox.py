@@ -45,10 +45,22 @@ def parse_text(text: str, where: str = "the request") -> ReleaseRequest:
         raise RequestError(f"{where}: {err}") from None
 
 
+#: an analyst's epsilon choice that reads the raw data before any approval (docs/privacy.md, "Two modes")
+DATA_MODE_REFUSAL = (
+    "epsilon.pri.mode: data chooses epsilon from the people's own privacy risk indicators, and whether it "
+    "finds one is a fact about the data that you would learn (the release fails) before any controller "
+    "approves anything; use mode: public (the default: chosen without the data), a fixed epsilon, or "
+    "{risk: ...}")
+
+
 def submit(settings: Settings, request: ReleaseRequest, analyst: str) -> Submitted:
-    """Put a checked request in the inbox as `analyst`'s; written whole or not at all."""
+    """Put a checked request in the inbox as `analyst`'s; written whole or not at all. PRI data mode
+    is the controller's (DATA_MODE_REFUSAL): with p = 0 and a row filter that selects one person,
+    no candidate passes exactly when that person matches, and the refunded failure said so."""
     if not analyst.strip() or analyst != analyst.strip():
         raise RequestError(f"--as takes your name, non-blank without surrounding spaces, got {analyst!r}")
+    if request.epsilon_mode == "pri" and request.pri.get("mode") == "data":
+        raise RequestError(DATA_MODE_REFUSAL)
     request = replace(request, requested_by=analyst)
     settings.inbox_dir.mkdir(parents=True, exist_ok=True)
     request_id = uuid.uuid4().hex[:12]
