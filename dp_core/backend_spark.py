@@ -25,6 +25,7 @@ from .bounding import INPUT_NAME
 from .engine_errors import blank_quoted, spark_message
 from .errors import InvalidDataError
 from .input_checks import check_column_names
+from .no_value_errors import unguarded
 from .sql_scopes import table_reads
 
 #: Spark's simple type names -> the DuckDB names the engine's checks speak (schema())
@@ -181,7 +182,7 @@ def to_spark_sql(sql: str, views: dict[str, str]) -> str:
         if not alias:  # columns qualified by the table's name still resolve
             table.set("alias", exp.TableAlias(this=exp.to_identifier(name)))
     # Spark has no TRY(expression) (no_value_errors.py): its expressions run as written
-    tree = tree.transform(lambda node: node.this if isinstance(node, exp.Try) else node)
+    tree = unguarded(tree)
     return tree.sql(dialect="spark")
 
 

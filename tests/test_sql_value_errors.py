@@ -244,3 +244,55 @@ def test_an_outer_query_s_unnamed_columns_keep_the_names_duckdb_gives_them():
     released = run_sql(f"SELECT {expressions} FROM ({INNER})", people_with("other", None), epsilon=1.0).table
     written = duckdb.connect().sql(f"SELECT {expressions} FROM (SELECT 'a' AS dept, 1 AS n)").columns
     assert list(released.columns) == written
+
+
+#: joins as analysts write them: each must stay a hash join under the guards (never_failing), where
+#: TRY(p.dept = d.dept) whole is no join key and DuckDB joined every pair of rows by a nested loop
+HASH_JOINS = [
+    "SELECT p.uid FROM people p JOIN depts d ON p.dept = d.dept",
+    "SELECT p.uid FROM people p JOIN depts d ON (p.dept = d.dept)",
+    "SELECT p.uid FROM people p JOIN depts d ON p.dept = d.dept AND CAST(p.v AS INTEGER) > 3",
+    "SELECT p.uid FROM people p JOIN depts d ON lower(p.dept) = d.dept",
+    "SELECT p.uid FROM people p LEFT JOIN depts d ON d.dept = p.dept AND d.region <> 'x'",
+    "SELECT p.uid FROM people p JOIN people q ON p.uid = q.uid AND p.dept = q.dept",
+]
+
+
+@pytest.mark.parametrize("sql", HASH_JOINS)
+def test_a_guarded_join_on_keys_stays_a_hash_join(sql):
+    import duckdb
+    import sqlglot
+
+    from dp_core.no_value_errors import never_failing
+
+    con = duckdb.connect()
+    tables = people_with("1", "x")
+    for name, table in tables.items():
+        con.register(name, table.data)
+    guarded = never_failing(sqlglot.parse_one(sql, read="duckdb")).sql("duckdb")
+    plan = "\n".join(row[1] for row in con.execute("EXPLAIN " + guarded).fetchall())
+    assert "Hash Join" in plan and "Nested Loop" not in plan and "Blockwise" not in plan, (guarded, plan)
+    assert con.execute(guarded).fetchall() == con.execute(sql.replace("CAST(p.v AS INTEGER)", "TRY_CAST(p.v AS INTEGER)")).fetchall()
+
+
+def test_a_join_comparing_a_text_with_a_number_is_refused_whatever_the_values():
+    """DuckDB would convert the text row by row (failing on one person's 'x'): refused before any
+    row is read, the same on both neighbours, saying how to cast."""
+    sql = DP + f"region, {C} AS n FROM people p JOIN codes c ON p.v = c.code GROUP BY region"
+
+    def tables(target):
+        found = people_with("1", target)
+        found["codes"] = Table(pd.DataFrame({"code": [1, 2], "region": ["N", "S"]}))
+        return found
+    from dp_core.errors import InvalidQueryError
+
+    refusals = []
+    for target in (None, "x"):
+        with pytest.raises(InvalidQueryError) as caught:
+            run_sql(sql, tables(target), epsilon=1.0)
+        refusals.append(str(caught.value))
+    assert refusals[0] == refusals[1]
+    assert "compares a VARCHAR with a BIGINT" in refusals[0] and "CAST(... AS BIGINT)" in refusals[0], refusals[0]
+    fixed = sql.replace("p.v = c.code", "CAST(p.v AS BIGINT) = c.code")
+    for target in (None, "x"):
+        assert run_sql(fixed, tables(target), epsilon=1.0) is not None

@@ -19,7 +19,7 @@ from .. import display
 from ..backend import DuckDBBackend
 from ..engine import execute
 from ..errors import InvalidQueryError
-from ..no_value_errors import never_failing, refuse_overflowing_sums
+from ..no_value_errors import never_failing, refuse_converting_join_keys, refuse_overflowing_sums
 from ..query import Query
 from ..result import CI_NOTE, ClampingLoss, ControllerOnly, DPResult
 from .compile import CompiledQuery, _ident
@@ -233,8 +233,10 @@ def check_executable(compiled: CompiledStatement, backend: DuckDBBackend, writte
             raise InvalidQueryError(
                 f"DP SELECT {i + 1} is refused: the rows it reads cannot be computed ({_reason(err)}); check the tables, "
                 f"columns and aliases its FROM, WHERE and GROUP BY name{statement}") from None
-        refuse_overflowing_sums(part.source, lambda sql: [
-            (row[0], row[1]) for row in con.execute(f"DESCRIBE {render(sql, 'duckdb', 0)}").fetchall()])
+        def describe(sql: str) -> list[tuple[str, str]]:
+            return [(row[0], row[1]) for row in con.execute(f"DESCRIBE {render(sql, 'duckdb', 0)}").fetchall()]
+        refuse_overflowing_sums(part.source, describe)
+        refuse_converting_join_keys(part.source, describe)
         if part.public_groups_sql is not None:
             try:
                 con.execute(f"DESCRIBE {render(part.public_groups_sql, 'duckdb', 0)}")
