@@ -110,13 +110,19 @@ def _answers(found: dict) -> bool:
     return response.status_code == 200
 
 
-def test_commands_one_after_another_share_one_server(prefect_home):
+def test_commands_one_after_another_share_one_server_its_owner_s_only_until_its_home_is_deleted(prefect_home):
+    """One server boot for four checks: a second command uses the first one's server; its API refuses
+    calls without the server's secret; its files are its owner's only; deleting its home stops it."""
     env = _env(prefect_home, idle_s=PATIENCE_S)
     first = _run(env)
     second = _run(env)
     assert first["started"] and not second["started"]
     assert (second["pid"], second["port"]) == (first["pid"], first["port"])
     assert _answers(second)
+    _refuses_calls_without_the_secret(prefect_home, second)
+    _keeps_its_files_to_its_owner(prefect_home)
+    shutil.rmtree(prefect_home)
+    assert _gone(second["pid"], within_s=PATIENCE_S), "a server whose home was deleted kept running"
 
 
 def test_commands_started_at_once_start_one_server(prefect_home):
@@ -154,7 +160,9 @@ def test_a_killed_command_leaves_its_booting_server_to_the_next(prefect_home):
     assert _answers(later)
 
 
-def test_a_killed_server_is_replaced(prefect_home):
+def test_a_killed_server_is_replaced_and_a_server_whose_record_names_another_stops_by_itself(prefect_home):
+    """A killed server is replaced by the next command's. A second server on the same database (its
+    record overwritten, damaged or removed) must not stay."""
     env = _env(prefect_home, idle_s=PATIENCE_S)
     first = _run(env)
     os.kill(first["pid"], signal.SIGKILL)
@@ -162,6 +170,12 @@ def test_a_killed_server_is_replaced(prefect_home):
     second = _run(env)
     assert second["started"] and second["pid"] != first["pid"]
     assert _answers(second)
+    state = next(prefect_home.glob("dprelease-local-server-*.json"))
+    state.write_text('{"pid": 1, "port":')  # damaged: the next command starts another server
+    third = _run(env)
+    assert third["started"] and third["pid"] != second["pid"]
+    assert _gone(second["pid"], within_s=PATIENCE_S), "the server no record names kept running"
+    assert _answers(third) and _record(prefect_home)["pid"] == third["pid"]
 
 
 def test_a_record_naming_another_process_is_neither_trusted_nor_killed(prefect_home):
@@ -181,8 +195,8 @@ def test_a_record_naming_another_process_is_neither_trusted_nor_killed(prefect_h
         bystander.wait()
 
 
-def test_the_api_refuses_calls_without_the_server_s_secret(prefect_home):
-    found = _run(_env(prefect_home, idle_s=PATIENCE_S))
+def _refuses_calls_without_the_secret(prefect_home: Path, found: dict) -> None:
+    """The server's API refuses calls without its secret (health is open, as for probes)."""
     state = next(prefect_home.glob("dprelease-local-server-*.json"))
     assert stat.S_IMODE(state.stat().st_mode) == 0o600  # the secret is its owner's only
     base = f"http://127.0.0.1:{found['port']}/api"
@@ -326,24 +340,6 @@ def test_a_release_refused_before_its_flow_leaves_no_server(prefect_home, tmp_pa
     assert servers.stdout.strip() == "", "a refused release left its server running"
 
 
-def test_a_server_whose_record_names_another_stops_by_itself(prefect_home):
-    """A second server on the same database (its record overwritten, damaged or removed) must not stay."""
-    env = _env(prefect_home, idle_s=PATIENCE_S)
-    first = _run(env)
-    state = next(prefect_home.glob("dprelease-local-server-*.json"))
-    state.write_text('{"pid": 1, "port":')  # damaged: the next command starts another server
-    second = _run(env)
-    assert second["started"] and second["pid"] != first["pid"]
-    assert _gone(first["pid"], within_s=PATIENCE_S), "the server no record names kept running"
-    assert _answers(second) and _record(prefect_home)["pid"] == second["pid"]
-
-
-def test_a_deleted_home_stops_its_server(prefect_home):
-    found = _run(_env(prefect_home, idle_s=PATIENCE_S))
-    shutil.rmtree(prefect_home)
-    assert _gone(found["pid"], within_s=PATIENCE_S), "a server whose home was deleted kept running"
-
-
 def test_a_relative_home_is_the_same_home_for_the_server(prefect_home):
     env = _env(prefect_home, idle_s=PATIENCE_S)
     env["PREFECT_HOME"] = prefect_home.name  # relative to the command's directory
@@ -379,9 +375,9 @@ def test_a_malformed_record_signals_nobody(prefect_home):
     assert found["started"] and found["pid"] > 1
 
 
-def test_the_server_s_files_are_its_owner_s_only(prefect_home):
-    found = _run(_env(prefect_home, idle_s=PATIENCE_S))
-    assert _answers(found)  # a call: the database and its journal are written
+def _keeps_its_files_to_its_owner(prefect_home: Path) -> None:
+    """After a call (the database and its journal are written), every file of the server in its
+    home is its owner's only."""
     for name in ("dprelease-local-prefect-*.db*", "dprelease-local-server.log", "dprelease-local-server-*.json"):
         paths = list(prefect_home.glob(name))
         assert paths, f"no {name} in the home"
