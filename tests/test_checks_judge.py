@@ -43,14 +43,15 @@ MODES = pytest.mark.parametrize("one_release", [True, False], ids=["one release 
 @pytest.fixture
 def judge_mode(monkeypatch, one_release):
     """The judge's mode for this test: one release per process as in the `dprelease` program, or kept."""
-    monkeypatch.setattr(checks_judge, "_kept_between_releases", not one_release)
+    monkeypatch.setattr(checks_judge, "_kept_between_releases", not one_release, raising=False)
     return one_release
 
 
 @MODES
 def test_the_judge_process_gives_the_verdicts_of_judging_here(no_judge_left, judge_mode):
     """One release per process: a judge per witness, ended once it has answered. One release after
-    another: the first judge judges every witness (great-expectations imported once) and stays."""
+    another: the first judge judges every witness (great-expectations imported once) and stays; a
+    child forked without exec neither uses nor holds it; killed, it is replaced by a new one."""
     good, frames = _frames()
     suite = checks.default_expectations(good, "uid")
     here = [checks.validate(frame, suite) for frame in frames]  # no judge yet: judged in this process
@@ -68,39 +69,31 @@ def test_the_judge_process_gives_the_verdicts_of_judging_here(no_judge_left, jud
         assert there == verdict, (there.summary(), verdict.summary())
     assert len(judges) == (len(frames) if judge_mode else 1), judges
     assert [report.success for report in here] == [True, False, False, True]
+    if not judge_mode:  # the kept judge (one import for all the checks below)
+        _a_forked_child_neither_uses_nor_holds_the_judge(judge, frames[0], suite)
+        _a_kept_judge_that_has_ended_is_replaced(judge, frames[1], suite)
 
 
-def test_a_kept_judge_that_has_ended_is_replaced_by_a_new_one(no_judge_left):
-    """Killed between two releases, the kept judge is not asked again: the next release starts one."""
-    good, frames = _frames()
-    suite = checks.default_expectations(good, "uid")
-    checks_judge.start_ahead()
-    first = checks_judge._ahead
-    assert checks.validate(good, suite).success and first.answered
-    first.process.kill()
-    first.process.wait(PATIENCE_S)
-    checks_judge.start_ahead()
-    second = checks_judge._ahead
-    assert second is not first
-    report = checks.validate(frames[1], suite)
-    assert second.answered and not report.success
-    assert "FAIL expect_column_values_to_be_between [x]" in report.summary()
-
-
-def test_a_forked_child_neither_uses_nor_holds_its_parent_s_judge(no_judge_left):
+def _a_forked_child_neither_uses_nor_holds_the_judge(judge, frame, suite) -> None:
     """A child forked without exec forgets the judge and closes its copies of the judge's pipes: the
-    parent's judge still answers, and ends when the parent closes its input."""
-    good, _ = _frames()
-    suite = checks.default_expectations(good, "uid")
-    checks_judge.start_ahead()
-    judge = checks_judge._ahead
+    parent's judge still answers."""
     child = os.fork()
     if child == 0:
         os._exit(0 if not checks_judge.started() else 1)
     assert os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]) == 0
-    assert checks.validate(good, suite).success and judge.answered
-    checks_judge.discard()
-    assert judge.process.wait(PATIENCE_S) is not None
+    assert checks.validate(frame, suite).success and checks_judge._ahead is judge
+
+
+def _a_kept_judge_that_has_ended_is_replaced(judge, frame, suite) -> None:
+    """Killed between two releases, the kept judge is not asked again: the next release starts one."""
+    judge.process.kill()
+    judge.process.wait(PATIENCE_S)
+    checks_judge.start_ahead()
+    replaced = checks_judge._ahead
+    assert replaced is not judge
+    report = checks.validate(frame, suite)
+    assert replaced.answered and not report.success
+    assert "FAIL expect_column_values_to_be_between [x]" in report.summary()
 
 
 def test_a_judge_that_is_gone_is_replaced_by_judging_here(no_judge_left):
