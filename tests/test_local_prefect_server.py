@@ -149,12 +149,22 @@ def test_a_server_in_use_stays_and_stops_once_its_last_user_is_killed(prefect_ho
     assert after["started"] and after["pid"] != found["pid"]
 
 
-def test_a_killed_command_leaves_its_booting_server_to_the_next(prefect_home):
+def test_the_port_listens_before_the_server_has_booted_and_a_killed_command_leaves_it_to_the_next(prefect_home):
+    """The command binds the socket and hands it over: the port is the server's from its spawn, with
+    no moment when another process could take it (a call waits in the queue until the app is up).
+    The command killed while its server boots leaves that server to the next command."""
+    import socket
+
     env = _env(prefect_home, idle_s=PATIENCE_S)
     starter = _attach(env, hold_s=PATIENCE_S, wait="spawned")
-    spawned = _found(starter)
-    starter.send_signal(signal.SIGKILL)  # while its server boots
-    starter.wait(PATIENCE_S)
+    try:
+        spawned = _found(starter)  # printed at once after the spawn, long before Prefect's imports end
+        with socket.create_connection(("127.0.0.1", spawned["port"]), timeout=PATIENCE_S):
+            pass  # refused if the server were still to bind its port
+    finally:
+        starter.send_signal(signal.SIGKILL)  # while its server boots
+        starter.wait(PATIENCE_S)
+    assert _answers(spawned)
     later = _run(env)
     assert not later["started"] and later["pid"] == spawned["pid"]
     assert _answers(later)
@@ -383,22 +393,6 @@ def _keeps_its_files_to_its_owner(prefect_home: Path) -> None:
         assert paths, f"no {name} in the home"
         for path in paths:
             assert stat.S_IMODE(path.stat().st_mode) & 0o077 == 0, f"{path.name} is readable by others"
-
-
-def test_the_port_listens_before_the_server_has_booted(prefect_home):
-    """The command binds the socket and hands it over: the port is the server's from its spawn, with
-    no moment when another process could take it (a call waits in the queue until the app is up)."""
-    import socket
-
-    starter = _attach(_env(prefect_home, idle_s=PATIENCE_S), hold_s=PATIENCE_S, wait="spawned")
-    try:
-        spawned = _found(starter)  # printed at once after the spawn, long before Prefect's imports end
-        with socket.create_connection(("127.0.0.1", spawned["port"]), timeout=PATIENCE_S):
-            pass  # refused if the server were still to bind its port
-        assert _answers(spawned)
-    finally:
-        starter.kill()
-        starter.wait(PATIENCE_S)
 
 
 #: a command that starts the home's server while it keeps the CPU its child runs on (real-time
