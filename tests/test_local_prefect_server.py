@@ -125,7 +125,9 @@ def test_commands_one_after_another_share_one_server_its_owner_s_only_until_its_
     assert _gone(second["pid"], within_s=PATIENCE_S), "a server whose home was deleted kept running"
 
 
-def test_commands_started_at_once_start_one_server(prefect_home):
+def test_commands_started_at_once_start_one_server_and_a_command_reports_only_the_one_the_home_keeps(prefect_home):
+    """Four commands at once start one server; that server, its record damaged, is then the one a
+    command holding it no longer reports."""
     env = _env(prefect_home, idle_s=PATIENCE_S)
     commands = [_attach(env) for _ in range(4)]
     found = [_found(c) for c in commands]
@@ -133,6 +135,28 @@ def test_commands_started_at_once_start_one_server(prefect_home):
         assert c.wait(PATIENCE_S) == 0, c.stderr.read()
     assert sum(f["started"] for f in found) == 1, found
     assert len({f["pid"] for f in found}) == 1, found
+    _reports_only_the_server_the_home_keeps(prefect_home, env, found[0])
+
+
+def _reports_only_the_server_the_home_keeps(prefect_home: Path, env: dict, first: dict) -> None:
+    """A command holding a server the home no longer keeps (its record now names another, started
+    after the record was damaged) reports the home's server, never the one it found first, even
+    while that one still runs (it stops once it sees the record; held stopped here, so it cannot)."""
+    from dprelease.cli.local_prefect_server import LocalServer
+
+    attached = LocalServer(prefect_home)
+    assert attached.attach(may_start=False) and attached.record.pid == first["pid"]
+    os.kill(first["pid"], signal.SIGSTOP)
+    try:
+        next(prefect_home.glob("dprelease-local-server-*.json")).write_text('{"pid": 1, "port":')
+        second = _run(env)
+        assert second["started"] and second["pid"] != first["pid"]
+        attached.wait_ready()
+        assert (attached.record.pid, attached.record.port) == (second["pid"], second["port"])
+        assert attached.process is None  # not this command's: it never started one
+    finally:
+        attached.detach()
+        os.kill(first["pid"], signal.SIGKILL)
 
 
 def test_a_server_in_use_stays_and_stops_once_its_last_user_is_killed(prefect_home):
@@ -188,7 +212,9 @@ def test_a_killed_server_is_replaced_and_a_server_whose_record_names_another_sto
     assert _answers(third) and _record(prefect_home)["pid"] == third["pid"]
 
 
-def test_a_record_naming_another_process_is_neither_trusted_nor_killed(prefect_home):
+def test_a_record_naming_another_process_is_neither_trusted_nor_killed_and_server_stop_waits_for_users(prefect_home):
+    """A stale record's pid, now another process's, is neither used nor signalled: a server is
+    started instead, which `dprelease server --stop` then stops once no command holds it."""
     from importlib.metadata import version
 
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(" + str(PATIENCE_S) + ")"])
@@ -196,13 +222,15 @@ def test_a_record_naming_another_process_is_neither_trusted_nor_killed(prefect_h
         record = {"pid": bystander.pid, "port": 8999, "auth": "dprelease:x", "version": version("prefect"),
                   "started": 1.0, "home": str(prefect_home.resolve())}  # a pid reused by another process
         (prefect_home / f"dprelease-local-server-{version('prefect')}.json").write_text(json.dumps(record))
-        found = _run(_env(prefect_home, idle_s=PATIENCE_S))
+        env = _env(prefect_home, idle_s=PATIENCE_S)
+        found = _run(env)
         assert found["started"] and found["pid"] != bystander.pid
         assert _answers(found)
         assert bystander.poll() is None, "a process named by a stale record was signalled"
     finally:
         bystander.kill()
         bystander.wait()
+    _server_stop_refuses_while_a_command_uses_it_then_stops_it(env, found)
 
 
 def _refuses_calls_without_the_secret(prefect_home: Path, found: dict) -> None:
@@ -217,10 +245,11 @@ def _refuses_calls_without_the_secret(prefect_home: Path, found: dict) -> None:
     assert _answers(found)
 
 
-def test_server_stop_refuses_while_a_command_uses_it_then_stops_it(prefect_home):
-    env = _env(prefect_home, idle_s=PATIENCE_S)
+def _server_stop_refuses_while_a_command_uses_it_then_stops_it(env: dict, running: dict) -> None:
+    """`dprelease server --stop` refuses while a command holds the home's server, then stops it."""
     holder = _attach(env, hold_s=PATIENCE_S)
     found = _found(holder)
+    assert found["pid"] == running["pid"]
     refused = subprocess.run([CLI, "server", "--stop"], env=env, capture_output=True, text=True, timeout=PATIENCE_S)
     assert refused.returncode == 2
     assert refused.stderr.strip().startswith("error: the local Prefect server is in use by a running command")
@@ -364,10 +393,11 @@ def test_a_relative_home_is_the_same_home_for_the_server(prefect_home):
     assert not (prefect_home / prefect_home.name).exists()
 
 
-def test_a_malformed_record_signals_nobody(prefect_home):
+def test_a_malformed_record_signals_nobody_and_a_failure_of_the_watchdog_stops_the_server(prefect_home):
     """A record naming pid 0 (every process of the group) or a pid that is no number is not a
     server's (pid -1, every process of the user, is refused by the same check: not run here, where
-    a regression would signal the whole machine)."""
+    a regression would signal the whole machine). The server the next command then starts stops,
+    leaving no record, when its watchdog fails."""
     from importlib.metadata import version
 
     state = prefect_home / f"dprelease-local-server-{version('prefect')}.json"
@@ -383,6 +413,7 @@ def test_a_malformed_record_signals_nobody(prefect_home):
                                  "started": 1.0, "home": str(prefect_home.resolve())}))
     found = _run(env)
     assert found["started"] and found["pid"] > 1
+    _a_failure_of_its_watchdog_stops_it_leaving_no_record(prefect_home, found)
 
 
 def _keeps_its_files_to_its_owner(prefect_home: Path) -> None:
@@ -468,34 +499,9 @@ def test_the_server_s_watchdog_imports_nothing(prefect_home, tmp_path):
     assert not loaded, f"the server's watchdog thread loaded {loaded}"
 
 
-def test_a_command_reports_only_the_server_the_home_keeps(prefect_home):
-    """A command holding a server the home no longer keeps (its record now names another, started
-    after the record was damaged) reports the home's server, never the one it found first, even
-    while that one still runs (it stops once it sees the record; held stopped here, so it cannot)."""
-    from dprelease.cli.local_prefect_server import LocalServer
-
-    env = _env(prefect_home, idle_s=PATIENCE_S)
-    first = _run(env)
-    attached = LocalServer(prefect_home)
-    assert attached.attach(may_start=False) and attached.record.pid == first["pid"]
-    os.kill(first["pid"], signal.SIGSTOP)
-    try:
-        next(prefect_home.glob("dprelease-local-server-*.json")).write_text('{"pid": 1, "port":')
-        second = _run(env)
-        assert second["started"] and second["pid"] != first["pid"]
-        attached.wait_ready()
-        assert (attached.record.pid, attached.record.port) == (second["pid"], second["port"])
-        assert attached.process is None  # not this command's: it never started one
-    finally:
-        attached.detach()
-        os.kill(first["pid"], signal.SIGKILL)
-
-
-def test_a_server_stopped_by_a_failure_of_its_watchdog_leaves_no_record(prefect_home):
+def _a_failure_of_its_watchdog_stops_it_leaving_no_record(prefect_home: Path, found: dict) -> None:
     """A server that stops on a failure of its watchdog (here: the users' lock file replaced by a
     directory it cannot open) is no longer the home's: no command finds it while it stops."""
-    env = _env(prefect_home, idle_s=PATIENCE_S)
-    found = _run(env)
     users = next(prefect_home.glob("dprelease-local-server-*.users"))
     users.unlink()
     users.mkdir()
