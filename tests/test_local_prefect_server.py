@@ -159,8 +159,37 @@ def _reports_only_the_server_the_home_keeps(prefect_home: Path, env: dict, first
         os.kill(first["pid"], signal.SIGKILL)
 
 
-def test_a_server_in_use_stays_and_stops_once_its_last_user_is_killed(prefect_home):
-    env = _env(prefect_home, idle_s=2)
+#: a sitecustomize for the server's process: an audit hook writes the name of every module its
+#: watchdog thread ("idle-watch") loads, and the pid of every process that installed the hook
+RECORD_WATCHDOG_IMPORTS = textwrap.dedent("""
+    import os, sys, threading
+    _here = os.path.dirname(os.path.abspath(__file__))
+    _imports = os.open(os.path.join(_here, "watchdog-imports.txt"), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    os.write(os.open(os.path.join(_here, "hooked.txt"), os.O_WRONLY | os.O_APPEND | os.O_CREAT),
+             f"{os.getpid()}\\n".encode())
+
+    def _record(event, args):
+        if event == "import" and threading.current_thread().name == "idle-watch":
+            os.write(_imports, f"{args[0]}\\n".encode())  # os.write: the hook itself imports nothing
+
+    sys.addaudithook(_record)
+""")
+
+
+def test_a_server_in_use_stays_and_stops_once_its_last_user_is_killed_and_its_watchdog_imports_nothing(
+        prefect_home, tmp_path):
+    """A server stays while a command holds it, however long past its idle time, and stops once its
+    last user is killed; the next command starts another, which stops when idle after that command.
+
+    The watchdog thread starts while the server's main thread imports Prefect's app. An import of
+    its own there can fail (CPython's module locks see a deadlock between the two threads, or hand
+    over a half-initialised module), and a failed watchdog stops the server, also one that has just
+    answered a command (which then reports a server that is gone a moment later). Recorded by an
+    audit hook in both servers through their whole lives: boot, use, idle stop."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(RECORD_WATCHDOG_IMPORTS)
+    env = _env(prefect_home, idle_s=2, PYTHONPATH=f"{hook}{os.pathsep}{ROOT}")
     holder = _attach(env, hold_s=PATIENCE_S)
     found = _found(holder)
     time.sleep(8)  # four times the idle time, with a user attached all along
@@ -171,6 +200,12 @@ def test_a_server_in_use_stays_and_stops_once_its_last_user_is_killed(prefect_ho
     assert not list(prefect_home.glob("dprelease-local-server-*.json")), "a stopped server left its record"
     after = _run(env)
     assert after["started"] and after["pid"] != found["pid"]
+    assert _gone(after["pid"], within_s=PATIENCE_S), "the server outlived its idle time"
+    assert not list(prefect_home.glob("dprelease-local-server-*.json")), "the server did not stop as idle"
+    hooked = (hook / "hooked.txt").read_text().split()
+    assert str(found["pid"]) in hooked and str(after["pid"]) in hooked, "the hook was not in the servers"
+    loaded = (hook / "watchdog-imports.txt").read_text().split()
+    assert not loaded, f"the servers' watchdog threads loaded {loaded}"
 
 
 def test_the_port_listens_before_the_server_has_booted_and_a_killed_command_leaves_it_to_the_next(prefect_home):
@@ -462,41 +497,6 @@ def test_a_started_server_is_recorded_once_it_is_seen_running(prefect_home):
     if "skip" in found:
         pytest.skip(found["skip"])
     assert found["started"] and found["runs"], "the recorded server looked not running right after its start"
-
-
-#: a sitecustomize for the server's process: an audit hook writes the name of every module its
-#: watchdog thread ("idle-watch") loads, and the pid of every process that installed the hook
-RECORD_WATCHDOG_IMPORTS = textwrap.dedent("""
-    import os, sys, threading
-    _here = os.path.dirname(os.path.abspath(__file__))
-    _imports = os.open(os.path.join(_here, "watchdog-imports.txt"), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-    os.write(os.open(os.path.join(_here, "hooked.txt"), os.O_WRONLY | os.O_APPEND | os.O_CREAT),
-             f"{os.getpid()}\\n".encode())
-
-    def _record(event, args):
-        if event == "import" and threading.current_thread().name == "idle-watch":
-            os.write(_imports, f"{args[0]}\\n".encode())  # os.write: the hook itself imports nothing
-
-    sys.addaudithook(_record)
-""")
-
-
-def test_the_server_s_watchdog_imports_nothing(prefect_home, tmp_path):
-    """The watchdog thread starts while the server's main thread imports Prefect's app. An import of
-    its own there can fail (CPython's module locks see a deadlock between the two threads, or hand
-    over a half-initialised module), and a failed watchdog stops the server, also one that has just
-    answered a command (which then reports a server that is gone a moment later). Recorded by an
-    audit hook in the server through its whole life: boot, use, idle stop."""
-    hook = tmp_path / "hook"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(RECORD_WATCHDOG_IMPORTS)
-    env = _env(prefect_home, idle_s=2, PYTHONPATH=f"{hook}{os.pathsep}{ROOT}")
-    found = _run(env)
-    assert _gone(found["pid"], within_s=PATIENCE_S), "the server outlived its idle time"
-    assert not list(prefect_home.glob("dprelease-local-server-*.json")), "the server did not stop as idle"
-    assert str(found["pid"]) in (hook / "hooked.txt").read_text().split(), "the hook was not in the server"
-    loaded = (hook / "watchdog-imports.txt").read_text().split()
-    assert not loaded, f"the server's watchdog thread loaded {loaded}"
 
 
 def _a_failure_of_its_watchdog_stops_it_leaving_no_record(prefect_home: Path, found: dict) -> None:
