@@ -52,7 +52,11 @@ def global_options(debug: bool = typer.Option(False, "--debug", help="show trace
 
 
 def main() -> None:
-    """The `dprelease` program (the console script): the app, then a quick exit (errors.run_program)."""
+    """The `dprelease` program (the console script): the app, then a quick exit (errors.run_program).
+    One command per process: a release's checks judge ends once it has answered (checks_judge)."""
+    from dprelease import checks_judge
+
+    checks_judge.one_release_per_process()
     run_program(app)
 
 
@@ -741,7 +745,7 @@ def release(
     except DPError as err:
         _fail(str(err))
     finally:
-        checks_judge.discard()  # unused when the release was refused
+        checks_judge.not_needed()  # unused when the release was refused
     if inbox_file is not None and result.get("status") in ("published", "rejected"):
         from dprelease.requests import inbox
 
@@ -795,21 +799,22 @@ def _keep_checks_judge(request) -> None:
     """Keep the judge process started ahead only for an escrowed dataset (checks_judge.worth_a_process):
     an external dataset is judged beside its SparkSession, and an unknown one is refused by the checks
     after this (one line). Started before the store is even imported (0.17 s sooner: on 2 cores the
-    judge's import, not the command's, is what the flow waits for), ended here when not needed."""
+    judge's import, not the command's, is what the flow waits for); when not needed, ended here in the
+    `dprelease` program, kept for the next release in a process that runs several (checks_judge)."""
     from dprelease import checks_judge, external
     from dprelease.store import Store
 
     if request.backend == "spark":  # refused for escrowed data, judged beside Spark for external data
-        checks_judge.discard()
+        checks_judge.not_needed()
         return
     store = Store(_settings().store_url)  # a home with no store is refused here, before a Prefect server starts
     try:
         ds = store.get_dataset(request.dataset)
     except Exception:  # noqa: BLE001 - an unknown dataset: check_request says so in one line
-        checks_judge.discard()
+        checks_judge.not_needed()
         return
     if not checks_judge.worth_a_process(external.escrowed_bytes(ds)):
-        checks_judge.discard()
+        checks_judge.not_needed()
 
 
 def _preview(settings: Settings, request) -> tuple[str, dict] | None:

@@ -9,6 +9,13 @@ process once the witness is judged, before the engine's compute, which is where 
 peaks. Without a judge started ahead (the Python API, tests, a Spark witness, which needs the
 caller's SparkSession) the suite runs here.
 
+One judge per process, not per release: in a process that runs releases one after another (the
+command line's app called from Python, a test session) the judge stays after its answer and judges
+the next release's witness too, so great-expectations is imported once, not once per release
+(1.4 CPU-seconds each, and each refused release's judge was killed mid-import). The `dprelease`
+program runs one release and ends (`one_release_per_process`): its judge ends once it has answered,
+and its memory leaves before the compute, as before.
+
 The judge sees only the witness table (a few rows per column: minima, maxima, unexpected values)
 and the expectations, never the dataset. Parent and child exchange pickles over the child's own
 pipes (the same program on both ends); a judge that is gone or fails is replaced by judging here,
@@ -25,6 +32,7 @@ import signal
 import struct
 import subprocess
 import sys
+import threading
 import types
 from dataclasses import dataclass, field
 
@@ -53,14 +61,18 @@ class Judgement:
 
 def judge(witness, expectations: list[dict], spark=None) -> list[Judgement]:
     """great-expectations' result for each expectation on the witness, in the expectations' order:
-    by the judge started ahead when there is one (and no Spark), else in this process."""
-    global _ahead
-    if spark is None and _ahead is not None:
-        process, _ahead = _ahead, None
+    by the judge started ahead when there is one (and no Spark), else in this process. The judge is
+    taken while it judges (another thread's witness meanwhile is judged here) and given back after
+    its answer unless this process runs one release only."""
+    if spark is None and (process := _take()) is not None:
+        last = not _kept_between_releases
         try:
-            return process.judge(witness, expectations)
+            verdicts = process.judge(witness, expectations, last=last)
         except JudgeUnavailable:
-            pass  # judged here instead: same suite, same verdicts
+            _give_back(process, kept=False)  # judged here instead: same suite, same verdicts
+        else:
+            _give_back(process, kept=not last)
+            return verdicts
     return run_suite(witness, expectations, spark)
 
 
@@ -69,7 +81,8 @@ class JudgeUnavailable(Exception):
 
 
 class JudgeProcess:
-    """A child Python that imports great-expectations at once and judges one witness table."""
+    """A child Python that imports great-expectations at once and judges witness tables, one per
+    message, until its input closes."""
 
     def __init__(self) -> None:
         self.process = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
@@ -77,32 +90,49 @@ class JudgeProcess:
                                         start_new_session=False)
         self.answered = False  # the child judged (not replaced by judging here)
 
-    def judge(self, witness, expectations: list[dict]) -> list[Judgement]:
+    def judge(self, witness, expectations: list[dict], last: bool = True) -> list[Judgement]:
+        """The verdicts on one witness; `last`: the child then ends (its input is closed at once),
+        else it waits for the next witness. A child that fails to answer is ended either way."""
+        kind, value = "error", "no answer"
         try:
             _send(self.process.stdin, (witness, expectations))
-            self.process.stdin.close()
+            if last:
+                self.process.stdin.close()
             kind, value = _receive(self.process.stdout)
         except (OSError, EOFError, pickle.UnpicklingError, struct.error) as err:
             raise JudgeUnavailable(str(err)) from err
         finally:
-            self.close(grace_s=5.0)
+            if last or kind != "ok":
+                self.close(grace_s=5.0)
         if kind != "ok":
             raise JudgeUnavailable(value)
         self.answered = True
         return [Judgement(success, result) for success, result in value]
 
     def close(self, grace_s: float = 0.0) -> None:
-        """End the child: it ends by itself once it has answered or its input is closed (the
-        parent's exit); after `grace_s` it is killed."""
+        """End the child: its input is closed, and it ends by itself once it has answered what it
+        was sent; after `grace_s` it is killed."""
+        try:
+            self.process.stdin.close()
+        except OSError:  # unsent bytes to a child that is gone
+            pass
         try:
             self.process.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+        try:
+            self.process.stdout.close()
+        except OSError:
+            pass
+
+    def forget_in_forked_child(self) -> None:
+        """In a child forked without exec: close its copies of the pipes (the judge is the parent's;
+        a copy of its input held open would keep it from seeing the parent's end)."""
         for pipe in (self.process.stdin, self.process.stdout):
             try:
-                pipe.close()
-            except OSError:  # unsent bytes to a child that is gone
+                pipe.close()  # nothing is buffered: each message is flushed as it is sent
+            except (OSError, ValueError):
                 pass
 
 
@@ -112,16 +142,73 @@ def _judge_environment() -> dict:
     return {k: v for k, v in os.environ.items() if k not in ("DPRELEASE_ESCROW_KEY", "DPRELEASE_CONTROLLER_KEY")}
 
 
-_ahead: JudgeProcess | None = None
+_ahead: JudgeProcess | None = None  # the judge waiting for this process's next witness
+_in_use: JudgeProcess | None = None  # the judge while it judges (taken out of _ahead)
+_lock = threading.Lock()
+#: whether the judge stays after its answer for the next release's witness (module docstring);
+#: False in the `dprelease` program (one_release_per_process)
+_kept_between_releases = True
+_exit_handler_registered = False
+
+
+def one_release_per_process() -> None:
+    """This process runs one release and ends (the `dprelease` program): its judge ends once it has
+    answered or is found not needed, so that its memory leaves before the engine's compute."""
+    global _kept_between_releases
+    _kept_between_releases = False
 
 
 def start_ahead() -> None:
     """Start the judge process now (its import overlaps the caller's next seconds); the next
-    `judge` without Spark uses it. Idempotent; the child is ended at this process's exit."""
-    global _ahead
-    if _ahead is None:
-        _ahead = JudgeProcess()
-        atexit.register(discard)
+    `judge` without Spark uses it. Idempotent (a judge kept from an earlier release is used again,
+    unless it has ended); the child is ended at this process's exit."""
+    global _ahead, _exit_handler_registered
+    with _lock:
+        if _ahead is not None and _ahead.process.poll() is not None:  # ended (killed): replaced
+            _ahead.close()
+            _ahead = None
+        if _ahead is None and _in_use is None:
+            _ahead = JudgeProcess()
+            if not _exit_handler_registered:
+                atexit.register(discard)
+                _exit_handler_registered = True
+
+
+def _take() -> JudgeProcess | None:
+    """The waiting judge, taken for one witness (None when there is none, or it is judging another)."""
+    global _ahead, _in_use
+    with _lock:
+        process, _ahead = _ahead, None
+        if process is not None:
+            _in_use = process
+        return process
+
+
+def _give_back(process: JudgeProcess, kept: bool) -> None:
+    """The judge is done with one witness: `kept`, it waits for the next (unless discarded meanwhile:
+    then it is ended), else it has ended."""
+    global _ahead, _in_use
+    with _lock:
+        kept = kept and _in_use is process and _ahead is None
+        if _in_use is process:
+            _in_use = None
+        if kept:
+            _ahead = process
+    if not kept:
+        process.close()
+
+
+def _forget_after_fork() -> None:
+    """A forked child neither uses nor holds its parent's judge."""
+    global _ahead, _in_use, _lock
+    _lock = threading.Lock()
+    for process in (_ahead, _in_use):
+        if process is not None:
+            process.forget_in_forked_child()
+    _ahead = _in_use = None
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def yield_cpu(niceness: int = 5) -> None:
@@ -141,11 +228,21 @@ def started() -> bool:
     return _ahead is not None
 
 
+def not_needed() -> None:
+    """The release at hand needs no judge (refused, or its witness is judged beside Spark): ended
+    when this process runs one release only, else kept for the next release."""
+    if not _kept_between_releases:
+        discard()
+
+
 def discard() -> None:
-    """End a judge started ahead that nothing used (e.g. the release ran on Spark)."""
-    global _ahead
-    if _ahead is not None:
+    """End the judge started ahead now (this process's exit; one release per process: nothing will
+    use it)."""
+    global _ahead, _in_use
+    with _lock:
         process, _ahead = _ahead, None
+        _in_use = None  # a judge judging now is ended when it gives itself back
+    if process is not None:
         process.close(grace_s=0.0)
 
 
@@ -271,10 +368,10 @@ JUDGE_DEFERS = ("scipy.stats", "altair")
 
 
 def _serve() -> None:
-    """The child: import great-expectations, judge one witness, answer, exit at once (the parent
-    waits for the exit; a normal teardown with great-expectations loaded takes about 0.5 s).
-    Interrupts are the parent's to handle (a Ctrl-C reaches the whole terminal's process group);
-    a parent that ends closes our input, and we end too."""
+    """The child: import great-expectations, then judge each witness sent and answer it, until the
+    input closes; then exit at once (the parent waits for the exit; a normal teardown with
+    great-expectations loaded takes about 0.5 s). Interrupts are the parent's to handle (a Ctrl-C
+    reaches the whole terminal's process group); a parent that ends closes our input, and we end too."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     answers = os.fdopen(os.dup(1), "wb")  # the answer's own channel: whatever a library prints
     os.dup2(2, 1)  # goes to standard error (the parent's DEVNULL), never into the answer
@@ -284,17 +381,18 @@ def _serve() -> None:
     for module in JUDGE_DEFERS:    # and loads these only if an expectation uses them
         defer_module(module)
     load_framework()
-    try:
-        witness, expectations = _receive(sys.stdin.buffer)
-    except EOFError:
-        return
-    try:
-        answer = ("ok", [(j.success, j.result) for j in run_suite(witness, expectations)])
-    except Exception as err:  # noqa: BLE001 - the parent judges again in its own process
-        answer = ("error", f"{type(err).__name__}: {err}")
-    _send(answers, answer)
+    while True:
+        try:
+            witness, expectations = _receive(sys.stdin.buffer)
+        except EOFError:
+            break
+        try:
+            answer = ("ok", [(j.success, j.result) for j in run_suite(witness, expectations)])
+        except Exception as err:  # noqa: BLE001 - the parent judges again in its own process
+            answer = ("error", f"{type(err).__name__}: {err}")
+        _send(answers, answer)
     answers.close()
-    os._exit(0)  # answered: nothing is left to save, and tearing great-expectations down takes 0.5 s
+    os._exit(0)  # nothing is left to save, and tearing great-expectations down takes 0.5 s
 
 
 if __name__ == "__main__":

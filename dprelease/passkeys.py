@@ -25,15 +25,6 @@ import json
 import secrets
 from dataclasses import dataclass
 
-import webauthn
-from webauthn.helpers import exceptions as webauthn_errors
-from webauthn.helpers.structs import (
-    AuthenticatorSelectionCriteria,
-    PublicKeyCredentialDescriptor,
-    ResidentKeyRequirement,
-    UserVerificationRequirement,
-)
-
 from dp_core import DPError
 
 from .store import people
@@ -77,20 +68,32 @@ def decision_challenge(payload: bytes) -> bytes:
 # --- ceremonies --------------------------------------------------------------------------------------
 
 
+def _webauthn():
+    """py_webauthn and its exceptions and structs, imported on first use: 50-100 ms (cbor2, pyasn1)
+    that a process deciding with controllers' keys (a release, `dprelease approve`) never needs."""
+    import webauthn
+    from webauthn.helpers import exceptions, structs
+
+    return webauthn, exceptions, structs
+
+
 def registration_options(rp: RelyingParty, person: str, challenge: bytes, existing: list[str]) -> str:
     """The options (JSON) of navigator.credentials.create for a person's new passkey: a discoverable
     credential with user verification, none of the person's registered ones again."""
+    webauthn, _, structs = _webauthn()
     options = webauthn.generate_registration_options(
         rp_id=rp.rp_id, rp_name=rp.name, user_name=person, user_id=hashlib.sha256(person.encode()).digest()[:16],
         challenge=challenge,
-        authenticator_selection=AuthenticatorSelectionCriteria(resident_key=ResidentKeyRequirement.REQUIRED,
-                                                               user_verification=UserVerificationRequirement.REQUIRED),
-        exclude_credentials=[PublicKeyCredentialDescriptor(id=unb64url(c)) for c in existing])
+        authenticator_selection=structs.AuthenticatorSelectionCriteria(
+            resident_key=structs.ResidentKeyRequirement.REQUIRED,
+            user_verification=structs.UserVerificationRequirement.REQUIRED),
+        exclude_credentials=[structs.PublicKeyCredentialDescriptor(id=unb64url(c)) for c in existing])
     return webauthn.options_to_json(options)
 
 
 def verify_registration(rp: RelyingParty, response: dict, challenge: bytes) -> people.Passkey:
     """The passkey a registration response creates, once it answers this challenge at this site."""
+    webauthn, webauthn_errors, _ = _webauthn()
     try:
         verified = webauthn.verify_registration_response(credential=response, expected_challenge=challenge,
                                                          expected_rp_id=rp.rp_id, expected_origin=rp.origin,
@@ -105,9 +108,10 @@ def verify_registration(rp: RelyingParty, response: dict, challenge: bytes) -> p
 def assertion_options(rp: RelyingParty, challenge: bytes, allowed: list[str] | None = None) -> str:
     """The options (JSON) of navigator.credentials.get: any of this site's passkeys (sign-in), or
     only the signed-in person's (a decision), with user verification."""
+    webauthn, _, structs = _webauthn()
     options = webauthn.generate_authentication_options(
-        rp_id=rp.rp_id, challenge=challenge, user_verification=UserVerificationRequirement.REQUIRED,
-        allow_credentials=[PublicKeyCredentialDescriptor(id=unb64url(c)) for c in allowed or []])
+        rp_id=rp.rp_id, challenge=challenge, user_verification=structs.UserVerificationRequirement.REQUIRED,
+        allow_credentials=[structs.PublicKeyCredentialDescriptor(id=unb64url(c)) for c in allowed or []])
     return webauthn.options_to_json(options)
 
 
@@ -123,6 +127,7 @@ def verify_assertion(store, response: dict, challenge: bytes,
     if found is None:
         raise PasskeyRefused("this passkey is not registered here (enrol with the link your administrator gave you)")
     person = people.get_person(store, found.person)
+    webauthn, webauthn_errors, _ = _webauthn()
     try:
         verified = webauthn.verify_authentication_response(
             credential=response, expected_challenge=challenge, expected_rp_id=found.rp_id,

@@ -1,6 +1,8 @@
 """great-expectations judging the checks' witness in a process of its own (dprelease.checks_judge):
-the same verdicts as judging here, a judge that is gone is replaced by judging here, and a command
-that started one never loads great-expectations itself."""
+the same verdicts as judging here, a judge that is gone is replaced by judging here, a command
+that started one never loads great-expectations itself, and a process that runs releases one
+after another keeps one judge for all of them (the `dprelease` program, one release, ends its own
+once it has answered)."""
 
 from __future__ import annotations
 
@@ -33,18 +35,65 @@ def no_judge_left():
     checks_judge.discard()
 
 
-def test_the_judge_process_gives_the_verdicts_of_judging_here(no_judge_left):
+#: the two ways a process uses its judge: the `dprelease` program (one release, then the process
+#: ends) and a process that runs releases one after another (the app called from Python, a test session)
+MODES = pytest.mark.parametrize("one_release", [True, False], ids=["one release per process", "one release after another"])
+
+
+@pytest.fixture
+def judge_mode(monkeypatch, one_release):
+    """The judge's mode for this test: one release per process as in the `dprelease` program, or kept."""
+    monkeypatch.setattr(checks_judge, "_kept_between_releases", not one_release, raising=False)
+    return one_release
+
+
+@MODES
+def test_the_judge_process_gives_the_verdicts_of_judging_here(no_judge_left, judge_mode):
+    """One release per process: a judge per witness, ended once it has answered. One release after
+    another: the first judge judges every witness (great-expectations imported once) and stays; a
+    child forked without exec neither uses nor holds it; killed, it is replaced by a new one."""
     good, frames = _frames()
     suite = checks.default_expectations(good, "uid")
-    for frame in frames:
-        here = checks.validate(frame, suite)
+    here = [checks.validate(frame, suite) for frame in frames]  # no judge yet: judged in this process
+    judges = set()
+    for frame, verdict in zip(frames, here, strict=True):
         checks_judge.start_ahead()
         judge = checks_judge._ahead
         there = checks.validate(frame, suite)
-        assert judge.answered and judge.process.returncode == 0, "judged here, not by the judge process"
-        assert not checks_judge.started()  # one judge, one witness
-        assert there == here, (there.summary(), here.summary())
-    assert [checks.validate(f, suite).success for f in frames] == [True, False, False, True]
+        assert judge.answered, "judged here, not by the judge process"
+        if judge_mode:
+            assert judge.process.returncode == 0 and not checks_judge.started()  # one judge, one witness
+        else:
+            assert judge.process.poll() is None and checks_judge._ahead is judge  # waits for the next one
+        judges.add(judge.process.pid)
+        assert there == verdict, (there.summary(), verdict.summary())
+    assert len(judges) == (len(frames) if judge_mode else 1), judges
+    assert [report.success for report in here] == [True, False, False, True]
+    if not judge_mode:  # the kept judge (one import for all the checks below)
+        _a_forked_child_neither_uses_nor_holds_the_judge(judge, frames[0], suite)
+        _a_kept_judge_that_has_ended_is_replaced(judge, frames[1], suite)
+
+
+def _a_forked_child_neither_uses_nor_holds_the_judge(judge, frame, suite) -> None:
+    """A child forked without exec forgets the judge and closes its copies of the judge's pipes: the
+    parent's judge still answers."""
+    child = os.fork()
+    if child == 0:
+        os._exit(0 if not checks_judge.started() else 1)
+    assert os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]) == 0
+    assert checks.validate(frame, suite).success and checks_judge._ahead is judge
+
+
+def _a_kept_judge_that_has_ended_is_replaced(judge, frame, suite) -> None:
+    """Killed between two releases, the kept judge is not asked again: the next release starts one."""
+    judge.process.kill()
+    judge.process.wait(PATIENCE_S)
+    checks_judge.start_ahead()
+    replaced = checks_judge._ahead
+    assert replaced is not judge
+    report = checks.validate(frame, suite)
+    assert replaced.answered and not report.success
+    assert "FAIL expect_column_values_to_be_between [x]" in report.summary()
 
 
 def test_a_judge_that_is_gone_is_replaced_by_judging_here(no_judge_left):
@@ -77,17 +126,26 @@ def test_a_command_with_a_judge_never_loads_great_expectations():
     assert done.stdout.split() == ["False", "False", "False"], done.stdout
 
 
-def test_a_judge_nobody_asks_ends_with_its_command():
-    """Started, never used (a Spark release): it ends when the command does, killed or not."""
-    code = textwrap.dedent("""
+@pytest.mark.parametrize("used", [False, True], ids=["never asked", "kept after an answer"])
+def test_a_judge_ends_with_its_command(used):
+    """Started and never used (a Spark release), or kept after an answer for a next release that
+    never comes: it ends when the command does, killed or not."""
+    code = textwrap.dedent(f"""
         import os
-        from dprelease import checks_judge
+        import pandas as pd
+        from dprelease import checks, checks_judge
         checks_judge.start_ahead()
-        print(checks_judge._ahead.process.pid, flush=True)
+        judge = checks_judge._ahead
+        if {used}:
+            frame = pd.DataFrame({{"uid": [1, 2]}})
+            assert checks.validate(frame, checks.default_expectations(frame, "uid")).success and judge.answered
+            assert checks_judge._ahead is judge and judge.process.poll() is None
+        print(judge.process.pid, flush=True)
         os._exit(0)  # no exit handlers: the child sees its input close
     """)
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=PATIENCE_S,
                           env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert done.returncode == 0, done.stderr[-2000:]
     child = int(done.stdout.split()[0])
     import time
 
@@ -113,10 +171,12 @@ def test_every_escrowed_dataset_gets_a_judge_process_and_an_external_one_none():
     assert checks_judge.worth_a_process(1 << 40)
 
 
-def test_the_release_command_starts_a_judge_for_an_escrowed_dataset(tmp_path, monkeypatch, no_judge_left):
+@MODES
+def test_the_release_command_starts_a_judge_for_an_escrowed_dataset(tmp_path, monkeypatch, no_judge_left, judge_mode):
     """The release command's rule, through its own helper: a small escrowed dataset (500 rows) keeps
     the judge process started ahead; a request for a dataset that is not registered (the checks after
-    it refuse the request in one line) or on Spark ends it at once."""
+    it refuse the request in one line) or on Spark ends it at once in the `dprelease` program, and
+    leaves it for the next release in a process that runs one after another."""
     from dprelease import admin
     from dprelease.cli import app as cli_app
     from dprelease.requests import parse_request
@@ -134,9 +194,12 @@ def test_the_release_command_starts_a_judge_for_an_escrowed_dataset(tmp_path, mo
         checks_judge.start_ahead()  # as the command does, before it reads the request
         started = checks_judge._ahead
         cli_app._keep_checks_judge(request)
-        assert checks_judge.started() is judged, (dataset, backend)
-        if not judged:  # ended at once, not left to run beside the release
+        assert checks_judge.started() is (judged or not judge_mode), (dataset, backend)
+        if not judged and judge_mode:  # ended at once, not left to run beside the release
             assert started.process.poll() is not None, (dataset, backend)
+        if not judge_mode:
+            assert checks_judge._ahead is started and started.process.poll() is None, (dataset, backend)
+            continue
         checks_judge.discard()
 
 

@@ -153,3 +153,46 @@ def test_an_approval_refused_for_its_risk_writes_the_risk_as_the_summary_does(pr
     written = decisions.risk_written(profile)
     assert f"its risk is {written};" in str(refused.value) and written in decisions.risk_notice(profile)
     assert "(above your tolerable " in written
+
+
+def test_a_process_deciding_with_controllers_keys_loads_no_webauthn(tmp_path):
+    """A release and `dprelease approve` decide with controllers' keys: the modules of their path
+    (the flow, the terminal's decisions) and a key-signed decision checked there load no py_webauthn
+    (50-100 ms at every command's start); a passkey's token (dpw1) still goes to the passkey check,
+    which refuses an unknown passkey in one line."""
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+
+    from patience import PATIENCE_S
+
+    code = textwrap.dedent(f"""
+        import sys
+        from pathlib import Path
+        import dprelease.cli.deciding, dprelease.flows.release, dprelease.flows.approvals
+        from dprelease import decisions
+        from dprelease.reporting import signing
+        from dprelease.settings import Settings
+        from dprelease.store import Store
+        settings = Settings.from_env({{"DPRELEASE_HOME": {str(tmp_path / "home")!r}}})
+        settings.ensure_dirs()
+        decisions.create_controller(settings, "alice", Path({str(tmp_path / "alice.pem")!r}))
+        key = signing.load_private_key(Path({str(tmp_path / "alice.pem")!r}))
+        fields = {{"release_id": "r-1", "question": "approval-r-1", "decision": "approve", "controller": "alice",
+                   "report_fingerprint": {FINGERPRINT!r}, "decided_at": "2026-11-29T01:00:00+00:00"}}
+        store = Store(settings.store_url)
+        decision = decisions.check(store, decisions.sign(decisions.Decision(**fields), key), **{ASKED!r})
+        print(decision.controller, "webauthn" in sys.modules)
+        try:
+            decisions.authenticated(store, "dpw1.e30.e30")
+        except decisions.DecisionRefused as err:
+            print("refused:", err)
+    """)
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=PATIENCE_S, env={**__import__("os").environ, "PYTHONPATH": str(root)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines[0] == "alice False", done.stdout
+    assert len(lines) == 2 and lines[1].startswith("refused: this passkey is not registered here"), done.stdout

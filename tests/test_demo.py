@@ -1,52 +1,84 @@
 """`make demo`'s command runs the whole platform from nothing (a subprocess, no terminal: it
-approves automatically and says so) and ends with a verified, signed publication."""
+approves automatically and says so) and ends with a verified, signed publication.
+
+A demo is a Prefect server's boot and a release (10-25 CPU-seconds): each runs for more than one
+check. The demo from nothing, with a clean environment, is the installed wheel's
+(tests/test_wheel.py, which checks what the first test here checked); here, two demos with your
+settings exported, the first held while a second is refused in its directory."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from patience import PATIENCE_S
 
-
-def test_demo_runs_end_to_end_without_a_terminal(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DPRELEASE_", "PREFECT_"))}
-    cli = Path(sys.executable).with_name("dprelease")
-    done = subprocess.run([str(cli), "demo"], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, timeout=PATIENCE_S)
-    out = done.stdout
-    assert done.returncode == 0, out + done.stderr
-    assert "no terminal: approved automatically" in out
-    assert "verify: OK, signature and every file intact" in out
-    published = list((tmp_path / "demo-output" / "published").glob("*/index.html"))
-    assert len(published) == 1
-    controller = list((tmp_path / "demo-output" / "archive").glob("*/controller/controller.html"))
-    assert len(controller) == 1 and "partition" in controller[0].read_text().lower()
+CLI = str(Path(sys.executable).with_name("dprelease"))
 
 
-def test_the_demo_never_touches_your_home_store_keys_or_prefect_server(tmp_path):
+def _clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith(("DPRELEASE_", "PREFECT_"))}
+
+
+def test_the_demo_never_touches_your_home_store_keys_or_prefect_server_and_runs_one_at_a_time(tmp_path):
     """`make demo` with your settings exported (the guides export DPRELEASE_HOME): your home, store,
     keys and Prefect server are neither read nor changed; the demo runs in ./demo-output, and its
-    next run replaces only what a demo made."""
+    next run replaces only what a demo made.
+
+    Two `make demo` at once in one directory: the second deleted ./demo-output under the first
+    (its store, keys and escrow). It is now refused in one line while the first runs, and the first,
+    held at a step of its release (dprelease/faults.py), then finishes as if alone."""
     yours = tmp_path / "yours"
     yours.mkdir()
     (yours / "store.db").write_text("your budget ledger")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DPRELEASE_", "PREFECT_"))}
+    env = _clean_env()
     env.update(DPRELEASE_HOME=str(yours), DPRELEASE_KEY_DIR=str(yours / "keys"),
                DPRELEASE_STORE_URL=f"sqlite:///{yours / 'store.db'}", DPRELEASE_CONTROLLER_KEY=str(yours / "me.pem"),
                PREFECT_HOME=str(yours / "prefect"),
                PREFECT_API_URL="http://127.0.0.1:9/api")  # a server that is not there
     work = tmp_path / "work"
     work.mkdir()
-    cli = Path(sys.executable).with_name("dprelease")
-    for _ in range(2):  # the second run replaces the first's home
-        done = subprocess.run([str(cli), "demo"], cwd=work, env=env, stdin=subprocess.DEVNULL,
-                              capture_output=True, text=True, timeout=PATIENCE_S)
-        assert done.returncode == 0, done.stdout + done.stderr
-        assert "verify: OK, signature and every file intact" in done.stdout
-        assert len(list((work / "demo-output" / "published").glob("*/index.html"))) == 1
+    marker = tmp_path / "first-demo-paused"
+    first = subprocess.Popen([CLI, "demo"], cwd=work, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True,
+                             env={**env, "DPRELEASE_TEST_PAUSE_AT": "after_checks",
+                                  "DPRELEASE_TEST_PAUSE_MARKER": str(marker)})
+    try:
+        deadline = time.monotonic() + PATIENCE_S
+        while not marker.exists() and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)  # polls for the marker: the bound is the suite's patience, not a timing
+        assert marker.exists(), first.communicate()
+        home = work / "demo-output"
+
+        def held() -> list:  # the first demo's store, keys and escrow (its Prefect folder is its server's)
+            return sorted(str(p.relative_to(home)) for p in home.rglob("*") if p.relative_to(home).parts[0] != "prefect")
+
+        before = held()
+        assert "store.db" in before and any(p.startswith("escrow/") for p in before)
+        second = subprocess.run([CLI, "demo"], cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                                text=True, timeout=PATIENCE_S)
+        assert second.returncode == 2, second.stdout + second.stderr
+        assert second.stderr.strip().splitlines() == [
+            f"error: another `dprelease demo` is running in {work}: wait for it to end, or run this one from "
+            "another directory"]
+        assert held() == before
+        marker.unlink()  # the first demo goes on
+        out, err = first.communicate(timeout=PATIENCE_S)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert first.returncode == 0, out + err
+    assert "verify: OK, signature and every file intact" in out
+    assert len(list((work / "demo-output" / "published").glob("*/index.html"))) == 1
+    # the next run replaces the first's home
+    done = subprocess.run([CLI, "demo"], cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=PATIENCE_S)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "verify: OK, signature and every file intact" in done.stdout
+    assert len(list((work / "demo-output" / "published").glob("*/index.html"))) == 1
     assert sorted(p.name for p in yours.iterdir()) == ["store.db"]
     assert (yours / "store.db").read_text() == "your budget ledger"
 
@@ -57,51 +89,9 @@ def test_the_demo_refuses_a_demo_output_folder_it_did_not_make(tmp_path):
     kept.parent.mkdir()
     kept.write_text("mine")
     (tmp_path / "demo-output" / "store.db").write_text("not a demo's")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DPRELEASE_", "PREFECT_"))}
-    done = subprocess.run([str(Path(sys.executable).with_name("dprelease")), "demo"], cwd=tmp_path, env=env,
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=PATIENCE_S)
+    done = subprocess.run([CLI, "demo"], cwd=tmp_path, env=_clean_env(), stdin=subprocess.DEVNULL, capture_output=True,
+                          text=True, timeout=PATIENCE_S)
     assert done.returncode == 2, done.stdout + done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and "move it away" in lines[0], done.stderr
     assert sorted(p.name for p in kept.parent.iterdir()) == ["notes.txt", "store.db"]
-
-
-def test_a_second_demo_in_the_same_directory_is_refused_while_the_first_runs(tmp_path):
-    """Two `make demo` at once in one directory: the second deleted ./demo-output under the first
-    (its store, keys and escrow). It is now refused in one line while the first runs, and the first,
-    held at a step of its release (dprelease/faults.py), then finishes as if alone."""
-    import time
-
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DPRELEASE_", "PREFECT_"))}
-    marker = tmp_path.parent / f"{tmp_path.name}-paused"
-    cli = str(Path(sys.executable).with_name("dprelease"))
-    first = subprocess.Popen([cli, "demo"], cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True,
-                             env={**env, "DPRELEASE_TEST_PAUSE_AT": "after_checks",
-                                  "DPRELEASE_TEST_PAUSE_MARKER": str(marker)})
-    try:
-        deadline = time.monotonic() + PATIENCE_S
-        while not marker.exists() and first.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.1)  # polls for the marker: the bound is the suite's patience, not a timing
-        assert marker.exists(), first.communicate()
-        home = tmp_path / "demo-output"
-
-        def held() -> list:  # the first demo's store, keys and escrow (its Prefect folder is its server's)
-            return sorted(str(p.relative_to(home)) for p in home.rglob("*") if p.relative_to(home).parts[0] != "prefect")
-
-        before = held()
-        assert "store.db" in before and any(p.startswith("escrow/") for p in before)
-        second = subprocess.run([cli, "demo"], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, capture_output=True,
-                                text=True, timeout=PATIENCE_S)
-        assert second.returncode == 2, second.stdout + second.stderr
-        assert second.stderr.strip().splitlines() == [
-            f"error: another `dprelease demo` is running in {tmp_path}: wait for it to end, or run this one from "
-            "another directory"]
-        assert held() == before
-        marker.unlink()  # the first demo goes on
-        out, err = first.communicate(timeout=PATIENCE_S)
-    finally:
-        if first.poll() is None:
-            first.kill()
-    assert first.returncode == 0, out + err
-    assert "verify: OK, signature and every file intact" in out

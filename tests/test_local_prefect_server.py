@@ -110,16 +110,24 @@ def _answers(found: dict) -> bool:
     return response.status_code == 200
 
 
-def test_commands_one_after_another_share_one_server(prefect_home):
+def test_commands_one_after_another_share_one_server_its_owner_s_only_until_its_home_is_deleted(prefect_home):
+    """One server boot for four checks: a second command uses the first one's server; its API refuses
+    calls without the server's secret; its files are its owner's only; deleting its home stops it."""
     env = _env(prefect_home, idle_s=PATIENCE_S)
     first = _run(env)
     second = _run(env)
     assert first["started"] and not second["started"]
     assert (second["pid"], second["port"]) == (first["pid"], first["port"])
     assert _answers(second)
+    _refuses_calls_without_the_secret(prefect_home, second)
+    _keeps_its_files_to_its_owner(prefect_home)
+    shutil.rmtree(prefect_home)
+    assert _gone(second["pid"], within_s=PATIENCE_S), "a server whose home was deleted kept running"
 
 
-def test_commands_started_at_once_start_one_server(prefect_home):
+def test_commands_started_at_once_start_one_server_and_a_command_reports_only_the_one_the_home_keeps(prefect_home):
+    """Four commands at once start one server; that server, its record damaged, is then the one a
+    command holding it no longer reports."""
     env = _env(prefect_home, idle_s=PATIENCE_S)
     commands = [_attach(env) for _ in range(4)]
     found = [_found(c) for c in commands]
@@ -127,10 +135,61 @@ def test_commands_started_at_once_start_one_server(prefect_home):
         assert c.wait(PATIENCE_S) == 0, c.stderr.read()
     assert sum(f["started"] for f in found) == 1, found
     assert len({f["pid"] for f in found}) == 1, found
+    _reports_only_the_server_the_home_keeps(prefect_home, env, found[0])
 
 
-def test_a_server_in_use_stays_and_stops_once_its_last_user_is_killed(prefect_home):
-    env = _env(prefect_home, idle_s=2)
+def _reports_only_the_server_the_home_keeps(prefect_home: Path, env: dict, first: dict) -> None:
+    """A command holding a server the home no longer keeps (its record now names another, started
+    after the record was damaged) reports the home's server, never the one it found first, even
+    while that one still runs (it stops once it sees the record; held stopped here, so it cannot)."""
+    from dprelease.cli.local_prefect_server import LocalServer
+
+    attached = LocalServer(prefect_home)
+    assert attached.attach(may_start=False) and attached.record.pid == first["pid"]
+    os.kill(first["pid"], signal.SIGSTOP)
+    try:
+        next(prefect_home.glob("dprelease-local-server-*.json")).write_text('{"pid": 1, "port":')
+        second = _run(env)
+        assert second["started"] and second["pid"] != first["pid"]
+        attached.wait_ready()
+        assert (attached.record.pid, attached.record.port) == (second["pid"], second["port"])
+        assert attached.process is None  # not this command's: it never started one
+    finally:
+        attached.detach()
+        os.kill(first["pid"], signal.SIGKILL)
+
+
+#: a sitecustomize for the server's process: an audit hook writes the name of every module its
+#: watchdog thread ("idle-watch") loads, and the pid of every process that installed the hook
+RECORD_WATCHDOG_IMPORTS = textwrap.dedent("""
+    import os, sys, threading
+    _here = os.path.dirname(os.path.abspath(__file__))
+    _imports = os.open(os.path.join(_here, "watchdog-imports.txt"), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    os.write(os.open(os.path.join(_here, "hooked.txt"), os.O_WRONLY | os.O_APPEND | os.O_CREAT),
+             f"{os.getpid()}\\n".encode())
+
+    def _record(event, args):
+        if event == "import" and threading.current_thread().name == "idle-watch":
+            os.write(_imports, f"{args[0]}\\n".encode())  # os.write: the hook itself imports nothing
+
+    sys.addaudithook(_record)
+""")
+
+
+def test_a_server_in_use_stays_and_stops_once_its_last_user_is_killed_and_its_watchdog_imports_nothing(
+        prefect_home, tmp_path):
+    """A server stays while a command holds it, however long past its idle time, and stops once its
+    last user is killed; the next command starts another, which stops when idle after that command.
+
+    The watchdog thread starts while the server's main thread imports Prefect's app. An import of
+    its own there can fail (CPython's module locks see a deadlock between the two threads, or hand
+    over a half-initialised module), and a failed watchdog stops the server, also one that has just
+    answered a command (which then reports a server that is gone a moment later). Recorded by an
+    audit hook in both servers through their whole lives: boot, use, idle stop."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(RECORD_WATCHDOG_IMPORTS)
+    env = _env(prefect_home, idle_s=2, PYTHONPATH=f"{hook}{os.pathsep}{ROOT}")
     holder = _attach(env, hold_s=PATIENCE_S)
     found = _found(holder)
     time.sleep(8)  # four times the idle time, with a user attached all along
@@ -141,20 +200,38 @@ def test_a_server_in_use_stays_and_stops_once_its_last_user_is_killed(prefect_ho
     assert not list(prefect_home.glob("dprelease-local-server-*.json")), "a stopped server left its record"
     after = _run(env)
     assert after["started"] and after["pid"] != found["pid"]
+    assert _gone(after["pid"], within_s=PATIENCE_S), "the server outlived its idle time"
+    assert not list(prefect_home.glob("dprelease-local-server-*.json")), "the server did not stop as idle"
+    hooked = (hook / "hooked.txt").read_text().split()
+    assert str(found["pid"]) in hooked and str(after["pid"]) in hooked, "the hook was not in the servers"
+    loaded = (hook / "watchdog-imports.txt").read_text().split()
+    assert not loaded, f"the servers' watchdog threads loaded {loaded}"
 
 
-def test_a_killed_command_leaves_its_booting_server_to_the_next(prefect_home):
+def test_the_port_listens_before_the_server_has_booted_and_a_killed_command_leaves_it_to_the_next(prefect_home):
+    """The command binds the socket and hands it over: the port is the server's from its spawn, with
+    no moment when another process could take it (a call waits in the queue until the app is up).
+    The command killed while its server boots leaves that server to the next command."""
+    import socket
+
     env = _env(prefect_home, idle_s=PATIENCE_S)
     starter = _attach(env, hold_s=PATIENCE_S, wait="spawned")
-    spawned = _found(starter)
-    starter.send_signal(signal.SIGKILL)  # while its server boots
-    starter.wait(PATIENCE_S)
+    try:
+        spawned = _found(starter)  # printed at once after the spawn, long before Prefect's imports end
+        with socket.create_connection(("127.0.0.1", spawned["port"]), timeout=PATIENCE_S):
+            pass  # refused if the server were still to bind its port
+    finally:
+        starter.send_signal(signal.SIGKILL)  # while its server boots
+        starter.wait(PATIENCE_S)
+    assert _answers(spawned)
     later = _run(env)
     assert not later["started"] and later["pid"] == spawned["pid"]
     assert _answers(later)
 
 
-def test_a_killed_server_is_replaced(prefect_home):
+def test_a_killed_server_is_replaced_and_a_server_whose_record_names_another_stops_by_itself(prefect_home):
+    """A killed server is replaced by the next command's. A second server on the same database (its
+    record overwritten, damaged or removed) must not stay."""
     env = _env(prefect_home, idle_s=PATIENCE_S)
     first = _run(env)
     os.kill(first["pid"], signal.SIGKILL)
@@ -162,9 +239,17 @@ def test_a_killed_server_is_replaced(prefect_home):
     second = _run(env)
     assert second["started"] and second["pid"] != first["pid"]
     assert _answers(second)
+    state = next(prefect_home.glob("dprelease-local-server-*.json"))
+    state.write_text('{"pid": 1, "port":')  # damaged: the next command starts another server
+    third = _run(env)
+    assert third["started"] and third["pid"] != second["pid"]
+    assert _gone(second["pid"], within_s=PATIENCE_S), "the server no record names kept running"
+    assert _answers(third) and _record(prefect_home)["pid"] == third["pid"]
 
 
-def test_a_record_naming_another_process_is_neither_trusted_nor_killed(prefect_home):
+def test_a_record_naming_another_process_is_neither_trusted_nor_killed_and_server_stop_waits_for_users(prefect_home):
+    """A stale record's pid, now another process's, is neither used nor signalled: a server is
+    started instead, which `dprelease server --stop` then stops once no command holds it."""
     from importlib.metadata import version
 
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(" + str(PATIENCE_S) + ")"])
@@ -172,17 +257,19 @@ def test_a_record_naming_another_process_is_neither_trusted_nor_killed(prefect_h
         record = {"pid": bystander.pid, "port": 8999, "auth": "dprelease:x", "version": version("prefect"),
                   "started": 1.0, "home": str(prefect_home.resolve())}  # a pid reused by another process
         (prefect_home / f"dprelease-local-server-{version('prefect')}.json").write_text(json.dumps(record))
-        found = _run(_env(prefect_home, idle_s=PATIENCE_S))
+        env = _env(prefect_home, idle_s=PATIENCE_S)
+        found = _run(env)
         assert found["started"] and found["pid"] != bystander.pid
         assert _answers(found)
         assert bystander.poll() is None, "a process named by a stale record was signalled"
     finally:
         bystander.kill()
         bystander.wait()
+    _server_stop_refuses_while_a_command_uses_it_then_stops_it(env, found)
 
 
-def test_the_api_refuses_calls_without_the_server_s_secret(prefect_home):
-    found = _run(_env(prefect_home, idle_s=PATIENCE_S))
+def _refuses_calls_without_the_secret(prefect_home: Path, found: dict) -> None:
+    """The server's API refuses calls without its secret (health is open, as for probes)."""
     state = next(prefect_home.glob("dprelease-local-server-*.json"))
     assert stat.S_IMODE(state.stat().st_mode) == 0o600  # the secret is its owner's only
     base = f"http://127.0.0.1:{found['port']}/api"
@@ -193,10 +280,11 @@ def test_the_api_refuses_calls_without_the_server_s_secret(prefect_home):
     assert _answers(found)
 
 
-def test_server_stop_refuses_while_a_command_uses_it_then_stops_it(prefect_home):
-    env = _env(prefect_home, idle_s=PATIENCE_S)
+def _server_stop_refuses_while_a_command_uses_it_then_stops_it(env: dict, running: dict) -> None:
+    """`dprelease server --stop` refuses while a command holds the home's server, then stops it."""
     holder = _attach(env, hold_s=PATIENCE_S)
     found = _found(holder)
+    assert found["pid"] == running["pid"]
     refused = subprocess.run([CLI, "server", "--stop"], env=env, capture_output=True, text=True, timeout=PATIENCE_S)
     assert refused.returncode == 2
     assert refused.stderr.strip().startswith("error: the local Prefect server is in use by a running command")
@@ -326,24 +414,6 @@ def test_a_release_refused_before_its_flow_leaves_no_server(prefect_home, tmp_pa
     assert servers.stdout.strip() == "", "a refused release left its server running"
 
 
-def test_a_server_whose_record_names_another_stops_by_itself(prefect_home):
-    """A second server on the same database (its record overwritten, damaged or removed) must not stay."""
-    env = _env(prefect_home, idle_s=PATIENCE_S)
-    first = _run(env)
-    state = next(prefect_home.glob("dprelease-local-server-*.json"))
-    state.write_text('{"pid": 1, "port":')  # damaged: the next command starts another server
-    second = _run(env)
-    assert second["started"] and second["pid"] != first["pid"]
-    assert _gone(first["pid"], within_s=PATIENCE_S), "the server no record names kept running"
-    assert _answers(second) and _record(prefect_home)["pid"] == second["pid"]
-
-
-def test_a_deleted_home_stops_its_server(prefect_home):
-    found = _run(_env(prefect_home, idle_s=PATIENCE_S))
-    shutil.rmtree(prefect_home)
-    assert _gone(found["pid"], within_s=PATIENCE_S), "a server whose home was deleted kept running"
-
-
 def test_a_relative_home_is_the_same_home_for_the_server(prefect_home):
     env = _env(prefect_home, idle_s=PATIENCE_S)
     env["PREFECT_HOME"] = prefect_home.name  # relative to the command's directory
@@ -358,10 +428,11 @@ def test_a_relative_home_is_the_same_home_for_the_server(prefect_home):
     assert not (prefect_home / prefect_home.name).exists()
 
 
-def test_a_malformed_record_signals_nobody(prefect_home):
+def test_a_malformed_record_signals_nobody_and_a_failure_of_the_watchdog_stops_the_server(prefect_home):
     """A record naming pid 0 (every process of the group) or a pid that is no number is not a
     server's (pid -1, every process of the user, is refused by the same check: not run here, where
-    a regression would signal the whole machine)."""
+    a regression would signal the whole machine). The server the next command then starts stops,
+    leaving no record, when its watchdog fails."""
     from importlib.metadata import version
 
     state = prefect_home / f"dprelease-local-server-{version('prefect')}.json"
@@ -377,32 +448,17 @@ def test_a_malformed_record_signals_nobody(prefect_home):
                                  "started": 1.0, "home": str(prefect_home.resolve())}))
     found = _run(env)
     assert found["started"] and found["pid"] > 1
+    _a_failure_of_its_watchdog_stops_it_leaving_no_record(prefect_home, found)
 
 
-def test_the_server_s_files_are_its_owner_s_only(prefect_home):
-    found = _run(_env(prefect_home, idle_s=PATIENCE_S))
-    assert _answers(found)  # a call: the database and its journal are written
+def _keeps_its_files_to_its_owner(prefect_home: Path) -> None:
+    """After a call (the database and its journal are written), every file of the server in its
+    home is its owner's only."""
     for name in ("dprelease-local-prefect-*.db*", "dprelease-local-server.log", "dprelease-local-server-*.json"):
         paths = list(prefect_home.glob(name))
         assert paths, f"no {name} in the home"
         for path in paths:
             assert stat.S_IMODE(path.stat().st_mode) & 0o077 == 0, f"{path.name} is readable by others"
-
-
-def test_the_port_listens_before_the_server_has_booted(prefect_home):
-    """The command binds the socket and hands it over: the port is the server's from its spawn, with
-    no moment when another process could take it (a call waits in the queue until the app is up)."""
-    import socket
-
-    starter = _attach(_env(prefect_home, idle_s=PATIENCE_S), hold_s=PATIENCE_S, wait="spawned")
-    try:
-        spawned = _found(starter)  # printed at once after the spawn, long before Prefect's imports end
-        with socket.create_connection(("127.0.0.1", spawned["port"]), timeout=PATIENCE_S):
-            pass  # refused if the server were still to bind its port
-        assert _answers(spawned)
-    finally:
-        starter.kill()
-        starter.wait(PATIENCE_S)
 
 
 #: a command that starts the home's server while it keeps the CPU its child runs on (real-time
@@ -443,69 +499,9 @@ def test_a_started_server_is_recorded_once_it_is_seen_running(prefect_home):
     assert found["started"] and found["runs"], "the recorded server looked not running right after its start"
 
 
-#: a sitecustomize for the server's process: an audit hook writes the name of every module its
-#: watchdog thread ("idle-watch") loads, and the pid of every process that installed the hook
-RECORD_WATCHDOG_IMPORTS = textwrap.dedent("""
-    import os, sys, threading
-    _here = os.path.dirname(os.path.abspath(__file__))
-    _imports = os.open(os.path.join(_here, "watchdog-imports.txt"), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-    os.write(os.open(os.path.join(_here, "hooked.txt"), os.O_WRONLY | os.O_APPEND | os.O_CREAT),
-             f"{os.getpid()}\\n".encode())
-
-    def _record(event, args):
-        if event == "import" and threading.current_thread().name == "idle-watch":
-            os.write(_imports, f"{args[0]}\\n".encode())  # os.write: the hook itself imports nothing
-
-    sys.addaudithook(_record)
-""")
-
-
-def test_the_server_s_watchdog_imports_nothing(prefect_home, tmp_path):
-    """The watchdog thread starts while the server's main thread imports Prefect's app. An import of
-    its own there can fail (CPython's module locks see a deadlock between the two threads, or hand
-    over a half-initialised module), and a failed watchdog stops the server, also one that has just
-    answered a command (which then reports a server that is gone a moment later). Recorded by an
-    audit hook in the server through its whole life: boot, use, idle stop."""
-    hook = tmp_path / "hook"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(RECORD_WATCHDOG_IMPORTS)
-    env = _env(prefect_home, idle_s=2, PYTHONPATH=f"{hook}{os.pathsep}{ROOT}")
-    found = _run(env)
-    assert _gone(found["pid"], within_s=PATIENCE_S), "the server outlived its idle time"
-    assert not list(prefect_home.glob("dprelease-local-server-*.json")), "the server did not stop as idle"
-    assert str(found["pid"]) in (hook / "hooked.txt").read_text().split(), "the hook was not in the server"
-    loaded = (hook / "watchdog-imports.txt").read_text().split()
-    assert not loaded, f"the server's watchdog thread loaded {loaded}"
-
-
-def test_a_command_reports_only_the_server_the_home_keeps(prefect_home):
-    """A command holding a server the home no longer keeps (its record now names another, started
-    after the record was damaged) reports the home's server, never the one it found first, even
-    while that one still runs (it stops once it sees the record; held stopped here, so it cannot)."""
-    from dprelease.cli.local_prefect_server import LocalServer
-
-    env = _env(prefect_home, idle_s=PATIENCE_S)
-    first = _run(env)
-    attached = LocalServer(prefect_home)
-    assert attached.attach(may_start=False) and attached.record.pid == first["pid"]
-    os.kill(first["pid"], signal.SIGSTOP)
-    try:
-        next(prefect_home.glob("dprelease-local-server-*.json")).write_text('{"pid": 1, "port":')
-        second = _run(env)
-        assert second["started"] and second["pid"] != first["pid"]
-        attached.wait_ready()
-        assert (attached.record.pid, attached.record.port) == (second["pid"], second["port"])
-        assert attached.process is None  # not this command's: it never started one
-    finally:
-        attached.detach()
-        os.kill(first["pid"], signal.SIGKILL)
-
-
-def test_a_server_stopped_by_a_failure_of_its_watchdog_leaves_no_record(prefect_home):
+def _a_failure_of_its_watchdog_stops_it_leaving_no_record(prefect_home: Path, found: dict) -> None:
     """A server that stops on a failure of its watchdog (here: the users' lock file replaced by a
     directory it cannot open) is no longer the home's: no command finds it while it stops."""
-    env = _env(prefect_home, idle_s=PATIENCE_S)
-    found = _run(env)
     users = next(prefect_home.glob("dprelease-local-server-*.users"))
     users.unlink()
     users.mkdir()

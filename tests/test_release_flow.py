@@ -9,6 +9,7 @@ import re
 import tempfile
 import threading
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -114,19 +115,30 @@ def decide(platform_env, decision, override="", **params):
     return platform, rel, box
 
 
-def test_approve_publishes_a_verifiable_report_and_commits_once(platform_env):
+@pytest.fixture(scope="module")
+def approved(platform_env):
+    """One approved release of the module's request, for the tests that only read what it published,
+    archived and left (each ran its own: 2.5-3 CPU-seconds a release): the platform, the release, the
+    run's box, and the dataset's budget before it and right after it."""
     from dprelease import pipeline
-    from dprelease.reporting import signing
 
     before = pipeline.Platform.open(platform_env).store.budget("adult")
     platform, rel, box = decide(platform_env, "approve")
+    return types.SimpleNamespace(platform=platform, rel=rel, box=box, before=before,
+                                 after=platform.store.budget("adult"))
+
+
+def test_approve_publishes_a_verifiable_report_and_commits_once(platform_env, approved):
+    from dprelease.reporting import signing
+
+    before, platform, rel, box = approved.before, approved.platform, approved.rel, approved.box
     assert box["result"]["status"] == "published", box
     directory = Path(box["result"]["directory"])
     assert directory.parent == platform_env.publication_dir
     report = signing.verify_directory(directory, platform_env.public_key_file)
     assert report.ok, report
     assert report.facts["approved_by"] == "alice" and report.facts["epsilon"] == pytest.approx(1.0)
-    after = platform.store.budget("adult")
+    after = approved.after
     assert after["epsilon_committed"] == pytest.approx(before["epsilon_committed"] + 1.0)
     assert after["epsilon_reserved"] == pytest.approx(before["epsilon_reserved"])
     assert platform.store.get_release(rel.id).status == "published"
@@ -140,14 +152,15 @@ def test_approve_publishes_a_verifiable_report_and_commits_once(platform_env):
     assert not list(platform_env.publication_dir.rglob("controller*"))
 
 
-def test_a_run_that_completes_ends_its_watchdog_which_changes_nothing(platform_env):
+def test_a_run_that_completes_ends_its_watchdog_which_changes_nothing(platform_env, approved):
     """The run's hooks tell its watchdog (dprelease.flows.watchdog) that the release ended: it exits
-    while the run's process lives on, leaving the release, the ledger and the run's state as they were."""
+    while the run's process lives on, leaving the release, the ledger and the run's state as they were
+    (the budget as right after the release: no release of this module runs in between)."""
     from prefect import get_client
 
-    platform, rel, box = decide(platform_env, "approve")
+    platform, rel, box = approved.platform, approved.rel, approved.box
     assert box["result"]["status"] == "published", box
-    committed = platform.store.budget("adult")
+    committed = approved.after
     wait_gone(box["watchdog"], "the watchdog of a run that completed")
     assert platform.store.get_release(rel.id).status == "published"
     assert [e.status for e in platform.store.ledger_entries("adult") if e.release_id == rel.id] == ["committed"]
@@ -166,12 +179,12 @@ def _published_text(directory: Path) -> str:
     return "\n".join(p.read_bytes().decode("utf-8", "replace") for p in sorted(directory.rglob("*")) if p.is_file())
 
 
-def test_analyst_outputs_hold_no_controller_only_numbers(platform_env):
+def test_analyst_outputs_hold_no_controller_only_numbers(platform_env, approved):
     """The folder that is actually published (every file, not the renderer's output) holds no
     controller-only label, field or exact value; the controller report stays in the archive."""
     from dprelease.reporting import pages
 
-    platform, rel, box = decide(platform_env, "approve")
+    platform, rel, box = approved.platform, approved.rel, approved.box
     directory = Path(box["result"]["directory"])
     sealed = _sealed_result(platform, rel.id)
     published = _published_text(directory).lower() + "\n" + (platform_env.publication_dir / "index.html").read_text().lower()
@@ -537,8 +550,8 @@ def test_release_flow_never_auto_approves_and_later_steps_never_recompute(platfo
         pipeline.open_sealed(platform, "never-computed", planned, decision)
 
 
-def test_publication_is_staged_and_shows_only_a_keyed_fingerprint(platform_env):
-    platform, rel, box = decide(platform_env, "approve")
+def test_publication_is_staged_and_shows_only_a_keyed_fingerprint(platform_env, approved):
+    platform, box = approved.platform, approved.box
     directory = Path(box["result"]["directory"])
     assert not list(platform_env.publication_dir.glob(".staging-*")) and not list(platform_env.publication_dir.glob(".old-*"))
     raw_fingerprint = platform.store.get_dataset("adult").fingerprint
@@ -1120,7 +1133,8 @@ def test_a_pause_whose_reply_was_lost_still_waits_for_the_answer():
 ABSOLUTE_PATH = re.compile(r"(?<![\w:/.~-])/(?:[\w.-]+/)+[\w.-]*")
 
 
-def test_the_preview_summary_and_reports_write_each_number_alike_and_analysts_see_no_publisher_path(platform_env):
+def test_the_preview_summary_and_reports_write_each_number_alike_and_analysts_see_no_publisher_path(
+        platform_env, approved):
     """One released interval, one string: the accuracy preview's half-width is the one the release
     reports, and every released cell reads the same in the controller summary, the controller
     report and the analyst report (a count as an integer, in results.csv and results.json too).
@@ -1130,7 +1144,7 @@ def test_the_preview_summary_and_reports_write_each_number_alike_and_analysts_se
 
     from dp_core import display
 
-    platform, rel, box = decide(platform_env, "approve")
+    platform, rel, box = approved.platform, approved.rel, approved.box
     directory = Path(box["result"]["directory"])
     archive = platform_env.archive_dir / rel.id
     preview = (archive / "preview.md").read_text()

@@ -127,44 +127,40 @@ def test_a_server_on_a_copy_of_the_template_starts_without_migrating_and_serves_
         server.kill()
 
 
-def test_a_template_built_again_holds_every_block_type(tmp_path):
-    """Prefect remembers a block registration per database path (PREFECT_HOME/memo_store.toml): a
-    template built again under the same name (deleted, or a new build of its Prefect version) would
-    have registered none, and its copies' servers skip the registration. The builder forgets that."""
-    code = textwrap.dedent("""
-        import sqlite3
-        from dprelease.cli import temporary_prefect_server as prefect_server
-        counts = []
-        for _build in range(2):
-            template = prefect_server.template_database()
-            counts.append(sqlite3.connect(template).execute("SELECT count(*) FROM block_type").fetchone()[0])
-            template.unlink()  # the next call builds it again (the installation's copy too)
-            prefect_server.installation_template().unlink()
-        print(*counts)
-    """)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env.update(PYTHONPATH=str(ROOT), PREFECT_HOME=str(tmp_path / "prefect-home"), PREFECT_SERVER_ANALYTICS_ENABLED="false",
-               DPRELEASE_PREFECT_TEMPLATE_DIR=str(tmp_path / "installation"))
-    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=PATIENCE_S)
-    assert done.returncode == 0, done.stderr[-2000:]
-    first, second = map(int, done.stdout.split())
-    assert first > 20 and second == first, (first, second)
-
-
-def test_a_new_home_copies_the_installations_template_instead_of_building_one(tmp_path):
+def test_a_new_home_copies_the_installations_template_instead_of_building_one_built_again_whole(tmp_path):
     """Building the template (a Prefect server migrating a new database and registering the block
     types) was most of the first release's extra time in a new PREFECT_HOME (issue 41). The first
     home of an installation builds it and offers it to the installation; a second new home then copies
     that one (byte for byte: a build of its own would differ, its ids and times being new), as does
     the check a command makes before starting its server (existing_template). Whether the copy serves
     Prefect is checked by test_a_server_on_a_copy_of_the_template_starts_without_migrating_and_serves_flows,
-    whose template is such a copy."""
+    whose template is such a copy.
+
+    Built again: Prefect remembers a block registration per database path (PREFECT_HOME/memo_store.toml):
+    a template built again under the same name (deleted, or a new build of its Prefect version) would
+    have registered none, and its copies' servers skip the registration. The builder forgets that: the
+    first home builds its template twice in one process (the second after deleting it and the
+    installation's copy), and both hold every block type; the second home copies the second."""
     import hashlib
     import sqlite3
 
     import prefect
 
-    code = textwrap.dedent("""
+    first_home = textwrap.dedent("""
+        import sqlite3
+        from dprelease.cli import temporary_prefect_server as prefect_server
+        print(prefect_server.existing_template())
+        counts = []
+        for build in range(2):
+            template = prefect_server.template_database()
+            counts.append(sqlite3.connect(template).execute("SELECT count(*) FROM block_type").fetchone()[0])
+            assert prefect_server.installation_template().exists()  # offered to the installation
+            if build == 0:  # the next call builds it again (the installation's copy too)
+                template.unlink()
+                prefect_server.installation_template().unlink()
+        print(template, *counts)
+    """)
+    second_home = textwrap.dedent("""
         from dprelease.cli import temporary_prefect_server as prefect_server
         print(prefect_server.existing_template())
         print(prefect_server.template_database())
@@ -174,7 +170,7 @@ def test_a_new_home_copies_the_installations_template_instead_of_building_one(tm
     env.update(PYTHONPATH=str(ROOT), PREFECT_SERVER_ANALYTICS_ENABLED="false",
                DPRELEASE_PREFECT_TEMPLATE_DIR=str(installation.parent))
     said, digests = [], []
-    for home in ("first-home", "second-home"):
+    for home, code in (("first-home", first_home), ("second-home", second_home)):
         done = subprocess.run([sys.executable, "-c", code], env={**env, "PREFECT_HOME": str(tmp_path / home)}, cwd=ROOT,
                               capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-2000:]
@@ -182,6 +178,8 @@ def test_a_new_home_copies_the_installations_template_instead_of_building_one(tm
         digests.append(hashlib.sha256(Path(said[-1][1]).read_bytes()).hexdigest())
         if home == "first-home":  # nothing to copy yet: built, then offered to the installation
             assert said[0][0] == "None" and installation.exists()
+            first, second = map(int, said[0][2:])
+            assert first > 20 and second == first, (first, second)  # built again: every block type again
     second_existing, second_home_template = said[1]
     assert second_existing == second_home_template == str(tmp_path / "second-home" / installation.name)
     assert digests[1] == digests[0] == hashlib.sha256(installation.read_bytes()).hexdigest()  # copied, not built again

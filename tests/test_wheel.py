@@ -120,9 +120,15 @@ def test_the_installed_packages_import_from_outside_the_checkout(installed, tmp_
     assert bare.returncode != 0 and "No module named 'flows'" in bare.stderr, bare.stderr
 
 
-def test_the_installed_dprelease_demo_runs_outside_the_checkout(installed, tmp_path):
+def test_the_installed_dprelease_demo_runs_outside_the_checkout_from_nothing(installed, tmp_path):
+    """`make demo`'s command from nothing (no settings, no terminal: it approves automatically and says
+    so) ends with a verified, signed publication and the controller's report in the archive: the
+    suite's one demo from nothing (tests/test_demo.py runs it with settings exported)."""
     done = subprocess.run([str(installed / "bin" / "dprelease"), "demo"], cwd=tmp_path, stdin=subprocess.DEVNULL,
                           env=_clean_env(), capture_output=True, text=True, timeout=PATIENCE_S)
     assert done.returncode == 0, done.stdout + done.stderr
+    assert "no terminal: approved automatically" in done.stdout
     assert "verify: OK, signature and every file intact" in done.stdout
     assert len(list((tmp_path / "demo-output" / "published").glob("*/index.html"))) == 1
+    controller = list((tmp_path / "demo-output" / "archive").glob("*/controller/controller.html"))
+    assert len(controller) == 1 and "partition" in controller[0].read_text().lower()
