@@ -586,8 +586,7 @@ def test_the_advice_s_weighted_gaussian_uses_the_rho_the_release_s_own_selection
 
 
 @pytest.mark.parametrize("key_sql", [
-    "INTERVAL (i % 4) DAY",
-    "[i % 4]",
+    "INTERVAL (i % 4) DAY",  # a LIST key ([i % 4]) is refused by its type since 2026-11-29 (test_sql_value_errors.py)
     "CAST(170141183460469231731687303715884105000 AS HUGEINT) + i % 4",  # beyond a double's integers
     "CASE i % 4 WHEN 0 THEN NULL WHEN 1 THEN CAST('nan' AS DOUBLE) ELSE (i % 4) * 1.0 END",  # pandas reads both as NaN
 ])
