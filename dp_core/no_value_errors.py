@@ -360,11 +360,11 @@ FLOATS = ("FLOAT", "DOUBLE")
 
 
 def _compares_without_converting(left: str, right: str) -> bool:
-    """Comparing a `left` with a `right` cannot fail on a value: the same type, two integers, or a
-    float with a number (DuckDB compares them as DOUBLE)."""
-    left, right = left.upper(), right.upper()
+    """Comparing a `left` with a `right` cannot fail on a value: the same type, an untyped NULL
+    column, two integers, or a float with a number (DuckDB compares them as DOUBLE)."""
+    left, right = left.upper().strip('"'), right.upper().strip('"')
     numbers = INTEGERS + FLOATS
-    return (left == right or (left in INTEGERS and right in INTEGERS)
+    return (left == right or "NULL" in (left, right) or (left in INTEGERS and right in INTEGERS)
             or (left in FLOATS and (right in numbers or right.startswith("DECIMAL")))
             or (right in FLOATS and (left in numbers or left.startswith("DECIMAL"))))
 
@@ -378,13 +378,57 @@ def _outside_guards(node: exp.Expression, top: exp.Expression) -> bool:
     return True
 
 
+def _star_types(relations: exp.Select, source: exp.Expression, describe) -> dict[str, str]:
+    """Column (lower-case name, its first occurrence) -> type of `SELECT *` over `relations`' FROM
+    and joins, bound by `describe`; {} when DuckDB cannot bind it alone."""
+    probe = exp.Select(expressions=[exp.Star()])
+    probe.set("from_" if "from_" in exp.Select.arg_types else "from", relations.args.get("from_") or relations.args.get("from"))
+    probe.set("joins", relations.args.get("joins"))
+    with_clause = source.args.get("with_") or source.args.get("with")
+    if with_clause is not None:
+        probe.set("with_" if "with_" in exp.Select.arg_types else "with", with_clause.copy())
+    try:
+        found: dict[str, str] = {}
+        for name, kind in describe(probe.sql("duckdb")):
+            found.setdefault(name.lower(), kind)
+        return found
+    except Exception:  # noqa: BLE001 - DuckDB's binder, catalog and parser errors
+        return {}
+
+
+def _refuse_converting_named_columns(select: exp.Select, n: int, source: exp.Expression, describe) -> None:
+    """The n-th join of `select`, when it is USING (...) or NATURAL: each column it equates, by
+    name, must compare without converting (DuckDB casts a VARCHAR to the other side's BIGINT row by
+    row there too, outside any TRY)."""
+    join = select.args["joins"][n]
+    using = join.args.get("using")
+    if not using and (join.args.get("method") or "").upper() != "NATURAL":
+        return
+    left_relations = exp.Select()
+    left_relations.set("from_" if "from_" in exp.Select.arg_types else "from",
+                       (select.args.get("from_") or select.args.get("from")).copy())
+    left_relations.set("joins", [j.copy() for j in select.args["joins"][:n]])
+    right_relations = exp.Select()
+    right_relations.set("from_" if "from_" in exp.Select.arg_types else "from", exp.From(this=join.this.copy()))
+    left, right = _star_types(left_relations, source, describe), _star_types(right_relations, source, describe)
+    names = [u.name.lower() for u in using] if using else [c for c in right if c in left]
+    for name in names:
+        if name in left and name in right and not _compares_without_converting(left[name], right[name]):
+            raise InvalidQueryError(
+                f"{quote_start(unguarded(join.copy()))}: a join's USING/NATURAL compares column {name} as a "
+                f"{left[name]} with a {right[name]}, which DuckDB converts row by row and which fails the release "
+                f"on one person's value that does not convert; join ON with one side cast yourself "
+                f"(ON CAST(... AS {right[name]}) = ...: a value that does not convert is then NULL)")
+
+
 def refuse_converting_join_keys(source: exp.Expression, describe) -> None:
     """A join's equality (ON ... a = b ...) between two types DuckDB converts row by row to compare
     (a VARCHAR with a BIGINT: the text is cast, and fails on 'x') is refused by the two types, before
     any row is read: the comparison stays outside TRY so that it stays a hash join's key
     (guarded_join_condition). `describe(sql)` as for refuse_overflowing_sums."""
     for select in source.find_all(exp.Select):
-        for join in select.args.get("joins") or []:
+        for n, join in enumerate(select.args.get("joins") or []):
+            _refuse_converting_named_columns(select, n, source, describe)
             condition = join.args.get("on")
             equalities = [e for e in (condition.find_all(exp.EQ) if condition is not None else [])
                           if _outside_guards(e, condition)]

@@ -296,3 +296,20 @@ def test_a_join_comparing_a_text_with_a_number_is_refused_whatever_the_values():
     fixed = sql.replace("p.v = c.code", "CAST(p.v AS BIGINT) = c.code")
     for target in (None, "x"):
         assert run_sql(fixed, tables(target), epsilon=1.0) is not None
+
+
+@pytest.mark.parametrize("join", ["JOIN codes c USING (v)", "NATURAL JOIN codes c"])
+def test_a_join_by_name_comparing_a_text_with_a_number_is_refused_whatever_the_values(join):
+    """USING and NATURAL convert the text row by row as ON does: refused alike on both neighbours."""
+    from dp_core.errors import InvalidQueryError
+
+    sql = DP + f"region, {C} AS n FROM people p {join} GROUP BY region"
+    refusals = []
+    for target in (None, "x"):
+        tables = people_with("1", target)
+        tables["codes"] = Table(pd.DataFrame({"v": [1, 2], "region": ["N", "S"]}))
+        with pytest.raises(InvalidQueryError) as caught:
+            run_sql(sql, tables, epsilon=1.0)
+        refusals.append(str(caught.value))
+    assert refusals[0] == refusals[1]
+    assert "compares column v as a VARCHAR with a BIGINT" in refusals[0], refusals[0]
