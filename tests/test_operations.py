@@ -477,9 +477,11 @@ def ops_pg(ops):
 
 # SIGINT and SIGTERM (the command lets its run finish an approved publication) are left out: under
 # load the home-store SIGTERM case once found the approved release unpublished after the command and
-# its watchdog had ended (a race not yet understood), and the PostgreSQL one took 140 s
+# its watchdog had ended (a race not yet understood), and the PostgreSQL one took 140 s. The
+# PostgreSQL store ("postgresql", DPRELEASE_TEST_PG_URL) is left out of the suite too (36-54 s with
+# the suite past 15 minutes): the watchdog's settling on PostgreSQL is tested in test_run_hooks.py
 @pytest.mark.parametrize("signum", [signal.SIGKILL], ids=["kill-9"])
-@pytest.mark.parametrize("store_kind", ["home", "postgresql"])
+@pytest.mark.parametrize("store_kind", ["home"])
 def test_a_killed_release_command_is_settled_without_recover(ops, store_kind, signum, request):
     """A `dprelease release` command stopped as a controller's terminal stops it (Ctrl-C, SIGTERM,
     kill -9) once its release has drawn and sealed its noise (reserved), and another once its
