@@ -308,12 +308,18 @@ def _can_overflow(kind: str) -> bool:
     return upper in OVERFLOWING_TYPES
 
 
-def _types_of(select: exp.Select, expressions: list, source: exp.Expression, describe, dropped: tuple) -> list | None:
-    """The types of `expressions` evaluated in `select`'s FROM (its `dropped` clauses, ORDER BY,
-    LIMIT, DISTINCT and QUALIFY left out), bound over empty stand-ins by `describe`; None when DuckDB
-    cannot bind that probe alone (the statement's own binding, check_executable, then says why)."""
+def _described(select: exp.Select, expressions: list, source: exp.Expression, describe, dropped: tuple,
+               from_: exp.Expression | None = None, joins: list | None = None) -> list | None:
+    """[(name, type)] of `expressions` evaluated in `select`'s FROM and joins (or in `from_` and
+    `joins` given instead), its `dropped` clauses, ORDER BY, LIMIT, DISTINCT and QUALIFY left out,
+    bound over empty stand-ins by `describe`; None when DuckDB cannot bind that probe alone (the
+    statement's own binding, check_executable, then says why)."""
     probe = select.copy()
-    probe.set("expressions", [exp.alias_(e.copy(), f"__dp_probe{i}") for i, e in enumerate(expressions)])
+    probe.set("expressions", [e.copy() for e in expressions])
+    if from_ is not None:
+        probe.set("from_" if "from_" in exp.Select.arg_types else "from", exp.From(this=from_.copy()))
+    if joins is not None:
+        probe.set("joins", [j.copy() for j in joins])
     for arg in (*dropped, "distinct", "order", "limit", "qualify"):
         if arg in probe.args:
             probe.set(arg, None)
@@ -321,9 +327,16 @@ def _types_of(select: exp.Select, expressions: list, source: exp.Expression, des
     if with_clause is not None and select is not source and not (probe.args.get("with_") or probe.args.get("with")):
         probe.set("with_" if "with_" in exp.Select.arg_types else "with", with_clause.copy())
     try:
-        return [kind for _, kind in describe(probe.sql("duckdb"))]
+        return describe(probe.sql("duckdb"))
     except Exception:  # noqa: BLE001 - DuckDB's binder, catalog and parser errors
         return None
+
+
+def _types_of(select: exp.Select, expressions: list, source: exp.Expression, describe, dropped: tuple) -> list | None:
+    """The types of `expressions` in `select`'s FROM (_described), in order; None when not bound."""
+    described = _described(select, [exp.alias_(e.copy(), f"__dp_probe{i}") for i, e in enumerate(expressions)],
+                           source, describe, dropped)
+    return None if described is None else [kind for _, kind in described]
 
 
 def refuse_overflowing_sums(source: exp.Expression, describe) -> None:
@@ -343,14 +356,12 @@ def refuse_overflowing_sums(source: exp.Expression, describe) -> None:
             continue
         for call, kind in zip(calls, types):
             if _can_overflow(kind):
-                written = call.transform(lambda n: n.this if isinstance(n, exp.Try) else n)  # as the analyst wrote it
+                written = unguarded(call)  # as the analyst wrote it
                 name = call.sql_name() if hasattr(call, "sql_name") else call.key.upper()
                 raise InvalidQueryError(
                     f"{quote_start(written)}: {name} over {kind} values inside a subquery can overflow on one "
                     f"person's values, which would fail the release on them: compute it over DOUBLE "
                     f"({name}(CAST(... AS DOUBLE))), or over BIGINT if the values fit")
-
-
 
 
 #: type families within which DuckDB's comparison converts without failing: integers widen to a
@@ -378,24 +389,6 @@ def _outside_guards(node: exp.Expression, top: exp.Expression) -> bool:
     return True
 
 
-def _star_types(relations: exp.Select, source: exp.Expression, describe) -> dict[str, str]:
-    """Column (lower-case name, its first occurrence) -> type of `SELECT *` over `relations`' FROM
-    and joins, bound by `describe`; {} when DuckDB cannot bind it alone."""
-    probe = exp.Select(expressions=[exp.Star()])
-    probe.set("from_" if "from_" in exp.Select.arg_types else "from", relations.args.get("from_") or relations.args.get("from"))
-    probe.set("joins", relations.args.get("joins"))
-    with_clause = source.args.get("with_") or source.args.get("with")
-    if with_clause is not None:
-        probe.set("with_" if "with_" in exp.Select.arg_types else "with", with_clause.copy())
-    try:
-        found: dict[str, str] = {}
-        for name, kind in describe(probe.sql("duckdb")):
-            found.setdefault(name.lower(), kind)
-        return found
-    except Exception:  # noqa: BLE001 - DuckDB's binder, catalog and parser errors
-        return {}
-
-
 def _refuse_converting_named_columns(select: exp.Select, n: int, source: exp.Expression, describe) -> None:
     """The n-th join of `select`, when it is USING (...) or NATURAL: each column it equates, by
     name, must compare without converting (DuckDB casts a VARCHAR to the other side's BIGINT row by
@@ -404,13 +397,11 @@ def _refuse_converting_named_columns(select: exp.Select, n: int, source: exp.Exp
     using = join.args.get("using")
     if not using and (join.args.get("method") or "").upper() != "NATURAL":
         return
-    left_relations = exp.Select()
-    left_relations.set("from_" if "from_" in exp.Select.arg_types else "from",
-                       (select.args.get("from_") or select.args.get("from")).copy())
-    left_relations.set("joins", [j.copy() for j in select.args["joins"][:n]])
-    right_relations = exp.Select()
-    right_relations.set("from_" if "from_" in exp.Select.arg_types else "from", exp.From(this=join.this.copy()))
-    left, right = _star_types(left_relations, source, describe), _star_types(right_relations, source, describe)
+    clauses, star = ("where", "group", "having"), [exp.Star()]
+    left = _described(select, star, source, describe, clauses, joins=select.args["joins"][:n])
+    right = _described(select, star, source, describe, clauses, from_=join.this, joins=[])
+    # each name's first column (reversed: the first written last wins); {} when not bound alone
+    left, right = ({name.lower(): kind for name, kind in reversed(found or [])} for found in (left, right))
     names = [u.name.lower() for u in using] if using else [c for c in right if c in left]
     for name in names:
         if name in left and name in right and not _compares_without_converting(left[name], right[name]):
