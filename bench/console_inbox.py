@@ -49,7 +49,7 @@ def fill(settings, releases: int, waiting: int) -> None:
         else:
             store.update_release(rel.id, status=("published", "rejected", "failed")[i % 3])
     for i in range(50):
-        inbox.submit(settings, parse_request(dict(request, title=f"Request {i}")), "ana")
+        inbox.submit_in_console(settings, store, parse_request(dict(request, title=f"Request {i}")), "ana")
 
 
 def signed_in_cookie(settings) -> str:

@@ -5,7 +5,8 @@
     dprelease release request.yaml            # runs the release flow; asks for approval here
     dprelease controller add alice --private-key alice.pem     # the administrator
     dprelease pending | approve ID --key alice.pem | reject ID --key alice.pem --reason ...
-    dprelease request submit request.yaml --as ana              # an analyst (prints the request ID)
+    dprelease analyst key ana --public-key ana.pub.pem          # the administrator registers her key
+    dprelease request submit request.yaml --as ana --key ana.pem  # an analyst (prints the request ID)
     dprelease request list | release ID                        # a controller runs it
     dprelease controller add dora --passkey | analyst add ana --passkey | console   # the browser path
     dprelease recover                         # end the releases whose process died (refund or finish)
@@ -612,17 +613,41 @@ def controller_add(name: str,
 
     if passkey and private_key is None and public_key is None:
         return console_commands.enrolment_link(name, "controller")
+    fingerprint = _register_key(private_key, public_key, lambda path: decisions.create_controller(
+        _settings(), name, path), lambda path: decisions.register_controller(_settings(), name, path))
+    where = f"; private key {private_key} (keep it to yourself)" if private_key else ""
+    console.print(escape(f"controller {name!r} registered: key {fingerprint}{where}"), soft_wrap=True, highlight=False)
+
+
+def _register_key(private_key: Path | None, public_key: Path | None, create, register):
+    """What registering a person's key returns: a new key pair written at `private_key` (`create`),
+    or the public key file given (`register`); one line for every problem."""
     if (private_key is None) == (public_key is None):
         _fail("give one of --private-key PATH (create a key pair) or --public-key PATH (register a key)")
     try:
-        if private_key is not None:
-            fingerprint = decisions.create_controller(_settings(), name, private_key)
-        else:
-            fingerprint = decisions.register_controller(_settings(), name, public_key)
+        return create(private_key) if private_key is not None else register(public_key)
     except Exception as err:  # noqa: BLE001 - one line for every registration problem
         _fail(str(err))
-    where = f"; private key {private_key} (keep it to yourself)" if private_key else ""
-    console.print(escape(f"controller {name!r} registered: key {fingerprint}{where}"), soft_wrap=True, highlight=False)
+
+
+@console_commands.analyst_app.command("key")
+def analyst_key(name: str,
+                public_key: Path = typer.Option(None, help="register the public key (PEM) the analyst handed you"),
+                private_key: Path = typer.Option(None, help="or write a new key pair here (hand the analyst its "
+                                                 "private key, out of band)")) -> None:
+    """Register an analyst's command-line key: a request in the inbox counts as theirs only when it is
+    signed with it (`dprelease request submit FILE --as NAME --key THEIR_KEY.pem`). Registering
+    again replaces the key (a lost one): requests signed with the old key no longer count.
+
+    Example: dprelease analyst key ana --public-key ana.pub.pem"""
+    from dprelease.requests import signed
+
+    fingerprint, replaced = _register_key(private_key, public_key, lambda path: signed.create_key(
+        _settings(), name, path), lambda path: signed.register_key(_settings(), name, path))
+    where = f"; private key {private_key} (hand it to {name} alone)" if private_key else ""
+    again = " (replacing the key registered before: requests signed with it no longer count)" if replaced else ""
+    console.print(escape(f"analyst {name!r}: key {fingerprint} registered{again}{where}"), soft_wrap=True,
+                  highlight=False)
 
 
 @controller_app.command("list")
@@ -649,17 +674,25 @@ app.add_typer(request_app, name="request")
 @request_app.command("submit")
 def request_submit(spec: Path = typer.Argument(..., help="a release request (.yaml or .json)"),
                    requested_by: str = typer.Option(..., "--as", help="your name (the analyst): the request's "
-                                                    "requested_by, whose policy applies")) -> None:
-    """Submit a request to the controllers' inbox; a controller runs it (`dprelease release ID`) and
-    decides. Submitting can neither approve nor read anything of the controller's.
+                                                    "requested_by, whose policy applies"),
+                   key: Path = typer.Option(None, envvar="DPRELEASE_ANALYST_KEY", help="your analyst private key, "
+                                            "whose public key a controller registered for your name (`dprelease "
+                                            "analyst key`); the request is signed with it")) -> None:
+    """Submit a request to the controllers' inbox, signed with your key; a controller runs it
+    (`dprelease release ID`) and decides. Submitting can neither approve nor read anything of the
+    controller's.
 
-    Example: dprelease request submit request.yaml --as ana"""
+    Example: dprelease request submit request.yaml --as ana --key ~/.dprelease-analyst/ana.pem"""
     from dprelease.requests import inbox, load_request
 
     settings = _settings()
     request = load_request(spec)  # its errors: one line from the boundary, in `release`'s words (cli/errors.py)
     _check_submission(settings, request)
-    submitted = inbox.submit(settings, request, requested_by)
+    if key is None:
+        _fail(f"a request is signed with your analyst key: give --key YOUR_KEY.pem (or DPRELEASE_ANALYST_KEY), the "
+              f"private key whose public key a controller registered for you (`dprelease analyst key "
+              f"{requested_by} --public-key YOUR_KEY.pub.pem`)")
+    submitted = inbox.submit(settings, request, requested_by, key)
     console.print(escape(f"submitted request {submitted.id} to the controllers' inbox as {requested_by!r}: a "
                          f"controller runs it with `dprelease release {submitted.id}`"), soft_wrap=True,
                   highlight=False)
@@ -669,29 +702,47 @@ def _check_submission(settings: Settings, request) -> None:
     """Refuse at once a request its release would refuse for what it asks (preflight.check_submission),
     where this home's store can be read; an analyst given the inbox alone (the guide's set-up) has
     it checked when a controller runs it."""
-    from sqlalchemy.engine import make_url
-
     from dprelease import pipeline, preflight
     from dprelease.store import Store
 
+    if _store_here(settings):
+        preflight.check_submission(pipeline.Platform(settings, Store(settings.store_url)), request)
+
+
+def _store_here(settings: Settings) -> bool:
+    """Whether this home's store can be read here (an analyst given the inbox alone has none, and
+    none is created for her)."""
+    from sqlalchemy.engine import make_url
+
     url = make_url(settings.store_url)
-    if url.get_backend_name() == "sqlite" and not os.access(url.database or "", os.R_OK):
-        return  # no store here to read (nor to create): the inbox alone
-    preflight.check_submission(pipeline.Platform(settings, Store(settings.store_url)), request)
+    return url.get_backend_name() != "sqlite" or os.access(url.database or "", os.R_OK)
 
 
 @request_app.command("list")
 def request_list() -> None:
-    """The requests waiting in the inbox (a controller runs one with `dprelease release ID`)."""
-    from dprelease.requests import inbox
+    """The requests waiting in the inbox, each with whose it is proven to be (a controller runs one
+    with `dprelease release ID`; one that is not proven is refused, said below the table)."""
+    from dprelease.requests import inbox, signed
+    from dprelease.store import Store
 
     settings = _settings()
-    table = _table("id", "dataset", "title", "requested by", "epsilon", whole=("id", "dataset", "requested by"))
+    store = Store(settings.store_url) if _store_here(settings) else None
+    table = _table("id", "dataset", "title", "requested by", "signed", "epsilon",
+                   whole=("id", "dataset", "requested by"))
+    refused = []
     for entry in inbox.waiting(settings):
         r = entry.request
         epsilon = f"{r.epsilon:g}" if r.epsilon_mode == "fixed" and r.epsilon is not None else r.epsilon_mode
-        table.add_row(escape(entry.id), escape(r.dataset), escape(r.title), escape(r.requested_by or ""), epsilon)
+        verdict = signed.check(store, entry.path) if store is not None else None
+        if verdict is not None and verdict.analyst is None:
+            refused.append(verdict.problem)
+        proven = ("not checked (no store here)" if verdict is None else "REFUSED (below)" if verdict.analyst is None
+                  else {"key": "with their key", "console": "in the console"}[verdict.how])
+        table.add_row(escape(entry.id), escape(r.dataset), escape(r.title), escape(r.requested_by or ""), proven,
+                      epsilon)
     table.print(console)
+    for problem in refused:
+        console.print(escape(problem), soft_wrap=True, highlight=False)
     console.print(escape(f"inbox: {settings.inbox_dir} (run a request with `dprelease release ID`)"), soft_wrap=True,
                   highlight=False)
 
@@ -755,7 +806,8 @@ def release(
 
 def _read_request(settings: Settings, spec: Path):
     """The request of a file, or of a request of the analysts' inbox named by its id (or a unique
-    start of it); with the inbox file it came from (None for a file given by its path elsewhere)."""
+    start of it) once it is proven its analyst's (signed.require); with the inbox file it came from
+    (None for a file given by its path elsewhere)."""
     from dprelease.requests import RequestError, inbox, load_request
 
     if spec.exists():
@@ -770,8 +822,13 @@ def _read_request(settings: Settings, spec: Path):
             raise RequestError(f"{str(spec)!r} is neither a request file nor the id of a request in the analysts' "
                                "inbox: list them with `dprelease request list`")
         path = path or spec
-    from_inbox = path.resolve().parent == settings.inbox_dir.resolve()
-    return (inbox.read(path) if from_inbox else load_request(path)), (path if from_inbox else None)
+    if path.resolve().parent != settings.inbox_dir.resolve():
+        return load_request(path), None  # the controller's own request file: its requested_by is theirs
+    from dprelease.requests import signed
+
+    request = inbox.read(path)
+    signed.require(settings, path)  # an analyst's request runs only once it is proven hers
+    return request, path
 
 
 def _refuse_a_request_run_already(settings: Settings, path: Path) -> None:

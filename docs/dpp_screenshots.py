@@ -68,13 +68,14 @@ def main() -> None:
     from dprelease import admin
     from dprelease.requests import inbox
     from dprelease.settings import Settings
+    from dprelease.store import Store
 
     settings = Settings.from_env()
     admin.init(settings)
     admin.register_dataset(settings, "residents", villages_csv(home / "residents.csv"), "resident_id",
                            epsilon_cap=5, risk_profile={"sensitivity": "high", "trust": "low", "n": 4, "max_risk": 0.3})
     request = inbox.parse_text(f"dataset: residents\ntitle: Disease states per village\nepsilon: 1.0\nsql: {SQL}\n")
-    request_id = inbox.submit(settings, request, "who-analyst").id
+    request_id = inbox.submit_in_console(settings, Store(settings.store_url), request, "who-analyst").id
     with console_server(settings) as origin, sync_playwright() as playwright:
         browser, page = controller_browser(playwright, device)
 

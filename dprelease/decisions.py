@@ -73,10 +73,7 @@ class Decision:
 def create_controller(settings: Settings, name: str, private_key_path: Path) -> str:
     """Write a new key pair for controller `name` (private key at `private_key_path`, mode 0600,
     public key beside it as .pub.pem) and register the public key. Returns its fingerprint."""
-    private_key_path = Path(private_key_path)
-    public_path = private_key_path.with_name(private_key_path.name.removesuffix(".pem") + ".pub.pem")
-    signing.generate_keypair(private_key_path, public_path)
-    return register_controller(settings, name, public_path)
+    return register_controller(settings, name, signing.generate_keypair_beside(private_key_path))
 
 
 def register_controller(settings: Settings, name: str, public_key_path: Path) -> str:

@@ -154,7 +154,7 @@ def pasted(tmp_path):
     import uuid
 
     from dprelease import admin, decisions
-    from dprelease.requests import inbox, parse_request
+    from dprelease.requests import inbox, parse_request, signed
     from dprelease.settings import Settings
     from dprelease.store import Store
 
@@ -167,7 +167,8 @@ def pasted(tmp_path):
     store.add_policy(LONG["policy"], LONG["dataset"], max_epsilon_per_release=1.0, analyst=LONG["analyst"])
     request = parse_request({"dataset": LONG["dataset"], "epsilon": 0.5, "sql": "SELECT WITH ANONYMIZATION region, "
                              f"ANON_COUNT(*, 1) AS n FROM {LONG['dataset']} GROUP BY region"})
-    submitted = inbox.submit(settings, request, LONG["analyst"])
+    signed.create_key(settings, LONG["analyst"], tmp_path / "a.pem")
+    submitted = inbox.submit(settings, request, LONG["analyst"], tmp_path / "a.pem")
     waiting = [f"3f2a{i}{uuid.uuid4().hex[5:8]}-0000-4000-8000-{uuid.uuid4().hex[:12]}" for i in range(2)]
     for release_id in waiting:
         store.add_release(LONG["dataset"], request.to_json(), release_id=release_id, status="awaiting_approval",
@@ -203,6 +204,7 @@ def test_every_table_prints_what_a_person_pastes_whole(pasted, columns):
         ("policy", "list", LONG["dataset"]): [LONG["policy"], LONG["analyst"]],
         ("budget",): [LONG["dataset"]],
         ("controller", "list"): [LONG["controller"], fingerprint],
+        ("analyst", "list"): [LONG["analyst"], signing.key_fingerprint(pasted["home"].parent / "a.pub.pem")],
         ("request", "list"): [pasted["request"], LONG["dataset"], LONG["analyst"], str(pasted["home"] / "inbox")],
         ("pending",): [*pasted["waiting"], LONG["dataset"]],
         ("evaluators",): sorted(catalogue()),

@@ -26,7 +26,7 @@ REQUEST = ("dataset: small\nsql: SELECT WITH ANONYMIZATION g, ANON_COUNT(*, 1) A
 
 @pytest.mark.parametrize("args", [
     ("release", "request.yaml", "--approve-as", "alice"),
-    ("request", "submit", "request.yaml", "--as", "ana"),
+    ("request", "submit", "request.yaml", "--as", "ana", "--key", "ana.pem"),
     ("dataset", "register", "small", "small.csv", "--unit", "uid", "--epsilon-cap", "5"),
     ("init",),
     ("budget",),

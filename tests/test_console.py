@@ -5,6 +5,7 @@ People sign in with software passkeys (passkey_device.py); tests/test_console_br
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import threading
@@ -520,7 +521,8 @@ def test_the_administrator_s_commands_for_console_people(platform_env, console, 
 
 def test_an_analyst_s_request_in_the_controllers_inbox(platform_env, console, people_in):
     """Submitted in the console: the controllers' inbox lists it with its requester, its page says
-    what it asks and how to run it; the analyst's page says it waits, and the controllers' page refuses her."""
+    what it asks, that the console vouches for its analyst, and how to run it (a file dropped into the
+    inbox is shown refused instead); the analyst's page says it waits, and the controllers' page refuses her."""
     ana, alice = people_in["ana"], people_in["alice"]
     ana.get("/requests")
     sent = ana.post("/requests", form={"request": "dataset: adult\ntitle: Ages by sex, please\nepsilon: {pri: {p: 50}}\n"
@@ -532,6 +534,18 @@ def test_an_analyst_s_request_in_the_controllers_inbox(platform_env, console, pe
     assert "Ages by sex, please" in row and "<td>ana</td>" in row and "chosen by the platform" in row
     page = alice.get(f"/inbox/requests/{request_id}").text
     assert "ANON_COUNT" in page and f"dprelease release {platform_env.inbox_dir / (request_id + '.json')}" in page
+    assert "(signed in the console)" in page and 'id="refused"' not in page
+    # a file written into the inbox by hand names ana but is nobody's: shown as such, with what to do
+    dropped = platform_env.inbox_dir / "d0d0d0d0d0d0.json"
+    dropped.write_text(json.dumps({"dataset": "adult", "title": "Dropped in", "epsilon": 1, "requested_by": "ana",
+                                   "sql": "SELECT WITH ANONYMIZATION sex, ANON_COUNT(*, 1) AS n FROM adult GROUP BY sex"}))
+    try:
+        row = alice.get("/inbox").text.split("/inbox/requests/d0d0d0d0d0d0", 1)[1].split("</tr>", 1)[0]
+        assert "request d0d0d0d0d0d0 of the analysts&#39; inbox is not signed" in row, row
+        page = alice.get("/inbox/requests/d0d0d0d0d0d0").text
+        assert "(not proven theirs)" in page and 'id="refused"' in page and "dprelease release" not in page
+    finally:
+        dropped.unlink()
     assert "Ages by sex, please" in ana.get("/requests").text
     assert ana.get(f"/inbox/requests/{request_id}").status_code == 403
     bad = ana.post("/requests", form={"request": "dataset: adult\nepsilon: 1\n"})

@@ -36,11 +36,12 @@ def controller(platform_env, console, browser):  # noqa: F811
 
 
 def submitted(platform_env, title: str) -> str:  # noqa: F811
-    """An analyst's request in the inbox (as `dprelease request submit` writes it): its id."""
+    """An analyst's request in the inbox (as the console writes it for its signed-in analyst): its id."""
     from dprelease.requests import inbox
+    from dprelease.store import Store
 
     request = inbox.parse_text(f"dataset: adult\ntitle: {title}\nepsilon: 1.0\nsql: {SQL}\n")
-    return inbox.submit(platform_env, request, "ana").id
+    return inbox.submit_in_console(platform_env, Store(platform_env.store_url), request, "ana").id
 
 
 def no_escrow_key(settings):

@@ -574,7 +574,7 @@ def _ledger(ops) -> tuple:
 
 
 def test_an_analysts_request_is_released_by_its_id_under_their_policy_and_the_budget(ops):
-    """The guide's analyst channel end to end (issue 35): `request submit FILE --as ana` prints an id,
+    """The guide's analyst channel end to end (issue 35): `request submit FILE --as ana --key ana.pem` prints an id,
     `request list` shows it, the controller's `release ID --approve-as NAME` publishes it as ana's
     request; ana's policy and the dataset's budget still refuse what they do not allow, before
     anything is reserved."""
@@ -590,8 +590,14 @@ def test_an_analysts_request_is_released_by_its_id_under_their_policy_and_the_bu
         files[name].write_text(REQUEST.replace("adult", survey).replace(f"epsilon: {EPSILON}", f"epsilon: {epsilon}")
                                + "requested_by: someone.else@example.org\n")
 
+    from dprelease.requests import signed
+
+    for analyst in ("ana", "mallory"):  # a controller registers each analyst's key, out of band
+        signed.create_key(ops["settings"], analyst, ops["root"] / f"{analyst}.pem")
+
     def submit(name: str, analyst: str = "ana") -> str:
-        done = _cli(ops, "request", "submit", str(files[name]), "--as", analyst)
+        done = _cli(ops, "request", "submit", str(files[name]), "--as", analyst, "--key",
+                    str(ops["root"] / f"{analyst}.pem"))
         assert done.returncode == 0, done.stdout + done.stderr
         request_id = re.search(r"submitted request (\w+) ", done.stdout).group(1)
         assert request_id in _cli(ops, "request", "list").stdout

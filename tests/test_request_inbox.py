@@ -20,11 +20,14 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "requests"
     "query: {group_by: [sex], aggregates: [{kind: count}]}\nbackend: duckdb\ndelta: 1.0e-7\n",
 ])
 def test_an_inbox_file_reads_back_as_the_request_submitted(tmp_path, text):
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
     from dprelease.requests import inbox, load_request
     from dprelease.settings import Settings
 
     request = inbox.parse_text(text)
-    path = inbox.submit(Settings.from_env({"DPRELEASE_HOME": str(tmp_path)}), request, "ana").path
+    path = inbox.submit(Settings.from_env({"DPRELEASE_HOME": str(tmp_path)}), request, "ana",
+                        Ed25519PrivateKey.generate()).path
     again = load_request(path)
     assert json.loads(again.to_json()) == {**json.loads(request.to_json()), "requested_by": "ana"}
     # the release it becomes has the inbox request's key: the request then no longer waits
@@ -35,13 +38,16 @@ def test_the_command_line_s_inbox_file_runs_as_it_is(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
     from dprelease.cli.app import app
+    from dprelease.reporting import signing
     from dprelease.requests import load_request
 
     monkeypatch.setenv("DPRELEASE_HOME", str(tmp_path))
-    result = CliRunner().invoke(app, ["request", "submit", str(EXAMPLES / "education.yaml"), "--as", "ana"])
+    signing.generate_keypair(tmp_path / "ana.pem", tmp_path / "ana.pub.pem")
+    result = CliRunner().invoke(app, ["request", "submit", str(EXAMPLES / "education.yaml"), "--as", "ana",
+                                      "--key", str(tmp_path / "ana.pem")])
     assert result.exit_code == 0, result.output
     (path,) = (tmp_path / "inbox").glob("*.json")
-    assert load_request(path).requested_by == "ana"
+    assert load_request(path).requested_by == "ana" and path.with_suffix(".sig").exists()
 
 
 SMALL_SQL = "SELECT WITH ANONYMIZATION g, ANON_COUNT(*, 1) AS n FROM small GROUP BY g"
@@ -77,9 +83,16 @@ def small_home(tmp_path_factory):
     env = {"DPRELEASE_HOME": str(root / "home"), "DPRELEASE_KEY_DIR": str(root / "keys")}
     (root / "small.csv").write_text("uid,g,x\n" + "".join(f"{i},{'ab'[i % 2]},{i % 7}\n" for i in range(1, 41)))
     for args in (["init"], ["dataset", "register", "small", str(root / "small.csv"), "--unit", "uid",
-                            "--epsilon-cap", "5"]):
+                            "--epsilon-cap", "5"],
+                 ["analyst", "key", "ana", "--private-key", str(root / "ana.pem")],
+                 ["analyst", "key", "bob", "--private-key", str(root / "bob.pem")]):
         assert CliRunner().invoke(app, args, env=env).exit_code == 0
     return Settings.from_env(env), env
+
+
+def _key(env: dict, analyst: str) -> Path:
+    """The private key of an analyst of small_home (ana's and bob's are registered)."""
+    return Path(env["DPRELEASE_KEY_DIR"]).parent / f"{analyst}.pem"
 
 
 @pytest.mark.parametrize("case", list(ASKS_WHAT_NO_RELEASE_GIVES))
@@ -96,7 +109,8 @@ def test_a_request_no_release_would_run_is_refused_at_submission(small_home, tmp
     settings, env = small_home
     path = tmp_path / "request.yaml"
     path.write_text(ASKS_WHAT_NO_RELEASE_GIVES[case])
-    result = CliRunner().invoke(app, ["request", "submit", str(path), "--as", "ana"], env=env)
+    result = CliRunner().invoke(app, ["request", "submit", str(path), "--as", "ana", "--key", str(_key(env, "ana"))],
+                                env=env)
     with pytest.raises(Exception) as release:  # the release's verdict on the same request
         preflight.check_request(settings, load_request(path))
     assert result.exit_code == 2 and result.stderr.strip().splitlines() == [f"error: {release.value}"]
@@ -131,7 +145,8 @@ def test_submit_and_release_refuse_an_unreadable_request_file_in_the_same_line(s
         path.mkdir()
     elif content is not None:
         path.write_bytes(content)
-    submitted = CliRunner().invoke(app, ["request", "submit", str(path), "--as", "ana"], env=env)
+    submitted = CliRunner().invoke(app, ["request", "submit", str(path), "--as", "ana", "--key", str(_key(env, "ana"))],
+                                env=env)
     released = CliRunner().invoke(app, ["release", str(path), "--approve-as", "alice"], env=env)
     lines = submitted.stderr.strip().splitlines()
     assert submitted.exit_code == released.exit_code == 2, submitted.output + released.output
@@ -152,7 +167,8 @@ def test_a_decided_request_run_again_by_its_id_says_it_was_decided(small_home, g
     from dprelease.store import Store
 
     settings, env = small_home
-    submitted = inbox.submit(settings, inbox.parse_text(f"dataset: small\nepsilon: 1\nsql: {SMALL_SQL}\n"), "ana")
+    submitted = inbox.submit(settings, inbox.parse_text(f"dataset: small\nepsilon: 1\nsql: {SMALL_SQL}\n"), "ana",
+                             _key(env, "ana"))
     inbox.mark_decided(settings, submitted.path)  # what `dprelease release` does once it is published or rejected
     before = Store(settings.store_url).budget("small")
     words = submitted.id if given == "whole id" else submitted.id[:6]
@@ -180,7 +196,7 @@ def test_a_request_run_already_is_not_run_again_by_its_id(small_home):
     settings, env = small_home
     store = Store(settings.store_url)
     request = inbox.parse_text(f"dataset: small\ntitle: once\nepsilon: 1\nsql: {SMALL_SQL}\n")
-    submitted = inbox.submit(settings, request, "ana")
+    submitted = inbox.submit(settings, request, "ana", _key(env, "ana"))
     run = store.add_release("small", submitted.request.to_json())  # as the flow records the run of it
     before = store.budget("small")
     for status, words in (("pending", "is Running; a request runs once (decide that release"),
@@ -197,7 +213,7 @@ def test_a_request_run_already_is_not_run_again_by_its_id(small_home):
     store.update_release(run.id, status="failed")  # refunded: this command goes on to its next check
     result = CliRunner().invoke(app, ["release", submitted.id, "--approve-as", "alice"], env=env)
     assert result.exit_code == 2 and "run already" not in result.stderr, result.output
-    again = inbox.submit(settings, request, "ana")  # asked again: a new request, waiting for its own run
+    again = inbox.submit(settings, request, "ana", _key(env, "ana"))  # asked again: a new request, waiting for its own run
     assert inbox.run_of(again.path, json.loads(again.path.read_text()),
                         inbox.runs_by_request(store.release_requests())) is None
 
@@ -219,7 +235,8 @@ def test_an_analyst_cannot_submit_an_epsilon_chosen_from_the_data(small_home, tm
     passes: with p = 0 and a filter selecting one person, it failed exactly when that person matched
     the filter (every PRI equal passes at once; one person inside the count never does), a fact the
     analyst read as "Failed (refunded)" before any approval, for nothing. The analysts' inbox refuses
-    it, from the command line and in the console (both submit through inbox.submit), writing nothing."""
+    it, from the command line and in the console (both write through the inbox's one writer), writing
+    nothing."""
     from typer.testing import CliRunner
 
     from dprelease.cli.app import app
@@ -229,8 +246,200 @@ def test_an_analyst_cannot_submit_an_epsilon_chosen_from_the_data(small_home, tm
     waiting = sorted(settings.inbox_dir.glob("*.json"))
     path = tmp_path / ("request.json" if case == "JSON" else "request.yaml")
     path.write_text(DATA_MODE_REQUESTS[case])
-    result = CliRunner().invoke(app, ["request", "submit", str(path), "--as", "ana"], env=env)
+    result = CliRunner().invoke(app, ["request", "submit", str(path), "--as", "ana", "--key", str(_key(env, "ana"))],
+                                env=env)
     assert result.exit_code == 2 and result.stderr.strip().splitlines() == [f"error: {inbox.DATA_MODE_REFUSAL}"]
     with pytest.raises(inbox.RequestError, match="epsilon.pri.mode: data chooses epsilon"):
-        inbox.submit(settings, load_request(path), "ana")
+        inbox.submit(settings, load_request(path), "ana", _key(env, "ana"))
     assert sorted(settings.inbox_dir.glob("*.json")) == waiting, "a refused request was written to the inbox"
+
+
+def _tamper(path: Path, **fields) -> None:
+    """Change fields of an inbox request file after it was signed (as anyone who can write the inbox can)."""
+    path.write_text(json.dumps({**json.loads(path.read_text()), **fields}, indent=2) + "\n")
+
+
+def _unsigned(settings, env) -> Path:
+    """A request file dropped into the inbox by hand, in the request format, with no signature."""
+    path = settings.inbox_dir / "0dd0dd0dd0dd.json"
+    path.write_text(json.dumps({"dataset": "small", "epsilon": 1, "sql": SMALL_SQL, "requested_by": "ana"}))
+    return path
+
+
+def _as_another(settings, env) -> Path:
+    """bob submits as ana, signed with his own key (the command line lets him type any name)."""
+    from typer.testing import CliRunner
+
+    from dprelease.cli.app import app
+
+    request = settings.inbox_dir.parent / "mine.yaml"
+    request.write_text(f"dataset: small\ntitle: as another\nepsilon: 1\nsql: {SMALL_SQL}\n")
+    result = CliRunner().invoke(app, ["request", "submit", str(request), "--as", "ana", "--key", str(_key(env, "bob"))],
+                                env=env)
+    assert result.exit_code == 0, result.output  # submitting cannot tell: the check is on the controller's side
+    return settings.inbox_dir / f"{result.stdout.split('submitted request ')[1].split()[0]}.json"
+
+
+def _signed(settings, env, analyst="ana", key="ana", epsilon=1):
+    from dprelease.requests import inbox
+
+    return inbox.submit(settings, inbox.parse_text(f"dataset: small\nepsilon: {epsilon}\nsql: {SMALL_SQL}\n"),
+                        analyst, _key(env, key)).path
+
+
+def _renamed(settings, env) -> Path:
+    """bob's own signed request whose file is then made to name ana (her policy)."""
+    path = _signed(settings, env, "bob", "bob")
+    _tamper(path, requested_by="ana")
+    return path
+
+
+def _epsilon_raised(settings, env) -> Path:
+    """ana's signed request with its epsilon raised after signing."""
+    path = _signed(settings, env, epsilon=0.5)
+    _tamper(path, epsilon=4)
+    return path
+
+
+def _copied(settings, env) -> Path:
+    """ana's signed request and its signature copied under another id (the same request run twice)."""
+    path = _signed(settings, env)
+    copy = settings.inbox_dir / "c0c0c0c0c0c0.json"
+    copy.write_bytes(path.read_bytes())
+    copy.with_suffix(".sig").write_bytes(path.with_suffix(".sig").read_bytes())
+    path.unlink()
+    path.with_suffix(".sig").unlink()
+    return copy
+
+
+def _no_registered_key(settings, env) -> Path:
+    """cy signs with a key of her own that no controller registered."""
+    from dprelease.reporting import signing
+
+    signing.generate_keypair(_key(env, "cy"), _key(env, "cy").with_name("cy.pub.pem"))
+    return _signed(settings, env, "cy", "cy")
+
+
+#: inbox requests that are not proven their analyst's: case -> (how it is made, what the refusal says)
+NOT_PROVEN = {
+    "unsigned, dropped in the inbox": (_unsigned, "is not signed"),
+    "bob as ana with his own key": (_as_another, "does not verify with the registered key of 'ana'"),
+    "bob's request renamed ana's": (_renamed, "names 'ana' as its analyst but is signed as 'bob'"),
+    "epsilon raised after signing": (_epsilon_raised, "does not verify with the registered key of 'ana'"),
+    "copied under another id": (_copied, "does not verify with the registered key of 'ana'"),
+    "no registered key": (_no_registered_key, "'cy', who has no registered analyst key"),
+}
+
+
+@pytest.mark.parametrize("case", list(NOT_PROVEN))
+def test_an_inbox_request_not_proven_its_analyst_s_is_refused(small_home, case):
+    """The name an analyst submits with was taken on trust: one could submit as another, under her
+    policy, and any file written into the inbox ran as whoever it named. A controller's `release ID`
+    now runs an inbox request only when its signature verifies with the key the store registered for
+    the analyst it names; otherwise one line, exit 2, the same words as the Python API
+    (signed.require), nothing spent, the request left waiting; `request list` shows it refused."""
+    from typer.testing import CliRunner
+
+    from dprelease.cli.app import app
+    from dprelease.requests import RequestError, signed
+    from dprelease.store import Store
+
+    settings, env = small_home
+    make, words = NOT_PROVEN[case]
+    path = make(settings, env)
+    with pytest.raises(RequestError) as refused:
+        signed.require(settings, path)
+    assert words in str(refused.value) and str(refused.value).startswith(f"request {path.stem} of the analysts' inbox")
+    before = Store(settings.store_url).budget("small")
+    for words_given in (path.stem, path.stem[:7], str(path)):
+        result = CliRunner().invoke(app, ["release", words_given, "--approve-as", "alice"], env=env)
+        assert result.exit_code == 2 and result.stderr.strip().splitlines() == [f"error: {refused.value}"], \
+            result.output
+    assert Store(settings.store_url).budget("small") == before and path.exists()
+    listed = CliRunner().invoke(app, ["request", "list"], env={**env, "COLUMNS": "300"})
+    row = next(line for line in listed.stdout.splitlines() if path.stem in line and "REFUSED" in line)
+    assert row and str(refused.value) in listed.stdout.replace("\n", " ")
+    path.unlink()
+    path.with_suffix(".sig").unlink(missing_ok=True)
+
+
+def test_an_honestly_signed_request_is_its_analyst_s(small_home):
+    """The honest path: ana's request signed with her registered key (the command line) and one she
+    submitted in the console (the console's record) are hers, in the Python API and `request list`
+    alike; a console request changed afterwards is not."""
+    from typer.testing import CliRunner
+
+    from dprelease.cli.app import app
+    from dprelease.requests import RequestError, inbox, signed
+    from dprelease.store import Store
+
+    settings, env = small_home
+    request = settings.inbox_dir.parent / "honest.yaml"
+    request.write_text(f"dataset: small\ntitle: honest\nepsilon: 1\nsql: {SMALL_SQL}\n")
+    result = CliRunner().invoke(app, ["request", "submit", str(request), "--as", "ana"],
+                                env={**env, "DPRELEASE_ANALYST_KEY": str(_key(env, "ana"))})
+    assert result.exit_code == 0, result.output
+    by_key = settings.inbox_dir / f"{result.stdout.split('submitted request ')[1].split()[0]}.json"
+    in_console = inbox.submit_in_console(settings, Store(settings.store_url), inbox.parse_text(request.read_text()),
+                                         "bob").path
+    assert signed.require(settings, by_key) == "ana" and signed.require(settings, in_console) == "bob"
+    listed = CliRunner().invoke(app, ["request", "list"], env={**env, "COLUMNS": "300"})
+    assert "REFUSED" not in listed.stdout, listed.stdout
+    assert [line for line in listed.stdout.splitlines() if by_key.stem in line and "with their key" in line]
+    assert [line for line in listed.stdout.splitlines() if in_console.stem in line and "in the console" in line]
+    _tamper(in_console, epsilon=4)
+    with pytest.raises(RequestError, match="was changed after 'bob' submitted it in the console"):
+        signed.require(settings, in_console)
+    for path in (by_key, in_console):
+        inbox.mark_decided(settings, path)
+    assert not by_key.with_suffix(".sig").exists(), "a decided request's signature stayed in the inbox"
+    assert (settings.inbox_dir / "decided" / f"{by_key.stem}.sig").exists()
+
+
+@pytest.mark.parametrize("problem", ["no key", "a key file that does not exist", "a public key"])
+def test_submit_without_a_usable_key_is_one_line_and_writes_nothing(small_home, problem):
+    """`request submit` signs with the analyst's key: without one, or with a file that holds none,
+    one line saying how to give it, exit 2, and nothing in the inbox."""
+    from typer.testing import CliRunner
+
+    from dprelease.cli.app import app
+
+    settings, env = small_home
+    waiting = sorted(settings.inbox_dir.glob("*"))
+    key = {"no key": [], "a key file that does not exist": ["--key", str(_key(env, "nobody"))],
+           "a public key": ["--key", str(_key(env, "ana").with_name("ana.pub.pem"))]}[problem]
+    request = settings.inbox_dir.parent / "keyless.yaml"
+    request.write_text(f"dataset: small\nepsilon: 1\nsql: {SMALL_SQL}\n")
+    result = CliRunner().invoke(app, ["request", "submit", str(request), "--as", "ana", *key], env=env)
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: "), result.output
+    assert "dprelease analyst key" in lines[0] or "--key" in lines[0], lines
+    assert sorted(settings.inbox_dir.glob("*")) == waiting
+
+
+def test_an_analyst_key_belongs_to_one_analyst_and_is_replaced_by_registering_again(small_home, tmp_path):
+    """`analyst key NAME --public-key FILE` registers the key an analyst made herself; ana's key cannot be
+    registered as bob's too (one line, exit 2); registering ana again replaces hers (a lost key), after
+    which requests signed with the old one no longer count."""
+    from typer.testing import CliRunner
+
+    from dprelease.cli.app import app
+    from dprelease.reporting import signing
+    from dprelease.requests import RequestError, signed
+
+    settings, env = small_home
+    taken = CliRunner().invoke(app, ["analyst", "key", "bob", "--public-key", str(_key(env, "ana").with_name(
+        "ana.pub.pem"))], env=env)
+    assert taken.exit_code == 2 and "already registered to analyst 'ana'" in taken.stderr, taken.output
+    old = _signed(settings, env)
+    signing.generate_keypair(tmp_path / "new.pem", tmp_path / "new.pub.pem")
+    again = CliRunner().invoke(app, ["analyst", "key", "ana", "--public-key", str(tmp_path / "new.pub.pem")], env=env)
+    assert again.exit_code == 0 and "replacing the key registered before" in again.stdout, again.output
+    try:
+        with pytest.raises(RequestError, match="does not verify with the registered key of 'ana'"):
+            signed.require(settings, old)
+    finally:
+        CliRunner().invoke(app, ["analyst", "key", "ana", "--public-key", str(_key(env, "ana").with_name(
+            "ana.pub.pem"))], env=env)
+        old.unlink()
+        old.with_suffix(".sig").unlink()

@@ -88,6 +88,8 @@ def test_a_request_written_in_the_request_format_reads_back_as_itself(tmp_path, 
 def test_the_inbox_holds_request_files_named_by_id_found_by_any_unique_start(tmp_path):
     import json
 
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
     from dprelease.prefixes import AmbiguousPrefix
     from dprelease.requests import inbox
     from dprelease.settings import Settings
@@ -95,11 +97,12 @@ def test_the_inbox_holds_request_files_named_by_id_found_by_any_unique_start(tmp
     settings = Settings.from_env({"DPRELEASE_HOME": str(tmp_path)})
     asked = parse_request({"dataset": "adult", "sql": SQL, "epsilon": {"pri": {"p": 30}},
                            "requested_by": "someone@else"})
-    first = inbox.submit(settings, asked, "ana")
+    key = Ed25519PrivateKey.generate()  # whose it is, is checked when a controller runs it (test_request_inbox.py)
+    first = inbox.submit(settings, asked, "ana", key)
     assert first.request.requested_by == "ana"  # the submitter's name, whatever the file said
     assert load_request(first.path) == first.request  # a request file, as `dprelease release FILE` reads it
     assert inbox.find(settings, first.id) == first.path
-    others = [inbox.submit(settings, asked, "bo") for _ in range(40)]
+    others = [inbox.submit(settings, asked, "bo", key) for _ in range(40)]
     ids = [first.id] + [o.id for o in others]
     for entry in [first, *others]:
         unique = next(entry.id[:n] for n in range(1, 13) if sum(i.startswith(entry.id[:n]) for i in ids) == 1)
@@ -110,7 +113,7 @@ def test_the_inbox_holds_request_files_named_by_id_found_by_any_unique_start(tmp
     assert inbox.find(settings, "zz") is None and inbox.find(settings, "") is None
     assert sorted(w.id for w in inbox.waiting(settings)) == sorted(ids)
     with pytest.raises(RequestError, match="--as takes your name"):
-        inbox.submit(settings, asked, " ")
+        inbox.submit(settings, asked, " ", key)
     # a request submitted by an earlier version (the store's record) is still read as the request it was
     old = settings.inbox_dir / "0ld0ld0ld0ld.json"
     old.write_text(json.dumps({**json.loads(asked.to_json()), "requested_by": "cy"}))

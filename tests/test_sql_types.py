@@ -94,7 +94,8 @@ def home(tmp_path_factory):
     for args in (["init"],
                  ["dataset", "register", "people", root / "people.csv", "--unit", "uid", "--epsilon-cap", "5"],
                  ["dataset", "register", "ledger", root / "ledger.parquet", "--unit", "uid", "--epsilon-cap", "5"],
-                 ["dataset", "register", "regions", root / "regions.csv", "--public"]):
+                 ["dataset", "register", "regions", root / "regions.csv", "--public"],
+                 ["analyst", "key", "ana", "--private-key", root / "ana.pem"]):
         result = CliRunner().invoke(app, [str(a) for a in args], env=env)
         assert result.exit_code == 0, result.stderr
     return root, env
@@ -183,7 +184,7 @@ def test_a_column_of_the_wrong_type_is_refused_before_any_flow_as_the_engine_ref
     before = written(env)
     with blob_away(env):
         assert preflight_verdict(env, sql) == on_data
-        for args in (["release", path, "--approve-as", "alice"], ["request", "submit", path, "--as", "ana"]):
+        for args in (["release", path, "--approve-as", "alice"], ["request", "submit", path, "--as", "ana", "--key", root / "ana.pem"]):
             result = CliRunner().invoke(app, [str(a) for a in args], env=env)
             assert result.exit_code == 2, result.stdout + result.stderr
             assert result.stderr.strip().splitlines() == [f"error: {on_data}"]
@@ -216,7 +217,7 @@ def test_a_dprelease_process_refuses_a_wrong_type_in_one_line(home, case):
     path = _request(root, case, sql)
     before = written(env)
     with blob_away(env):
-        for args in (["release", path, "--approve-as", "alice"], ["request", "submit", path, "--as", "ana"]):
+        for args in (["release", path, "--approve-as", "alice"], ["request", "submit", path, "--as", "ana", "--key", root / "ana.pem"]):
             done = run_cli(env, *args)
             lines = [line for line in done.stderr.splitlines() if line.strip()]
             assert done.returncode == 2, done.stderr

@@ -55,7 +55,7 @@ async def submit_request(request: Request):
     try:
         submitted = inbox.parse_text(text)
         preflight.check_submission(Platform(state.settings, state.store), submitted)
-        path = inbox.submit(state.settings, submitted, who.name).path
+        path = inbox.submit_in_console(state.settings, state.store, submitted, who.name).path
     except (DPError, StoreError) as err:  # what the request asks, refused as its release would refuse it
         return render(request, who, "requests.html", status=400, text=text, error=str(err), submitted="",
                       rows=my_requests(state.store, state.settings, who.name))

@@ -1,5 +1,6 @@
-"""The console's commands: `dprelease console` (serve it), `dprelease analyst add|list`, and the
-one-time enrolment link `controller add NAME --passkey` prints. Kept here, beside the console, so
+"""The console's commands: `dprelease console` (serve it), `dprelease analyst add|list` (`analyst
+key` is registered beside `controller add`, in cli/app.py), and the one-time enrolment link
+`controller add NAME --passkey` prints. Kept here, beside the console, so
 that cli/app.py only registers them."""
 
 from __future__ import annotations
@@ -56,12 +57,20 @@ def analyst_add(name: str, passkey: bool = typer.Option(True, "--passkey", help=
 
 @analyst_app.command("list")
 def analyst_list() -> None:
-    """The analysts registered for the console and their passkeys."""
-    from rich.table import Table
+    """The analysts registered for the console and their passkeys, and those with a command-line key
+    (`dprelease analyst key`) and its fingerprint."""
+    from dprelease.reporting import signing
+    from dprelease.store import Store, analysts
 
-    table = Table("name", "passkeys", "added")
+    from ..tables import Table
+
+    table = Table("name", "passkeys or key", "added", whole=("name", "passkeys or key"))
     people_rows(table, "analyst")
-    terminal.print(table)
+    store = Store(Settings.from_env().store_url)  # people_rows created its tables
+    for registered in analysts.keys(store):
+        table.add_row(registered.name, f"key {signing.key_fingerprint(registered.public_key_pem.encode())}",
+                      str(registered.added_at)[:19])
+    table.print(terminal)
 
 
 def console(port: int = typer.Option(8400, help="port to listen on"),

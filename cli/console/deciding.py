@@ -18,6 +18,7 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
 from dprelease import decisions, passkeys
 from dprelease.reporting import signing
 from dprelease.requests import inbox as request_inbox
+from dprelease.requests import signed as request_signed
 from dprelease.store import StoreError, people
 
 from . import states
@@ -44,7 +45,7 @@ def _context(settings, release_id: str) -> dict:
 
 def inbox_rows(store, settings) -> list[dict]:
     """What waits for a decision, newest first: paused runs (with their epsilon and risk) and
-    analysts' requests not yet run."""
+    analysts' requests not yet run (with why one will not run, when it is not proven its analyst's)."""
     epsilon = {e.release_id: e.epsilon for e in store.reserved_entries()}
     rows = []
     for rel in store.list_releases(status="awaiting_approval"):
@@ -56,6 +57,7 @@ def inbox_rows(store, settings) -> list[dict]:
     for path, fields in waiting_requests(store, settings):
         rows.append({"kind": "request", "id": path.stem, "dataset": fields.get("dataset", ""),
                      "title": fields.get("title") or "", "requester": fields.get("requested_by") or "",
+                     "refused": request_signed.check(store, path).problem,
                      "epsilon": _fixed(fields.get("epsilon")), "risk": None, "above": False,
                      "at": datetime.fromtimestamp(path.stat().st_mtime, UTC)})
     rows.sort(key=lambda r: r["at"], reverse=True)
@@ -85,7 +87,8 @@ def inbox(request: Request):
 
 @router.get("/inbox/requests/{request_id}", response_class=HTMLResponse)
 def request_page(request: Request, request_id: str):
-    """An analyst's request not run yet: what it asks, and how to run it (the Prefect UI or the CLI)."""
+    """An analyst's request not run yet: what it asks, whose it is proven to be (signed.check), and how
+    to run it (the Prefect UI or the CLI), or why it will not run."""
     who = require(request, "controller")
     state = request.app.state
     found = [(path, fields) for path, fields in request_inbox.submitted(state.settings.inbox_dir)
@@ -96,6 +99,7 @@ def request_page(request: Request, request_id: str):
     run = request_inbox.run_of(path, fields, request_inbox.runs_by_request(state.store.release_requests()))
     return render(request, who, "request.html", path=path, fields=fields, epsilon=fields.get("epsilon"),
                   text=fields.get("sql") or json.dumps(fields.get("query"), indent=2), run=run,
+                  verdict=request_signed.check(state.store, path),
                   label=states.label(run.status) if run else "Submitted (waiting for a controller)")
 
 

@@ -62,6 +62,15 @@ def generate_keypair(private_path: Path, public_path: Path) -> None:
     public_path.write_bytes(public_key_pem(key.public_key()))
 
 
+def generate_keypair_beside(private_path: Path) -> Path:
+    """A new key pair for a person (a controller, an analyst): the private key at `private_path`
+    (mode 0o600), the public key beside it as `<name>.pub.pem`, whose path is returned."""
+    private_path = Path(private_path)
+    public_path = private_path.with_name(private_path.name.removesuffix(".pem") + ".pub.pem")
+    generate_keypair(private_path, public_path)
+    return public_path
+
+
 def _write_new_private_file(path: Path, data: bytes) -> None:
     """Create `path` exclusively with mode 0o600 (never readable by others, not even briefly)."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)

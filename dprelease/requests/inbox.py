@@ -2,12 +2,15 @@
 console), one file per request, named by its id (`<home>/inbox/<id>.json`) and written in the
 request format, so that `dprelease release` reads it as it reads any request file. The analyst's
 name (`--as`, or the console's signed-in analyst) is the request's `requested_by`, whatever the
-submitted file said: their policy and the dataset's budget apply when it is released. A request a
-controller has decided (published or rejected) moves to `inbox/decided/`; submitting can neither
-approve nor read anything of the controller's."""
+submitted file said: their policy and the dataset's budget apply when it is released. From the
+command line the request is signed with the analyst's own key (`<id>.sig` beside it); the console
+records its signed-in analyst's request in the store; a controller's command runs it only once that
+is checked (dprelease.requests.signed). A request a controller has decided (published or rejected)
+moves to `inbox/decided/`; submitting can neither approve nor read anything of the controller's."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import uuid
@@ -19,6 +22,8 @@ import yaml
 
 from ..prefixes import by_prefix
 from ..settings import Settings
+from ..store import analysts
+from . import signed
 from .request import ReleaseRequest, RequestError, load_request, parse_request
 
 DECIDED = "decided"  # the inbox's folder of requests a controller has decided
@@ -53,10 +58,27 @@ DATA_MODE_REFUSAL = (
     "{risk: ...}")
 
 
-def submit(settings: Settings, request: ReleaseRequest, analyst: str) -> Submitted:
-    """Put a checked request in the inbox as `analyst`'s; written whole or not at all. PRI data mode
-    is the controller's (DATA_MODE_REFUSAL): with p = 0 and a row filter that selects one person,
-    no candidate passes exactly when that person matches, and the refunded failure said so."""
+def submit(settings: Settings, request: ReleaseRequest, analyst: str, key) -> Submitted:
+    """Put a checked request in the inbox as `analyst`'s, signed with her private key (a key file's
+    path or the key: signed.private_key); written whole or not at all."""
+    private_key = signed.private_key(key)
+    return _write(settings, request, analyst, lambda request_id, text: _write_whole(
+        signed.signature_path(settings.inbox_dir / f"{request_id}.json"),
+        signed.sign(request_id, text, analyst, private_key)))
+
+
+def submit_in_console(settings: Settings, store, request: ReleaseRequest, analyst: str) -> Submitted:
+    """Put a checked request in the inbox for the analyst signed in to the console (her passkey),
+    recorded in the store before the file appears: what makes it hers (signed.check)."""
+    return _write(settings, request, analyst, lambda request_id, text: analysts.record_console_submission(
+        store, request_id, analyst, hashlib.sha256(text).hexdigest()))
+
+
+def _write(settings: Settings, request: ReleaseRequest, analyst: str, seal) -> Submitted:
+    """Write the request file as `analyst`'s, once `seal(id, its bytes)` kept the proof of who she
+    is. PRI data mode is the controller's (DATA_MODE_REFUSAL): with p = 0 and a row filter that
+    selects one person, no candidate passes exactly when that person matches, and the refunded
+    failure said so."""
     if not analyst.strip() or analyst != analyst.strip():
         raise RequestError(f"--as takes your name, non-blank without surrounding spaces, got {analyst!r}")
     if request.epsilon_mode == "pri" and request.pri.get("mode") == "data":
@@ -65,10 +87,17 @@ def submit(settings: Settings, request: ReleaseRequest, analyst: str) -> Submitt
     settings.inbox_dir.mkdir(parents=True, exist_ok=True)
     request_id = uuid.uuid4().hex[:12]
     path = settings.inbox_dir / f"{request_id}.json"
-    tmp = settings.inbox_dir / f".{request_id}.tmp"
-    tmp.write_text(json.dumps(request.to_spec(), indent=2) + "\n")
-    os.replace(tmp, path)
+    text = (json.dumps(request.to_spec(), indent=2) + "\n").encode()
+    seal(request_id, text)
+    _write_whole(path, text)
     return Submitted(request_id, path, request)
+
+
+def _write_whole(path: Path, data: bytes) -> None:
+    """Write a file of the inbox in one step (a reader never sees a part of it)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
 
 
 def waiting(settings: Settings) -> list[Submitted]:
@@ -127,6 +156,8 @@ def mark_decided(settings: Settings, path: Path) -> None:
     decided = settings.inbox_dir / DECIDED
     decided.mkdir(exist_ok=True)
     os.replace(path, decided / path.name)
+    if (signature := signed.signature_path(path)).exists():
+        os.replace(signature, decided / signature.name)
 
 
 def submitted(inbox_dir: Path) -> list[tuple[Path, dict]]:

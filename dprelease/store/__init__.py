@@ -4,7 +4,8 @@ default, PostgreSQL by URL). Reservations are taken under a lock, so however man
 once a dataset's committed plus reserved budget never exceeds its cap.
 
 `tables` holds the schema, `database` the connection and locking, `ledger` the `Store` itself;
-`series` the dataset series, `people` the console's people (passkeys, enrolment links, sessions).
+`series` the dataset series, `people` the console's people (passkeys, enrolment links, sessions),
+`analysts` who submitted an inbox request (analysts' registered keys, the console's submissions).
 """
 
 from .database import make_engine

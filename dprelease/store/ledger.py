@@ -22,6 +22,7 @@ from dp_core.errors import InvalidQueryError
 from dp_core.input_checks import check_delta
 from dprelease.settings import Settings
 
+from . import analysts as _analysts
 from . import people as _people
 from . import series as _series
 from .database import SQLITE_BUSY_TIMEOUT_S, make_engine
@@ -108,6 +109,7 @@ class Store:
         )
         SQLModel.metadata.create_all(self.engine, tables=_series.TABLES)  # dataset series (new tables only)
         SQLModel.metadata.create_all(self.engine, tables=_people.TABLES)  # the console's people (new tables only)
+        SQLModel.metadata.create_all(self.engine, tables=_analysts.TABLES)  # analysts' keys (new tables only)
         _add_policy_deployment_column(self.engine)
 
     def close(self) -> None:
