@@ -816,9 +816,7 @@ def _read_request(settings: Settings, spec: Path):
         path = inbox.find(settings, str(spec))
         if path is None and not spec.suffix and len(spec.parts) == 1:
             if (decided := inbox.find_decided(settings, str(spec))) is not None:
-                raise RequestError(f"request {decided.stem} of the analysts' inbox was already decided (its release "
-                                   f"published or rejected; its file: {decided}): it runs once; to ask again, the "
-                                   "analyst submits it again (`dprelease request submit`)")
+                raise _already_decided(decided)
             raise RequestError(f"{str(spec)!r} is neither a request file nor the id of a request in the analysts' "
                                "inbox: list them with `dprelease request list`")
         path = path or spec
@@ -828,7 +826,18 @@ def _read_request(settings: Settings, spec: Path):
 
     request = inbox.read(path)
     signed.require(settings, path)  # an analyst's request runs only once it is proven hers
+    if (decided := settings.inbox_dir / inbox.DECIDED / path.name).exists():
+        raise _already_decided(decided)  # its signed file put back into the inbox: signed, but decided once
     return request, path
+
+
+def _already_decided(decided: Path):
+    """The refusal of a request of the inbox a controller already decided (its file in inbox/decided/)."""
+    from dprelease.requests import RequestError
+
+    return RequestError(f"request {decided.stem} of the analysts' inbox was already decided (its release published "
+                        f"or rejected; its file: {decided}): it runs once; to ask again, the analyst submits it "
+                        "again (`dprelease request submit`)")
 
 
 def _refuse_a_request_run_already(settings: Settings, path: Path) -> None:

@@ -155,11 +155,12 @@ def test_submit_and_release_refuse_an_unreadable_request_file_in_the_same_line(s
     assert not any(settings.inbox_dir.glob("*.json")), "a refused request was written to the inbox"
 
 
-@pytest.mark.parametrize("given", ["whole id", "a start of it"])
+@pytest.mark.parametrize("given", ["whole id", "a start of it", "its signed file put back"])
 def test_a_decided_request_run_again_by_its_id_says_it_was_decided(small_home, given):
     """`dprelease release ID` of a request a controller already decided (moved to inbox/decided/ when its
     release was published or rejected) said the id was no request at all; it now says it was decided and
-    how to ask again, exit 2, with nothing spent and nothing moved back."""
+    how to ask again, exit 2, with nothing spent and nothing moved back. Its file and signature copied
+    back into the inbox (still signed: anyone who can write the inbox can put them back) are refused alike."""
     from typer.testing import CliRunner
 
     from dprelease.cli.app import app
@@ -170,9 +171,14 @@ def test_a_decided_request_run_again_by_its_id_says_it_was_decided(small_home, g
     submitted = inbox.submit(settings, inbox.parse_text(f"dataset: small\nepsilon: 1\nsql: {SMALL_SQL}\n"), "ana",
                              _key(env, "ana"))
     inbox.mark_decided(settings, submitted.path)  # what `dprelease release` does once it is published or rejected
+    put_back = [submitted.path, submitted.path.with_suffix(".sig")] if given == "its signed file put back" else []
+    for path in put_back:
+        path.write_bytes((settings.inbox_dir / inbox.DECIDED / path.name).read_bytes())
     before = Store(settings.store_url).budget("small")
     words = submitted.id if given == "whole id" else submitted.id[:6]
     result = CliRunner().invoke(app, ["release", words, "--approve-as", "alice"], env=env)
+    for path in put_back:
+        path.unlink()
     lines = result.stderr.strip().splitlines()
     assert result.exit_code == 2 and len(lines) == 1, result.output
     assert lines[0].startswith(f"error: request {submitted.id} of the analysts' inbox was already decided"), lines
