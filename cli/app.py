@@ -727,6 +727,8 @@ def request_list() -> None:
 
     settings = _settings()
     store = Store(settings.store_url) if _store_here(settings) else None
+    if store is not None:
+        store.create_all()  # a store of an earlier version gains the tables of analysts' keys
     table = _table("id", "dataset", "title", "requested by", "signed", "epsilon",
                    whole=("id", "dataset", "requested by"))
     refused = []

@@ -76,7 +76,8 @@ def private_key(source) -> object:
 
 
 def check(store: Store, path: Path) -> Verdict:
-    """Who submitted the inbox request file `path`, checked against what the store registered."""
+    """Who submitted the inbox request file `path`, checked against what the store registered (its
+    tables created: Store.create_all)."""
     path = Path(path)
     where = f"request {path.stem} of the analysts' inbox"
     try:
@@ -84,7 +85,6 @@ def check(store: Store, path: Path) -> Verdict:
         named = json.loads(data).get("requested_by")
     except (OSError, ValueError, AttributeError) as err:
         return Verdict(None, problem=f"{where} cannot be read as a request ({err})")
-    store.create_all()  # a store of an earlier version gains the tables of analysts' keys
     recorded = analysts.console_submission(store, path.stem)
     if recorded is not None:
         if recorded.request_sha256 != hashlib.sha256(data).hexdigest() or recorded.analyst != named:
@@ -131,7 +131,9 @@ def require(settings: Settings, path: Path) -> str:
     """The analyst an inbox request is proven to be from; RequestError in one line otherwise (what a
     controller's `dprelease release ID` says before anything starts or is spent)."""
     try:
-        verdict = check(Store(settings.store_url), path)
+        store = Store(settings.store_url)
+        store.create_all()  # a store of an earlier version gains the tables of analysts' keys
+        verdict = check(store, path)
     except StoreError as err:
         raise RequestError(f"request {Path(path).stem} of the analysts' inbox cannot be checked: {err}") from None
     if verdict.analyst is None:
