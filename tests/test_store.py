@@ -641,7 +641,8 @@ def test_a_store_creates_its_own_tables_and_no_other_table_the_program_declared(
         SQLModel.metadata.remove(foreign)
     assert names == {"controllers", "datasets", "leases", "ledger_entries", "policies", "releases", "series",
                      "series_claims", "series_snapshots", "series_running_totals", "console_people", "console_passkeys", "console_enrolments",
-                     "console_sessions", "console_challenges", "console_decision_claims"}
+                     "console_sessions", "console_challenges", "console_decision_claims", "analyst_keys",
+                     "console_submissions"}
 
 
 def test_policy_fields_are_stored_and_listed_by_name(sqlite_store):
