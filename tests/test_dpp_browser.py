@@ -280,6 +280,15 @@ def test_the_tool_s_refusals_over_http(platform_env, console):  # noqa: F811
     assert refused.status_code == 400 and refused.json()["error"].startswith("nothing was written")
     assert json.loads((platform_env.inbox_dir / f"{request_id}.json").read_text())["epsilon"] == 1.0
     assert boss.post("/dpp/numbers", {"request_id": request_id}, csrf="forged").status_code == 403
+    # a file dropped into the inbox is nobody's: its epsilon is not chosen, lest it look vouched for by the console
+    dropped = platform_env.inbox_dir / "d0d0d0d0d0d1.json"
+    dropped.write_text(json.dumps({"dataset": "adult", "epsilon": 1.0, "sql": SQL, "requested_by": "ana"}))
+    try:
+        refused = boss.post("/dpp/d0d0d0d0d0d1/use", {"trust": 0.3, "sensitivity": 0.5, "max_risk": 1, "max_noise": 50})
+        assert refused.status_code == 409 and "is not signed" in refused.json()["error"], refused.text
+        assert json.loads(dropped.read_text())["epsilon"] == 1.0
+    finally:
+        dropped.unlink()
 
 
 def test_a_draft_is_explored_without_submitting_it(platform_env, console, controller):  # noqa: F811

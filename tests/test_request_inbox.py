@@ -453,3 +453,27 @@ def test_an_analyst_key_belongs_to_one_analyst_and_is_replaced_by_registering_ag
             "ana.pub.pem"))], env=env)
         old.unlink()
         old.with_suffix(".sig").unlink()
+
+
+def test_an_epsilon_a_controller_chooses_in_the_console_keeps_the_request_its_analyst_s(small_home):
+    """The console's DPP tool writes a controller's chosen epsilon into a waiting request: that broke
+    the analyst's signature, and her request would then be refused as changed after signing. The
+    console now records the rewritten file as hers in the store, and rewrites only a request proven
+    its analyst's: an unsigned one is refused, unchanged, rather than made to look vouched for."""
+    from dprelease.requests import RequestError, inbox, signed
+    from dprelease.store import Store
+
+    settings, env = small_home
+    store = Store(settings.store_url)
+    path = _signed(settings, env)
+    chosen = {**json.loads(path.read_text()), "epsilon": {"risk": {"trust": "low", "sensitivity": "high",
+                                                                    "max_risk": 0.2, "max_noise": 10, "n": 2}}}
+    inbox.rewrite_in_console(settings, store, path, chosen, "dora")
+    assert signed.require(settings, path) == "ana" and inbox.read(path).epsilon_mode == "risk"
+    dropped = _unsigned(settings, env)
+    before = dropped.read_bytes()
+    with pytest.raises(RequestError, match="is not signed"):
+        inbox.rewrite_in_console(settings, store, dropped, chosen, "dora")
+    assert dropped.read_bytes() == before
+    for done in (path, dropped):
+        inbox.mark_decided(settings, done)

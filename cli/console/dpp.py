@@ -18,6 +18,7 @@ from dprelease import decision_support as tool
 from dprelease.pipeline import Platform
 from dprelease.requests import ReleaseRequest, RequestError
 from dprelease.requests import inbox as request_inbox
+from dprelease.requests import signed as request_signed
 from dprelease.requests.request import parse_request
 
 from . import states
@@ -129,6 +130,8 @@ async def use_epsilon(request: Request, request_id: str):
         raise Refused(409, f"nothing was written: request {request_id} was run already (release {run.id}, "
                            f"{states.label(run.status)}), with the epsilon its run chose; to ask again, the analyst "
                            "submits it again")
+    if (problem := request_signed.check(request.app.state.store, path).problem):  # said before anything is computed
+        raise Refused(409, f"nothing was written: {problem}")
     platform = _platform(request)
 
     def choose():
@@ -141,10 +144,10 @@ async def use_epsilon(request: Request, request_id: str):
         return shown
     shown = await run_in_threadpool(choose)
     chosen = tool.with_risk(req, shown["risk_fields"])
-    written = {**chosen.to_spec(), "requested_by": fields.get("requested_by")}  # a request file: runnable as is
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(written, indent=2))
-    tmp.replace(path)
+    try:  # a request file, runnable as is, and still its analyst's
+        request_inbox.rewrite_in_console(settings, request.app.state.store, path, chosen.to_spec(), who.name)
+    except RequestError as err:
+        raise Refused(409, f"nothing was written: {err}") from None
     return JSONResponse({"epsilon": shown["epsilon"], "epsilon_written": shown["epsilon_written"],
                          "summary": shown["summary"], "risk_fields": shown["risk_fields"],
                          "message": f"Request {request_id} now chooses epsilon {shown['epsilon_written']} with the risk "

@@ -74,6 +74,19 @@ def submit_in_console(settings: Settings, store, request: ReleaseRequest, analys
         store, request_id, analyst, hashlib.sha256(text).hexdigest()))
 
 
+def rewrite_in_console(settings: Settings, store, path: Path, fields: dict, controller: str) -> None:
+    """A controller's change to a waiting request in the console (the DPP tool's epsilon), written
+    only when the request is proven its analyst's (RequestError saying why otherwise) and recorded
+    in the store as the console's, so that it stays hers once changed."""
+    verdict = signed.check(store, path)
+    if verdict.analyst is None:
+        raise RequestError(verdict.problem)
+    text = (json.dumps({**fields, "requested_by": verdict.analyst}, indent=2) + "\n").encode()
+    analysts.record_console_submission(store, Path(path).stem, verdict.analyst, hashlib.sha256(text).hexdigest(),
+                                       controller)
+    _write_whole(Path(path), text)
+
+
 def _write(settings: Settings, request: ReleaseRequest, analyst: str, seal) -> Submitted:
     """Write the request file as `analyst`'s, once `seal(id, its bytes)` kept the proof of who she
     is. PRI data mode is the controller's (DATA_MODE_REFUSAL): with p = 0 and a row filter that

@@ -26,14 +26,16 @@ class AnalystKey(SQLModel, table=True):
 
 
 class ConsoleSubmission(SQLModel, table=True):
-    """A request the console put in the inbox for the analyst signed in (her passkey): its id, the
-    SHA-256 of the file written, and her name. The console's word, kept where analysts cannot write."""
+    """A request file the console wrote in the inbox: for the analyst signed in (her passkey), or a
+    controller's epsilon chosen in the console for a request proven the analyst's. Its id, the SHA-256
+    of the file written, the analyst, who wrote it: the console's word, kept where analysts cannot write."""
 
     __tablename__ = "console_submissions"
 
     request_id: str = Field(primary_key=True)
     analyst: str
     request_sha256: str
+    written_by: str = ""  # the analyst, or the controller who chose its epsilon in the console
     submitted_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
 
 
@@ -69,10 +71,13 @@ def keys(store) -> list[AnalystKey]:
         return list(session.exec(select(AnalystKey).order_by(AnalystKey.name)).all())
 
 
-def record_console_submission(store, request_id: str, analyst: str, request_sha256: str) -> None:
-    """The console's record that `analyst`, signed in, submitted this request file."""
+def record_console_submission(store, request_id: str, analyst: str, request_sha256: str,
+                              written_by: str | None = None) -> None:
+    """The console's record that this request file is `analyst`'s: she submitted it, signed in, or
+    `written_by` (a controller) rewrote her request's epsilon; a rewrite replaces the record."""
     with store._transaction() as session:
-        session.add(ConsoleSubmission(request_id=request_id, analyst=analyst, request_sha256=request_sha256))
+        session.merge(ConsoleSubmission(request_id=request_id, analyst=analyst, request_sha256=request_sha256,
+                                        written_by=written_by or analyst))
 
 
 def console_submission(store, request_id: str) -> ConsoleSubmission | None:
