@@ -704,18 +704,10 @@ def _check_submission(settings: Settings, request) -> None:
     it checked when a controller runs it."""
     from dprelease import pipeline, preflight
     from dprelease.store import Store
+    from dprelease.store.database import readable_here
 
-    if _store_here(settings):
+    if readable_here(settings.store_url):
         preflight.check_submission(pipeline.Platform(settings, Store(settings.store_url)), request)
-
-
-def _store_here(settings: Settings) -> bool:
-    """Whether this home's store can be read here (an analyst given the inbox alone has none, and
-    none is created for her)."""
-    from sqlalchemy.engine import make_url
-
-    url = make_url(settings.store_url)
-    return url.get_backend_name() != "sqlite" or os.access(url.database or "", os.R_OK)
 
 
 @request_app.command("list")
@@ -724,9 +716,10 @@ def request_list() -> None:
     with `dprelease release ID`; one that is not proven is refused, said below the table)."""
     from dprelease.requests import inbox, signed
     from dprelease.store import Store
+    from dprelease.store.database import readable_here
 
     settings = _settings()
-    store = Store(settings.store_url) if _store_here(settings) else None
+    store = Store(settings.store_url) if readable_here(settings.store_url) else None
     if store is not None:
         store.create_all()  # a store of an earlier version gains the tables of analysts' keys
     table = _table("id", "dataset", "title", "requested by", "signed", "epsilon",

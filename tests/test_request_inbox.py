@@ -272,8 +272,14 @@ def _unsigned(settings, env) -> Path:
     return path
 
 
+def _analyst_side(env: dict) -> dict:
+    """The environment of an analyst given the inbox alone: the home's inbox, no store to read."""
+    return {**env, "DPRELEASE_STORE_URL": f"sqlite:///{Path(env['DPRELEASE_KEY_DIR']).parent / 'no-store.db'}"}
+
+
 def _as_another(settings, env) -> Path:
-    """bob submits as ana, signed with his own key (the command line lets him type any name)."""
+    """bob submits as ana, signed with his own key, from the inbox alone (the command line lets him
+    type any name, and with no store to read, nothing there can tell)."""
     from typer.testing import CliRunner
 
     from dprelease.cli.app import app
@@ -281,16 +287,18 @@ def _as_another(settings, env) -> Path:
     request = settings.inbox_dir.parent / "mine.yaml"
     request.write_text(f"dataset: small\ntitle: as another\nepsilon: 1\nsql: {SMALL_SQL}\n")
     result = CliRunner().invoke(app, ["request", "submit", str(request), "--as", "ana", "--key", str(_key(env, "bob"))],
-                                env=env)
-    assert result.exit_code == 0, result.output  # submitting cannot tell: the check is on the controller's side
+                                env=_analyst_side(env))
+    assert result.exit_code == 0, result.output  # the check is on the controller's side
     return settings.inbox_dir / f"{result.stdout.split('submitted request ')[1].split()[0]}.json"
 
 
 def _signed(settings, env, analyst="ana", key="ana", epsilon=1):
+    """A request submitted with the Python API, from the inbox alone (no store: nothing checked yet)."""
     from dprelease.requests import inbox
+    from dprelease.settings import Settings
 
-    return inbox.submit(settings, inbox.parse_text(f"dataset: small\nepsilon: {epsilon}\nsql: {SMALL_SQL}\n"),
-                        analyst, _key(env, key)).path
+    return inbox.submit(Settings.from_env(_analyst_side(env)), inbox.parse_text(
+        f"dataset: small\nepsilon: {epsilon}\nsql: {SMALL_SQL}\n"), analyst, _key(env, key)).path
 
 
 def _renamed(settings, env) -> Path:
@@ -477,3 +485,29 @@ def test_an_epsilon_a_controller_chooses_in_the_console_keeps_the_request_its_an
     assert dropped.read_bytes() == before
     for done in (path, dropped):
         inbox.mark_decided(settings, done)
+
+
+@pytest.mark.parametrize("case", ["bob as ana with his own key", "a name with no registered key"])
+def test_submitting_where_the_store_can_be_read_refuses_another_s_key_at_once(small_home, case):
+    """Where this home's store can be read (as `request submit` checks what a request asks), a key
+    that is not the one registered for the name given is refused at once, in the same line from the
+    command line and the Python API, exit 2, nothing in the inbox: the controller's check would refuse
+    the request anyway."""
+    from typer.testing import CliRunner
+
+    from dprelease.cli.app import app
+    from dprelease.requests import RequestError, inbox
+
+    settings, env = small_home
+    name, key, words = {"bob as ana with his own key": ("ana", "bob", "--key is not the key registered for 'ana'"),
+                        "a name with no registered key": ("dee", "bob", "'dee' has no registered analyst key")}[case]
+    request = settings.inbox_dir.parent / "early.yaml"
+    request.write_text(f"dataset: small\nepsilon: 1\nsql: {SMALL_SQL}\n")
+    waiting = sorted(settings.inbox_dir.glob("*"))
+    result = CliRunner().invoke(app, ["request", "submit", str(request), "--as", name, "--key", str(_key(env, key))],
+                                env=env)
+    with pytest.raises(RequestError) as api:
+        inbox.submit(settings, inbox.parse_text(request.read_text()), name, _key(env, key))
+    assert words in str(api.value)
+    assert result.exit_code == 2 and result.stderr.strip().splitlines() == [f"error: {api.value}"], result.output
+    assert sorted(settings.inbox_dir.glob("*")) == waiting

@@ -60,11 +60,15 @@ DATA_MODE_REFUSAL = (
 
 def submit(settings: Settings, request: ReleaseRequest, analyst: str, key) -> Submitted:
     """Put a checked request in the inbox as `analyst`'s, signed with her private key (a key file's
-    path or the key: signed.private_key); written whole or not at all."""
+    path or the key: signed.private_key); written whole or not at all. Where the store can be read, a
+    key that is not the one registered for `analyst` is refused at once (signed.check_signer)."""
     private_key = signed.private_key(key)
-    return _write(settings, request, analyst, lambda request_id, text: _write_whole(
-        signed.signature_path(settings.inbox_dir / f"{request_id}.json"),
-        signed.sign(request_id, text, analyst, private_key)))
+
+    def seal(request_id: str, text: bytes) -> None:
+        signed.check_signer(settings, analyst, private_key)
+        _write_whole(signed.signature_path(settings.inbox_dir / f"{request_id}.json"),
+                     signed.sign(request_id, text, analyst, private_key))
+    return _write(settings, request, analyst, seal)
 
 
 def submit_in_console(settings: Settings, store, request: ReleaseRequest, analyst: str) -> Submitted:
@@ -89,7 +93,7 @@ def rewrite_in_console(settings: Settings, store, path: Path, fields: dict, cont
 
 def _write(settings: Settings, request: ReleaseRequest, analyst: str, seal) -> Submitted:
     """Write the request file as `analyst`'s, once `seal(id, its bytes)` kept the proof of who she
-    is. PRI data mode is the controller's (DATA_MODE_REFUSAL): with p = 0 and a row filter that
+    is (or refused). PRI data mode is the controller's (DATA_MODE_REFUSAL): with p = 0 and a row filter that
     selects one person, no candidate passes exactly when that person matches, and the refunded
     failure said so."""
     if not analyst.strip() or analyst != analyst.strip():

@@ -22,6 +22,7 @@ from cryptography.exceptions import InvalidSignature
 from ..reporting import signing
 from ..settings import Settings
 from ..store import Store, StoreError, analysts
+from ..store.database import readable_here
 from .request import RequestError
 
 FORMAT = "dprelease-request-signature/1"
@@ -73,6 +74,23 @@ def private_key(source) -> object:
     except signing.SigningError as err:
         raise RequestError(f"--key: {err}: give the private key whose public key a controller registered for you "
                            "(`dprelease analyst key NAME`)") from None
+
+
+def check_signer(settings: Settings, analyst: str, private_key) -> None:
+    """Refuse at once, where this home's store can be read, a key that is not the one registered for
+    `analyst` (the controller's check would refuse the request): an analyst given the inbox alone has
+    it checked when a controller lists or runs the request."""
+    if not readable_here(settings.store_url):
+        return
+    store = Store(settings.store_url)
+    store.create_all()
+    registered = analysts.key_of(store, analyst)
+    if registered is None:
+        raise RequestError(f"{analyst!r} has no registered analyst key: a controller registers yours (`dprelease "
+                           f"analyst key {analyst} --public-key YOUR_KEY.pub.pem`), then submit again")
+    if registered.public_key_pem != signing.public_key_pem(private_key.public_key()).decode():
+        raise RequestError(f"--key is not the key registered for {analyst!r}: sign with your own key as your own "
+                           "name (one analyst cannot submit as another)")
 
 
 def check(store: Store, path: Path) -> Verdict:

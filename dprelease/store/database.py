@@ -19,6 +19,15 @@ from .errors import StoreError
 SQLITE_BUSY_TIMEOUT_S = 120.0  # generous: on an overloaded machine a lock holder may wait its turn for a CPU
 
 
+def readable_here(url: str) -> bool:
+    """Whether this process can read the store at `url` without creating one: an analyst given the
+    inbox alone has no SQLite file to read (and none is created for her); a server may always be asked."""
+    import os
+
+    parsed = make_url(url)
+    return parsed.get_backend_name() != "sqlite" or os.access(parsed.database or "", os.R_OK)
+
+
 def _normalise_url(url: str) -> URL:
     """Parse the store URL; plain `postgresql://` means psycopg 3 (the driver the platform ships)."""
     parsed = make_url(url)
