@@ -544,6 +544,7 @@ def test_an_analyst_s_request_in_the_controllers_inbox(platform_env, console, pe
         assert "request d0d0d0d0d0d0 of the analysts&#39; inbox is not signed" in row, row
         page = alice.get("/inbox/requests/d0d0d0d0d0d0").text
         assert "(not proven theirs)" in page and 'id="refused"' in page and "dprelease release" not in page
+        assert "Dropped in" not in ana.get("/requests").text  # nor is it listed as one of hers
     finally:
         dropped.unlink()
     assert "Ages by sex, please" in ana.get("/requests").text

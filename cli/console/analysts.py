@@ -13,7 +13,7 @@ from dp_core import DPError
 from dprelease import preflight
 from dprelease.pipeline import Platform
 from dprelease.reporting import signing
-from dprelease.requests import inbox
+from dprelease.requests import inbox, signed
 from dprelease.store import StoreError
 
 from . import states
@@ -25,10 +25,12 @@ router = APIRouter()
 
 
 def my_requests(store, settings, name: str) -> list[dict]:
-    """An analyst's requests, newest first: those waiting in the inbox, then their releases' states."""
+    """An analyst's requests, newest first: those waiting in the inbox (proven hers: a file that only
+    names her is not), then their releases' states."""
     rows = [{"id": path.stem, "dataset": fields.get("dataset", ""), "title": fields.get("title") or "",
              "label": "Submitted (waiting for a controller)", "published": False}
-            for path, fields in waiting_requests(store, settings) if fields.get("requested_by") == name]
+            for path, fields in waiting_requests(store, settings)
+            if fields.get("requested_by") == name and signed.check(store, path).analyst == name]
     for rel in sorted(store.list_releases(), key=lambda r: r.created_at, reverse=True):
         fields = json.loads(rel.request_json or "{}")
         if fields.get("requested_by") == name:
