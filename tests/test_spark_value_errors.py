@@ -112,6 +112,19 @@ def test_a_row_filter_spark_cannot_compute_does_not_fail_the_release(spark):
         assert sorted(dp.execute(query, people, backend="spark", spark=spark).table["dept"]) == ["a", "b"]
 
 
+@pytest.mark.parametrize("key", ["date_add(DATE '2020-01-01', 3000000)", "make_date(-5, 1, 1)"])
+def test_a_date_key_python_cannot_hold_does_not_fail_the_release_on_spark(key, spark):
+    """A DATE key computed from one person's row beyond Python's dates (years 1 to 9999), which
+    Spark computes: reading the candidate partitions back failed the release ("year 10233 is out of
+    range", a bare ValueError) only when she was in the data. Her row is now dropped (bounding.py)."""
+    sql = DP + (f"k, {C} AS n FROM (SELECT uid, CASE WHEN v0 = 'x' THEN {key} ELSE DATE '2020-01-01' END AS k "
+                "FROM people) GROUP BY k")
+    for target in (False, True):  # without her, then with her (failed until the fix)
+        people = {"people": Table(spark.createDataFrame(people_with(target)["people"].data), "uid")}
+        released = run_sql(sql, people, backend="spark", spark=spark).table
+        assert [str(k) for k in released["k"]] == ["2020-01-01"]
+
+
 def test_a_per_unit_sum_of_bigints_does_not_fail_the_release_on_spark(neighbours, spark):
     """Spark sums a BIGINT in a BIGINT (DuckDB in a HUGEINT, never overflowing): two of the target's
     rows near 2^63 overflowed her per-unit SUM and failed the release. Now her sum is NULL (try_sum)."""
