@@ -27,6 +27,7 @@ the engine's own SQL around them is left as written."""
 
 from __future__ import annotations
 
+import threading
 from contextlib import contextmanager
 
 from sqlglot import exp
@@ -49,19 +50,33 @@ PATTERN_CALLS = (exp.RegexpLike, exp.RegexpILike, exp.RegexpExtract, exp.RegexpE
                  exp.Like, exp.ILike, exp.SimilarTo)
 
 
+#: sessions inside ansi_off -> [how many blocks are, the setting the first one found]: threads
+#: sharing a session (a flow's tasks) turn it off once and back once, after the last block
+_ANSI_HOLDERS: dict[int, list] = {}
+_ANSI_LOCK = threading.Lock()
+
+
 @contextmanager
 def ansi_off(spark):
     """The session with ANSI mode off while the block runs (its statements analysed, and a view
-    created, under it), the caller's setting back afterwards."""
-    before = spark.conf.get(ANSI, None)
-    spark.conf.set(ANSI, "false")
+    created, under it), the caller's setting back once no block of any thread still needs it off."""
+    with _ANSI_LOCK:
+        held = _ANSI_HOLDERS.get(id(spark))
+        if held is None:
+            held = _ANSI_HOLDERS[id(spark)] = [0, spark.conf.get(ANSI, None)]
+            spark.conf.set(ANSI, "false")
+        held[0] += 1
     try:
         yield
     finally:
-        if before is None:
-            spark.conf.unset(ANSI)
-        else:
-            spark.conf.set(ANSI, before)
+        with _ANSI_LOCK:
+            held[0] -= 1
+            if held[0] == 0:
+                del _ANSI_HOLDERS[id(spark)]
+                if held[1] is None:
+                    spark.conf.unset(ANSI)
+                else:
+                    spark.conf.set(ANSI, held[1])
 
 
 def _never_failing_node(node: exp.Expression, whole: bool) -> exp.Expression:

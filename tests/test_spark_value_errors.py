@@ -188,3 +188,32 @@ def test_post_processing_cannot_fail_on_a_released_value_on_spark(neighbours, sp
            f"WHERE {FAILS_ON_RELEASED} IS NULL ORDER BY {FAILS_ON_RELEASED}")
     released = run_sql(sql, neighbours[True], backend="spark", spark=spark).table
     assert list(released.columns) == ["t", "w"] and released["t"].isna().all()
+
+
+def test_the_session_keeps_its_ansi_setting_and_threads_sharing_it_see_it_off_until_the_last_is_done(spark):
+    """The backend turns ANSI mode off for its statements only: the session's own setting is back
+    afterwards. Two threads of one session (a flow's tasks) interleaved: the one still running keeps
+    ANSI off after the other is done (the first to leave restored ANSI under the second's statement
+    until the blocks were counted), and the session ends with its own setting."""
+    import threading
+
+    from dp_core.spark_no_value_errors import ANSI, ansi_off
+
+    assert spark.conf.get(ANSI) == "true"
+    first_in, second_in, first_out, seen = threading.Event(), threading.Event(), threading.Event(), []
+
+    def second():
+        first_in.wait()
+        with ansi_off(spark):
+            second_in.set()
+            first_out.wait()
+            seen.append(spark.conf.get(ANSI))  # the first thread has left its block
+
+    thread = threading.Thread(target=second)
+    thread.start()
+    with ansi_off(spark):
+        first_in.set()
+        second_in.wait()
+    first_out.set()
+    thread.join()
+    assert seen == ["false"] and spark.conf.get(ANSI) == "true"
