@@ -120,19 +120,7 @@ class SparkBackend:
         self.spark.catalog.dropTempView(name)
 
     def _spark_does(self, work):
-        """`work()`, its failure in one line that never quotes a value of the data."""
-        from py4j.protocol import Py4JJavaError
-        from pyspark.errors import PySparkException
-
-        try:
-            with ansi_off(self.spark):  # a value that does not fit is NULL (spark_no_value_errors.py)
-                return work()
-        except PySparkException as err:
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            words = spark_message(_condition(err), first)  # never a value of the data (dp_core.engine_errors)
-            raise InvalidDataError(f"the data engine (Spark) could not run the query: {words}") from None
-        except Py4JJavaError as err:  # a failure inside the JVM, e.g. a CSV read FAILFAST
-            raise InvalidDataError(java_failure(str(err))) from None
+        return spark_does(self.spark, work)
 
     def spark_sql(self, sql: str) -> str:
         """`sql` (DuckDB syntax, Spark pieces) as Spark SQL over this backend's view."""
@@ -142,6 +130,22 @@ class SparkBackend:
         for name in list(self.kept):
             self.drop(name)
         self.spark.catalog.dropTempView(self.view)
+
+
+def spark_does(spark, work):
+    """`work()` on `spark`, its failure in one line that never quotes a value of the data."""
+    from py4j.protocol import Py4JJavaError
+    from pyspark.errors import PySparkException
+
+    try:
+        with ansi_off(spark):  # a value that does not fit is NULL (spark_no_value_errors.py)
+            return work()
+    except PySparkException as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        words = spark_message(_condition(err), first)  # never a value of the data (dp_core.engine_errors)
+        raise InvalidDataError(f"the data engine (Spark) could not run the query: {words}") from None
+    except Py4JJavaError as err:  # a failure inside the JVM, e.g. a CSV read FAILFAST
+        raise InvalidDataError(java_failure(str(err))) from None
 
 
 def _condition(err) -> str | None:
@@ -220,11 +224,13 @@ class SparkTables:
 
     def empty(self, name: str):
         """An empty Arrow table with `name`'s columns and types (for compiling, reads no rows)."""
-        return self.spark.table(self.views[name]).limit(0).toArrow()
+        # an input's own plan over local rows is computed while planned (Spark folds it): its failure
+        # on a value is one line without it, as a query's
+        return spark_does(self.spark, lambda: self.spark.table(self.views[name]).limit(0).toArrow())
 
     def local(self, name: str):
         """A public table's rows as Arrow (outer queries join them to the released tables)."""
-        return self.spark.table(self.views[name]).toArrow()
+        return spark_does(self.spark, lambda: self.spark.table(self.views[name]).toArrow())
 
     def source(self, source_sql: str) -> str:
         """A DP SELECT's source (DuckDB syntax) as the Spark SQL its view runs: never failing on a
