@@ -125,6 +125,18 @@ def test_a_date_key_python_cannot_hold_does_not_fail_the_release_on_spark(key, s
         assert [str(k) for k in released["k"]] == ["2020-01-01"]
 
 
+def test_the_engine_s_own_per_unit_sum_of_one_person_s_bigints_does_not_fail_on_spark(spark):
+    """The engine sums each unit's values before clamping them: on Spark a BIGINT in a BIGINT, so
+    two of the target's rows near 2^62 overflowed under ANSI mode and failed the release only when
+    she was in the data. Its statements run with ANSI off: her sum is clamped like any other."""
+    query = dp.Query([dp.sum_("x", 0, 10, name="s")], privacy_unit="uid", epsilon=1.0, delta=1e-6)
+    for target in (False, True):  # without her, then with her (failed until the fix)
+        others = [u for u in range(N) if u != TARGET]
+        rows = pd.DataFrame({"uid": others + [TARGET, TARGET] * target, "x": [1] * len(others) + [2**62, 2**62] * target})
+        released = dp.execute(query, spark.createDataFrame(rows), backend="spark", spark=spark).table
+        assert list(released.columns[:1]) == ["s"]
+
+
 def test_a_per_unit_sum_of_bigints_does_not_fail_the_release_on_spark(neighbours, spark):
     """Spark sums a BIGINT in a BIGINT (DuckDB in a HUGEINT, never overflowing): two of the target's
     rows near 2^63 overflowed her per-unit SUM and failed the release. Now her sum is NULL (try_sum)."""
