@@ -7,7 +7,9 @@ the same expressions give NULL, except that an integer overflow wraps around and
 truncates; `try_cast`, `try_add`, `try_subtract`, `try_multiply`, `try_divide`, `try_mod`,
 `try_sum`, `try_avg` and `try_to_binary` give NULL in either mode. A few built-ins fail whatever
 the mode: a regular expression or LIKE pattern that does not parse (read from the data, or written
-and invalid for Java's syntax while valid for DuckDB's), `unbase64` of text that is no base64.
+and invalid for Java's syntax while valid for DuckDB's), `unbase64` of text that is no base64,
+`timestamp_millis` (DuckDB's epoch_ms) past 2^63 microseconds, a `sequence` (range,
+generate_series) of more than 2^31 elements.
 
 So three parts, all decided by the query's text, never by its data:
   1. every statement the backend runs is analysed with ANSI off (`ansi_off`): implicit conversions
@@ -15,15 +17,18 @@ So three parts, all decided by the query's text, never by its data:
      SELECT's source view keeps it whatever the session says afterwards;
   2. the analyst's expressions are rewritten into their never-failing forms (`never_failing_on_spark`):
      a cast into TRY_CAST, + - * / % into try_add ... try_mod, SUM and AVG of the source into try_sum
-     and try_avg, from_base64 into try_to_binary; so an overflow is NULL, as under DuckDB's TRY, not
-     a wrapped number, and both backends compute the same;
+     and try_avg, from_base64 into try_to_binary, epoch_ms(x) into NULL past its range; so an
+     overflow is NULL, as under DuckDB's TRY, not a wrapped number, and both backends compute the
+     same on every value that fits;
   3. what cannot be made safe is refused by name before anything runs: a pattern (regular expression,
-     LIKE) that is not a literal (`refuse_failing_on_spark`); a literal one is compiled once by Spark
-     over one constant row (`check_patterns`), so an invalid one is refused whatever the data.
+     LIKE) that is not a literal, a series whose bounds are not (`refuse_failing_on_spark`); a literal
+     pattern is compiled once by Spark over one constant row (`check_patterns`), so an invalid one is
+     refused whatever the data.
 
 Which expressions are the analyst's: those under the TRY guards no_value_errors.never_failing and
 row_filter add (the source's and a row filter's), and the whole of a DP SELECT's source (its view);
-the engine's own SQL around them is left as written."""
+the engine's own SQL around them is left as written (it runs with ANSI off too: its per-unit SUM of
+one person's BIGINTs wraps around there, and is clamped, where it failed)."""
 
 from __future__ import annotations
 
