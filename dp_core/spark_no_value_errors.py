@@ -35,6 +35,7 @@ from __future__ import annotations
 import threading
 from contextlib import contextmanager
 
+import sqlglot
 from sqlglot import exp
 
 from .errors import InvalidQueryError
@@ -161,6 +162,12 @@ def refuse_failing_on_spark(tree: exp.Expression) -> None:
                 f"decide whether it fails; write the pattern as a quoted string")
 
 
+def refuse_text_failing_on_spark(sql: str) -> None:
+    """refuse_failing_on_spark over SQL text (DuckDB syntax: a DP SELECT's source, a row filter):
+    data-free, for the platform's checks before any flow starts."""
+    refuse_failing_on_spark(sqlglot.parse_one(sql, read="duckdb"))
+
+
 def literal_patterns(tree: exp.Expression) -> list[tuple[exp.Expression, str]]:
     """Each pattern call of `tree` with its literal pattern (refuse_failing_on_spark refused the others)."""
     found = []
@@ -198,4 +205,5 @@ def check_patterns(spark, tree: exp.Expression, checked: set) -> None:
         checked.add(sql)
 
 
-__all__ = ["ansi_off", "check_patterns", "never_failing_on_spark", "refuse_failing_on_spark"]
+__all__ = ["ansi_off", "check_patterns", "never_failing_on_spark", "refuse_failing_on_spark",
+           "refuse_text_failing_on_spark"]

@@ -59,6 +59,28 @@ def lake_env(spark, adult, tmp_path_factory):
             os.environ[k] = v
 
 
+@pytest.mark.parametrize("asked", [
+    {"sql": "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1, delta = 1e-6) sex, COUNT(*, "
+            "contribution_bounds_per_group => (0, 1)) AS n FROM lake WHERE regexp_matches(education, sex) GROUP BY sex"},
+    {"query": {"group_by": ["sex"], "aggregates": [{"kind": "count", "upper": 1}],
+               "where": "education LIKE sex", "public_partitions": ["Female", "Male"]}},
+], ids=["sql", "spec"])
+def test_what_spark_would_fail_on_whatever_the_value_is_refused_before_any_flow(lake_env, asked):
+    """A pattern read from the data, which Spark compiles row by row and fails on, is refused by the
+    request's checks (the CLI's quick verdict, and the flow's before it reserves anything) when the
+    dataset runs on Spark, with the refusal dp_core gives; on DuckDB (backend duckdb) it runs."""
+    from dprelease import pipeline, preflight
+    from dprelease.requests import parse_request
+
+    settings, _, _ = lake_env
+    platform = pipeline.Platform.open(settings)
+    with pytest.raises(dp.InvalidQueryError) as caught:
+        preflight.check_submission(platform, parse_request({"dataset": "lake", "epsilon": 1, **asked}))
+    assert "on the Spark backend a pattern (regular expression, LIKE) must be a literal string" in str(caught.value)
+    assert "\n" not in str(caught.value)
+    preflight.check_submission(platform, parse_request({"dataset": "lake", "epsilon": 1, "backend": "duckdb", **asked}))
+
+
 def test_external_registration_records_a_reference_and_copies_nothing(lake_env):
     from dprelease import external
     from dprelease.store import Store
