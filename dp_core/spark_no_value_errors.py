@@ -184,8 +184,9 @@ def check_patterns(spark, tree: exp.Expression, checked: set) -> None:
     does not compile is refused whatever the data (Spark compiles an expression's pattern when a
     row reaches it: over no row, or before a filter drops the rows, it did not fail)."""
     for call, pattern in literal_patterns(tree):
-        probe = call.copy()
-        probe.set("this", exp.Literal.string(""))
+        escaped = isinstance(call.parent, exp.Escape)  # LIKE ... ESCAPE '!': compiled with its escape
+        probe = (call.parent if escaped else call).copy()
+        (probe.this if escaped else probe).set("this", exp.Literal.string(""))
         sql = probe.sql("spark")
         if sql in checked:
             continue

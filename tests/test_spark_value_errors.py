@@ -162,13 +162,19 @@ def test_what_spark_fails_on_whatever_ansi_says_is_refused_alike(written, refusa
 
 
 @pytest.mark.parametrize("pattern", ["regexp_matches(dept, '(?P<d>a)')", "regexp_replace(dept, '(?P<d>a)', 'x')",
-                                     "dept LIKE 'a\\'"])
+                                     "dept LIKE 'a\\'", "dept LIKE 'a!' ESCAPE '!'"])
 def test_a_literal_pattern_spark_cannot_compile_is_refused_whatever_the_rows(pattern, neighbours, spark):
     """A pattern DuckDB compiles (RE2's `(?P<name>...)`, a LIKE ending in a backslash) that Spark's
     Java syntax cannot: Spark failed only when a row reached it (here the target's, the only one
     the WHERE keeps). Now it is compiled once over a constant row and refused alike on both."""
     sql = DP + f"{C} AS n FROM people WHERE uid = {TARGET} AND {pattern}"
     assert "does not compile on Spark" in refused_alike(sql, neighbours, spark)
+
+
+def test_a_literal_pattern_spark_compiles_runs(neighbours, spark):
+    """The patterns Spark compiles run as written, an ESCAPE with its escape character."""
+    sql = DP + f"{C} AS n FROM people WHERE dept LIKE 'a!%' ESCAPE '!' OR regexp_matches(dept, '^[ab]$')"
+    run_alike(sql, neighbours, spark)
 
 
 def test_a_join_comparing_a_text_with_a_number_is_refused_on_spark_as_on_duckdb(spark):
