@@ -25,7 +25,7 @@ from .bounding import INPUT_NAME
 from .engine_errors import blank_quoted, spark_message
 from .errors import InvalidDataError
 from .input_checks import check_column_names
-from .no_value_errors import unguarded
+from .spark_no_value_errors import ansi_off, check_patterns, never_failing_on_spark
 from .sql_scopes import table_reads
 
 #: Spark's simple type names -> the DuckDB names the engine's checks speak (schema())
@@ -61,6 +61,7 @@ class SparkBackend:
     dialect: str = "spark"
     derived: bool = False  # `view` is rows a query selected (SparkTables.backend_for), not a whole input
     kept: dict = field(default_factory=dict)  # view name -> its cached DataFrame (keep())
+    patterns: set = field(default_factory=set)  # the literal patterns Spark compiled (check_patterns)
 
     @classmethod
     def for_input(cls, data, spark=None) -> SparkBackend:
@@ -119,27 +120,32 @@ class SparkBackend:
         self.spark.catalog.dropTempView(name)
 
     def _spark_does(self, work):
-        """`work()`, its failure in one line that never quotes a value of the data."""
-        from py4j.protocol import Py4JJavaError
-        from pyspark.errors import PySparkException
-
-        try:
-            return work()
-        except PySparkException as err:
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            words = spark_message(_condition(err), first)  # never a value of the data (dp_core.engine_errors)
-            raise InvalidDataError(f"the data engine (Spark) could not run the query: {words}") from None
-        except Py4JJavaError as err:  # a failure inside the JVM, e.g. a CSV read FAILFAST
-            raise InvalidDataError(java_failure(str(err))) from None
+        return spark_does(self.spark, work)
 
     def spark_sql(self, sql: str) -> str:
         """`sql` (DuckDB syntax, Spark pieces) as Spark SQL over this backend's view."""
-        return to_spark_sql(sql, {INPUT_NAME: self.view})
+        return to_spark_sql(sql, {INPUT_NAME: self.view}, spark=self.spark, patterns=self.patterns)
 
     def close(self) -> None:
         for name in list(self.kept):
             self.drop(name)
         self.spark.catalog.dropTempView(self.view)
+
+
+def spark_does(spark, work):
+    """`work()` on `spark`, its failure in one line that never quotes a value of the data."""
+    from py4j.protocol import Py4JJavaError
+    from pyspark.errors import PySparkException
+
+    try:
+        with ansi_off(spark):  # a value that does not fit is NULL (spark_no_value_errors.py)
+            return work()
+    except PySparkException as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        words = spark_message(_condition(err), first)  # never a value of the data (dp_core.engine_errors)
+        raise InvalidDataError(f"the data engine (Spark) could not run the query: {words}") from None
+    except Py4JJavaError as err:  # a failure inside the JVM, e.g. a CSV read FAILFAST
+        raise InvalidDataError(java_failure(str(err))) from None
 
 
 def _condition(err) -> str | None:
@@ -166,8 +172,11 @@ def java_failure(text: str) -> str:
     return f"the data engine (Spark) failed: {blank_quoted(causes[-1].strip())[:300]}"
 
 
-def to_spark_sql(sql: str, views: dict[str, str]) -> str:
+def to_spark_sql(sql: str, views: dict[str, str], whole: bool = False, spark=None, patterns: set | None = None) -> str:
     """DuckDB-syntax SQL as Spark SQL, each table named in `views` read from its temporary view.
+    The analyst's expressions in it (all of it when `whole`: a DP SELECT's source) in their
+    never-failing forms, what has none refused (spark_no_value_errors.py); given the session, its
+    literal patterns compiled once by Spark (`patterns`: those already compiled).
 
     A name is matched as DuckDB and the ownership check match it: without regard to case, and only
     where it reads a table, not a CTE of that name (a CTE is seen by the CTEs after it and by its
@@ -181,8 +190,9 @@ def to_spark_sql(sql: str, views: dict[str, str]) -> str:
         table.set("this", exp.to_identifier(lowered[name.lower()]))
         if not alias:  # columns qualified by the table's name still resolve
             table.set("alias", exp.TableAlias(this=exp.to_identifier(name)))
-    # Spark has no TRY(expression) (no_value_errors.py): its expressions run as written
-    tree = unguarded(tree)
+    tree = never_failing_on_spark(tree, whole)
+    if spark is not None:
+        check_patterns(spark, tree, patterns if patterns is not None else set())
     return tree.sql(dialect="spark")
 
 
@@ -194,6 +204,7 @@ class SparkTables:
 
     spark: object
     views: dict[str, str]
+    patterns: set = field(default_factory=set)  # the literal patterns Spark compiled (check_patterns)
 
     @classmethod
     def open(cls, tables: dict, spark=None) -> SparkTables:
@@ -213,11 +224,18 @@ class SparkTables:
 
     def empty(self, name: str):
         """An empty Arrow table with `name`'s columns and types (for compiling, reads no rows)."""
-        return self.spark.table(self.views[name]).limit(0).toArrow()
+        # an input's own plan over local rows is computed while planned (Spark folds it): its failure
+        # on a value is one line without it, as a query's
+        return spark_does(self.spark, lambda: self.spark.table(self.views[name]).limit(0).toArrow())
 
     def local(self, name: str):
         """A public table's rows as Arrow (outer queries join them to the released tables)."""
-        return self.spark.table(self.views[name]).toArrow()
+        return spark_does(self.spark, lambda: self.spark.table(self.views[name]).toArrow())
+
+    def source(self, source_sql: str) -> str:
+        """A DP SELECT's source (DuckDB syntax) as the Spark SQL its view runs: never failing on a
+        value, or refused by what it holds (spark_no_value_errors.py), before any row is read."""
+        return to_spark_sql(source_sql, self.views, whole=True, spark=self.spark, patterns=self.patterns)
 
     def backend_for(self, source_sql: str) -> SparkBackend:
         """A backend whose `dp_input` is one DP SELECT's source (DuckDB syntax) over these tables
@@ -225,8 +243,10 @@ class SparkTables:
         from pyspark.errors import PySparkException
 
         view = f"{INPUT_NAME}_{secrets.token_hex(6)}"
+        source = self.source(source_sql)
         try:
-            self.spark.sql(f"CREATE OR REPLACE TEMPORARY VIEW {view} AS {to_spark_sql(source_sql, self.views)}")
+            with ansi_off(self.spark):  # the view keeps the setting it was created with
+                self.spark.sql(f"CREATE OR REPLACE TEMPORARY VIEW {view} AS {source}")
         except PySparkException as err:
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise InvalidDataError(f"the data engine (Spark) could not prepare the query: {first}") from None

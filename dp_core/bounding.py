@@ -25,7 +25,10 @@ So are rows whose DATE or TIMESTAMP group key no released table can hold (DuckDB
 date beyond the +-292,000 years of pandas' microseconds): reading the candidate partitions failed on
 such a key, before any selection, so a key computed from one person's row (`CASE WHEN name = 'Alice'
 AND ... THEN DATE 'infinity' ...`) made the release fail or not (until 2026-11-29). A whole input
-with an infinite date key is refused before this (engine.check_values), as for NULL units.
+with an infinite date key is refused before this (engine.check_values), as for NULL units. On Spark
+the DATE keys a released table can hold are Python's dates, years 1 to 9999 (Spark's own range is
+wider: `date_add(d, 3000000)` of one person's row failed the release with "year 10233 is out of
+range" until 2026-11-30).
 """
 
 from __future__ import annotations
@@ -124,6 +127,9 @@ DIALECT_PIECES = {
 }
 
 
+#: the DATE range of Python's datetime.date, in which a key read back from Spark can be held
+PYTHON_DATES = "DATE '0001-01-01' AND DATE '9999-12-31'"
+
 #: the 60-bit prefix of an MD5 digest as a BIGINT, per dialect: the same number on every engine
 PORTABLE_DIGEST = {"duckdb": "CAST(('0x' || substr(md5({text}), 1, 15)) AS BIGINT)",
                    "spark": "CAST(conv(substr(md5({text}), 1, 15), 16, 10) AS BIGINT)"}
@@ -184,6 +190,10 @@ def build_plan(
                                   f"TRY_CAST({ident(k)} AS TIMESTAMP) IS NOT NULL))")
             elif kind.startswith("TIMESTAMP"):
                 conditions.append(f"({ident(k)} IS NULL OR isfinite({ident(k)}))")
+    elif dialect == "spark":  # a date key Python's dates cannot hold: dropped (module docstring)
+        for k in keys:
+            if str((key_types or {}).get(k, "")).upper() == "DATE":
+                conditions.append(f"({ident(k)} IS NULL OR {ident(k)} BETWEEN {PYTHON_DATES})")
     if query.where is not None:
         conditions.append(f"({compile_filter(query.where)[0]})")
     if query.public_partitions is not None:

@@ -23,9 +23,9 @@ TRY cannot hold an aggregate, a subquery, a window or a volatile function (DuckD
 them): such an expression is not wrapped whole; its parts are, down to the pieces TRY can hold.
 An aggregate that overflows itself cannot be held either: a SUM or AVG inside a per-unit subquery
 is refused by its argument's type when that type can overflow (refuse_overflowing_sums, from the
-binding over empty stand-ins: HUGEINT, DECIMAL over 18 digits, INTERVAL). Not covered: the Spark
-backend (sqlglot renders no TRY for Spark: its ANSI
-errors stay, named without their values)."""
+binding over empty stand-ins: HUGEINT, DECIMAL over 18 digits, INTERVAL). The Spark backend,
+which has no TRY, replaces each guard by its content in never-failing Spark forms
+(spark_no_value_errors.py)."""
 
 from __future__ import annotations
 
@@ -79,8 +79,7 @@ def guarded(node: exp.Expression) -> exp.Expression:
 
 
 def unguarded(tree: exp.Expression) -> exp.Expression:
-    """`tree` without the TRY guards `never_failing` adds, as it was written: for the Spark backend,
-    whose SQL has no TRY."""
+    """`tree` without the TRY guards `never_failing` adds, as it was written (to quote it in a refusal)."""
     return tree.transform(lambda node: node.this if isinstance(node, exp.Try) else node)
 
 

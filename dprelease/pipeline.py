@@ -25,6 +25,7 @@ from cryptography.fernet import Fernet, InvalidToken
 import dp_core as dp
 from dp_core import display, pri, risk
 from dp_core.bounds import FALLBACK_NOTE
+from dp_core.spark_no_value_errors import refuse_text_failing_on_spark
 from dp_core.sql import Table, compile_statement_for, run_sql
 
 from . import checks, column_types, escrow, external, progress, shared_archive
@@ -150,6 +151,9 @@ def plan(platform: Platform, request: ReleaseRequest) -> Plan:
         if len(statement.parts) > 1 and request.epsilon_mode == "risk" and request.risk.get("split") == "need":
             raise ReleaseError("epsilon.risk.split: need chooses the shares of one DP SELECT, and this SQL has "
                                f"{len(statement.parts)}: use split: equal, or one DP SELECT; nothing was computed")
+        if on_spark(platform, request):  # what Spark fails on whatever the value: refused before any flow
+            for part in statement.parts:
+                refuse_text_failing_on_spark(part.source_sql("duckdb"))
         # the ledger is charged the statement's total (the sum over its DP SELECTs)
         query = replace(statement.parts[0].query, epsilon=statement.epsilon, delta=statement.delta)
         sql = request.sql
@@ -157,6 +161,8 @@ def plan(platform: Platform, request: ReleaseRequest) -> Plan:
     else:
         query = query_from_spec(request.query, ds.privacy_unit, placeholder, delta=request.delta,
                                 max_partitions_contributed=request.max_partitions_contributed, **options)
+        if query.where is not None and on_spark(platform, request):
+            refuse_text_failing_on_spark(query.where)
         sql, options_epsilon = None, False
     return Plan(request, query, sql, options_epsilon)
 

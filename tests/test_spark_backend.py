@@ -379,15 +379,18 @@ def test_inferred_bounds_on_spark_read_partials_computed_once_and_equal_duckdb(s
 def test_a_keep_failing_on_a_value_of_the_data_leaves_nothing_cached_on_spark(spark, tmp_path, kept_for):
     """The statement that keeps the partials (a cached view) fails on a value of the data: the
     error is one line without the value, and the session's cache keeps neither the plan nor what
-    was computed of it (it did until 2026-11-29: persisted before the failing count, never unpersisted)."""
+    was computed of it (it did until 2026-11-29: persisted before the failing count, never unpersisted).
+    What fails is the input's own plan (a cast its owner wrote under ANSI mode): a query's own
+    expressions no longer fail on a value (tests/test_spark_value_errors.py)."""
     from pyspark import StorageLevel
+    from pyspark.sql import functions as F
 
     path = tmp_path / "named.parquet"
     pd.DataFrame({"uid": range(200), "g": ["a", "b"] * 100, "name": ["12"] * 199 + ["x-secret-7"]}).to_parquet(path)
     count = dp.count(upper=None) if kept_for == "inferred bounds" else dp.count(upper=2)
-    query = dp.Query([count], privacy_unit="uid", group_by=("g",), epsilon=1.0, delta=1e-6,
-                     where="CAST(name AS INTEGER) > 3")
-    backend = open_backend(spark.read.parquet(str(path)))
+    query = dp.Query([count], privacy_unit="uid", group_by=("g",), epsilon=1.0, delta=1e-6, where="code > 3")
+    assert spark.conf.get("spark.sql.ansi.enabled") == "true"  # the session's default: the owner's cast fails
+    backend = open_backend(spark.read.parquet(str(path)).withColumn("code", F.col("name").cast("int")))
     close, backend.close = backend.close, lambda: None  # the input's view kept to look its plan up afterwards
     kept = []
     keep = backend.keep

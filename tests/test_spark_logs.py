@@ -1,5 +1,6 @@
-"""No value of the data in Spark's own logs (dprelease/spark_logs.py): a release on Spark whose
-statement fails on a value (a text cast to a number under ANSI mode) is refused in one line that
+"""No value of the data in Spark's own logs (dprelease/spark_logs.py): a release on Spark that
+fails on a value (a malformed record of its CSV lake, which Spark's executor quotes: a query's own
+expressions no longer fail on a value, tests/test_spark_value_errors.py) is refused in one line that
 never quotes it, and nothing Spark prints by itself quotes it either (the driver JVM's log4j2
 Executor and TaskSetManager lines, pyspark's query-context logger), in a real process started as
 a user starts it: the platform's Python API (the release flow) and the `dprelease` command, each
@@ -25,15 +26,17 @@ pytestmark = [pytest.mark.xdist_group("spark"), pytest.mark.runs_first]
 ROOT = Path(__file__).resolve().parents[1]
 #: the value every row of `code` holds: distinctive, so that any copy of it in an output is found
 SECRET = "Zq-5521-vault"
-#: fails when Spark reads the rows: `code` holds no integer (ANSI mode: CAST_INVALID_INPUT)
+#: ran past the value until 2026-11-30 (CAST_INVALID_INPUT under ANSI mode); now its cast is NULL there,
+#: and the release fails on the lake's malformed record instead (lake_home)
 SQL = ("SELECT WITH ANONYMIZATION dept, ANON_COUNT(*, 1) AS n FROM lake WHERE CAST(code AS INTEGER) > 0 "
        "GROUP BY dept")
 
 
 @pytest.fixture(scope="module")
 def lake_home(spark, tmp_path_factory):
-    """A home under `root`/home with `lake` registered by reference (a Parquet folder whose `code`
-    is SECRET in every row), a controller, and a Prefect API for the processes (PREFECT_API_URL)."""
+    """A home under `root`/home with `lake` registered by reference (a CSV file), then given a
+    malformed record that holds SECRET (a field too many: Spark, reading FAILFAST, fails on it and its
+    executor's log quotes the record), a controller, and a Prefect API for the processes (PREFECT_API_URL)."""
     from prefect.settings import PREFECT_API_URL
     from prefect_harness import prefect_harness
 
@@ -43,11 +46,11 @@ def lake_home(spark, tmp_path_factory):
     root = tmp_path_factory.mktemp("spark-logs")
     settings = Settings.from_env({"DPRELEASE_HOME": str(root / "home")})
     admin.init(settings)
-    folder = root / "lake"
-    folder.mkdir()
-    pd.DataFrame({"uid": range(300), "dept": ["a", "b", "c"] * 100, "code": [SECRET] * 300}).to_parquet(
-        folder / "part-0.parquet", index=False)
-    external.register_external(settings, "lake", str(folder), "uid", epsilon_cap=10, spark=spark)
+    lake = root / "lake.csv"
+    pd.DataFrame({"uid": range(300), "dept": ["a", "b", "c"] * 100, "code": ["x"] * 300}).to_csv(lake, index=False)
+    external.register_external(settings, "lake", str(lake), "uid", epsilon_cap=10, spark=spark)
+    with lake.open("a") as appended:  # after its registration, which read it whole
+        appended.write(f"300,a,{SECRET},{SECRET}\n")
     decisions.create_controller(settings, "alice", root / "alice.pem")
     (root / "request.yaml").write_text(f"dataset: lake\nsql: {SQL}\nepsilon: 1\nbackend: spark\n")
     with prefect_harness():
@@ -73,7 +76,7 @@ def test_a_release_failing_on_a_value_prints_it_nowhere_from_the_api_or_the_comm
     cli_out, cli_err = cli.communicate(timeout=PATIENCE_S)
     for out in (api_out, api_err, cli_out, cli_err):
         assert SECRET not in out, out
-    refusal = "the data engine (Spark) could not run the query: [CAST_INVALID_INPUT] a value of the data does not fit"
+    refusal = f"cannot read {root / 'lake.csv'} with Spark: a malformed record (a row whose fields do not match the header)"
     assert api.returncode == 2 and f"refused: {refusal}" in api_out, api_out + api_err
     assert_one_clean_line(subprocess.CompletedProcess(cli.args, cli.returncode, cli_out, cli_err), refusal)
     assert state(root) == before

@@ -59,6 +59,28 @@ def lake_env(spark, adult, tmp_path_factory):
             os.environ[k] = v
 
 
+@pytest.mark.parametrize("asked", [
+    {"sql": "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1, delta = 1e-6) sex, COUNT(*, "
+            "contribution_bounds_per_group => (0, 1)) AS n FROM lake WHERE regexp_matches(education, sex) GROUP BY sex"},
+    {"query": {"group_by": ["sex"], "aggregates": [{"kind": "count", "upper": 1}],
+               "where": "education LIKE sex", "public_partitions": ["Female", "Male"]}},
+], ids=["sql", "spec"])
+def test_what_spark_would_fail_on_whatever_the_value_is_refused_before_any_flow(lake_env, asked):
+    """A pattern read from the data, which Spark compiles row by row and fails on, is refused by the
+    request's checks (the CLI's quick verdict, and the flow's before it reserves anything) when the
+    dataset runs on Spark, with the refusal dp_core gives; on DuckDB (backend duckdb) it runs."""
+    from dprelease import pipeline, preflight
+    from dprelease.requests import parse_request
+
+    settings, _, _ = lake_env
+    platform = pipeline.Platform.open(settings)
+    with pytest.raises(dp.InvalidQueryError) as caught:
+        preflight.check_submission(platform, parse_request({"dataset": "lake", "epsilon": 1, **asked}))
+    assert "on the Spark backend a pattern (regular expression, LIKE) must be a literal string" in str(caught.value)
+    assert "\n" not in str(caught.value)
+    preflight.check_submission(platform, parse_request({"dataset": "lake", "epsilon": 1, "backend": "duckdb", **asked}))
+
+
 def test_external_registration_records_a_reference_and_copies_nothing(lake_env):
     from dprelease import external
     from dprelease.store import Store
@@ -273,14 +295,18 @@ def test_a_spark_failure_is_refused_without_a_deprecation_warning(spark):
     refusal names the condition read by its new name, and the analyst sees the refusal, not a warning."""
     import warnings
 
+    from pyspark.sql import functions as F
+
     from dp_core.backend_spark import SparkBackend
 
-    backend = SparkBackend.for_input(pd.DataFrame({"uid": [1, 2], "code": ["x-7", "y-8"]}), spark)
+    frame = spark.createDataFrame(pd.DataFrame({"uid": [1, 2], "code": ["x-7", "y-8"]}))
+    # the input's own plan fails (a cast its owner wrote under ANSI mode): a query's expressions no longer do
+    backend = SparkBackend.for_input(frame.withColumn("code", F.col("code").cast("int")), spark)
     try:
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
             with pytest.raises(dp.InvalidDataError, match=r"could not run the query: \[CAST_INVALID_INPUT\] "):
-                backend.run("SELECT sum(CAST(code AS INTEGER)) AS s FROM dp_input")
+                backend.run("SELECT sum(code) AS s FROM dp_input")
     finally:
         backend.close()
     assert [str(w.message) for w in seen if issubclass(w.category, (DeprecationWarning, FutureWarning))] == []
@@ -517,8 +543,8 @@ def test_a_mad_selection_on_spark_runs_both_rounds_and_releases_what_duckdb_rele
 def test_a_dp_select_on_spark_reads_its_derived_rows_unchecked_and_names_what_spark_cannot_prepare(spark):
     """On Spark as on DuckDB, the rows a DP SELECT derives are not checked as an input (a WHERE that
     keeps none releases a count of 0, never "no rows"); a statement DuckDB accepts but Spark cannot
-    prepare (a DuckDB-only function), or cannot run (a remainder by zero, an error under Spark's ANSI
-    mode), is refused in one line that says which."""
+    prepare (a DuckDB-only function) is refused in one line that says which; a remainder by zero is
+    NULL on Spark as on DuckDB (it failed the release under Spark's ANSI mode until 2026-11-30)."""
     from dp_core.sql import Table, run_sql
 
     people = {"people": Table(pd.DataFrame({"uid": range(300), "dept": ["a", "b", "c"] * 100,
@@ -531,25 +557,38 @@ def test_a_dp_select_on_spark_reads_its_derived_rows_unchecked_and_names_what_sp
         run_sql(dps + "regexp_full_match(dept, 'a')", people, backend="spark", spark=spark)
     assert str(caught.value).startswith("the data engine (Spark) could not prepare the query: [UNRESOLVED_ROUTINE] "
                                         "Cannot resolve routine `REGEXP_FULL_MATCH`") and "\n" not in str(caught.value)
-    with pytest.raises(dp.InvalidDataError) as caught:  # ANSI SQL: an error when the rows are read, not prepared
-        run_sql(dps + "CAST(age AS INTEGER) % (age - age) = 0", people, backend="spark", spark=spark)
-    assert str(caught.value).startswith("the data engine (Spark) could not run the query: [REMAINDER_BY_ZERO] "
-                                        "Remainder by zero.") and "\n" not in str(caught.value)
+    by_zero = dps + "CAST(age AS INTEGER) % (age - age) = 0"  # every row's remainder is NULL: none kept
+    assert run_sql(by_zero, people, backend="spark", spark=spark).table["n"].tolist() == \
+        run_sql(by_zero, people).table["n"].tolist() == [0.0]
 
 
-def test_a_spark_query_failing_on_a_value_never_quotes_it(spark):
+def test_a_spark_query_failing_on_a_value_never_quotes_it(spark, tmp_path):
     """ANSI SQL: a cast of a text value fails when the rows are read, and Spark's message quotes
     the value ("The value 'secret' of the type STRING..."): the refusal names the condition and the
-    remedy, never the value (it would reach the store, the logs and the Prefect UI)."""
+    remedy, never the value (it would reach the store, the logs and the Prefect UI). The cast that
+    fails is the input's own (its owner's DataFrame, under ANSI mode); the same cast in the query is
+    NULL for that row, as on DuckDB (it failed the release until 2026-11-30)."""
+    from pyspark.sql import functions as F
+
     from dp_core.sql import Table, run_sql
 
-    people = {"people": Table(pd.DataFrame({"uid": range(30), "code": ["x-secret-7"] * 30}), "uid")}
-    with pytest.raises(dp.InvalidDataError) as caught:
-        run_sql("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1, delta = 1e-6, privacy_unit_column = uid) "
-                "COUNT(*) AS n FROM people WHERE CAST(code AS INTEGER) > 0", people, backend="spark", spark=spark)
-    assert str(caught.value) == (
-        "the data engine (Spark) could not run the query: [CAST_INVALID_INPUT] a value of the data does not fit the "
-        "query (not shown: it is the data's); check the query's casts, arithmetic and formats, or filter such rows out")
+    rows = pd.DataFrame({"uid": range(30), "code": ["x-secret-7"] * 30})
+    sql = ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1, delta = 1e-6, privacy_unit_column = uid) "
+           "COUNT(*, contribution_bounds_per_group => (0, 1)) AS n FROM people WHERE CAST(code AS INTEGER) > 0")
+    for backend in ("spark", "duckdb"):  # the same verdict: every row's cast is NULL, so no row is kept
+        assert len(run_sql(sql, {"people": Table(rows, "uid")}, backend=backend, spark=spark
+                           if backend == "spark" else None).table) == 1
+    rows.to_parquet(tmp_path / "people.parquet")
+    # over a lake, and over local rows, whose plan Spark computes while planning (reading the table's
+    # columns raised Spark's own error, with the value, until 2026-11-30)
+    for read in (spark.read.parquet(str(tmp_path / "people.parquet")), spark.createDataFrame(rows)):
+        owners = read.withColumn("code", F.col("code").cast("int"))
+        with pytest.raises(dp.InvalidDataError) as caught:
+            run_sql(sql.replace("CAST(code AS INTEGER)", "code"), {"people": Table(owners, "uid")}, spark=spark)
+        assert str(caught.value) == (
+            "the data engine (Spark) could not run the query: [CAST_INVALID_INPUT] a value of the data does not fit "
+            "the query (not shown: it is the data's); check the query's casts, arithmetic and formats, or filter such "
+            "rows out")
 
 
 def test_a_java_failure_s_cause_has_its_quoted_values_blanked():

@@ -24,6 +24,7 @@ from ..sql_text import ident
 from .compile import CompiledQuery
 from .outer import StatementResult, check_executable, postprocess, run_statement
 from .ownership import TableInfo
+from .sample import render
 from .statement import CompiledStatement, compile_statement
 
 T = TypeVar("T")
@@ -140,6 +141,8 @@ def _run_sql_on_spark(sql: str, tables: dict[str, Table], spark: Any, **request:
     try:
         stand_ins = {name: Table(views.empty(name), t.privacy_unit) for name, t in tables.items()}
         compiled = compile_statement_for(sql, stand_ins, **request)
+        for part in compiled.parts:  # what Spark cannot compute without failing on a value: refused first
+            views.source(render(part.source_sql("duckdb"), "spark", 0))  # a sample's stand-in key
         check_tables(compiled, tables, lambda name: (SparkBackend(views.spark, views.views[name]).run, INPUT_NAME))
         local = set(compiled.public_tables) | {t for p in compiled.parts for t in p.public_groups_tables + p.output_tables}
         public = {name: views.local(name) for name in sorted(local)}  # outer query and PUBLIC_GROUPS keys
