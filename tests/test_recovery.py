@@ -101,3 +101,50 @@ def test_a_reused_pid_is_not_the_owner(platform):
     platform.store.take_lease("reused", recovery.this_host(), os.getpid(), 12345.0)  # another start time
     alive, why = recovery.run_is_alive(platform.store, platform.store.get_release("reused"))
     assert not alive and "has ended" in why
+
+
+def _waits_for_lock(path) -> bool:
+    """Whether some process waits for the flock of `path` (Linux /proc/locks: `-> FLOCK` lines)."""
+    inode = f":{os.stat(path).st_ino} "
+    return any("->" in line and "FLOCK" in line and inode in line for line in open("/proc/locks"))
+
+
+def test_a_recovery_finishes_a_publication_only_after_the_run_that_holds_it(platform):
+    """A committed release whose run is still moving its signed folder into place (its run holds the
+    publication's lock) is finished by a recovery (the command's stop, the watchdog, the sweep) only
+    after that run: it neither removes nor sets aside the folder the run put in place. Two finishers
+    at once once left the release published with no folder."""
+    import threading
+
+    from dprelease import publication_lock
+
+    _running(platform, "racing", epsilon=1.5)
+    staging = platform.settings.publication_dir / ".staging-racing"
+    staging.mkdir(parents=True)
+    (staging / "index.html").write_text("<html>report</html>")
+    signing.sign_directory(staging, {"release_id": "racing", "dataset": "d", "approved_by": "alice",
+                                     "epsilon": 1.5, "delta": 0.0, "published_at": "now"},
+                           signing.load_private_key(platform.settings.signing_key_file))
+    directory = platform.settings.publication_dir / "racing"
+    finished = threading.Event()
+
+    def finish() -> None:
+        try:
+            recovery.finish_publication(platform, "racing")
+        finally:
+            finished.set()
+
+    with publication_lock.held(platform.settings, "racing"):  # the run, after its commit
+        platform.store.commit("racing")
+        finisher = threading.Thread(target=finish, daemon=True)
+        finisher.start()
+        lock_file = platform.settings.archive_dir / "racing" / publication_lock.LOCK_FILE
+        while not (finished.is_set() or _waits_for_lock(lock_file)):
+            finished.wait(0.05)
+        assert not finished.is_set(), "the recovery finished the publication while its run was moving it into place"
+        staging.rename(directory)  # the run's own move, then its status
+        platform.store.update_release("racing", status="published", decision_by="alice")
+    finished.wait()
+    assert signing.verify_directory(directory, platform.settings.public_key_file).ok
+    assert not list(platform.settings.publication_dir.glob(".old-*")) and not staging.exists()
+    assert platform.store.get_release("racing").status == "published"
