@@ -50,6 +50,18 @@ def _running(platform, release_id: str, epsilon: float = 1.0, pid: int | None = 
             session.add(lease)
 
 
+def _staged_and_signed(platform, release_id: str):
+    """A release's report written and signed in its staging folder, as its run leaves it before the
+    commit (approved by alice, epsilon 1.5); returns the folder."""
+    staging = platform.settings.publication_dir / f".staging-{release_id}"
+    staging.mkdir(parents=True)
+    (staging / "index.html").write_text("<html>report</html>")
+    signing.sign_directory(staging, {"release_id": release_id, "dataset": "d", "approved_by": "alice",
+                                     "epsilon": 1.5, "delta": 0.0, "published_at": "now"},
+                           signing.load_private_key(platform.settings.signing_key_file))
+    return staging
+
+
 def test_only_dead_runs_are_recovered_and_refunded(platform):
     _running(platform, "alive")
     _running(platform, "dead", epsilon=2.0, pid=_dead_pid())
@@ -79,12 +91,7 @@ def test_a_release_without_a_lease_is_dead_only_after_the_start_grace(platform):
 
 def test_an_approved_run_killed_during_publication_is_finished_and_committed_once(platform):
     _running(platform, "approved", epsilon=1.5, pid=_dead_pid())
-    staging = platform.settings.publication_dir / ".staging-approved"
-    staging.mkdir(parents=True)
-    (staging / "index.html").write_text("<html>report</html>")
-    signing.sign_directory(staging, {"release_id": "approved", "dataset": "d", "approved_by": "alice",
-                                     "epsilon": 1.5, "delta": 0.0, "published_at": "now"},
-                           signing.load_private_key(platform.settings.signing_key_file))
+    staging = _staged_and_signed(platform, "approved")
     platform.store.commit("approved")
     [done] = recovery.sweep(platform)
     assert done.outcome == "published"
@@ -119,12 +126,7 @@ def test_a_recovery_finishes_a_publication_only_after_the_run_that_holds_it(plat
     from dprelease import publication_lock
 
     _running(platform, "racing", epsilon=1.5)
-    staging = platform.settings.publication_dir / ".staging-racing"
-    staging.mkdir(parents=True)
-    (staging / "index.html").write_text("<html>report</html>")
-    signing.sign_directory(staging, {"release_id": "racing", "dataset": "d", "approved_by": "alice",
-                                     "epsilon": 1.5, "delta": 0.0, "published_at": "now"},
-                           signing.load_private_key(platform.settings.signing_key_file))
+    staging = _staged_and_signed(platform, "racing")
     directory = platform.settings.publication_dir / "racing"
     finished = threading.Event()
 
