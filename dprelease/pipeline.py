@@ -34,6 +34,7 @@ from .requests import ReleaseRequest, query_from_spec
 from .settings import Settings
 from .store import BudgetExceeded, Store, StoreError
 from .store import series as store_series
+from .store.opened import opened_store
 
 
 class ReleaseError(dp.DPError):
@@ -49,9 +50,7 @@ class Platform:
 
     @classmethod
     def open(cls, settings: Settings) -> Platform:
-        store = Store(settings.store_url)
-        store.create_all()
-        return cls(settings, store)
+        return cls(settings, opened_store(settings.store_url))
 
     def escrow_key(self) -> bytes:
         return escrow.load_or_create_key(self.settings, create=False)
