@@ -150,3 +150,23 @@ def test_a_recovery_finishes_a_publication_only_after_the_run_that_holds_it(plat
     assert signing.verify_directory(directory, platform.settings.public_key_file).ok
     assert not list(platform.settings.publication_dir.glob(".old-*")) and not staging.exists()
     assert platform.store.get_release("racing").status == "published"
+
+
+def test_an_interrupted_command_says_what_is_left_of_an_approved_release_it_could_not_publish(platform):
+    """The stop of an interrupted `dprelease release` (cli/runs.py) whose run ended after the commit
+    without a signed publication to move into place: its line says the budget is committed and the
+    release not published, and why, never "it is published" (which it said, from recovery.stop's
+    outcome, whatever the publication became)."""
+    import threading
+
+    from dprelease.cli import runs
+
+    _running(platform, "unpublishable", epsilon=1.5)
+    platform.store.commit("unpublishable")
+    ended = threading.Event()
+    ended.set()  # the run's thread is over
+    run = runs.OwnRun(platform.settings, "unpublishable", threading.Thread(target=ended.wait), {}, ended)
+    outcome, words = runs._stop(platform, run, None, "interrupted by SIGTERM at the command line")
+    assert outcome == "unfinished", words
+    assert "committed but it is not published, marked failed" in words and "no signed publication" in words
+    assert platform.store.budget("d")["epsilon_committed"] == 1.5
