@@ -4,10 +4,11 @@ by SIGINT or SIGTERM whatever step it is at.
 
 An interrupt always ends the same way: the release is stopped (its reservation refunded and the
 release marked failed in one store transaction; a release the controller had already approved,
-whose budget is committed, finishes publishing instead), its Prefect flow run is marked Cancelled,
-one line is printed on stderr, and the command exits with 128 + the signal number (130 for SIGINT,
-143 for SIGTERM). Releases left by commands that died without that chance (kill -9) are recovered
-by the sweep each command runs first (dprelease.recovery).
+whose budget is committed, finishes publishing instead: the command says it waits for that, and
+waits), its Prefect flow run is marked Cancelled, one line is printed on stderr, and the command
+exits with 128 + the signal number (130 for SIGINT, 143 for SIGTERM). Releases left by commands
+that died without that chance (kill -9) are settled by their run's watchdog, else recovered by the
+sweep each command runs first (dprelease.recovery).
 """
 
 from __future__ import annotations
@@ -46,12 +47,25 @@ def _raise_interrupted(signum, frame) -> None:
 
 
 class OwnRun:
-    """The flow run this command started: its id, its thread, and what it returned or raised."""
+    """The flow run this command started: its id, its thread, whether that thread's work has ended
+    (`ended`, set by the thread itself), and what it returned or raised.
 
-    def __init__(self, settings: Settings, flow_run_id: str, worker: threading.Thread, out: dict) -> None:
-        self.settings, self.flow_run_id, self.worker, self.out = settings, flow_run_id, worker, out
+    Why `ended` and never `worker.is_alive()` or `worker.join()`: on CPython 3.11 and 3.12 a join
+    that the signal handler's Interrupted breaks off releases the thread's own state lock and marks
+    the thread stopped while it still runs (threading.Thread._wait_for_tstate_lock's bpo-45274
+    clause, taken whenever the lock is held, which a living thread always does). The stop then
+    took a run still publishing an approved release for ended and finished the publication beside
+    it (see _stop). An Event the thread sets as it ends is not changed by a wait broken off."""
+
+    def __init__(self, settings: Settings, flow_run_id: str, worker: threading.Thread, out: dict,
+                 ended: threading.Event) -> None:
+        self.settings, self.flow_run_id, self.worker, self.out, self.ended = settings, flow_run_id, worker, out, ended
         self.release_id = flow_run_id
         self.platform = pipeline.Platform.open(settings)
+
+    def running(self) -> bool:
+        """Whether the run's thread is still at work (its hooks included)."""
+        return not self.ended.is_set()
 
     def wait_for_approval(self) -> bool:
         """Wait until this run pauses for a decision (True), or ends (False). No deadline of its
@@ -68,7 +82,7 @@ class OwnRun:
     def _wait_for_pause(self, said_awaiting: threading.Event) -> bool:
         from dprelease.flows.approvals import QUICK_POLL_SECONDS, wait_until_paused
 
-        while self.worker.is_alive():
+        while self.running():
             said_awaiting.clear()  # before each look: a pause asked after it sets it again
             try:
                 status = self.platform.store.get_release(self.release_id).status
@@ -88,8 +102,8 @@ class OwnRun:
         return False
 
     def result(self) -> dict:
-        while self.worker.is_alive():  # joined in short steps, so that a signal is handled at once
-            self.worker.join(0.3)
+        while not self.ended.wait(0.3):  # in short steps, so that a signal is handled at once
+            pass
         if "error" in self.out:
             raise self.out["error"]
         return self.out["result"]
@@ -135,6 +149,7 @@ def own_run(settings: Settings, flow_obj, params: dict, request, warm: Callable[
         with api_client() as client:
             flow_run = client.create_flow_run(flow_obj, parameters=params)
         out: dict = {}
+        ended = threading.Event()
 
         def work() -> None:
             try:
@@ -144,10 +159,12 @@ def own_run(settings: Settings, flow_obj, params: dict, request, warm: Callable[
                 out["result"] = outcome(state, stored=lambda: stored_outcome(platform, str(flow_run.id)))
             except BaseException as err:  # noqa: BLE001 - re-raised by OwnRun.result
                 out["error"] = _told_by_the_store(platform, str(flow_run.id), err)
+            finally:
+                ended.set()
 
         worker = threading.Thread(target=work, name="flow-run", daemon=True)
         worker.start()
-        run = OwnRun(settings, str(flow_run.id), worker, out)
+        run = OwnRun(settings, str(flow_run.id), worker, out, ended)
         threading.Thread(target=_watch_cancellation, args=(platform, run, request), name="cancel-watch",
                          daemon=True).start()
         yield run
@@ -192,7 +209,7 @@ def _watch_cancellation(platform: pipeline.Platform, run: OwnRun, request, every
     from dprelease.flows.outcomes import is_rejected
 
     with api_client() as client:  # one client for the whole watch
-        while run.worker.is_alive():
+        while run.running():
             time.sleep(every_s)
             try:
                 state = client.read_flow_run(run.flow_run_id).state
@@ -214,7 +231,7 @@ def _stop_and_exit(platform: pipeline.Platform, run: OwnRun | None, request, sig
         _exit(f"interrupted ({name}) before the release started: nothing was reserved", signum)
     reason = f"interrupted by {name} at the command line" if signum is not None else "cancelled in the Prefect UI"
     outcome, what = _stop(platform, run, request, reason)
-    if outcome == "published":
+    if outcome in ("published", "unfinished"):
         message = f"interrupted ({name}) after the release {run.release_id} was approved: {what}"
     else:
         message = f"interrupted ({name}): release {run.release_id} stopped, {what}"
@@ -225,7 +242,7 @@ def _finished(platform: pipeline.Platform, run: OwnRun) -> bool:
     """Whether the run's release has ended (or was never recorded): nothing of it is left to stop."""
     from dprelease.store import FINAL_STATUSES
 
-    if run.worker.is_alive():
+    if run.running():
         return False
     try:
         return platform.store.get_release(run.release_id).status in FINAL_STATUSES
@@ -236,7 +253,13 @@ def _finished(platform: pipeline.Platform, run: OwnRun) -> bool:
 def _stop(platform: pipeline.Platform, run: OwnRun, request, reason: str) -> tuple[str, str]:
     """End this command's release as the module docstring says (refunded and marked failed, or, once
     approved and committed, published by its run) and mark its flow run Cancelled. Returns the
-    outcome (published, refunded or marked) and the words for it."""
+    outcome (published, refunded, marked, or unfinished: committed, and what is left said with the
+    command that finishes it) and the words for it.
+
+    An approved release is finished by one writer at a time: its run, which this waits for (said on
+    stderr: the command does not end at once), then recovery.stop, which completes what the run left
+    (a run that failed after the commit) under the publication's lock (dprelease.publication_lock),
+    as the run's watchdog and `dprelease recover` do."""
     store = platform.store
     try:
         store.get_release(run.release_id)
@@ -248,13 +271,26 @@ def _stop(platform: pipeline.Platform, run: OwnRun, request, reason: str) -> tup
         except StoreError:  # recorded meanwhile by the run itself
             pass
     ledger = store.abandon(run.release_id, "failed", reason)
-    if ledger == "committed":  # approved and publishing: let the run finish it (never two writers)
-        run.worker.join()
-    done = recovery.stop(platform, run.release_id, reason)
+    if ledger == "committed":  # approved and publishing: let the run finish it
+        if run.running():
+            print(f"dprelease: release {run.release_id} was approved and is being published: waiting for its run "
+                  "to finish the publication", file=sys.stderr, flush=True)
+        run.ended.wait()
+    try:
+        done = recovery.stop(platform, run.release_id, reason)
+    except Exception as err:  # noqa: BLE001 - said with what finishes it (the run is over: recover may)
+        if ledger != "committed":
+            raise
+        return "unfinished", (f"its budget is committed but its publication could not be finished here "
+                              f"({str(err)[:300]}): run `dprelease recover` to finish it")
     _cancel_flow_run(run.flow_run_id, reason)
-    status = store.get_release(run.release_id).status
-    if done.outcome == "published" or status == "published":
+    release = store.get_release(run.release_id)
+    status = release.status
+    if status == "published":
         return "published", "it is published"
+    if ledger == "committed":
+        return "unfinished", (f"its budget is committed but it is not published, marked {status}: "
+                              f"{release.decision_comment}")
     if done.outcome == "refunded" or ledger == "refunded":
         return "refunded", f"epsilon {done.epsilon:g} refunded, marked {status}"
     return "marked", f"nothing was reserved, marked {status}"

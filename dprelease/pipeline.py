@@ -28,13 +28,14 @@ from dp_core.bounds import FALLBACK_NOTE
 from dp_core.spark_no_value_errors import refuse_text_failing_on_spark
 from dp_core.sql import Table, compile_statement_for, run_sql
 
-from . import checks, column_types, escrow, external, progress, shared_archive
+from . import checks, column_types, escrow, external, progress, publication_lock, shared_archive
 from .faults import pause_point
 from .reporting import data_files, pages, signing
 from .requests import ReleaseRequest, query_from_spec
 from .settings import Settings
 from .store import BudgetExceeded, Store, StoreError
 from .store import series as store_series
+from .store.opened import opened_store
 
 
 class ReleaseError(dp.DPError):
@@ -50,9 +51,7 @@ class Platform:
 
     @classmethod
     def open(cls, settings: Settings) -> Platform:
-        store = Store(settings.store_url)
-        store.create_all()
-        return cls(settings, store)
+        return cls(settings, opened_store(settings.store_url))
 
     def escrow_key(self) -> bytes:
         return escrow.load_or_create_key(self.settings, create=False)
@@ -637,8 +636,9 @@ def reserve(platform: Platform, release_id: str, dataset: str, epsilon: float, d
 def publish(platform: Platform, release_id: str, planned: Plan, decision: EpsilonDecision, result: dp.DPResult,
             approved_by: str, comment: str = "") -> Path:
     """Write the analyst report and data files in a staging folder and sign them; then commit the
-    budget (a refunded reservation refuses: nothing appears) and move the folder into place. A run
-    killed after the commit is completed by `recovery.finish_publication`."""
+    budget (a refunded reservation refuses: nothing appears) and move the folder into place, from the
+    commit on under the publication's lock (dprelease.publication_lock: no recovery finishes it beside
+    this run). A run killed after the commit is completed by `recovery.finish_publication`."""
     ds = platform.store.get_dataset(planned.request.dataset)
     directory = platform.settings.publication_dir / release_id
     staging = _staging(platform, release_id)
@@ -652,20 +652,21 @@ def publish(platform: Platform, release_id: str, planned: Plan, decision: Epsilo
     }
     manifest = signing.sign_directory(staging, facts, signing.load_private_key(platform.settings.signing_key_file))
     shared_archive.push(platform.settings, staging)  # after the commit, any host can finish from it
-    try:
-        platform.store.commit(release_id)
-    except StoreError:  # refunded meanwhile (the run was stopped): nothing may appear
-        shutil.rmtree(staging, ignore_errors=True)
+    with publication_lock.held(platform.settings, release_id):
+        try:
+            platform.store.commit(release_id)
+        except StoreError:  # refunded meanwhile (the run was stopped): nothing may appear
+            shutil.rmtree(staging, ignore_errors=True)
+            shared_archive.remove(platform.settings, staging)
+            raise
+        pause_point("during_publication")
+        _swap_in(staging, directory)
+        shared_archive.publish_directory(platform.settings, directory)
         shared_archive.remove(platform.settings, staging)
-        raise
-    pause_point("during_publication")
-    _swap_in(staging, directory)
-    shared_archive.publish_directory(platform.settings, directory)
-    shared_archive.remove(platform.settings, staging)
-    platform.store.update_release(release_id, status="published", decision_by=approved_by, decision_comment=comment,
-                                  decided_at=datetime.now(UTC),
-                                  artifacts_json=json.dumps({k: v["sha256"] for k, v in manifest["files"].items()}))
-    write_index(platform)
+        platform.store.update_release(release_id, status="published", decision_by=approved_by,
+                                      decision_comment=comment, decided_at=datetime.now(UTC),
+                                      artifacts_json=json.dumps({k: v["sha256"] for k, v in manifest["files"].items()}))
+        write_index(platform)
     return directory
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from . import pipeline, shared_archive
+from . import pipeline, publication_lock, shared_archive
 from .reporting import signing
 from .store import FINAL_STATUSES, Lease, Release, Store, StoreError
 
@@ -240,7 +240,14 @@ def finish_series_period(platform: pipeline.Platform, dataset: str) -> str:
 
 def finish_publication(platform: pipeline.Platform, release_id: str) -> None:
     """Complete a publication whose budget is committed: the signed staging folder (or a previous
-    version set aside while it was being replaced) goes into place, then status and index."""
+    version set aside while it was being replaced) goes into place, then status and index; under the
+    publication's lock, after its run or another finisher (dprelease.publication_lock)."""
+    with publication_lock.held(platform.settings, release_id):
+        _finish_publication(platform, release_id)
+
+
+def _finish_publication(platform: pipeline.Platform, release_id: str) -> None:
+    """finish_publication's work, its lock held."""
     pub = platform.settings.publication_dir
     directory, staging, old = pub / release_id, pub / f".staging-{release_id}", pub / f".old-{release_id}"
     for folder in (directory, staging):  # what the run's host had put in the shared archive

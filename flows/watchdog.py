@@ -26,7 +26,8 @@ The contract:
      own code, recovery.stop: a budget not committed is refunded and the release marked failed; a
      committed one is published, its staged, signed report moved into place (its noise is never drawn
      again). Store.abandon's row lock makes a settle that races the sweep or `dprelease recover`
-     harmless: the second finds the release final and changes nothing;
+     harmless: the second finds the release final and changes nothing; a committed publication is
+     finished by one of them at a time, after its run (dprelease.publication_lock);
   3. marks the Prefect run Crashed when it is still Pending, Running or Paused, saying that its
      process died and what became of each release (when the API answers).
   Then it exits.

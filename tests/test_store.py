@@ -59,6 +59,23 @@ def any_store(request):
     return request.getfixturevalue(f"{'sqlite' if request.param == 'sqlite' else 'pg'}_store")
 
 
+def test_a_process_opens_one_postgresql_store_per_url_and_a_sqlite_one_afresh(pg_store, tmp_path):
+    """Platform.open runs in every release step, hook and command: on PostgreSQL the process's store
+    of the URL is reused (one pool, its tables checked once: a new engine's first connection and
+    create_all cost 150-200 ms each there under load); a SQLite home removed and made again under
+    its path is seen as new."""
+    from dprelease.store.opened import opened_store
+
+    kept = opened_store(pg_store.url)
+    assert opened_store(pg_store.url) is kept
+    sqlite_url = f"sqlite:///{tmp_path / 'store.db'}"
+    first = opened_store(sqlite_url)
+    first.close()
+    (tmp_path / "store.db").unlink()
+    again = opened_store(sqlite_url)
+    assert again is not first and again.list_releases() == []  # its tables made again
+
+
 # --- datasets -------------------------------------------------------------------------------------
 
 
