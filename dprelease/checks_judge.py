@@ -6,8 +6,11 @@ installed, pyspark). A release command over an escrowed dataset (`worth_a_proces
 judge process as soon as its request is known (`start_ahead`): the import then runs on the other
 core beside the command's own imports, previews and flow start, and its memory leaves with the
 process once the witness is judged, before the engine's compute, which is where a release's memory
-peaks. Without a judge started ahead (the Python API, tests, a Spark witness, which needs the
-caller's SparkSession) the suite runs here.
+peaks. A process Prefect started for one flow run (a worker's run) starts its judge when its checks
+begin (`runs_one_flow_run`, pipeline.check_data): the import then runs beside the escrow's scan,
+without the Spark and SciPy parts the run's own import pulled in (1.4 CPU-seconds less per run).
+Without a judge started ahead (the Python API in the caller's own process, tests, a Spark witness,
+which needs the caller's SparkSession) the suite runs here.
 
 One judge per process, not per release: in a process that runs releases one after another (the
 command line's app called from Python, a test session) the judge stays after its answer and judges
@@ -221,6 +224,15 @@ def yield_cpu(niceness: int = 5) -> None:
             os.setpriority(os.PRIO_PROCESS, _ahead.process.pid, lower)
         except (AttributeError, OSError):  # not on this platform, or the child just ended
             pass
+
+
+def runs_one_flow_run() -> bool:
+    """Whether this process was started to execute one Prefect flow run (`python -m prefect.engine`,
+    as a worker or a deployment's runner starts it): its witness is then worth a judge process, as a
+    `dprelease release` command's is (start_ahead), where the Python API in someone's own process
+    judges in that process."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return getattr(spec, "name", None) == "prefect.engine"
 
 
 def started() -> bool:

@@ -228,3 +228,32 @@ def test_a_judge_yields_the_cpu_to_what_its_command_waits_for_first(no_judge_lef
     good, _ = _frames()
     assert checks.validate(good, checks.default_expectations(good, "uid")).success
     assert judge.answered
+
+
+def test_a_process_prefect_started_for_a_flow_run_judges_escrowed_rows_in_a_judge_process(tmp_path):
+    """A worker's flow-run process (`python -m prefect.engine`, here its __main__ named so before
+    anything runs) judges an escrowed dataset's witness in a judge process, as a release command
+    does: great-expectations never loads in it, and its verdict (the infinite value fails the
+    checks) is the run's; the Python API in someone's own process (this test session) still judges
+    in that process."""
+    assert not checks_judge.runs_one_flow_run()
+    code = textwrap.dedent("""
+        import importlib.util, sys
+        sys.modules["__main__"].__spec__ = importlib.util.find_spec("prefect.engine")  # as Prefect starts a run
+        import pandas as pd
+        from dprelease import admin, checks_judge, pipeline
+        from dprelease.settings import Settings
+        settings = Settings.from_env()
+        admin.init(settings)
+        data = settings.home / "d.csv"
+        pd.DataFrame({"uid": range(500), "x": [1.0] * 499 + [float("inf")]}).to_csv(data, index=False)
+        admin.register_dataset(settings, "d", data, "uid", epsilon_cap=1.0)
+        report = pipeline.check_data(pipeline.Platform.open(settings), "d")
+        judge = checks_judge._ahead
+        print(checks_judge.runs_one_flow_run(), report.success, judge is not None and judge.answered,
+              "great_expectations" in sys.modules)
+    """)
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=PATIENCE_S,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT), DPRELEASE_HOME=str(tmp_path / "home")))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["True", "False", "True", "False"], done.stdout
