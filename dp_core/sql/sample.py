@@ -53,6 +53,8 @@ run once by DuckDB's own per-row BERNOULLI sample).
 
 from __future__ import annotations
 
+from typing import overload
+
 from sqlglot import exp
 
 from ..bounding import portable_hash_sql
@@ -112,6 +114,10 @@ def has_samples(sql: str | None) -> bool:
     return sql is not None and PLACEHOLDER in sql.lower()
 
 
+@overload
+def render(sql: str, dialect: str, key: int | None) -> str: ...
+@overload
+def render(sql: None, dialect: str, key: int | None) -> None: ...
 def render(sql: str | None, dialect: str, key: int | None) -> str | None:
     """`sql` (DuckDB syntax) with every sample placeholder replaced by its decision on `dialect`
     (duckdb or spark; the result stays in DuckDB's syntax with that engine's pieces, as the
