@@ -476,13 +476,12 @@ def ops_pg(ops):
     return {"settings": settings, "env": env, "root": root, "request": root / "request.yaml"}
 
 
-# On PostgreSQL (DPRELEASE_TEST_PG_URL) kill -9 only: an interrupted command's stop is the same code
-# on either store. The case took 36-54 s with the suite past 15 minutes, its next release twice the
-# SQLite one's, each Platform.open a new engine and create_all (dprelease/store/opened.py); it now
-# costs what the SQLite case does (55 s each at load 13, 2026-11-30), plus its home's set-up
+# The PostgreSQL case ("postgresql", signal.SIGKILL) passes (23-30 s in the suite since one store per URL
+# and process, dprelease/store/opened.py) and is left out for the suite's 15 minutes (13 min 47 s locally
+# with it, 2026-11-30); the watchdog on PostgreSQL stays tested in test_run_hooks.py
 @pytest.mark.parametrize(("store_kind", "signum"), [("home", signal.SIGKILL), ("home", signal.SIGINT),
-                                                    ("home", signal.SIGTERM), ("postgresql", signal.SIGKILL)],
-                         ids=["home-kill-9", "home-SIGINT", "home-SIGTERM", "postgresql-kill-9"])
+                                                    ("home", signal.SIGTERM)],
+                         ids=["home-kill-9", "home-SIGINT", "home-SIGTERM"])
 def test_a_killed_release_command_is_settled_without_recover(ops, store_kind, signum, request):
     """A `dprelease release` command stopped as a controller's terminal stops it (Ctrl-C, SIGTERM,
     kill -9) once its release has drawn and sealed its noise (reserved), and another once its
@@ -494,8 +493,7 @@ def test_a_killed_release_command_is_settled_without_recover(ops, store_kind, si
     waits for the run and does not end before it: the signal's handler broke off the command's wait
     for its run's thread, which on CPython 3.11-3.12 marks a living thread stopped, and the command
     then finished the publication beside its run, which set the folder aside as an old version (the
-    release marked published, no folder). On the module's store, and on PostgreSQL with
-    DPRELEASE_TEST_PG_URL."""
+    release marked published, no folder). On the module's store (PostgreSQL: the comment above)."""
     from prefect import get_client
 
     from dprelease import pipeline
