@@ -715,13 +715,12 @@ def request_list() -> None:
     """The requests waiting in the inbox, each with whose it is proven to be (a controller runs one
     with `dprelease release ID`; one that is not proven is refused, said below the table)."""
     from dprelease.requests import inbox, signed
-    from dprelease.store import Store
     from dprelease.store.database import readable_here
+    from dprelease.store.opened import opened_store
 
     settings = _settings()
-    store = Store(settings.store_url) if readable_here(settings.store_url) else None
-    if store is not None:
-        store.create_all()  # a store of an earlier version gains the tables of analysts' keys
+    # its tables created: a store of an earlier version gains those of analysts' keys
+    store = opened_store(settings.store_url) if readable_here(settings.store_url) else None
     table = _table("id", "dataset", "title", "requested by", "signed", "epsilon",
                    whole=("id", "dataset", "requested by"))
     refused = []

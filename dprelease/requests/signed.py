@@ -23,6 +23,7 @@ from ..reporting import signing
 from ..settings import Settings
 from ..store import Store, StoreError, analysts
 from ..store.database import readable_here
+from ..store.opened import opened_store
 from .request import RequestError
 
 FORMAT = "dprelease-request-signature/1"
@@ -82,9 +83,7 @@ def check_signer(settings: Settings, analyst: str, private_key) -> None:
     it checked when a controller lists or runs the request."""
     if not readable_here(settings.store_url):
         return
-    store = Store(settings.store_url)
-    store.create_all()
-    registered = analysts.key_of(store, analyst)
+    registered = analysts.key_of(opened_store(settings.store_url), analyst)
     if registered is None:
         raise RequestError(f"{analyst!r} has no registered analyst key: a controller registers yours (`dprelease "
                            f"analyst key {analyst} --public-key YOUR_KEY.pub.pem`), then submit again")
@@ -149,9 +148,7 @@ def require(settings: Settings, path: Path) -> str:
     """The analyst an inbox request is proven to be from; RequestError in one line otherwise (what a
     controller's `dprelease release ID` says before anything starts or is spent)."""
     try:
-        store = Store(settings.store_url)
-        store.create_all()  # a store of an earlier version gains the tables of analysts' keys
-        verdict = check(store, path)
+        verdict = check(opened_store(settings.store_url), path)  # tables of an earlier version's store added
     except StoreError as err:
         raise RequestError(f"request {Path(path).stem} of the analysts' inbox cannot be checked: {err}") from None
     if verdict.analyst is None:
@@ -172,10 +169,8 @@ def register_key(settings: Settings, name: str, public_key_path: Path) -> tuple[
         key = signing.load_public_key(Path(public_key_path))
     except signing.SigningError as err:
         raise RequestError(str(err)) from None
-    store = Store(settings.store_url)
-    store.create_all()
     try:
-        replaced = analysts.register_key(store, name, signing.public_key_pem(key).decode())
+        replaced = analysts.register_key(opened_store(settings.store_url), name, signing.public_key_pem(key).decode())
     except StoreError as err:
         raise RequestError(str(err)) from None
     return signing.key_fingerprint(key), replaced
