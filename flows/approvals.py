@@ -48,9 +48,11 @@ def forget_awaiting(release_id: str, event: threading.Event) -> None:
 
 def wait_until_paused(flow_run_id: str, timeout: float = 60.0, poll_s: float = SLOW_POLL_SECONDS) -> None:
     """The store says "awaiting approval" just before the flow pauses: wait for the pause itself,
-    and for the form it waits for. Prefect sets the Paused state first and saves the form's schema
-    after it (prefect.flow_runs.pause_flow_run); a resume in between is refused by the server ("Run
-    input schema not found"), which a loaded machine made happen."""
+    and for the form it waits for with its description. Prefect sets the Paused state first, then
+    saves the form's schema, then its description (prefect.flow_runs.pause_flow_run); a resume
+    before the schema is refused by the server ("Run input schema not found"), which a loaded
+    machine made happen, and a dialog read before the description lacks the controller summary
+    (every dprelease pause has one: flows.release.ask_controller)."""
     from dprelease.flows.api_client import api_client
 
     with api_client() as client:
@@ -64,7 +66,8 @@ def wait_until_paused(flow_run_id: str, timeout: float = 60.0, poll_s: float = S
 
 
 def _form_saved(client, flow_run_id: str, state) -> bool:
-    """The paused state's input form (its schema) is on the server, or the pause waits for none."""
+    """The paused state's input form (its schema) and its description are on the server, or the
+    pause waits for none."""
     from prefect.exceptions import PrefectHTTPStatusError
 
     keyset = state.state_details.run_input_keyset
@@ -72,6 +75,7 @@ def _form_saved(client, flow_run_id: str, state) -> bool:
         return True
     try:
         client.read_flow_run_input(flow_run_id, keyset["schema"])
+        client.read_flow_run_input(flow_run_id, keyset["description"])
     except PrefectHTTPStatusError as err:
         if err.response.status_code == 404:
             return False

@@ -9,7 +9,9 @@ paused exactly as asked. `pause_for_input` recognises that reply by its pause ke
 pause the way Prefect would have: the form's schema saved under the state's keyset, then a wait
 for the run to be resumed, then the submitted input. The next request, saving the form's schema,
 can lose its reply the same way: its retry is refused with 409 Conflict (the schema is there), and
-the pause goes on the same way.
+the pause goes on the same way. Saving the form's description (what the Resume dialog shows above
+the form) is the third request: Prefect's `RunInput.save` stops at the schema's 409 and never saves
+it, so the pause saves each part that is not there yet (`_save_form`).
 """
 
 from __future__ import annotations
@@ -49,16 +51,31 @@ def _schema_already_saved(err: PrefectHTTPStatusError) -> bool:
     return err.response.status_code == 409 and err.request.method == "POST" and err.request.url.path.endswith("/input")
 
 
+def _save_form(typed_form, keyset) -> None:
+    """The form's schema, then its description, each unless a request whose reply was lost saved it."""
+    from prefect.input.actions import create_flow_run_input
+
+    try:
+        typed_form.save(keyset)
+        return
+    except PrefectHTTPStatusError as err:
+        if not _schema_already_saved(err):
+            raise
+    description = getattr(typed_form, "_description", None)
+    if isinstance(description, str) and description:
+        try:
+            create_flow_run_input(key=keyset["description"], value=description)
+        except PrefectHTTPStatusError as err:
+            if not _schema_already_saved(err):
+                raise
+
+
 def _finish_pause(form, key: str, timeout: int, poll_interval: float):
     """What pause_flow_run does once the Paused state is set: publish the form (unless it is there
     already), wait for Running (the controller may have resumed the run meanwhile), load the input."""
     keyset = keyset_from_base_key(f"paused-{key}")  # as Prefect names a Paused state's inputs
     typed_form = run_input_subclass_from_type(form)
-    try:
-        typed_form.save(keyset)
-    except PrefectHTTPStatusError as err:
-        if not _schema_already_saved(err):
-            raise
+    _save_form(typed_form, keyset)
     deadline = time.monotonic() + timeout
     with get_client(sync_client=True) as client:
         while True:

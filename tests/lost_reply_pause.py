@@ -1,11 +1,12 @@
 """A pause whose reply was lost still ends in the submitted answer (tests/test_release_flow.py runs
 this in a process of its own, with a Prefect API of its own): `python tests/lost_reply_pause.py
-state schema state,schema` runs one paused flow per argument, each losing the replies it names
-once (to the Paused state, to saving the form), resumes it and prints what it returned, one line
-per flow. The three cases share one process and one Prefect API (each its own flow run)."""
+state schema description state,schema` runs one paused flow per argument, each losing the replies it names
+once (to the Paused state, to saving the form or its description), resumes it and prints what it returned, one line
+per flow. The cases share one process and one Prefect API (each its own flow run)."""
 
 from __future__ import annotations
 
+import json
 import sys
 import threading
 import time
@@ -27,6 +28,18 @@ class Answer(RunInput):
     word: str
 
 
+DESCRIPTION = "The summary the controller decides on."
+
+
+def dialog(run_id: str) -> str:
+    """The description the run's Resume dialog shows above its form."""
+    from prefect import get_client
+
+    with get_client(sync_client=True) as client:
+        keyset = client.read_flow_run(run_id).state.state_details.run_input_keyset
+        return json.loads(client.read_flow_run_input(run_id, keyset["description"]))
+
+
 def lose_replies_once(losing: dict) -> None:
     """Patch this process's HTTP client: the first reply of each kind in `losing["lose"]` is lost
     after the server committed the request (appended to `losing["lost"]`)."""
@@ -35,9 +48,10 @@ def lose_replies_once(losing: dict) -> None:
     def send_losing_the_pause_reply(self, request, *args, **kwargs):
         response = real_send(self, request, *args, **kwargs)
         path = request.url.path
+        saving = path.endswith("/input") and request.method == "POST"
         which = ("state" if path.endswith("/set_state") and b'"PAUSED"' in request.content else
-                 "schema" if path.endswith("/input") and request.method == "POST" and b"schema" in request.content
-                 else None)
+                 "schema" if saving and b'-schema"' in request.content else
+                 "description" if saving and b'-description"' in request.content else None)
         if which in losing["lose"] and which not in losing["lost"]:
             losing["lost"].append(which)  # the server committed it; the reply never arrives
             raise httpx.ReadTimeout("reply lost", request=request)
@@ -55,7 +69,8 @@ def pause_losing(lose: tuple[str, ...], losing: dict) -> None:
     @flow
     def asks() -> str:
         box["run_id"] = str(flow_run.id)
-        return pause_for_input(Answer, timeout=PATIENCE_S, poll_interval=0.2, key="asked").word
+        return pause_for_input(Answer.with_initial_data(description=DESCRIPTION), timeout=PATIENCE_S,
+                               poll_interval=0.2, key="asked").word
 
     thread = threading.Thread(target=lambda: box.update(state=asks(return_state=True)), daemon=True)
     thread.start()
@@ -69,6 +84,7 @@ def pause_losing(lose: tuple[str, ...], losing: dict) -> None:
             break
         except TimeoutError:
             continue
+    assert dialog(box["run_id"]) == DESCRIPTION, "the Resume dialog would show no controller summary"
     resume_flow_run(box["run_id"], run_input={"word": "approved"})
     thread.join(PATIENCE_S)
     assert "state" in box, "the flow did not end after the answer"
