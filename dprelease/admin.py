@@ -6,13 +6,16 @@ from pathlib import Path
 
 from . import checks, escrow
 from .reporting import signing
+from .requests import inbox
 from .settings import Settings
 from .store import Store
 
 
 def init(settings: Settings) -> list[str]:
-    """Create the home, the escrow key, the signing key pair and the store; keep what exists."""
+    """Create the home, the escrow key, the signing key pair, the store and the analysts' inbox (a
+    sticky folder: inbox.ready_folder, also for one made by an earlier version); keep what exists."""
     settings.ensure_dirs()
+    inbox.ready_folder(settings.inbox_dir)
     done = []
     if settings.escrow_key is None and not settings.escrow_key_file.exists():
         escrow.load_or_create_key(settings, create=True)

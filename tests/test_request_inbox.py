@@ -5,6 +5,11 @@ whatever epsilon choice it makes."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -511,3 +516,144 @@ def test_submitting_where_the_store_can_be_read_refuses_another_s_key_at_once(sm
     assert words in str(api.value)
     assert result.exit_code == 2 and result.stderr.strip().splitlines() == [f"error: {api.value}"], result.output
     assert sorted(settings.inbox_dir.glob("*")) == waiting
+
+
+#: unprivileged user ids with no passwd entry: the controller who owns the home, two analysts, their group
+CONTROLLER_UID, ANA_UID, BOB_UID, ANALYSTS_GID = 61000, 61001, 61002, 61010
+
+#: the start of a process run as another Unix user: root's interpreter and standard library may be
+#: root's alone (here under /root, mode 0700: `subprocess.run(user=...)` cannot exec it), so the process
+#: starts as root, loads what its commands use, then becomes the user (argv: uid, gid, the rest)
+AS_USER = """
+import json, os, sqlite3, sys
+from pathlib import Path
+from dprelease.cli import app, tables
+from dprelease.requests import inbox, signed
+from dprelease.settings import Settings
+from dprelease.store import database, opened
+uid, gid = int(sys.argv.pop(1)), int(sys.argv.pop(1))
+os.setgroups([gid])
+os.setgid(gid)
+os.setuid(uid)
+os.umask(0o002)  # a group's umask: files it writes are writable by the group unless made otherwise
+"""
+
+#: the command line, as the `dprelease` program runs it
+CLI = AS_USER + "sys.argv[0] = 'dprelease'\napp.main()\n"
+
+#: what another analyst tries on ana's files in the inbox, each answered by the OS: what -> "refused",
+#: "done", or the error that stopped it otherwise (the file gone after an earlier attempt)
+OTHERS_ATTEMPTS = AS_USER + """
+inbox, *theirs = sys.argv[1:]
+mine = os.path.join(inbox, "bob-s-own")
+open(mine, "w").write("{}")
+done = {}
+def attempt(name, act):
+    try:
+        act()
+        done[name] = "done"
+    except PermissionError:
+        done[name] = "refused"
+    except OSError as err:
+        done[name] = type(err).__name__
+for path in theirs:
+    attempt(f"overwrite {os.path.basename(path)}", lambda: open(path, "r+b").write(b"{}"))
+    attempt(f"replace {os.path.basename(path)} by his own", lambda: os.replace(mine, path))
+    attempt(f"rename {os.path.basename(path)}", lambda: os.rename(path, os.path.join(inbox, "taken")))
+    attempt(f"rm {os.path.basename(path)}", lambda: os.unlink(path))
+os.path.exists(mine) and os.unlink(mine)
+print(json.dumps(done))
+"""
+
+#: a controller's `release ID` up to where it needs Prefect (the request read, proven hers, not decided),
+#: then the move of a decided request into inbox/decided/
+RELEASE_AND_DECIDE = AS_USER + """
+settings = Settings.from_env()
+request, path = app._read_request(settings, Path(sys.argv[1]))
+inbox.mark_decided(settings, path)
+print(request.requested_by)
+"""
+
+
+def _as_user(uid: int, code: str, args: list[str], env: dict, root: Path) -> subprocess.CompletedProcess:
+    """A process of its own run as `uid` of the analysts' group (no passwd entry), with a HOME of its own."""
+    (root / str(uid)).mkdir(exist_ok=True)
+    os.chown(root / str(uid), uid, ANALYSTS_GID)
+    return subprocess.run([sys.executable, "-c", code, str(uid), str(ANALYSTS_GID), *args], capture_output=True,
+                          env={**env, "HOME": str(root / str(uid)), "COLUMNS": "300"}, text=True, cwd=root / str(uid),
+                          timeout=120)
+
+
+def _submit_as(uid: int, analyst: str, root: Path, env: dict) -> str:
+    """`dprelease request submit` by an analyst given the inbox alone (no store to read): the request's id."""
+    spec = root / f"{analyst}.yaml"
+    spec.write_text(f"dataset: small\ntitle: {analyst}'s\nepsilon: 1\nsql: {SMALL_SQL}\n")
+    result = _as_user(uid, CLI, ["request", "submit", str(spec), "--as", analyst, "--key", str(root / f"{analyst}.pem")],
+                      _analyst_side(env), root)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.split("submitted request ")[1].split()[0]
+
+
+@pytest.mark.skipif(getattr(os, "geteuid", lambda: -1)() != 0,
+                    reason="runs analysts as two other Unix users: needs root (as in CI) and POSIX")
+def test_an_analyst_cannot_delete_rename_or_rewrite_another_s_request():
+    """Every analyst may write the inbox folder, to submit: another analyst could delete or rename
+    ana's request (or its signature, which makes it refused) and no one learned of it. The inbox is
+    now sticky (only a file's owner, the folder's owner or root may delete or rename a file) and its
+    files are not writable by the group: bob's rm, rename, replace and overwrite of ana's request and
+    signature are refused by the OS, in processes of their own as two Unix users of one group, while
+    his own submission works, the controller's `request list` shows both proven, and ana's is still
+    run by its id (the release's check before Prefect) and moved to decided/ by the controller. An
+    inbox of an earlier version (no bit) is named with its fix by a command of someone who may not
+    fix it, and gains the bit at its owner's (or root's) next command."""
+    import tempfile
+
+    from typer.testing import CliRunner
+
+    from dprelease.cli.app import app
+    from dprelease.requests import inbox
+    from dprelease.settings import Settings
+
+    root = Path(tempfile.mkdtemp(prefix="two-analysts-"))  # pytest's own folder is root's alone (0700)
+    try:
+        os.chmod(root, 0o755)
+        env = {"DPRELEASE_HOME": str(root / "home"), "DPRELEASE_KEY_DIR": str(root / "keys"),
+               "PATH": os.environ["PATH"], "PYTHONDONTWRITEBYTECODE": "1"}
+        for args in (["init"], ["analyst", "key", "ana", "--private-key", str(root / "ana.pem")],
+                     ["analyst", "key", "bob", "--private-key", str(root / "bob.pem")]):
+            assert CliRunner().invoke(app, args, env=env).exit_code == 0
+        settings = Settings.from_env(env)
+        for folder, _, files in [*os.walk(root / "home"), *os.walk(root / "keys")]:  # the controller's, as `init` made
+            for path in [folder, *(os.path.join(folder, name) for name in files)]:
+                os.chown(path, CONTROLLER_UID, CONTROLLER_UID)
+        for uid, analyst in ((ANA_UID, "ana"), (BOB_UID, "bob")):
+            os.chown(root / f"{analyst}.pem", uid, ANALYSTS_GID)
+        settings.inbox_dir.mkdir(exist_ok=True)  # the guide's set-up: the analysts' group may write the inbox,
+        os.chown(settings.inbox_dir, CONTROLLER_UID, ANALYSTS_GID)  # here as an earlier version left it (no bit)
+        os.chmod(settings.inbox_dir, stat.S_IMODE(settings.inbox_dir.stat().st_mode) & ~stat.S_ISVTX | stat.S_IRWXG)
+        unfixed = _as_user(ANA_UID, CLI, ["request", "list"], _analyst_side(env), root)  # she may not fix it
+        assert unfixed.returncode == 0 and unfixed.stdout.replace("\n", "").count(
+            f"without the sticky bit: any analyst could delete or rename another's request; run `chmod +t "
+            f"{settings.inbox_dir}` as its owner or root") == 1, unfixed.stdout
+        assert inbox.folder_problems(settings) == []  # the owner's (here root's) next command sets the bit
+        assert settings.inbox_dir.stat().st_mode & 0o7777 == 0o1775
+
+        ana = _submit_as(ANA_UID, "ana", root, env)
+        theirs = [settings.inbox_dir / f"{ana}.json", settings.inbox_dir / f"{ana}.sig"]
+        assert all(not path.stat().st_mode & 0o022 for path in theirs), "ana's files are writable by others"
+        attempts = _as_user(BOB_UID, OTHERS_ATTEMPTS, [str(settings.inbox_dir), *map(str, theirs)], env, root)
+        assert attempts.returncode == 0, attempts.stderr
+        assert set(json.loads(attempts.stdout).values()) == {"refused"}, f"bob changed ana's request: {attempts.stdout}"
+        bob = _submit_as(BOB_UID, "bob", root, env)
+
+        listed = _as_user(CONTROLLER_UID, CLI, ["request", "list"], env, root)
+        assert listed.returncode == 0, listed.stderr
+        for request_id in (ana, bob):
+            assert [line for line in listed.stdout.splitlines() if request_id in line and "with their key" in line], \
+                listed.stdout
+        assert "REFUSED" not in listed.stdout and "sticky" not in listed.stdout, listed.stdout
+        released = _as_user(CONTROLLER_UID, RELEASE_AND_DECIDE, [ana], env, root)
+        assert released.returncode == 0 and released.stdout.split() == ["ana"], released.stderr
+        assert sorted(p.name for p in (settings.inbox_dir / "decided").iterdir()) == [f"{ana}.json", f"{ana}.sig"]
+    finally:
+        shutil.rmtree(root)

@@ -6,13 +6,16 @@ submitted file said: their policy and the dataset's budget apply when it is rele
 command line the request is signed with the analyst's own key (`<id>.sig` beside it); the console
 records its signed-in analyst's request in the store; a controller's command runs it only once that
 is checked (dprelease.requests.signed). A request a controller has decided (published or rejected)
-moves to `inbox/decided/`; submitting can neither approve nor read anything of the controller's."""
+moves to `inbox/decided/`; submitting can neither approve nor read anything of the controller's.
+Every analyst may write the inbox folder, so it has the sticky bit (ready_folder): none of them can
+delete, rename or rewrite a colleague's request."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import stat
 import uuid
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -101,7 +104,7 @@ def _write(settings: Settings, request: ReleaseRequest, analyst: str, seal) -> S
     if request.epsilon_mode == "pri" and request.pri.get("mode") == "data":
         raise RequestError(DATA_MODE_REFUSAL)
     request = replace(request, requested_by=analyst)
-    settings.inbox_dir.mkdir(parents=True, exist_ok=True)
+    ready_folder(settings.inbox_dir)
     request_id = uuid.uuid4().hex[:12]
     path = settings.inbox_dir / f"{request_id}.json"
     text = (json.dumps(request.to_spec(), indent=2) + "\n").encode()
@@ -111,10 +114,63 @@ def _write(settings: Settings, request: ReleaseRequest, analyst: str, seal) -> S
 
 
 def _write_whole(path: Path, data: bytes) -> None:
-    """Write a file of the inbox in one step (a reader never sees a part of it)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    """Write a file of the inbox in one step (a reader never sees a part of it), writable by its owner
+    alone (mode 0644 at most: another analyst of the group cannot rewrite it in place), through a new
+    file of a name no one could have made ready for it."""
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)  # the umask may only narrow it
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+#: the write bits that let users other than a folder's owner add, delete and rename its files
+_OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
+
+
+def ready_folder(folder: Path) -> None:
+    """Create an inbox folder (the inbox, its decided/) if missing, with the sticky bit and the other
+    bits the installation chose: in a sticky folder only a file's owner, the folder's owner (the
+    controller who owns the home) or root may delete or rename it, so an analyst given write access
+    to submit cannot delete or replace a colleague's request. An existing folder gains the bit at its
+    owner's next command (`init`, `request submit` or `list`, a decided request's move): only its owner
+    may change its mode, so another user's command leaves it, and a controller's `request list` says
+    how to fix it (folder_problems). POSIX only: Windows has no sticky bit."""
+    folder.mkdir(parents=True, exist_ok=True)
+    _make_sticky(folder)
+
+
+def _make_sticky(folder: Path) -> None:
+    """Add the sticky bit to a folder this user owns (or root); leave another user's as it is."""
+    if os.name != "posix":
+        return
+    mode = folder.stat().st_mode
+    if not mode & stat.S_ISVTX:
+        try:
+            os.chmod(folder, stat.S_IMODE(mode) | stat.S_ISVTX)
+        except PermissionError:
+            pass  # not its owner: folder_problems reports it when others can write it
+
+
+def folder_problems(settings: Settings) -> list[str]:
+    """One line for each existing inbox folder (the inbox, its decided/) that users other than its
+    owner may write without the sticky bit (any of them could delete or rename a colleague's
+    request), saying how to fix it, once the folders this user owns were given the bit."""
+    problems = []
+    for folder in (settings.inbox_dir, settings.inbox_dir / DECIDED):
+        if os.name != "posix" or not folder.is_dir():
+            continue
+        _make_sticky(folder)
+        mode = folder.stat().st_mode
+        if mode & _OTHERS_WRITE and not mode & stat.S_ISVTX:
+            problems.append(f"the inbox folder {folder} (mode {stat.S_IMODE(mode):o}) lets other users write it "
+                            "without the sticky bit: any analyst could delete or rename another's request; run "
+                            f"`chmod +t {folder}` as its owner or root")
+    return problems
 
 
 def waiting(settings: Settings) -> list[Submitted]:
@@ -166,15 +222,21 @@ def _find_in(folder: Path, text: str, what: str) -> Path | None:
 
 
 def mark_decided(settings: Settings, path: Path) -> None:
-    """Move a request of the inbox that a controller decided out of the waiting list."""
+    """Move a request of the inbox that a controller decided out of the waiting list. The sticky inbox
+    lets its owner (the controller who owns the home) move an analyst's file; a controller of another
+    user id may not, and the request then stays listed, while running it again is still refused (a
+    request runs once: its release is found by run_of)."""
     path = Path(path)
     if path.parent.resolve() != settings.inbox_dir.resolve() or not path.exists():
         return
     decided = settings.inbox_dir / DECIDED
-    decided.mkdir(exist_ok=True)
-    os.replace(path, decided / path.name)
-    if (signature := signed.signature_path(path)).exists():
-        os.replace(signature, decided / signature.name)
+    ready_folder(decided)
+    try:
+        os.replace(path, decided / path.name)
+        if (signature := signed.signature_path(path)).exists():
+            os.replace(signature, decided / signature.name)
+    except PermissionError:
+        return
 
 
 def submitted(inbox_dir: Path) -> list[tuple[Path, dict]]:
