@@ -12,10 +12,12 @@ from .store import Store
 
 
 def init(settings: Settings) -> list[str]:
-    """Create the home, the escrow key, the signing key pair, the store and the analysts' inbox (a
-    sticky folder: inbox.ready_folder, also for one made by an earlier version); keep what exists."""
+    """Create the home, the escrow key, the signing key pair, the store and the analysts' inbox with
+    its decided/ (sticky folders: inbox.ready_folder, also those of an earlier version; decided/ made
+    now is the controller's, never an analyst's who made it first); keep what exists."""
     settings.ensure_dirs()
-    inbox.ready_folder(settings.inbox_dir)
+    for folder in (settings.inbox_dir, settings.inbox_dir / inbox.DECIDED):
+        inbox.ready_folder(folder)
     done = []
     if settings.escrow_key is None and not settings.escrow_key_file.exists():
         escrow.load_or_create_key(settings, create=True)
