@@ -1,6 +1,6 @@
 """A pause whose reply was lost still ends in the submitted answer (tests/test_release_flow.py runs
 this in a process of its own, with a Prefect API of its own): `python tests/lost_reply_pause.py
-state schema description state,schema` runs one paused flow per argument, each losing the replies it names
+state schema state,schema,description` runs one paused flow per argument, each losing the replies it names
 once (to the Paused state, to saving the form or its description), resumes it and prints what it returned, one line
 per flow. The cases share one process and one Prefect API (each its own flow run)."""
 

@@ -1124,7 +1124,7 @@ def test_a_pause_whose_reply_was_lost_still_waits_for_the_answer():
     import sys
 
     script = Path(__file__).with_name("lost_reply_pause.py")
-    cases = [("state",), ("schema",), ("description",), ("state", "schema")]
+    cases = [("state",), ("schema",), ("state", "schema", "description")]
     done = subprocess.run([sys.executable, str(script), *(",".join(case) for case in cases)], capture_output=True,
                           text=True, timeout=PATIENCE_S, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
