@@ -35,7 +35,7 @@ def pause_for_input(form, *, timeout: int, poll_interval: float, key: str):
             raise
         lost = "the pause"
     except PrefectHTTPStatusError as err:
-        if not _schema_already_saved(err):  # saved by pause_flow_run right after our pause was set
+        if not _input_already_saved(err):  # the form or its description, saved by pause_flow_run after our pause was set
             raise
         lost = "the form"
     get_run_logger().info("paused (the server had saved %s before the client's retry)", lost)
@@ -46,8 +46,9 @@ def _paused_by(state, key: str) -> bool:
     return state is not None and state.is_paused() and state.state_details.pause_key == key
 
 
-def _schema_already_saved(err: PrefectHTTPStatusError) -> bool:
-    """A 409 Conflict on saving a run input: a retry found what the lost request had saved."""
+def _input_already_saved(err: PrefectHTTPStatusError) -> bool:
+    """A 409 Conflict on saving a run input (the form or its description): a retry found what the lost
+    request had saved."""
     return err.response.status_code == 409 and err.request.method == "POST" and err.request.url.path.endswith("/input")
 
 
@@ -59,14 +60,14 @@ def _save_form(typed_form, keyset) -> None:
         typed_form.save(keyset)
         return
     except PrefectHTTPStatusError as err:
-        if not _schema_already_saved(err):
+        if not _input_already_saved(err):
             raise
     description = getattr(typed_form, "_description", None)
     if isinstance(description, str) and description:
         try:
             create_flow_run_input(key=keyset["description"], value=description)
         except PrefectHTTPStatusError as err:
-            if not _schema_already_saved(err):
+            if not _input_already_saved(err):
                 raise
 
 
