@@ -463,26 +463,12 @@ def _signal_handled(pid: int, signum: int) -> bool:
     return False
 
 
-@pytest.fixture(scope="module")
-def ops_pg(ops):
-    """The module's Prefect API and commands, on a home of its own whose store is a fresh
-    PostgreSQL schema of DPRELEASE_TEST_PG_URL (skipped without it)."""
-    url = fresh_schema("dprelease_ops_watchdog_", "the watchdog tests on PostgreSQL")[1]
-    root = ops["root"] / "on-pg"
-    root.mkdir()
-    settings, operator_key = _home_with_adult(root, {"DPRELEASE_STORE_URL": url})
-    env = {**ops["env"], "DPRELEASE_HOME": str(settings.home), "DPRELEASE_STORE_URL": url,
-           "DPRELEASE_CONTROLLER_KEY": str(operator_key)}
-    return {"settings": settings, "env": env, "root": root, "request": root / "request.yaml"}
-
-
-# The PostgreSQL case ("postgresql", signal.SIGKILL) passes (23-30 s in the suite since one store per URL
-# and process, dprelease/store/opened.py) and is left out for the suite's 15 minutes (13 min 47 s locally
-# with it, 2026-11-30); the watchdog on PostgreSQL stays tested in test_run_hooks.py
-@pytest.mark.parametrize(("store_kind", "signum"), [("home", signal.SIGKILL), ("home", signal.SIGINT),
-                                                    ("home", signal.SIGTERM)],
+# On PostgreSQL with DPRELEASE_TEST_OPERATIONS_ON_PG=1 (the whole module; docs/testing.md): not in the suite
+# for its 15 minutes (its kill -9 case passes there, 23-30 s); the watchdog on PostgreSQL stays tested in
+# test_run_hooks.py
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGINT, signal.SIGTERM],
                          ids=["home-kill-9", "home-SIGINT", "home-SIGTERM"])
-def test_a_killed_release_command_is_settled_without_recover(ops, store_kind, signum, request):
+def test_a_killed_release_command_is_settled_without_recover(ops, signum):
     """A `dprelease release` command stopped as a controller's terminal stops it (Ctrl-C, SIGTERM,
     kill -9) once its release has drawn and sealed its noise (reserved), and another once its
     approval committed the budget (publishing): with no `dprelease recover`, once each command and
@@ -498,11 +484,10 @@ def test_a_killed_release_command_is_settled_without_recover(ops, store_kind, si
 
     from dprelease import pipeline
 
-    on = ops if store_kind == "home" else request.getfixturevalue("ops_pg")
-    name, store = signal.Signals(signum).name, _store(on)
-    platform = pipeline.Platform.open(on["settings"])
+    name, store = signal.Signals(signum).name, _store(ops)
+    platform = pipeline.Platform.open(ops["settings"])
     before = store.budget("adult")
-    commands = {step: Command(on, f"{store_kind}-{name}-{step}", "release", str(on["request"]), "--approve-as",
+    commands = {step: Command(ops, f"home-{name}-{step}", "release", str(ops["request"]), "--approve-as",
                               "operator", pause_at=step) for step in ("after_seal", "during_publication")}
     ids, sealed, watchdogs = {}, {}, {}
     for step, command in commands.items():
@@ -529,8 +514,8 @@ def test_a_killed_release_command_is_settled_without_recover(ops, store_kind, si
 
     refunded, published = ids["after_seal"], ids["during_publication"]
     assert store.get_release(refunded).status == "failed"
-    _assert_untouched(on, refunded)
-    _assert_published_as_sealed(on, published, sealed["during_publication"])
+    _assert_untouched(ops, refunded)
+    _assert_published_as_sealed(ops, published, sealed["during_publication"])
     assert pipeline.sealed_path(platform, refunded).read_bytes() == sealed["after_seal"]
     after = store.budget("adult")
     exact = {**before, "epsilon_committed": before["epsilon_committed"] + EPSILON,
@@ -544,9 +529,9 @@ def test_a_killed_release_command_is_settled_without_recover(ops, store_kind, si
             state = client.read_flow_run(release_id).state
             assert state.is_final(), (release_id, state)
 
-    later = Command(on, f"{store_kind}-{name}-later", "release", str(on["request"]), "--approve-as", "operator")
+    later = Command(ops, f"home-{name}-later", "release", str(ops["request"]), "--approve-as", "operator")
     assert later.wait() == 0, later.text()[-3000:]
-    _assert_published_as_sealed(on, later.release_id())
+    _assert_published_as_sealed(ops, later.release_id())
 
 
 def _dataset(ops, name: str, **kwargs) -> str:
